@@ -1,0 +1,3 @@
+from jobwarden.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The command-line frontend: parse, call control, render."""

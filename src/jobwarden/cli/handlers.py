@@ -1,0 +1,264 @@
+"""One handler per subcommand: turn arguments into a control call and print what it returns."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from jobwarden import config
+from jobwarden.cli import render
+from jobwarden.clock import SystemClock
+from jobwarden.errors import UsageError
+from jobwarden.model import JobSpec, JobState
+from jobwarden.paths import home_dir
+
+
+def _home() -> Path:
+    return home_dir()
+
+
+def _procfs() -> Any:
+    from jobwarden.osapi.procfs import ProcFS
+
+    return ProcFS()
+
+
+def _print_lines(lines: Iterable[str]) -> None:
+    for line in lines:
+        print(line)
+
+
+def _print_json(obj: object) -> None:
+    print(json.dumps(obj, indent=2))
+
+
+def _duration(text: str | None) -> float | None:
+    return config.parse_duration(text) if text is not None else None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from jobwarden.control.launch import default_name, launch, parse_env
+
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        raise UsageError("no command given", "put it after --, e.g. jobwarden run -- python train.py")
+    timeout, grace = _duration(args.timeout), _duration(args.grace)
+    env = parse_env(args.env)
+    spec = JobSpec(command=tuple(argv), cwd=args.cwd, name=args.name or default_name(argv), env=env)
+    options: dict[str, Any] = {"timeout_s": timeout, "grace_s": grace or config.DEFAULT_GRACE_S}
+    launched = launch(_home(), spec, options)
+    if args.json:
+        _print_json(launched.to_json())
+    elif not args.follow:
+        print(launched.id)
+    if args.follow:
+        return _follow(str(launched.id), None, args.wait)
+    if args.wait:
+        return _wait_exit(str(launched.id))
+    return 0
+
+
+def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
+    from jobwarden.control.lifecycle import wait_job
+    from jobwarden.store import Store
+    from jobwarden.store.logfiles import follow
+
+    procfs = _procfs()
+    with Store(_home()) as store:
+        job = store.job(job_ref)
+        run = store.run(job.id, run_n)
+        path = store.layout.output_log(job.id, run.n)
+    from jobwarden.control.shimproc import shim_alive
+
+    def done() -> bool:
+        return not shim_alive(procfs, run.shim_pid, run.shim_start) if run.shim_pid else True
+
+    try:
+        for chunk in follow(path, 0, done):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+    except KeyboardInterrupt:
+        print(f"\njobwarden: stopped following; job {job.id} keeps running", file=sys.stderr)
+        return 130
+    if exit_with_status:
+        return render.exit_status(wait_job(_home(), procfs, str(job.id)))
+    return 0
+
+
+def _wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False) -> int:
+    from jobwarden.control.lifecycle import wait_job
+
+    run = wait_job(_home(), _procfs(), job_ref, timeout)
+    if as_json:
+        _print_json(
+            {
+                "id": run.job_id,
+                "run": run.n,
+                "state": str(run.state),
+                "exit_code": run.exit_code,
+                "signal": run.signal,
+            }
+        )
+    if run.state == JobState.LOST:
+        print(
+            f"jobwarden: job {run.job_id} is lost: its supervisor died, its exit status is unknown",
+            file=sys.stderr,
+        )
+    return render.exit_status(run)
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    return _wait_exit(args.job, _duration(args.timeout), args.json)
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    from jobwarden.control.views import job_views
+    from jobwarden.store import Store
+
+    with Store(_home()) as store:
+        views = job_views(store, _procfs(), include_ended=args.all)
+    if args.json:
+        _print_json([v.summary_json() for v in views])
+    else:
+        _print_lines(render.ps_table(views, SystemClock().wall()))
+    return 0
+
+
+def _status_data(job_ref: str, run_n: int | None) -> dict[str, Any]:
+    from jobwarden.control.explainer import findings_for
+    from jobwarden.control.views import live_processes, refresh, status_json
+    from jobwarden.store import Store
+
+    procfs = _procfs()
+    with Store(_home()) as store:
+        job = store.job(job_ref)
+        run = refresh(store, procfs, job, store.run(job.id, run_n))
+        procs = live_processes(store, procfs, job, run)
+        findings = [f.to_json() for f in findings_for(store, job, run)]
+        data = status_json(store, job, run, procs, findings)
+        data["events"] = [{"kind": e.kind, "at": e.at, **e.data} for e in store.events(job.id, run.n)]
+    return data
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    data = _status_data(args.job, args.run)
+    if args.json:
+        data.pop("events")
+        _print_json(data)
+    else:
+        _print_lines(render.status_report(data, SystemClock().wall()))
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    data = _status_data(args.job, args.run)
+    if args.json:
+        _print_json({k: data[k] for k in ("id", "run", "state", "exit_code", "signal", "findings")})
+    else:
+        _print_lines(render.explain_report(data))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from jobwarden.store import Store
+    from jobwarden.store.logfiles import read_from, since_offset, tail_lines
+
+    with Store(_home()) as store:
+        job = store.job(args.job)
+        run = store.run(job.id, args.run)
+        path = store.layout.output_log(job.id, run.n)
+        index = store.layout.output_index(job.id, run.n)
+    if args.since:
+        data = read_from(path, since_offset(index, SystemClock().wall() - config.parse_duration(args.since)))
+        lines = data.splitlines(keepends=True)
+        if args.lines is not None:
+            lines = lines[-args.lines :] if args.lines > 0 else []
+        sys.stdout.buffer.write(b"".join(lines))
+    elif args.lines is not None:
+        sys.stdout.buffer.write(b"".join(tail_lines(path, args.lines)))
+    elif not args.follow:
+        with open(path, "rb") if path.exists() else open(os.devnull, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                sys.stdout.buffer.write(chunk)
+    sys.stdout.buffer.flush()
+    if args.follow:
+        return _follow_from_end(job.id, run, path, bool(args.lines is not None or args.since))
+    return 0
+
+
+def _follow_from_end(job_id: int, run: Any, path: Path, already_printed: bool) -> int:
+    from jobwarden.control.shimproc import shim_alive
+    from jobwarden.store.logfiles import follow
+
+    procfs = _procfs()
+    start = path.stat().st_size if (already_printed and path.exists()) else 0
+
+    def done() -> bool:
+        return not shim_alive(procfs, run.shim_pid, run.shim_start)
+
+    try:
+        for chunk in follow(path, start, done):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from jobwarden.control.lifecycle import stop
+
+    result = stop(_home(), _procfs(), args.job, _duration(args.grace))
+    if args.json:
+        _print_json(
+            {
+                "id": result.run.job_id,
+                "run": result.run.n,
+                "state": str(result.run.state),
+                "already_ended": result.already_ended,
+                "exit_code": result.run.exit_code,
+                "signal": result.run.signal,
+                "survivors": [s.__dict__ for s in result.survivors],
+            }
+        )
+    else:
+        _print_lines(render.stop_report(result))
+    return 1 if result.survivors else 0
+
+
+def cmd_adopt(args: argparse.Namespace) -> int:
+    from jobwarden.control.lifecycle import adopt
+
+    report = adopt(_home(), _procfs(), args.job)
+    if args.json:
+        _print_json(report)
+    else:
+        pids = [str(p) for p in report.get("pids", [])]  # type: ignore[attr-defined]
+        print(f"adopted job {args.job}: watching {len(pids)} process(es): {' '.join(pids)}")
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from jobwarden.control.lifecycle import remove
+
+    job_id = remove(_home(), _procfs(), args.job)
+    print(f"removed job {job_id}")
+    return 0
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": cmd_run,
+    "ps": cmd_ps,
+    "status": cmd_status,
+    "logs": cmd_logs,
+    "stop": cmd_stop,
+    "wait": cmd_wait,
+    "adopt": cmd_adopt,
+    "explain": cmd_explain,
+    "rm": cmd_rm,
+}

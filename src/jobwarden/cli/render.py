@@ -1,0 +1,163 @@
+"""Text output. Formatters yield lines; only the handlers print."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from jobwarden.config import format_duration, format_size
+from jobwarden.control.lifecycle import StopResult
+from jobwarden.control.views import JobView
+from jobwarden.model import JobState
+from jobwarden.store import RunRecord
+
+_COLORS = {
+    "running": "32",
+    "succeeded": "32",
+    "failed": "31",
+    "lost": "31;1",
+    "stopped": "33",
+    "stopping": "33",
+    "starting": "36",
+    "queued": "36",
+}
+
+
+def _color(text: str, state: str) -> str:
+    if os.environ.get("NO_COLOR") or not sys.stdout.isatty() or state not in _COLORS:
+        return text
+    return f"\033[{_COLORS[state]}m{text}\033[0m"
+
+
+def exit_status(run: RunRecord) -> int:
+    """The shell-style status of a run: exit code, or 128+N for signal N."""
+    import signal
+
+    if run.signal:
+        try:
+            return 128 + int(signal.Signals[run.signal])
+        except KeyError:
+            return 1
+    if run.exit_code is not None:
+        return run.exit_code
+    return 0 if run.state == JobState.SUCCEEDED else 1
+
+
+def how_it_ended(run: dict[str, Any]) -> str:
+    state = run["state"]
+    if run.get("signal"):
+        return f"{state}: killed by {run['signal']}"
+    if run.get("exit_code") is not None and state in ("failed", "succeeded", "stopped"):
+        return f"{state}: exit code {run['exit_code']}"
+    return str(state)
+
+
+def _runtime(view: JobView, now: float) -> str:
+    run = view.run
+    if run.started_at is None:
+        return "-"
+    return format_duration((run.ended_at or now) - run.started_at)
+
+
+def ps_table(views: list[JobView], now: float) -> Iterator[str]:
+    if not views:
+        yield "no jobs (jobwarden ps --all shows ended ones)"
+        return
+    rows = [("ID", "NAME", "STATE", "RUN", "PID", "TIME", "CPU", "MEM", "COMMAND")]
+    for v in views:
+        state = str(v.run.state)
+        if v.run.state.is_ended and (v.run.signal or v.run.exit_code):
+            state += f" ({v.run.signal or v.run.exit_code})"
+        cpu = f"{v.cpu_percent:.0f}%" if v.cpu_percent is not None else "-"
+        rows.append(
+            (
+                str(v.job.id),
+                v.job.name,
+                state,
+                str(v.run.n),
+                str(v.run.pid or "-"),
+                _runtime(v, now),
+                cpu,
+                format_size(v.rss_bytes),
+                shlex.join(v.job.command)[:60],
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for i, row in enumerate(rows):
+        cells = [c.ljust(w) for c, w in zip(row, widths, strict=False)]
+        if i:
+            cells[2] = _color(cells[2], views[i - 1].run.state.value)
+        yield "  ".join([*cells, row[-1]])
+
+
+def status_report(d: dict[str, Any], now: float) -> Iterator[str]:
+    yield f"job {d['id']} ({d['name']}) — {_color(how_it_ended(d), d['state'])}"
+    yield f"  command      {shlex.join(d['command'])}"
+    yield f"  cwd          {d['cwd']}"
+    yield f"  run          {d['run']}"
+    if d["pid"]:
+        yield f"  pid          {d['pid']} (supervisor {d['shim_pid']})"
+    yield f"  containment  {d['containment'] or '-'}"
+    yield f"  started      {d['started_at'] or '-'}"
+    if d["ended_at"]:
+        yield f"  ended        {d['ended_at']}"
+    if d["error"]:
+        yield f"  error        {d['error']}"
+    yield f"  log          {d['log']}"
+    for event in d.get("events", []):
+        if event["kind"] == "disk-full":
+            yield f"  WARNING      the disk holding the log filled up ({event['path']}); output may be lost"
+    if d["processes"]:
+        yield ""
+        yield f"  {'PID':>7}  {'PPID':>7}  S  {'CPU':>5}  {'RSS':>7}  COMMAND"
+        for p in d["processes"]:
+            cpu = f"{p['cpu_percent']:.0f}%" if p["cpu_percent"] is not None else "-"
+            yield (
+                f"  {p['pid']:>7}  {p['ppid']:>7}  {p['state']}  {cpu:>5}  {format_size(p['rss_bytes']):>7}  "
+                f"{p['cmdline'][:80]}"
+            )
+    if d["orphans_left"]:
+        yield ""
+        yield f"  {len(d['orphans_left'])} descendant(s) were still running when the main process ended:"
+        for o in d["orphans_left"]:
+            yield f"    {o['pid']}  {o['cmdline'][:90]}"
+    if d["survivors"]:
+        yield ""
+        yield "  could not be ended:"
+        for s in d["survivors"]:
+            yield f"    {s['pid']}  {s['cmdline'][:60]}: {s['reason']}"
+    if d["findings"]:
+        yield ""
+        for f in d["findings"]:
+            yield f"  [{f['rule']}] {f['title']}"
+
+
+def explain_report(d: dict[str, Any]) -> Iterator[str]:
+    yield f"job {d['id']} ({d['name']}), run {d['run']} — {how_it_ended(d)}"
+    if not d["findings"]:
+        yield ""
+        yield ("  nothing wrong found: it is running" if d["state"] == "running" else "  nothing wrong found")
+        return
+    for i, f in enumerate(d["findings"]):
+        yield ""
+        label = "root cause" if i == 0 else "also"
+        yield f"{label}: {f['title']}  [{f['rule']}, {f['severity']}]"
+        yield f"  {f['summary']}"
+        for line in f["evidence"]:
+            yield f"    - {line}"
+        if f["remedy"]:
+            yield f"  what to do: {f['remedy']}"
+
+
+def stop_report(result: StopResult) -> Iterator[str]:
+    run = result.run
+    if result.already_ended:
+        yield f"job {run.job_id} had already ended ({run.state})"
+        return
+    how = f"killed by {run.signal}" if run.signal else f"exit code {run.exit_code}"
+    yield f"stopped job {run.job_id} (main process: {how})"
+    for s in result.survivors:
+        yield f"  still alive: pid {s.pid} ({s.cmdline[:60]}): {s.reason}"

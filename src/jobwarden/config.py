@@ -1,0 +1,85 @@
+"""Settings and the parsers for the units users type: durations and sizes."""
+
+from __future__ import annotations
+
+import re
+
+from jobwarden.errors import UsageError
+
+DEFAULT_GRACE_S = 10.0  # SIGTERM -> SIGKILL, as docker stop: long enough to write a checkpoint
+TICK_S = 1.0  # shim sampling period
+FULL_SCAN_EVERY_S = 10.0  # a complete /proc + marker rescan catches anything an incremental scan missed
+SHIM_READY_TIMEOUT_S = 30.0
+LOW_DISK_BYTES = 1 << 20
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "gib": 1 << 30,
+    "t": 1 << 40,
+    "tb": 1 << 40,
+    "tib": 1 << 40,
+}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)")
+
+
+def parse_duration(text: str) -> float:
+    """'90' (seconds), '1.5s', '5m', '1h30m', '2d', '250ms' -> seconds."""
+    raw = text.strip().lower()
+    try:
+        value = float(raw)
+    except ValueError:
+        parts = _DURATION_PART.findall(raw)
+        if not parts or "".join(n + u for n, u in parts) != raw:
+            raise UsageError(
+                f"bad duration {text!r}", "use a number of seconds or units like 30s, 5m, 1h30m, 2d"
+            ) from None
+        value = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+    if value <= 0 or value != value or value == float("inf"):
+        raise UsageError(f"bad duration {text!r}: must be a positive, finite time", "e.g. 30s or 2h")
+    return value
+
+
+def parse_size(text: str) -> int:
+    """'512M', '4G', '1.5GiB', '1000000' -> bytes (binary units: memory limits are pages, not disks)."""
+    match = _SIZE.fullmatch(text.strip().lower())
+    if not match or match.group(2) not in _SIZE_UNITS:
+        raise UsageError(f"bad size {text!r}", "use bytes or units like 512M, 4G, 1.5GiB")
+    value = int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
+    if value <= 0:
+        raise UsageError(f"bad size {text!r}: must be positive", "e.g. 8G")
+    return value
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def format_size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "K", "M", "G"):
+        if n < 1024:
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n = n / 1024  # type: ignore[assignment]
+    return f"{n:.1f}T"

@@ -1,0 +1,134 @@
+"""`stop`, `adopt`, `wait`, `rm`: acting on a job through its shim, never on a bare pid."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobwarden import config
+from jobwarden.clock import SystemClock
+from jobwarden.control.shimproc import shim_alive, start_shim
+from jobwarden.control.views import live_processes, refresh
+from jobwarden.errors import JobStillRunning, JobwardenError, ProcessGone
+from jobwarden.model import JobState, Survivor
+from jobwarden.osapi import pidfd as pidfds
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.shim.tree import wait_readable
+from jobwarden.store import JobRecord, RunRecord, Store
+
+
+@dataclass(frozen=True)
+class StopResult:
+    run: RunRecord
+    already_ended: bool
+    survivors: list[Survivor]
+
+
+def wait_for_shim(procfs: ProcFS, run: RunRecord, timeout_s: float | None) -> bool:
+    """Block until the run's shim exits (pidfd: no polling, no pid reuse). False on timeout."""
+    if not shim_alive(procfs, run.shim_pid, run.shim_start):
+        return True
+    assert run.shim_pid is not None
+    try:
+        fd = pidfds.open_pidfd(run.shim_pid)
+    except ProcessGone:
+        return True
+    try:
+        if not procfs.identity_matches(run.shim_pid, run.shim_start or -1):
+            return True  # the pid was reused after we checked: the shim is gone
+        return bool(wait_readable([fd], timeout_s))
+    finally:
+        pidfds.close(fd)
+
+
+def wait_job(home: Path, procfs: ProcFS, job_ref: str, timeout_s: float | None = None) -> RunRecord:
+    with Store(home) as store:
+        job = store.job(job_ref)
+        run = refresh(store, procfs, job, store.run(job.id))
+    if not wait_for_shim(procfs, run, timeout_s):
+        raise JobwardenError(f"job {job.id} is still {run.state} after the timeout")
+    with Store(home) as store:
+        return refresh(store, procfs, job, store.run(job.id, run.n))
+
+
+def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None) -> StopResult:
+    with Store(home) as store:
+        job = store.job(job_ref)
+        run = refresh(store, procfs, job, store.run(job.id))
+        if run.state.is_ended:
+            return StopResult(run, True, [])
+        if run.state == JobState.LOST:
+            if not live_processes(store, procfs, job, run):
+                return StopResult(run, True, [])
+            store.close()
+            adopt(home, procfs, job.id)  # one code path: a new shim finds the survivors and stops them
+            run = store_run(home, job, run.n)
+        grace = grace_s if grace_s is not None else float(job.options.get("grace_s", config.DEFAULT_GRACE_S))
+    with Store(home) as store:
+        store.update_run(
+            job.id,
+            run.n,
+            only_if_state=(JobState.STARTING, JobState.RUNNING),
+            stop_requested_at=SystemClock().wall(),
+            stop_grace=grace,
+        )
+    _signal_shim(procfs, run)
+    if not wait_for_shim(procfs, run, grace + 30):
+        raise JobwardenError(
+            f"the supervisor of job {job.id} did not finish stopping it in {grace + 30:.0f}s",
+            f"see {home}/jobs/{job.id}/run-{run.n}/shim.log",
+        )
+    with Store(home) as store:
+        final = refresh(store, procfs, job, store.run(job.id, run.n))
+    return StopResult(final, False, final.survivors)
+
+
+def store_run(home: Path, job: JobRecord, n: int) -> RunRecord:
+    with Store(home) as store:
+        return store.run(job.id, n)
+
+
+def _signal_shim(procfs: ProcFS, run: RunRecord) -> None:
+    import signal
+
+    assert run.shim_pid is not None
+    try:
+        fd = pidfds.open_pidfd(run.shim_pid)
+    except ProcessGone:
+        return
+    try:
+        if procfs.identity_matches(run.shim_pid, run.shim_start or -1):
+            pidfds.send_signal(fd, run.shim_pid, signal.SIGUSR1)
+    finally:
+        pidfds.close(fd)
+
+
+def adopt(home: Path, procfs: ProcFS, job_ref: str | int) -> dict[str, object]:
+    with Store(home) as store:
+        job = store.job(job_ref)
+        run = refresh(store, procfs, job, store.run(job.id))
+        if run.state != JobState.LOST:
+            raise JobwardenError(
+                f"job {job.id} is {run.state}: only a lost job (its supervisor died) can be adopted"
+            )
+        if not live_processes(store, procfs, job, run):
+            raise JobwardenError(
+                f"job {job.id} is lost and none of its processes is alive",
+                "nothing to adopt; `jobwarden rm` removes it",
+            )
+    _, report = start_shim(home, job.id, run.n, "adopt")
+    if "error" in report:
+        raise JobwardenError(f"cannot adopt job {job.id}: {report['error']}")
+    return report
+
+
+def remove(home: Path, procfs: ProcFS, job_ref: str) -> int:
+    with Store(home) as store:
+        job = store.job(job_ref)
+        run = refresh(store, procfs, job, store.run(job.id))
+        if run.state.is_active or (run.state == JobState.LOST and live_processes(store, procfs, job, run)):
+            raise JobStillRunning(f"job {job.id} is {run.state}", f"stop it first: jobwarden stop {job.id}")
+        store.delete_job(job.id)
+        shutil.rmtree(store.layout.job_dir(job.id), ignore_errors=True)
+    return job.id

@@ -1,0 +1,157 @@
+"""Read-side views of jobs: what `ps`, `status`, `explain` show, with the one write the CLI may make:
+marking a run `lost` when its shim is found dead."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from jobwarden import config
+from jobwarden.clock import SystemClock, iso
+from jobwarden.control.shimproc import shim_alive
+from jobwarden.errors import AccessDenied, ProcessGone
+from jobwarden.model import JobState, ProcessSnapshot
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.probes.markers import find_marked, job_markers
+from jobwarden.store import JobRecord, RunRecord, Store
+
+_WATCHED = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)
+
+
+def refresh(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord) -> RunRecord:
+    """The run as it really is: a watched run whose shim is dead becomes `lost` (recorded once)."""
+    if run.state not in _WATCHED:
+        return run
+    if shim_alive(procfs, run.shim_pid, run.shim_start):
+        return run
+    created = job.created_at
+    if run.shim_pid is None and SystemClock().wall() - created < config.SHIM_READY_TIMEOUT_S:
+        return run  # the shim is still being started
+    now = SystemClock().wall()
+    # running -> lost: the shim died before it could record the end
+    if store.update_run(job.id, run.n, only_if_state=_WATCHED, state=JobState.LOST):
+        store.add_event(job.id, run.n, "supervisor-lost", now, shim_pid=run.shim_pid)
+    return store.run(job.id, run.n)
+
+
+def live_processes(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord) -> list[ProcessSnapshot]:
+    """The run's processes alive now: the shim's records, identity-checked; for a lost run, by marker."""
+    if run.state.is_ended:
+        return []
+    recorded = {(p.pid, p.start_time): p for p in store.processes(job.id, run.n, live_only=True)}
+    if run.state == JobState.LOST:
+        stats = find_marked(procfs, job_markers(str(store.layout.home), job.id, run.n))
+    else:
+        stats = []
+        for pid, start in recorded:
+            try:
+                st = procfs.stat(pid)
+            except (ProcessGone, AccessDenied):
+                continue
+            if st.start_time == start and st.state not in ("Z", "X"):
+                stats.append(st)
+    snaps = []
+    for st in stats:
+        rec = recorded.get((st.pid, st.start_time))
+        try:
+            cmdline = rec.cmdline if rec else procfs.cmdline(st.pid)
+        except ProcessGone:
+            continue
+        snaps.append(
+            ProcessSnapshot(
+                pid=st.pid,
+                ppid=st.ppid,
+                start_time=st.start_time,
+                state=st.state,
+                cmdline=cmdline,
+                rss_bytes=st.rss_pages * procfs.page_size,
+                cpu_percent=rec.cpu_percent if rec else None,
+            )
+        )
+    return snaps
+
+
+@dataclass(frozen=True)
+class JobView:
+    job: JobRecord
+    run: RunRecord
+    cpu_percent: float | None
+    rss_bytes: int | None
+
+    def summary_json(self) -> dict[str, Any]:
+        r = self.run
+        return {
+            "id": self.job.id,
+            "name": self.job.name,
+            "state": str(r.state),
+            "run": r.n,
+            "pid": r.pid,
+            "exit_code": r.exit_code,
+            "signal": r.signal,
+            "started_at": iso(r.started_at),
+            "ended_at": iso(r.ended_at),
+            "cpu_percent": self.cpu_percent,
+            "rss_bytes": self.rss_bytes,
+            "command": list(self.job.command),
+        }
+
+
+def job_views(store: Store, procfs: ProcFS, include_ended: bool) -> list[JobView]:
+    runs = store.latest_runs()
+    views = []
+    for job in store.jobs():
+        run = runs.get(job.id)
+        if run is None:
+            continue
+        run = refresh(store, procfs, job, run)
+        if run.state.is_ended and not include_ended:
+            continue
+        cpu = rss = None
+        if run.state in _WATCHED:
+            sample = store.latest_sample(job.id, run.n)
+            if sample is not None:
+                cpu, rss = sample["cpu_percent"], sample["rss_bytes"]
+        views.append(JobView(job, run, cpu, rss))
+    return views
+
+
+def status_json(
+    store: Store,
+    job: JobRecord,
+    run: RunRecord,
+    processes: list[ProcessSnapshot],
+    findings: list[dict[str, Any]],
+) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "name": job.name,
+        "state": str(run.state),
+        "run": run.n,
+        "pid": run.pid,
+        "exit_code": run.exit_code,
+        "signal": run.signal,
+        "started_at": iso(run.started_at),
+        "ended_at": iso(run.ended_at),
+        "end_reason": run.end_reason,
+        "error": run.error,
+        "command": list(job.command),
+        "cwd": job.cwd,
+        "shim_pid": run.shim_pid,
+        "containment": run.containment,
+        "log": str(store.layout.output_log(job.id, run.n)),
+        "processes": [
+            {
+                "pid": p.pid,
+                "ppid": p.ppid,
+                "cmdline": p.cmdline,
+                "state": p.state,
+                "rss_bytes": p.rss_bytes,
+                "cpu_percent": p.cpu_percent,
+                "gpu_memory_bytes": p.gpu_memory_bytes,
+            }
+            for p in processes
+        ],
+        "orphans_left": run.orphans_left,
+        "survivors": [s.__dict__ for s in run.survivors],
+        "findings": findings,
+    }

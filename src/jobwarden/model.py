@@ -1,0 +1,110 @@
+"""Plain data shared by every layer: job states, records, and the process identity. Stdlib only."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class JobState(enum.StrEnum):
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    RESTARTING = "restarting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    LOST = "lost"
+
+    @property
+    def is_active(self) -> bool:
+        """A shim is (or should be) watching the run."""
+        return self in ACTIVE_STATES
+
+    @property
+    def is_ended(self) -> bool:
+        return self in ENDED_STATES
+
+
+ACTIVE_STATES = frozenset(
+    {JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.STOPPING, JobState.RESTARTING}
+)
+ENDED_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED})
+
+
+class EndReason(enum.StrEnum):
+    """Why a run ended, as the shim saw it; the state alone cannot tell a timeout from a crash."""
+
+    EXITED = "exited"
+    SIGNALLED = "signalled"
+    STOPPED = "stopped"
+    TIMEOUT = "timeout"
+    SPAWN_FAILED = "spawn-failed"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, order=True)
+class ProcessId:
+    """A process is (pid, start time), never a pid alone: pids are reused (pid_max may be 32768)."""
+
+    pid: int
+    start_time: int  # clock ticks since boot, field 22 of /proc/PID/stat
+
+
+@dataclass(frozen=True)
+class ProcessSnapshot:
+    """One process of a job as seen at one moment."""
+
+    pid: int
+    ppid: int
+    start_time: int
+    state: str
+    cmdline: str
+    rss_bytes: int
+    cpu_percent: float | None
+    uid: int | None = None
+    gpu_memory_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Survivor:
+    """A process that outlived a stop, and why it could not be ended."""
+
+    pid: int
+    cmdline: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the user asked to run. The environment is kept out of repr: it often carries tokens."""
+
+    command: tuple[str, ...]
+    cwd: str
+    name: str
+    env: dict[str, str] = field(default_factory=dict, repr=False)
+    timeout_s: float | None = None
+    grace_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    title: str
+    summary: str
+    severity: str  # "critical" | "error" | "warning" | "info"
+    evidence: tuple[str, ...] = ()
+    remedy: str = ""
+    pids: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "rule": self.rule,
+            "title": self.title,
+            "summary": self.summary,
+            "severity": self.severity,
+            "evidence": list(self.evidence),
+            "remedy": self.remedy,
+            "pids": list(self.pids),
+        }

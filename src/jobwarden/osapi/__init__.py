@@ -1,0 +1,1 @@
+"""The only code that forks, execs, signals, waits, and calls prctl/pidfd/ioctl; and the /proc readers."""

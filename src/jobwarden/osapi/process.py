@@ -1,0 +1,170 @@
+"""Starting, reaping and classifying processes: the shim's fork, the job's exec, subreaper, wait status."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from dataclasses import dataclass
+
+_PR_SET_CHILD_SUBREAPER = 36
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def set_child_subreaper() -> None:
+    """Orphaned descendants (double forks, setsid children whose parent exited) are reparented to us
+    instead of init, so they stay visible and we reap them (prctl(2), Linux >= 3.4)."""
+    if _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(err)}")
+
+
+@dataclass(frozen=True)
+class WaitStatus:
+    """A decoded wait status: exactly one of exit_code / signal is set."""
+
+    raw: int
+    exit_code: int | None
+    signal: int | None
+    core_dumped: bool = False
+
+    @classmethod
+    def decode(cls, raw: int) -> WaitStatus:
+        if os.WIFSIGNALED(raw):
+            return cls(raw, None, os.WTERMSIG(raw), bool(raw & 0x80))
+        if os.WIFEXITED(raw):
+            return cls(raw, os.WEXITSTATUS(raw), None)
+        return cls(raw, None, None)
+
+    @property
+    def signal_name(self) -> str | None:
+        return signal_name(self.signal) if self.signal else None
+
+    @property
+    def shell_code(self) -> int:
+        """What a shell would report: the exit code, or 128+N for death by signal N."""
+        if self.signal is not None:
+            return 128 + self.signal
+        return self.exit_code if self.exit_code is not None else 1
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"SIG{signum}"
+
+
+def reap_any() -> list[tuple[int, int]]:
+    """Collect every exited child without blocking: [(pid, raw wait status)]."""
+    reaped = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        reaped.append((pid, status))
+    return reaped
+
+
+def fork_detached() -> int:
+    """Fork a child that leaves our session and terminal: 0 in the child, the child's pid in the parent.
+
+    The child is meant to become a shim. Nothing survives in it from the caller but what it inherited
+    before the fork, so the caller must hold no threads and no open database connection.
+    """
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()  # no controlling terminal: a closing SSH session or tmux pane cannot SIGHUP us
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    return pid
+
+
+def redirect_std_streams(log_path: str) -> None:
+    """stdin from /dev/null, stdout and stderr appended to `log_path` (0600)."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    for fd in (null, log):
+        if fd > 2:
+            os.close(fd)
+
+
+class SpawnError(Exception):
+    def __init__(self, errno_: int, message: str) -> None:
+        super().__init__(message)
+        self.errno = errno_
+
+
+# Python ignores SIGPIPE and SIGXFSZ at start-up; exec keeps ignored signals ignored, so a job would
+# inherit SIG_IGN and never die of a broken pipe. Reset what the job must see as default.
+_RESET_SIGNALS = (
+    signal.SIGPIPE,
+    signal.SIGXFSZ,
+    signal.SIGHUP,
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGUSR1,
+    signal.SIGCHLD,
+    signal.SIGQUIT,
+)
+
+
+def spawn_job(
+    argv: list[str], cwd: str, env: dict[str, str], output_path: str, join_cgroup: str | None = None
+) -> int:
+    """Start the job in its own session, stdin /dev/null, stdout+stderr appended to `output_path` through
+    its own fd (never a pipe we read: our death must not SIGPIPE the job). Returns its pid.
+
+    Raises SpawnError with the errno of a failed chdir/exec, reported through a close-on-exec pipe.
+    The caller must be single-threaded (it is the shim): only then is work between fork and exec safe.
+    """
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    out_fd = os.open(output_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    pid = os.fork()
+    if pid == 0:  # child: never return into the caller's code
+        try:
+            _exec_child(argv, cwd, env, out_fd, err_w, join_cgroup)
+        finally:
+            os._exit(127)
+    os.close(err_w)
+    os.close(out_fd)
+    with os.fdopen(err_r, "rb") as report:
+        data = report.read()
+    if data:
+        os.waitpid(pid, 0)
+        code, _, message = data.decode().partition(":")
+        raise SpawnError(int(code), message)
+    return pid
+
+
+def _exec_child(
+    argv: list[str], cwd: str, env: dict[str, str], out_fd: int, err_w: int, join_cgroup: str | None
+) -> None:
+    stage = "start"
+    try:
+        os.setsid()
+        for sig in _RESET_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        if join_cgroup:
+            stage = "join cgroup"
+            with open(join_cgroup, "w") as fh:  # before exec: nothing the job forks can escape it
+                fh.write(str(os.getpid()))
+        stage = f"chdir to {cwd}"
+        os.chdir(cwd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        os.closerange(3, err_w)
+        os.closerange(err_w + 1, 65536)
+        stage = f"execute {argv[0]}"
+        os.execvpe(argv[0], argv, env)
+    except OSError as err:
+        os.write(err_w, f"{err.errno}:cannot {stage}: {err.strerror}".encode())

@@ -1,0 +1,151 @@
+"""Read /proc from an injectable root, so parsers are tested against captured files.
+
+Errors are translated here, once: a vanished pid becomes `ProcessGone`, a permission error `AccessDenied`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobwarden.errors import AccessDenied, ProcessGone
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of /proc/PID/stat jobwarden uses (proc(5) numbering in comments)."""
+
+    pid: int
+    comm: str
+    state: str  # (3) R S D Z T t X I
+    ppid: int  # (4)
+    pgid: int  # (5)
+    sid: int  # (6)
+    utime: int  # (14) clock ticks
+    stime: int  # (15)
+    start_time: int  # (22) clock ticks after boot: with pid, the process identity
+    rss_pages: int  # (24)
+    exit_code: int  # (52) wait status, meaningful while a zombie (kernel >= 3.5)
+
+    @property
+    def cpu_ticks(self) -> int:
+        return self.utime + self.stime
+
+
+def parse_stat(text: str) -> ProcStat:
+    """Parse one stat line. `comm` may contain spaces and ')', so split after the *last* ')'."""
+    head, _, tail = text.rpartition(")")
+    pid_text, _, comm = head.partition(" (")
+    f = tail.split()
+    # f[0] is field 3 (state); field N is f[N - 3]
+    return ProcStat(
+        pid=int(pid_text),
+        comm=comm,
+        state=f[0],
+        ppid=int(f[1]),
+        pgid=int(f[2]),
+        sid=int(f[3]),
+        utime=int(f[11]),
+        stime=int(f[12]),
+        start_time=int(f[19]),
+        rss_pages=int(f[21]),
+        exit_code=int(f[49]) if len(f) > 49 else 0,
+    )
+
+
+class ProcFS:
+    """A view of one /proc tree (the real one by default)."""
+
+    def __init__(self, root: str | Path = "/proc") -> None:
+        self.root = Path(root)
+        self.page_size = os.sysconf("SC_PAGE_SIZE")
+        self.ticks_per_s = os.sysconf("SC_CLK_TCK")
+
+    def pids(self) -> list[int]:
+        return [int(name) for name in os.listdir(self.root) if name.isdigit()]
+
+    def _read(self, pid: int, name: str, what: str) -> bytes:
+        try:
+            with open(self.root / str(pid) / name, "rb") as fh:
+                return fh.read()
+        except (FileNotFoundError, ProcessLookupError) as err:
+            raise ProcessGone(pid) from err
+        except PermissionError as err:
+            raise AccessDenied(pid, what, "it belongs to another user; run as that user or root") from err
+        except OSError as err:  # ESRCH from a process exiting mid-read
+            raise ProcessGone(pid) from err
+
+    def stat(self, pid: int) -> ProcStat:
+        text = self._read(pid, "stat", "read the status of").decode("utf-8", "replace")
+        if not text:
+            raise ProcessGone(pid)
+        return parse_stat(text)
+
+    def cmdline(self, pid: int) -> str:
+        """The command line, arguments joined by spaces; '[comm]' for kernel threads and zombies."""
+        try:
+            raw = self._read(pid, "cmdline", "read the command line of")
+        except AccessDenied:
+            raw = b""
+        if not raw:
+            return f"[{self.stat(pid).comm}]"
+        return " ".join(a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0"))
+
+    def environ_has(self, pid: int, markers: dict[str, str]) -> bool:
+        """True if the process was started with every KEY=VALUE of `markers`. Never returns the environment
+        itself: it often holds secrets. Other users' processes raise AccessDenied."""
+        raw = self._read(pid, "environ", "read the environment of")
+        entries = set(raw.split(b"\0"))
+        return all(f"{k}={v}".encode() in entries for k, v in markers.items())
+
+    def uid(self, pid: int) -> int:
+        try:
+            return os.stat(self.root / str(pid)).st_uid
+        except FileNotFoundError as err:
+            raise ProcessGone(pid) from err
+
+    def wchan(self, pid: int) -> str:
+        try:
+            return self._read(pid, "wchan", "read the wait channel of").decode() or "0"
+        except AccessDenied:
+            return "?"
+
+    def threads_in_state(self, pid: int, states: str) -> list[int]:
+        """Thread ids of `pid` whose state is one of `states` (e.g. 'D' before a blocking stack dump)."""
+        found = []
+        try:
+            tids = os.listdir(self.root / str(pid) / "task")
+        except FileNotFoundError as err:
+            raise ProcessGone(pid) from err
+        for tid in tids:
+            try:
+                with open(self.root / str(pid) / "task" / tid / "stat") as fh:
+                    if parse_stat(fh.read()).state in states:
+                        found.append(int(tid))
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        return found
+
+    def iter_stats(self) -> Iterator[ProcStat]:
+        for pid in self.pids():
+            try:
+                yield self.stat(pid)
+            except (ProcessGone, AccessDenied):
+                continue
+
+    def boot_time(self) -> float:
+        with open(self.root / "stat") as fh:
+            for line in fh:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+        raise OSError("no btime in /proc/stat")
+
+    def identity_matches(self, pid: int, start_time: int) -> bool:
+        """Is `pid` still the process that started at `start_time` (and not a zombie or a reused pid)?"""
+        try:
+            st = self.stat(pid)
+        except (ProcessGone, AccessDenied):
+            return False
+        return st.start_time == start_time and st.state not in ("Z", "X")

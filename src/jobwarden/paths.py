@@ -1,0 +1,60 @@
+"""Where jobwarden keeps its state: one home directory (0700) holding the database and per-run folders."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from jobwarden.errors import StoreError
+
+HOME_ENV = "JOBWARDEN_HOME"
+JOB_ID_ENV = "JOBWARDEN_JOB_ID"
+RUN_ENV = "JOBWARDEN_RUN"
+
+
+def home_dir(environ: dict[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    if env.get(HOME_ENV):
+        return Path(env[HOME_ENV]).absolute()
+    state = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "jobwarden"
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create `path` (and parents) and make it 0700: job logs and command lines are private."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o700)
+    except OSError as err:
+        raise StoreError(
+            f"cannot use {path} as jobwarden's state directory: {err.strerror}",
+            f"make it writable, or point {HOME_ENV} at a directory you own",
+        ) from err
+    return path
+
+
+class Layout:
+    """File locations under one home."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+
+    @property
+    def database(self) -> Path:
+        return self.home / "jobwarden.db"
+
+    def job_dir(self, job_id: int) -> Path:
+        return self.home / "jobs" / str(job_id)
+
+    def run_dir(self, job_id: int, run: int) -> Path:
+        return self.job_dir(job_id) / f"run-{run}"
+
+    def output_log(self, job_id: int, run: int) -> Path:
+        return self.run_dir(job_id, run) / "output.log"
+
+    def output_index(self, job_id: int, run: int) -> Path:
+        return self.run_dir(job_id, run) / "output.idx"
+
+    def shim_log(self, job_id: int, run: int) -> Path:
+        return self.run_dir(job_id, run) / "shim.log"

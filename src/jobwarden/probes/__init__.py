@@ -1,0 +1,1 @@
+"""Observers: read-only views of processes, found by marker or identity."""

@@ -1,0 +1,29 @@
+"""Find a job's processes by the JOBWARDEN_* variables it was started with: the fallback that works when
+its shim is gone and nothing else links the processes to the job."""
+
+from __future__ import annotations
+
+from jobwarden.errors import AccessDenied, ProcessGone
+from jobwarden.osapi.procfs import ProcFS, ProcStat
+from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV
+
+
+def job_markers(home: str, job_id: int, run: int | None = None) -> dict[str, str]:
+    markers = {HOME_ENV: home, JOB_ID_ENV: str(job_id)}
+    if run is not None:
+        markers[RUN_ENV] = str(run)
+    return markers
+
+
+def find_marked(procfs: ProcFS, markers: dict[str, str], exclude: set[int] | None = None) -> list[ProcStat]:
+    """Live (non-zombie) processes carrying every marker. Other users' processes cannot be read: skipped."""
+    found = []
+    for st in procfs.iter_stats():
+        if st.state in ("Z", "X") or (exclude and st.pid in exclude):
+            continue
+        try:
+            if procfs.environ_has(st.pid, markers):
+                found.append(st)
+        except (ProcessGone, AccessDenied):
+            continue
+    return found

@@ -1,0 +1,420 @@
+"""The shim's loop: start (or adopt) the job, watch its whole tree, record how it ended, leave nothing.
+
+State transitions are marked `# a -> b`. The shim writes every state change to the store; the CLI only
+reads them, except to mark a run `lost` when this process is found dead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from jobwarden import config
+from jobwarden.clock import Clock
+from jobwarden.errors import AccessDenied, ProcessGone, StoreError
+from jobwarden.model import EndReason, JobState, Survivor
+from jobwarden.osapi import pidfd as pidfds
+from jobwarden.osapi.cgroup import JobCgroup, create_job_cgroup, find_job_cgroup
+from jobwarden.osapi.process import SpawnError, WaitStatus, reap_any, set_child_subreaper, spawn_job
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV
+from jobwarden.shim.tree import JobTree, Member, wait_readable
+from jobwarden.store import JobRecord, Store
+from jobwarden.store.logfiles import LogWatcher
+
+_ACTIVE = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING, JobState.LOST)
+_HANDLED_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+@dataclass
+class StopRequest:
+    reason: EndReason
+    grace_s: float
+
+
+def log(message: str) -> None:
+    """The shim's own log (its stdout/stderr go to shim.log)."""
+    print(time.strftime("%Y-%m-%d %H:%M:%S"), message, file=sys.stderr, flush=True)
+
+
+class Supervisor:
+    def __init__(self, store: Store, job: JobRecord, run: int, clock: Clock, procfs: ProcFS) -> None:
+        self.store, self.job, self.run, self.clock, self.procfs = store, job, run, clock, procfs
+        self.layout = store.layout
+        self.pid = os.getpid()
+        self.markers = {JOB_ID_ENV: str(job.id), RUN_ENV: str(run), HOME_ENV: str(self.layout.home)}
+        self.cgroup: JobCgroup | None = None
+        self.tree = JobTree(procfs, self.pid, self.markers)
+        self.main: Member | None = None
+        self.main_status: int | None = None
+        self.main_is_child = True
+        self.statuses: dict[int, int] = {}  # wait statuses of reaped children, by pid
+        self.denied: dict[int, str] = {}  # pid -> why we may not signal it
+        self.stop: StopRequest | None = None
+        self.timeout_at: float | None = None
+        self.logs = LogWatcher(self.layout.output_log(job.id, run), self.layout.output_index(job.id, run))
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._pending_end: dict[str, Any] | None = None
+
+    # --- starting ---------------------------------------------------------------------------------
+
+    def launch(self, report_fd: int) -> int:
+        """Start the job as our child and supervise it; returns the shim's exit code."""
+        set_child_subreaper()
+        self._install_signals()
+        shim_start = self.procfs.stat(self.pid).start_time
+        self.cgroup = create_job_cgroup(f"jobwarden-{self.pid}")
+        self.tree.cgroup = self.cgroup
+        self.store.update_run(
+            self.job.id, self.run, shim_pid=self.pid, shim_start=shim_start, containment=self._containment()
+        )
+        env = {**os.environ, **self.job.env, **self.markers}
+        try:
+            pid = spawn_job(
+                list(self.job.command),
+                self.job.cwd,
+                env,
+                str(self.layout.output_log(self.job.id, self.run)),
+                str(self.cgroup.procs_file) if self.cgroup else None,
+            )
+        except SpawnError as err:
+            return self._spawn_failed(err, report_fd)
+        self.main = self.tree.seed(pid, session_leader=True)
+        assert self.main is not None, "our unreaped child cannot be gone"
+        now = self.clock.wall()
+        # starting -> running: the pid is recorded before `run` returns
+        self.store.update_run(
+            self.job.id,
+            self.run,
+            state=JobState.RUNNING,
+            pid=pid,
+            pid_start=self.main.ident.start_time,
+            started_at=now,
+        )
+        self.store.add_event(self.job.id, self.run, "started", now, pid=pid, containment=self._containment())
+        _report(report_fd, {"pid": pid, "state": "running"})
+        self._arm_timeout()
+        return self._supervise()
+
+    def adopt(self, report_fd: int) -> int:
+        """Watch the processes of a run whose shim died: found by marker, held by pidfd."""
+        set_child_subreaper()
+        self._install_signals()
+        record = self.store.run(self.job.id, self.run)
+        self.cgroup = find_job_cgroup(record.containment.split(" ", 2)[-1] if record.containment else None)
+        self.tree.cgroup = self.cgroup
+        if record.pid and record.pid_start and self.procfs.identity_matches(record.pid, record.pid_start):
+            self.main = self.tree.seed(record.pid, session_leader=True)
+            self.main_is_child = False
+        self.tree.discover(full=True)
+        if not self.tree.members:
+            _report(report_fd, {"error": "no process of the job is alive any more", "exit_code": 1})
+            return 1
+        shim_start = self.procfs.stat(self.pid).start_time
+        # lost -> running: supervised again
+        self.store.update_run(
+            self.job.id,
+            self.run,
+            only_if_state=_ACTIVE,
+            state=JobState.RUNNING,
+            shim_pid=self.pid,
+            shim_start=shim_start,
+        )
+        pids = sorted(self.tree.members)
+        self.store.add_event(
+            self.job.id, self.run, "adopted", self.clock.wall(), pids=pids, main_alive=self.main is not None
+        )
+        _report(report_fd, {"pid": record.pid, "state": "running", "pids": pids})
+        self._arm_timeout(since=record.started_at)
+        return self._supervise()
+
+    def _containment(self) -> str:
+        if self.cgroup:
+            return f"cgroup-v{self.cgroup.version} {self.cgroup.path}"
+        return "subreaper+scan (no writable cgroup)"
+
+    def _spawn_failed(self, err: SpawnError, report_fd: int) -> int:
+        code = 127 if err.errno == errno.ENOENT and "execute" in str(err) else 126
+        if "chdir" in str(err):
+            code = 1
+        now = self.clock.wall()
+        # starting -> failed: nothing ran
+        self.store.update_run(
+            self.job.id,
+            self.run,
+            state=JobState.FAILED,
+            started_at=now,
+            ended_at=now,
+            exit_code=code,
+            end_reason=EndReason.SPAWN_FAILED,
+            error=str(err),
+        )
+        self.store.add_event(self.job.id, self.run, "spawn-failed", now, error=str(err), exit_code=code)
+        _report(report_fd, {"error": str(err), "exit_code": code})
+        self._remove_cgroup()
+        return 0
+
+    def _arm_timeout(self, since: float | None = None) -> None:
+        timeout = self.job.options.get("timeout_s")
+        if timeout:
+            elapsed = self.clock.wall() - since if since else 0.0
+            self.timeout_at = self.clock.monotonic() + float(timeout) - elapsed
+
+    def _install_signals(self) -> None:
+        signal.set_wakeup_fd(self._wake_w)
+        for sig in _HANDLED_SIGNALS:
+            signal.signal(sig, lambda *_: None)  # the wakeup fd carries the signal number to the loop
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    # --- the loop ---------------------------------------------------------------------------------
+
+    def _supervise(self) -> int:
+        next_tick = self.clock.monotonic()
+        next_full = next_tick + config.FULL_SCAN_EVERY_S
+        while self.main_status is None and (self.main is not None or self.tree.members):
+            now = self.clock.monotonic()
+            deadline = min(next_tick, self.timeout_at or next_tick)
+            fds = [self._wake_r] + ([self.main.pidfd] if self.main else [])
+            wait_readable(fds, deadline - now)
+            self._handle_signals(self._drain_signals())
+            self._collect_exits()
+            if self.stop or self.main_status is not None:
+                break
+            if not self.main and not self.tree.members:
+                break
+            if self.timeout_at is not None and self.clock.monotonic() >= self.timeout_at:
+                self.stop = StopRequest(
+                    EndReason.TIMEOUT, float(self.job.options.get("grace_s", config.DEFAULT_GRACE_S))
+                )
+                break
+            if self.clock.monotonic() >= next_tick:
+                full = self.clock.monotonic() >= next_full
+                try:
+                    self._tick(full)
+                except Exception:  # sampling must never end supervision
+                    log(f"tick failed:\n{traceback.format_exc()}")
+                next_tick = self.clock.monotonic() + config.TICK_S
+                if full:
+                    next_full = self.clock.monotonic() + config.FULL_SCAN_EVERY_S
+        return self._finish()
+
+    def _drain_signals(self) -> set[int]:
+        received: set[int] = set()
+        with contextlib.suppress(BlockingIOError):
+            while data := os.read(self._wake_r, 64):
+                received.update(data)
+        return received
+
+    def _handle_signals(self, received: set[int]) -> None:
+        if self.stop:
+            return
+        grace = float(self.job.options.get("grace_s", config.DEFAULT_GRACE_S))
+        if signal.SIGUSR1 in received:
+            try:
+                record = self.store.run(self.job.id, self.run)
+            except StoreError as err:
+                log(f"cannot read the stop request: {err}")
+                return
+            if record.stop_requested_at:
+                self.stop = StopRequest(EndReason.STOPPED, record.stop_grace or grace)
+        if received & {signal.SIGTERM, signal.SIGINT}:
+            log("shim received SIGTERM/SIGINT: stopping the job")
+            self.stop = StopRequest(EndReason.STOPPED, grace)
+
+    def _collect_exits(self) -> list[tuple[int, int, int | None]]:
+        """Reap our children, drop exited members; returns [(pid, start time, wait status or None)]."""
+        for pid, raw in reap_any():
+            self.statuses[pid] = raw
+        ended: list[tuple[int, int, int | None]] = []
+        for member in self.tree.exited():
+            status = self.statuses.pop(member.pid, None)
+            if status is None:
+                status = self.tree.zombie_status(member)
+            if status is None and member is self.main:
+                status = self._non_child_status(member)
+            if status is None:
+                status = pidfds.exit_status(member.pidfd)
+            self.tree.drop(member)
+            if member is self.main:
+                self.main_status = status if status is not None else -1
+                self.main = None
+            ended.append((member.pid, member.ident.start_time, status))
+        # forget statuses of pids we never tracked: their numbers may be reused by new members
+        self.statuses = {p: s for p, s in self.statuses.items() if p in self.tree.members}
+        if ended:
+            self._safe_write(
+                lambda: self.store.record_tree(self.job.id, self.run, self.clock.wall(), [], ended)
+            )
+        return ended
+
+    def _non_child_status(self, member: Member) -> int | None:
+        """An adopted main process is reaped by init: PIDFD_INFO_EXIT appears once it has been."""
+        for _ in range(50):
+            status = pidfds.exit_status(member.pidfd)
+            if status is not None:
+                return status
+            time.sleep(0.02)  # init reaps within milliseconds; this is the shim, not a test
+        return None
+
+    def _tick(self, full: bool) -> None:
+        self.tree.discover(full=full)
+        now = self.clock.wall()
+        snaps = self.tree.sample(now)
+        self.logs.index(now)
+        self._check_disk(now)
+        self._safe_write(lambda: self.store.record_tree(self.job.id, self.run, now, snaps, []))
+
+    def _check_disk(self, now: float) -> None:
+        event = self.logs.disk_event()
+        if event:
+            self._safe_write(lambda: self.store.add_event(self.job.id, self.run, event[0], now, **event[1]))
+
+    def _safe_write(self, action: Any) -> bool:
+        """Periodic writes may fail (disk full, a locked database); the job must not suffer for it."""
+        try:
+            action()
+            return True
+        except StoreError as err:
+            log(f"store write failed: {err}")
+            return False
+
+    # --- ending -----------------------------------------------------------------------------------
+
+    def _finish(self) -> int:
+        orphans: list[dict[str, Any]] = []
+        if self.stop:
+            # running -> stopping: signal the whole tree, not only the leader
+            self._safe_write(
+                lambda: self.store.update_run(
+                    self.job.id, self.run, only_if_state=_ACTIVE, state=JobState.STOPPING
+                )
+            )
+            self._safe_write(
+                lambda: self.store.add_event(
+                    self.job.id, self.run, "stopping", self.clock.wall(), reason=str(self.stop.reason)
+                )
+            )
+            survivors = self.terminate_tree(self.stop.grace_s)
+        else:
+            self.tree.discover(full=True)
+            orphans = [{"pid": m.pid, "cmdline": m.cmdline} for m in self.tree.members.values()]
+            survivors = self.terminate_tree(float(self.job.options.get("grace_s", config.DEFAULT_GRACE_S)))
+        self.logs.index(self.clock.wall())
+        self._record_end(orphans, survivors)
+        self._remove_cgroup()
+        self.tree.close()
+        return 0
+
+    def terminate_tree(self, grace_s: float) -> list[Survivor]:
+        """SIGTERM every member, wait up to the grace (terminating newcomers too), then SIGKILL the rest."""
+        self.tree.discover(full=True)
+        self._signal_all(signal.SIGTERM)
+        deadline = self.clock.monotonic() + grace_s
+        while self.tree.members and self.clock.monotonic() < deadline:
+            self._wait_members(min(0.2, deadline - self.clock.monotonic()))
+            self._signal_all(signal.SIGTERM, only=self.tree.discover())
+        for _ in range(10):
+            if not self.tree.members or set(self.tree.members) <= set(self.denied):
+                break
+            if self.cgroup:
+                with contextlib.suppress(OSError):
+                    self.cgroup.kill_all()
+            self._signal_all(signal.SIGKILL)
+            self._wait_members(0.5)
+            self.tree.discover(full=True)
+        return [Survivor(m.pid, m.cmdline, self._why_alive(m.pid)) for m in self.tree.members.values()]
+
+    def _wait_members(self, timeout_s: float) -> None:
+        wait_readable([self._wake_r, *(m.pidfd for m in self.tree.members.values())], timeout_s)
+        self._drain_signals()
+        self._collect_exits()
+
+    def _signal_all(self, sig: int, only: list[Member] | None = None) -> None:
+        for member in list(self.tree.members.values()) if only is None else only:
+            try:
+                pidfds.send_signal(member.pidfd, member.pid, sig)
+            except AccessDenied as err:
+                self.denied[member.pid] = f"{err.message}: {err.remedy}"
+
+    def _why_alive(self, pid: int) -> str:
+        if pid in self.denied:
+            return self.denied[pid]
+        try:
+            st = self.procfs.stat(pid)
+        except (ProcessGone, AccessDenied):
+            return "exited while being reported"
+        if st.state == "D":
+            return (
+                f"in uninterruptible sleep (D state, waiting in {self.procfs.wchan(pid)}): it ends when "
+                "its I/O completes; check the storage it uses"
+            )
+        return f"still alive after SIGKILL (state {st.state})"
+
+    def _record_end(self, orphans: list[dict[str, Any]], survivors: list[Survivor]) -> None:
+        fields = self._end_fields()
+        fields["orphans_left"] = orphans
+        fields["survivors"] = [s.__dict__ for s in survivors]
+        now = fields["ended_at"]
+        # -> succeeded | failed | stopped | lost: retried until it lands, so a full disk loses nothing
+        for attempt in range(100_000):
+            try:
+                self.store.update_run(self.job.id, self.run, **fields)
+                self.store.add_event(
+                    self.job.id,
+                    self.run,
+                    "ended",
+                    now,
+                    state=str(fields["state"]),
+                    exit_code=fields["exit_code"],
+                    signal=fields["signal"],
+                    orphans=len(orphans),
+                    survivors=len(survivors),
+                )
+                return
+            except StoreError as err:
+                if attempt == 0:
+                    log(f"cannot record the end of the run yet, retrying every 5s: {err}")
+                time.sleep(5)
+
+    def _end_fields(self) -> dict[str, Any]:
+        now = self.clock.wall()
+        fields: dict[str, Any] = {"ended_at": now, "exit_code": None, "signal": None, "wait_status": None}
+        if self.main_status is not None and self.main_status >= 0:
+            status = WaitStatus.decode(self.main_status)
+            fields.update(exit_code=status.exit_code, signal=status.signal_name, wait_status=status.raw)
+        if self.stop:
+            state = JobState.STOPPED if self.stop.reason == EndReason.STOPPED else JobState.FAILED
+            return {**fields, "state": state, "end_reason": self.stop.reason}
+        if fields["wait_status"] is None:
+            return {
+                **fields,
+                "state": JobState.LOST,
+                "end_reason": EndReason.UNKNOWN,
+                "error": "the main process ended while unsupervised; its exit status is unknown",
+            }
+        if fields["signal"]:
+            return {**fields, "state": JobState.FAILED, "end_reason": EndReason.SIGNALLED}
+        state = JobState.SUCCEEDED if fields["exit_code"] == 0 else JobState.FAILED
+        return {**fields, "state": state, "end_reason": EndReason.EXITED}
+
+    def _remove_cgroup(self) -> None:
+        if self.cgroup:
+            self.cgroup.remove()
+
+
+def _report(fd: int, message: dict[str, Any]) -> None:
+    """Answer the `run`/`adopt` command waiting on the handshake pipe, once."""
+    if fd < 0:
+        return
+    with contextlib.suppress(OSError):
+        os.write(fd, json.dumps(message).encode() + b"\n")
+    with contextlib.suppress(OSError):
+        os.close(fd)

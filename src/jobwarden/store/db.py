@@ -1,0 +1,102 @@
+"""Opening the database: WAL, a busy timeout, migrations, and errors a user can act on."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+from jobwarden.errors import StoreCorrupt, StoreError
+from jobwarden.store.schema import LATEST, MIGRATIONS
+
+# Writers wait up to this long for each other. 100 simultaneous `run`s each hold the write lock for about
+# a millisecond, so even a loaded 2-core machine stays far below it.
+BUSY_TIMEOUT_S = 60.0
+
+
+def translate(err: sqlite3.Error, path: Path) -> StoreError:
+    text = str(err)
+    if isinstance(err, sqlite3.DatabaseError) and ("not a database" in text or "malformed" in text):
+        return StoreCorrupt(
+            f"the jobwarden database {path} is corrupt ({text})",
+            f"move it aside (mv {path} {path}.corrupt) and jobwarden starts a new one; running jobs keep "
+            "running, and their logs stay under jobs/",
+        )
+    if "disk is full" in text or "disk I/O error" in text:
+        return StoreError(
+            f"cannot write the jobwarden database {path}: {text}",
+            f"free space on the filesystem holding {path.parent}",
+        )
+    if "readonly" in text or "unable to open" in text:
+        return StoreError(
+            f"cannot open the jobwarden database {path}: {text}",
+            "make it writable, or point JOBWARDEN_HOME at a directory you own",
+        )
+    return StoreError(f"database error in {path}: {text}")
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """Open (creating and migrating if needed) the store database."""
+    try:
+        if not path.exists():
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            os.close(fd)
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA foreign_keys = ON")
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            conn.execute("PRAGMA journal_mode = WAL")  # readers never block the writer, nor it them
+        conn.execute("PRAGMA synchronous = NORMAL")  # durable at checkpoints; WAL keeps it consistent
+        _migrate(conn)
+    except sqlite3.Error as err:
+        raise translate(err, path) from err
+    except OSError as err:
+        raise StoreError(
+            f"cannot open the jobwarden database {path}: {err.strerror}",
+            "make its directory writable, or point JOBWARDEN_HOME elsewhere",
+        ) from err
+    return conn
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version == LATEST:
+        return
+    if version > LATEST:
+        raise StoreError(
+            f"the database was written by a newer jobwarden (schema {version} > {LATEST})",
+            "upgrade jobwarden, or point JOBWARDEN_HOME at another directory",
+        )
+    with write(conn):
+        # re-read under the write lock: a concurrent process may have migrated meanwhile
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        for number in range(version + 1, LATEST + 1):
+            for statement in _statements(MIGRATIONS[number - 1]):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {number}")
+
+
+def _statements(script: str) -> Iterator[str]:
+    """Split a migration into statements (executescript would COMMIT our open transaction)."""
+    buf = ""
+    for line in script.splitlines(keepends=True):
+        buf += line.split("--", 1)[0] + ("\n" if "--" in line else "")
+        if sqlite3.complete_statement(buf):
+            if buf.strip():
+                yield buf.strip()
+            buf = ""
+
+
+@contextlib.contextmanager
+def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """A write transaction that takes the lock up front (BEGIN IMMEDIATE): a deferred one that upgrades
+    from read to write can fail at once with SQLITE_BUSY, whatever the busy timeout."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")

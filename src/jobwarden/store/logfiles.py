@@ -1,0 +1,122 @@
+"""The job's output file and its offset->time index.
+
+The job writes output.log itself (its own fd, O_APPEND); the shim never touches those bytes. Once a tick
+the shim appends "WALLTIME SIZE" to output.idx when the size changed, so `logs --since` can find where a
+moment starts to within one tick.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from jobwarden import config
+
+
+class LogWatcher:
+    """The shim's side: index the output's growth, notice when its filesystem is full."""
+
+    def __init__(self, output: Path, index: Path) -> None:
+        self.output, self.index_path = output, index
+        self._last_size = -1
+        self._disk_full = False
+
+    def index(self, now: float) -> None:
+        try:
+            size = self.output.stat().st_size
+        except OSError:
+            return
+        if size == self._last_size:
+            return
+        self._last_size = size
+        with contextlib.suppress(OSError):  # a full disk must not stop supervision
+            fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                os.write(fd, f"{now:.3f} {size}\n".encode())
+            finally:
+                os.close(fd)
+
+    def disk_event(self) -> tuple[str, dict[str, Any]] | None:
+        """('disk-full', details) when free space runs out, ('disk-ok', ...) when it comes back."""
+        try:
+            st = os.statvfs(self.output.parent)
+        except OSError:
+            return None
+        free = st.f_bavail * st.f_frsize
+        full = free < config.LOW_DISK_BYTES
+        if full == self._disk_full:
+            return None
+        self._disk_full = full
+        return ("disk-full" if full else "disk-ok"), {"free_bytes": free, "path": str(self.output.parent)}
+
+
+def since_offset(index: Path, since_wall: float) -> int:
+    """The byte offset from which output was written at or after `since_wall`."""
+    times, sizes = [], []
+    with contextlib.suppress(OSError), open(index) as fh:
+        for line in fh:
+            parts = line.split()
+            if len(parts) == 2:
+                times.append(float(parts[0]))
+                sizes.append(int(parts[1]))
+    i = bisect.bisect_left(times, since_wall)
+    return sizes[i - 1] if i > 0 else 0
+
+
+def read_from(path: Path, offset: int, align_to_line: bool = True) -> bytes:
+    """Bytes of `path` from `offset`, starting at a line start when `offset` falls mid-line."""
+    try:
+        with open(path, "rb") as fh:
+            if offset > 0 and align_to_line:
+                fh.seek(offset - 1)
+                if fh.read(1) != b"\n":
+                    fh.readline()
+            else:
+                fh.seek(offset)
+            return fh.read()
+    except FileNotFoundError:
+        return b""
+
+
+def tail_lines(path: Path, n: int, block: int = 1 << 16) -> list[bytes]:
+    """The last `n` lines, read backwards in blocks: cheap on a 100 GiB log."""
+    if n <= 0:
+        return []
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed by the `with` below; opened apart to catch only this
+    except FileNotFoundError:
+        return []
+    with fh:
+        end = fh.seek(0, os.SEEK_END)
+        data, pos = b"", end
+        while pos > 0 and data.count(b"\n") <= n:
+            step = min(block, pos)
+            pos -= step
+            fh.seek(pos)
+            data = fh.read(step) + data
+    lines = data.splitlines(keepends=True)
+    return lines[-n:]
+
+
+def follow(path: Path, offset: int, is_done: Any, poll_s: float = 0.1) -> Iterator[bytes]:
+    """Yield new output from `offset` until `is_done()` is true and everything has been read."""
+    while True:
+        done = is_done()  # read before the data: no output written before the end is missed
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            chunk = b""
+        if chunk:
+            offset += len(chunk)
+            yield chunk
+        elif done:
+            return
+        else:
+            time.sleep(poll_s)

@@ -1,0 +1,106 @@
+"""Rows of the store as frozen dataclasses."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobwarden.model import JobState, Survivor
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: int
+    name: str
+    command: tuple[str, ...]
+    cwd: str
+    created_at: float
+    options: dict[str, Any]
+    env: dict[str, str] = field(repr=False)  # never shown: it may hold tokens
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> JobRecord:
+        return cls(
+            id=row["id"],
+            name=row["name"],
+            command=tuple(json.loads(row["command"])),
+            cwd=row["cwd"],
+            created_at=row["created_at"],
+            options=json.loads(row["options"]),
+            env=json.loads(row["env"]),
+        )
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    job_id: int
+    n: int
+    state: JobState
+    shim_pid: int | None
+    shim_start: int | None
+    pid: int | None
+    pid_start: int | None
+    started_at: float | None
+    ended_at: float | None
+    exit_code: int | None
+    signal: str | None
+    wait_status: int | None
+    end_reason: str | None
+    error: str | None
+    stop_requested_at: float | None
+    stop_grace: float | None
+    containment: str | None
+    orphans_left: list[dict[str, Any]]
+    survivors: list[Survivor]
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> RunRecord:
+        return cls(
+            job_id=row["job_id"],
+            n=row["n"],
+            state=JobState(row["state"]),
+            shim_pid=row["shim_pid"],
+            shim_start=row["shim_start"],
+            pid=row["pid"],
+            pid_start=row["pid_start"],
+            started_at=row["started_at"],
+            ended_at=row["ended_at"],
+            exit_code=row["exit_code"],
+            signal=row["signal"],
+            wait_status=row["wait_status"],
+            end_reason=row["end_reason"],
+            error=row["error"],
+            stop_requested_at=row["stop_requested_at"],
+            stop_grace=row["stop_grace"],
+            containment=row["containment"],
+            orphans_left=json.loads(row["orphans_left"] or "[]"),
+            survivors=[Survivor(**s) for s in json.loads(row["survivors"] or "[]")],
+        )
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    pid: int
+    start_time: int
+    ppid: int | None
+    cmdline: str
+    state: str | None
+    rss_bytes: int | None
+    cpu_percent: float | None
+    first_seen: float
+    ended_at: float | None
+    wait_status: int | None
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> ProcessRecord:
+        return cls(**{k: row[k] for k in row if k not in ("job_id", "run")})
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float
+    run: int | None
+    kind: str
+    data: dict[str, Any]

@@ -1,0 +1,84 @@
+"""The versioned schema. Each migration runs in one transaction and bumps PRAGMA user_version.
+
+Never edit a released migration: append a new one. tests/fixtures holds databases written by older
+versions, and they must keep opening.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[str] = [
+    # 1: jobs, their runs (attempts) and an append-only event log
+    """
+    CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        name TEXT NOT NULL,
+        command TEXT NOT NULL,            -- JSON list of argv
+        cwd TEXT NOT NULL,
+        env TEXT NOT NULL DEFAULT '{}',   -- JSON of --env only; never printed (tokens)
+        options TEXT NOT NULL DEFAULT '{}',
+        created_at REAL NOT NULL
+    );
+    CREATE INDEX jobs_by_name ON jobs(name);
+    CREATE TABLE runs (
+        job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        n INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        shim_pid INTEGER, shim_start INTEGER,
+        pid INTEGER, pid_start INTEGER,
+        started_at REAL, ended_at REAL,
+        exit_code INTEGER, signal TEXT, wait_status INTEGER,
+        end_reason TEXT, error TEXT,
+        PRIMARY KEY (job_id, n)
+    );
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY,
+        job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        run INTEGER,
+        at REAL NOT NULL,
+        kind TEXT NOT NULL,
+        data TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX events_by_run ON events(job_id, run);
+    """,
+    # 2: containment and stop bookkeeping, the process tree, metrics samples, findings
+    """
+    ALTER TABLE runs ADD COLUMN stop_requested_at REAL;
+    ALTER TABLE runs ADD COLUMN stop_grace REAL;
+    ALTER TABLE runs ADD COLUMN containment TEXT;
+    ALTER TABLE runs ADD COLUMN orphans_left TEXT;   -- JSON list, descendants alive when main ended
+    ALTER TABLE runs ADD COLUMN survivors TEXT;      -- JSON list, processes that could not be ended
+    CREATE TABLE processes (
+        job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        run INTEGER NOT NULL,
+        pid INTEGER NOT NULL,
+        start_time INTEGER NOT NULL,
+        ppid INTEGER,
+        cmdline TEXT,
+        state TEXT,
+        rss_bytes INTEGER,
+        cpu_percent REAL,
+        first_seen REAL NOT NULL,
+        ended_at REAL,
+        wait_status INTEGER,
+        PRIMARY KEY (job_id, run, pid, start_time)
+    );
+    CREATE TABLE samples (
+        job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        run INTEGER NOT NULL,
+        at REAL NOT NULL,
+        nprocs INTEGER NOT NULL,
+        cpu_percent REAL NOT NULL,
+        rss_bytes INTEGER NOT NULL
+    );
+    CREATE INDEX samples_by_run ON samples(job_id, run, at);
+    CREATE TABLE findings (
+        job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        run INTEGER NOT NULL,
+        at REAL NOT NULL,
+        rule TEXT NOT NULL,
+        body TEXT NOT NULL
+    );
+    """,
+]
+
+LATEST = len(MIGRATIONS)
