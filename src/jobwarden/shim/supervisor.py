@@ -87,8 +87,7 @@ class Supervisor:
             )
         except SpawnError as err:
             return self._spawn_failed(err, report_fd)
-        self.main = self.tree.seed(pid, session_leader=True)
-        assert self.main is not None, "our unreaped child cannot be gone"
+        self.main = self.tree.seed_child(pid)
         now = self.clock.wall()
         # starting -> running: the pid is recorded before `run` returns
         self.store.update_run(

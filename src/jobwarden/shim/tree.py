@@ -77,6 +77,16 @@ class JobTree:
             self.sessions.add(st.sid)
         return self.add(st)
 
+    def seed_child(self, pid: int) -> Member:
+        """Track our own freshly spawned child. It cannot be reused before we reap it, so even a zombie
+        (a command that failed within microseconds) is tracked, and its status collected."""
+        st = self.procfs.stat(pid)
+        self.sessions.add(st.sid)
+        member = Member(ProcessId(pid, st.start_time), pidfds.open_pidfd(pid), st.ppid,
+                        self.procfs.cmdline(pid) if st.state != "Z" else f"[{st.comm}]", st.comm)
+        self.members[pid] = member
+        return member
+
     def discover(self, full: bool = False) -> list[Member]:
         """Find new members. A full scan also re-reads every pid and checks the marker variables."""
         if full:

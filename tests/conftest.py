@@ -1,0 +1,149 @@
+"""Shared test helpers. Integration tests get an isolated JOBWARDEN_HOME and a CLI runner; whatever a test
+leaves running under that home is killed afterwards, and the test fails: no test may leak a process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CLI_TIMEOUT_S = 90  # generous: a loaded 2-core machine is slow, but a hang still ends the test
+
+
+class Jobwarden:
+    """Runs the real CLI in a subprocess against one home."""
+
+    def __init__(self, home: Path, tmp: Path) -> None:
+        self.home = home
+        self.tmp = tmp
+        self.env = {**os.environ, "JOBWARDEN_HOME": str(home), "NO_COLOR": "1"}
+        self.env.pop("JOBWARDEN_JOB_ID", None)
+
+    def __call__(self, *args: str, check: bool = False, timeout: float = CLI_TIMEOUT_S,
+                 cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([sys.executable, "-m", "jobwarden", *args], env=self.env, text=True,
+                              capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL, cwd=cwd)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"jobwarden {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self(args[0], "--json", *args[1:], check=True).stdout)
+
+    def start(self, *command: str, options: tuple[str, ...] = ()) -> dict[str, Any]:
+        """`run --json`, returning its answer."""
+        return dict(self.json("run", *options, "--", *command))
+
+    def status(self, job: int | str) -> dict[str, Any]:
+        return dict(self.json("status", str(job)))
+
+    def output(self, job: int | str, run: int = 1) -> str:
+        return (self.home / "jobs" / str(job) / f"run-{run}" / "output.log").read_text()
+
+
+def make_fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def read_fifo(path: Path, timeout_s: float = 60) -> str:
+    """Block until a job writes one newline-terminated message to the FIFO (a handshake with a deadline).
+
+    Opened O_RDWR so the open itself never blocks and a writer's close is not mistaken for the end."""
+    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    data = b""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not data.endswith(b"\n"):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                raise TimeoutError(f"no message on {path} within {timeout_s}s (got {data!r})")
+            data += os.read(fd, 65536)
+    finally:
+        os.close(fd)
+    return data.decode()
+
+
+def write_fifo(path: Path, text: str = "go\n", timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:  # ENXIO: no reader yet
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nobody opened {path} for reading") from None
+            time.sleep(0.01)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def wait_pid_gone(pid: int, timeout_s: float = 30) -> None:
+    """Block on a pidfd until `pid` has exited (works for non-children)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        if not select.select([fd], [], [], timeout_s)[0]:
+            raise TimeoutError(f"pid {pid} still alive after {timeout_s}s")
+    finally:
+        os.close(fd)
+
+
+def start_time(pid: int) -> int | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = text.rpartition(")")[2].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def alive(pid: int, start: int) -> bool:
+    return start_time(pid) == start
+
+
+def processes_under(home: Path) -> list[int]:
+    """Pids of live processes started with JOBWARDEN_HOME=home (shims and jobs alike)."""
+    marker = f"JOBWARDEN_HOME={home}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker in env.split(b"\0") and start_time(int(entry)) is not None:
+            found.append(int(entry))
+    return found
+
+
+@pytest.fixture
+def jw(tmp_path: Path) -> Iterator[Jobwarden]:
+    home = tmp_path / "home"
+    runner = Jobwarden(home, tmp_path)
+    yield runner
+    leaked = processes_under(home)
+    for pid in leaked:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in leaked:
+        wait_pid_gone(pid)
+    if leaked:
+        pytest.fail(f"the test left processes running: {leaked}")
