@@ -95,7 +95,7 @@ class ProcessRecord:
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> ProcessRecord:
-        return cls(**{k: row[k] for k in row if k not in ("job_id", "run")})
+        return cls(**{k: row[k] for k in row.keys() if k not in ("job_id", "run")})  # noqa: SIM118 - a Row iterates values
 
 
 @dataclass(frozen=True)

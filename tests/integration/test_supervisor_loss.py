@@ -1,0 +1,84 @@
+"""A shim's death never kills or blocks the job; the job shows `lost` and can be adopted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Jobwarden, make_fifo, read_fifo, wait_pid_gone, write_fifo
+
+pytestmark = pytest.mark.integration
+TICKER = str(Path(__file__).parent / "jobs" / "ticker.py")
+
+
+def _kernel() -> tuple[int, int]:
+    major, minor = os.uname().release.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def _kill_shim(jw: Jobwarden, job_id: int) -> int:
+    shim = jw.status(job_id)["shim_pid"]
+    fd = os.pidfd_open(shim)
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+    finally:
+        os.close(fd)
+    wait_pid_gone(shim)
+    return int(shim)
+
+
+def _start_ticker(jw: Jobwarden, tmp_path: Path, first: int = 100) -> tuple[dict, Path]:
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
+    job = jw.start(sys.executable, TICKER, str(ready), str(go), str(first))
+    assert int(read_fifo(ready)) == job["pid"]
+    return job, go
+
+
+def test_killed_shim_loses_no_output_and_shows_lost(jw: Jobwarden, tmp_path: Path) -> None:
+    job, go = _start_ticker(jw, tmp_path)
+    _kill_shim(jw, job["id"])
+
+    status = jw.status(job["id"])
+    assert status["state"] == "lost"
+    assert [p["pid"] for p in status["processes"]] == [job["pid"]]
+    assert any(f["rule"] == "supervisor-lost" for f in status["findings"])
+    assert [j["state"] for j in jw.json("ps")] == ["lost"]
+
+    write_fifo(go, "50 0\n")  # the job carries on unsupervised and writes 50 more lines
+    wait_pid_gone(job["pid"])
+    assert jw.output(job["id"]).splitlines() == [f"line {i}" for i in range(150)]
+    assert jw.status(job["id"])["state"] == "lost"
+
+
+def test_adopted_job_records_its_exit_status(jw: Jobwarden, tmp_path: Path) -> None:
+    job, go = _start_ticker(jw, tmp_path)
+    _kill_shim(jw, job["id"])
+
+    adopted = jw.json("adopt", str(job["id"]))
+    assert adopted["pids"] == [job["pid"]]
+    assert jw.status(job["id"])["state"] == "running"
+
+    write_fifo(go, "5 7\n")
+    assert jw("wait", str(job["id"])).returncode == 7
+    status = jw.status(job["id"])
+    # PIDFD_INFO_EXIT (Linux >= 6.15) gives the status of a process we are not the parent of
+    if _kernel() >= (6, 15):
+        assert (status["state"], status["exit_code"]) == ("failed", 7)
+    else:
+        assert status["state"] in ("failed", "lost")
+
+
+def test_stop_on_a_lost_job_ends_its_processes(jw: Jobwarden, tmp_path: Path) -> None:
+    job, _go = _start_ticker(jw, tmp_path)
+    _kill_shim(jw, job["id"])
+    assert jw.status(job["id"])["state"] == "lost"
+
+    result = jw.json("stop", str(job["id"]), "--grace", "5s")
+
+    assert result["state"] == "stopped"
+    assert result["survivors"] == []
+    wait_pid_gone(job["pid"], timeout_s=5)
