@@ -55,6 +55,11 @@ def how_it_ended(run: dict[str, Any]) -> str:
     return str(state)
 
 
+def one_line(text: str) -> str:
+    """Command lines and log lines may hold newlines and escapes: never let them break the layout."""
+    return "".join(c if c.isprintable() else " " for c in text)
+
+
 def _runtime(view: JobView, now: float) -> str:
     run = view.run
     if run.started_at is None:
@@ -123,12 +128,12 @@ def status_report(d: dict[str, Any], now: float) -> Iterator[str]:
         yield ""
         yield f"  {len(d['orphans_left'])} descendant(s) were still running when the main process ended:"
         for o in d["orphans_left"]:
-            yield f"    {o['pid']}  {o['cmdline'][:90]}"
+            yield f"    {o['pid']}  {one_line(o['cmdline'])[:90]}"
     if d["survivors"]:
         yield ""
         yield "  could not be ended:"
         for s in d["survivors"]:
-            yield f"    {s['pid']}  {s['cmdline'][:60]}: {s['reason']}"
+            yield f"    {s['pid']}  {one_line(s['cmdline'])[:60]}: {s['reason']}"
     if d["findings"]:
         yield ""
         for f in d["findings"]:
@@ -147,7 +152,7 @@ def explain_report(d: dict[str, Any]) -> Iterator[str]:
         yield f"{label}: {f['title']}  [{f['rule']}, {f['severity']}]"
         yield f"  {f['summary']}"
         for line in f["evidence"]:
-            yield f"    - {line}"
+            yield f"    - {one_line(line)}"
         if f["remedy"]:
             yield f"  what to do: {f['remedy']}"
 
@@ -160,4 +165,4 @@ def stop_report(result: StopResult) -> Iterator[str]:
     how = f"killed by {run.signal}" if run.signal else f"exit code {run.exit_code}"
     yield f"stopped job {run.job_id} (main process: {how})"
     for s in result.survivors:
-        yield f"  still alive: pid {s.pid} ({s.cmdline[:60]}): {s.reason}"
+        yield f"  still alive: pid {s.pid} ({one_line(s.cmdline)[:60]}): {s.reason}"

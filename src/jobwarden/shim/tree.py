@@ -82,8 +82,13 @@ class JobTree:
         (a command that failed within microseconds) is tracked, and its status collected."""
         st = self.procfs.stat(pid)
         self.sessions.add(st.sid)
-        member = Member(ProcessId(pid, st.start_time), pidfds.open_pidfd(pid), st.ppid,
-                        self.procfs.cmdline(pid) if st.state != "Z" else f"[{st.comm}]", st.comm)
+        member = Member(
+            ProcessId(pid, st.start_time),
+            pidfds.open_pidfd(pid),
+            st.ppid,
+            self.procfs.cmdline(pid) if st.state != "Z" else f"[{st.comm}]",
+            st.comm,
+        )
         self.members[pid] = member
         return member
 
