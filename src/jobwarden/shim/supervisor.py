@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,8 +42,10 @@ class StopRequest:
 
 
 def log(message: str) -> None:
-    """The shim's own log (its stdout/stderr go to shim.log)."""
-    print(time.strftime("%Y-%m-%d %H:%M:%S"), message, file=sys.stderr, flush=True)
+    """The shim's own log (its stdout/stderr go to shim.log). It sits on the disk that may be full: a
+    failed log line must never take the supervisor down."""
+    with contextlib.suppress(OSError):
+        print(time.strftime("%Y-%m-%d %H:%M:%S"), message, file=sys.stderr, flush=True)
 
 
 class Supervisor:
@@ -62,7 +65,8 @@ class Supervisor:
         self.timeout_at: float | None = None
         self.logs = LogWatcher(self.layout.output_log(job.id, run), self.layout.output_index(job.id, run))
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._pending_end: dict[str, Any] | None = None
+        self._disk_full = False
+        self._pending_events: list[tuple[str, float, dict[str, Any]]] = []
 
     # --- starting ---------------------------------------------------------------------------------
 
@@ -249,9 +253,7 @@ class Supervisor:
         # forget statuses of pids we never tracked: their numbers may be reused by new members
         self.statuses = {p: s for p, s in self.statuses.items() if p in self.tree.members}
         if ended:
-            self._safe_write(
-                lambda: self.store.record_tree(self.job.id, self.run, self.clock.wall(), [], ended)
-            )
+            self._safe_write(self.store.record_tree, self.job.id, self.run, self.clock.wall(), [], ended)
         return ended
 
     def _non_child_status(self, member: Member) -> int | None:
@@ -269,17 +271,29 @@ class Supervisor:
         snaps = self.tree.sample(now)
         self.logs.index(now)
         self._check_disk(now)
-        self._safe_write(lambda: self.store.record_tree(self.job.id, self.run, now, snaps, []))
+        self._safe_write(self.store.record_tree, self.job.id, self.run, now, snaps, [])
 
     def _check_disk(self, now: float) -> None:
-        event = self.logs.disk_event()
-        if event:
-            self._safe_write(lambda: self.store.add_event(self.job.id, self.run, event[0], now, **event[1]))
+        """Record when the log's filesystem fills up and when it has room again. The job's own writes fail
+        meanwhile (we cannot help that), but the episode is shown in `status`. The events wait in memory
+        until the store can take them: the database usually sits on the same full disk."""
+        free = self.logs.free_bytes()
+        if free is not None and (free < config.LOW_DISK_BYTES) != self._disk_full:
+            self._disk_full = not self._disk_full
+            kind = "disk-full" if self._disk_full else "disk-ok"
+            path = str(self.logs.output.parent)
+            self._pending_events.append((kind, now, {"free_bytes": free, "path": path}))
+            log(f"{kind}: {free} bytes free under {path}")
+        while self._pending_events:
+            kind, at, data = self._pending_events[0]
+            if not self._safe_write(self.store.add_event, self.job.id, self.run, kind, at, **data):
+                break
+            self._pending_events.pop(0)
 
-    def _safe_write(self, action: Any) -> bool:
+    def _safe_write(self, write: Callable[..., object], *args: Any, **kwargs: Any) -> bool:
         """Periodic writes may fail (disk full, a locked database); the job must not suffer for it."""
         try:
-            action()
+            write(*args, **kwargs)
             return True
         except StoreError as err:
             log(f"store write failed: {err}")
@@ -292,14 +306,15 @@ class Supervisor:
         if self.stop:
             # running -> stopping: signal the whole tree, not only the leader
             self._safe_write(
-                lambda: self.store.update_run(
-                    self.job.id, self.run, only_if_state=_ACTIVE, state=JobState.STOPPING
-                )
+                self.store.update_run, self.job.id, self.run, only_if_state=_ACTIVE, state=JobState.STOPPING
             )
             self._safe_write(
-                lambda: self.store.add_event(
-                    self.job.id, self.run, "stopping", self.clock.wall(), reason=str(self.stop.reason)
-                )
+                self.store.add_event,
+                self.job.id,
+                self.run,
+                "stopping",
+                self.clock.wall(),
+                reason=str(self.stop.reason),
             )
             survivors = self.terminate_tree(self.stop.grace_s)
         else:
@@ -364,6 +379,7 @@ class Supervisor:
         now = fields["ended_at"]
         # -> succeeded | failed | stopped | lost: retried until it lands, so a full disk loses nothing
         for attempt in range(100_000):
+            self._check_disk(self.clock.wall())  # flush a disk-full episode first: it explains the run
             try:
                 self.store.update_run(self.job.id, self.run, **fields)
                 self.store.add_event(

@@ -11,20 +11,16 @@ import bisect
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
-
-from jobwarden import config
 
 
 class LogWatcher:
-    """The shim's side: index the output's growth, notice when its filesystem is full."""
+    """The shim's side: index the output's growth, and tell how much room the log has left."""
 
     def __init__(self, output: Path, index: Path) -> None:
         self.output, self.index_path = output, index
         self._last_size = -1
-        self._disk_full = False
 
     def index(self, now: float) -> None:
         try:
@@ -41,18 +37,13 @@ class LogWatcher:
             finally:
                 os.close(fd)
 
-    def disk_event(self) -> tuple[str, dict[str, Any]] | None:
-        """('disk-full', details) when free space runs out, ('disk-ok', ...) when it comes back."""
+    def free_bytes(self) -> int | None:
+        """Free space on the filesystem holding the log; None when it cannot be read."""
         try:
             st = os.statvfs(self.output.parent)
         except OSError:
             return None
-        free = st.f_bavail * st.f_frsize
-        full = free < config.LOW_DISK_BYTES
-        if full == self._disk_full:
-            return None
-        self._disk_full = full
-        return ("disk-full" if full else "disk-ok"), {"free_bytes": free, "path": str(self.output.parent)}
+        return st.f_bavail * st.f_frsize
 
 
 def since_offset(index: Path, since_wall: float) -> int:
@@ -103,7 +94,7 @@ def tail_lines(path: Path, n: int, block: int = 1 << 16) -> list[bytes]:
     return lines[-n:]
 
 
-def follow(path: Path, offset: int, is_done: Any, poll_s: float = 0.1) -> Iterator[bytes]:
+def follow(path: Path, offset: int, is_done: Callable[[], bool], poll_s: float = 0.1) -> Iterator[bytes]:
     """Yield new output from `offset` until `is_done()` is true and everything has been read."""
     while True:
         done = is_done()  # read before the data: no output written before the end is missed
