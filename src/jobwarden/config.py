@@ -78,8 +78,10 @@ def format_duration(seconds: float) -> str:
 def format_size(n: int | None) -> str:
     if n is None:
         return "-"
+    value = float(n)
     for unit in ("B", "K", "M", "G"):
-        if n < 1024:
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n = n / 1024  # type: ignore[assignment]
-    return f"{n:.1f}T"
+        shown = round(value, 0 if unit == "B" else 1)  # compare what is printed: never "1024.0K"
+        if shown < 1024:
+            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{value:.1f}T"

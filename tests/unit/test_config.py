@@ -157,11 +157,6 @@ def test_format_size(n: int | None, text: str) -> None:
     assert format_size(n) == text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="format_size compares with 1024 before rounding, so 1 MiB - 1 byte prints as '1024.0K' "
-    "instead of '1.0M' (likewise just under 1 GiB and 1 TiB)",
-)
 @pytest.mark.parametrize("n", [(1 << 20) - 1, (1 << 30) - 1])
 def test_format_size_never_prints_1024_of_a_unit(n: int) -> None:
     assert not format_size(n).startswith("1024.0")

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -257,7 +259,7 @@ def test_iter_stats_skips_processes_that_vanish_mid_scan(root: Path) -> None:
     ],
     ids=["stat", "cmdline", "environ_has", "wchan", "threads_in_state", "uid"],
 )
-def test_a_vanished_pid_raises_process_gone(root: Path, call) -> None:  # type: ignore[no-untyped-def]
+def test_a_vanished_pid_raises_process_gone(root: Path, call: Callable[[ProcFS], object]) -> None:
     with pytest.raises(ProcessGone) as info:
         call(ProcFS(root))
     assert info.value.pid == 999
@@ -275,7 +277,7 @@ class _FailingOpen:
     def __init__(self, name: str, err: OSError) -> None:
         self.name, self.err = name, err
 
-    def __call__(self, path, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def __call__(self, path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Any:
         if Path(path).name == self.name:
             raise self.err
         return open(path, *args, **kwargs)
@@ -283,8 +285,11 @@ class _FailingOpen:
 
 @pytest.mark.parametrize(
     "err",
-    [ProcessLookupError(errno.ESRCH, "No such process"), OSError(errno.ESRCH, "No such process")],
-    ids=["ProcessLookupError", "ESRCH"],
+    [
+        FileNotFoundError(errno.ENOENT, "No such file or directory"),  # its /proc dir went between calls
+        ProcessLookupError(errno.ESRCH, "No such process"),  # it exited while the file was open
+    ],
+    ids=["ENOENT", "ESRCH"],
 )
 def test_a_process_exiting_mid_read_is_gone(
     root: Path, monkeypatch: pytest.MonkeyPatch, err: OSError

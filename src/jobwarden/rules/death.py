@@ -16,9 +16,8 @@ _CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"}
 _KILL_SIGNALS = {"SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT"}
 _TRACEBACK = "Traceback (most recent call last):"
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
-_EXCEPTION = re.compile(
-    r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)?): ?(?P<msg>.*)$"
-)
+# "ValueError: bad", "pkg.errors.ConfigError: x", or a bare "AssertionError" (no message, no colon)
+_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: ?(?P<msg>.*))?$")
 
 
 @dataclass(frozen=True)
@@ -117,7 +116,7 @@ def parse_traceback(lines: Sequence[str]) -> tuple[str, str, str | None] | None:
             continue
         e = _EXCEPTION.match(line.strip())
         if e:
-            return e["type"], e["msg"], frame
+            return e["type"], e["msg"] or "", frame
     return None
 
 

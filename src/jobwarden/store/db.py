@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,12 +45,15 @@ def connect(path: Path) -> sqlite3.Connection:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             os.close(fd)
         conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA foreign_keys = ON")
-        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-            conn.execute("PRAGMA journal_mode = WAL")  # readers never block the writer, nor it them
-        conn.execute("PRAGMA synchronous = NORMAL")  # durable at checkpoints; WAL keeps it consistent
-        _migrate(conn)
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA foreign_keys = ON")
+            _use_wal(conn)
+            conn.execute("PRAGMA synchronous = NORMAL")  # durable at checkpoints; WAL keeps it consistent
+            _migrate(conn, path)
+        except BaseException:
+            conn.close()  # an unclosed connection is a ResourceWarning on Python >= 3.13
+            raise
     except sqlite3.Error as err:
         raise translate(err, path) from err
     except OSError as err:
@@ -60,13 +64,26 @@ def connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _migrate(conn: sqlite3.Connection) -> None:
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Switch to WAL (readers never block the writer, nor it them). The switch does not wait on the busy
+    timeout: a first open racing other first opens gets "database is locked" at once, so retry."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> None:
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version == LATEST:
         return
     if version > LATEST:
         raise StoreError(
-            f"the database was written by a newer jobwarden (schema {version} > {LATEST})",
+            f"the database {path} was written by a newer jobwarden (schema {version} > {LATEST})",
             "upgrade jobwarden, or point JOBWARDEN_HOME at another directory",
         )
     with write(conn):

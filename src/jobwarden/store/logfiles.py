@@ -90,7 +90,11 @@ def tail_lines(path: Path, n: int, block: int = 1 << 16) -> list[bytes]:
             pos -= step
             fh.seek(pos)
             data = fh.read(step) + data
-    lines = data.splitlines(keepends=True)
+    # split on b"\n" only, as `tail -n` does: a progress bar's bare \r redraws one line, not many
+    lines = [line + b"\n" for line in data.split(b"\n")]
+    lines[-1] = lines[-1][:-1]
+    if not lines[-1]:
+        lines.pop()
     return lines[-n:]
 
 

@@ -97,7 +97,7 @@ class Store:
         """A job by id, or by name (the newest job of that name)."""
         text = str(ref)
         row = None
-        if text.isdigit():
+        if text.isascii() and text.isdigit():  # '²'.isdigit() is True, int('²') fails
             row = self._exec("SELECT * FROM jobs WHERE id = ?", (int(text),)).fetchone()
         if row is None:
             row = self._exec("SELECT * FROM jobs WHERE name = ? ORDER BY id DESC LIMIT 1", (text,)).fetchone()

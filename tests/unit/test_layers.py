@@ -1,0 +1,168 @@
+"""The layering of STYLE.md, enforced: each module imports only from its own layer or those below.
+
+    cli                      frontends: parse, render; act only through control
+    control | shim           what a user asks for; the per-job supervising loop
+    probes | store | rules   observe | persist | judge
+    osapi                    the only code that forks, execs, signals, waits
+    config | clock | paths   settings, an injectable clock, file locations
+    model | errors           plain data and the exception tree: stdlib only
+
+Every import counts, including the lazy ones inside functions and those under `if TYPE_CHECKING:`.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import jobwarden
+
+SRC = Path(jobwarden.__file__).resolve().parent
+
+# Bottom to top. Packages of one layer may import each other.
+LAYERS: list[set[str]] = [
+    {"model", "errors"},
+    {"config", "clock", "paths"},
+    {"osapi"},
+    {"probes", "store", "rules"},
+    {"control", "shim"},
+    {"cli"},
+]
+RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in layer}
+EXEMPT = {"jobwarden", "jobwarden.__main__"}  # the package root and the `python -m` entry point
+STDLIB_ONLY = {"jobwarden.model", "jobwarden.errors"}
+
+
+def module_name(path: Path) -> str:
+    parts = ["jobwarden", *path.relative_to(SRC).with_suffix("").parts]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+def component(module: str) -> str:
+    """'jobwarden.store.db' -> 'store'; 'jobwarden.config' -> 'config'; 'jobwarden' -> ''."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def imports_of(source: str, module: str, is_package: bool = False) -> Iterator[tuple[int, str]]:
+    """(line, imported module) for every import anywhere in `source`, relative ones resolved.
+    `from jobwarden import config` names the submodule jobwarden.config; `from jobwarden import
+    __version__` names the package root."""
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                yield node.lineno, sub if _is_module(sub) else target
+
+
+def _is_module(name: str) -> bool:
+    if not name.startswith("jobwarden."):
+        return False
+    rel = Path(*name.split(".")[1:])
+    return (SRC / rel).with_suffix(".py").is_file() or (SRC / rel / "__init__.py").is_file()
+
+
+def violations(module: str, source: str, is_package: bool = False) -> list[str]:
+    """Imports of `module` that reach up the layers, or into a package no layer names."""
+    found = []
+    here = RANK.get(component(module))
+    for line, target in imports_of(source, module, is_package):
+        if target != "jobwarden" and not target.startswith("jobwarden."):
+            continue
+        there = component(target)
+        if target == "jobwarden":
+            continue  # the root holds only __version__ and imports nothing (checked below)
+        if there not in RANK:
+            found.append(f"{module}:{line} imports {target}, which is in no layer")
+        elif here is not None and RANK[there] > here:
+            found.append(
+                f"{module}:{line} imports {target} from a higher layer ({there} above {component(module)})"
+            )
+    return found
+
+
+# --- the code as it is ----------------------------------------------------------------------------
+
+
+def test_the_source_tree_is_found() -> None:
+    modules = all_modules()
+    assert "jobwarden.store.repo" in modules
+    assert "jobwarden.cli.main" in modules
+    assert len(modules) > 20
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    unplaced = [m for m in all_modules() if m not in EXEMPT and component(m) not in RANK]
+    assert unplaced == [], "add new packages to LAYERS (and to STYLE.md)"
+
+
+@pytest.mark.parametrize("module", sorted(set(all_modules()) - EXEMPT))
+def test_imports_go_down_the_layers(module: str) -> None:
+    path = all_modules()[module]
+    assert violations(module, path.read_text(), is_package=path.name == "__init__.py") == []
+
+
+@pytest.mark.parametrize("module", sorted(STDLIB_ONLY))
+def test_model_and_errors_import_only_the_stdlib(module: str) -> None:
+    path = all_modules()[module]
+    imported = {target.split(".")[0] for _, target in imports_of(path.read_text(), module)}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}
+
+
+def test_the_package_root_imports_nothing_of_jobwarden() -> None:
+    # Everything may read jobwarden.__version__, so the root must not pull in any layer.
+    source = (SRC / "__init__.py").read_text()
+    assert [t for _, t in imports_of(source, "jobwarden", is_package=True) if t.startswith("jobwarden")] == []
+
+
+# --- the checker itself: it must catch what it is for -----------------------------------------------
+
+
+def test_the_checker_catches_an_import_from_above() -> None:
+    assert violations("jobwarden.osapi.procfs", "from jobwarden.store import Store\n") == [
+        "jobwarden.osapi.procfs:1 imports jobwarden.store from a higher layer (store above osapi)"
+    ]
+
+
+def test_the_checker_catches_a_lazy_import_inside_a_function() -> None:
+    source = "def f():\n    if True:\n        import jobwarden.cli.main\n"
+    assert len(violations("jobwarden.rules.death", source)) == 1
+
+
+def test_the_checker_catches_a_submodule_imported_from_the_root() -> None:
+    assert len(violations("jobwarden.model", "from jobwarden import config\n")) == 1
+
+
+def test_the_checker_resolves_relative_imports() -> None:
+    assert len(violations("jobwarden.store.repo", "from ..control import views\n")) == 1
+    assert violations("jobwarden.store.repo", "from .db import connect\n") == []
+    assert len(violations("jobwarden.store", "from ..shim import tree\n", is_package=True)) == 1
+
+
+def test_the_checker_allows_the_same_layer_and_below() -> None:
+    source = "from jobwarden.shim.tree import JobTree\nfrom jobwarden.store import Store\nimport os\n"
+    assert violations("jobwarden.control.views", source) == []
+
+
+def test_the_checker_flags_an_unknown_package() -> None:
+    assert len(violations("jobwarden.cli.main", "import jobwarden.plugins.x\n")) == 1
