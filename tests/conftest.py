@@ -29,12 +29,22 @@ class Jobwarden:
         self.env = {**os.environ, "JOBWARDEN_HOME": str(home), "NO_COLOR": "1"}
         self.env.pop("JOBWARDEN_JOB_ID", None)
 
-    def __call__(self, *args: str, check: bool = False, timeout: float = CLI_TIMEOUT_S,
-                 cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([sys.executable, "-m", "jobwarden", *args], env=self.env, text=True,
-                              capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL, cwd=cwd)
+    def __call__(
+        self, *args: str, check: bool = False, timeout: float = CLI_TIMEOUT_S, cwd: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "jobwarden", *args],
+            env=self.env,
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+        )
         if check and proc.returncode != 0:
-            raise AssertionError(f"jobwarden {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+            raise AssertionError(
+                f"jobwarden {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+            )
         return proc
 
     def json(self, *args: str) -> Any:

@@ -50,8 +50,12 @@ def test_logs_follow_ends_with_the_job(jw: Jobwarden, tmp_path: Path) -> None:
     ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
     job = jw.start(sys.executable, TICKER, str(ready), str(go), "2")
     read_fifo(ready)
-    follower = subprocess.Popen([sys.executable, "-m", "jobwarden", "logs", "-f", str(job["id"])],
-                                env=jw.env, stdout=subprocess.PIPE, text=True)
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "jobwarden", "logs", "-f", str(job["id"])],
+        env=jw.env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         write_fifo(go, "2 0\n")
         out, _ = follower.communicate(timeout=60)
@@ -67,7 +71,9 @@ def test_ps_lists_running_and_all(jw: Jobwarden, tmp_path: Path) -> None:
     job = jw.start(sys.executable, TICKER, str(ready), str(go), "1", options=("--name", "live"))
     read_fifo(ready)
     running = jw.json("ps")
-    assert [(j["name"], j["state"], j["pid"], j["run"]) for j in running] == [("live", "running", job["pid"], 1)]
+    assert [(j["name"], j["state"], j["pid"], j["run"]) for j in running] == [
+        ("live", "running", job["pid"], 1)
+    ]
     assert {j["name"] for j in jw.json("ps", "--all")} == {"done", "live"}
     table = jw("ps").stdout
     assert "live" in table and "running" in table and "done" not in table
@@ -105,17 +111,20 @@ def test_hundred_simultaneous_runs_are_all_recorded(jw: Jobwarden) -> None:
     assert {j["state"] for j in jobs} == {"succeeded"}
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("run", "--timeout", "soon", "--", "true"), "bad duration 'soon'"),
-    (("run", "--timeout=-5s", "--", "true"), "bad duration"),
-    (("run", "--grace", "0", "--", "true"), "bad duration"),
-    (("run", "--env", "NOEQUALS", "--", "true"), "bad --env"),
-    (("run", "--"), "no command given"),
-    (("status", "nosuchjob"), "no job 'nosuchjob'"),
-    (("stop", "42"), "no job '42'"),
-    (("logs", "--since", "yesterday", "1"), "no job"),
-    (("run", "--cwd", "/nonexistent-dir", "--", "true"), "no such directory"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("run", "--timeout", "soon", "--", "true"), "bad duration 'soon'"),
+        (("run", "--timeout=-5s", "--", "true"), "bad duration"),
+        (("run", "--grace", "0", "--", "true"), "bad duration"),
+        (("run", "--env", "NOEQUALS", "--", "true"), "bad --env"),
+        (("run", "--"), "no command given"),
+        (("status", "nosuchjob"), "no job 'nosuchjob'"),
+        (("stop", "42"), "no job '42'"),
+        (("logs", "--since", "yesterday", "1"), "no job"),
+        (("run", "--cwd", "/nonexistent-dir", "--", "true"), "no such directory"),
+    ],
+)
 def test_bad_input_gets_one_clear_line(jw: Jobwarden, args: tuple[str, ...], message: str) -> None:
     result = jw(*args)
     assert result.returncode != 0
@@ -148,10 +157,12 @@ def test_unwritable_home_is_reported(jw: Jobwarden, tmp_path: Path) -> None:
 def test_job_started_in_a_tmux_pane_survives_the_pane(jw: Jobwarden, tmp_path: Path) -> None:
     ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
     socket = str(tmp_path / "tmux.sock")
-    command = (f"{sys.executable} -m jobwarden run --name pane -- {sys.executable} {TICKER} {ready} {go} 3")
+    command = f"{sys.executable} -m jobwarden run --name pane -- {sys.executable} {TICKER} {ready} {go} 3"
     tmux = ["tmux", "-S", socket]
     env = {**jw.env, "TERM": "xterm"}
-    subprocess.run([*tmux, "new-session", "-d", "-x", "200", "-y", "50", "sh"], env=env, check=True, timeout=30)
+    subprocess.run(
+        [*tmux, "new-session", "-d", "-x", "200", "-y", "50", "sh"], env=env, check=True, timeout=30
+    )
     try:
         subprocess.run([*tmux, "send-keys", command, "Enter"], env=env, check=True, timeout=30)
         pid = int(read_fifo(ready))

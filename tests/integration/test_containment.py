@@ -59,8 +59,10 @@ def test_main_exit_ends_every_kind_of_descendant_and_lists_them(jw: Jobwarden, t
 
 def test_job_ignoring_sigterm_is_killed_after_the_grace(jw: Jobwarden, tmp_path: Path) -> None:
     fifo = make_fifo(tmp_path / "ready")
-    code = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "open(sys.argv[1], 'w').write('ready\\n'); time.sleep(3600)")
+    code = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "open(sys.argv[1], 'w').write('ready\\n'); time.sleep(3600)"
+    )
     job = jw.start(sys.executable, "-c", code, str(fifo))
     read_fifo(fifo)
 

@@ -34,13 +34,16 @@ def test_wait_exits_with_the_jobs_exit_code(jw: Jobwarden) -> None:
     assert any(f["rule"] == "exit-code" for f in status["findings"])
 
 
-@pytest.mark.parametrize(("sig", "rule"), [
-    (signal.SIGKILL, "killed-externally"),
-    (signal.SIGTERM, "killed-externally"),
-    (signal.SIGSEGV, "native-crash"),
-    (signal.SIGHUP, "terminal-hangup"),
-    (signal.SIGPIPE, "broken-pipe"),
-])
+@pytest.mark.parametrize(
+    ("sig", "rule"),
+    [
+        (signal.SIGKILL, "killed-externally"),
+        (signal.SIGTERM, "killed-externally"),
+        (signal.SIGSEGV, "native-crash"),
+        (signal.SIGHUP, "terminal-hangup"),
+        (signal.SIGPIPE, "broken-pipe"),
+    ],
+)
 def test_signal_deaths_are_recorded_by_name(jw: Jobwarden, sig: signal.Signals, rule: str) -> None:
     result = jw("run", "--wait", "--", "sh", "-c", f"kill -{sig.name[3:]} $$")
     assert result.returncode == 128 + sig
@@ -89,7 +92,9 @@ def test_timeout_ends_the_job_as_failed(jw: Jobwarden) -> None:
 
 
 def test_job_environment_has_markers_and_user_values_but_status_hides_them(jw: Jobwarden) -> None:
-    code = "import os; print(os.environ['JOBWARDEN_JOB_ID'], os.environ['JOBWARDEN_RUN'], os.environ['TOKEN'])"
+    code = (
+        "import os; print(os.environ['JOBWARDEN_JOB_ID'], os.environ['JOBWARDEN_RUN'], os.environ['TOKEN'])"
+    )
     result = jw("run", "--env", "TOKEN=s3cr3t-value", "--wait", "--", sys.executable, "-c", code)
     job_id = result.stdout.split()[0]
     assert jw.output(job_id).split() == [job_id, "1", "s3cr3t-value"]

@@ -36,8 +36,11 @@ print(f"after the disk filled ({full_error}) and emptied, still here", flush=Tru
 def small_home(tmp_path: Path) -> Iterator[Path]:
     mount = tmp_path / "small"
     mount.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(mount)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here (needs root): {result.stderr.strip()}")
     try:
