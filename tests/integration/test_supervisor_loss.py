@@ -51,7 +51,10 @@ def test_killed_shim_loses_no_output_and_shows_lost(jw: Jobwarden, tmp_path: Pat
     write_fifo(go, "50 0\n")  # the job carries on unsupervised and writes 50 more lines
     wait_pid_gone(job["pid"])
     assert jw.output(job["id"]).splitlines() == [f"line {i}" for i in range(150)]
-    assert jw.status(job["id"])["state"] == "lost"
+    final = jw.status(job["id"])
+    assert final["state"] == "lost"
+    if final["containment"].startswith("cgroup-"):  # the dead shim's cgroup is released once empty
+        assert not Path(final["containment"].split(" ", 1)[1]).exists()
 
 
 def test_adopted_job_records_its_exit_status(jw: Jobwarden, tmp_path: Path) -> None:

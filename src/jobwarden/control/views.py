@@ -12,6 +12,7 @@ from jobwarden.clock import SystemClock, iso
 from jobwarden.control.shimproc import shim_alive
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
 from jobwarden.model import JobState, ProcessSnapshot
+from jobwarden.osapi.cgroup import cgroup_path, find_job_cgroup
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.markers import find_marked, job_markers
 from jobwarden.store import JobRecord, RunRecord, Store
@@ -21,6 +22,8 @@ _WATCHED = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)
 
 def refresh(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord) -> RunRecord:
     """The run as it really is: a watched run whose shim is dead becomes `lost` (recorded once)."""
+    if run.state == JobState.LOST:
+        _release_cgroup(run)
     if run.state not in _WATCHED:
         return run
     if shim_alive(procfs, run.shim_pid, run.shim_start):
@@ -36,6 +39,14 @@ def refresh(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord) -> Run
     except StoreError:  # a full disk: still show the truth, record it next time
         return dataclasses.replace(run, state=JobState.LOST)
     return store.run(job.id, run.n)
+
+
+def _release_cgroup(run: RunRecord) -> None:
+    """A dead shim cannot remove its job's cgroup; rmdir succeeds only once the cgroup is empty, so
+    trying on every look at a lost run is safe and cleans up as soon as its last process is gone."""
+    cgroup = find_job_cgroup(cgroup_path(run.containment))
+    if cgroup:
+        cgroup.remove()
 
 
 def live_processes(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord) -> list[ProcessSnapshot]:

@@ -115,6 +115,13 @@ def create_job_cgroup(name: str, proc_root: str = "/proc") -> JobCgroup | None:
     return None
 
 
+def cgroup_path(containment: str | None) -> str | None:
+    """The cgroup directory in a run's containment note ("cgroup-v1 /sys/fs/cgroup/...")."""
+    if containment and containment.startswith("cgroup-"):
+        return containment.split(" ", 1)[1]
+    return None
+
+
 def find_job_cgroup(path: str | None) -> JobCgroup | None:
     """Re-open a job's cgroup recorded in the store (for adopt)."""
     if not path or not Path(path).is_dir():

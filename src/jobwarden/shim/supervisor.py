@@ -23,7 +23,7 @@ from jobwarden.clock import Clock
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
 from jobwarden.model import EndReason, JobState, Survivor
 from jobwarden.osapi import pidfd as pidfds
-from jobwarden.osapi.cgroup import JobCgroup, create_job_cgroup, find_job_cgroup
+from jobwarden.osapi.cgroup import JobCgroup, cgroup_path, create_job_cgroup, find_job_cgroup
 from jobwarden.osapi.process import SpawnError, WaitStatus, reap_any, set_child_subreaper, spawn_job
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV
@@ -112,7 +112,7 @@ class Supervisor:
         set_child_subreaper()
         self._install_signals()
         record = self.store.run(self.job.id, self.run)
-        self.cgroup = find_job_cgroup(record.containment.split(" ", 2)[-1] if record.containment else None)
+        self.cgroup = find_job_cgroup(cgroup_path(record.containment))
         self.tree.cgroup = self.cgroup
         if record.pid and record.pid_start and self.procfs.identity_matches(record.pid, record.pid_start):
             self.main = self.tree.seed(record.pid, session_leader=True)
