@@ -11,6 +11,9 @@ TICK_S = 1.0  # shim sampling period
 FULL_SCAN_EVERY_S = 10.0  # a complete /proc + marker rescan catches anything an incremental scan missed
 SHIM_READY_TIMEOUT_S = 30.0
 LOW_DISK_BYTES = 1 << 20
+# JOBWARDEN_CGROUP=off: contain by subreaper + /proc scanning only, as in a container without a writable
+# cgroup (also how the tests prove that path on machines where a cgroup is available)
+CGROUP_ENV = "JOBWARDEN_CGROUP"
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")

@@ -14,6 +14,15 @@ JOB = str(Path(__file__).parent / "jobs" / "descendants.py")
 KINDS = {"plain", "setsid", "double_fork_setsid", "double_fork", "interpreter"}
 
 
+@pytest.fixture(params=["cgroup-if-writable", "no-cgroup"])
+def containment(request: pytest.FixtureRequest, jw: Jobwarden) -> str:
+    """Every containment test runs twice: with a cgroup where one is writable, and with subreaper and
+    /proc scanning alone (what a container without a writable cgroup gets)."""
+    if request.param == "no-cgroup":
+        jw.env["JOBWARDEN_CGROUP"] = "off"
+    return str(request.param)
+
+
 def _descendants(message: str) -> dict[str, tuple[int, int]]:
     pids = dict(item.split("=") for item in message.split())
     assert set(pids) == KINDS
@@ -25,7 +34,7 @@ def _descendants(message: str) -> dict[str, tuple[int, int]]:
     return found
 
 
-def test_stop_ends_every_kind_of_descendant(jw: Jobwarden, tmp_path: Path) -> None:
+def test_stop_ends_every_kind_of_descendant(jw: Jobwarden, tmp_path: Path, containment: str) -> None:
     fifo = make_fifo(tmp_path / "ready")
     job = jw.start(sys.executable, JOB, str(fifo), "wait", options=("--name", "tree"))
     descendants = _descendants(read_fifo(fifo))
@@ -39,9 +48,12 @@ def test_stop_ends_every_kind_of_descendant(jw: Jobwarden, tmp_path: Path) -> No
     assert status["state"] == "stopped"
     assert status["signal"] == "SIGTERM"
     assert status["processes"] == []
+    assert status["containment"].startswith("subreaper") or containment != "no-cgroup"
 
 
-def test_main_exit_ends_every_kind_of_descendant_and_lists_them(jw: Jobwarden, tmp_path: Path) -> None:
+def test_main_exit_ends_every_kind_of_descendant_and_lists_them(
+    jw: Jobwarden, tmp_path: Path, containment: str
+) -> None:
     fifo = make_fifo(tmp_path / "ready")
     job = jw.start(sys.executable, JOB, str(fifo), "exit")
     descendants = _descendants(read_fifo(fifo))

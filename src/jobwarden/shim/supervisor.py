@@ -75,7 +75,8 @@ class Supervisor:
         set_child_subreaper()
         self._install_signals()
         shim_start = self.procfs.stat(self.pid).start_time
-        self.cgroup = create_job_cgroup(f"jobwarden-{self.pid}")
+        if os.environ.get(config.CGROUP_ENV, "auto") != "off":
+            self.cgroup = create_job_cgroup(f"jobwarden-{self.pid}")
         self.tree.cgroup = self.cgroup
         self.store.update_run(
             self.job.id, self.run, shim_pid=self.pid, shim_start=shim_start, containment=self._containment()
