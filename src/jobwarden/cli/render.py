@@ -6,13 +6,15 @@ import os
 import shlex
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobwarden.config import format_duration, format_size
-from jobwarden.control.lifecycle import StopResult
-from jobwarden.control.views import JobView
 from jobwarden.model import JobState
-from jobwarden.store import RunRecord
+
+if TYPE_CHECKING:  # kept off the import path of `run`, whose latency is measured
+    from jobwarden.control.lifecycle import StopResult
+    from jobwarden.control.views import JobView
+    from jobwarden.store import RunRecord
 
 _COLORS = {
     "running": "32",
