@@ -58,7 +58,6 @@ class Supervisor:
         self.tree = JobTree(procfs, self.pid, self.markers)
         self.main: Member | None = None
         self.main_status: int | None = None
-        self.main_is_child = True
         self.statuses: dict[int, int] = {}  # wait statuses of reaped children, by pid
         self.denied: dict[int, str] = {}  # pid -> why we may not signal it
         self.stop: StopRequest | None = None
@@ -117,7 +116,6 @@ class Supervisor:
         self.tree.cgroup = self.cgroup
         if record.pid and record.pid_start and self.procfs.identity_matches(record.pid, record.pid_start):
             self.main = self.tree.seed(record.pid, session_leader=True)
-            self.main_is_child = False
         self.tree.discover(full=True)
         if not self.tree.members:
             _report(report_fd, {"error": "no process of the job is alive any more", "exit_code": 1})
