@@ -74,6 +74,9 @@ def read_from(path: Path, offset: int, align_to_line: bool = True) -> bytes:
         return b""
 
 
+_TAIL_MAX_BYTES = 8 << 20
+
+
 def tail_lines(path: Path, n: int, block: int = 1 << 16) -> list[bytes]:
     """The last `n` lines, read backwards in blocks: cheap on a 100 GiB log."""
     if n <= 0:
@@ -84,12 +87,17 @@ def tail_lines(path: Path, n: int, block: int = 1 << 16) -> list[bytes]:
         return []
     with fh:
         end = fh.seek(0, os.SEEK_END)
-        data, pos = b"", end
-        while pos > 0 and data.count(b"\n") <= n:
+        blocks, newlines, pos = [], 0, end
+        # count per block (linear, not re-scanning a growing buffer) and stop at a cap: a progress bar
+        # that never writes "\n" must not make `status` read a whole 100 GiB log
+        while pos > 0 and newlines <= n and end - pos < _TAIL_MAX_BYTES:
             step = min(block, pos)
             pos -= step
             fh.seek(pos)
-            data = fh.read(step) + data
+            chunk = fh.read(step)
+            blocks.append(chunk)
+            newlines += chunk.count(b"\n")
+        data = b"".join(reversed(blocks))
     # split on b"\n" only, as `tail -n` does: a progress bar's bare \r redraws one line, not many
     lines = [line + b"\n" for line in data.split(b"\n")]
     lines[-1] = lines[-1][:-1]
