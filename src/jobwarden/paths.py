@@ -58,3 +58,11 @@ class Layout:
 
     def shim_log(self, job_id: int, run: int) -> Path:
         return self.run_dir(job_id, run) / "shim.log"
+
+    def py_dir(self, job_id: int, run: int) -> Path:
+        """Where the Python hooks of the job's processes leave their records (one file per process)."""
+        return self.run_dir(job_id, run) / "py"
+
+    def heartbeat_file(self, job_id: int, run: int) -> Path:
+        """Touched (or written with JSON) by the job to say it makes progress: JOBWARDEN_HEARTBEAT_FILE."""
+        return self.run_dir(job_id, run) / "heartbeat"

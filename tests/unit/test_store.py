@@ -17,7 +17,16 @@ from typing import Any
 import pytest
 
 from jobwarden.errors import JobNotFound, StoreCorrupt, StoreError
-from jobwarden.model import JobSpec, JobState, ProcessSnapshot, Survivor
+from jobwarden.model import (
+    Finding,
+    Frame,
+    JobSpec,
+    JobState,
+    ProcessSnapshot,
+    ProcessStack,
+    Survivor,
+    ThreadStack,
+)
 from jobwarden.store import Store
 from jobwarden.store.schema import LATEST
 
@@ -598,3 +607,54 @@ def test_opening_a_new_database_waits_for_another_writer(home: Path, monkeypatch
         holder.execute("ROLLBACK")
         holder.close()
     assert waited >= 0.25, f"gave up after {waited:.3f}s instead of waiting for the busy timeout"
+
+
+# --- v3: restarts, findings, stack dumps, GPU claims ------------------------------------------------
+
+
+def test_new_run_numbers_attempts_and_makes_their_directory(store: Store) -> None:
+    job_id, _ = store.create_job(spec(), {}, NOW)
+    assert store.new_run(job_id, JobState.RESTARTING, NOW + 1) == 2
+    assert store.new_run(job_id, JobState.STARTING, NOW + 2) == 3
+    assert store.run(job_id).n == 3
+    assert store.run(job_id, 2).state == JobState.RESTARTING
+    assert store.layout.run_dir(job_id, 3).is_dir()
+
+
+def test_findings_round_trip_in_order(store: Store) -> None:
+    job_id, run = store.create_job(spec(), {}, NOW)
+    first = Finding("process-stopped", "Stopped", "pid 5 is stopped", "error", ("pid 5: T",), "SIGCONT", (5,))
+    second = Finding("no-progress", "No progress", "quiet", "warning")
+    store.add_finding(job_id, run, NOW + 2, second)
+    store.add_finding(job_id, run, NOW + 1, first)
+    assert store.findings(job_id, run) == [(NOW + 1, first), (NOW + 2, second)]
+
+
+def test_stack_dumps_round_trip(store: Store) -> None:
+    job_id, run = store.create_job(spec(), {}, NOW)
+    frames = (Frame("wait", "/usr/lib/python3.11/threading.py", 320), Frame("__lll_lock_wait", native=True))
+    stack = ProcessStack(7, "py-spy", (ThreadStack(7, "MainThread", frames, "S", False),), None, "python x")
+    store.add_stacks(job_id, run, NOW, "hang", [stack, ProcessStack(8, "none", error="exited")])
+    (dump,) = store.stacks(job_id, run)
+    assert dump.trigger == "hang" and dump.at == NOW
+    assert dump.stacks == (stack, ProcessStack(8, "none", error="exited"))
+
+
+def test_gpu_claims_are_exclusive_between_live_runs(store: Store) -> None:
+    a, _ = store.create_job(spec("a"), {}, NOW, state=JobState.QUEUED)
+    b, _ = store.create_job(spec("b"), {}, NOW, state=JobState.QUEUED)
+    assert store.claim_gpus(a, 1, [0, 1, 2], 2, NOW) == [0, 1]
+    assert store.claim_gpus(b, 1, [0, 1, 2], 2, NOW) == []  # only GPU 2 is left: nothing is claimed
+    assert store.gpu_claims() == {0: (a, 1), 1: (a, 1)}
+    assert store.run(a).gpu_ids == [0, 1]
+    assert store.claim_gpus(b, 1, [0, 1, 2], 1, NOW) == [2]
+
+
+def test_claims_of_ended_runs_are_dropped_at_the_next_claim(store: Store) -> None:
+    a, _ = store.create_job(spec("a"), {}, NOW, state=JobState.RUNNING)
+    b, _ = store.create_job(spec("b"), {}, NOW, state=JobState.QUEUED)
+    store.claim_gpus(a, 1, [0], 1, NOW)
+    store.update_run(a, 1, state=JobState.FAILED)
+    assert store.claim_gpus(b, 1, [0], 1, NOW) == [0]
+    store.release_gpus(b, 1)
+    assert store.gpu_claims() == {}

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from jobwarden.model import Finding
+from jobwarden.rules.evidence import RunEvidence
 
 _CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"}
 _KILL_SIGNALS = {"SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT"}
@@ -18,21 +17,6 @@ _TRACEBACK = "Traceback (most recent call last):"
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
 # "ValueError: bad", "pkg.errors.ConfigError: x", or a bare "AssertionError" (no message, no colon)
 _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: ?(?P<msg>.*))?$")
-
-
-@dataclass(frozen=True)
-class RunEvidence:
-    state: str
-    exit_code: int | None
-    signal: str | None
-    end_reason: str | None
-    pid: int | None
-    error: str | None = None
-    timeout_s: float | None = None
-    orphans_left: Sequence[dict[str, Any]] = ()
-    survivors: Sequence[dict[str, Any]] = ()
-    log_tail: Sequence[str] = ()
-    events: Sequence[str] = field(default_factory=tuple)
 
 
 def explain(ev: RunEvidence) -> list[Finding]:

@@ -7,7 +7,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobwarden.model import JobState, Survivor
+from jobwarden.model import JobState, ProcessStack, Survivor
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,9 @@ class RunRecord:
     containment: str | None
     orphans_left: list[dict[str, Any]]
     survivors: list[Survivor]
+    queued_reason: str | None = None
+    gpu_ids: list[int] = field(default_factory=list)
+    mem_peak_bytes: int | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> RunRecord:
@@ -77,6 +80,9 @@ class RunRecord:
             containment=row["containment"],
             orphans_left=json.loads(row["orphans_left"] or "[]"),
             survivors=[Survivor(**s) for s in json.loads(row["survivors"] or "[]")],
+            queued_reason=row["queued_reason"],
+            gpu_ids=json.loads(row["gpu_ids"] or "[]"),
+            mem_peak_bytes=row["mem_peak_bytes"],
         )
 
 
@@ -92,6 +98,7 @@ class ProcessRecord:
     first_seen: float
     ended_at: float | None
     wait_status: int | None
+    gpu_memory_bytes: int | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> ProcessRecord:
@@ -104,3 +111,18 @@ class Event:
     run: int | None
     kind: str
     data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StackDump:
+    """Stacks of every process of a run at one moment: from `dump`, or captured by the hang watchdog."""
+
+    at: float
+    trigger: str
+    stacks: tuple[ProcessStack, ...]
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> StackDump:
+        return cls(
+            row["at"], row["trigger"], tuple(ProcessStack.from_json(s) for s in json.loads(row["body"]))
+        )

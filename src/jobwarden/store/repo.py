@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from jobwarden.errors import JobNotFound
-from jobwarden.model import JobSpec, JobState, ProcessSnapshot
+from jobwarden.model import Finding, JobSpec, JobState, ProcessSnapshot, ProcessStack
 from jobwarden.paths import Layout, ensure_private_dir
 from jobwarden.store.db import connect, translate, write
-from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord
+from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
 
 _RUN_COLUMNS = frozenset(
     {
@@ -36,6 +36,9 @@ _RUN_COLUMNS = frozenset(
         "containment",
         "orphans_left",
         "survivors",
+        "queued_reason",
+        "gpu_ids",
+        "mem_peak_bytes",
     }
 )
 
@@ -111,7 +114,16 @@ class Store:
     def delete_job(self, job_id: int) -> None:
         try:
             with write(self._conn):
-                for table in ("findings", "samples", "processes", "events", "runs", "jobs"):
+                for table in (
+                    "gpu_claims",
+                    "stacks",
+                    "findings",
+                    "samples",
+                    "processes",
+                    "events",
+                    "runs",
+                    "jobs",
+                ):
                     column = "id" if table == "jobs" else "job_id"
                     self._conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (job_id,))
         except sqlite3.Error as err:
@@ -130,6 +142,21 @@ class Store:
         if row is None:
             raise JobNotFound(f"{job_id}" + (f" run {n}" if n else ""))
         return RunRecord.from_row(row)
+
+    def new_run(self, job_id: int, state: JobState, now: float) -> int:
+        """The next attempt of a job (a restart); returns its number. The run directory is made too."""
+        try:
+            with write(self._conn):
+                row = self._conn.execute("SELECT MAX(n) FROM runs WHERE job_id = ?", (job_id,)).fetchone()
+                n = int(row[0] or 0) + 1
+                self._conn.execute("INSERT INTO runs (job_id, n, state) VALUES (?, ?, ?)", (job_id, n, state))
+                self._conn.execute(
+                    "INSERT INTO events (job_id, run, at, kind) VALUES (?, ?, ?, 'created')", (job_id, n, now)
+                )
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
+        self.make_run_dir(job_id, n)
+        return n
 
     def latest_runs(self) -> dict[int, RunRecord]:
         rows = self._exec(
@@ -247,3 +274,79 @@ class Store:
             "SELECT * FROM samples WHERE job_id = ? AND run = ? ORDER BY at DESC LIMIT 1", (job_id, run)
         ).fetchone()
         return row
+
+    # --- findings and stack dumps -----------------------------------------------------------------
+
+    def add_finding(self, job_id: int, run: int, at: float, finding: Finding) -> None:
+        self._exec(
+            "INSERT INTO findings (job_id, run, at, rule, body) VALUES (?,?,?,?,?)",
+            (job_id, run, at, finding.rule, json.dumps(finding.to_json())),
+        )
+
+    def findings(self, job_id: int, run: int) -> list[tuple[float, Finding]]:
+        """Findings the shim recorded while the run was live (hangs, lost workers), oldest first."""
+        rows = self._exec(
+            "SELECT at, body FROM findings WHERE job_id = ? AND run = ? ORDER BY at, rowid", (job_id, run)
+        )
+        return [(r["at"], Finding.from_json(json.loads(r["body"]))) for r in rows]
+
+    def add_stacks(
+        self, job_id: int, run: int, at: float, trigger: str, stacks: Sequence[ProcessStack]
+    ) -> int:
+        cur = self._exec(
+            "INSERT INTO stacks (job_id, run, at, trigger, body) VALUES (?,?,?,?,?)",
+            (job_id, run, at, trigger, json.dumps([s.to_json() for s in stacks])),
+        )
+        return int(cur.lastrowid or 0)
+
+    def stacks(self, job_id: int, run: int) -> list[StackDump]:
+        rows = self._exec("SELECT * FROM stacks WHERE job_id = ? AND run = ? ORDER BY at, id", (job_id, run))
+        return [StackDump.from_row(r) for r in rows]
+
+    # --- GPU claims -------------------------------------------------------------------------------
+
+    def claim_gpus(self, job_id: int, run: int, free: Sequence[int], count: int, now: float) -> list[int]:
+        """Claim `count` of the `free` GPUs for a run, atomically against every other jobwarden job: in
+        one write transaction, claims of runs that have ended are dropped first, and a GPU already
+        claimed by a live run is skipped. Returns the claimed indexes, or [] (nothing claimed) when fewer
+        than `count` are left."""
+        live = "', '".join(
+            s
+            for s in (
+                JobState.QUEUED,
+                JobState.STARTING,
+                JobState.RUNNING,
+                JobState.STOPPING,
+                JobState.RESTARTING,
+                JobState.LOST,
+            )
+        )
+        try:
+            with write(self._conn):
+                self._conn.execute(
+                    "DELETE FROM gpu_claims WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE "
+                    f"r.job_id = gpu_claims.job_id AND r.n = gpu_claims.run AND r.state IN ('{live}'))"
+                )
+                taken = {int(r[0]) for r in self._conn.execute("SELECT gpu_index FROM gpu_claims").fetchall()}
+                chosen = [i for i in free if i not in taken][:count]
+                if len(chosen) < count:
+                    return []
+                self._conn.executemany(
+                    "INSERT INTO gpu_claims (gpu_index, job_id, run, claimed_at) VALUES (?,?,?,?)",
+                    [(i, job_id, run, now) for i in chosen],
+                )
+                self._conn.execute(
+                    "UPDATE runs SET gpu_ids = ? WHERE job_id = ? AND n = ?",
+                    (json.dumps(chosen), job_id, run),
+                )
+                return chosen
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
+
+    def release_gpus(self, job_id: int, run: int) -> None:
+        self._exec("DELETE FROM gpu_claims WHERE job_id = ? AND run = ?", (job_id, run))
+
+    def gpu_claims(self) -> dict[int, tuple[int, int]]:
+        """GPU index -> (job id, run) of every claim on record."""
+        rows = self._exec("SELECT gpu_index, job_id, run FROM gpu_claims")
+        return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}

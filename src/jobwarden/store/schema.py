@@ -79,6 +79,33 @@ MIGRATIONS: list[str] = [
         body TEXT NOT NULL
     );
     """,
+    # 3: diagnosis and resources: stack dumps, GPU claims, what a queued run waits for, richer samples
+    """
+    ALTER TABLE runs ADD COLUMN queued_reason TEXT;  -- why a queued run has not started (GPUs busy, ...)
+    ALTER TABLE runs ADD COLUMN gpu_ids TEXT;        -- JSON list of the GPU indexes the run holds
+    ALTER TABLE runs ADD COLUMN mem_peak_bytes INTEGER;
+    ALTER TABLE processes ADD COLUMN gpu_memory_bytes INTEGER;
+    ALTER TABLE samples ADD COLUMN cpu_time_s REAL;  -- cumulative CPU seconds of the tree's live members
+    ALTER TABLE samples ADD COLUMN io_bytes INTEGER;
+    ALTER TABLE samples ADD COLUMN gpu_memory_bytes INTEGER;
+    ALTER TABLE samples ADD COLUMN gpu_util REAL;
+    CREATE TABLE stacks (
+        id INTEGER PRIMARY KEY,
+        job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        run INTEGER NOT NULL,
+        at REAL NOT NULL,
+        trigger TEXT NOT NULL,           -- 'dump', 'hang', 'worker-lost', ...
+        body TEXT NOT NULL               -- JSON list of ProcessStack
+    );
+    CREATE INDEX stacks_by_run ON stacks(job_id, run, at);
+    CREATE INDEX findings_by_run ON findings(job_id, run, at);
+    CREATE TABLE gpu_claims (
+        gpu_index INTEGER PRIMARY KEY,   -- one claim per GPU: the key makes two claims impossible
+        job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        run INTEGER NOT NULL,
+        claimed_at REAL NOT NULL
+    );
+    """,
 ]
 
 LATEST = len(MIGRATIONS)

@@ -1,0 +1,47 @@
+"""Everything the rules may look at for one run, gathered by the shim (live) or the explainer (after the
+end). Plain data: the rules stay pure and their tests feed recorded evidence."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jobwarden.model import (
+    ForkRecord,
+    GpuDevice,
+    GpuProcess,
+    OomEvidence,
+    ProcessDeath,
+    ProcessFacts,
+    ProcessStack,
+)
+
+
+@dataclass(frozen=True)
+class RunEvidence:
+    state: str
+    exit_code: int | None
+    signal: str | None
+    end_reason: str | None
+    pid: int | None  # the main process
+    error: str | None = None
+    timeout_s: float | None = None
+    orphans_left: Sequence[dict[str, Any]] = ()
+    survivors: Sequence[dict[str, Any]] = ()
+    log_tail: Sequence[str] = ()
+    events: Sequence[str] = ()  # event kinds, oldest first
+    # --- diagnosis: filled where known ---
+    now: float | None = None
+    hang_window_s: float | None = None  # set when the watchdog judges the run hung (no progress for it)
+    quiet_for_s: float | None = None  # seconds since the last sign of progress
+    last_progress: str | None = None  # what that sign was: "output", "heartbeat", "cpu", "io", "gpu"
+    processes: Sequence[ProcessFacts] = ()  # live when judged
+    deaths: Sequence[ProcessDeath] = ()  # processes of the run that ended, the main one included
+    stacks: Sequence[ProcessStack] = ()  # the latest stacks of the live processes
+    forks: Sequence[ForkRecord] = ()
+    oom: OomEvidence | None = None
+    mem_limit_bytes: int | None = None
+    gpus: Sequence[GpuDevice] = ()
+    gpu_processes: Sequence[GpuProcess] = ()  # of this job's processes
+    gpu_idle_for_s: float | None = None  # the job held GPU memory at ~0% utilisation this long
