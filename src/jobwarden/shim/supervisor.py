@@ -286,7 +286,11 @@ class Supervisor:
         snaps = self.tree.sample(now)
         self.logs.index(now)
         self._check_disk(now)
-        self._safe_write(self.store.record_tree, self.job.id, self.run, now, snaps, [])
+        # an idle tree is not rewritten every second
+        if self.tree.worth_recording(snaps, now) and self._safe_write(
+            self.store.record_tree, self.job.id, self.run, now, snaps, []
+        ):
+            self.tree.recorded(snaps, now)
 
     def _check_disk(self, now: float) -> None:
         """Record when the log's filesystem fills up and when it has room again. The job's own writes fail
