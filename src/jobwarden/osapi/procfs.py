@@ -128,6 +128,40 @@ class ProcFS:
                 continue
         return found
 
+    def thread_states(self, pid: int) -> list[str]:
+        """The state of every thread of `pid` (a process's own state is only its main thread's)."""
+        states = []
+        try:
+            tids = os.listdir(self.root / str(pid) / "task")
+        except FileNotFoundError as err:
+            raise ProcessGone(pid) from err
+        for tid in tids:
+            try:
+                with open(self.root / str(pid) / "task" / tid / "stat") as fh:
+                    states.append(parse_stat(fh.read()).state)
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        return states
+
+    def io_chars(self, pid: int) -> int | None:
+        """Bytes passed through read/write syscalls so far (rchar + wchar of /proc/PID/io): storage,
+        pipes and sockets alike. None where the kernel hides it (another user's process)."""
+        try:
+            text = self._read(pid, "io", "read the I/O counters of").decode()
+        except AccessDenied:
+            return None
+        fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+        return int(fields.get("rchar", 0)) + int(fields.get("wchar", 0))
+
+    def exe_name(self, pid: int) -> str | None:
+        """The file name the process executes ('python3.11'), None when unreadable."""
+        try:
+            return os.path.basename(os.readlink(self.root / str(pid) / "exe"))
+        except FileNotFoundError as err:
+            raise ProcessGone(pid) from err
+        except OSError:
+            return None
+
     def iter_stats(self) -> Iterator[ProcStat]:
         for pid in self.pids():
             try:
