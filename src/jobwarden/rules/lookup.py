@@ -39,7 +39,14 @@ class Lookup:
         return "?"
 
 
+def count(n: int, noun: str) -> str:
+    """'1 rank', '3 ranks'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def describe(pid: int, cmdline: str, width: int = 80) -> str:
-    """'pid 42 (python train.py --lr 3e-4)', the command cut to stay readable."""
+    """'pid 42 (python train.py --lr 3e-4)', the command cut to stay readable; 'pid 42' when unknown."""
+    if not cmdline or cmdline == "?":
+        return f"pid {pid}"
     cmd = cmdline if len(cmdline) <= width else cmdline[: width - 3] + "..."
     return f"pid {pid} ({cmd})"

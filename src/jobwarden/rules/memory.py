@@ -56,11 +56,14 @@ def oom_kill(ev: RunEvidence) -> Finding | None:
     look = Lookup.of(ev)
     limit = oom.limit_bytes or ev.mem_limit_bytes
     what = _MECHANISMS.get(oom.mechanism, f"OOM evidence ({oom.mechanism})")
-    names = ", ".join(describe(p, look.cmdline(p), 50) for p in victims[:3])
-    main = " (the main process)" if ev.pid in victims else ""
-    more = f" and {len(victims) - 3} more" if len(victims) > 3 else ""
-    verb = "was" if len(victims) == 1 else "were"
-    summary = f"{names}{more}{main} {verb} SIGKILLed because {what}"
+    names = ", ".join(
+        describe(p, look.cmdline(p), 50) + (" (the main process)" if p == ev.pid else "") for p in victims[:3]
+    )
+    if len(victims) == 1:
+        summary = f"{names} was SIGKILLed because {what}"
+    else:
+        more = f" and {len(victims) - 3} more" if len(victims) > 3 else ""
+        summary = f"{len(victims)} processes ({names}{more}) were SIGKILLed because {what}"
     summary += f" ({_usage(oom, limit)})." if limit or oom.peak_bytes else "."
     if oom.mechanism == "host" and not oom.victims:
         summary += " Inferred: the host's OOM counter rose during the run and no other cause was seen."
@@ -219,4 +222,5 @@ def _cuda_remedy(text: str, others: list[tuple[str, str]]) -> str:
         )
     if not others:
         steps.append("check `nvidia-smi` for another process on the same GPU")
-    return "; ".join(steps) + "."
+    text = "; ".join(steps) + "."
+    return text[0].upper() + text[1:]

@@ -57,6 +57,9 @@ def explain(ev: RunEvidence) -> list[Finding]:
     found = [f for f in causes if f is not None]
     if not any(f.rule in _EXPLAINS_A_HANG for f in found):
         found += [f for f in (hang.no_progress(ev),) if f is not None]
-    found += [f for f in (death.exit_finding(ev), gpu.gpu_idle(ev)) if f is not None]
+    ended = death.exit_finding(ev)
+    if ended is not None and not (ended.rule == "exit-code" and ev.signal is None and found):
+        found.append(ended)  # a bare "exited with code N" says "no clearer sign why": not when there is one
+    found += [f for f in (gpu.gpu_idle(ev),) if f is not None]
     found += death.aftermath_findings(ev)
     return sorted(found, key=lambda f: ORDER.index(f.rule))

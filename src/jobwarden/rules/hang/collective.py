@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from jobwarden.model import Finding, Frame, ProcessStack, ThreadStack
 from jobwarden.rules import frames
 from jobwarden.rules.evidence import RunEvidence
-from jobwarden.rules.lookup import Lookup, describe
+from jobwarden.rules.lookup import Lookup, count, describe
 
 _PY_COLLECTIVE = "torch/distributed/distributed_c10d.py"
 _NATIVE_COLLECTIVE = ("c10d::", "ProcessGroupNCCL", "ProcessGroupGloo", "nccl", "gloo::")
@@ -96,16 +96,17 @@ def _waiting_line(c: InCollective) -> str:
 
 
 def _summary(waiting: list[InCollective], elsewhere: list[ProcessStack], op: str, watchdog: bool) -> str:
+    ranks = count(len(waiting), "rank") + (" waits" if len(waiting) == 1 else " wait")
     if waiting and elsewhere:
         pids = ", ".join(str(s.pid) for s in elsewhere)
         return (
-            f"{len(waiting)} rank(s) wait in {op} for peers that never joined: pid {pids} is elsewhere, and "
-            "its stack shows what it does instead."
+            f"{ranks} in {op} for peers that never joined: pid {pids} is elsewhere, and its stack shows what "
+            "it does instead."
         )
     if waiting:
         return (
-            f"{len(waiting)} rank(s) wait in {op} and no local rank is elsewhere: the missing peer is on "
-            "another machine, took a different code path earlier, or the network/NCCL transport stalled."
+            f"{ranks} in {op} and no local rank is elsewhere: the missing peer is on another machine, took "
+            "a different code path earlier, or the network/NCCL transport stalled."
         )
     assert watchdog
     return "PyTorch's NCCL watchdog reported a collective that timed out: a rank never joined it."
