@@ -3,8 +3,6 @@ orphans behind.
 
 For jobs: `jobwarden.heartbeat(step=3, loss=0.5)` says the job makes progress (see heartbeat)."""
 
-from __future__ import annotations
-
 import os
 import time
 
