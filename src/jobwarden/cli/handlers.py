@@ -243,6 +243,28 @@ def cmd_adopt(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dump(args: argparse.Namespace) -> int:
+    from jobwarden.control.dump import DEFAULT_TIMEOUT_S, dump_job
+
+    timeout = _duration(args.timeout)
+    if timeout is not None and timeout <= 0:
+        raise UsageError("--timeout must be more than zero", "e.g. jobwarden dump JOB --timeout 10s")
+    result = dump_job(
+        _home(),
+        _procfs(),
+        args.job,
+        native=not args.no_native,
+        timeout_s=timeout if timeout is not None else DEFAULT_TIMEOUT_S,
+    )
+    if args.json:
+        if not result.live:
+            print(f"jobwarden: {render.dump_heading(result)}", file=sys.stderr)
+        _print_json(result.to_json())
+    else:
+        _print_lines(render.dump_report(result))
+    return 0
+
+
 def cmd_rm(args: argparse.Namespace) -> int:
     from jobwarden.control.lifecycle import remove
 
@@ -260,5 +282,6 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "wait": cmd_wait,
     "adopt": cmd_adopt,
     "explain": cmd_explain,
+    "dump": cmd_dump,
     "rm": cmd_rm,
 }

@@ -77,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--run", type=int, metavar="N")
     explain.add_argument("--json", action="store_true")
 
+    dump = sub.add_parser("dump", help="the Python and native stacks of every process of a job, now")
+    dump.add_argument("job", metavar="JOB")
+    dump.add_argument(
+        "--no-native", action="store_true", help="Python frames only: each process is paused for less time"
+    )
+    dump.add_argument("--timeout", metavar="DUR", help="the most the whole capture may take (default 5s)")
+    dump.add_argument("--json", action="store_true")
+
     rm = sub.add_parser("rm", help="forget an ended job and delete its logs")
     rm.add_argument("job", metavar="JOB")
     return p
