@@ -247,8 +247,6 @@ def cmd_dump(args: argparse.Namespace) -> int:
     from jobwarden.control.dump import DEFAULT_TIMEOUT_S, dump_job
 
     timeout = _duration(args.timeout)
-    if timeout is not None and timeout <= 0:
-        raise UsageError("--timeout must be more than zero", "e.g. jobwarden dump JOB --timeout 10s")
     result = dump_job(
         _home(),
         _procfs(),

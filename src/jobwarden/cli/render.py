@@ -195,8 +195,8 @@ def dump_heading(result: DumpResult) -> str:
         took = f" in {result.elapsed_s:.2f}s" if result.elapsed_s is not None else ""
         return f"{who} — {run.state}: stacks of {len(result.stacks)} process(es), taken {when}{took}"
     return (
-        f"{who} — {how_it_ended(_run_end(run))}: it has no live process; these are the last stacks taken "
-        f"while it ran ({result.trigger}, {when})"
+        f"{who} has no live process ({how_it_ended(_run_end(run))}); these are the last stacks taken "
+        f"while it ran: {when}, by {result.trigger}"
     )
 
 
