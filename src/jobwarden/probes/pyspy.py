@@ -75,7 +75,7 @@ def dump(binary: Path, pid: int, mode: Mode, timeout_s: float) -> list[dict[str,
     except ToolUnavailable as err:
         raise CaptureError(Failure.UNAVAILABLE, err.message) from err
     if result.timed_out:
-        raise CaptureError(Failure.TIMEOUT, f"{mode.value} gave no answer within {timeout_s:.1f}s")
+        raise CaptureError(Failure.TIMEOUT, f"no answer within {timeout_s:.1f}s")
     if result.returncode != 0:
         raise classify_error(
             result.stderr.decode("utf-8", "replace") or result.stdout.decode(errors="replace")
@@ -83,9 +83,9 @@ def dump(binary: Path, pid: int, mode: Mode, timeout_s: float) -> list[dict[str,
     try:
         data = json.loads(result.stdout)
     except ValueError as err:
-        raise CaptureError(Failure.FAILED, f"{mode.value} printed no JSON: {err}") from err
+        raise CaptureError(Failure.FAILED, f"printed no JSON: {err}") from err
     if not isinstance(data, list):
-        raise CaptureError(Failure.FAILED, f"{mode.value} printed unexpected JSON")
+        raise CaptureError(Failure.FAILED, "printed unexpected JSON")
     return data
 
 
@@ -100,15 +100,15 @@ def classify_error(text: str) -> CaptureError:
     )
     lowered = text.lower()
     if "permission denied" in lowered or "operation not permitted" in lowered:
-        return CaptureError(Failure.DENIED, "py-spy: ptrace permission denied")
+        return CaptureError(Failure.DENIED, "ptrace permission denied")
     if "failed to find python version" in lowered or "both python and libpython are invalid" in lowered:
         return CaptureError(Failure.NOT_PYTHON, "not a Python process (py-spy found no interpreter)")
     if "check that the process is running" in lowered or "no such process" in lowered:
         return CaptureError(Failure.GONE, "the process exited during the dump")
     stop = _WAITPID_SIGNAL.search(text)
     if stop:
-        return CaptureError(Failure.FAILED, f"py-spy could not pause it: it is stopped by {stop.group(1)}")
-    return CaptureError(Failure.FAILED, f"py-spy failed: {message[:300] or 'no message'}")
+        return CaptureError(Failure.FAILED, f"could not pause it: it is stopped by {stop.group(1)}")
+    return CaptureError(Failure.FAILED, message[:300] or "failed without a message")
 
 
 def parse_dump(

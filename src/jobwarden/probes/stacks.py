@@ -145,9 +145,7 @@ class _Capture:
                     self.denied = True
                     self.notes.append(ptrace_denied_help(self.procfs, self.pid))
                     return None
-                self.notes.append(
-                    err.message if err.message.startswith("py-spy") else f"{mode.value}: {err.message}"
-                )
+                self.notes.append(f"{mode.value}: {err.message}")
                 if err.kind == Failure.UNAVAILABLE:
                     return None
                 modes = self._after_failure(mode)
