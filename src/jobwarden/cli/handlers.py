@@ -252,6 +252,26 @@ def cmd_adopt(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dump(args: argparse.Namespace) -> int:
+    from jobwarden.control.dump import DEFAULT_TIMEOUT_S, dump_job
+
+    timeout = _duration(args.timeout)
+    result = dump_job(
+        _home(),
+        _procfs(),
+        args.job,
+        native=not args.no_native,
+        timeout_s=timeout if timeout is not None else DEFAULT_TIMEOUT_S,
+    )
+    if args.json:
+        if not result.live:
+            print(f"jobwarden: {render.dump_heading(result)}", file=sys.stderr)
+        _print_json(result.to_json())
+    else:
+        _print_lines(render.dump_report(result))
+    return 0
+
+
 def cmd_rm(args: argparse.Namespace) -> int:
     from jobwarden.control.lifecycle import remove
 
@@ -269,5 +289,6 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "wait": cmd_wait,
     "adopt": cmd_adopt,
     "explain": cmd_explain,
+    "dump": cmd_dump,
     "rm": cmd_rm,
 }

@@ -117,6 +117,15 @@ def _job_only(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", metavar="JOB")
 
 
+def _dump_arguments(dump: argparse.ArgumentParser) -> None:
+    dump.add_argument("job", metavar="JOB")
+    dump.add_argument(
+        "--no-native", action="store_true", help="Python frames only: each process is paused for less time"
+    )
+    dump.add_argument("--timeout", metavar="DUR", help="the most the whole capture may take (default 5s)")
+    dump.add_argument("--json", action="store_true")
+
+
 _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "run": ("start a job (detached) and print its id", _run_arguments),
     "ps": ("list jobs", _ps_arguments),
@@ -126,6 +135,7 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
     "wait": ("block until a job ends; exit with its status", _wait_arguments),
     "adopt": ("supervise again a job whose supervisor died", _job_and_json),
     "explain": ("why a job died or is stuck", _status_arguments),
+    "dump": ("the Python and native stacks of every process of a job, now", _dump_arguments),
     "rm": ("forget an ended job and delete its logs", _job_only),
 }
 
