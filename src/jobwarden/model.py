@@ -42,6 +42,8 @@ class EndReason(enum.StrEnum):
     STOPPED = "stopped"
     TIMEOUT = "timeout"
     SPAWN_FAILED = "spawn-failed"
+    HUNG = "hung"  # ended by --on-hang stop|restart after the stacks were stored
+    MEM_LIMIT = "mem-limit"  # ended by jobwarden's memory watchdog (no cgroup could enforce --mem-limit)
     UNKNOWN = "unknown"
 
 

@@ -42,6 +42,16 @@ def _duration(text: str | None) -> float | None:
     return config.parse_duration(text) if text is not None else None
 
 
+def _diagnosis_options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {"on_hang": args.on_hang, "py_hooks": not args.no_py_hooks}
+    if args.hang_timeout is not None:  # "off" is stored as 0: no window
+        off = args.hang_timeout.strip().lower() == "off"
+        options["hang_timeout_s"] = 0 if off else config.parse_duration(args.hang_timeout)
+    if args.mp_start:
+        options["mp_start"] = args.mp_start
+    return options
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from jobwarden.control.launch import default_name, launch, parse_env
 
@@ -52,6 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     env = parse_env(args.env)
     spec = JobSpec(command=tuple(argv), cwd=args.cwd, name=args.name or default_name(argv), env=env)
     options: dict[str, Any] = {"timeout_s": timeout, "grace_s": grace or config.DEFAULT_GRACE_S}
+    options.update(_diagnosis_options(args))
     launched = launch(_home(), spec, options)
     if args.json:
         _print_json(launched.to_json())
@@ -253,6 +264,7 @@ def cmd_adopt(args: argparse.Namespace) -> int:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
+    from jobwarden.cli import render
     from jobwarden.control.dump import DEFAULT_TIMEOUT_S, dump_job
 
     timeout = _duration(args.timeout)

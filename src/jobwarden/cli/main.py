@@ -62,6 +62,25 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
         "--grace", metavar="DUR", help="SIGTERM -> SIGKILL delay when ending the job (default 10s)"
     )
     run.add_argument(
+        "--hang-timeout",
+        metavar="DUR|off",
+        help="hung after this long with no output, heartbeat, CPU, I/O or GPU work (default 10m)",
+    )
+    run.add_argument(
+        "--on-hang",
+        choices=("dump", "stop", "restart"),
+        default="dump",
+        help="on a hang: store the stacks and keep the job (dump, default), end it, or restart it",
+    )
+    run.add_argument(
+        "--no-py-hooks", action="store_true", help="do not load jobwarden's hooks into Python processes"
+    )
+    run.add_argument(
+        "--mp-start",
+        choices=("spawn", "forkserver"),
+        help="force this multiprocessing start method in the job (the cure for fork deadlocks)",
+    )
+    run.add_argument(
         "-f",
         "--follow",
         action="store_true",

@@ -192,6 +192,13 @@ def install_fault_handler(job: _Job, pid: int) -> str:
     previous, job.stacks_fd = job.stacks_fd, fd
     if previous is not None:
         os.close(previous)  # after fork: the parent's file, which faulthandler no longer uses
+    if not faulthandler.is_enabled():
+        # On a fatal signal (SIGSEGV in an extension, SIGABRT) every thread's Python stack then goes to
+        # stderr, the job's output log: the evidence the native-crash finding quotes.
+        try:  # noqa: SIM105 - importing contextlib would cost every Python start of the job
+            faulthandler.enable(all_threads=True)
+        except Exception:  # no usable stderr: the crash is still named, without its frames
+            pass
     return path
 
 
