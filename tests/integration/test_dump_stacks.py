@@ -70,6 +70,7 @@ class Targets:
         for item in read_fifo(report, timeout_s=90).split():
             key, _, pid = item.partition("=")
             target.pids.setdefault(key, []).append(int(pid))
+        target.ping()  # an answer means its main thread is in serve() (it may write the report from main())
         return target
 
     def close(self) -> None:

@@ -64,7 +64,10 @@ def capture_stacks(
     timeout_s: float = 5.0,
     tools: Tools | None = None,
 ) -> list[ProcessStack]:
-    """One ProcessStack per pid, in the order given, within about `timeout_s` in total."""
+    """One ProcessStack per pid, in the order given, within about `timeout_s` in total.
+
+    Returns with every thread and tool it started ended: safe for a single-threaded caller that forks
+    afterwards (the shim)."""
     if not pids:
         return []
     deadline = Deadline(timeout_s)
@@ -112,17 +115,18 @@ class _Capture:
         if not tasks.may_block:
             self.notes.append(self._why_not_paused(tasks))
         advert = faultdump.read_advert(self.py_dir, self.pid)
+        python = advert is not None or looks_like_python(self.procfs, self.pid)
         if self.tools.py_spy is not None:
             got = self._py_spy(tasks, self.tools.py_spy, fallbacks=advert is not None)
             if got is not None:
                 return got
-        elif advert is not None or looks_like_python(self.procfs, self.pid):
+        elif python:
             self.notes.append(self.tools.py_spy_missing)
         if advert is not None:
             got = self._faulthandler(tasks, advert)
             if got is not None:
                 return got
-        return self._gdb(tasks, python=advert is not None or looks_like_python(self.procfs, self.pid))
+        return self._gdb(tasks, python)
 
     # --- py-spy ---------------------------------------------------------------------------------------
 
@@ -134,8 +138,9 @@ class _Capture:
         while modes:
             mode = modes.pop(0)
             last = mode == pyspy.Mode.NONBLOCKING and not fallbacks and self.tools.gdb is None
+            budget = self._budget(last)  # none left: this process ends here, uncaptured
             try:
-                data = pyspy.dump(binary, self.pid, mode, self._budget(last))
+                data = pyspy.dump(binary, self.pid, mode, budget)
             except CaptureError as err:
                 if err.kind == Failure.GONE:
                     raise
@@ -178,8 +183,9 @@ class _Capture:
             # pending and make it dump later: leave it alone.
             self.notes.append("faulthandler not asked: a stopped process cannot run its handler")
             return None
+        deadline = Deadline(self._budget(last=not self.tools.gdb))
         try:
-            threads = faultdump.request_dump(advert, self.procfs, self._sub_deadline(last=not self.tools.gdb))
+            threads = faultdump.request_dump(advert, self.procfs, deadline)
         except CaptureError as err:
             if err.kind == Failure.GONE:
                 raise
@@ -198,8 +204,9 @@ class _Capture:
             raise CaptureError(Failure.FAILED, "gdb not used: attaching would pause the process")
         if self.denied:
             raise CaptureError(Failure.DENIED, "gdb not tried: ptrace is denied")
+        budget = self._budget(last=True)
         try:
-            text = gdb.dump(self.tools.gdb, self.pid, self.deadline.remaining())
+            text = gdb.dump(self.tools.gdb, self.pid, budget)
         except CaptureError as err:
             if err.kind == Failure.TIMEOUT:
                 self._clear_pending_stop(tasks)
@@ -230,9 +237,6 @@ class _Capture:
         if self.deadline.expired:
             raise CaptureError(Failure.TIMEOUT, "the time allowed for the dump ran out")
         return self.deadline.remaining() if last else self.deadline.share(_FIRST_TRY_SHARE)
-
-    def _sub_deadline(self, last: bool) -> Deadline:
-        return Deadline(self._budget(last))
 
     def _why_not_paused(self, tasks: TaskView) -> str:
         if tasks.in_d_state:
