@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -72,9 +73,12 @@ def capture_stacks(
         return []
     deadline = Deadline(timeout_s)
     found = tools or Tools.find()
+    # gdb spends a CPU-second reading symbols: run as many at once as there are CPUs, so that some finish
+    # in time, rather than all at once and none
+    gdb_slots = threading.BoundedSemaphore(os.cpu_count() or 1)
 
     def one(pid: int) -> ProcessStack:
-        return _Capture(pid, procfs, py_dir, native, deadline, found).run()
+        return _Capture(pid, procfs, py_dir, native, deadline, found, gdb_slots).run()
 
     with ThreadPoolExecutor(max_workers=min(len(pids), MAX_PARALLEL), thread_name_prefix="stacks") as pool:
         return list(pool.map(one, pids))
@@ -90,6 +94,7 @@ class _Capture:
     native: bool
     deadline: Deadline
     tools: Tools
+    gdb_slots: threading.BoundedSemaphore
     notes: list[str] = field(default_factory=list)
     cmdline: str = ""
     denied: bool = False
@@ -204,15 +209,18 @@ class _Capture:
             raise CaptureError(Failure.FAILED, "gdb not used: attaching would pause the process")
         if self.denied:
             raise CaptureError(Failure.DENIED, "gdb not tried: ptrace is denied")
-        budget = self._budget(last=True)
+        if not self.gdb_slots.acquire(timeout=self.deadline.remaining()):
+            raise CaptureError(Failure.TIMEOUT, "the time allowed ran out while other gdb runs went first")
         try:
-            text = gdb.dump(self.tools.gdb, self.pid, budget)
+            text = gdb.dump(self.tools.gdb, self.pid, self._budget(last=True))
         except CaptureError as err:
             if err.kind == Failure.TIMEOUT:
                 self._clear_pending_stop(tasks)
             if err.kind == Failure.DENIED:
                 raise CaptureError(Failure.DENIED, ptrace_denied_help(self.procfs, self.pid)) from err
             raise
+        finally:
+            self.gdb_slots.release()
         if python:
             self.notes.append("native frames only (gdb)")
         return self._done(gdb.METHOD, gdb.parse_backtrace(text, tasks.states))
