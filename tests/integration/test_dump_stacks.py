@@ -294,6 +294,23 @@ def test_faulthandler_shows_a_deadlock(targets: Targets, tmp_path: Path, no_py_s
     assert ("take_right_then_left", acquire_line("right")) in innermost
 
 
+def test_faulthandler_reads_a_process_with_a_thread_in_d_state(
+    targets: Targets, tmp_path: Path, no_py_spy: None
+) -> None:
+    """The stuck thread holds the GIL in the kernel; faulthandler's C handler runs in another thread."""
+    py_dir, release = tmp_path / "py", make_fifo(tmp_path / "release")
+    py_dir.mkdir()
+    target = targets.start("dstate", str(release), py_dir=py_dir)
+    _wait_thread_state(target.main, "D")
+    (stack,) = capture_stacks([target.main], procfs=PROCFS, py_dir=py_dir, timeout_s=30)
+    assert stack.method == "faulthandler", stack.error
+    assert "uninterruptible sleep (D)" in (stack.error or "")
+    assert len(stack.threads) == 2
+    assert "spawn_blocked" in {python_functions(t)[0] for t in stack.threads}
+    os.close(os.open(release, os.O_WRONLY | os.O_NONBLOCK))
+    target.ping()
+
+
 def test_an_unadvertised_process_is_never_signalled(
     targets: Targets, tmp_path: Path, no_py_spy: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
