@@ -70,6 +70,8 @@ class Targets:
         for item in read_fifo(report, timeout_s=90).split():
             key, _, pid = item.partition("=")
             target.pids.setdefault(key, []).append(int(pid))
+        if mode != "dstate":  # its main thread gets to serve() only once the D state is over
+            target.ping()  # an answer means its main thread is in serve() (it writes the report in main())
         return target
 
     def close(self) -> None:
@@ -174,7 +176,7 @@ def test_deadlocked_threads_show_where_they_wait(targets: Targets) -> None:
 def test_stopped_process_is_read_without_pausing_and_left_stopped(targets: Targets) -> None:
     target = targets.start("threads")
     os.kill(target.main, signal.SIGSTOP)
-    assert _wait_state(target.main, "T")
+    assert _wait_all_stopped(target.main)
     started = time.monotonic()
     (stack,) = capture_stacks([target.main], procfs=PROCFS, timeout_s=30)
     assert time.monotonic() - started < 15  # nothing waited for a deadline
@@ -191,10 +193,60 @@ def test_stopped_process_is_read_without_pausing_and_left_stopped(targets: Targe
     assert process_state(target.main) in ("S", "R")
 
 
+@needs_py_spy
+def test_a_thread_in_d_state_is_never_paused(targets: Targets, tmp_path: Path) -> None:
+    """A blocking dump would hang on the D-state thread, freezing the others meanwhile; the capture reads
+    without pausing at once, shows the thread in D and where it waits, and leaves nothing behind."""
+    release = make_fifo(tmp_path / "release")
+    target = targets.start("dstate", str(release))
+    spawner = _wait_thread_state(target.main, "D")
+    started = time.monotonic()
+    (stack,) = capture_stacks([target.main], procfs=PROCFS, timeout_s=20)
+    assert time.monotonic() - started < 8  # no blocking attempt waited out its share of the deadline
+    assert stack.method == "py-spy --nonblocking"
+    error = stack.error or ""
+    assert f"thread {spawner} (in " in error and "uninterruptible sleep (D)" in error
+    assert "no answer" not in error
+    blocked = thread(stack, "spawner")
+    assert (blocked.tid, blocked.state) == (spawner, "D")
+    assert python_functions(blocked)[:2] == ["spawn_blocked", "Thread.run"]
+    assert _status_field(target.main, "TracerPid") == "0"
+    # once the kernel lets the thread go, the process runs on as if nothing had looked at it
+    fd = os.open(release, os.O_WRONLY | os.O_NONBLOCK)  # the spawned child waits in open(): a reader
+    os.close(fd)
+    target.ping()
+
+
+def _wait_thread_state(pid: int, state: str, timeout_s: float = 30) -> int:
+    """The first thread of `pid` seen in `state` (the kernel's view is the handshake here)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2].split()[0] == state:
+                    return int(tid)
+        time.sleep(0.01)
+    raise AssertionError(f"no thread of {pid} in state {state} within {timeout_s}s")
+
+
 def _wait_state(pid: int, state: str, timeout_s: float = 30) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process_state(pid) == state:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _wait_all_stopped(pid: int, timeout_s: float = 30) -> bool:
+    """Every thread in group stop (each enters it on its own, shortly after the SIGSTOP)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = set()
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                states.add(Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2].split()[0])
+        if states == {"T"}:
             return True
         time.sleep(0.01)
     return False
@@ -240,6 +292,23 @@ def test_faulthandler_shows_a_deadlock(targets: Targets, tmp_path: Path, no_py_s
     innermost = {(t.frames[0].function, t.frames[0].line) for t in stack.threads if t.frames}
     assert ("take_left_then_right", acquire_line("left")) in innermost
     assert ("take_right_then_left", acquire_line("right")) in innermost
+
+
+def test_faulthandler_reads_a_process_with_a_thread_in_d_state(
+    targets: Targets, tmp_path: Path, no_py_spy: None
+) -> None:
+    """The stuck thread holds the GIL in the kernel; faulthandler's C handler runs in another thread."""
+    py_dir, release = tmp_path / "py", make_fifo(tmp_path / "release")
+    py_dir.mkdir()
+    target = targets.start("dstate", str(release), py_dir=py_dir)
+    _wait_thread_state(target.main, "D")
+    (stack,) = capture_stacks([target.main], procfs=PROCFS, py_dir=py_dir, timeout_s=30)
+    assert stack.method == "faulthandler", stack.error
+    assert "uninterruptible sleep (D)" in (stack.error or "")
+    assert len(stack.threads) == 2
+    assert "spawn_blocked" in {python_functions(t)[0] for t in stack.threads}
+    os.close(os.open(release, os.O_WRONLY | os.O_NONBLOCK))
+    target.ping()
 
 
 def test_an_unadvertised_process_is_never_signalled(

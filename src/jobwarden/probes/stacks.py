@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -64,14 +65,20 @@ def capture_stacks(
     timeout_s: float = 5.0,
     tools: Tools | None = None,
 ) -> list[ProcessStack]:
-    """One ProcessStack per pid, in the order given, within about `timeout_s` in total."""
+    """One ProcessStack per pid, in the order given, within about `timeout_s` in total.
+
+    Returns with every thread and tool it started ended: safe for a single-threaded caller that forks
+    afterwards (the shim)."""
     if not pids:
         return []
     deadline = Deadline(timeout_s)
     found = tools or Tools.find()
+    # gdb spends a CPU-second reading symbols: run as many at once as there are CPUs, so that some finish
+    # in time, rather than all at once and none
+    gdb_slots = threading.BoundedSemaphore(os.cpu_count() or 1)
 
     def one(pid: int) -> ProcessStack:
-        return _Capture(pid, procfs, py_dir, native, deadline, found).run()
+        return _Capture(pid, procfs, py_dir, native, deadline, found, gdb_slots).run()
 
     with ThreadPoolExecutor(max_workers=min(len(pids), MAX_PARALLEL), thread_name_prefix="stacks") as pool:
         return list(pool.map(one, pids))
@@ -87,6 +94,7 @@ class _Capture:
     native: bool
     deadline: Deadline
     tools: Tools
+    gdb_slots: threading.BoundedSemaphore
     notes: list[str] = field(default_factory=list)
     cmdline: str = ""
     denied: bool = False
@@ -112,17 +120,18 @@ class _Capture:
         if not tasks.may_block:
             self.notes.append(self._why_not_paused(tasks))
         advert = faultdump.read_advert(self.py_dir, self.pid)
+        python = advert is not None or looks_like_python(self.procfs, self.pid)
         if self.tools.py_spy is not None:
             got = self._py_spy(tasks, self.tools.py_spy, fallbacks=advert is not None)
             if got is not None:
                 return got
-        elif advert is not None or looks_like_python(self.procfs, self.pid):
+        elif python:
             self.notes.append(self.tools.py_spy_missing)
         if advert is not None:
             got = self._faulthandler(tasks, advert)
             if got is not None:
                 return got
-        return self._gdb(tasks, python=advert is not None or looks_like_python(self.procfs, self.pid))
+        return self._gdb(tasks, python)
 
     # --- py-spy ---------------------------------------------------------------------------------------
 
@@ -134,8 +143,9 @@ class _Capture:
         while modes:
             mode = modes.pop(0)
             last = mode == pyspy.Mode.NONBLOCKING and not fallbacks and self.tools.gdb is None
+            budget = self._budget(last)  # none left: this process ends here, uncaptured
             try:
-                data = pyspy.dump(binary, self.pid, mode, self._budget(last))
+                data = pyspy.dump(binary, self.pid, mode, budget)
             except CaptureError as err:
                 if err.kind == Failure.GONE:
                     raise
@@ -178,8 +188,9 @@ class _Capture:
             # pending and make it dump later: leave it alone.
             self.notes.append("faulthandler not asked: a stopped process cannot run its handler")
             return None
+        deadline = Deadline(self._budget(last=not self.tools.gdb))
         try:
-            threads = faultdump.request_dump(advert, self.procfs, self._sub_deadline(last=not self.tools.gdb))
+            threads = faultdump.request_dump(advert, self.procfs, deadline)
         except CaptureError as err:
             if err.kind == Failure.GONE:
                 raise
@@ -198,14 +209,18 @@ class _Capture:
             raise CaptureError(Failure.FAILED, "gdb not used: attaching would pause the process")
         if self.denied:
             raise CaptureError(Failure.DENIED, "gdb not tried: ptrace is denied")
+        if not self.gdb_slots.acquire(timeout=self.deadline.remaining()):
+            raise CaptureError(Failure.TIMEOUT, "the time allowed ran out while other gdb runs went first")
         try:
-            text = gdb.dump(self.tools.gdb, self.pid, self.deadline.remaining())
+            text = gdb.dump(self.tools.gdb, self.pid, self._budget(last=True))
         except CaptureError as err:
             if err.kind == Failure.TIMEOUT:
                 self._clear_pending_stop(tasks)
             if err.kind == Failure.DENIED:
                 raise CaptureError(Failure.DENIED, ptrace_denied_help(self.procfs, self.pid)) from err
             raise
+        finally:
+            self.gdb_slots.release()
         if python:
             self.notes.append("native frames only (gdb)")
         return self._done(gdb.METHOD, gdb.parse_backtrace(text, tasks.states))
@@ -230,9 +245,6 @@ class _Capture:
         if self.deadline.expired:
             raise CaptureError(Failure.TIMEOUT, "the time allowed for the dump ran out")
         return self.deadline.remaining() if last else self.deadline.share(_FIRST_TRY_SHARE)
-
-    def _sub_deadline(self, last: bool) -> Deadline:
-        return Deadline(self._budget(last))
 
     def _why_not_paused(self, tasks: TaskView) -> str:
         if tasks.in_d_state:

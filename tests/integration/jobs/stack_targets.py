@@ -6,6 +6,7 @@ usage: stack_targets.py MODE REPORT_FIFO CONTROL_FIFO [N]
     threads   main thread + "sleeper" (in nap) + "waiter" (in wait_forever) + a Python child
     deadlock  threads "left" and "right" deadlocked on two locks, each in its acquire
     tree      N-1 Python children (a tree of N processes), each ready before the report
+    dstate    after the report, thread "spawner" blocks in D state until someone opens FIFO N for writing
     plain     the main thread only
 
 The report is "main=PID [child=PID ...]". With STACK_TARGET_PY_DIR set, the process registers faulthandler
@@ -126,6 +127,13 @@ def start_children(count: int) -> list[int]:
     return [c.pid for c in children]
 
 
+def spawn_blocked(fifo: str) -> None:
+    """posix_spawn() suspends the calling thread in the kernel (vfork: uninterruptible, shown as D) until
+    the child execs; the child first opens `fifo`, which blocks until a writer comes. CPython keeps the
+    GIL across posix_spawn, so the other threads wait too: a process stuck as a whole."""
+    os.posix_spawn("/bin/true", ["true"], {}, file_actions=[(os.POSIX_SPAWN_OPEN, 3, fifo, os.O_RDONLY, 0)])
+
+
 def serve(report: str, control: str) -> None:
     """Answer each "ping" with "pong": proof that the process still runs after whatever was done to it."""
     while True:
@@ -148,10 +156,14 @@ def main() -> None:
         start_deadlock()
     elif mode == "tree":
         children = start_children(int(sys.argv[4]) - 1)
-    elif mode != "plain":
+    elif mode not in ("plain", "dstate"):
         raise SystemExit(f"unknown mode {mode}")
     with open(report, "w") as out:
         out.write(" ".join([f"main={os.getpid()}", *(f"child={c}" for c in children)]) + "\n")
+    if mode == "dstate":
+        spawner = threading.Thread(target=spawn_blocked, args=(sys.argv[4],), name="spawner")
+        spawner.start()
+        spawner.join()
     serve(report, control)
 
 
