@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from jobwarden import __version__
+from jobwarden import __version__, config
 from jobwarden.errors import JobwardenError
 
 
@@ -26,6 +26,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", metavar="DUR", help="stop the job after this long (e.g. 12h)")
     run.add_argument(
         "--grace", metavar="DUR", help="SIGTERM -> SIGKILL delay when ending the job (default 10s)"
+    )
+    run.add_argument(
+        "--mem-limit",
+        metavar="SIZE",
+        help="end the job when its processes together use more memory (e.g. 8G), as the OOM killer would",
+    )
+    run.add_argument(
+        "--restart",
+        metavar="no|on-failure|always",
+        help="start the job again when it ends (never after `jobwarden stop`; default no)",
+    )
+    run.add_argument(
+        "--max-restarts",
+        metavar="N",
+        help=f"restart at most N times (default {config.DEFAULT_MAX_RESTARTS}); alone, means on-failure",
     )
     run.add_argument(
         "-f",
