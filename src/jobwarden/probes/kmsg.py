@@ -37,6 +37,16 @@ class KernelRecord:
     message: str
 
 
+def parse_records(raw: bytes) -> list[KernelRecord]:
+    """Records out of a buffer: one from /dev/kmsg (one per read), or many from a saved copy of it.
+    Each record is one line; the lines after it that begin with a space are its dictionary."""
+    found = []
+    for line in raw.split(b"\n"):
+        if line and not line.startswith(b" ") and (record := parse_record(line)) is not None:
+            found.append(record)
+    return found
+
+
 def parse_record(raw: bytes) -> KernelRecord | None:
     """One /dev/kmsg record; None for anything that is not one (a partial read, garbage)."""
     header, sep, body = raw.partition(b";")
@@ -141,12 +151,11 @@ class KernelLog:
                 self.close()
                 break
             if not raw:
-                break
-            record = parse_record(raw)
-            if record is None or (self.last_seq is not None and record.seq <= self.last_seq):
-                continue
-            self.last_seq = record.seq
-            records.append(record)
+                break  # end of a regular file (a saved log, in tests)
+            for record in parse_records(raw):
+                if self.last_seq is None or record.seq > self.last_seq:
+                    self.last_seq = record.seq
+                    records.append(record)
         return records
 
     def close(self) -> None:

@@ -54,7 +54,7 @@ def read_vmstat_oom_kills(proc_root: str | Path = "/proc") -> int | None:
     """/proc/vmstat oom_kill (Linux >= 4.13): every OOM kill on the host, cgroup ones included."""
     try:
         with open(Path(proc_root, "vmstat"), "rb") as fh:
-            text = fh.read()
+            text = b"\n" + fh.read()
     except OSError:
         return None
     at = text.find(b"\noom_kill ")
