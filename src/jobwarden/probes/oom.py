@@ -6,9 +6,14 @@ Sources, strongest first (research/hang-diagnosis.md §4.1):
      when jobwarden has no cgroup of its own;
   3. /proc/vmstat oom_kill: host-wide, readable everywhere, but only a correlation;
   4. the kernel log: the only source that names the victims (pid, command, memory cgroup).
-The counters are read on every poll (three small files); the kernel log only once a counter moved, and
-until it has named as many victims as the counters counted (the kernel bumps the counters just before it
-prints "Killed process", mm/oom_kill.c __oom_kill_process()).
+Each poll reads one small file when the job's cgroup counts kills (~20 µs), else two: the enclosing
+cgroup's counter and /proc/vmstat (~60 µs). The kernel log is read only once a counter moved, and until
+it has named as many victims as were counted: the kernel bumps the counters just before it prints
+"Killed process" (mm/oom_kill.c __oom_kill_process()), so the lines may come a poll later.
+
+On cgroup v1 a cgroup's oom_kill counts only its own processes; on v2 memory.events counts the whole
+subtree (memcg_memory_event() walks up unless memory_localevents). Either way the job's own counter is
+the certain one, and a kill elsewhere on the host never becomes the job's.
 """
 
 from __future__ import annotations
