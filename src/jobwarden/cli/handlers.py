@@ -53,7 +53,7 @@ def _diagnosis_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from jobwarden.control.launch import default_name, launch, parse_env
+    from jobwarden.control.launch import default_name, launch, memory_and_restart_options, parse_env
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
@@ -63,6 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = JobSpec(command=tuple(argv), cwd=args.cwd, name=args.name or default_name(argv), env=env)
     options: dict[str, Any] = {"timeout_s": timeout, "grace_s": grace or config.DEFAULT_GRACE_S}
     options.update(_diagnosis_options(args))
+    options.update(memory_and_restart_options(args.mem_limit, args.restart, args.max_restarts))
     launched = launch(_home(), spec, options)
     if args.json:
         _print_json(launched.to_json())

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from jobwarden import __version__
+from jobwarden import __version__, config
 from jobwarden.errors import JobwardenError
 
 
@@ -79,6 +79,21 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
         "--mp-start",
         choices=("spawn", "forkserver"),
         help="force this multiprocessing start method in the job (the cure for fork deadlocks)",
+    )
+    run.add_argument(
+        "--mem-limit",
+        metavar="SIZE",
+        help="end the job when its processes together use more memory (e.g. 8G), as the OOM killer would",
+    )
+    run.add_argument(
+        "--restart",
+        metavar="no|on-failure|always",
+        help="start the job again when it ends (never after `jobwarden stop`; default no)",
+    )
+    run.add_argument(
+        "--max-restarts",
+        metavar="N",
+        help=f"restart at most N times (default {config.DEFAULT_MAX_RESTARTS}); alone, means on-failure",
     )
     run.add_argument(
         "-f",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jobwarden import config
 from jobwarden.clock import SystemClock
 from jobwarden.errors import CommandNotExecutable, CommandNotFound, UsageError
 from jobwarden.model import JobSpec, JobState
@@ -91,6 +92,28 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
             raise UsageError(f"bad --env {pair.split('=')[0]!r}", "use --env KEY=VALUE")
         env[key] = value
     return env
+
+
+def memory_and_restart_options(
+    mem_limit: str | None, restart: str | None, max_restarts: str | None
+) -> dict[str, Any]:
+    """--mem-limit, --restart and --max-restarts as the job's options, checked before anything starts:
+    {"mem_limit_bytes": int | None, "restart": "no" | "on-failure" | "always", "max_restarts": int}.
+    --max-restarts N alone means --restart on-failure; max_restarts is kept under --restart no too, as
+    the budget of --on-hang restart."""
+    mode = config.parse_restart_mode(restart) if restart is not None else None
+    count = config.parse_count(max_restarts, "--max-restarts") if max_restarts is not None else None
+    if mode == "no" and count:
+        raise UsageError(
+            f"--max-restarts {count} with --restart no", "drop one of them, or use --restart on-failure"
+        )
+    if mode is None:
+        mode = "on-failure" if count else "no"
+    return {
+        "mem_limit_bytes": config.parse_mem_limit(mem_limit) if mem_limit is not None else None,
+        "restart": mode,
+        "max_restarts": count if count is not None else config.DEFAULT_MAX_RESTARTS,
+    }
 
 
 def launch(home: Path, spec: JobSpec, options: dict[str, Any]) -> Launched:

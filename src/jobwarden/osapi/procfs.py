@@ -100,6 +100,22 @@ class ProcFS:
         entries = set(raw.split(b"\0"))
         return all(f"{k}={v}".encode() in entries for k, v in markers.items())
 
+    def pss_bytes(self, pid: int) -> int | None:
+        """Proportional set size from /proc/PID/smaps_rollup (Linux >= 4.14): pages shared by n processes
+        count 1/n each, so summing it over a tree counts a fork's copy-on-write pages once. Costly (the
+        kernel walks the page tables): ~2-4 ms a process here, against ~25 µs for `stat`. None when the
+        kernel has no smaps_rollup."""
+        try:
+            raw = self._read(pid, "smaps_rollup", "read the memory map of")
+        except ProcessGone:
+            if (self.root / str(pid)).is_dir():
+                return None  # alive, but no smaps_rollup on this kernel
+            raise
+        at = raw.find(b"\nPss:")
+        if at < 0:
+            return None
+        return int(raw[at + 5 : raw.index(b"kB", at)]) * 1024
+
     def uid(self, pid: int) -> int:
         try:
             return os.stat(self.root / str(pid)).st_uid
