@@ -42,7 +42,7 @@ def _duration(text: str | None) -> float | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from jobwarden.control.launch import default_name, launch, parse_env
+    from jobwarden.control.launch import default_name, gpu_options, launch, parse_env
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
@@ -51,6 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     env = parse_env(args.env)
     spec = JobSpec(command=tuple(argv), cwd=args.cwd, name=args.name or default_name(argv), env=env)
     options: dict[str, Any] = {"timeout_s": timeout, "grace_s": grace or config.DEFAULT_GRACE_S}
+    options.update(gpu_options(args.gpus, args.gpu_ids))
     launched = launch(_home(), spec, options)
     if args.json:
         _print_json(launched.to_json())

@@ -28,6 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace", metavar="DUR", help="SIGTERM -> SIGKILL delay when ending the job (default 10s)"
     )
     run.add_argument(
+        "--gpus", metavar="N", help="wait for N free GPUs and run on them (sets CUDA_VISIBLE_DEVICES)"
+    )
+    run.add_argument(
+        "--gpu-ids", metavar="I,J", help="wait for exactly these GPUs (indexes as nvidia-smi shows them)"
+    )
+    run.add_argument(
         "-f",
         "--follow",
         action="store_true",
