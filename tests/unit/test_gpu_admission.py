@@ -139,6 +139,17 @@ def test_the_wait_line_counts_free_gpus_and_shortens_commands() -> None:
     )
 
 
+def test_the_wait_line_shows_the_biggest_holders_of_a_crowded_gpu() -> None:
+    holders = tuple(
+        holder(100 + i, 0, (i + 1) * GIB, job_id=3, job_name="ddp", live_job=True) for i in range(5)
+    )
+    admission = Admission(GpuRequest(1, (0,)), busy=(BusyGpu(0, 15 * GIB, holders),))
+    assert describe_wait(admission) == (
+        "waiting for GPU 0: GPU 0 held by job 3 (ddp) pid 104 5.0 GiB, job 3 (ddp) pid 103 4.0 GiB, "
+        "job 3 (ddp) pid 102 3.0 GiB, 2 more"
+    )
+
+
 def test_the_wait_line_when_admitted_impossible_or_unreadable() -> None:
     assert describe_wait(Admission(GpuRequest(2), claimed=(0, 3))) == "claimed GPUs 0,3"
     assert describe_wait(Admission(GpuRequest(9), impossible="asks for 9 GPUs, this machine has 8")) == (
@@ -330,7 +341,7 @@ def test_holders_are_named_by_job_record_marker_or_as_strays(
     waiting_for = admit(store, waiting, probe, proc, count=1)
     assert describe_wait(waiting_for) == (
         "waiting for 1 free GPU: "
-        "GPU 0 held by job 1 (train) pid 777 1.0 GiB, job 1 (train) pid 4242 5.1 GiB; "
+        "GPU 0 held by job 1 (train) pid 4242 5.1 GiB, job 1 (train) pid 777 1.0 GiB; "
         "GPU 1 held by stray pid 999 (user root, python loop.py) 5.5 GiB; "
         "GPU 2 held by stray pid 555 (left by job 2 (old) run 1, user root, python old.py) 3.0 GiB; "
         "GPU 3 held by pid 31337 (not visible here: another container or PID namespace?) 2.0 GiB"
@@ -343,6 +354,21 @@ def test_holders_are_named_by_job_record_marker_or_as_strays(
     assert by_pid[555].stray and (by_pid[555].job_id, by_pid[555].run) == (ended, 1)
     assert not by_pid[31337].visible and not by_pid[31337].stray
     assert "SECRET" not in str(by_pid[4242].to_json())
+
+
+def test_a_graphics_process_is_shown_but_never_a_stray(
+    store: Store, probe: GpuProbe, proc: FakeProc, nvml: Path
+) -> None:
+    job = new_job(store, "b")
+    proc.add(77, "/usr/lib/xorg/Xorg :0")
+    fakenvml.hold(nvml, 0, 77, 3 * GIB, kind="graphics")  # a big desktop: over the threshold
+    waiting = admit(store, job, probe, proc, ids=[0])
+    (busy,) = waiting.busy
+    (xorg,) = busy.holders
+    assert not xorg.stray and xorg.job_id is None
+    assert describe_wait(waiting) == (
+        "waiting for GPU 0: GPU 0 held by graphics pid 77 (user root, /usr/lib/xorg/Xorg :0) 3.0 GiB"
+    )
 
 
 def test_a_process_of_another_jobwarden_home_is_not_called_a_stray(

@@ -102,3 +102,17 @@ def test_the_fake_refuses_calls_before_init_as_nvml_does(tmp_path: Any) -> None:
     with pytest.raises(fakenvml.NVMLError) as info:
         nvml.nvmlDeviceGetHandleByIndex(1)
     assert info.value.value == fakenvml.NVML_ERROR_INVALID_ARGUMENT
+
+
+def test_the_module_functions_follow_the_environment(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `import jobwarden.probes.fakenvml as pynvml` works as a drop-in, reading $JOBWARDEN_FAKE_NVML
+    path = tmp_path / "nvml.json"
+    fakenvml.write_state(path, {"devices": [fakenvml.device(0), fakenvml.device(1)]})
+    monkeypatch.setenv(fakenvml.FAKE_NVML_ENV, str(path))
+    fakenvml.nvmlInit()
+    try:
+        assert fakenvml.nvmlDeviceGetCount() == 2
+        handle = fakenvml.nvmlDeviceGetHandleByIndex(1)
+        assert fakenvml.nvmlDeviceGetUUID(handle) == "GPU-fake-0001"
+    finally:
+        fakenvml.nvmlShutdown()

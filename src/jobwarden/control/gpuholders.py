@@ -62,8 +62,9 @@ class GpuHolder:
 
     @property
     def stray(self) -> bool:
-        """Belongs to no live job we know of (the `stray-gpu-process` finding and `orphans`)."""
-        return self.visible and not self.live_job and not self.foreign
+        """A compute process that belongs to no live job we know of (the `stray-gpu-process` finding and
+        `orphans`). Graphics-only processes are never strays: that is the desktop's Xorg, not a job."""
+        return self.visible and "compute" in self.kind and not self.live_job and not self.foreign
 
     def label(self) -> str:
         """'job 12 (train) pid 4242', or 'stray pid 999 (user ana, python loop.py)'."""
@@ -75,6 +76,8 @@ class GpuHolder:
             return f"{job} pid {self.pid}"
         if self.foreign:
             return f"pid {self.pid} of jobwarden job {self.job_id} under {self.home} ({who})"
+        if "compute" not in self.kind:
+            return f"graphics pid {self.pid} ({who})"
         if self.job_id is not None:
             return f"stray pid {self.pid} (left by {job} run {self.run}, {who})"
         return f"stray pid {self.pid} ({who})"

@@ -54,6 +54,8 @@ DEFAULT_BUSY_BYTES = 1 << 30
 # numbers the fastest GPU first, so on a machine with mixed GPUs CUDA_VISIBLE_DEVICES=1 could select
 # another board than NVML's GPU 1 -- the job would run on a GPU it never claimed. PCI_BUS_ID order makes
 # both count the same way (CUDA programming guide, "CUDA Environment Variables").
+_HOLDERS_SHOWN = 3  # per GPU in a wait line
+
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
 
@@ -137,7 +139,11 @@ class BusyGpu:
     def describe(self) -> str:
         if self.unreadable:
             return f"GPU {self.index} unreadable ({self.unreadable})"
-        parts = [f"{h.label()} {format_gpu_bytes(h.used_bytes)}" for h in self.holders]
+        # the biggest holders first, a few at most: a status line, not a process table (`orphans` has it)
+        biggest = sorted(self.holders, key=lambda h: (-(h.used_bytes or 0), h.pid))
+        parts = [f"{h.label()} {format_gpu_bytes(h.used_bytes)}" for h in biggest[:_HOLDERS_SHOWN]]
+        if len(biggest) > _HOLDERS_SHOWN:
+            parts.append(f"{len(biggest) - _HOLDERS_SHOWN} more")
         claim = ""
         if self.claimed_by and not any(h.job_id == self.claimed_by[0] for h in self.holders):
             name = f" ({self.claimed_by_name})" if self.claimed_by_name else ""
