@@ -130,7 +130,8 @@ def test_python_exception_names_the_last_of_chained_tracebacks() -> None:
 
 def test_python_exception_with_a_dotted_class_name() -> None:
     ev = evidence(state="failed", exit_code=1, end_reason="exited", log_tail=CUDA_OOM_TRACEBACK)
-    (f,) = explain(ev)
+    cuda, f = explain(ev)
+    assert cuda.rule == "cuda-oom"  # the cause first; the exception says where it surfaced
     assert f.rule == "python-exception"
     assert f.title == "Uncaught torch.cuda.OutOfMemoryError"
     assert f.summary.startswith("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00")

@@ -1,4 +1,6 @@
-"""One handler per subcommand: turn arguments into a control call and print what it returns."""
+"""One handler per subcommand: turn arguments into a control call and print what it returns.
+
+Each handler imports what it alone needs: `run` starts every job, and its latency is a goal."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from jobwarden import config
-from jobwarden.cli import render
 from jobwarden.clock import SystemClock
 from jobwarden.errors import UsageError
 from jobwarden.model import JobSpec, JobState
@@ -65,6 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
+    from jobwarden.cli import render
     from jobwarden.control.lifecycle import wait_job
     from jobwarden.store import Store
     from jobwarden.store.logfiles import follow
@@ -92,6 +94,7 @@ def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
 
 
 def _wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False) -> int:
+    from jobwarden.cli import render
     from jobwarden.control.lifecycle import wait_job
 
     run = wait_job(_home(), _procfs(), job_ref, timeout)
@@ -118,6 +121,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
+    from jobwarden.cli import render
     from jobwarden.control.views import job_views
     from jobwarden.store import Store
 
@@ -147,6 +151,8 @@ def _status_data(job_ref: str, run_n: int | None) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from jobwarden.cli import render
+
     data = _status_data(args.job, args.run)
     if args.json:
         data.pop("events")
@@ -157,6 +163,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    from jobwarden.cli import render
+
     data = _status_data(args.job, args.run)
     if args.json:
         _print_json({k: data[k] for k in ("id", "run", "state", "exit_code", "signal", "findings")})
@@ -212,6 +220,7 @@ def _follow_from_end(job_id: int, run: Any, path: Path, already_printed: bool) -
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    from jobwarden.cli import render
     from jobwarden.control.lifecycle import stop
 
     result = stop(_home(), _procfs(), args.job, _duration(args.grace))
@@ -244,6 +253,26 @@ def cmd_adopt(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dump(args: argparse.Namespace) -> int:
+    from jobwarden.control.dump import DEFAULT_TIMEOUT_S, dump_job
+
+    timeout = _duration(args.timeout)
+    result = dump_job(
+        _home(),
+        _procfs(),
+        args.job,
+        native=not args.no_native,
+        timeout_s=timeout if timeout is not None else DEFAULT_TIMEOUT_S,
+    )
+    if args.json:
+        if not result.live:
+            print(f"jobwarden: {render.dump_heading(result)}", file=sys.stderr)
+        _print_json(result.to_json())
+    else:
+        _print_lines(render.dump_report(result))
+    return 0
+
+
 def cmd_rm(args: argparse.Namespace) -> int:
     from jobwarden.control.lifecycle import remove
 
@@ -261,5 +290,6 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "wait": cmd_wait,
     "adopt": cmd_adopt,
     "explain": cmd_explain,
+    "dump": cmd_dump,
     "rm": cmd_rm,
 }

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
-from jobwarden.model import JobState
+from jobwarden.model import Frame, JobState, ProcessStack, ThreadStack
 
 if TYPE_CHECKING:  # kept off the import path of `run`, whose latency is measured
+    from jobwarden.control.dump import DumpResult
     from jobwarden.control.lifecycle import StopResult
     from jobwarden.control.views import JobView
     from jobwarden.store import RunRecord
@@ -168,3 +171,128 @@ def stop_report(result: StopResult) -> Iterator[str]:
     yield f"stopped job {run.job_id} (main process: {how})"
     for s in result.survivors:
         yield f"  still alive: pid {s.pid} ({one_line(s.cmdline)[:60]}): {s.reason}"
+
+
+# --- dump ---------------------------------------------------------------------------------------------
+
+_THREAD_STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "uninterruptible (D)",
+    "T": "stopped",
+    "t": "traced",
+    "Z": "zombie",
+    "X": "dead",
+    "I": "idle",
+}
+
+
+def dump_heading(result: DumpResult) -> str:
+    job, run = result.job, result.run
+    who = f"job {job.id} ({job.name}), run {run.n}"
+    when = iso(result.at)
+    if result.live:
+        took = f" in {result.elapsed_s:.2f}s" if result.elapsed_s is not None else ""
+        return f"{who} — {run.state}: stacks of {len(result.stacks)} process(es), taken {when}{took}"
+    return (
+        f"{who} has no live process ({how_it_ended(_run_end(run))}); these are the last stacks taken "
+        f"while it ran: {when}, by {result.trigger}"
+    )
+
+
+def _run_end(run: RunRecord) -> dict[str, Any]:
+    return {"state": str(run.state), "signal": run.signal, "exit_code": run.exit_code}
+
+
+def dump_report(result: DumpResult) -> Iterator[str]:
+    yield dump_heading(result)
+    if not result.stacks:
+        yield "  no live process"
+    for stack in result.stacks:
+        yield ""
+        yield from process_stack_lines(stack)
+
+
+def process_stack_lines(stack: ProcessStack) -> Iterator[str]:
+    """One process: what it is, how it was captured, then each thread innermost frame first. Idle threads
+    with the same stack are shown once; threads without frames (native-only threads) on one line."""
+    yield f"process {stack.pid}  {one_line(stack.cmdline)[:100]}"
+    if stack.method != "none":
+        yield f"  captured with {stack.method}"
+    if not stack.threads:
+        yield f"  no stack: {one_line(stack.error or 'unknown reason')}"
+        return
+    if stack.error:
+        yield f"  note: {one_line(stack.error)}"
+    shown, frameless = _group_threads(stack)
+    for thread, twins in shown:
+        yield f"  {_thread_label(thread)}"
+        for frame in thread.frames:
+            yield f"      {_frame_text(frame)}"
+        if twins:
+            yield f"    + {len(twins)} more idle thread(s) with this stack: " + ", ".join(
+                _thread_name(t) for t in twins
+            )
+    if frameless:
+        yield f"  {len(frameless)} thread(s) without Python frames: " + ", ".join(
+            f"{_thread_name(t)} {t.state or '?'}" for t in frameless
+        )
+
+
+def _group_threads(
+    stack: ProcessStack,
+) -> tuple[list[tuple[ThreadStack, list[ThreadStack]]], list[ThreadStack]]:
+    """Main thread first; idle threads sharing a stack folded into the first of them."""
+    ordered = sorted(stack.threads, key=lambda t: t.tid != stack.pid)
+    shown: list[tuple[ThreadStack, list[ThreadStack]]] = []
+    by_frames: dict[tuple[Frame, ...], list[ThreadStack]] = {}
+    frameless = []
+    for t in ordered:
+        if not t.frames:
+            frameless.append(t)
+            continue
+        if t.active is not True and t.frames in by_frames:
+            by_frames[t.frames].append(t)
+            continue
+        twins: list[ThreadStack] = []
+        if t.active is not True:
+            by_frames[t.frames] = twins
+        shown.append((t, twins))
+    return shown, frameless
+
+
+def _thread_name(t: ThreadStack) -> str:
+    parts = [str(t.tid)] if t.tid is not None else []
+    if t.name:
+        parts.append(f'"{one_line(t.name)}"')
+    return " ".join(parts) or "?"
+
+
+def _thread_label(t: ThreadStack) -> str:
+    status = []
+    if t.state:
+        status.append(_THREAD_STATES.get(t.state, t.state))
+    if t.active is not None:
+        status.append("active" if t.active else "idle")
+    return f"thread {_thread_name(t)}" + (f"  [{', '.join(status)}]" if status else "")
+
+
+def _frame_text(frame: Frame) -> str:
+    if frame.native:
+        where = os.path.basename(frame.file) if frame.line is None else f"{frame.file}:{frame.line}"
+        return f"{frame.function}  ({where or '?'})  [native]"
+    where = _short_path(frame.file) + (f":{frame.line}" if frame.line is not None else "")
+    return f"{frame.function}  ({where})" if where else frame.function
+
+
+_STDLIB_DIR = re.compile(r"/lib/python\d+\.\d+t?/")
+
+
+def _short_path(path: str) -> str:
+    """Library files by their import path (…/site-packages/torch/x.py -> torch/x.py); the job's own
+    files in full, so they can be opened as printed."""
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    stdlib = _STDLIB_DIR.search(path)
+    return path[stdlib.end() :] if stdlib else path

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ def resolve_command(argv: list[str], cwd: str, env: dict[str, str]) -> str:
                 f"not executable: {program}", f"chmod +x {program}, or run it through its interpreter"
             )
         return str(path)
-    found = shutil.which(program, path=env.get("PATH", os.defpath))
+    found = _which(program, env.get("PATH", os.defpath))
     if found is None:
         raise CommandNotFound(
             f"command not found: {program}",
@@ -54,6 +53,19 @@ def resolve_command(argv: list[str], cwd: str, env: dict[str, str]) -> str:
             "(jobwarden runs it without a shell; use sh -c '...' for shell syntax)",
         )
     return found
+
+
+def _which(program: str, search_path: str) -> str | None:
+    """shutil.which for a bare name (importing shutil costs `run` a few milliseconds)."""
+    seen = set()
+    for directory in search_path.split(os.pathsep):
+        if directory in seen:
+            continue
+        seen.add(directory)
+        candidate = os.path.join(directory, program)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return candidate
+    return None
 
 
 def default_name(argv: list[str]) -> str:

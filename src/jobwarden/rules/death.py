@@ -1,6 +1,7 @@
 """Why a run ended: findings from its exit status, how it was ended, and the tail of its output.
 
-Ordered most likely root cause first. Rule ids are stable (DESIGN.md).
+One root cause among the exit-status rules (`exit_finding`), then what happened around the end
+(`aftermath_findings`: orphans-left, supervisor-lost). Rule ids are stable (DESIGN.md).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 
 from jobwarden.model import Finding
 from jobwarden.rules.evidence import RunEvidence
+from jobwarden.rules.memory import oom_killed
 
 _CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"}
 _KILL_SIGNALS = {"SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT"}
@@ -20,17 +22,23 @@ _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: ?(?P<msg>.*))?$")
 
 
 def explain(ev: RunEvidence) -> list[Finding]:
-    findings: list[Finding] = []
+    """The death rules alone: the exit's root cause, then the aftermath. `rules.explain` runs every family."""
+    found = exit_finding(ev)
+    return ([found] if found else []) + aftermath_findings(ev)
+
+
+def exit_finding(ev: RunEvidence) -> Finding | None:
+    """The one root cause the exit status gives; None for a clean or still running run, and for a SIGKILL
+    the OOM evidence explains (the oom-kill finding says it)."""
     for rule in (_spawn_failed, _stopped, _timeout, _python_exception, _signal_death, _exit_code):
         found = rule(ev)
         if found:
-            findings.append(found)
-            break  # one root cause; the contributing findings follow
-    for extra in (_orphans_left, _supervisor_lost):
-        found = extra(ev)
-        if found:
-            findings.append(found)
-    return findings
+            return found
+    return None
+
+
+def aftermath_findings(ev: RunEvidence) -> list[Finding]:
+    return [f for f in (_orphans_left(ev), _supervisor_lost(ev)) if f]
 
 
 def _pids(ev: RunEvidence) -> tuple[int, ...]:
@@ -161,6 +169,8 @@ def _signal_death(ev: RunEvidence) -> Finding | None:
             "library named in the trace",
             _pids(ev),
         )
+    if sig == "SIGKILL" and ev.pid in oom_killed(ev):
+        return None  # the OOM killer (or jobwarden's memory watchdog) sent it: that is the oom-kill finding
     if sig in _KILL_SIGNALS:
         return Finding(
             "killed-externally",

@@ -77,9 +77,11 @@ class Supervisor:
         if os.environ.get(config.CGROUP_ENV, "auto") != "off":
             self.cgroup = create_job_cgroup(f"jobwarden-{self.pid}")
         self.tree.cgroup = self.cgroup
-        self.store.update_run(
-            self.job.id, self.run, shim_pid=self.pid, shim_start=shim_start, containment=self._containment()
-        )
+        shim_fields: dict[str, Any] = {
+            "shim_pid": self.pid,
+            "shim_start": shim_start,
+            "containment": self._containment(),
+        }
         env = {**os.environ, **self.job.env, **self.markers}
         try:
             pid = spawn_job(
@@ -87,22 +89,26 @@ class Supervisor:
                 self.job.cwd,
                 env,
                 str(self.layout.output_log(self.job.id, self.run)),
-                str(self.cgroup.procs_file) if self.cgroup else None,
+                self._cgroup_join_file(),
             )
         except SpawnError as err:
+            self.store.update_run(self.job.id, self.run, **shim_fields)
             return self._spawn_failed(err, report_fd)
         self.main = self.tree.seed_child(pid)
         now = self.clock.wall()
-        # starting -> running: the pid is recorded before `run` returns
-        self.store.update_run(
+        # starting -> running: the pid is recorded (one transaction with the shim's own) before `run` returns
+        self.store.update_run_with_event(
             self.job.id,
             self.run,
+            "started",
+            now,
+            {"pid": pid, "containment": shim_fields["containment"]},
             state=JobState.RUNNING,
             pid=pid,
             pid_start=self.main.ident.start_time,
             started_at=now,
+            **shim_fields,
         )
-        self.store.add_event(self.job.id, self.run, "started", now, pid=pid, containment=self._containment())
         _report(report_fd, {"pid": pid, "state": "running"})
         self._arm_timeout()
         return self._supervise()
@@ -137,6 +143,16 @@ class Supervisor:
         _report(report_fd, {"pid": record.pid, "state": "running", "pids": pids})
         self._arm_timeout(since=record.started_at)
         return self._supervise()
+
+    def _cgroup_join_file(self) -> str | None:
+        """The file the job writes "0" to, between fork and exec, to join its cgroup. On v1, `tasks`
+        moves only the writing thread, which needs no global threadgroup lock; `cgroup.procs` takes it,
+        and its first taker in a while waits out an RCU grace period (10-20 ms of every `run`). The
+        child is single-threaded until exec, so its one thread is the whole process. v2 migrates
+        between domain cgroups only through cgroup.procs."""
+        if not self.cgroup:
+            return None
+        return str(self.cgroup.path / "tasks" if self.cgroup.version == 1 else self.cgroup.procs_file)
 
     def _containment(self) -> str:
         if self.cgroup:
