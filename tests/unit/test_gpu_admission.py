@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from jobwarden.control.gpuholders import gpu_owners
 from jobwarden.control.gpus import (
     Admission,
     BusyGpu,
@@ -16,6 +17,7 @@ from jobwarden.control.gpus import (
     describe_wait,
     free_gpus,
     gpu_env,
+    gpu_holders,
     live_claims,
     try_admit,
 )
@@ -24,6 +26,7 @@ from jobwarden.model import GpuDevice, GpuProcess, JobSpec, JobState, ProcessSna
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes import fakenvml
 from jobwarden.probes.gpu import GpuProbe, GpuUnavailable, open_gpu_probe
+from jobwarden.rules.gpu import stray_gpu_findings
 from jobwarden.store import Store
 
 GIB = 1 << 30
@@ -389,3 +392,30 @@ def test_a_process_of_another_jobwarden_home_is_not_called_a_stray(
     assert theirs.label() == (
         "pid 321 of jobwarden job 1 under /home/bo/.local/state/jobwarden (user root, python bo.py)"
     )
+
+
+def test_holders_feed_the_stray_gpu_rule(store: Store, probe: GpuProbe, proc: FakeProc, nvml: Path) -> None:
+    live, ended = new_job(store, "train", JobState.RUNNING), new_job(store, "old", JobState.FAILED)
+    marks = {"JOBWARDEN_HOME": str(store.layout.home), "JOBWARDEN_RUN": "1"}
+    proc.add(4242, "python train.py", {**marks, "JOBWARDEN_JOB_ID": str(live)})
+    proc.add(555, "python old.py", {**marks, "JOBWARDEN_JOB_ID": str(ended)})
+    proc.add(999, "python loop.py")
+    proc.add(77, "Xorg :0")
+    proc.add(321, "python bo.py", {**marks, "JOBWARDEN_HOME": "/elsewhere", "JOBWARDEN_JOB_ID": "1"})
+    for pid, kind in (
+        (4242, "compute"),
+        (555, "compute"),
+        (999, "compute"),
+        (77, "graphics"),
+        (321, "compute"),
+    ):
+        fakenvml.hold(nvml, 0, pid, 2 * GIB, kind=kind)
+    holders = gpu_holders(store, probe, proc.procfs)
+    owners = gpu_owners(holders, now=BOOT + 4242.0)
+    assert sorted(owners) == [555, 999, 4242]
+    assert owners[555].job_id == str(ended) and not owners[555].job_live
+    assert owners[4242].job_live and owners[999].job_id is None and owners[999].ppid == 1
+    assert owners[999].age_s == pytest.approx(4242 - 999 * 100 / proc.procfs.ticks_per_s)
+    findings = stray_gpu_findings(probe.processes(), owners)
+    assert sorted(f.pids for f in findings) == [(555,), (999,)]
+    assert {f.rule for f in findings} == {"stray-gpu-process"}

@@ -16,6 +16,7 @@ from jobwarden.model import ACTIVE_STATES, GpuProcess, JobState
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.gpu import GpuProbe
 from jobwarden.probes.markers import read_job_marks
+from jobwarden.rules.gpu import GpuOwner
 from jobwarden.store import Store
 
 # Same set Store.claim_gpus keeps claims for: a lost run's processes may still be using its GPUs
@@ -84,6 +85,24 @@ class GpuHolder:
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "stray": self.stray, "label": self.label()}
+
+
+def gpu_owners(holders: Sequence[GpuHolder], now: float) -> dict[int, GpuOwner]:
+    """What `rules.gpu.stray_gpu_findings` may judge, by pid. Left out, as it leaves out pids /proc does
+    not show: graphics-only processes (a desktop, never a stray) and those of another jobwarden home."""
+    return {
+        h.pid: GpuOwner(
+            pid=h.pid,
+            ppid=h.ppid or 0,
+            user=h.user or "?",
+            cmdline=h.cmdline,
+            job_id=None if h.job_id is None else str(h.job_id),
+            job_live=h.live_job,
+            age_s=None if h.started_at is None else max(0.0, now - h.started_at),
+        )
+        for h in holders
+        if h.visible and "compute" in h.kind and not h.foreign
+    }
 
 
 def gpu_holders(store: Store, probe: GpuProbe, procfs: ProcFS) -> list[GpuHolder]:
