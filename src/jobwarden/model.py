@@ -286,4 +286,7 @@ class GpuProcess:
 
     gpu_index: int
     pid: int
-    used_bytes: int | None
+    used_bytes: int | None  # None: NVML cannot tell (WDDM, some containers); never guessed as 0
+    # "compute", "graphics" or "compute+graphics": a desktop's Xorg holding a little memory (graphics)
+    # must not make a GPU look taken by a job (compute)
+    kind: str = "compute"

@@ -53,7 +53,13 @@ def _diagnosis_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from jobwarden.control.launch import default_name, launch, memory_and_restart_options, parse_env
+    from jobwarden.control.launch import (
+        default_name,
+        gpu_options,
+        launch,
+        memory_and_restart_options,
+        parse_env,
+    )
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
@@ -64,6 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"timeout_s": timeout, "grace_s": grace or config.DEFAULT_GRACE_S}
     options.update(_diagnosis_options(args))
     options.update(memory_and_restart_options(args.mem_limit, args.restart, args.max_restarts))
+    options.update(gpu_options(args.gpus, args.gpu_ids))
     launched = launch(_home(), spec, options)
     if args.json:
         _print_json(launched.to_json())

@@ -96,6 +96,12 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
         help=f"restart at most N times (default {config.DEFAULT_MAX_RESTARTS}); alone, means on-failure",
     )
     run.add_argument(
+        "--gpus", metavar="N", help="wait for N free GPUs and run on them (sets CUDA_VISIBLE_DEVICES)"
+    )
+    run.add_argument(
+        "--gpu-ids", metavar="I,J", help="wait for exactly these GPUs (indexes as nvidia-smi shows them)"
+    )
+    run.add_argument(
         "-f",
         "--follow",
         action="store_true",

@@ -116,6 +116,38 @@ def memory_and_restart_options(
     }
 
 
+def gpu_options(gpus: str | None, gpu_ids: str | None) -> dict[str, Any]:
+    """`--gpus N` / `--gpu-ids I,J` as the job options "gpus" (int) and "gpu_ids" (list), both always
+    present (None when not asked). Bad values are one-line usage errors."""
+    if gpus is not None and gpu_ids is not None:
+        raise UsageError("--gpus and --gpu-ids exclude each other", "give a count or a list of GPU ids")
+    return {
+        "gpus": None if gpus is None else _gpu_count(gpus),
+        "gpu_ids": None if gpu_ids is None else _gpu_ids(gpu_ids),
+    }
+
+
+def _gpu_count(text: str) -> int:
+    value = text.strip()
+    if not (value.isascii() and value.isdigit()) or int(value) < 1:
+        raise UsageError(f"bad --gpus {text!r}: a number of GPUs >= 1", "e.g. --gpus 2")
+    return int(value)
+
+
+def _gpu_ids(text: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isascii() and p.isdigit() for p in parts):
+        raise UsageError(f"bad --gpu-ids {text!r}: GPU indexes >= 0, comma-separated", "e.g. --gpu-ids 0,3")
+    ids = [int(p) for p in parts]
+    if len(set(ids)) != len(ids):
+        raise UsageError(f"bad --gpu-ids {text!r}: a GPU is named twice", "e.g. --gpu-ids 0,3")
+    return ids
+
+
+def wants_gpus(options: dict[str, Any]) -> bool:
+    return bool(options.get("gpus") or options.get("gpu_ids"))
+
+
 def launch(home: Path, spec: JobSpec, options: dict[str, Any]) -> Launched:
     from jobwarden.control.shimproc import start_shim
 
@@ -125,7 +157,9 @@ def launch(home: Path, spec: JobSpec, options: dict[str, Any]) -> Launched:
     resolve_command(list(spec.command), cwd, {**os.environ, **spec.env})
     spec = dataclasses.replace(spec, cwd=cwd)
     with Store(home) as store:
-        job_id, run = store.create_job(spec, options, SystemClock().wall(), JobState.STARTING)
+        # a job that asks for GPUs waits in `queued` until its shim has claimed them
+        state = JobState.QUEUED if wants_gpus(options) else JobState.STARTING
+        job_id, run = store.create_job(spec, options, SystemClock().wall(), state)
     shim_pid, report = start_shim(home, job_id, run, "launch")
     if "error" in report:
         code = int(report.get("exit_code", 1))
