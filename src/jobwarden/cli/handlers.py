@@ -42,7 +42,7 @@ def _duration(text: str | None) -> float | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from jobwarden.control.launch import default_name, launch, parse_env
+    from jobwarden.control.launch import default_name, launch, notify_options, parse_env
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
@@ -51,6 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     env = parse_env(args.env)
     spec = JobSpec(command=tuple(argv), cwd=args.cwd, name=args.name or default_name(argv), env=env)
     options: dict[str, Any] = {"timeout_s": timeout, "grace_s": grace or config.DEFAULT_GRACE_S}
+    options.update(notify_options(args.notify, args.on_event))
     launched = launch(_home(), spec, options)
     if args.json:
         _print_json(launched.to_json())
@@ -251,6 +252,44 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_orphans(args: argparse.Namespace) -> int:
+    from jobwarden.control.orphans import find_strays
+    from jobwarden.store import Store
+
+    procfs, now = _procfs(), SystemClock().wall()
+    grace = _duration(args.grace)
+    with Store(_home()) as store:
+        strays = find_strays(store, procfs, now)
+    listed = [s.to_json(now) for s in strays]
+    if not args.kill:
+        if args.json:
+            _print_json(listed)
+        else:
+            _print_lines(render.orphans_table(listed))
+        return 0
+    from jobwarden.control.killer import end_strays, outcomes_json
+
+    results = end_strays(procfs, strays, grace if grace is not None else config.DEFAULT_GRACE_S)
+    outcomes = outcomes_json(listed, results)
+    if args.json:
+        _print_json(outcomes)
+    else:
+        _print_lines(render.kill_report(outcomes))
+    return 0 if all(r.ended for r in results) else 1
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from jobwarden.control.doctor import report_json, run_checks
+    from jobwarden.control.hostfacts import gather
+
+    report = report_json(run_checks(gather(_home())))
+    if args.json:
+        _print_json(report)
+    else:
+        _print_lines(render.doctor_report(report))
+    return 0 if report["ok"] else 1
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "ps": cmd_ps,
@@ -261,4 +300,6 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "adopt": cmd_adopt,
     "explain": cmd_explain,
     "rm": cmd_rm,
+    "orphans": cmd_orphans,
+    "doctor": cmd_doctor,
 }

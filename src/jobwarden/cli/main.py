@@ -39,6 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="wait for the end; exit with the job's status (128+N for signal N)",
     )
+    run.add_argument(
+        "--notify",
+        metavar="URL",
+        help="POST each event (failed, hung, restarted, succeeded) as JSON to this http(s) URL",
+    )
+    run.add_argument(
+        "--on-event",
+        metavar="CMD",
+        help="run CMD through /bin/sh on each event, with the event as JSON on its stdin",
+    )
     run.add_argument("--json", action="store_true")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
 
@@ -79,6 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     rm = sub.add_parser("rm", help="forget an ended job and delete its logs")
     rm.add_argument("job", metavar="JOB")
+
+    orphans = sub.add_parser(
+        "orphans", help="list processes that should not be alive: leftovers of ended jobs, stray GPU holders"
+    )
+    orphans.add_argument("--kill", action="store_true", help="end them (SIGTERM, grace, SIGKILL)")
+    orphans.add_argument("--grace", metavar="DUR", help="with --kill: SIGTERM -> SIGKILL delay (default 10s)")
+    orphans.add_argument("--json", action="store_true")
+
+    doctor = sub.add_parser("doctor", help="check what jobwarden can do on this machine, and how to fix it")
+    doctor.add_argument("--json", action="store_true")
     return p
 
 

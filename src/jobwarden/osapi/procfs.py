@@ -100,6 +100,19 @@ class ProcFS:
         entries = set(raw.split(b"\0"))
         return all(f"{k}={v}".encode() in entries for k, v in markers.items())
 
+    def environ_values(self, pid: int, names: tuple[str, ...]) -> dict[str, str]:
+        """The values of only the named variables the process was started with (the rest of the
+        environment is never kept: it often holds secrets). Other users' processes raise AccessDenied."""
+        raw = self._read(pid, "environ", "read the environment of")
+        wanted = {name.encode() + b"=": name for name in names}
+        found = {}
+        for entry in raw.split(b"\0"):
+            key, sep, _ = entry.partition(b"=")
+            name = wanted.get(key + sep)
+            if name is not None:
+                found[name] = entry[len(key) + 1 :].decode("utf-8", "replace")
+        return found
+
     def uid(self, pid: int) -> int:
         try:
             return os.stat(self.root / str(pid)).st_uid

@@ -3,6 +3,8 @@ its shim is gone and nothing else links the processes to the job."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.osapi.procfs import ProcFS, ProcStat
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV
@@ -27,3 +29,22 @@ def find_marked(procfs: ProcFS, markers: dict[str, str], exclude: set[int] | Non
         except (ProcessGone, AccessDenied):
             continue
     return found
+
+
+@dataclass(frozen=True)
+class Marker:
+    """The JOBWARDEN_* variables a process was started with: which store, job and run it came from."""
+
+    home: str
+    job_id: int
+    run: int | None
+
+
+def read_marker(procfs: ProcFS, pid: int) -> Marker | None:
+    """The marker of `pid`, or None when it carries none (or a malformed one). Raises ProcessGone, and
+    AccessDenied for another user's process: its environment cannot be read without privilege."""
+    values = procfs.environ_values(pid, (HOME_ENV, JOB_ID_ENV, RUN_ENV))
+    home, job, run = values.get(HOME_ENV), values.get(JOB_ID_ENV, ""), values.get(RUN_ENV, "")
+    if not home or not (job.isascii() and job.isdigit()):
+        return None
+    return Marker(home, int(job), int(run) if run.isascii() and run.isdigit() else None)
