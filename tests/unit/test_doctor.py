@@ -245,3 +245,20 @@ def test_every_check_has_a_stable_name() -> None:
         "disk space",
     ]
     assert doctor.MIN_FREE_BYTES < doctor.LOW_FREE_BYTES
+
+
+def test_doctor_json_parses() -> None:
+    from jobwarden.cli.main import build_parser
+
+    assert build_parser().parse_args(["doctor", "--json"]).json is True
+
+
+def test_the_text_report_puts_each_fix_under_its_check() -> None:
+    from jobwarden.cli.render import doctor_report
+
+    lines = list(doctor_report(report_json(run_checks(facts(pyspy=None)))))
+    at = next(i for i, line in enumerate(lines) if line.startswith("warn  py-spy"))
+    assert (
+        lines[at + 1].strip() == "fix: pip install py-spy (into jobwarden's environment, or anywhere on PATH)"
+    )
+    assert lines[-1] == "no failures; 1 warning(s): jobwarden works, with the limits above"

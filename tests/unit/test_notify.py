@@ -108,3 +108,10 @@ def test_a_notify_url_must_be_http_or_https(url: str) -> None:
 def test_an_empty_on_event_command_is_refused() -> None:
     with pytest.raises(UsageError):
         notify_options(None, "  ")
+
+
+def test_run_takes_notify_and_on_event() -> None:
+    from jobwarden.cli.main import build_parser
+
+    args = build_parser().parse_args(["run", "--notify", "https://x/h", "--on-event", "cat", "--", "true"])
+    assert (args.notify, args.on_event, args.argv[-1]) == ("https://x/h", "cat", "true")

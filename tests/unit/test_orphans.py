@@ -243,3 +243,26 @@ def test_self_and_ancestors_walks_up_to_init(root: Path) -> None:
     proc(root, 11, ppid=10)
     proc(root, 12, ppid=11)
     assert self_and_ancestors(ProcFS(root), 12) == {10, 11, 12}
+
+
+# --- the command line ---------------------------------------------------------------------------------
+
+
+def test_orphans_options_parse() -> None:
+    from jobwarden.cli.main import build_parser
+
+    args = build_parser().parse_args(["orphans", "--kill", "--grace", "2s", "--json"])
+    assert (args.command, args.kill, args.grace, args.json) == ("orphans", True, "2s", True)
+    assert build_parser().parse_args(["orphans"]).kill is False
+
+
+def test_the_table_ends_with_what_to_do() -> None:
+    from jobwarden.cli.render import orphans_table
+
+    row = {"pid": 40, "user": "ana", "command": "python\ntrain.py", "reason": "supervisor of job 3 died"}
+    lines = list(orphans_table([{**row, "job": 3, "run": 1, "age_s": 7200.0, "rss_bytes": 1 << 20}]))
+    assert lines[0].split() == ["PID", "USER", "AGE", "RSS", "GPU", "MEM", "JOB/RUN", "REASON", "COMMAND"]
+    assert lines[1].split()[:5] == ["40", "ana", "2h00m", "1.0M", "-"] and "python train.py" in lines[1]
+    assert lines[-2] == "job 3 lost its supervisor; to keep it running instead: jobwarden adopt 3"
+    assert lines[-1] == "1 stray process(es). End them with: jobwarden orphans --kill"
+    assert next(orphans_table([])).startswith("no strays")

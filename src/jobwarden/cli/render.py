@@ -203,6 +203,9 @@ def orphans_table(strays: list[dict[str, Any]]) -> Iterator[str]:
     for row in rows:
         yield "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]])
     yield ""
+    lost = sorted({d["job"] for d in strays if str(d["reason"]).startswith("supervisor of job")})
+    for job in lost:
+        yield f"job {job} lost its supervisor; to keep it running instead: jobwarden adopt {job}"
     yield f"{len(strays)} stray process(es). End them with: jobwarden orphans --kill"
 
 
