@@ -115,3 +115,9 @@ def test_run_takes_notify_and_on_event() -> None:
 
     args = build_parser().parse_args(["run", "--notify", "https://x/h", "--on-event", "cat", "--", "true"])
     assert (args.notify, args.on_event, args.argv[-1]) == ("https://x/h", "cat", "true")
+
+
+def test_a_notifier_is_made_from_the_job_options() -> None:
+    notifier = Notifier.from_options(notify_options("https://x/h", "cat"), print)
+    assert (notifier.url, notifier.command, notifier.active) == ("https://x/h", "cat", True)
+    assert not Notifier.from_options({"timeout_s": None}, print).active

@@ -56,9 +56,13 @@ def proc(
     environ: bytes = b"",
     comm: str = "python",
     pgid: int | None = None,
+    opened: tuple[str, ...] = ("/dev/null", "/dev/nvidia0", "/dev/nvidiactl"),
 ) -> None:
     stat = stat_line(pid, comm, state, f4=ppid, f5=pgid or pid, f6=pgid or pid, f22=start)
-    add_process(root, pid, stat, cmdline=f"{comm} {pid}\0".encode(), environ=environ)
+    d = add_process(root, pid, stat, cmdline=f"{comm} {pid}\0".encode(), environ=environ)
+    (d / "fd").mkdir()
+    for fd, path in enumerate(opened):
+        (d / "fd" / str(fd)).symlink_to(path)
 
 
 def find(
@@ -225,6 +229,12 @@ def test_gpu_holders_with_a_live_parent_or_of_a_live_job_are_not_listed(store: S
     store.record_tree(job_id, 1, NOW, [ProcessSnapshot(62, 1, 1500, "S", "x", 0, None)], [])
     gpu = [GpuProcess(0, pid, 1 << 30) for pid in (60, 61, 62, 99)]  # 99: not visible here
     assert find(store, root, gpu) == {}
+
+
+def test_a_gpu_pid_naming_a_process_without_a_gpu_open_is_not_listed(store: Store, root: Path) -> None:
+    # NVML reports host pids; in a container the same number may name an unrelated process here
+    proc(root, 60, ppid=1, opened=("/dev/null", "/home/ana/data.bin"))
+    assert find(store, root, [GpuProcess(0, 60, 5 << 30)]) == {}
 
 
 def test_a_marked_stray_holding_gpu_memory_gets_it_added(store: Store, root: Path) -> None:

@@ -102,6 +102,13 @@ class Notifier:
         self._queue: collections.deque[dict[str, object]] = collections.deque()
         self._worker: threading.Thread | None = None
 
+    @classmethod
+    def from_options(cls, options: Mapping[str, object], log: Callable[[str], None]) -> Notifier:
+        """The notifier a job asked for with `run --notify URL --on-event CMD` (job options "notify",
+        "on_event"); inactive when it asked for neither."""
+        url, command = options.get("notify"), options.get("on_event")
+        return cls(url if isinstance(url, str) else None, command if isinstance(command, str) else None, log)
+
     @property
     def active(self) -> bool:
         return bool(self.url or self.command)

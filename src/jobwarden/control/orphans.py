@@ -142,7 +142,7 @@ class StrayFinder:
 
     # --- judging runs -----------------------------------------------------------------------------
 
-    def verdict(self, job_id: int, run_n: int | None) -> _Verdict:
+    def _verdict(self, job_id: int, run_n: int | None) -> _Verdict:
         key = (job_id, run_n)
         if key not in self._verdicts:
             job = self._jobs.get(job_id)
@@ -168,7 +168,7 @@ class StrayFinder:
                 continue  # another user's environment: found through the store's records instead
             if marker is None or not self._is_our_home(marker.home):
                 continue
-            verdict = self.verdict(marker.job_id, marker.run)
+            verdict = self._verdict(marker.job_id, marker.run)
             if verdict.reason is None:
                 self._live_marked.add(st.pid)
                 continue
@@ -179,9 +179,12 @@ class StrayFinder:
     def _recorded(self) -> Iterable[Stray]:
         """Processes the shims recorded for runs that are over, still alive with the same start time."""
         for job in self._jobs.values():
-            latest = self.store.run(job.id).n
+            try:
+                latest = self.store.run(job.id).n
+            except JobNotFound:
+                continue  # removed while we looked
             for n in range(1, latest + 1):
-                verdict = self.verdict(job.id, n)
+                verdict = self._verdict(job.id, n)
                 if verdict.reason is None or verdict.run is None:
                     continue
                 idents = {(p.pid, p.start_time) for p in self.store.processes(job.id, n, live_only=True)}
@@ -201,6 +204,8 @@ class StrayFinder:
         except (ProcessGone, AccessDenied):
             return None  # exited, or in another pid namespace
         if st.state in ("Z", "X") or pid in self._live_marked or self._in_live_run(st):
+            return None
+        if not self._holds_a_gpu(pid):
             return None
         adopter = self._adopter(st.ppid)
         if adopter is None:
@@ -228,11 +233,22 @@ class StrayFinder:
         if self._live_idents is None:
             self._live_idents = set()
             for job in self._jobs.values():
-                verdict = self.verdict(job.id, None)
+                verdict = self._verdict(job.id, None)
                 if verdict.reason is None and verdict.run is not None:
                     live = self.store.processes(job.id, verdict.run.n, live_only=True)
                     self._live_idents.update((p.pid, p.start_time) for p in live)
         return (st.pid, st.start_time) in self._live_idents
+
+    def _holds_a_gpu(self, pid: int) -> bool:
+        """NVML names pids of the host's pid namespace: inside a container the same number may name an
+        unrelated process here. Only one with an NVIDIA device open is the holder NVML meant. Another
+        user's descriptors cannot be read: trust NVML then (ending it needs root, who can read them)."""
+        try:
+            return self.procfs.has_open_file(pid, "/dev/nvidia")
+        except AccessDenied:
+            return True
+        except ProcessGone:
+            return False
 
     def _adopter(self, ppid: int) -> str | None:
         """'init (pid 1)' or 'systemd (pid 812)' when `ppid` adopts orphans; None for an ordinary parent."""
