@@ -204,3 +204,10 @@ def test_outcomes_keep_the_listing_and_add_what_became_of_each() -> None:
     out = outcomes_json(listed, results)
     assert out[0] == {**listed[0], "ended": True, "ended_by": "SIGTERM", "not_ended_because": None}
     assert out[1]["job"] is None and out[1]["user"] == "root" and out[1]["not_ended_because"] == "D state"
+
+
+def test_a_child_forked_by_a_dying_stray_is_ended_too(fake: FakeProcesses) -> None:
+    fake.add(10, pgid=10)
+    fake.on_signal = lambda pid, sig: fake.add(12, pgid=10) if pid == 10 else None  # forks, then dies
+    results = killer(fake).terminate([target(10, pgid=10)], grace_s=5)
+    assert by_pid(results) == {10: ("SIGTERM", None), 12: ("SIGTERM", None)}

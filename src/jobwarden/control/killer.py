@@ -121,6 +121,7 @@ class Killer:
             while self._held and self.clock.monotonic() < deadline:
                 self._wait(min(_POLL_S, deadline - self.clock.monotonic()))
                 self._follow_groups(groups, signal.SIGTERM)
+            self._follow_groups(groups, signal.SIGTERM)  # a last fork just before the last target died
             # terminating -> killed: SIGKILL what is left, and what the groups forked meanwhile
             for _ in range(3):
                 if not self._held:
