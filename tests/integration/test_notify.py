@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from jobwarden.control.notify import Notifier, event_payload
-from tests.conftest import Jobwarden, wait_pid_gone
+from tests.conftest import Jobwarden, wait_pid_gone, write_fifo
 
 pytestmark = pytest.mark.integration
 EVENT = event_payload(
@@ -220,3 +220,18 @@ def test_hook_processes_run_in_their_own_session(tmp_path: Path) -> None:
     notifier.deliver(EVENT)
     notifier.close(30)
     assert int(out.read_text()) != os.getsid(0)
+
+
+def test_a_running_hook_is_named_so_the_shim_can_tell_it_from_the_job(tmp_path: Path) -> None:
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    notifier = Notifier(None, f"cat >/dev/null; read x < {fifo}", lambda _: None)
+    notifier.deliver(EVENT)
+    deadline = time.monotonic() + 30
+    while not notifier.helper_pids() and time.monotonic() < deadline:
+        time.sleep(0.01)  # the hook's start is reported from the delivery thread
+    (pid,) = notifier.helper_pids()
+    assert Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1] == str(os.getpid())
+    write_fifo(fifo, "done\n")
+    notifier.close(30)
+    assert notifier.helper_pids() == set()

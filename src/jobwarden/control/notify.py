@@ -101,6 +101,7 @@ class Notifier:
         self._lock = threading.Lock()
         self._queue: collections.deque[dict[str, object]] = collections.deque()
         self._worker: threading.Thread | None = None
+        self._helpers: set[int] = set()
 
     @classmethod
     def from_options(cls, options: Mapping[str, object], log: Callable[[str], None]) -> Notifier:
@@ -125,6 +126,12 @@ class Notifier:
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, name="jobwarden-notify", daemon=True)
                 self._worker.start()
+
+    def helper_pids(self) -> set[int]:
+        """Pids of --on-event commands running now. They are children of the shim (in a session of
+        their own): its tree discovery must not count them as the job's."""
+        with self._lock:
+            return set(self._helpers)
 
     def close(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for pending deliveries; what is left is logged and abandoned."""
@@ -166,7 +173,18 @@ class Notifier:
 
     def _run_hook(self, kind: str, body: bytes) -> None:
         env = {**self.env, "JOBWARDEN_EVENT": kind}
-        outcome = run_shell(self.command or "", body, self.timeout_s, env)
+        spawned: list[int] = []
+
+        def started(pid: int) -> None:
+            spawned.append(pid)
+            with self._lock:
+                self._helpers.add(pid)
+
+        try:
+            outcome = run_shell(self.command or "", body, self.timeout_s, env, started)
+        finally:
+            with self._lock:
+                self._helpers.difference_update(spawned)
         if outcome.ok:
             self.log(f"notify: --on-event command ran for {kind}")
         else:

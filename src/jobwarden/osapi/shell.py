@@ -14,6 +14,7 @@ import select
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from jobwarden.osapi import pidfd as pidfds
@@ -44,9 +45,16 @@ class ShellOutcome:
         return f"exit code {self.exit_code}"
 
 
-def run_shell(command: str, stdin: bytes, timeout_s: float, env: dict[str, str]) -> ShellOutcome:
+def run_shell(
+    command: str,
+    stdin: bytes,
+    timeout_s: float,
+    env: dict[str, str],
+    started: Callable[[int], None] = lambda pid: None,
+) -> ShellOutcome:
     """`/bin/sh -c command` in a new session, `stdin` on its standard input; killed (the whole session)
-    after `timeout_s`. Its stdout and stderr are ours."""
+    after `timeout_s`. Its stdout and stderr are ours. `started` is told the shell's pid at once (the
+    shim must not mistake its own helper for a process of the job)."""
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     try:
         # posix_spawn (vfork + exec, no Python in the child) is safe on any thread of any process
@@ -62,6 +70,7 @@ def run_shell(command: str, stdin: bytes, timeout_s: float, env: dict[str, str])
         return ShellOutcome(error=f"cannot start /bin/sh: {err.strerror}")
     finally:
         os.close(read_end)
+    started(pid)
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:  # exited and reaped by someone else within microseconds
