@@ -58,6 +58,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         gpu_options,
         launch,
         memory_and_restart_options,
+        notify_options,
         parse_env,
     )
 
@@ -71,6 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     options.update(_diagnosis_options(args))
     options.update(memory_and_restart_options(args.mem_limit, args.restart, args.max_restarts))
     options.update(gpu_options(args.gpus, args.gpu_ids))
+    options.update(notify_options(args.notify, args.on_event))
     launched = launch(_home(), spec, options)
     if args.json:
         _print_json(launched.to_json())
@@ -300,6 +302,46 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_orphans(args: argparse.Namespace) -> int:
+    from jobwarden.cli import render
+    from jobwarden.control.orphans import find_strays
+    from jobwarden.store import Store
+
+    procfs, now = _procfs(), SystemClock().wall()
+    grace = _duration(args.grace)
+    with Store(_home()) as store:
+        strays = find_strays(store, procfs, now)
+    listed = [s.to_json(now) for s in strays]
+    if not args.kill:
+        if args.json:
+            _print_json(listed)
+        else:
+            _print_lines(render.orphans_table(listed))
+        return 0
+    from jobwarden.control.killer import end_strays, outcomes_json
+
+    results = end_strays(procfs, strays, grace if grace is not None else config.DEFAULT_GRACE_S)
+    outcomes = outcomes_json(listed, results)
+    if args.json:
+        _print_json(outcomes)
+    else:
+        _print_lines(render.kill_report(outcomes))
+    return 0 if all(r.ended for r in results) else 1
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from jobwarden.cli import render
+    from jobwarden.control.doctor import report_json, run_checks
+    from jobwarden.control.hostfacts import gather
+
+    report = report_json(run_checks(gather(_home())))
+    if args.json:
+        _print_json(report)
+    else:
+        _print_lines(render.doctor_report(report))
+    return 0 if report["ok"] else 1
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "ps": cmd_ps,
@@ -311,4 +353,6 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "explain": cmd_explain,
     "dump": cmd_dump,
     "rm": cmd_rm,
+    "orphans": cmd_orphans,
+    "doctor": cmd_doctor,
 }

@@ -113,6 +113,16 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
         action="store_true",
         help="wait for the end; exit with the job's status (128+N for signal N)",
     )
+    run.add_argument(
+        "--notify",
+        metavar="URL",
+        help="POST each event (failed, hung, restarted, succeeded) as JSON to this http(s) URL",
+    )
+    run.add_argument(
+        "--on-event",
+        metavar="CMD",
+        help="run CMD through /bin/sh on each event, with the event as JSON on its stdin",
+    )
     run.add_argument("--json", action="store_true")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
 
@@ -166,6 +176,16 @@ def _dump_arguments(dump: argparse.ArgumentParser) -> None:
     dump.add_argument("--json", action="store_true")
 
 
+def _orphans_arguments(orphans: argparse.ArgumentParser) -> None:
+    orphans.add_argument("--kill", action="store_true", help="end them (SIGTERM, grace, SIGKILL)")
+    orphans.add_argument("--grace", metavar="DUR", help="with --kill: SIGTERM -> SIGKILL delay (default 10s)")
+    orphans.add_argument("--json", action="store_true")
+
+
+def _json_only(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true")
+
+
 _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "run": ("start a job (detached) and print its id", _run_arguments),
     "ps": ("list jobs", _ps_arguments),
@@ -177,6 +197,11 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
     "explain": ("why a job died or is stuck", _status_arguments),
     "dump": ("the Python and native stacks of every process of a job, now", _dump_arguments),
     "rm": ("forget an ended job and delete its logs", _job_only),
+    "orphans": (
+        "list processes that should not be alive: leftovers of ended jobs, stray GPU holders",
+        _orphans_arguments,
+    ),
+    "doctor": ("check what jobwarden can do on this machine, and how to fix it", _json_only),
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,26 @@ def _gpu_ids(text: str) -> list[int]:
 
 def wants_gpus(options: dict[str, Any]) -> bool:
     return bool(options.get("gpus") or options.get("gpu_ids"))
+
+
+def notify_options(url: str | None, command: str | None) -> dict[str, Any]:
+    """The job options of `--notify URL` and `--on-event CMD` (read by the shim), checked up front."""
+    options: dict[str, Any] = {}
+    if url is not None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise UsageError(
+                f"--notify {url.split('?')[0]!r}: not an http(s) URL",
+                "give the full address, e.g. --notify https://hooks.slack.com/services/...",
+            )
+        options["notify"] = url
+    if command is not None:
+        if not command.strip():
+            raise UsageError(
+                "--on-event needs a command", "e.g. --on-event 'notify-send jobwarden \"$(cat)\"'"
+            )
+        options["on_event"] = command
+    return options
 
 
 def launch(home: Path, spec: JobSpec, options: dict[str, Any]) -> Launched:

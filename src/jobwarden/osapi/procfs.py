@@ -128,6 +128,24 @@ class ProcFS:
                 found[key.decode()] = value.decode("utf-8", "replace")
         return found
 
+    def has_open_file(self, pid: int, prefix: str) -> bool:
+        """Does `pid` hold open a file whose path starts with `prefix` (e.g. '/dev/nvidia')? Reading
+        another user's descriptors raises AccessDenied."""
+        fd_dir = self.root / str(pid) / "fd"
+        try:
+            names = os.listdir(fd_dir)
+        except (FileNotFoundError, ProcessLookupError) as err:
+            raise ProcessGone(pid) from err
+        except PermissionError as err:
+            raise AccessDenied(pid, "list the open files of") from err
+        for name in names:
+            try:
+                if os.readlink(fd_dir / name).startswith(prefix):
+                    return True
+            except OSError:  # closed meanwhile
+                continue
+        return False
+
     def uid(self, pid: int) -> int:
         try:
             return os.stat(self.root / str(pid)).st_uid
