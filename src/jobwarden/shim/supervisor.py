@@ -435,6 +435,8 @@ class Supervisor:
         if ended:
             self._safe_write(self.store.record_tree, self.job.id, self.run, self.clock.wall(), [], ended)
         if members and self.diag and not self.stop:
+            if self.oom_watch and any(status != 0 for _, status in members):
+                self._poll_oom(self.clock.wall())  # a worker's death may be the OOM killer's: know it first
             main = self.main
             self._act_on(
                 self.diag.on_exits(members, self.clock.wall(), self.clock.monotonic(), main),
@@ -463,10 +465,7 @@ class Supervisor:
 
     def _watch_memory(self, snaps: list[Any], now: float) -> None:
         """OOM kills (counters, kernel log) and, without a cgroup limit, the --mem-limit watchdog."""
-        if self.oom_watch:
-            found = self.oom_watch.poll([s.pid for s in snaps])
-            if found is not None and found != self.oom:
-                self._record_oom(found, now)
+        self._poll_oom(now, [s.pid for s in snaps])
         if self.mem_watchdog and not self.stop:
             total = tree_memory(
                 self.procfs, [s.pid for s in snaps], exact_above=self.mem_watchdog.limit_bytes
@@ -477,6 +476,12 @@ class Supervisor:
                 self._record_oom(self.mem_watchdog.evidence(sorted(self.tree.members)), now)
                 # running -> stopping: SIGKILL at once, as the kernel's OOM killer would
                 self.stop = StopRequest(EndReason.MEM_LIMIT, 0.0)
+
+    def _poll_oom(self, now: float, pids: list[int] | None = None) -> None:
+        if self.oom_watch:
+            found = self.oom_watch.poll(pids)
+            if found is not None and found != self.oom:
+                self._record_oom(found, now)
 
     def _record_oom(self, oom: OomEvidence, now: float) -> None:
         self.oom = oom
@@ -580,11 +585,8 @@ class Supervisor:
             orphans = [{"pid": m.pid, "cmdline": m.cmdline} for m in self.tree.members.values()]
             survivors = self.terminate_tree(float(self.job.options.get("grace_s", config.DEFAULT_GRACE_S)))
         self.logs.index(self.clock.wall())
-        if self.oom_watch:  # a kill in the last moments (the main process itself) is counted too
-            with contextlib.suppress(OSError):
-                found = self.oom_watch.poll(None)
-                if found is not None and found != self.oom:
-                    self._record_oom(found, self.clock.wall())
+        with contextlib.suppress(OSError):  # a kill in the last moments (the main process itself) counts too
+            self._poll_oom(self.clock.wall())
         self._record_end(orphans, survivors)
         self._safe_write(self.store.release_gpus, self.job.id, self.run)
         self._remove_cgroup()
