@@ -30,10 +30,12 @@ from jobwarden.osapi.cgroup import JobCgroup, cgroup_path, create_job_cgroup, fi
 from jobwarden.osapi.process import SpawnError, WaitStatus, reap_any, set_child_subreaper, spawn_job
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, ensure_private_dir
-from jobwarden.probes.gpu import try_open_gpu_probe
+from jobwarden.probes.fakenvml import FAKE_NVML_ENV
+from jobwarden.probes.gpu import GpuProbe, try_open_gpu_probe
 from jobwarden.probes.memory import MemoryWatchdog, tree_memory
 from jobwarden.probes.oom import OomWatch
 from jobwarden.shim.diagnosis import Diagnoser, Verdict
+from jobwarden.shim.gpuwatch import GpuWatch
 from jobwarden.shim.tree import JobTree, Member, wait_readable
 from jobwarden.shim.watchdog import DEFAULT_HANG_TIMEOUT_S
 from jobwarden.store import JobRecord, Store
@@ -315,6 +317,14 @@ class Supervisor:
             self.store, self.job, self.run, self.procfs, self.tree, window or None, self.clock.monotonic()
         )
         self.diag.main_pid = main_pid
+        probe = try_open_gpu_probe() if self._watch_gpus() else None
+        if isinstance(probe, GpuProbe):
+            self.diag.gpu = GpuWatch(probe)
+
+    def _watch_gpus(self) -> bool:
+        """NVML is asked only for jobs that claimed GPUs or on machines that have a driver: importing and
+        initialising it costs the shim tens of milliseconds, and nothing on a CPU-only machine."""
+        return bool(self.gpu_env) or os.path.exists("/dev/nvidiactl") or FAKE_NVML_ENV in os.environ
 
     def _containment(self) -> str:
         if self.cgroup:
@@ -593,6 +603,8 @@ class Supervisor:
         self.tree.close()
         if self.oom_watch:
             self.oom_watch.close()
+        if self.diag and self.diag.gpu:
+            self.diag.gpu.close()
         return 0
 
     def terminate_tree(self, grace_s: float) -> list[Survivor]:
