@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from jobwarden import __version__
+from jobwarden import __version__, config
 from jobwarden.errors import JobwardenError
 
 
@@ -62,6 +62,51 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
         "--grace", metavar="DUR", help="SIGTERM -> SIGKILL delay when ending the job (default 10s)"
     )
     run.add_argument(
+        "--hang-timeout",
+        metavar="DUR|off",
+        help="hung after this long with no output, heartbeat, CPU, I/O or GPU work (default 10m)",
+    )
+    run.add_argument(
+        "--on-hang",
+        choices=("dump", "stop", "restart"),
+        default="dump",
+        help="on a hang: store the stacks and keep the job (dump, default), end it, or restart it",
+    )
+    run.add_argument(
+        "--no-py-hooks", action="store_true", help="do not load jobwarden's hooks into Python processes"
+    )
+    run.add_argument(
+        "--mp-start",
+        choices=("spawn", "forkserver"),
+        help="force this multiprocessing start method in the job (the cure for fork deadlocks)",
+    )
+    run.add_argument(
+        "--mem-limit",
+        metavar="SIZE",
+        help="end the job when its processes together use more memory (e.g. 8G), as the OOM killer would",
+    )
+    run.add_argument(
+        "--restart",
+        metavar="no|on-failure|always",
+        help="start the job again when it ends (never after `jobwarden stop`; default no)",
+    )
+    run.add_argument(
+        "--max-restarts",
+        metavar="N",
+        help=f"restart at most N times (default {config.DEFAULT_MAX_RESTARTS}); alone, means on-failure",
+    )
+    run.add_argument(
+        "--restart-delay",
+        metavar="DUR",
+        help="the first restart's backoff, doubled for each next one up to 5m (default 1s)",
+    )
+    run.add_argument(
+        "--gpus", metavar="N", help="wait for N free GPUs and run on them (sets CUDA_VISIBLE_DEVICES)"
+    )
+    run.add_argument(
+        "--gpu-ids", metavar="I,J", help="wait for exactly these GPUs (indexes as nvidia-smi shows them)"
+    )
+    run.add_argument(
         "-f",
         "--follow",
         action="store_true",
@@ -72,6 +117,16 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
         "--wait",
         action="store_true",
         help="wait for the end; exit with the job's status (128+N for signal N)",
+    )
+    run.add_argument(
+        "--notify",
+        metavar="URL",
+        help="POST each event (failed, hung, restarted, succeeded) as JSON to this http(s) URL",
+    )
+    run.add_argument(
+        "--on-event",
+        metavar="CMD",
+        help="run CMD through /bin/sh on each event, with the event as JSON on its stdin",
     )
     run.add_argument("--json", action="store_true")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
@@ -117,6 +172,25 @@ def _job_only(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", metavar="JOB")
 
 
+def _dump_arguments(dump: argparse.ArgumentParser) -> None:
+    dump.add_argument("job", metavar="JOB")
+    dump.add_argument(
+        "--no-native", action="store_true", help="Python frames only: each process is paused for less time"
+    )
+    dump.add_argument("--timeout", metavar="DUR", help="the most the whole capture may take (default 5s)")
+    dump.add_argument("--json", action="store_true")
+
+
+def _orphans_arguments(orphans: argparse.ArgumentParser) -> None:
+    orphans.add_argument("--kill", action="store_true", help="end them (SIGTERM, grace, SIGKILL)")
+    orphans.add_argument("--grace", metavar="DUR", help="with --kill: SIGTERM -> SIGKILL delay (default 10s)")
+    orphans.add_argument("--json", action="store_true")
+
+
+def _json_only(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true")
+
+
 _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "run": ("start a job (detached) and print its id", _run_arguments),
     "ps": ("list jobs", _ps_arguments),
@@ -126,7 +200,13 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
     "wait": ("block until a job ends; exit with its status", _wait_arguments),
     "adopt": ("supervise again a job whose supervisor died", _job_and_json),
     "explain": ("why a job died or is stuck", _status_arguments),
+    "dump": ("the Python and native stacks of every process of a job, now", _dump_arguments),
     "rm": ("forget an ended job and delete its logs", _job_only),
+    "orphans": (
+        "list processes that should not be alive: leftovers of ended jobs, stray GPU holders",
+        _orphans_arguments,
+    ),
+    "doctor": ("check what jobwarden can do on this machine, and how to fix it", _json_only),
 }
 
 
