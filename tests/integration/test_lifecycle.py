@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from jobwarden.probes import fakenvml
 from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
 
 pytestmark = pytest.mark.integration
@@ -108,21 +109,11 @@ def test_a_memory_hog_is_ended_under_mem_limit(jw: Jobwarden, containment: str) 
 
 
 def fake_gpus(path: Path, holders: dict[int, list[int]]) -> None:
-    devices = [
-        {
-            "index": i,
-            "uuid": f"GPU-{i:08d}",
-            "name": "NVIDIA H100 80GB HBM3",
-            "memory_total": 80 << 30,
-            "memory_used": (5 << 30) if holders.get(i) else (1 << 20),
-            "utilization_gpu": 0,
-            "processes": [{"pid": pid, "used_memory": 5 << 30} for pid in holders.get(i, [])],
-        }
-        for i in range(4)
-    ]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"devices": devices}))
-    tmp.replace(path)
+    """Four fake GPUs (JOBWARDEN_FAKE_NVML), with `holders` listed as compute processes of 5 GiB each."""
+    devices = [fakenvml.device(i, name="NVIDIA H100 80GB HBM3") for i in range(4)]
+    for i, pids in holders.items():
+        devices[i]["compute"] = [{"pid": pid, "used": 5 << 30} for pid in pids]
+    fakenvml.write_state(path, {"devices": devices})
 
 
 def test_gpus_are_claimed_and_pinned(jw: Jobwarden, tmp_path: Path) -> None:

@@ -111,6 +111,10 @@ def status_report(d: dict[str, Any], now: float) -> Iterator[str]:
     if d["pid"]:
         yield f"  pid          {d['pid']} (supervisor {d['shim_pid']})"
     yield f"  containment  {d['containment'] or '-'}"
+    if d.get("queued_reason"):
+        yield f"  waiting      {d['queued_reason']}"
+    if d.get("gpu_ids"):
+        yield f"  gpus         {','.join(str(i) for i in d['gpu_ids'])}"
     yield f"  started      {d['started_at'] or '-'}"
     if d["ended_at"]:
         yield f"  ended        {d['ended_at']}"

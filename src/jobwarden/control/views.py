@@ -17,7 +17,7 @@ from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.markers import find_marked, job_markers
 from jobwarden.store import JobRecord, RunRecord, Store
 
-_WATCHED = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)
+_WATCHED = (JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.STOPPING, JobState.RESTARTING)
 
 
 def refresh(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord) -> RunRecord:
@@ -153,6 +153,8 @@ def status_json(
         "cwd": job.cwd,
         "shim_pid": run.shim_pid,
         "containment": run.containment,
+        "queued_reason": run.queued_reason,
+        "gpu_ids": run.gpu_ids,
         "log": str(store.layout.output_log(job.id, run.n)),
         "processes": [
             {
