@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import select
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from jobwarden.errors import AccessDenied, ProcessGone
@@ -46,6 +47,8 @@ class JobTree:
         self.sessions: set[int] = set()
         self._ended: set[ProcessId] = set()
         self._foreign: set[int] = set()  # pids seen and found not ours; re-checked on full scans
+        # the shim's own helpers (--on-event hooks): its children too, in sessions of their own; never members
+        self.helpers: Callable[[], set[int]] = set
 
     def __len__(self) -> int:
         return len(self.members)
@@ -100,12 +103,17 @@ class JobTree:
         live = set(pids)
         self._foreign &= live  # forget exited foreigners, so their reused pids are read again
         in_cgroup = set(self.cgroup.pids()) if self.cgroup else set()
+        helpers = self.helpers()
+        for pid in helpers & set(self.members):  # seen in the instant between its spawn and its naming
+            self.drop(self.members[pid])
         fresh: dict[int, ProcStat] = {}
         for pid in pids:
             if pid in self.members or pid in self._foreign or pid == self.shim_pid:
                 continue
             with contextlib.suppress(ProcessGone, AccessDenied):
-                fresh[pid] = self.procfs.stat(pid)
+                st = self.procfs.stat(pid)
+                if pid not in helpers and st.sid not in helpers:
+                    fresh[pid] = st
         added = []
         changed = True
         while changed:  # a child can be read before its parent: iterate to a fixed point
