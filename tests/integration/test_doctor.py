@@ -110,3 +110,13 @@ def test_store_facts_of_a_real_store(tmp_path: Path) -> None:
     with Store(tmp_path / "home") as store:
         facts = store_facts(store.layout.database)
     assert (facts.exists, facts.integrity, facts.schema, facts.latest) == (True, "ok", LATEST, LATEST)
+
+
+def test_doctor_reports_a_working_nvml(jw: Jobwarden, tmp_path: Path) -> None:
+    from jobwarden.probes import fakenvml
+
+    nvml = tmp_path / "nvml.json"
+    fakenvml.write_state(nvml, {"devices": [fakenvml.device(0), fakenvml.device(1)]})
+    jw.env[fakenvml.FAKE_NVML_ENV] = str(nvml)
+    gpu = checks(jw)["GPU (NVML)"]
+    assert gpu["status"] == "ok" and "2 GPU(s)" in gpu["message"]

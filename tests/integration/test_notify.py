@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from jobwarden.control.notify import Notifier, event_payload
-from tests.conftest import Jobwarden, wait_pid_gone, write_fifo
+from tests.conftest import Jobwarden, make_fifo, read_fifo, wait_pid_gone, write_fifo
 
 pytestmark = pytest.mark.integration
 EVENT = event_payload(
@@ -235,3 +236,67 @@ def test_a_running_hook_is_named_so_the_shim_can_tell_it_from_the_job(tmp_path: 
     write_fifo(fifo, "done\n")
     notifier.close(30)
     assert notifier.helper_pids() == set()
+
+
+# --- in the shim --------------------------------------------------------------------------------------
+
+TICKER = str(Path(__file__).parent / "jobs" / "ticker.py")
+
+
+def test_the_shim_runs_hooks_outside_the_jobs_tree(jw: Jobwarden, tmp_path: Path) -> None:
+    """A hook is a child of the shim, like the job: it must never be taken for one of the job's
+    processes (recorded, listed as an orphan, swept with the job at its end)."""
+    hook_ready, release = make_fifo(tmp_path / "hook"), make_fifo(tmp_path / "release")
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
+    hook = (
+        f"cat > {tmp_path}/$JOBWARDEN_EVENT.json; [ $JOBWARDEN_EVENT = restarted ] || exit 0; "
+        f"trap 'echo TERM > {tmp_path}/termed; exit 1' TERM; echo $$ > {hook_ready}; read x < {release}"
+    )
+    first_fails = f"test -e {tmp_path}/mark || {{ touch {tmp_path}/mark; exit 1; }}"
+    restart = ("--restart", "on-failure", "--max-restarts", "1", "--restart-delay", "0.1s")
+    job = jw.start(
+        "sh", "-c", f"{first_fails}; exec {sys.executable} {TICKER} {ready} {go} 1",
+        options=(*restart, "--on-event", hook),
+    )  # fmt: skip
+    hook_pid = int(read_fifo(hook_ready))  # run 1 failed: the "restarted" hook runs, and blocks
+    read_fifo(ready)  # run 2 is up
+    write_fifo(go, "0 0\n")  # run 2 succeeds: its supervisor sweeps the whole tree, then records the end
+    deadline = time.monotonic() + 60
+    while jw.status(job["id"])["state"] != "succeeded":  # the sweep is inside the shim: no handshake
+        assert time.monotonic() < deadline, "run 2 did not end"
+        time.sleep(0.05)
+    status = jw.status(job["id"])
+    assert status["run"] == 2
+    assert all(o["pid"] != hook_pid for o in status["orphans_left"])
+    assert not (tmp_path / "termed").exists()  # not swept with the job
+    conn = sqlite3.connect(f"file:{jw.home / 'jobwarden.db'}?mode=ro", uri=True)
+    try:
+        recorded = {pid for (pid,) in conn.execute("SELECT pid FROM processes")}
+    finally:
+        conn.close()
+    assert hook_pid not in recorded
+    write_fifo(release, "go\n")
+    assert jw("wait", str(job["id"])).returncode == 0
+    wait_pid_gone(hook_pid)
+    assert json.loads((tmp_path / "restarted.json").read_text())["run"] == 1
+    assert json.loads((tmp_path / "succeeded.json").read_text())["run"] == 2
+
+
+def test_a_hook_still_running_when_the_notifier_gives_up_is_killed(tmp_path: Path) -> None:
+    ready, child = make_fifo(tmp_path / "ready"), tmp_path / "child"
+    log: list[str] = []
+    notifier = Notifier(
+        None, f"sleep 3600 & echo $! > {child}; echo up > {ready}; wait", log.append, timeout_s=600
+    )
+    notifier.deliver(EVENT)
+    read_fifo(ready)
+    (hook,) = notifier.helper_pids()
+    started = time.monotonic()
+    notifier.close(0.2)  # the shim exits: nothing of its hooks may outlive it
+    assert time.monotonic() - started < 10
+    wait_pid_gone(hook, timeout_s=10)
+    wait_pid_gone(int(child.read_text()), timeout_s=10)
+    assert log[0] == "notify: gave up waiting after 0.2s; 1 event(s) not delivered"
+    assert log[1] == "notify: --on-event command for failed failed: cancelled (its session was killed)"
+    notifier.deliver(EVENT)  # closed: refused, not queued
+    assert log[2] == "notify: closed; 'failed' not delivered"

@@ -234,3 +234,55 @@ def test_another_users_stray_is_named_with_the_permission_it_needs(
         for pid in left:
             wait_pid_gone(pid)
         shutil.rmtree(shared, ignore_errors=True)
+
+
+# --- GPU holders (NVML is the fake one: this machine has no GPU; /proc is the real one) -------------------
+
+
+@contextlib.contextmanager
+def orphaned_sleep() -> Iterator[int]:
+    """A `sleep` whose parent exited at once (the runner of S5 that died): reparented to init or the
+    nearest subreaper. Ended through a pidfd afterwards, whatever happens."""
+    spawned = subprocess.run(
+        ["sh", "-c", "sleep 3600 </dev/null >/dev/null 2>&1 & echo $!"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    pid = int(spawned.stdout)
+    fd = os.pidfd_open(pid)
+    try:
+        yield pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        os.close(fd)
+        wait_pid_gone(pid)
+
+
+def test_a_gpu_holder_whose_parent_died_is_listed_and_killed(jw: Jobwarden, tmp_path: Path) -> None:
+    from jobwarden.probes import fakenvml
+
+    nvml = tmp_path / "nvml.json"
+    fakenvml.write_state(nvml, {"devices": [fakenvml.device(0), fakenvml.device(1)]})
+    jw.env[fakenvml.FAKE_NVML_ENV] = str(nvml)
+    with orphaned_sleep() as orphan, orphaned_sleep() as desktop, sleeper() as owned:
+        parent = Path(f"/proc/{orphan}/stat").read_text().rpartition(")")[2].split()[1]
+        if parent != "1":
+            pytest.skip(f"orphans here are adopted by a subreaper (pid {parent}), not init")
+        fakenvml.hold(nvml, 0, orphan, 5 << 30)
+        fakenvml.hold(nvml, 1, orphan, 1 << 29)
+        fakenvml.hold(nvml, 0, desktop, 1 << 28, kind="graphics")  # a display server: never a stray
+        fakenvml.hold(nvml, 1, owned.pid, 1 << 30)  # its parent (this test) is alive: someone owns it
+
+        (stray,) = jw.json("orphans")
+        assert (stray["pid"], stray["job"], stray["gpus"]) == (orphan, None, [0, 1])
+        assert stray["gpu_memory_bytes"] == (5 << 30) + (1 << 29)
+        assert "5.5G on GPU 0, 1" in stray["reason"] and "no live job" in stray["reason"]
+        assert "init (pid 1)" in stray["reason"]
+
+        (outcome,) = jw.json("orphans", "--kill", "--grace", "5s")
+        assert (outcome["pid"], outcome["ended_by"]) == (orphan, "SIGTERM")
+        wait_pid_gone(orphan, timeout_s=10)
+        assert owned.poll() is None and alive(desktop, start_time(desktop) or -1)

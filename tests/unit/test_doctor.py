@@ -95,15 +95,16 @@ def test_containment() -> None:
 @pytest.mark.parametrize(
     ("nvml", "driver", "status", "words"),
     [
-        (("no-module", "nvidia-ml-py not installed"), False, OK, "no NVIDIA driver"),
-        (("no-module", "nvidia-ml-py not installed"), True, WARN, "nvidia-ml-py not installed"),
-        (("unavailable", "NVML did not initialise"), True, WARN, "NVML could not be used"),
-        (("ok", "NVML works: 8 GPU(s)"), True, OK, "8 GPU(s)"),
+        (("no-module", "pynvml is not installed", "pip install nvidia-ml-py"), False, OK, "no NVIDIA driver"),
+        (("no-module", "pynvml is not installed", "pip install nvidia-ml-py"), True, WARN, "not installed"),
+        (("unavailable", "NVML cannot start", "reboot"), True, WARN, "NVML could not be used"),
+        (("ok", "NVML works: 8 GPU(s)", ""), True, OK, "8 GPU(s)"),
     ],
 )
-def test_nvml(nvml: tuple[str, str], driver: bool, status: str, words: str) -> None:
+def test_nvml(nvml: tuple[str, str, str], driver: bool, status: str, words: str) -> None:
     check = check_nvml(nvml, driver)
     assert check.status == status and words in check.message
+    assert check.fix == ("" if status == OK else nvml[2])
 
 
 def test_pidfd_exit_info_needs_6_15() -> None:
@@ -199,7 +200,7 @@ def facts(**changes: object) -> HostFacts:
         "gdb": Tool("/usr/bin/gdb", "GNU gdb 13.1"),
         "cgroup_disabled": False,
         "containment": "cgroup-v2 /sys/fs/cgroup/user.slice/jobwarden-1",
-        "nvml": ("no-module", "nvidia-ml-py not installed"),
+        "nvml": ("no-module", "pynvml is not installed", "pip install nvidia-ml-py"),
         "nvidia_driver": False,
         "kernel": (6, 18),
         "kernel_release": "6.18.0",
@@ -262,3 +263,9 @@ def test_the_text_report_puts_each_fix_under_its_check() -> None:
         lines[at + 1].strip() == "fix: pip install py-spy (into jobwarden's environment, or anywhere on PATH)"
     )
     assert lines[-1] == "no failures; 1 warning(s): jobwarden works, with the limits above"
+
+
+def test_in_the_initial_pid_namespace_nvml_pids_are_ours(tmp_path: Path) -> None:
+    from jobwarden.osapi.capabilities import in_initial_pid_namespace
+
+    assert in_initial_pid_namespace(str(tmp_path)) is False  # unreadable: assume a container

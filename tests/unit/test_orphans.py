@@ -66,9 +66,13 @@ def proc(
 
 
 def find(
-    store: Store, root: Path, gpu: list[GpuProcess] | None = None, exclude: tuple[int, ...] = ()
+    store: Store,
+    root: Path,
+    gpu: list[GpuProcess] | None = None,
+    exclude: tuple[int, ...] = (),
+    host_pids: bool = True,
 ) -> dict[int, str]:
-    strays = StrayFinder(store, ProcFS(root), NOW, exclude).find(gpu or [])
+    strays = StrayFinder(store, ProcFS(root), NOW, exclude, host_pids).find(gpu or [])
     return {s.pid: s.reason for s in strays}
 
 
@@ -231,10 +235,22 @@ def test_gpu_holders_with_a_live_parent_or_of_a_live_job_are_not_listed(store: S
     assert find(store, root, gpu) == {}
 
 
-def test_a_gpu_pid_naming_a_process_without_a_gpu_open_is_not_listed(store: Store, root: Path) -> None:
+def test_in_a_container_a_gpu_pid_naming_a_process_without_a_gpu_open_is_not_listed(
+    store: Store, root: Path
+) -> None:
     # NVML reports host pids; in a container the same number may name an unrelated process here
     proc(root, 60, ppid=1, opened=("/dev/null", "/home/ana/data.bin"))
-    assert find(store, root, [GpuProcess(0, 60, 5 << 30)]) == {}
+    proc(root, 61, ppid=1)  # this one has /dev/nvidia0 open: the holder NVML meant
+    gpu = [GpuProcess(0, 60, 5 << 30), GpuProcess(0, 61, 1 << 30)]
+    assert list(find(store, root, gpu, host_pids=False)) == [61]
+    assert list(find(store, root, gpu, host_pids=True)) == [60, 61]
+
+
+def test_a_graphics_only_gpu_process_is_never_a_stray(store: Store, root: Path) -> None:
+    proc(root, 60, ppid=1, comm="Xorg")
+    proc(root, 61, ppid=1)
+    gpu = [GpuProcess(0, 60, 1 << 28, kind="graphics"), GpuProcess(0, 61, 1 << 30, kind="compute+graphics")]
+    assert list(find(store, root, gpu)) == [61]
 
 
 def test_a_marked_stray_holding_gpu_memory_gets_it_added(store: Store, root: Path) -> None:

@@ -60,7 +60,7 @@ class HostFacts:
     gdb: Tool | None
     cgroup_disabled: bool
     containment: str | None  # what `run` would use: "cgroup-v1 /sys/fs/cgroup/memory/..." or None
-    nvml: tuple[str, str]  # ("ok"|"no-module"|"no-probe"|"unavailable", detail)
+    nvml: tuple[str, str, str]  # ("ok" | "no-module" | "unavailable", what was found, the fix)
     nvidia_driver: bool
     kernel: tuple[int, int]
     kernel_release: str
@@ -193,29 +193,21 @@ def check_containment(containment: str | None, disabled: bool) -> Check:
     )
 
 
-def check_nvml(nvml: tuple[str, str], driver: bool) -> Check:
+def check_nvml(nvml: tuple[str, str, str], driver: bool) -> Check:
     name = "GPU (NVML)"
-    status, detail = nvml
+    status, detail, fix = nvml
     if status == "ok":
         return Check(name, OK, detail)
     if not driver:
-        why = "nvidia-ml-py not installed" if status == "no-module" else detail
-        return Check(name, OK, f"no NVIDIA driver on this machine ({why}): GPU memory is not watched")
+        return Check(name, OK, f"no NVIDIA driver on this machine ({detail}): GPU memory is not watched")
     if status == "no-module":
         return Check(
             name,
             WARN,
-            "nvidia-ml-py not installed: GPU memory, utilisation and stray GPU holders are not watched",
-            "pip install nvidia-ml-py (into jobwarden's environment)",
+            f"{detail}: GPU memory, utilisation and stray GPU holders are not watched",
+            fix or "pip install nvidia-ml-py (into jobwarden's environment)",
         )
-    if status == "no-probe":
-        return Check(name, WARN, f"this jobwarden has no GPU probe ({detail})", "upgrade jobwarden")
-    return Check(
-        name,
-        WARN,
-        f"NVML could not be used: {detail}",
-        "check the driver with nvidia-smi; reboot after a driver upgrade",
-    )
+    return Check(name, WARN, f"NVML could not be used: {detail}", fix or "check that `nvidia-smi` works")
 
 
 def check_pidfd_exit(kernel: tuple[int, int], release: str, probe: tuple[bool | None, str]) -> Check:

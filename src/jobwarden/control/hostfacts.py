@@ -69,28 +69,29 @@ def probe_containment() -> str | None:
     return f"cgroup-v{cgroup.version} {cgroup.path}"
 
 
-def probe_nvml() -> tuple[str, str]:
-    try:
-        from jobwarden.probes import gpu  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        import importlib.util
+def probe_nvml() -> tuple[str, str, str]:
+    """(status, what was found, the fix): "ok", "no-module" (nvidia-ml-py missing) or "unavailable"."""
+    from jobwarden.probes.gpu import GpuProbe, try_open_gpu_probe
 
-        if importlib.util.find_spec("pynvml") is None:
-            return ("no-module", "nvidia-ml-py not installed")
-        return ("no-probe", "nvidia-ml-py is installed but this jobwarden has no GPU probe")
     try:
-        probe = gpu.open_gpu_probe()
+        probe = try_open_gpu_probe()
     except Exception as err:  # a broken driver must not break doctor
-        return ("unavailable", f"{type(err).__name__}: {err}")
-    if probe is None:
-        return ("unavailable", "NVML did not initialise (no driver, or no GPU visible here)")
+        return ("unavailable", f"{type(err).__name__}: {err}", "check that `nvidia-smi` works")
+    if not isinstance(probe, GpuProbe):
+        status = "no-module" if "not installed" in probe.reason else "unavailable"
+        return (status, probe.reason, probe.remedy)
     try:
-        devices = probe.devices() if hasattr(probe, "devices") else None
+        count = len(probe.devices())
+    except Exception as err:
+        return (
+            "unavailable",
+            f"NVML started but cannot list the GPUs: {err}",
+            "check that `nvidia-smi` works",
+        )
     finally:
-        if hasattr(probe, "close"):
-            probe.close()
-    count = f"{len(devices)} GPU(s)" if devices is not None else "GPUs visible"
-    return ("ok", f"NVML works: {count}")
+        probe.close()
+    where = "" if probe.source == "nvml" else f" ({probe.source})"
+    return ("ok", f"NVML works{where}: {count} GPU(s)", "")
 
 
 def find_interpreters() -> list[Interpreter]:

@@ -11,6 +11,7 @@ so between events the shim is single-threaded again (it forks the job's next att
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import socket
@@ -24,6 +25,7 @@ EVENTS = ("failed", "hung", "restarted", "succeeded")
 DEFAULT_TIMEOUT_S = 10.0
 _MAX_PENDING = 64  # a job restarting in a tight loop must not pile up threads' worth of work
 _MAX_RESPONSE = 1 << 16
+_CANCEL_WAIT_S = 6.0  # a cancelled hook is SIGKILLed and reaped within the shell runner's 5 s
 
 
 def event_payload(
@@ -102,6 +104,9 @@ class Notifier:
         self._queue: collections.deque[dict[str, object]] = collections.deque()
         self._worker: threading.Thread | None = None
         self._helpers: set[int] = set()
+        self._closed = False
+        # readable once `close` gives up: a running hook is killed then, so none outlives the shim
+        self._cancel: tuple[int, int] | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, object], log: Callable[[str], None]) -> Notifier:
@@ -119,6 +124,9 @@ class Notifier:
         if not self.active:
             return
         with self._lock:
+            if self._closed:
+                self.log(f"notify: closed; {event.get('event')!r} not delivered")
+                return
             if len(self._queue) >= _MAX_PENDING:
                 self.log(f"notify: {len(self._queue)} events still pending; dropped {event.get('event')!r}")
                 return
@@ -134,16 +142,29 @@ class Notifier:
             return set(self._helpers)
 
     def close(self, timeout_s: float) -> None:
-        """Wait up to `timeout_s` for pending deliveries; what is left is logged and abandoned."""
+        """Wait up to `timeout_s` for pending deliveries; what is left is logged and abandoned, and a
+        running --on-event command is killed (with its whole session)."""
         with self._lock:
             worker = self._worker
         if worker is not None:
             worker.join(timeout_s)
         with self._lock:
-            if self._worker is not None:
-                left = len(self._queue) + 1
-                self.log(f"notify: gave up waiting after {timeout_s:g}s; {left} event(s) not delivered")
-                self._queue.clear()
+            self._closed = True
+            gave_up = self._worker is not None
+            left = len(self._queue) + 1
+            self._queue.clear()
+            cancel, hook_running = self._cancel, bool(self._helpers)
+        if gave_up:
+            self.log(f"notify: gave up waiting after {timeout_s:g}s; {left} event(s) not delivered")
+        if gave_up and cancel is not None:
+            os.write(cancel[1], b"x")  # stays readable: a hook starting just now is cancelled at once
+            if worker is not None and hook_running:
+                worker.join(_CANCEL_WAIT_S)
+        if worker is not None and worker.is_alive():
+            return  # stuck in a POST (a daemon thread: it dies with us); it may still read the pipe
+        for fd in cancel or ():
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _work(self) -> None:
         while True:
@@ -173,6 +194,12 @@ class Notifier:
 
     def _run_hook(self, kind: str, body: bytes) -> None:
         env = {**self.env, "JOBWARDEN_EVENT": kind}
+        with self._lock:
+            if self._closed:
+                return  # given up on while the POST ran: start nothing more
+            if self._cancel is None:
+                self._cancel = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+            cancel_r = self._cancel[0]
         spawned: list[int] = []
 
         def started(pid: int) -> None:
@@ -181,7 +208,7 @@ class Notifier:
                 self._helpers.add(pid)
 
         try:
-            outcome = run_shell(self.command or "", body, self.timeout_s, env, started)
+            outcome = run_shell(self.command or "", body, self.timeout_s, env, started, cancel_r)
         finally:
             with self._lock:
                 self._helpers.difference_update(spawned)

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field, replace
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
 from jobwarden.control.views import refresh
-from jobwarden.errors import AccessDenied, JobNotFound, ProcessGone
+from jobwarden.errors import AccessDenied, JobNotFound, JobwardenError, ProcessGone
 from jobwarden.model import GpuProcess, JobState
+from jobwarden.osapi.capabilities import in_initial_pid_namespace
 from jobwarden.osapi.procfs import ProcFS, ProcStat
 from jobwarden.probes.markers import read_job_marks
 from jobwarden.store import JobRecord, RunRecord, Store
@@ -114,8 +115,16 @@ class StrayFinder:
     """One look at the machine against one store. `exclude`: pids never listed (the caller and its
     ancestors: `jobwarden orphans` run from inside a job must not list itself)."""
 
-    def __init__(self, store: Store, procfs: ProcFS, now: float, exclude: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        store: Store,
+        procfs: ProcFS,
+        now: float,
+        exclude: Iterable[int] = (),
+        host_pids: bool = True,
+    ) -> None:
         self.store, self.procfs, self.now = store, procfs, now
+        self.host_pids = host_pids  # False in a container: NVML's pids may name other processes here
         self.exclude = set(exclude)
         home = store.layout.home
         self._homes = {str(home), os.path.realpath(home)}
@@ -241,8 +250,10 @@ class StrayFinder:
 
     def _holds_a_gpu(self, pid: int) -> bool:
         """NVML names pids of the host's pid namespace: inside a container the same number may name an
-        unrelated process here. Only one with an NVIDIA device open is the holder NVML meant. Another
-        user's descriptors cannot be read: trust NVML then (ending it needs root, who can read them)."""
+        unrelated process here. There, only one with an NVIDIA device open is the holder NVML meant.
+        Another user's descriptors cannot be read: trust NVML then (ending it needs root, who can)."""
+        if self.host_pids:
+            return True
         try:
             return self.procfs.has_open_file(pid, "/dev/nvidia")
         except AccessDenied:
@@ -297,6 +308,8 @@ def _gpu_usage(processes: Sequence[GpuProcess]) -> dict[int, tuple[int | None, t
     """pid -> (bytes held on all GPUs, or None when NVML cannot tell; the GPU indexes)."""
     usage: dict[int, tuple[int | None, tuple[int, ...]]] = {}
     for p in processes:
+        if "compute" not in p.kind:
+            continue  # graphics only: a desktop's Xorg or compositor, never a job's leftover
         used, gpus = usage.get(p.pid, (None, ()))
         if p.used_bytes is not None:
             used = (used or 0) + p.used_bytes
@@ -311,18 +324,18 @@ def _with_gpu(stray: Stray, used: int | None, gpus: tuple[int, ...]) -> Stray:
 def gpu_processes() -> list[GpuProcess]:
     """The GPU holders NVML sees; [] when there is no GPU, no driver, or no GPU probe in this build."""
     try:
-        from jobwarden.probes.gpu import open_gpu_probe  # type: ignore[import-not-found,import-untyped,unused-ignore]
-    except ImportError:
+        from jobwarden.probes.gpu import open_gpu_probe
+    except ImportError:  # pragma: no cover - the probe ships with jobwarden; its binding is optional
         return []
     probe = open_gpu_probe()
     if probe is None:
         return []
     try:
-        return list(probe.processes())
+        return probe.processes()
+    except JobwardenError:  # NVML could not answer (a driver reload): the markers still find the rest
+        return []
     finally:
-        close = getattr(probe, "close", None)
-        if callable(close):
-            close()
+        probe.close()
 
 
 def self_and_ancestors(procfs: ProcFS, pid: int | None = None) -> set[int]:
@@ -343,4 +356,5 @@ def find_strays(
 ) -> list[Stray]:
     """Every stray on the machine, against `store`. `gpu`: the GPU holders (None: ask NVML)."""
     holders = gpu_processes() if gpu is None else gpu
-    return StrayFinder(store, procfs, now, self_and_ancestors(procfs)).find(holders)
+    finder = StrayFinder(store, procfs, now, self_and_ancestors(procfs), in_initial_pid_namespace())
+    return finder.find(holders)

@@ -19,6 +19,7 @@ CAP_SYS_PTRACE = 19  # include/uapi/linux/capability.h
 _PR_SET_PTRACER = 0x59616D61  # "Yama": the tracee names a process allowed to attach (and its descendants)
 _PTRACE_SEIZE = 0x4206  # attaches without stopping the tracee; the tracer's exit detaches it
 _PROBE_TIMEOUT_S = 10.0
+_PROC_PID_INIT_INO = 0xEFFFFFFC  # include/linux/proc_ns.h: the inode of the initial pid namespace
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
@@ -39,6 +40,14 @@ def yama_ptrace_scope(proc_root: str = "/proc") -> int | None:
         return int(Path(proc_root, "sys/kernel/yama/ptrace_scope").read_text().strip())
     except (OSError, ValueError):
         return None
+
+
+def in_initial_pid_namespace(proc_root: str = "/proc") -> bool:
+    """Are the pids we see the host's? NVML and the kernel log name processes by their host pid."""
+    try:
+        return os.stat(Path(proc_root, "self/ns/pid")).st_ino == _PROC_PID_INIT_INO
+    except OSError:
+        return False
 
 
 def has_capability(cap: int, proc_root: str = "/proc") -> bool:

@@ -51,10 +51,11 @@ def run_shell(
     timeout_s: float,
     env: dict[str, str],
     started: Callable[[int], None] = lambda pid: None,
+    cancel_fd: int | None = None,
 ) -> ShellOutcome:
     """`/bin/sh -c command` in a new session, `stdin` on its standard input; killed (the whole session)
-    after `timeout_s`. Its stdout and stderr are ours. `started` is told the shell's pid at once (the
-    shim must not mistake its own helper for a process of the job)."""
+    after `timeout_s`, or as soon as `cancel_fd` turns readable. Its stdout and stderr are ours.
+    `started` is told the shell's pid at once (the shim must not take its helper for the job's)."""
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     try:
         # posix_spawn (vfork + exec, no Python in the child) is safe on any thread of any process
@@ -79,10 +80,14 @@ def run_shell(
     deadline = time.monotonic() + timeout_s
     try:
         _feed(write_end, stdin, deadline)
-        if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        watched = [fd] if cancel_fd is None else [fd, cancel_fd]
+        ready = select.select(watched, [], [], max(0.0, deadline - time.monotonic()))[0]
+        if fd not in ready:
             _kill_session(fd, pid)
             select.select([fd], [], [], _AFTER_KILL_S)
             _collect(fd)
+            if ready:
+                return ShellOutcome(error="cancelled (its session was killed)")
             return ShellOutcome(timed_out=True)
         return _collect(fd)
     finally:

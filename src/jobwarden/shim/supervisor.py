@@ -95,6 +95,8 @@ class Supervisor:
         self.diag: Diagnoser | None = None
         self.restart_after_hang = False
         self.notifier = notifier
+        if notifier is not None:
+            self.tree.helpers = notifier.helper_pids
         self.oom_watch: OomWatch | None = None
         self.oom: OomEvidence | None = None
         self.mem_watchdog: MemoryWatchdog | None = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from jobwarden.errors import AccessDenied, ProcessGone
@@ -63,6 +64,8 @@ class JobTree:
         self._recorded: tuple[list[ProcessSnapshot], float] | None = None
         # start time of the job's first process: an older process cannot have inherited its markers
         self._job_born: int | None = None
+        # the shim's own helpers (--on-event hooks): its children too, in sessions of their own; never members
+        self.helpers: Callable[[], set[int]] = set
 
     def __len__(self) -> int:
         return len(self.members)
@@ -133,13 +136,18 @@ class JobTree:
             if full:
                 self._unmarked = {p: t for p, t in self._unmarked.items() if p in live}
             candidates = live - self._foreign
+        helpers = self.helpers()
+        for pid in helpers & set(self.members):  # seen in the instant between its spawn and its naming
+            self.drop(self.members[pid])
         fresh: dict[int, ProcStat] = {}
         for pid in candidates:
             if pid in self.members or pid == self.shim_pid:
                 continue
             raw = self._read_stat(pid)
             if raw:
-                fresh[pid] = parse_stat(raw.decode("utf-8", "replace"))
+                st = parse_stat(raw.decode("utf-8", "replace"))
+                if pid not in helpers and st.sid not in helpers:
+                    fresh[pid] = st
         added = []
         changed = True
         while changed:  # a child can be read before its parent: iterate to a fixed point
