@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
-from jobwarden.model import JobState
+from jobwarden.model import Frame, JobState, ProcessStack, ThreadStack
 
 if TYPE_CHECKING:  # kept off the import path of `run`, whose latency is measured
+    from jobwarden.control.dump import DumpResult
     from jobwarden.control.lifecycle import StopResult
     from jobwarden.control.views import JobView
     from jobwarden.store import RunRecord
@@ -168,3 +171,211 @@ def stop_report(result: StopResult) -> Iterator[str]:
     yield f"stopped job {run.job_id} (main process: {how})"
     for s in result.survivors:
         yield f"  still alive: pid {s.pid} ({one_line(s.cmdline)[:60]}): {s.reason}"
+
+
+# --- dump ---------------------------------------------------------------------------------------------
+
+_THREAD_STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "uninterruptible (D)",
+    "T": "stopped",
+    "t": "traced",
+    "Z": "zombie",
+    "X": "dead",
+    "I": "idle",
+}
+
+
+def dump_heading(result: DumpResult) -> str:
+    job, run = result.job, result.run
+    who = f"job {job.id} ({job.name}), run {run.n}"
+    when = iso(result.at)
+    if result.live:
+        took = f" in {result.elapsed_s:.2f}s" if result.elapsed_s is not None else ""
+        return f"{who} — {run.state}: stacks of {len(result.stacks)} process(es), taken {when}{took}"
+    return (
+        f"{who} has no live process ({how_it_ended(_run_end(run))}); these are the last stacks taken "
+        f"while it ran: {when}, by {result.trigger}"
+    )
+
+
+def _run_end(run: RunRecord) -> dict[str, Any]:
+    return {"state": str(run.state), "signal": run.signal, "exit_code": run.exit_code}
+
+
+def dump_report(result: DumpResult) -> Iterator[str]:
+    yield dump_heading(result)
+    if not result.stacks:
+        yield "  no live process"
+    for stack in result.stacks:
+        yield ""
+        yield from process_stack_lines(stack)
+
+
+def process_stack_lines(stack: ProcessStack) -> Iterator[str]:
+    """One process: what it is, how it was captured, then each thread innermost frame first. Idle threads
+    with the same stack are shown once; threads without frames (native-only threads) on one line."""
+    yield f"process {stack.pid}  {one_line(stack.cmdline)[:100]}"
+    if stack.method != "none":
+        yield f"  captured with {stack.method}"
+    if not stack.threads:
+        yield f"  no stack: {one_line(stack.error or 'unknown reason')}"
+        return
+    if stack.error:
+        yield f"  note: {one_line(stack.error)}"
+    shown, frameless = _group_threads(stack)
+    for thread, twins in shown:
+        yield f"  {_thread_label(thread)}"
+        for frame in thread.frames:
+            yield f"      {_frame_text(frame)}"
+        if twins:
+            yield f"    + {len(twins)} more idle thread(s) with this stack: " + ", ".join(
+                _thread_name(t) for t in twins
+            )
+    if frameless:
+        yield f"  {len(frameless)} thread(s) without Python frames: " + ", ".join(
+            f"{_thread_name(t)} {t.state or '?'}" for t in frameless
+        )
+
+
+def _group_threads(
+    stack: ProcessStack,
+) -> tuple[list[tuple[ThreadStack, list[ThreadStack]]], list[ThreadStack]]:
+    """Main thread first; idle threads sharing a stack folded into the first of them."""
+    ordered = sorted(stack.threads, key=lambda t: t.tid != stack.pid)
+    shown: list[tuple[ThreadStack, list[ThreadStack]]] = []
+    by_frames: dict[tuple[Frame, ...], list[ThreadStack]] = {}
+    frameless = []
+    for t in ordered:
+        if not t.frames:
+            frameless.append(t)
+            continue
+        if t.active is not True and t.frames in by_frames:
+            by_frames[t.frames].append(t)
+            continue
+        twins: list[ThreadStack] = []
+        if t.active is not True:
+            by_frames[t.frames] = twins
+        shown.append((t, twins))
+    return shown, frameless
+
+
+def _thread_name(t: ThreadStack) -> str:
+    parts = [str(t.tid)] if t.tid is not None else []
+    if t.name:
+        parts.append(f'"{one_line(t.name)}"')
+    return " ".join(parts) or "?"
+
+
+def _thread_label(t: ThreadStack) -> str:
+    status = []
+    if t.state:
+        status.append(_THREAD_STATES.get(t.state, t.state))
+    if t.active is not None:
+        status.append("active" if t.active else "idle")
+    return f"thread {_thread_name(t)}" + (f"  [{', '.join(status)}]" if status else "")
+
+
+def _frame_text(frame: Frame) -> str:
+    if frame.native:
+        where = os.path.basename(frame.file) if frame.line is None else f"{frame.file}:{frame.line}"
+        return f"{frame.function}  ({where or '?'})  [native]"
+    where = _short_path(frame.file) + (f":{frame.line}" if frame.line is not None else "")
+    return f"{frame.function}  ({where})" if where else frame.function
+
+
+_STDLIB_DIR = re.compile(r"/lib/python\d+\.\d+t?/")
+
+
+def _short_path(path: str) -> str:
+    """Library files by their import path (…/site-packages/torch/x.py -> torch/x.py); the job's own
+    files in full, so they can be opened as printed."""
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    stdlib = _STDLIB_DIR.search(path)
+    return path[stdlib.end() :] if stdlib else path
+
+
+def _age(seconds: object) -> str:
+    return format_duration(float(seconds)) if isinstance(seconds, int | float) else "-"
+
+
+def _job_cell(d: dict[str, Any]) -> str:
+    if d.get("job") is None:
+        return "-"
+    return f"{d['job']}/{d['run']}" if d.get("run") else str(d["job"])
+
+
+def orphans_table(strays: list[dict[str, Any]]) -> Iterator[str]:
+    """`jobwarden orphans`: one row per stray, then what to do about them."""
+    if not strays:
+        yield "no strays: every process jobwarden started belongs to a live job; no GPU memory is orphaned"
+        return
+    rows = [("PID", "USER", "AGE", "RSS", "GPU MEM", "JOB/RUN", "REASON", "COMMAND")]
+    for d in strays:
+        rows.append(
+            (
+                str(d["pid"]),
+                str(d["user"]),
+                _age(d.get("age_s")),
+                format_size(d.get("rss_bytes")),
+                format_size(d.get("gpu_memory_bytes")),
+                _job_cell(d),
+                one_line(str(d["reason"])),
+                one_line(str(d["command"]))[:60],
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        yield "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]])
+    yield ""
+    lost = sorted({d["job"] for d in strays if str(d["reason"]).startswith("supervisor of job")})
+    for job in lost:
+        yield f"job {job} lost its supervisor; to keep it running instead: jobwarden adopt {job}"
+    yield f"{len(strays)} stray process(es). End them with: jobwarden orphans --kill"
+
+
+def kill_report(outcomes: list[dict[str, Any]]) -> Iterator[str]:
+    """`jobwarden orphans --kill`: what became of each stray; those left, with why."""
+    if not outcomes:
+        yield "no strays: nothing to end"
+        return
+    left = [o for o in outcomes if not o["ended"]]
+    for o in outcomes:
+        what = f"{o['pid']} ({one_line(str(o['command']))[:60]})"
+        if not o["ended"]:
+            yield f"could not end {what}: {o['not_ended_because']}"
+        elif o["ended_by"] == "gone":
+            yield f"{what} had already exited"
+        else:
+            yield f"ended {what} with {o['ended_by']}"
+    yield ""
+    if left:
+        yield f"{len(outcomes) - len(left)} ended, {len(left)} still alive"
+    else:
+        yield f"all {len(outcomes)} ended"
+
+
+_STATUS_COLORS = {"ok": "32", "warn": "33", "fail": "31;1"}
+
+
+def doctor_report(report: dict[str, Any]) -> Iterator[str]:
+    """One line per check (status, name, what was found), its fix indented below, then a verdict."""
+    checks = report["checks"]
+    width = max(len(c["name"]) for c in checks)
+    for c in checks:
+        status = c["status"].ljust(4)
+        if not os.environ.get("NO_COLOR") and sys.stdout.isatty():
+            status = f"\033[{_STATUS_COLORS.get(c['status'], '0')}m{status}\033[0m"
+        yield f"{status}  {c['name'].ljust(width)}  {c['message']}"
+        if c["fix"] and c["status"] != "ok":
+            yield f"      {' ' * width}  fix: {c['fix']}"
+    yield ""
+    if report["failed"]:
+        yield f"{report['failed']} check(s) failed, {report['warnings']} warning(s)"
+    elif report["warnings"]:
+        yield f"no failures; {report['warnings']} warning(s): jobwarden works, with the limits above"
+    else:
+        yield "all checks passed"

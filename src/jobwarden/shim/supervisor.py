@@ -21,13 +21,16 @@ from typing import Any
 from jobwarden import config
 from jobwarden.clock import Clock
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
+from jobwarden.hooks import heartbeat_env, hook_env
 from jobwarden.model import EndReason, JobState, Survivor
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.cgroup import JobCgroup, cgroup_path, create_job_cgroup, find_job_cgroup
 from jobwarden.osapi.process import SpawnError, WaitStatus, reap_any, set_child_subreaper, spawn_job
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV
+from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, ensure_private_dir
+from jobwarden.shim.diagnosis import Diagnoser, Verdict
 from jobwarden.shim.tree import JobTree, Member, wait_readable
+from jobwarden.shim.watchdog import DEFAULT_HANG_TIMEOUT_S
 from jobwarden.store import JobRecord, Store
 from jobwarden.store.logfiles import LogWatcher
 
@@ -66,6 +69,8 @@ class Supervisor:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._disk_full = False
         self._pending_events: list[tuple[str, float, dict[str, Any]]] = []
+        self.diag: Diagnoser | None = None
+        self.restart_after_hang = False
 
     # --- starting ---------------------------------------------------------------------------------
 
@@ -77,32 +82,39 @@ class Supervisor:
         if os.environ.get(config.CGROUP_ENV, "auto") != "off":
             self.cgroup = create_job_cgroup(f"jobwarden-{self.pid}")
         self.tree.cgroup = self.cgroup
-        self.store.update_run(
-            self.job.id, self.run, shim_pid=self.pid, shim_start=shim_start, containment=self._containment()
-        )
-        env = {**os.environ, **self.job.env, **self.markers}
+        shim_fields: dict[str, Any] = {
+            "shim_pid": self.pid,
+            "shim_start": shim_start,
+            "containment": self._containment(),
+        }
+        env = self._job_env()
         try:
             pid = spawn_job(
                 list(self.job.command),
                 self.job.cwd,
                 env,
                 str(self.layout.output_log(self.job.id, self.run)),
-                str(self.cgroup.procs_file) if self.cgroup else None,
+                self._cgroup_join_file(),
             )
         except SpawnError as err:
+            self.store.update_run(self.job.id, self.run, **shim_fields)
             return self._spawn_failed(err, report_fd)
         self.main = self.tree.seed_child(pid)
+        self._start_diagnosis(pid)
         now = self.clock.wall()
-        # starting -> running: the pid is recorded before `run` returns
-        self.store.update_run(
+        # starting -> running: the pid is recorded (one transaction with the shim's own) before `run` returns
+        self.store.update_run_with_event(
             self.job.id,
             self.run,
+            "started",
+            now,
+            {"pid": pid, "containment": shim_fields["containment"]},
             state=JobState.RUNNING,
             pid=pid,
             pid_start=self.main.ident.start_time,
             started_at=now,
+            **shim_fields,
         )
-        self.store.add_event(self.job.id, self.run, "started", now, pid=pid, containment=self._containment())
         _report(report_fd, {"pid": pid, "state": "running"})
         self._arm_timeout()
         return self._supervise()
@@ -120,6 +132,7 @@ class Supervisor:
         if not self.tree.members:
             _report(report_fd, {"error": "no process of the job is alive any more", "exit_code": 1})
             return 1
+        self._start_diagnosis(record.pid)
         shim_start = self.procfs.stat(self.pid).start_time
         # lost -> running: supervised again
         self.store.update_run(
@@ -137,6 +150,35 @@ class Supervisor:
         _report(report_fd, {"pid": record.pid, "state": "running", "pids": pids})
         self._arm_timeout(since=record.started_at)
         return self._supervise()
+
+    def _cgroup_join_file(self) -> str | None:
+        """The file the job writes "0" to, between fork and exec, to join its cgroup. On v1, `tasks`
+        moves only the writing thread, which needs no global threadgroup lock; `cgroup.procs` takes it,
+        and its first taker in a while waits out an RCU grace period (10-20 ms of every `run`). The
+        child is single-threaded until exec, so its one thread is the whole process. v2 migrates
+        between domain cgroups only through cgroup.procs."""
+        if not self.cgroup:
+            return None
+        return str(self.cgroup.path / "tasks" if self.cgroup.version == 1 else self.cgroup.procs_file)
+
+    def _job_env(self) -> dict[str, str]:
+        """The user's environment and --env values, the markers, and the Python hooks (unless
+        --no-py-hooks): they load in every Python process of the job through PYTHONPATH."""
+        base = {**os.environ, **self.job.env}
+        heartbeat = self.layout.heartbeat_file(self.job.id, self.run)
+        if self.job.options.get("py_hooks", True):
+            py_dir = ensure_private_dir(self.layout.py_dir(self.job.id, self.run))
+            extra = hook_env(py_dir, heartbeat, self.pid, self.job.options.get("mp_start"), base)
+        else:
+            extra = heartbeat_env(heartbeat)
+        return {**base, **extra, **self.markers}
+
+    def _start_diagnosis(self, main_pid: int | None) -> None:
+        window = self.job.options.get("hang_timeout_s", DEFAULT_HANG_TIMEOUT_S)
+        self.diag = Diagnoser(
+            self.store, self.job, self.run, self.procfs, self.tree, window or None, self.clock.monotonic()
+        )
+        self.diag.main_pid = main_pid
 
     def _containment(self) -> str:
         if self.cgroup:
@@ -236,6 +278,7 @@ class Supervisor:
         for pid, raw in reap_any():
             self.statuses[pid] = raw
         ended: list[tuple[int, int, int | None]] = []
+        members: list[tuple[Member, int | None]] = []
         for member in self.tree.exited():
             status = self.statuses.pop(member.pid, None)
             if status is None:
@@ -249,10 +292,16 @@ class Supervisor:
                 self.main_status = status if status is not None else -1
                 self.main = None
             ended.append((member.pid, member.ident.start_time, status))
+            members.append((member, status))
         # forget statuses of pids we never tracked: their numbers may be reused by new members
         self.statuses = {p: s for p, s in self.statuses.items() if p in self.tree.members}
         if ended:
             self._safe_write(self.store.record_tree, self.job.id, self.run, self.clock.wall(), [], ended)
+        if members and self.diag and not self.stop:
+            main = self.main
+            self._act_on(
+                self.diag.on_exits(members, self.clock.wall(), self.clock.monotonic(), main),
+            )
         return ended
 
     def _non_child_status(self, member: Member) -> int | None:
@@ -271,6 +320,36 @@ class Supervisor:
         self.logs.index(now)
         self._check_disk(now)
         self._safe_write(self.store.record_tree, self.job.id, self.run, now, snaps, [])
+        if self.diag:
+            self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic(), None))
+
+    def _act_on(self, verdict: Verdict | None) -> None:
+        """Record what the diagnosis found; on a hang, apply --on-hang (dump: keep the job as it is)."""
+        if verdict is None:
+            return
+        now = self.clock.wall()
+        for finding in verdict.findings:
+            log(f"finding {finding.rule}: {finding.summary}")
+            self._safe_write(
+                self.store.add_event,
+                self.job.id,
+                self.run,
+                "finding",
+                now,
+                rule=finding.rule,
+                pids=finding.pids,
+            )
+        if not verdict.hung:
+            return
+        action = self.job.options.get("on_hang", "dump")
+        rules = [f.rule for f in verdict.findings]
+        self._safe_write(self.store.add_event, self.job.id, self.run, "hung", now, rules=rules, action=action)
+        if action in ("stop", "restart") and not self.stop:
+            # running -> stopping: the stacks are stored; end the hung run (and restart it, if asked)
+            self.stop = StopRequest(
+                EndReason.HUNG, float(self.job.options.get("grace_s", config.DEFAULT_GRACE_S))
+            )
+            self.restart_after_hang = action == "restart"
 
     def _check_disk(self, now: float) -> None:
         """Record when the log's filesystem fills up and when it has room again. The job's own writes fail

@@ -1,0 +1,90 @@
+"""`jobwarden dump JOB`: the stacks of every live process of a job, taken now and kept in the store.
+
+For a job that has ended there is nothing left to look at: the last stacks stored while it ran (by an
+earlier `dump`, or by the hang watchdog) are shown instead, said as such.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobwarden.clock import SystemClock
+from jobwarden.errors import JobwardenError
+from jobwarden.model import JobState, ProcessStack
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.probes.markers import find_marked, job_markers
+from jobwarden.probes.stacks import capture_stacks
+from jobwarden.store import JobRecord, RunRecord, Store
+
+DEFAULT_TIMEOUT_S = 5.0
+TRIGGER = "dump"
+
+
+@dataclass(frozen=True)
+class DumpResult:
+    job: JobRecord
+    run: RunRecord
+    at: float  # wall time the stacks were taken
+    trigger: str  # "dump" for this capture; for a stored one, whoever took it ("dump", "hang"...)
+    stacks: tuple[ProcessStack, ...]
+    live: bool  # False: the job is not running; these are the last stacks stored while it ran
+    elapsed_s: float | None = None  # how long the capture took (live only)
+
+    def to_json(self) -> list[dict[str, object]]:
+        return [s.to_json() for s in self.stacks]
+
+
+def dump_job(
+    home: Path, procfs: ProcFS, job_ref: str, *, native: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> DumpResult:
+    """Capture and store the stacks of the job's live processes; for an ended job, the last stored."""
+    from jobwarden.control.views import refresh  # views pulls in cgroup code: only when dumping
+
+    with Store(home) as store:
+        job = store.job(job_ref)
+        run = refresh(store, procfs, job, store.run(job.id))
+        pids = _live_pids(store, procfs, job, run)
+        py_dir = store.layout.py_dir(job.id, run.n)
+        if not pids:
+            return _last_stored(store, job, run)
+    # The store is closed while the tools run: a capture may take seconds, and holds no lock meanwhile.
+    started, at = time.monotonic(), SystemClock().wall()
+    stacks = capture_stacks(pids, procfs=procfs, py_dir=py_dir, native=native, timeout_s=timeout_s)
+    elapsed = time.monotonic() - started
+    with Store(home) as store:
+        store.add_stacks(job.id, run.n, at, TRIGGER, stacks)
+    return DumpResult(job, run, at, TRIGGER, tuple(stacks), live=True, elapsed_s=elapsed)
+
+
+def _live_pids(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord) -> list[int]:
+    """The run's processes alive now, main process first, then in order of start. The shim's records are
+    joined by a marker scan: a child forked since the shim's last tick is not recorded yet."""
+    from jobwarden.control.views import live_processes
+
+    if run.state.is_ended:
+        return []
+    found = {p.pid: p.start_time for p in live_processes(store, procfs, job, run)}
+    exclude = {run.shim_pid} if run.shim_pid else set()
+    markers = job_markers(str(store.layout.home), job.id, run.n)
+    for st in find_marked(procfs, markers, exclude=exclude):
+        found.setdefault(st.pid, st.start_time)
+    found.pop(run.shim_pid or -1, None)
+    return sorted(found, key=lambda pid: (pid != run.pid, found[pid], pid))
+
+
+def _last_stored(store: Store, job: JobRecord, run: RunRecord) -> DumpResult:
+    dumps = store.stacks(job.id, run.n)
+    if dumps:
+        last = dumps[-1]
+        return DumpResult(job, run, last.at, last.trigger, last.stacks, live=False)
+    if run.state.is_ended or run.state == JobState.LOST:
+        raise JobwardenError(
+            f"job {job.id} is {run.state}: no process of it is left, and no stacks were taken while it ran",
+            f"`jobwarden explain {job.id}` tells how it ended; stacks can only be taken from a running job",
+        )
+    raise JobwardenError(
+        f"job {job.id} is {run.state} but none of its processes is alive right now",
+        f"try again in a moment, or see `jobwarden status {job.id}`",
+    )

@@ -1,0 +1,82 @@
+"""Run an outside diagnostic tool (py-spy, gdb) with a hard deadline: killed and reaped when it overruns.
+
+A tool that attaches to a process can block for ever (ptrace waits on a thread in D state), so every run
+has a deadline, and a tool that overruns is killed with its whole process group and reaped before we
+return: nothing of it is left behind, whatever it was waiting for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from jobwarden.errors import OsApiError
+
+_DRAIN_AFTER_KILL_S = 5.0  # SIGKILL ends it at once; this only bounds reading what it had written
+
+
+class ToolUnavailable(OsApiError):
+    """The tool could not be started at all (missing, not executable)."""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    returncode: int | None  # None: killed at the deadline
+    stdout: bytes
+    stderr: bytes
+    elapsed_s: float
+
+    @property
+    def timed_out(self) -> bool:
+        return self.returncode is None
+
+
+def run_tool(argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None) -> ToolResult:
+    """Run `argv` to completion or until `timeout_s` has passed, whichever comes first.
+
+    Thread-safe: callers run many at once. The tool gets its own session, so the kill reaches anything
+    it started and no terminal signal (Ctrl-C in the CLI) is delivered to it twice."""
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(env) if env is not None else None,
+            start_new_session=True,
+        )
+    except OSError as error:
+        raise ToolUnavailable(f"cannot run {argv[0]}: {error.strerror}") from error
+    try:
+        out, errs = proc.communicate(timeout=max(timeout_s, 0.0))
+        return ToolResult(proc.returncode, out, errs, time.monotonic() - started)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        try:
+            out, errs = proc.communicate(timeout=_DRAIN_AFTER_KILL_S)
+        except subprocess.TimeoutExpired:  # a grandchild that left the group holds the pipe open
+            out, errs = b"", b""
+            proc.kill()
+            proc.wait()
+        return ToolResult(None, out or b"", errs or b"", time.monotonic() - started)
+    finally:
+        if proc.returncode is None:  # an exception (KeyboardInterrupt) between start and reap
+            _kill_group(proc)
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream:
+                stream.close()
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    # Our unreaped child: its pid (and so its process group id) cannot have been reused yet.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()

@@ -1,0 +1,172 @@
+"""The faulthandler fallback: ask a job's Python process to write its own stacks, without ptrace.
+
+jobwarden's Python hook registers `faulthandler` on a signal in every Python process of a job
+(`faulthandler.register(sig, file=..., all_threads=True)`) and advertises it in `<py_dir>/<pid>.json`:
+
+    {"pid": int, "start_time": int, "python": str, "executable": str, "fault_signal": int,
+     "fault_file": str, "ptracer": bool, "mp_start": str | null}
+
+faulthandler's handler is C code that needs neither the GIL nor a healthy interpreter, so it answers even
+when the process is deadlocked in C. The signal is sent only to a process whose advert matches its live
+identity (pid *and* start time): to anything else (a reused pid, a process without the hook) the same
+signal's default action would be death.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobwarden.errors import AccessDenied, ProcessGone
+from jobwarden.model import Frame, ThreadStack
+from jobwarden.osapi import pidfd as pidfds
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.probes.stackbase import CaptureError, Deadline, Failure
+
+_POLL_S = 0.01
+_SETTLED_POLLS = 3  # the handler writes in many small write()s: done once the size holds still this long
+_MAX_READ = 4 << 20  # 100 threads x 100 frames of long paths stay far below this
+
+
+@dataclass(frozen=True)
+class Advert:
+    pid: int
+    start_time: int
+    python: str
+    executable: str
+    fault_signal: int
+    fault_file: Path
+    ptracer: bool = False
+    mp_start: str | None = None
+
+
+def read_advert(py_dir: Path | None, pid: int) -> Advert | None:
+    """The advert a process left, or None (no hook, unreadable, or not in the expected shape)."""
+    if py_dir is None:
+        return None
+    try:
+        d = json.loads((py_dir / f"{pid}.json").read_text())
+        advert = Advert(
+            pid=int(d["pid"]),
+            start_time=int(d["start_time"]),
+            python=str(d.get("python") or ""),
+            executable=str(d.get("executable") or ""),
+            fault_signal=int(d["fault_signal"]),
+            fault_file=Path(d["fault_file"]),
+            ptracer=bool(d.get("ptracer")),
+            mp_start=d.get("mp_start"),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return advert if advert.pid == pid and advert.fault_signal > 0 else None
+
+
+def request_dump(advert: Advert, procfs: ProcFS, deadline: Deadline) -> tuple[ThreadStack, ...]:
+    """Signal the process to dump and read what it appends to its fault file. Raises CaptureError."""
+    if not procfs.identity_matches(advert.pid, advert.start_time):
+        raise CaptureError(
+            Failure.FAILED,
+            "its faulthandler advert belongs to an earlier process with this pid: not signalled",
+        )
+    before = _size(advert.fault_file)
+    _signal(advert, procfs)
+    text = _wait_for_dump(advert.fault_file, before, deadline)
+    threads = parse_faulthandler(text)
+    if not threads:
+        raise CaptureError(Failure.FAILED, f"faulthandler wrote nothing readable to {advert.fault_file}")
+    return threads
+
+
+def _signal(advert: Advert, procfs: ProcFS) -> None:
+    """Through a pidfd opened *before* the last identity check: the signal cannot reach a reused pid."""
+    try:
+        fd = pidfds.open_pidfd(advert.pid)
+    except ProcessGone as err:
+        raise CaptureError(Failure.GONE, "the process exited before it could be asked to dump") from err
+    try:
+        if not procfs.identity_matches(advert.pid, advert.start_time):
+            raise CaptureError(Failure.GONE, "the process exited before it could be asked to dump")
+        if not pidfds.send_signal(fd, advert.pid, advert.fault_signal):
+            raise CaptureError(Failure.GONE, "the process exited before it could be asked to dump")
+    except AccessDenied as err:
+        raise CaptureError(Failure.DENIED, f"not allowed to signal it: {err.message}") from err
+    finally:
+        pidfds.close(fd)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _wait_for_dump(path: Path, before: int, deadline: Deadline) -> str:
+    """The bytes appended after `before`, once they stop growing; CaptureError at the deadline."""
+    size, still = before, 0
+    while still < _SETTLED_POLLS or size == before:
+        if deadline.expired:
+            if size > before:
+                break  # a dump that was still being written: take what is there
+            raise CaptureError(
+                Failure.TIMEOUT,
+                f"faulthandler wrote nothing to {path} before the deadline (every thread may be blocked "
+                "in the kernel, or the signal is blocked)",
+            )
+        time.sleep(_POLL_S)
+        now = _size(path)
+        still = still + 1 if now == size else 0
+        size = now
+    with open(path, "rb") as fh:
+        fh.seek(before)
+        return fh.read(min(size - before, _MAX_READ)).decode("utf-8", "replace")
+
+
+# CPython's faulthandler text (Python/traceback.c), unchanged in form from 3.3 to 3.13:
+#   Thread 0x00007f... (most recent call first):
+#     File "/path/x.py", line 12 in worker
+#   Current thread 0x00007f... (most recent call first):
+#   Stack (most recent call first):            <- all_threads=False
+# Other lines: "  <no Python frame>", "  ...", "  <truncated rest of calls>", "line ???" for an unknown line.
+# Newer versions may name the thread ("Thread 0x... [name] (most recent...)"): accepted.
+_HEADER = re.compile(
+    r"^(?:(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[(?P<name>[^\]]*)\])?|Stack)"
+    r" \(most recent call first\):$"
+)
+_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+|\?\?\?) in (?P<func>.*)$')
+
+
+def parse_faulthandler(text: str) -> tuple[ThreadStack, ...]:
+    """faulthandler's dump -> ThreadStacks, innermost first. faulthandler names threads by their pthread
+    id, not the kernel tid, so `tid` stays None and the id goes into `name`, as `0x...` (or the thread's
+    name where the Python version writes it). Only the first dump in `text` is taken."""
+    threads: list[ThreadStack] = []
+    name: str | None = None
+    frames: list[Frame] = []
+    seen: set[str] = set()
+
+    def close() -> None:
+        if name is not None:
+            threads.append(ThreadStack(tid=None, name=name, frames=tuple(frames)))
+
+    for line in text.splitlines():
+        header = _HEADER.match(line.rstrip())
+        if header:
+            ident = header.group(2) or "stack"
+            if ident in seen:  # a second dump appended meanwhile
+                break
+            close()
+            seen.add(ident)
+            name, frames = header.group("name") or ident, []
+            continue
+        frame = _FRAME.match(line)
+        if frame and name is not None:
+            lineno = frame.group("line")
+            frames.append(
+                Frame(frame.group("func"), frame.group("file"), int(lineno) if lineno.isdigit() else None)
+            )
+    close()
+    return tuple(threads)
