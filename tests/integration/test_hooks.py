@@ -460,3 +460,19 @@ def test_the_hooks_import_nothing_heavy(job: Job) -> None:
     declared = {"ctypes"} if yama.exists() and yama.read_text().strip() == "1" else set()  # for the prctl
     assert hooked - baseline <= declared
     assert list((job.py_dir / ".cache").glob("hooks.cpython-*.code"))  # the next processes load it compiled
+
+
+def test_an_advert_outlives_an_exec_but_may_signal_knows(job: Job) -> None:
+    # The fault signal would kill it: after exec() the handler is gone, while the advert stays.
+    proc = job.start("""
+        import os
+        os.execv("/bin/sh", ["sh", "-c", "echo exec-ed; read line"])
+    """)
+    assert read_line(proc) == "exec-ed\n"
+    advert = read_adverts(job.py_dir)[proc.pid]
+    assert ProcFS().identity_matches(advert.pid, advert.start_time)
+    assert not may_signal(advert, ProcFS())
+    assert proc.stdin is not None
+    proc.stdin.write(b"\n")
+    proc.stdin.flush()
+    assert proc.wait(TIMEOUT_S) == 0

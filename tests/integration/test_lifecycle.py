@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from jobwarden.probes import fakenvml
 from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
 
 pytestmark = pytest.mark.integration
@@ -108,21 +109,11 @@ def test_a_memory_hog_is_ended_under_mem_limit(jw: Jobwarden, containment: str) 
 
 
 def fake_gpus(path: Path, holders: dict[int, list[int]]) -> None:
-    devices = [
-        {
-            "index": i,
-            "uuid": f"GPU-{i:08d}",
-            "name": "NVIDIA H100 80GB HBM3",
-            "memory_total": 80 << 30,
-            "memory_used": (5 << 30) if holders.get(i) else (1 << 20),
-            "utilization_gpu": 0,
-            "processes": [{"pid": pid, "used_memory": 5 << 30} for pid in holders.get(i, [])],
-        }
-        for i in range(4)
-    ]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"devices": devices}))
-    tmp.replace(path)
+    """Four fake GPUs (JOBWARDEN_FAKE_NVML), with `holders` listed as compute processes of 5 GiB each."""
+    devices = [fakenvml.device(i, name="NVIDIA H100 80GB HBM3") for i in range(4)]
+    for i, pids in holders.items():
+        devices[i]["compute"] = [{"pid": pid, "used": 5 << 30} for pid in pids]
+    fakenvml.write_state(path, {"devices": devices})
 
 
 def test_gpus_are_claimed_and_pinned(jw: Jobwarden, tmp_path: Path) -> None:
@@ -165,3 +156,26 @@ def test_two_jobs_never_claim_the_same_gpu(jw: Jobwarden, tmp_path: Path) -> Non
     write_fifo(fifos[1])  # blocks until the second job has been admitted and opened its FIFO
     jw("wait", str(second["id"]), check=True)
     assert jw.output(first["id"]).strip() == jw.output(second["id"]).strip() == "0,1,2"
+
+
+def test_gpu_memory_held_while_the_gpu_idles_is_named_gpu_idle(jw: Jobwarden, tmp_path: Path) -> None:
+    nvml = tmp_path / "nvml.json"
+    fake_gpus(nvml, {})
+    jw.env["JOBWARDEN_FAKE_NVML"] = str(nvml)
+    # a leftover loop: it holds 5 GiB on GPU 0 at 0% utilisation and keeps a CPU busy (so it is not "hung")
+    code = (
+        "import os, time\n"
+        "from jobwarden.probes import fakenvml\n"
+        f"fakenvml.hold({str(nvml)!r}, 0, os.getpid(), 5 << 30)\n"
+        "end = time.monotonic() + 120\n"
+        "while time.monotonic() < end:\n"
+        "    pass\n"
+    )
+    job = jw.start(PY, "-c", code, options=("--hang-timeout", "2s", "--grace", "1s"))
+    deadline = time.monotonic() + 60
+    while "gpu-idle" not in [f["rule"] for f in jw.status(job["id"])["findings"]]:
+        assert time.monotonic() < deadline, jw.status(job["id"])["findings"]
+        time.sleep(0.2)
+    finding = next(f for f in jw.status(job["id"])["findings"] if f["rule"] == "gpu-idle")
+    assert "GPU 0" in "\n".join(finding["evidence"]) or "GPU 0" in finding["summary"]
+    jw("stop", str(job["id"]), check=True)

@@ -49,6 +49,8 @@ def _diagnosis_options(args: argparse.Namespace) -> dict[str, Any]:
         options["hang_timeout_s"] = 0 if off else config.parse_duration(args.hang_timeout)
     if args.mp_start:
         options["mp_start"] = args.mp_start
+    if args.restart_delay is not None:
+        options["restart_delay_s"] = config.parse_duration(args.restart_delay)
     return options
 
 

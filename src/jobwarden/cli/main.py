@@ -96,6 +96,11 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
         help=f"restart at most N times (default {config.DEFAULT_MAX_RESTARTS}); alone, means on-failure",
     )
     run.add_argument(
+        "--restart-delay",
+        metavar="DUR",
+        help="the first restart's backoff, doubled for each next one up to 5m (default 1s)",
+    )
+    run.add_argument(
         "--gpus", metavar="N", help="wait for N free GPUs and run on them (sets CUDA_VISIBLE_DEVICES)"
     )
     run.add_argument(

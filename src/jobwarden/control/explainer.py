@@ -7,6 +7,8 @@ ended. A rule found live is not repeated; the order is the rules' root-cause-fir
 
 from __future__ import annotations
 
+import dataclasses
+
 from jobwarden.model import Finding, OomEvidence, ProcessDeath
 from jobwarden.osapi.process import WaitStatus
 from jobwarden.rules import RunEvidence, explain
@@ -22,7 +24,12 @@ def findings_for(store: Store, job: JobRecord, run: RunRecord) -> list[Finding]:
     now = explain(evidence_for(store, job, run))
     seen = {f.rule for f in live}
     merged = live + [f for f in now if f.rule not in seen]
-    return sorted(merged, key=lambda f: ORDER.index(f.rule) if f.rule in ORDER else len(ORDER))
+    ordered = sorted(merged, key=lambda f: ORDER.index(f.rule) if f.rule in ORDER else len(ORDER))
+    refusal = next((e for e in store.events(job.id, run.n) if e.kind == "not-restarted"), None)
+    if refusal and ordered:  # the restart policy's verdict belongs with the root cause it judged
+        first = ordered[0]
+        ordered[0] = dataclasses.replace(first, evidence=(*first.evidence, str(refusal.data.get("reason"))))
+    return ordered
 
 
 def evidence_for(store: Store, job: JobRecord, run: RunRecord) -> RunEvidence:

@@ -44,14 +44,13 @@ def start_shim(home: Path, job_id: int, run: int, mode: str) -> tuple[int, dict[
 
 
 def _shim_main(home: Path, job_id: int, run: int, mode: str, report_fd: int) -> int:
-    from jobwarden.shim.supervisor import Supervisor  # only the shim needs the loop
+    from jobwarden.shim.attempts import supervise_job  # only the shim needs the loop
 
     # Streams first: a CLI started with fd 0, 1 or 2 closed would otherwise hand one of those numbers to
     # the database, and the redirect would then close it under SQLite's feet.
     redirect_std_streams(str(Layout(home).shim_log(job_id, run)))
     store = Store(home)
-    supervisor = Supervisor(store, store.job(job_id), run, SystemClock(), ProcFS())
-    return supervisor.launch(report_fd) if mode == "launch" else supervisor.adopt(report_fd)
+    return supervise_job(store, store.job(job_id), run, SystemClock(), ProcFS(), report_fd, mode)
 
 
 def _read_report(fd: int, home: Path, job_id: int, run: int) -> dict[str, Any]:

@@ -24,8 +24,10 @@ the job runs it, so it is kept cheap: no json, re, threading or multiprocessing 
 
 from __future__ import annotations
 
+import _thread  # built in, like time: the fork hooks must not import anything inside fork()
 import os
 import sys
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # mypy only: typing costs every start-up a few milliseconds on 3.8
@@ -271,8 +273,6 @@ def frames_of(frame: FrameType | None, limit: int = FRAMES_PER_THREAD) -> list[d
 
 def fork_record(forking_frame: FrameType | None, at: float) -> dict[str, object] | None:
     """The forking thread's stack and every other thread's, or None when no other thread runs."""
-    import _thread
-
     me = _thread.get_ident()
     current = sys._current_frames()
     threading = sys.modules.get("threading")
@@ -313,9 +313,6 @@ def _before_fork() -> None:
     if job is None:
         return
     try:
-        import _thread
-        import time
-
         # Called from C by os.fork(): the frame below this one is the Python code that forks.
         at = time.time()
         record = fork_record(sys._getframe(1), at)
@@ -327,14 +324,8 @@ def _before_fork() -> None:
 
 
 def _after_fork_in_parent() -> None:
-    job = _job
-    if job is not None:
-        try:
-            import _thread
-
-            job.forks.pop(_thread.get_ident(), None)
-        except Exception:
-            pass
+    if _job is not None:
+        _job.forks.pop(_thread.get_ident(), None)
 
 
 def _after_fork_in_child() -> None:
@@ -342,8 +333,6 @@ def _after_fork_in_child() -> None:
     if job is None:
         return
     try:
-        import _thread
-
         # The forking thread is the child's only thread and keeps its ident.
         recorded = job.forks.pop(_thread.get_ident(), None)
         job.forks.clear()
