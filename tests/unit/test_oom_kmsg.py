@@ -173,3 +173,16 @@ def test_a_log_we_may_not_read_names_the_setting(tmp_path: Path, monkeypatch: py
     log = KernelLog(tmp_path / "kmsg")
     log.open_at_end()
     assert log.fd is None and log.error is not None and "dmesg_restrict" in log.error
+
+
+def test_a_flood_is_read_a_bounded_amount_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("jobwarden.probes.kmsg._READS_PER_CALL", 1)
+    saved = tmp_path / "kmsg"
+    saved.write_bytes(b"".join(f"6,{n},{n},-;driver chatter number {n:05d}\n".encode() for n in range(1000)))
+    log = KernelLog(saved)
+    log.open_after(None)
+    first = log.read_new()  # one read: 16 KiB, not the whole 39 KiB
+    assert 0 < len(first) < 1000
+    rest = log.read_new() + log.read_new()
+    assert [r.seq for r in first + rest] == list(range(1000))  # none lost or cut where a read ended
+    assert all(r.message.startswith("driver chatter number ") and len(r.message) == 27 for r in first + rest)

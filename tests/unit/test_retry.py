@@ -37,7 +37,7 @@ def policy(mode: str = "on-failure", max_restarts: int = 3, **kw: float) -> Rest
 # --- by mode ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("outcome", [EXIT1, KILLED, SEGV, TIMED_OUT, LOST])
+@pytest.mark.parametrize("outcome", [EXIT1, KILLED, SEGV, TIMED_OUT])
 def test_on_failure_restarts_a_failed_run(outcome: AttemptOutcome) -> None:
     decision = decide(policy("on-failure"), [outcome])
     assert decision.restart is True
@@ -79,6 +79,16 @@ def test_no_restarts_nothing(outcome: AttemptOutcome) -> None:
 def test_never_after_jobwarden_stop(mode: str, outcome: AttemptOutcome) -> None:
     decision = decide(policy(mode), [outcome])
     assert decision.restart is False and "jobwarden stop" in decision.reason
+
+
+@pytest.mark.parametrize("mode", ["no", "on-failure", "always"])
+def test_never_a_lost_run_whose_processes_may_still_run(mode: str) -> None:
+    decision = decide(policy(mode), [LOST])
+    assert decision.restart is False and "jobwarden adopt" in decision.reason
+
+
+def test_a_lost_run_before_the_last_one_does_not_matter() -> None:
+    assert decide(policy(), [LOST, EXIT1]).restart is True
 
 
 @pytest.mark.parametrize("mode", ["on-failure", "always"])
@@ -242,6 +252,21 @@ def test_the_mode_table(mode: str, outcome: AttemptOutcome) -> None:
     }
     name = {OK: "OK", EXIT1: "EXIT1", STOPPED: "STOPPED", HUNG: "HUNG"}[outcome]
     assert decide(policy(mode), [outcome]).restart is expected[(mode, name)]
+
+
+# --- from the job's options -----------------------------------------------------------------------------
+
+
+def test_the_policy_of_a_jobs_options() -> None:
+    from jobwarden.control.launch import memory_and_restart_options
+
+    options = {"timeout_s": None, **memory_and_restart_options(None, "always", "5")}
+    assert RestartPolicy.from_options(options) == RestartPolicy("always", 5, 1.0, 300.0)
+
+
+def test_a_job_recorded_before_restarts_existed_never_restarts() -> None:
+    old = RestartPolicy.from_options({"timeout_s": None, "grace_s": 10.0})
+    assert old.mode == "no" and decide(old, [EXIT1]).restart is False
 
 
 # --- bad input ------------------------------------------------------------------------------------------

@@ -9,10 +9,11 @@ Like systemd's Restart=on-failure, a run ended by the time limit or the hang wat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from jobwarden.config import RESTART_MODES
+from jobwarden import config
 
 _SHELL_CANNOT_RUN = {126: "found but not executable", 127: "command not found"}  # POSIX shell statuses
 
@@ -25,10 +26,21 @@ class RestartPolicy:
     cap_s: float = 300.0
 
     def __post_init__(self) -> None:
-        if self.mode not in RESTART_MODES:
-            raise ValueError(f"restart mode must be one of {RESTART_MODES}, not {self.mode!r}")
+        if self.mode not in config.RESTART_MODES:
+            raise ValueError(f"restart mode must be one of {config.RESTART_MODES}, not {self.mode!r}")
         if self.max_restarts < 0 or self.backoff_base_s < 0 or self.cap_s < 0:
             raise ValueError("max_restarts, backoff_base_s and cap_s must not be negative")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> RestartPolicy:
+        """The policy stored in a job's options ("restart", "max_restarts"; launch.py writes them). Jobs
+        recorded before these options existed never restart."""
+        return cls(
+            str(options.get("restart") or "no"),
+            int(options.get("max_restarts", config.DEFAULT_MAX_RESTARTS)),
+            config.RESTART_BACKOFF_BASE_S,
+            config.RESTART_BACKOFF_CAP_S,
+        )
 
     def backoff_s(self, restart: int) -> float:
         """Delay before restart number `restart` (1 for the first): base * 2^(k-1), capped."""
@@ -109,6 +121,11 @@ def decide(policy: RestartPolicy, history: Sequence[AttemptOutcome]) -> RestartD
 def _never(last: AttemptOutcome) -> str | None:
     if last.stopped_by_user or last.state == "stopped" or last.end_reason == "stopped":
         return "stopped with `jobwarden stop`: a stopped job is never restarted"
+    if last.state == "lost":
+        return (
+            "the run's supervisor died before it ended, so its processes may still be running: not "
+            "restarted (`jobwarden adopt` watches them again)"
+        )
     if last.end_reason == "spawn-failed":
         return (
             f"the command could not be started (exit {last.exit_code}); it would fail the same way again: "
