@@ -136,6 +136,8 @@ def test_a_job_waits_queued_for_gpus_and_says_who_holds_them(jw: Jobwarden, tmp_
     status = jw.status(job["id"])
     assert status["state"] == "queued"
     assert f"pid {os.getpid()}" in status["queued_reason"]
+    stray = next(f for f in status["findings"] if f["rule"] == "stray-gpu-process")  # preflight
+    assert os.getpid() in stray["pids"]
     fake_gpus(nvml, {i: [os.getpid()] for i in range(3)})  # GPU 3 is freed
     assert read_fifo(fifo).strip() == "3"
     assert jw("wait", str(job["id"])).returncode == 0

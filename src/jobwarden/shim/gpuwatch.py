@@ -5,10 +5,12 @@ loop kept 5 GiB for days."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 from jobwarden.model import GpuDevice, GpuProcess
-from jobwarden.probes.gpu import GpuProbe, GpuProbeError, JobGpuUsage, job_gpu_usage
+from jobwarden.probes.fakenvml import FAKE_NVML_ENV
+from jobwarden.probes.gpu import GpuProbe, GpuProbeError, JobGpuUsage, job_gpu_usage, try_open_gpu_probe
 
 SAMPLE_EVERY_S = 5.0  # NVML calls cost milliseconds each; utilisation is itself an average over ~1 s
 IDLE_PERCENT = 5.0
@@ -53,3 +55,12 @@ class GpuWatch:
 
     def close(self) -> None:
         self.probe.close()
+
+
+def open_gpu_watch(claimed: bool) -> GpuWatch | None:
+    """NVML is asked only for jobs that claimed GPUs or on machines with an NVIDIA driver: importing and
+    initialising it costs the shim tens of milliseconds, for nothing on a CPU-only machine."""
+    if not (claimed or os.path.exists("/dev/nvidiactl") or FAKE_NVML_ENV in os.environ):
+        return None
+    probe = try_open_gpu_probe()
+    return GpuWatch(probe) if isinstance(probe, GpuProbe) else None

@@ -20,9 +20,9 @@ from typing import Any
 
 from jobwarden import config
 from jobwarden.clock import Clock
-from jobwarden.control.gpus import GpuRequest, describe_wait, try_admit
+from jobwarden.control.gpus import GpuRequest
 from jobwarden.control.notify import Notifier
-from jobwarden.errors import AccessDenied, JobwardenError, ProcessGone, StoreError
+from jobwarden.errors import AccessDenied, ProcessGone, StoreError
 from jobwarden.hooks import heartbeat_env, hook_env
 from jobwarden.model import EndReason, JobState, OomEvidence, Survivor
 from jobwarden.osapi import pidfd as pidfds
@@ -30,12 +30,9 @@ from jobwarden.osapi.cgroup import JobCgroup, cgroup_path, create_job_cgroup, fi
 from jobwarden.osapi.process import SpawnError, WaitStatus, reap_any, set_child_subreaper, spawn_job
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, ensure_private_dir
-from jobwarden.probes.fakenvml import FAKE_NVML_ENV
-from jobwarden.probes.gpu import GpuProbe, try_open_gpu_probe
-from jobwarden.probes.memory import MemoryWatchdog, tree_memory
-from jobwarden.probes.oom import OomWatch
 from jobwarden.shim.diagnosis import Diagnoser, Verdict
-from jobwarden.shim.gpuwatch import GpuWatch
+from jobwarden.shim.gpuwatch import open_gpu_watch
+from jobwarden.shim.resources import GpuQueue, MemoryGuard
 from jobwarden.shim.tree import JobTree, Member, wait_readable
 from jobwarden.shim.watchdog import DEFAULT_HANG_TIMEOUT_S
 from jobwarden.store import JobRecord, Store
@@ -97,9 +94,8 @@ class Supervisor:
         self.notifier = notifier
         if notifier is not None:
             self.tree.helpers = notifier.helper_pids
-        self.oom_watch: OomWatch | None = None
+        self.memory = MemoryGuard(None, None, procfs, log)  # launch() sets the real one
         self.oom: OomEvidence | None = None
-        self.mem_watchdog: MemoryWatchdog | None = None
         self.gpu_env: dict[str, str] = {}
         self.spawn_failed = False
 
@@ -113,7 +109,7 @@ class Supervisor:
         if os.environ.get(config.CGROUP_ENV, "auto") != "off":
             self.cgroup = create_job_cgroup(f"jobwarden-{self.pid}")
         self.tree.cgroup = self.cgroup
-        self._limit_memory()
+        self.memory = MemoryGuard(self.cgroup, self.job.options.get("mem_limit_bytes"), self.procfs, log)
         shim_fields: dict[str, Any] = {
             "shim_pid": self.pid,
             "shim_start": shim_start,
@@ -126,8 +122,7 @@ class Supervisor:
                 return self._end_unstarted()
             if reported:
                 report_fd = -1  # answered already: the run was queued
-        self.oom_watch = OomWatch(self.cgroup)
-        self.oom_watch.baseline()
+        self.memory.start()
         env = self._job_env()
         try:
             pid = spawn_job(
@@ -234,59 +229,26 @@ class Supervisor:
             extra = heartbeat_env(heartbeat)
         return {**base, **extra, **self.gpu_env, **self.markers}
 
-    def _limit_memory(self) -> None:
-        """--mem-limit: the cgroup's own limit where it has a memory controller (the kernel's OOM killer
-        enforces it and counts its kills); else jobwarden's watchdog over the tree's memory."""
-        limit = self.job.options.get("mem_limit_bytes")
-        if not limit:
-            return
-        if self.cgroup and self.cgroup.has_memory_controller:
-            try:
-                self.cgroup.set_memory_limit(int(limit))
-                return
-            except JobwardenError as err:
-                log(f"cannot set the cgroup memory limit ({err.message}); watching the tree instead")
-        self.mem_watchdog = MemoryWatchdog(int(limit))
-
     def _wait_for_gpus(self, report_fd: int) -> tuple[bool, bool]:
-        """queued -> starting once enough GPUs are free and claimed (atomically against other jobs). The
-        CLI is answered after the first try: `running` if it got them at once, else `queued`, and
-        `status` shows what the run waits for. Returns (admitted, answered the CLI): not admitted when it
-        was stopped, or can never run here."""
+        """queued -> starting once enough GPUs are free and claimed. The CLI is answered after the first
+        try: `running` if it got them at once, else `queued`. Returns (admitted, answered the CLI): not
+        admitted when it was stopped, or can never run here."""
         request = GpuRequest.from_options(self.job.options)
         assert request is not None
-        probe = try_open_gpu_probe()
+        queue = GpuQueue(self.store, self.job, self.run, self.procfs, self.clock, request)
         reported = False
         while True:
-            admission = try_admit(
-                self.store,
-                self.job.id,
-                self.run,
-                probe,
-                None if request.ids else request.count,
-                request.ids,
-                now=self.clock.wall(),
-                procfs=self.procfs,
-            )
+            admission = queue.try_claim()
             if admission.admitted:
                 self.gpu_env = admission.env
-                self.store.update_run(self.job.id, self.run, state=JobState.STARTING, queued_reason=None)
-                self.store.add_event(
-                    self.job.id, self.run, "gpus-claimed", self.clock.wall(), gpus=list(admission.claimed)
-                )
+                queue.claimed(admission)
                 return True, reported
             if admission.impossible:
                 self.stop = StopRequest(EndReason.SPAWN_FAILED, 0)
                 self.store.update_run(self.job.id, self.run, error=admission.impossible)
                 _report(report_fd, {"error": admission.impossible, "exit_code": 1})
                 return False, True
-            self._safe_write(
-                self.store.update_run,
-                self.job.id,
-                self.run,
-                state=JobState.QUEUED,
-                queued_reason=describe_wait(admission),
-            )
+            queue.note_waiting(admission)
             if not reported:
                 _report(report_fd, {"pid": None, "state": "queued"})
                 reported = True
@@ -319,14 +281,7 @@ class Supervisor:
             self.store, self.job, self.run, self.procfs, self.tree, window or None, self.clock.monotonic()
         )
         self.diag.main_pid = main_pid
-        probe = try_open_gpu_probe() if self._watch_gpus() else None
-        if isinstance(probe, GpuProbe):
-            self.diag.gpu = GpuWatch(probe)
-
-    def _watch_gpus(self) -> bool:
-        """NVML is asked only for jobs that claimed GPUs or on machines that have a driver: importing and
-        initialising it costs the shim tens of milliseconds, and nothing on a CPU-only machine."""
-        return bool(self.gpu_env) or os.path.exists("/dev/nvidiactl") or FAKE_NVML_ENV in os.environ
+        self.diag.gpu = open_gpu_watch(claimed=bool(self.gpu_env))
 
     def _containment(self) -> str:
         if self.cgroup:
@@ -447,7 +402,7 @@ class Supervisor:
         if ended:
             self._safe_write(self.store.record_tree, self.job.id, self.run, self.clock.wall(), [], ended)
         if members and self.diag and not self.stop:
-            if self.oom_watch and any(status != 0 for _, status in members):
+            if any(status != 0 for _, status in members):
                 self._poll_oom(self.clock.wall())  # a worker's death may be the OOM killer's: know it first
             main = self.main
             self._act_on(
@@ -482,22 +437,17 @@ class Supervisor:
     def _watch_memory(self, snaps: list[Any], now: float) -> None:
         """OOM kills (counters, kernel log) and, without a cgroup limit, the --mem-limit watchdog."""
         self._poll_oom(now, [s.pid for s in snaps])
-        if self.mem_watchdog and not self.stop:
-            total = tree_memory(
-                self.procfs, [s.pid for s in snaps], exact_above=self.mem_watchdog.limit_bytes
-            )
-            if self.mem_watchdog.check(total):
-                limit = self.mem_watchdog.limit_bytes
-                log(f"--mem-limit: the tree uses {total} bytes, over {limit}: ending it")
-                self._record_oom(self.mem_watchdog.evidence(sorted(self.tree.members)), now)
-                # running -> stopping: SIGKILL at once, as the kernel's OOM killer would
-                self.stop = StopRequest(EndReason.MEM_LIMIT, 0.0)
+        over = None if self.stop else self.memory.over_limit([s.pid for s in snaps], list(self.tree.members))
+        if over:
+            log(f"--mem-limit: the tree uses {over.peak_bytes} bytes, over {over.limit_bytes}: ending it")
+            self._record_oom(over, now)
+            # running -> stopping: SIGKILL at once, as the kernel's OOM killer would
+            self.stop = StopRequest(EndReason.MEM_LIMIT, 0.0)
 
     def _poll_oom(self, now: float, pids: list[int] | None = None) -> None:
-        if self.oom_watch:
-            found = self.oom_watch.poll(pids)
-            if found is not None and found != self.oom:
-                self._record_oom(found, now)
+        found = self.memory.poll(pids)
+        if found is not None:
+            self._record_oom(found, now)
 
     def _record_oom(self, oom: OomEvidence, now: float) -> None:
         self.oom = oom
@@ -607,8 +557,7 @@ class Supervisor:
         self._safe_write(self.store.release_gpus, self.job.id, self.run)
         self._remove_cgroup()
         self.tree.close()
-        if self.oom_watch:
-            self.oom_watch.close()
+        self.memory.close()
         if self.diag and self.diag.gpu:
             self.diag.gpu.close()
         return 0
