@@ -436,7 +436,7 @@ class Supervisor:
 
     def _watch_memory(self, snaps: list[Any], now: float) -> None:
         """OOM kills (counters, kernel log) and, without a cgroup limit, the --mem-limit watchdog."""
-        self._poll_oom(now, [s.pid for s in snaps])
+        self._poll_oom(now)
         over = None if self.stop else self.memory.over_limit([s.pid for s in snaps], list(self.tree.members))
         if over:
             log(f"--mem-limit: the tree uses {over.peak_bytes} bytes, over {over.limit_bytes}: ending it")
@@ -444,8 +444,8 @@ class Supervisor:
             # running -> stopping: SIGKILL at once, as the kernel's OOM killer would
             self.stop = StopRequest(EndReason.MEM_LIMIT, 0.0)
 
-    def _poll_oom(self, now: float, pids: list[int] | None = None) -> None:
-        found = self.memory.poll(pids)
+    def _poll_oom(self, now: float) -> None:
+        found = self.memory.poll(sorted(self.tree.every_pid()))
         if found is not None:
             self._record_oom(found, now)
 

@@ -70,6 +70,11 @@ class JobTree:
     def __len__(self) -> int:
         return len(self.members)
 
+    def every_pid(self) -> set[int]:
+        """Every pid the run has had, the ended ones too: an OOM victim is dead by the time it is looked
+        for, and the kernel log names it by pid."""
+        return set(self.members) | {ident.pid for ident in self._ended}
+
     def add(self, st: ProcStat) -> Member | None:
         """Start tracking a process: open its pidfd first, then re-check its identity, so a pid that died
         and was reused between our read and the open is never mistaken for a member."""
