@@ -14,6 +14,14 @@ LOW_DISK_BYTES = 1 << 20
 # JOBWARDEN_CGROUP=off: contain by subreaper + /proc scanning only, as in a container without a writable
 # cgroup (also how the tests prove that path on machines where a cgroup is available)
 CGROUP_ENV = "JOBWARDEN_CGROUP"
+RESTART_MODES = ("no", "on-failure", "always")
+# --restart without --max-restarts: a few tries, never an endless loop (Ray's "infinite oom retries")
+DEFAULT_MAX_RESTARTS = 3
+RESTART_BACKOFF_BASE_S = 1.0
+RESTART_BACKOFF_CAP_S = 300.0
+# below this a --mem-limit is surely a forgotten unit ("--mem-limit 512" is 512 bytes): an interpreter
+# alone needs more
+MIN_MEM_LIMIT_BYTES = 4 << 20
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -88,3 +96,29 @@ def format_size(n: int | None) -> str:
             return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
         value /= 1024
     return f"{value:.1f}T"
+
+
+def parse_restart_mode(text: str) -> str:
+    """--restart: 'no', 'on-failure' or 'always' (any case)."""
+    mode = text.strip().lower()
+    if mode not in RESTART_MODES:
+        raise UsageError(f"bad --restart {text!r}", f"use one of: {', '.join(RESTART_MODES)}")
+    return mode
+
+
+def parse_count(text: str, what: str = "count") -> int:
+    """A whole number >= 0, e.g. --max-restarts 3."""
+    raw = text.strip()
+    if not raw.isdecimal():
+        raise UsageError(f"bad {what} {text!r}: must be a whole number, 0 or more", f"e.g. {what} 3")
+    return int(raw)
+
+
+def parse_mem_limit(text: str) -> int:
+    """--mem-limit: a size (parse_size) that is big enough to run anything at all."""
+    limit = parse_size(text)
+    if limit < MIN_MEM_LIMIT_BYTES:
+        raise UsageError(
+            f"--mem-limit {text} is only {format_size(limit)}", f"give a unit, e.g. {text.strip()}M or 8G"
+        )
+    return limit

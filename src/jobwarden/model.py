@@ -42,6 +42,8 @@ class EndReason(enum.StrEnum):
     STOPPED = "stopped"
     TIMEOUT = "timeout"
     SPAWN_FAILED = "spawn-failed"
+    HUNG = "hung"  # ended by --on-hang stop|restart after the stacks were stored
+    MEM_LIMIT = "mem-limit"  # ended by jobwarden's memory watchdog (no cgroup could enforce --mem-limit)
     UNKNOWN = "unknown"
 
 
@@ -156,6 +158,7 @@ class ThreadStack:
     frames: tuple[Frame, ...]
     state: str | None = None  # kernel state of the thread (R S D T t Z) when known
     active: bool | None = None  # py-spy's view: running Python code (vs idle in a wait)
+    owns_gil: bool | None = None  # py-spy's view: holds the GIL (stuck in C with it, it starves the rest)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -163,6 +166,7 @@ class ThreadStack:
             "name": self.name,
             "state": self.state,
             "active": self.active,
+            "owns_gil": self.owns_gil,
             "frames": [f.to_json() for f in self.frames],
         }
 
@@ -174,6 +178,7 @@ class ThreadStack:
             tuple(Frame.from_json(f) for f in d.get("frames", ())),
             d.get("state"),
             d.get("active"),
+            d.get("owns_gil"),
         )
 
 
@@ -232,6 +237,12 @@ class ProcessFacts:
     is_python: bool = False
     started_at: float | None = None  # wall clock
     is_main: bool = False
+    # per thread, in the order of thread_states (empty when not gathered): a D-state thread's own wait
+    # channel is the evidence, the process's wchan is only its main thread's
+    thread_ids: tuple[int, ...] = ()
+    thread_wchans: tuple[str, ...] = ()
+    state_for_s: float | None = None  # how long the process has been in `state`, over consecutive samples
+    stop_signal: str | None = None  # for state T, when known ("SIGTTIN": PTRACE_EVENT_STOP or py-spy's error)
 
 
 @dataclass(frozen=True)
@@ -275,4 +286,7 @@ class GpuProcess:
 
     gpu_index: int
     pid: int
-    used_bytes: int | None
+    used_bytes: int | None  # None: NVML cannot tell (WDDM, some containers); never guessed as 0
+    # "compute", "graphics" or "compute+graphics": a desktop's Xorg holding a little memory (graphics)
+    # must not make a GPU look taken by a job (compute)
+    kind: str = "compute"

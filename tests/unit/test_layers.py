@@ -28,7 +28,7 @@ LAYERS: list[set[str]] = [
     {"model", "errors"},
     {"config", "clock", "paths"},
     {"osapi"},
-    {"probes", "store", "rules"},
+    {"probes", "store", "rules", "hooks"},
     {"control", "shim"},
     {"cli"},
 ]

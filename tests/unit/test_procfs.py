@@ -472,3 +472,32 @@ def test_boot_time_without_btime_is_an_error(root: Path) -> None:
 def test_uid_is_the_owner_of_the_pid_directory(root: Path) -> None:
     d = add_process(root, 4665, CAPTURED_PYTHON_STAT)
     assert ProcFS(root).uid(4665) == d.stat().st_uid
+
+
+def test_io_chars_sums_rchar_and_wchar_of_a_real_process() -> None:
+    procfs = ProcFS()
+    before = procfs.io_chars(os.getpid())
+    assert before is not None
+    with open(os.devnull, "wb") as sink:
+        sink.write(b"x" * 100_000)
+    after = procfs.io_chars(os.getpid())
+    assert after is not None and after - before >= 100_000
+
+
+def test_thread_states_lists_every_thread() -> None:
+    import threading
+
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+    worker.start()
+    try:
+        states = ProcFS().thread_states(os.getpid())
+        assert len(states) >= 2 and all(s in "RSDT" for s in states)
+    finally:
+        stop.set()
+        worker.join()
+
+
+def test_exe_name_of_this_interpreter() -> None:
+    name = ProcFS().exe_name(os.getpid())
+    assert name is not None and name.startswith("python")

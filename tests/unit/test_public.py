@@ -13,7 +13,7 @@ import jobwarden
 from jobwarden.cli.main import build_parser, main
 
 EXPORTS = {
-    "jobwarden": ["__version__"],
+    "jobwarden": ["__version__", "heartbeat"],
     "jobwarden.store": ["JobRecord", "RunRecord", "Store"],
     "jobwarden.rules": ["RunEvidence", "explain"],
 }

@@ -130,7 +130,8 @@ def test_python_exception_names_the_last_of_chained_tracebacks() -> None:
 
 def test_python_exception_with_a_dotted_class_name() -> None:
     ev = evidence(state="failed", exit_code=1, end_reason="exited", log_tail=CUDA_OOM_TRACEBACK)
-    (f,) = explain(ev)
+    cuda, f = explain(ev)
+    assert cuda.rule == "cuda-oom"  # the cause first; the exception says where it surfaced
     assert f.rule == "python-exception"
     assert f.title == "Uncaught torch.cuda.OutOfMemoryError"
     assert f.summary.startswith("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00")
@@ -174,15 +175,32 @@ def test_broken_pipe() -> None:
 
 @pytest.mark.parametrize("sig", ["SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"])
 def test_native_crash(sig: str) -> None:
-    tail = ("Fatal Python error: Segmentation fault", "", "Current thread 0x00007f (most recent call first):")
+    tail = (
+        "Fatal Python error: Segmentation fault",
+        "",
+        "Current thread 0x00007f (most recent call first):",
+        '  File "/home/ana/ext.py", line 4 in read_null',
+        '  File "/home/ana/train.py", line 9 in <module>',
+        "",
+        "Extension modules: numpy.core._multiarray_umath (total: 1)",
+    )
     ev = evidence(state="failed", exit_code=None, signal=sig, end_reason="signalled", log_tail=tail)
     findings = explain(ev)
     assert rules_of(findings) == ["native-crash"]
     assert findings[0].severity == "critical"
-    assert sig in findings[0].title
-    assert "output: Fatal Python error: Segmentation fault" in findings[0].evidence
-    assert "output: " not in findings[0].evidence  # blank lines are not evidence
+    assert sig in findings[0].title and "read_null" in findings[0].title
+    assert "faulthandler: Segmentation fault" in findings[0].evidence
+    assert "  at read_null (/home/ana/ext.py:4)" in findings[0].evidence
+    assert "read_null (/home/ana/ext.py:4)" in findings[0].remedy
     assert_well_formed(findings)
+
+
+def test_native_crash_without_a_faulthandler_report_quotes_the_output() -> None:
+    tail = ("loading weights", "", "Segmentation fault (core dumped)")
+    ev = evidence(state="failed", exit_code=None, signal="SIGSEGV", end_reason="signalled", log_tail=tail)
+    (finding,) = explain(ev)
+    assert "output: Segmentation fault (core dumped)" in finding.evidence
+    assert "output: " not in finding.evidence  # blank lines are not evidence
 
 
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT"])

@@ -1,4 +1,6 @@
-"""One handler per subcommand: turn arguments into a control call and print what it returns."""
+"""One handler per subcommand: turn arguments into a control call and print what it returns.
+
+Each handler imports what it alone needs: `run` starts every job, and its latency is a goal."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from jobwarden import config
-from jobwarden.cli import render
 from jobwarden.clock import SystemClock
 from jobwarden.errors import UsageError
 from jobwarden.model import JobSpec, JobState
@@ -41,8 +42,27 @@ def _duration(text: str | None) -> float | None:
     return config.parse_duration(text) if text is not None else None
 
 
+def _diagnosis_options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {"on_hang": args.on_hang, "py_hooks": not args.no_py_hooks}
+    if args.hang_timeout is not None:  # "off" is stored as 0: no window
+        off = args.hang_timeout.strip().lower() == "off"
+        options["hang_timeout_s"] = 0 if off else config.parse_duration(args.hang_timeout)
+    if args.mp_start:
+        options["mp_start"] = args.mp_start
+    if args.restart_delay is not None:
+        options["restart_delay_s"] = config.parse_duration(args.restart_delay)
+    return options
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from jobwarden.control.launch import default_name, launch, parse_env
+    from jobwarden.control.launch import (
+        default_name,
+        gpu_options,
+        launch,
+        memory_and_restart_options,
+        notify_options,
+        parse_env,
+    )
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
@@ -51,6 +71,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     env = parse_env(args.env)
     spec = JobSpec(command=tuple(argv), cwd=args.cwd, name=args.name or default_name(argv), env=env)
     options: dict[str, Any] = {"timeout_s": timeout, "grace_s": grace or config.DEFAULT_GRACE_S}
+    options.update(_diagnosis_options(args))
+    options.update(memory_and_restart_options(args.mem_limit, args.restart, args.max_restarts))
+    options.update(gpu_options(args.gpus, args.gpu_ids))
+    options.update(notify_options(args.notify, args.on_event))
     launched = launch(_home(), spec, options)
     if args.json:
         _print_json(launched.to_json())
@@ -64,6 +88,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
+    from jobwarden.cli import render
     from jobwarden.control.lifecycle import wait_job
     from jobwarden.store import Store
     from jobwarden.store.logfiles import follow
@@ -91,6 +116,7 @@ def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
 
 
 def _wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False) -> int:
+    from jobwarden.cli import render
     from jobwarden.control.lifecycle import wait_job
 
     run = wait_job(_home(), _procfs(), job_ref, timeout)
@@ -117,6 +143,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
+    from jobwarden.cli import render
     from jobwarden.control.views import job_views
     from jobwarden.store import Store
 
@@ -146,6 +173,8 @@ def _status_data(job_ref: str, run_n: int | None) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from jobwarden.cli import render
+
     data = _status_data(args.job, args.run)
     if args.json:
         data.pop("events")
@@ -156,6 +185,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    from jobwarden.cli import render
+
     data = _status_data(args.job, args.run)
     if args.json:
         _print_json({k: data[k] for k in ("id", "run", "state", "exit_code", "signal", "findings")})
@@ -211,6 +242,7 @@ def _follow_from_end(job_id: int, run: Any, path: Path, already_printed: bool) -
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    from jobwarden.cli import render
     from jobwarden.control.lifecycle import stop
 
     result = stop(_home(), _procfs(), args.job, _duration(args.grace))
@@ -244,6 +276,7 @@ def cmd_adopt(args: argparse.Namespace) -> int:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
+    from jobwarden.cli import render
     from jobwarden.control.dump import DEFAULT_TIMEOUT_S, dump_job
 
     timeout = _duration(args.timeout)
@@ -271,6 +304,46 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_orphans(args: argparse.Namespace) -> int:
+    from jobwarden.cli import render
+    from jobwarden.control.orphans import find_strays
+    from jobwarden.store import Store
+
+    procfs, now = _procfs(), SystemClock().wall()
+    grace = _duration(args.grace)
+    with Store(_home()) as store:
+        strays = find_strays(store, procfs, now)
+    listed = [s.to_json(now) for s in strays]
+    if not args.kill:
+        if args.json:
+            _print_json(listed)
+        else:
+            _print_lines(render.orphans_table(listed))
+        return 0
+    from jobwarden.control.killer import end_strays, outcomes_json
+
+    results = end_strays(procfs, strays, grace if grace is not None else config.DEFAULT_GRACE_S)
+    outcomes = outcomes_json(listed, results)
+    if args.json:
+        _print_json(outcomes)
+    else:
+        _print_lines(render.kill_report(outcomes))
+    return 0 if all(r.ended for r in results) else 1
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from jobwarden.cli import render
+    from jobwarden.control.doctor import report_json, run_checks
+    from jobwarden.control.hostfacts import gather
+
+    report = report_json(run_checks(gather(_home())))
+    if args.json:
+        _print_json(report)
+    else:
+        _print_lines(render.doctor_report(report))
+    return 0 if report["ok"] else 1
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "ps": cmd_ps,
@@ -282,4 +355,6 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "explain": cmd_explain,
     "dump": cmd_dump,
     "rm": cmd_rm,
+    "orphans": cmd_orphans,
+    "doctor": cmd_doctor,
 }

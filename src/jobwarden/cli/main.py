@@ -1,31 +1,110 @@
-"""Argument parsing and the one error funnel. Each subcommand has one handler in `handlers`."""
+"""Argument parsing and the one error funnel. Each subcommand has one handler in `handlers`.
+
+`run` sits on the latency budget of every job start, so this module imports only what parsing needs:
+`logging` only with -v, and for a known subcommand only that subcommand's parser is built (argparse looks
+up translations for every help string, a few stat calls each, which adds up over ten parsers).
+"""
 
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from jobwarden import __version__
+from jobwarden import __version__, config
 from jobwarden.errors import JobwardenError
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse makes a formatter for every argument it adds (to check its metavar), and the default one
+    imports shutil (~10 ms with the compression modules it pulls in) only to ask for the terminal width."""
+
+    def __init__(
+        self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
+    ) -> None:
+        super().__init__(prog, indent_increment, max_help_position, width or _terminal_width() - 2)
+
+
+def _terminal_width() -> int:
+    """What shutil.get_terminal_size() answers: $COLUMNS, else the terminal on stdout, else 80."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole CLI; with `only` (a subcommand name), a parser that knows just that subcommand."""
     p = argparse.ArgumentParser(
-        prog="jobwarden", description="Run long jobs detached, contained, and never silently dead."
+        prog="jobwarden",
+        description="Run long jobs detached, contained, and never silently dead.",
+        formatter_class=_HelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"jobwarden {__version__}")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (help_text, add_arguments) in _SUBCOMMANDS.items():
+        if only is None or only == name:
+            add_arguments(sub.add_parser(name, help=help_text, formatter_class=_HelpFormatter))
+    return p
 
-    run = sub.add_parser("run", help="start a job (detached) and print its id")
+
+def _run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--name", help="a name to refer to the job by (default: from the command)")
     run.add_argument("--cwd", default=".", help="working directory of the job")
     run.add_argument("--env", action="append", default=[], metavar="K=V", help="set an environment variable")
     run.add_argument("--timeout", metavar="DUR", help="stop the job after this long (e.g. 12h)")
     run.add_argument(
         "--grace", metavar="DUR", help="SIGTERM -> SIGKILL delay when ending the job (default 10s)"
+    )
+    run.add_argument(
+        "--hang-timeout",
+        metavar="DUR|off",
+        help="hung after this long with no output, heartbeat, CPU, I/O or GPU work (default 10m)",
+    )
+    run.add_argument(
+        "--on-hang",
+        choices=("dump", "stop", "restart"),
+        default="dump",
+        help="on a hang: store the stacks and keep the job (dump, default), end it, or restart it",
+    )
+    run.add_argument(
+        "--no-py-hooks", action="store_true", help="do not load jobwarden's hooks into Python processes"
+    )
+    run.add_argument(
+        "--mp-start",
+        choices=("spawn", "forkserver"),
+        help="force this multiprocessing start method in the job (the cure for fork deadlocks)",
+    )
+    run.add_argument(
+        "--mem-limit",
+        metavar="SIZE",
+        help="end the job when its processes together use more memory (e.g. 8G), as the OOM killer would",
+    )
+    run.add_argument(
+        "--restart",
+        metavar="no|on-failure|always",
+        help="start the job again when it ends (never after `jobwarden stop`; default no)",
+    )
+    run.add_argument(
+        "--max-restarts",
+        metavar="N",
+        help=f"restart at most N times (default {config.DEFAULT_MAX_RESTARTS}); alone, means on-failure",
+    )
+    run.add_argument(
+        "--restart-delay",
+        metavar="DUR",
+        help="the first restart's backoff, doubled for each next one up to 5m (default 1s)",
+    )
+    run.add_argument(
+        "--gpus", metavar="N", help="wait for N free GPUs and run on them (sets CUDA_VISIBLE_DEVICES)"
+    )
+    run.add_argument(
+        "--gpu-ids", metavar="I,J", help="wait for exactly these GPUs (indexes as nvidia-smi shows them)"
     )
     run.add_argument(
         "-f",
@@ -39,45 +118,61 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="wait for the end; exit with the job's status (128+N for signal N)",
     )
+    run.add_argument(
+        "--notify",
+        metavar="URL",
+        help="POST each event (failed, hung, restarted, succeeded) as JSON to this http(s) URL",
+    )
+    run.add_argument(
+        "--on-event",
+        metavar="CMD",
+        help="run CMD through /bin/sh on each event, with the event as JSON on its stdin",
+    )
     run.add_argument("--json", action="store_true")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
 
-    ps = sub.add_parser("ps", help="list jobs")
+
+def _ps_arguments(ps: argparse.ArgumentParser) -> None:
     ps.add_argument("-a", "--all", action="store_true", help="include ended jobs")
     ps.add_argument("--json", action="store_true")
 
-    status = sub.add_parser("status", help="how a job is doing, or how it ended")
+
+def _status_arguments(status: argparse.ArgumentParser) -> None:
     status.add_argument("job", metavar="JOB")
     status.add_argument("--run", type=int, metavar="N")
     status.add_argument("--json", action="store_true")
 
-    logs = sub.add_parser("logs", help="show a job's output")
+
+def _logs_arguments(logs: argparse.ArgumentParser) -> None:
     logs.add_argument("job", metavar="JOB")
     logs.add_argument("-f", "--follow", action="store_true")
     logs.add_argument("-n", "--lines", type=int, metavar="N", help="only the last N lines")
     logs.add_argument("--since", metavar="DUR", help="only output written in the last DUR (e.g. 10m)")
     logs.add_argument("--run", type=int, metavar="N", help="an earlier attempt")
 
-    stop = sub.add_parser("stop", help="end a job and everything it started")
+
+def _stop_arguments(stop: argparse.ArgumentParser) -> None:
     stop.add_argument("job", metavar="JOB")
     stop.add_argument("--grace", metavar="DUR", help="SIGTERM -> SIGKILL delay (default: the job's, 10s)")
     stop.add_argument("--json", action="store_true")
 
-    wait = sub.add_parser("wait", help="block until a job ends; exit with its status")
+
+def _wait_arguments(wait: argparse.ArgumentParser) -> None:
     wait.add_argument("job", metavar="JOB")
     wait.add_argument("--timeout", metavar="DUR")
     wait.add_argument("--json", action="store_true")
 
-    adopt = sub.add_parser("adopt", help="supervise again a job whose supervisor died")
-    adopt.add_argument("job", metavar="JOB")
-    adopt.add_argument("--json", action="store_true")
 
-    explain = sub.add_parser("explain", help="why a job died or is stuck")
-    explain.add_argument("job", metavar="JOB")
-    explain.add_argument("--run", type=int, metavar="N")
-    explain.add_argument("--json", action="store_true")
+def _job_and_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", metavar="JOB")
+    parser.add_argument("--json", action="store_true")
 
-    dump = sub.add_parser("dump", help="the Python and native stacks of every process of a job, now")
+
+def _job_only(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", metavar="JOB")
+
+
+def _dump_arguments(dump: argparse.ArgumentParser) -> None:
     dump.add_argument("job", metavar="JOB")
     dump.add_argument(
         "--no-native", action="store_true", help="Python frames only: each process is paused for less time"
@@ -85,17 +180,47 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("--timeout", metavar="DUR", help="the most the whole capture may take (default 5s)")
     dump.add_argument("--json", action="store_true")
 
-    rm = sub.add_parser("rm", help="forget an ended job and delete its logs")
-    rm.add_argument("job", metavar="JOB")
-    return p
+
+def _orphans_arguments(orphans: argparse.ArgumentParser) -> None:
+    orphans.add_argument("--kill", action="store_true", help="end them (SIGTERM, grace, SIGKILL)")
+    orphans.add_argument("--grace", metavar="DUR", help="with --kill: SIGTERM -> SIGKILL delay (default 10s)")
+    orphans.add_argument("--json", action="store_true")
+
+
+def _json_only(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true")
+
+
+_SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "run": ("start a job (detached) and print its id", _run_arguments),
+    "ps": ("list jobs", _ps_arguments),
+    "status": ("how a job is doing, or how it ended", _status_arguments),
+    "logs": ("show a job's output", _logs_arguments),
+    "stop": ("end a job and everything it started", _stop_arguments),
+    "wait": ("block until a job ends; exit with its status", _wait_arguments),
+    "adopt": ("supervise again a job whose supervisor died", _job_and_json),
+    "explain": ("why a job died or is stuck", _status_arguments),
+    "dump": ("the Python and native stacks of every process of a job, now", _dump_arguments),
+    "rm": ("forget an ended job and delete its logs", _job_only),
+    "orphans": (
+        "list processes that should not be alive: leftovers of ended jobs, stray GPU holders",
+        _orphans_arguments,
+    ),
+    "doctor": ("check what jobwarden can do on this machine, and how to fix it", _json_only),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
-        format="jobwarden: %(message)s",
-    )
+    argv = sys.argv[1:] if argv is None else list(argv)
+    first = argv[0] if argv else None
+    args = build_parser(first if first in _SUBCOMMANDS else None).parse_args(argv)
+    if args.verbose:
+        import logging
+
+        logging.basicConfig(
+            level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
+            format="jobwarden: %(message)s",
+        )
     from jobwarden.cli import handlers
 
     try:

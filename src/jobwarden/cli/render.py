@@ -53,6 +53,10 @@ def exit_status(run: RunRecord) -> int:
 
 def how_it_ended(run: dict[str, Any]) -> str:
     state = run["state"]
+    if run.get("end_reason") == "hung":
+        return f"{state}: ended as hung (--on-hang)"
+    if run.get("end_reason") == "mem-limit":
+        return f"{state}: over its --mem-limit"
     if run.get("signal"):
         return f"{state}: killed by {run['signal']}"
     if run.get("exit_code") is not None and state in ("failed", "succeeded", "stopped"):
@@ -81,6 +85,8 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
         state = str(v.run.state)
         if v.run.state.is_ended and (v.run.signal or v.run.exit_code):
             state += f" ({v.run.signal or v.run.exit_code})"
+        if v.finding:
+            state += f" [{v.finding}]"
         cpu = f"{v.cpu_percent:.0f}%" if v.cpu_percent is not None else "-"
         rows.append(
             (
@@ -111,6 +117,10 @@ def status_report(d: dict[str, Any], now: float) -> Iterator[str]:
     if d["pid"]:
         yield f"  pid          {d['pid']} (supervisor {d['shim_pid']})"
     yield f"  containment  {d['containment'] or '-'}"
+    if d.get("queued_reason"):
+        yield f"  waiting      {d['queued_reason']}"
+    if d.get("gpu_ids"):
+        yield f"  gpus         {','.join(str(i) for i in d['gpu_ids'])}"
     yield f"  started      {d['started_at'] or '-'}"
     if d["ended_at"]:
         yield f"  ended        {d['ended_at']}"
@@ -296,3 +306,86 @@ def _short_path(path: str) -> str:
             return path.split(marker, 1)[1]
     stdlib = _STDLIB_DIR.search(path)
     return path[stdlib.end() :] if stdlib else path
+
+
+def _age(seconds: object) -> str:
+    return format_duration(float(seconds)) if isinstance(seconds, int | float) else "-"
+
+
+def _job_cell(d: dict[str, Any]) -> str:
+    if d.get("job") is None:
+        return "-"
+    return f"{d['job']}/{d['run']}" if d.get("run") else str(d["job"])
+
+
+def orphans_table(strays: list[dict[str, Any]]) -> Iterator[str]:
+    """`jobwarden orphans`: one row per stray, then what to do about them."""
+    if not strays:
+        yield "no strays: every process jobwarden started belongs to a live job; no GPU memory is orphaned"
+        return
+    rows = [("PID", "USER", "AGE", "RSS", "GPU MEM", "JOB/RUN", "REASON", "COMMAND")]
+    for d in strays:
+        rows.append(
+            (
+                str(d["pid"]),
+                str(d["user"]),
+                _age(d.get("age_s")),
+                format_size(d.get("rss_bytes")),
+                format_size(d.get("gpu_memory_bytes")),
+                _job_cell(d),
+                one_line(str(d["reason"])),
+                one_line(str(d["command"]))[:60],
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        yield "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]])
+    yield ""
+    lost = sorted({d["job"] for d in strays if str(d["reason"]).startswith("supervisor of job")})
+    for job in lost:
+        yield f"job {job} lost its supervisor; to keep it running instead: jobwarden adopt {job}"
+    yield f"{len(strays)} stray process(es). End them with: jobwarden orphans --kill"
+
+
+def kill_report(outcomes: list[dict[str, Any]]) -> Iterator[str]:
+    """`jobwarden orphans --kill`: what became of each stray; those left, with why."""
+    if not outcomes:
+        yield "no strays: nothing to end"
+        return
+    left = [o for o in outcomes if not o["ended"]]
+    for o in outcomes:
+        what = f"{o['pid']} ({one_line(str(o['command']))[:60]})"
+        if not o["ended"]:
+            yield f"could not end {what}: {o['not_ended_because']}"
+        elif o["ended_by"] == "gone":
+            yield f"{what} had already exited"
+        else:
+            yield f"ended {what} with {o['ended_by']}"
+    yield ""
+    if left:
+        yield f"{len(outcomes) - len(left)} ended, {len(left)} still alive"
+    else:
+        yield f"all {len(outcomes)} ended"
+
+
+_STATUS_COLORS = {"ok": "32", "warn": "33", "fail": "31;1"}
+
+
+def doctor_report(report: dict[str, Any]) -> Iterator[str]:
+    """One line per check (status, name, what was found), its fix indented below, then a verdict."""
+    checks = report["checks"]
+    width = max(len(c["name"]) for c in checks)
+    for c in checks:
+        status = c["status"].ljust(4)
+        if not os.environ.get("NO_COLOR") and sys.stdout.isatty():
+            status = f"\033[{_STATUS_COLORS.get(c['status'], '0')}m{status}\033[0m"
+        yield f"{status}  {c['name'].ljust(width)}  {c['message']}"
+        if c["fix"] and c["status"] != "ok":
+            yield f"      {' ' * width}  fix: {c['fix']}"
+    yield ""
+    if report["failed"]:
+        yield f"{report['failed']} check(s) failed, {report['warnings']} warning(s)"
+    elif report["warnings"]:
+        yield f"no failures; {report['warnings']} warning(s): jobwarden works, with the limits above"
+    else:
+        yield "all checks passed"

@@ -1,9 +1,18 @@
-"""Gather a run's evidence from the store and files, and hand it to the pure rules."""
+"""Gather a run's evidence from the store and files, and hand it to the pure rules.
+
+Two sources meet here: the findings the shim recorded while the run was live (a hang judged on the stacks
+of that moment, a pool worker lost, a process stopped), and what the rules conclude now from how the run
+ended. A rule found live is not repeated; the order is the rules' root-cause-first order.
+"""
 
 from __future__ import annotations
 
-from jobwarden.model import Finding
+import dataclasses
+
+from jobwarden.model import Finding, OomEvidence, ProcessDeath
+from jobwarden.osapi.process import WaitStatus
 from jobwarden.rules import RunEvidence, explain
+from jobwarden.rules.verdict import ORDER
 from jobwarden.store import JobRecord, RunRecord, Store
 from jobwarden.store.logfiles import tail_lines
 
@@ -11,12 +20,26 @@ _TAIL_LINES = 60
 
 
 def findings_for(store: Store, job: JobRecord, run: RunRecord) -> list[Finding]:
+    live = [f for _, f in store.findings(job.id, run.n)]
+    now = explain(evidence_for(store, job, run))
+    seen = {f.rule for f in live}
+    merged = live + [f for f in now if f.rule not in seen]
+    ordered = sorted(merged, key=lambda f: ORDER.index(f.rule) if f.rule in ORDER else len(ORDER))
+    refusal = next((e for e in store.events(job.id, run.n) if e.kind == "not-restarted"), None)
+    if refusal and ordered:  # the restart policy's verdict belongs with the root cause it judged
+        first = ordered[0]
+        ordered[0] = dataclasses.replace(first, evidence=(*first.evidence, str(refusal.data.get("reason"))))
+    return ordered
+
+
+def evidence_for(store: Store, job: JobRecord, run: RunRecord) -> RunEvidence:
     tail = [
         b.decode("utf-8", "replace").rstrip("\n")
         for b in tail_lines(store.layout.output_log(job.id, run.n), _TAIL_LINES)
     ]
-    events = tuple(e.kind for e in store.events(job.id, run.n))
-    evidence = RunEvidence(
+    events = store.events(job.id, run.n)
+    oom = next((_oom(e.data) for e in reversed(events) if e.kind == "oom"), None)
+    return RunEvidence(
         state=str(run.state),
         exit_code=run.exit_code,
         signal=run.signal,
@@ -27,6 +50,48 @@ def findings_for(store: Store, job: JobRecord, run: RunRecord) -> list[Finding]:
         orphans_left=run.orphans_left,
         survivors=[s.__dict__ for s in run.survivors],
         log_tail=tail,
-        events=events,
+        events=tuple(e.kind for e in events),
+        deaths=_deaths(store, job, run),
+        oom=oom,
+        mem_limit_bytes=job.options.get("mem_limit_bytes"),
     )
-    return explain(evidence)
+
+
+def _deaths(store: Store, job: JobRecord, run: RunRecord) -> tuple[ProcessDeath, ...]:
+    deaths = []
+    for p in store.processes(job.id, run.n):
+        if p.ended_at is None or p.wait_status is None or p.wait_status < 0:
+            continue
+        status = WaitStatus.decode(p.wait_status)
+        deaths.append(
+            ProcessDeath(
+                pid=p.pid,
+                ppid=p.ppid,
+                cmdline=p.cmdline,
+                at=p.ended_at,
+                exit_code=status.exit_code,
+                signal=status.signal_name,
+                is_main=p.pid == run.pid and p.start_time == run.pid_start,
+            )
+        )
+    return tuple(deaths)
+
+
+def _oom(data: dict[str, object]) -> OomEvidence:
+    def ints(key: str) -> tuple[int, ...]:
+        value = data.get(key) or ()
+        return tuple(int(v) for v in value) if isinstance(value, list | tuple) else ()
+
+    def opt_int(key: str) -> int | None:
+        value = data.get(key)
+        return int(value) if isinstance(value, int | float) else None
+
+    lines = data.get("kernel_lines")
+    return OomEvidence(
+        mechanism=str(data.get("mechanism", "host")),
+        kills=opt_int("kills") or 0,
+        limit_bytes=opt_int("limit_bytes"),
+        peak_bytes=opt_int("peak_bytes"),
+        victims=ints("victims"),
+        kernel_lines=tuple(str(line) for line in lines) if isinstance(lines, list) else (),
+    )

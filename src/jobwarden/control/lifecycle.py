@@ -49,7 +49,7 @@ def wait_job(home: Path, procfs: ProcFS, job_ref: str, timeout_s: float | None =
     if not wait_for_shim(procfs, run, timeout_s):
         raise JobwardenError(f"job {job.id} is still {run.state} after the timeout")
     with Store(home) as store:
-        return refresh(store, procfs, job, store.run(job.id, run.n))
+        return refresh(store, procfs, job, store.run(job.id))  # the last attempt: one shim runs them all
 
 
 def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None) -> StopResult:
@@ -69,7 +69,7 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None) -> Sto
         store.update_run(
             job.id,
             run.n,
-            only_if_state=(JobState.STARTING, JobState.RUNNING),
+            only_if_state=(JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING),
             stop_requested_at=SystemClock().wall(),
             stop_grace=grace,
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from jobwarden.clock import SystemClock
 from jobwarden.errors import ShimStartFailed
 from jobwarden.osapi.process import fork_detached, redirect_std_streams
 from jobwarden.osapi.procfs import ProcFS
+from jobwarden.paths import Layout
 from jobwarden.shim.tree import wait_readable
 from jobwarden.store import Store
 
@@ -31,6 +31,8 @@ def start_shim(home: Path, job_id: int, run: int, mode: str) -> tuple[int, dict[
             os.closerange(write_fd + 1, 65536)
             code = _shim_main(home, job_id, run, mode, write_fd)
         except BaseException:
+            import traceback  # only on this path: it costs every `run` milliseconds to import
+
             traceback.print_exc()
         finally:
             os._exit(code)
@@ -42,12 +44,13 @@ def start_shim(home: Path, job_id: int, run: int, mode: str) -> tuple[int, dict[
 
 
 def _shim_main(home: Path, job_id: int, run: int, mode: str, report_fd: int) -> int:
-    from jobwarden.shim.supervisor import Supervisor  # only the shim needs the loop
+    from jobwarden.shim.attempts import supervise_job  # only the shim needs the loop
 
+    # Streams first: a CLI started with fd 0, 1 or 2 closed would otherwise hand one of those numbers to
+    # the database, and the redirect would then close it under SQLite's feet.
+    redirect_std_streams(str(Layout(home).shim_log(job_id, run)))
     store = Store(home)
-    redirect_std_streams(str(store.layout.shim_log(job_id, run)))
-    supervisor = Supervisor(store, store.job(job_id), run, SystemClock(), ProcFS())
-    return supervisor.launch(report_fd) if mode == "launch" else supervisor.adopt(report_fd)
+    return supervise_job(store, store.job(job_id), run, SystemClock(), ProcFS(), report_fd, mode)
 
 
 def _read_report(fd: int, home: Path, job_id: int, run: int) -> dict[str, Any]:

@@ -12,6 +12,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobwarden.errors import OsApiError
+
+# cgroup v1 reports "no limit" as the largest page-aligned signed 64-bit value (PAGE_COUNTER_MAX pages)
+_V1_UNLIMITED = 1 << 62
+
 
 @dataclass(frozen=True)
 class Mount:
@@ -48,6 +53,42 @@ def _under(mount: Mount, cgroup_path: str) -> Path:
 
 
 @dataclass(frozen=True)
+class CgroupMemory:
+    """Memory counters of one cgroup. None where this kernel or hierarchy does not keep the counter."""
+
+    current_bytes: int | None
+    peak_bytes: int | None  # v1 memory.max_usage_in_bytes; v2 memory.peak (Linux >= 5.19)
+    limit_bytes: int | None  # None: no limit
+    oom_kills: int | None  # processes killed by the OOM killer (v1 needs Linux >= 4.13)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _read_int(path: Path) -> int | None:
+    text = _read(path)
+    if text is None or text.strip() == "max":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _keyed(text: str | None, key: str) -> int | None:
+    """'oom_kill 3' out of a flat keyed file (memory.events, memory.oom_control)."""
+    for line in (text or "").splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+@dataclass(frozen=True)
 class JobCgroup:
     path: Path
     version: int
@@ -75,6 +116,95 @@ class JobCgroup:
             self.path.rmdir()
             return True
         return False
+
+    # --- memory -------------------------------------------------------------------------------------
+
+    @property
+    def has_memory_controller(self) -> bool:
+        """Can this cgroup limit memory? On v2 the parent must list `memory` in cgroup.subtree_control."""
+        return (self.path / ("memory.limit_in_bytes" if self.version == 1 else "memory.max")).exists()
+
+    def set_memory_limit(self, limit_bytes: int) -> None:
+        """Cap the memory of every process in the cgroup; past it the kernel reclaims, then OOM-kills.
+
+        Swap is capped too (v1 memory+swap = the limit, v2 memory.swap.max = 0): otherwise a job over its
+        limit pages out and crawls instead of failing, and the limit means nothing."""
+        if limit_bytes <= 0:
+            raise OsApiError(f"bad memory limit {limit_bytes}", "give a positive size, e.g. 8G")
+        if not self.has_memory_controller:
+            raise OsApiError(
+                f"cannot limit memory: cgroup {self.path} has no memory controller",
+                "run where a memory cgroup is writable (root on cgroup v1, a delegated v2 subtree), "
+                "or drop --mem-limit",
+            )
+        if self.version == 1:
+            self._set_v1_limit(limit_bytes)
+        else:
+            self._write("memory.max", limit_bytes)
+            if (self.path / "memory.swap.max").exists():  # absent without swap accounting: nothing to cap
+                self._write("memory.swap.max", 0)
+
+    def _set_v1_limit(self, limit_bytes: int) -> None:
+        if not (self.path / "memory.memsw.limit_in_bytes").exists():  # swap accounting off
+            self._write("memory.limit_in_bytes", limit_bytes)
+            return
+        # The kernel keeps memsw.limit >= limit at every moment (EINVAL otherwise): lowering sets the memory
+        # limit first, raising sets memory+swap first. Try one order, then the other.
+        try:
+            self._write("memory.limit_in_bytes", limit_bytes)
+            self._write("memory.memsw.limit_in_bytes", limit_bytes)
+        except OsApiError:
+            self._write("memory.memsw.limit_in_bytes", limit_bytes)
+            self._write("memory.limit_in_bytes", limit_bytes)
+
+    def _write(self, name: str, value: int) -> None:
+        try:
+            (self.path / name).write_text(str(value))
+        except OSError as err:
+            raise OsApiError(
+                f"cannot set {name} of {self.path} to {value}: {err.strerror or err}",
+                "a limit below what the job already uses cannot be set (EBUSY); otherwise check that "
+                "jobwarden may write to this cgroup",
+            ) from err
+
+    def oom_kills(self) -> int | None:
+        """The OOM kill counter alone: one small read, cheap enough for every tick."""
+        if self.version == 1:
+            return _keyed(_read(self.path / "memory.oom_control"), "oom_kill")
+        return _keyed(_read(self.path / "memory.events"), "oom_kill")
+
+    def memory_stats(self) -> CgroupMemory | None:
+        """Usage, peak, limit and OOM kills; None when the cgroup has no memory controller (or is gone)."""
+        if not self.has_memory_controller:
+            return None
+        if self.version == 1:
+            limit = _read_int(self.path / "memory.limit_in_bytes")
+            return CgroupMemory(
+                current_bytes=_read_int(self.path / "memory.usage_in_bytes"),
+                peak_bytes=_read_int(self.path / "memory.max_usage_in_bytes"),
+                limit_bytes=None if limit is None or limit >= _V1_UNLIMITED else limit,
+                oom_kills=self.oom_kills(),
+            )
+        return CgroupMemory(
+            current_bytes=_read_int(self.path / "memory.current"),
+            peak_bytes=_read_int(self.path / "memory.peak"),
+            limit_bytes=_read_int(self.path / "memory.max"),
+            oom_kills=self.oom_kills(),
+        )
+
+    def hierarchy_path(self, proc_root: str = "/proc") -> str | None:
+        """The cgroup's path inside its hierarchy ('/a/jobwarden-12'), as the kernel log prints it in
+        'oom-kill:...,task_memcg=/a/jobwarden-12'. None when no mount holds it."""
+        try:
+            mounts = _mounts(Path(proc_root, "self/mountinfo").read_text())
+        except OSError:
+            return None
+        holders = [m for m in mounts if m.fstype.startswith("cgroup") and self.path.is_relative_to(m.point)]
+        if not holders:
+            return None
+        best = max(holders, key=lambda m: len(m.point.parts))  # /sys/fs/cgroup/memory, not /sys/fs/cgroup
+        rel = self.path.relative_to(best.point).as_posix()
+        return "/" + "/".join(p for p in (best.root.strip("/"), rel if rel != "." else "") if p)
 
 
 def _has_memory(version: int, parent: Path) -> bool:
@@ -119,6 +249,27 @@ def cgroup_path(containment: str | None) -> str | None:
     """The cgroup directory in a run's containment note ("cgroup-v1 /sys/fs/cgroup/...")."""
     if containment and containment.startswith("cgroup-"):
         return containment.split(" ", 1)[1]
+    return None
+
+
+def enclosing_cgroup(proc_root: str = "/proc") -> JobCgroup | None:
+    """The memory cgroup jobwarden itself runs in (a container's, a Slurm step's): its limit can kill the
+    job with no jobwarden cgroup at all, and its OOM counter is the evidence. v2 first, then v1 memory;
+    None when neither has an OOM counter to read (e.g. the v2 root cgroup has no memory.events)."""
+    try:
+        mounts = _mounts(Path(proc_root, "self/mountinfo").read_text())
+        own = _own_cgroups(Path(proc_root, "self/cgroup").read_text())
+    except OSError:
+        return None
+    found: list[JobCgroup] = []
+    for mount in mounts:
+        if mount.fstype == "cgroup2" and "" in own:
+            found.append(JobCgroup(_under(mount, own[""]), 2))
+        elif mount.fstype == "cgroup" and "memory" in mount.options and "memory" in own:
+            found.append(JobCgroup(_under(mount, own["memory"]), 1))
+    for cgroup in sorted(found, key=lambda c: -c.version):
+        if cgroup.oom_kills() is not None:
+            return cgroup
     return None
 
 

@@ -155,7 +155,7 @@ def _exec_child(
         if join_cgroup:
             stage = "join cgroup"
             with open(join_cgroup, "w") as fh:  # before exec: nothing the job forks can escape it
-                fh.write(str(os.getpid()))
+                fh.write("0")  # "0": the writer itself (see the shim's cgroup join file)
         stage = f"chdir to {cwd}"
         os.chdir(cwd)
         null = os.open(os.devnull, os.O_RDONLY)

@@ -100,6 +100,52 @@ class ProcFS:
         entries = set(raw.split(b"\0"))
         return all(f"{k}={v}".encode() in entries for k, v in markers.items())
 
+    def pss_bytes(self, pid: int) -> int | None:
+        """Proportional set size from /proc/PID/smaps_rollup (Linux >= 4.14): pages shared by n processes
+        count 1/n each, so summing it over a tree counts a fork's copy-on-write pages once. Costly (the
+        kernel walks the page tables): ~2-4 ms a process here, against ~25 µs for `stat`. None when the
+        kernel has no smaps_rollup."""
+        try:
+            raw = self._read(pid, "smaps_rollup", "read the memory map of")
+        except ProcessGone:
+            if (self.root / str(pid)).is_dir():
+                return None  # alive, but no smaps_rollup on this kernel
+            raise
+        at = raw.find(b"\nPss:")
+        if at < 0:
+            return None
+        return int(raw[at + 5 : raw.index(b"kB", at)]) * 1024
+
+    def environ_values(self, pid: int, names: tuple[str, ...]) -> dict[str, str]:
+        """The values of the named variables the process was started with (those it has), and nothing else
+        of its environment: it often holds secrets. Other users' processes raise AccessDenied."""
+        wanted = {name.encode() for name in names}
+        raw = self._read(pid, "environ", "read the environment of")
+        found = {}
+        for entry in raw.split(b"\0"):
+            key, sep, value = entry.partition(b"=")
+            if sep and key in wanted:
+                found[key.decode()] = value.decode("utf-8", "replace")
+        return found
+
+    def has_open_file(self, pid: int, prefix: str) -> bool:
+        """Does `pid` hold open a file whose path starts with `prefix` (e.g. '/dev/nvidia')? Reading
+        another user's descriptors raises AccessDenied."""
+        fd_dir = self.root / str(pid) / "fd"
+        try:
+            names = os.listdir(fd_dir)
+        except (FileNotFoundError, ProcessLookupError) as err:
+            raise ProcessGone(pid) from err
+        except PermissionError as err:
+            raise AccessDenied(pid, "list the open files of") from err
+        for name in names:
+            try:
+                if os.readlink(fd_dir / name).startswith(prefix):
+                    return True
+            except OSError:  # closed meanwhile
+                continue
+        return False
+
     def uid(self, pid: int) -> int:
         try:
             return os.stat(self.root / str(pid)).st_uid
@@ -127,6 +173,40 @@ class ProcFS:
             except (FileNotFoundError, ProcessLookupError):
                 continue
         return found
+
+    def thread_states(self, pid: int) -> list[str]:
+        """The state of every thread of `pid` (a process's own state is only its main thread's)."""
+        states = []
+        try:
+            tids = os.listdir(self.root / str(pid) / "task")
+        except FileNotFoundError as err:
+            raise ProcessGone(pid) from err
+        for tid in tids:
+            try:
+                with open(self.root / str(pid) / "task" / tid / "stat") as fh:
+                    states.append(parse_stat(fh.read()).state)
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        return states
+
+    def io_chars(self, pid: int) -> int | None:
+        """Bytes passed through read/write syscalls so far (rchar + wchar of /proc/PID/io): storage,
+        pipes and sockets alike. None where the kernel hides it (another user's process)."""
+        try:
+            text = self._read(pid, "io", "read the I/O counters of").decode()
+        except AccessDenied:
+            return None
+        fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+        return int(fields.get("rchar", 0)) + int(fields.get("wchar", 0))
+
+    def exe_name(self, pid: int) -> str | None:
+        """The file name the process executes ('python3.11'), None when unreadable."""
+        try:
+            return os.path.basename(os.readlink(self.root / str(pid) / "exe"))
+        except FileNotFoundError as err:
+            raise ProcessGone(pid) from err
+        except OSError:
+            return None
 
     def iter_stats(self) -> Iterator[ProcStat]:
         for pid in self.pids():

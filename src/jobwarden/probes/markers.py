@@ -3,6 +3,8 @@ its shim is gone and nothing else links the processes to the job."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.osapi.procfs import ProcFS, ProcStat
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV
@@ -27,3 +29,22 @@ def find_marked(procfs: ProcFS, markers: dict[str, str], exclude: set[int] | Non
         except (ProcessGone, AccessDenied):
             continue
     return found
+
+
+@dataclass(frozen=True)
+class JobMarks:
+    """The JOBWARDEN_* variables a process was started with: whose job it is, even after its shim died."""
+
+    home: str
+    job_id: int
+    run: int | None
+
+
+def read_job_marks(procfs: ProcFS, pid: int) -> JobMarks | None:
+    """The job `pid` was started for, or None for an unmarked process. Raises ProcessGone, and
+    AccessDenied for another user's process."""
+    values = procfs.environ_values(pid, (HOME_ENV, JOB_ID_ENV, RUN_ENV))
+    job, run = values.get(JOB_ID_ENV, ""), values.get(RUN_ENV, "")
+    if not (job.isascii() and job.isdigit()) or HOME_ENV not in values:
+        return None
+    return JobMarks(values[HOME_ENV], int(job), int(run) if run.isascii() and run.isdigit() else None)

@@ -1,6 +1,10 @@
-"""Pure judgement: evidence in, findings out. No I/O, no clock."""
+"""Pure judgement: evidence in, findings out. No I/O, no clock.
 
-from jobwarden.rules.death import explain
+`explain(ev)` runs every family over one run (verdict.py says in which order findings come); machine-wide
+GPU strays are judged by `rules.gpu.stray_gpu_findings`.
+"""
+
 from jobwarden.rules.evidence import RunEvidence
+from jobwarden.rules.verdict import explain
 
 __all__ = ["RunEvidence", "explain"]

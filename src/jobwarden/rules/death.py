@@ -1,6 +1,7 @@
 """Why a run ended: findings from its exit status, how it was ended, and the tail of its output.
 
-Ordered most likely root cause first. Rule ids are stable (DESIGN.md).
+One root cause among the exit-status rules (`exit_finding`), then what happened around the end
+(`aftermath_findings`: orphans-left, supervisor-lost). Rule ids are stable (DESIGN.md).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 
 from jobwarden.model import Finding
 from jobwarden.rules.evidence import RunEvidence
+from jobwarden.rules.memory import oom_killed
 
 _CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"}
 _KILL_SIGNALS = {"SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT"}
@@ -20,17 +22,25 @@ _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: ?(?P<msg>.*))?$")
 
 
 def explain(ev: RunEvidence) -> list[Finding]:
-    findings: list[Finding] = []
+    """The death rules alone: the exit's root cause, then the aftermath. `rules.explain` runs every family."""
+    found = exit_finding(ev)
+    return ([found] if found else []) + aftermath_findings(ev)
+
+
+def exit_finding(ev: RunEvidence) -> Finding | None:
+    """The one root cause the exit status gives; None for a clean or still running run, and for a SIGKILL
+    the OOM evidence explains (the oom-kill finding says it)."""
+    if ev.end_reason in ("hung", "mem-limit"):
+        return None  # jobwarden ended it: the hang or oom-kill finding recorded at that moment says why
     for rule in (_spawn_failed, _stopped, _timeout, _python_exception, _signal_death, _exit_code):
         found = rule(ev)
         if found:
-            findings.append(found)
-            break  # one root cause; the contributing findings follow
-    for extra in (_orphans_left, _supervisor_lost):
-        found = extra(ev)
-        if found:
-            findings.append(found)
-    return findings
+            return found
+    return None
+
+
+def aftermath_findings(ev: RunEvidence) -> list[Finding]:
+    return [f for f in (_orphans_left(ev), _supervisor_lost(ev)) if f]
 
 
 def _pids(ev: RunEvidence) -> tuple[int, ...]:
@@ -104,6 +114,30 @@ def parse_traceback(lines: Sequence[str]) -> tuple[str, str, str | None] | None:
     return None
 
 
+_FAULT_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
+
+
+def parse_fatal_error(lines: Sequence[str]) -> tuple[str, list[str]] | None:
+    """faulthandler's report of a fatal signal in `lines`: ('Segmentation fault', frames of the current
+    thread innermost first as 'func (file:line)'), or None."""
+    start = max((i for i, line in enumerate(lines) if line.startswith("Fatal Python error: ")), default=-1)
+    if start < 0:
+        return None
+    message = lines[start][len("Fatal Python error: ") :].strip()
+    frames: list[str] = []
+    in_current = False
+    for line in lines[start + 1 :]:
+        if line.startswith(("Current thread", "Thread 0x")):
+            if frames:
+                break  # the crashing thread comes first; other threads follow
+            in_current = line.startswith("Current thread")
+            continue
+        m = _FAULT_FRAME.match(line)
+        if m and in_current:
+            frames.append(f"{m['func']} ({m['file']}:{m['line']})")
+    return message, frames
+
+
 def _python_exception(ev: RunEvidence) -> Finding | None:
     if ev.exit_code in (None, 0) or ev.signal:
         return None
@@ -150,17 +184,35 @@ def _signal_death(ev: RunEvidence) -> Finding | None:
             _pids(ev),
         )
     if sig in _CRASH_SIGNALS:
+        fatal = parse_fatal_error(ev.log_tail)
+        if fatal:
+            message, frames = fatal
+            where = f" in {frames[0]}" if frames else ""
+            trace = (f"faulthandler: {message}", *(f"  at {f}" for f in frames[:8]))
+            remedy = (
+                f"the crash happened during the call at {frames[0]}: update or rebuild the extension it "
+                "calls into, or check the arguments passed to it (ctypes, a C array index)"
+                if frames
+                else "update or rebuild the native library named in the trace"
+            )
+        else:
+            where, trace = "", _tail_evidence(ev)
+            remedy = (
+                "look for 'Fatal Python error' in `jobwarden logs`; update or rebuild the native "
+                "library named in the trace"
+            )
         return Finding(
             "native-crash",
-            f"Crashed with {sig}",
+            f"Crashed with {sig}{where}",
             f"The process died of {sig}, a crash in native code (an extension, driver or "
             "the interpreter), not a Python exception.",
             "critical",
-            pid_note + _tail_evidence(ev),
-            "look for 'Fatal Python error' in `jobwarden logs`; update or rebuild the native "
-            "library named in the trace",
+            pid_note + trace,
+            remedy,
             _pids(ev),
         )
+    if sig == "SIGKILL" and ev.pid in oom_killed(ev):
+        return None  # the OOM killer (or jobwarden's memory watchdog) sent it: that is the oom-kill finding
     if sig in _KILL_SIGNALS:
         return Finding(
             "killed-externally",

@@ -45,3 +45,4 @@ class RunEvidence:
     gpus: Sequence[GpuDevice] = ()
     gpu_processes: Sequence[GpuProcess] = ()  # of this job's processes
     gpu_idle_for_s: float | None = None  # the job held GPU memory at ~0% utilisation this long
+    gpu_idle_window_s: float | None = None  # how long it may last before gpu-idle (else hang_window_s)

@@ -20,18 +20,36 @@ from typing import Any
 
 from jobwarden import config
 from jobwarden.clock import Clock
-from jobwarden.errors import AccessDenied, ProcessGone, StoreError
-from jobwarden.model import EndReason, JobState, Survivor
+from jobwarden.control.gpus import GpuRequest, describe_wait, try_admit
+from jobwarden.control.notify import Notifier
+from jobwarden.errors import AccessDenied, JobwardenError, ProcessGone, StoreError
+from jobwarden.hooks import heartbeat_env, hook_env
+from jobwarden.model import EndReason, JobState, OomEvidence, Survivor
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.cgroup import JobCgroup, cgroup_path, create_job_cgroup, find_job_cgroup
 from jobwarden.osapi.process import SpawnError, WaitStatus, reap_any, set_child_subreaper, spawn_job
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV
+from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, ensure_private_dir
+from jobwarden.probes.fakenvml import FAKE_NVML_ENV
+from jobwarden.probes.gpu import GpuProbe, try_open_gpu_probe
+from jobwarden.probes.memory import MemoryWatchdog, tree_memory
+from jobwarden.probes.oom import OomWatch
+from jobwarden.shim.diagnosis import Diagnoser, Verdict
+from jobwarden.shim.gpuwatch import GpuWatch
 from jobwarden.shim.tree import JobTree, Member, wait_readable
+from jobwarden.shim.watchdog import DEFAULT_HANG_TIMEOUT_S
 from jobwarden.store import JobRecord, Store
 from jobwarden.store.logfiles import LogWatcher
 
-_ACTIVE = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING, JobState.LOST)
+_ACTIVE = (
+    JobState.QUEUED,
+    JobState.STARTING,
+    JobState.RUNNING,
+    JobState.STOPPING,
+    JobState.RESTARTING,
+    JobState.LOST,
+)
+ADMIT_RETRY_S = 2.0  # a queued run asks NVML and the store again this often
 _HANDLED_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
@@ -49,7 +67,15 @@ def log(message: str) -> None:
 
 
 class Supervisor:
-    def __init__(self, store: Store, job: JobRecord, run: int, clock: Clock, procfs: ProcFS) -> None:
+    def __init__(
+        self,
+        store: Store,
+        job: JobRecord,
+        run: int,
+        clock: Clock,
+        procfs: ProcFS,
+        notifier: Notifier | None = None,
+    ) -> None:
         self.store, self.job, self.run, self.clock, self.procfs = store, job, run, clock, procfs
         self.layout = store.layout
         self.pid = os.getpid()
@@ -66,6 +92,14 @@ class Supervisor:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._disk_full = False
         self._pending_events: list[tuple[str, float, dict[str, Any]]] = []
+        self.diag: Diagnoser | None = None
+        self.restart_after_hang = False
+        self.notifier = notifier
+        self.oom_watch: OomWatch | None = None
+        self.oom: OomEvidence | None = None
+        self.mem_watchdog: MemoryWatchdog | None = None
+        self.gpu_env: dict[str, str] = {}
+        self.spawn_failed = False
 
     # --- starting ---------------------------------------------------------------------------------
 
@@ -77,32 +111,49 @@ class Supervisor:
         if os.environ.get(config.CGROUP_ENV, "auto") != "off":
             self.cgroup = create_job_cgroup(f"jobwarden-{self.pid}")
         self.tree.cgroup = self.cgroup
-        self.store.update_run(
-            self.job.id, self.run, shim_pid=self.pid, shim_start=shim_start, containment=self._containment()
-        )
-        env = {**os.environ, **self.job.env, **self.markers}
+        self._limit_memory()
+        shim_fields: dict[str, Any] = {
+            "shim_pid": self.pid,
+            "shim_start": shim_start,
+            "containment": self._containment(),
+        }
+        if GpuRequest.from_options(self.job.options) is not None:
+            self.store.update_run(self.job.id, self.run, **shim_fields)
+            admitted, reported = self._wait_for_gpus(report_fd)
+            if not admitted:
+                return self._end_unstarted()
+            if reported:
+                report_fd = -1  # answered already: the run was queued
+        self.oom_watch = OomWatch(self.cgroup)
+        self.oom_watch.baseline()
+        env = self._job_env()
         try:
             pid = spawn_job(
                 list(self.job.command),
                 self.job.cwd,
                 env,
                 str(self.layout.output_log(self.job.id, self.run)),
-                str(self.cgroup.procs_file) if self.cgroup else None,
+                self._cgroup_join_file(),
             )
         except SpawnError as err:
+            self.store.update_run(self.job.id, self.run, **shim_fields)
             return self._spawn_failed(err, report_fd)
         self.main = self.tree.seed_child(pid)
+        self._start_diagnosis(pid)
         now = self.clock.wall()
-        # starting -> running: the pid is recorded before `run` returns
-        self.store.update_run(
+        # starting -> running: the pid is recorded (one transaction with the shim's own) before `run` returns
+        self.store.update_run_with_event(
             self.job.id,
             self.run,
+            "started",
+            now,
+            {"pid": pid, "containment": shim_fields["containment"]},
             state=JobState.RUNNING,
             pid=pid,
             pid_start=self.main.ident.start_time,
             started_at=now,
+            **shim_fields,
         )
-        self.store.add_event(self.job.id, self.run, "started", now, pid=pid, containment=self._containment())
         _report(report_fd, {"pid": pid, "state": "running"})
         self._arm_timeout()
         return self._supervise()
@@ -120,6 +171,7 @@ class Supervisor:
         if not self.tree.members:
             _report(report_fd, {"error": "no process of the job is alive any more", "exit_code": 1})
             return 1
+        self._start_diagnosis(record.pid)
         shim_start = self.procfs.stat(self.pid).start_time
         # lost -> running: supervised again
         self.store.update_run(
@@ -138,12 +190,149 @@ class Supervisor:
         self._arm_timeout(since=record.started_at)
         return self._supervise()
 
+    def _cgroup_join_file(self) -> str | None:
+        """The file the job writes "0" to, between fork and exec, to join its cgroup. On v1, `tasks`
+        moves only the writing thread, which needs no global threadgroup lock; `cgroup.procs` takes it,
+        and its first taker in a while waits out an RCU grace period (10-20 ms of every `run`). The
+        child is single-threaded until exec, so its one thread is the whole process. v2 migrates
+        between domain cgroups only through cgroup.procs."""
+        if not self.cgroup:
+            return None
+        return str(self.cgroup.path / "tasks" if self.cgroup.version == 1 else self.cgroup.procs_file)
+
+    def wait_backoff(self, delay_s: float) -> bool:
+        """restarting: wait out the backoff before the next attempt; False if stopped meanwhile."""
+        self._install_signals()
+        deadline = self.clock.monotonic() + delay_s
+        while self.clock.monotonic() < deadline:
+            wait_readable([self._wake_r], deadline - self.clock.monotonic())
+            self._handle_signals(self._drain_signals())
+            if self.stop:
+                return False
+        return True
+
+    def end_before_start(self) -> int:
+        """A restart or queued run that was stopped before its process existed."""
+        return self._end_unstarted()
+
+    def close(self) -> None:
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _job_env(self) -> dict[str, str]:
+        """The user's environment and --env values, the markers, and the Python hooks (unless
+        --no-py-hooks): they load in every Python process of the job through PYTHONPATH."""
+        base = {**os.environ, **self.job.env}
+        heartbeat = self.layout.heartbeat_file(self.job.id, self.run)
+        if self.job.options.get("py_hooks", True):
+            py_dir = ensure_private_dir(self.layout.py_dir(self.job.id, self.run))
+            extra = hook_env(py_dir, heartbeat, self.pid, self.job.options.get("mp_start"), base)
+        else:
+            extra = heartbeat_env(heartbeat)
+        return {**base, **extra, **self.gpu_env, **self.markers}
+
+    def _limit_memory(self) -> None:
+        """--mem-limit: the cgroup's own limit where it has a memory controller (the kernel's OOM killer
+        enforces it and counts its kills); else jobwarden's watchdog over the tree's memory."""
+        limit = self.job.options.get("mem_limit_bytes")
+        if not limit:
+            return
+        if self.cgroup and self.cgroup.has_memory_controller:
+            try:
+                self.cgroup.set_memory_limit(int(limit))
+                return
+            except JobwardenError as err:
+                log(f"cannot set the cgroup memory limit ({err.message}); watching the tree instead")
+        self.mem_watchdog = MemoryWatchdog(int(limit))
+
+    def _wait_for_gpus(self, report_fd: int) -> tuple[bool, bool]:
+        """queued -> starting once enough GPUs are free and claimed (atomically against other jobs). The
+        CLI is answered after the first try: `running` if it got them at once, else `queued`, and
+        `status` shows what the run waits for. Returns (admitted, answered the CLI): not admitted when it
+        was stopped, or can never run here."""
+        request = GpuRequest.from_options(self.job.options)
+        assert request is not None
+        probe = try_open_gpu_probe()
+        reported = False
+        while True:
+            admission = try_admit(
+                self.store,
+                self.job.id,
+                self.run,
+                probe,
+                None if request.ids else request.count,
+                request.ids,
+                now=self.clock.wall(),
+                procfs=self.procfs,
+            )
+            if admission.admitted:
+                self.gpu_env = admission.env
+                self.store.update_run(self.job.id, self.run, state=JobState.STARTING, queued_reason=None)
+                self.store.add_event(
+                    self.job.id, self.run, "gpus-claimed", self.clock.wall(), gpus=list(admission.claimed)
+                )
+                return True, reported
+            if admission.impossible:
+                self.stop = StopRequest(EndReason.SPAWN_FAILED, 0)
+                self.store.update_run(self.job.id, self.run, error=admission.impossible)
+                _report(report_fd, {"error": admission.impossible, "exit_code": 1})
+                return False, True
+            self._safe_write(
+                self.store.update_run,
+                self.job.id,
+                self.run,
+                state=JobState.QUEUED,
+                queued_reason=describe_wait(admission),
+            )
+            if not reported:
+                _report(report_fd, {"pid": None, "state": "queued"})
+                reported = True
+            wait_readable([self._wake_r], ADMIT_RETRY_S)
+            self._handle_signals(self._drain_signals())
+            if self.stop:
+                return False, reported
+
+    def _end_unstarted(self) -> int:
+        """A queued run that never started: stopped by the user, or impossible here (not enough GPUs)."""
+        now = self.clock.wall()
+        stopped = self.stop is not None and self.stop.reason == EndReason.STOPPED
+        # queued -> stopped | failed
+        self.store.update_run(
+            self.job.id,
+            self.run,
+            state=JobState.STOPPED if stopped else JobState.FAILED,
+            end_reason=EndReason.STOPPED if stopped else EndReason.SPAWN_FAILED,
+            ended_at=now,
+            queued_reason=None,
+        )
+        self.store.add_event(self.job.id, self.run, "ended", now, state="stopped" if stopped else "failed")
+        self.store.release_gpus(self.job.id, self.run)
+        self._remove_cgroup()
+        return 0
+
+    def _start_diagnosis(self, main_pid: int | None) -> None:
+        window = self.job.options.get("hang_timeout_s", DEFAULT_HANG_TIMEOUT_S)
+        self.diag = Diagnoser(
+            self.store, self.job, self.run, self.procfs, self.tree, window or None, self.clock.monotonic()
+        )
+        self.diag.main_pid = main_pid
+        probe = try_open_gpu_probe() if self._watch_gpus() else None
+        if isinstance(probe, GpuProbe):
+            self.diag.gpu = GpuWatch(probe)
+
+    def _watch_gpus(self) -> bool:
+        """NVML is asked only for jobs that claimed GPUs or on machines that have a driver: importing and
+        initialising it costs the shim tens of milliseconds, and nothing on a CPU-only machine."""
+        return bool(self.gpu_env) or os.path.exists("/dev/nvidiactl") or FAKE_NVML_ENV in os.environ
+
     def _containment(self) -> str:
         if self.cgroup:
             return f"cgroup-v{self.cgroup.version} {self.cgroup.path}"
         return "subreaper+scan (no writable cgroup)"
 
     def _spawn_failed(self, err: SpawnError, report_fd: int) -> int:
+        self.spawn_failed = True
         code = 127 if err.errno == errno.ENOENT and "execute" in str(err) else 126
         if "chdir" in str(err):
             code = 1
@@ -236,6 +425,7 @@ class Supervisor:
         for pid, raw in reap_any():
             self.statuses[pid] = raw
         ended: list[tuple[int, int, int | None]] = []
+        members: list[tuple[Member, int | None]] = []
         for member in self.tree.exited():
             status = self.statuses.pop(member.pid, None)
             if status is None:
@@ -249,10 +439,18 @@ class Supervisor:
                 self.main_status = status if status is not None else -1
                 self.main = None
             ended.append((member.pid, member.ident.start_time, status))
+            members.append((member, status))
         # forget statuses of pids we never tracked: their numbers may be reused by new members
         self.statuses = {p: s for p, s in self.statuses.items() if p in self.tree.members}
         if ended:
             self._safe_write(self.store.record_tree, self.job.id, self.run, self.clock.wall(), [], ended)
+        if members and self.diag and not self.stop:
+            if self.oom_watch and any(status != 0 for _, status in members):
+                self._poll_oom(self.clock.wall())  # a worker's death may be the OOM killer's: know it first
+            main = self.main
+            self._act_on(
+                self.diag.on_exits(members, self.clock.wall(), self.clock.monotonic(), main),
+            )
         return ended
 
     def _non_child_status(self, member: Member) -> int | None:
@@ -271,6 +469,82 @@ class Supervisor:
         self.logs.index(now)
         self._check_disk(now)
         self._safe_write(self.store.record_tree, self.job.id, self.run, now, snaps, [])
+        self._watch_memory(snaps, now)
+        if self.diag:
+            self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic(), self.oom))
+
+    def _watch_memory(self, snaps: list[Any], now: float) -> None:
+        """OOM kills (counters, kernel log) and, without a cgroup limit, the --mem-limit watchdog."""
+        self._poll_oom(now, [s.pid for s in snaps])
+        if self.mem_watchdog and not self.stop:
+            total = tree_memory(
+                self.procfs, [s.pid for s in snaps], exact_above=self.mem_watchdog.limit_bytes
+            )
+            if self.mem_watchdog.check(total):
+                limit = self.mem_watchdog.limit_bytes
+                log(f"--mem-limit: the tree uses {total} bytes, over {limit}: ending it")
+                self._record_oom(self.mem_watchdog.evidence(sorted(self.tree.members)), now)
+                # running -> stopping: SIGKILL at once, as the kernel's OOM killer would
+                self.stop = StopRequest(EndReason.MEM_LIMIT, 0.0)
+
+    def _poll_oom(self, now: float, pids: list[int] | None = None) -> None:
+        if self.oom_watch:
+            found = self.oom_watch.poll(pids)
+            if found is not None and found != self.oom:
+                self._record_oom(found, now)
+
+    def _record_oom(self, oom: OomEvidence, now: float) -> None:
+        self.oom = oom
+        if self.diag:
+            self.diag.oom = oom
+        self._safe_write(
+            self.store.add_event,
+            self.job.id,
+            self.run,
+            "oom",
+            now,
+            mechanism=oom.mechanism,
+            kills=oom.kills,
+            limit_bytes=oom.limit_bytes,
+            peak_bytes=oom.peak_bytes,
+            victims=list(oom.victims),
+            kernel_lines=list(oom.kernel_lines),
+        )
+
+    def _act_on(self, verdict: Verdict | None) -> None:
+        """Record what the diagnosis found; on a hang, apply --on-hang (dump: keep the job as it is)."""
+        if verdict is None:
+            return
+        now = self.clock.wall()
+        for finding in verdict.findings:
+            log(f"finding {finding.rule}: {finding.summary}")
+            self._safe_write(
+                self.store.add_event,
+                self.job.id,
+                self.run,
+                "finding",
+                now,
+                rule=finding.rule,
+                pids=finding.pids,
+            )
+        if not verdict.hung:
+            return
+        action = self.job.options.get("on_hang", "dump")
+        rules = [f.rule for f in verdict.findings]
+        self._safe_write(self.store.add_event, self.job.id, self.run, "hung", now, rules=rules, action=action)
+        if self.notifier:
+            from jobwarden.control.notify import event_payload
+
+            top = verdict.findings[0].title if verdict.findings else None
+            self.notifier.deliver(
+                event_payload("hung", self.job.id, self.job.name, self.run, "running", finding=top)
+            )
+        if action in ("stop", "restart") and not self.stop:
+            # running -> stopping: the stacks are stored; end the hung run (and restart it, if asked)
+            self.stop = StopRequest(
+                EndReason.HUNG, float(self.job.options.get("grace_s", config.DEFAULT_GRACE_S))
+            )
+            self.restart_after_hang = action == "restart"
 
     def _check_disk(self, now: float) -> None:
         """Record when the log's filesystem fills up and when it has room again. The job's own writes fail
@@ -321,9 +595,16 @@ class Supervisor:
             orphans = [{"pid": m.pid, "cmdline": m.cmdline} for m in self.tree.members.values()]
             survivors = self.terminate_tree(float(self.job.options.get("grace_s", config.DEFAULT_GRACE_S)))
         self.logs.index(self.clock.wall())
+        with contextlib.suppress(OSError):  # a kill in the last moments (the main process itself) counts too
+            self._poll_oom(self.clock.wall())
         self._record_end(orphans, survivors)
+        self._safe_write(self.store.release_gpus, self.job.id, self.run)
         self._remove_cgroup()
         self.tree.close()
+        if self.oom_watch:
+            self.oom_watch.close()
+        if self.diag and self.diag.gpu:
+            self.diag.gpu.close()
         return 0
 
     def terminate_tree(self, grace_s: float) -> list[Survivor]:

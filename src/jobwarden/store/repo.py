@@ -170,19 +170,37 @@ class Store:
     ) -> bool:
         """Set fields of a run; with `only_if_state`, only while the run is in one of those states (a
         compare-and-set, so a CLI marking a run lost never overwrites the end a shim just recorded)."""
-        unknown = set(fields) - _RUN_COLUMNS
-        if unknown:
-            raise ValueError(f"unknown run fields {unknown}")
-        values = [json.dumps(v) if isinstance(v, list | dict) else v for v in fields.values()]
-        sql = f"UPDATE runs SET {', '.join(f'{k} = ?' for k in fields)} WHERE job_id = ? AND n = ?"
-        params = [*values, job_id, n]
-        if only_if_state is not None:
-            states = list(only_if_state)
-            sql += f" AND state IN ({', '.join('?' * len(states))})"
-            params += states
+        sql, params = _run_update(job_id, n, only_if_state, fields)
         try:
             with write(self._conn):
                 return self._conn.execute(sql, params).rowcount > 0
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
+
+    def update_run_with_event(
+        self,
+        job_id: int,
+        n: int,
+        kind: str,
+        at: float,
+        data: dict[str, Any],
+        *,
+        only_if_state: Iterable[JobState] | None = None,
+        **fields: Any,
+    ) -> bool:
+        """`update_run` and `add_event` in one transaction: one commit instead of two (the shim's start
+        is on the latency of `run`), and no reader sees the new state without the event that explains it.
+        The event is recorded only if the update applied."""
+        sql, params = _run_update(job_id, n, only_if_state, fields)
+        try:
+            with write(self._conn):
+                if self._conn.execute(sql, params).rowcount == 0:
+                    return False
+                self._conn.execute(
+                    "INSERT INTO events (job_id, run, at, kind, data) VALUES (?,?,?,?,?)",
+                    (job_id, n, at, kind, json.dumps(data)),
+                )
+                return True
         except sqlite3.Error as err:
             raise translate(err, self.layout.database) from err
 
@@ -350,3 +368,19 @@ class Store:
         """GPU index -> (job id, run) of every claim on record."""
         rows = self._exec("SELECT gpu_index, job_id, run FROM gpu_claims")
         return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
+
+
+def _run_update(
+    job_id: int, n: int, only_if_state: Iterable[JobState] | None, fields: dict[str, Any]
+) -> tuple[str, list[Any]]:
+    unknown = set(fields) - _RUN_COLUMNS
+    if unknown:
+        raise ValueError(f"unknown run fields {unknown}")
+    values = [json.dumps(v) if isinstance(v, list | dict) else v for v in fields.values()]
+    sql = f"UPDATE runs SET {', '.join(f'{k} = ?' for k in fields)} WHERE job_id = ? AND n = ?"
+    params = [*values, job_id, n]
+    if only_if_state is not None:
+        states = list(only_if_state)
+        sql += f" AND state IN ({', '.join('?' * len(states))})"
+        params += states
+    return sql, params

@@ -1,0 +1,151 @@
+"""Gather the facts `jobwarden doctor` judges: by reading settings, and by trying (a ptrace attach, a
+pidfd exit status, a cgroup made and removed). Nothing here is changed for good."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import sqlite3
+import sys
+from pathlib import Path
+
+from jobwarden import config
+from jobwarden.control.doctor import HostFacts, Interpreter, StoreFacts, Tool
+from jobwarden.osapi import capabilities as caps
+from jobwarden.osapi.cgroup import create_job_cgroup
+from jobwarden.osapi.shell import python_version, version_of
+from jobwarden.paths import Layout
+from jobwarden.store.schema import LATEST
+
+_PYTHON_NAME = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+def gather(home: Path) -> HostFacts:
+    """Probes that fork come first: nothing here starts a thread or opens the store before them."""
+    attach = caps.probe_ptrace_attach()
+    pidfd_exit = caps.probe_pidfd_exit_info()
+    disabled = os.environ.get(config.CGROUP_ENV, "auto") == "off"
+    mode = uid = None
+    with contextlib.suppress(OSError):
+        st = home.stat()
+        mode, uid = st.st_mode, st.st_uid
+    return HostFacts(
+        euid=os.geteuid(),
+        yama_scope=caps.yama_ptrace_scope(),
+        cap_sys_ptrace=caps.has_capability(caps.CAP_SYS_PTRACE),
+        ptrace_attach=(attach.ok, attach.detail),
+        pyspy=find_tool("py-spy"),
+        gdb=find_tool("gdb"),
+        cgroup_disabled=disabled,
+        containment=None if disabled else probe_containment(),
+        nvml=probe_nvml(),
+        nvidia_driver=Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidiactl").exists(),
+        kernel=caps.kernel_version(),
+        kernel_release=os.uname().release,
+        pidfd_exit=(pidfd_exit.ok, pidfd_exit.detail),
+        interpreters=tuple(find_interpreters()),
+        store=store_facts(Layout(home).database),
+        home=home,
+        home_mode=mode,
+        home_uid=uid,
+        free_bytes=free_bytes(home),
+    )
+
+
+def find_tool(name: str) -> Tool | None:
+    """On PATH, or next to the running interpreter (a virtual environment's bin/, where pip puts it)."""
+    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    return Tool(path, version_of(path)) if path else None
+
+
+def probe_containment() -> str | None:
+    """Make the cgroup `run` would make, and remove it again."""
+    cgroup = create_job_cgroup(f"jobwarden-doctor-{os.getpid()}")
+    if cgroup is None:
+        return None
+    cgroup.remove()
+    return f"cgroup-v{cgroup.version} {cgroup.path}"
+
+
+def probe_nvml() -> tuple[str, str]:
+    try:
+        from jobwarden.probes import gpu  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        import importlib.util
+
+        if importlib.util.find_spec("pynvml") is None:
+            return ("no-module", "nvidia-ml-py not installed")
+        return ("no-probe", "nvidia-ml-py is installed but this jobwarden has no GPU probe")
+    try:
+        probe = gpu.open_gpu_probe()
+    except Exception as err:  # a broken driver must not break doctor
+        return ("unavailable", f"{type(err).__name__}: {err}")
+    if probe is None:
+        return ("unavailable", "NVML did not initialise (no driver, or no GPU visible here)")
+    try:
+        devices = probe.devices() if hasattr(probe, "devices") else None
+    finally:
+        if hasattr(probe, "close"):
+            probe.close()
+    count = f"{len(devices)} GPU(s)" if devices is not None else "GPUs visible"
+    return ("ok", f"NVML works: {count}")
+
+
+def find_interpreters() -> list[Interpreter]:
+    """python, python3, python3.X on PATH, and every pyenv version; each asked its own version."""
+    candidates: list[tuple[str, str]] = []
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        if Path(directory).name == "shims":
+            continue  # pyenv's shims are scripts naming whichever version is selected: seen below
+        with contextlib.suppress(OSError):
+            for entry in sorted(os.listdir(directory or ".")):
+                if _PYTHON_NAME.fullmatch(entry):
+                    candidates.append((os.path.join(directory, entry), "PATH"))
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    with contextlib.suppress(OSError):
+        for version_dir in sorted(pyenv.iterdir()):
+            for name in ("python", "python3"):
+                if (version_dir / "bin" / name).exists():
+                    candidates.append((str(version_dir / "bin" / name), "pyenv"))
+                    break
+    found, seen = [], set()
+    for path, source in candidates:
+        real = os.path.realpath(path)
+        if real in seen or not os.access(path, os.X_OK) or os.path.isdir(path):
+            continue
+        seen.add(real)
+        found.append(Interpreter(path, python_version(path), source))
+    return found
+
+
+def store_facts(database: Path) -> StoreFacts:
+    """Read-only: doctor never migrates or creates the store."""
+    if not database.exists():
+        return StoreFacts(database, exists=False, latest=LATEST)
+    try:
+        conn = sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=10)
+    except sqlite3.Error as err:
+        return StoreFacts(database, True, latest=LATEST, error=str(err))
+    try:
+        rows = conn.execute("PRAGMA integrity_check").fetchall()
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    except sqlite3.Error as err:
+        return StoreFacts(database, True, latest=LATEST, error=str(err))
+    finally:
+        conn.close()
+    problems = [str(r[0]) for r in rows]
+    integrity = "ok" if problems == ["ok"] else "; ".join(problems[:3])
+    return StoreFacts(database, True, integrity, version, LATEST)
+
+
+def free_bytes(home: Path) -> int | None:
+    """Free space for us under the home, or under its nearest existing parent."""
+    path = home
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None

@@ -1,0 +1,225 @@
+"""Tell someone when a job fails, hangs, restarts or succeeds: `--notify URL` (a JSON POST whose `text`
+field is what Slack-style webhooks show, plus structured fields) and `--on-event CMD` (run through
+/bin/sh with the event as JSON on its stdin).
+
+Delivery happens on one short-lived background thread, so the shim's loop never waits on a slow or
+dead server: `deliver` only queues. Every failure (refused, timed out, non-2xx, a command exiting
+non-zero) is logged with its reason and is never fatal. The thread exits as soon as the queue is empty,
+so between events the shim is single-threaded again (it forks the job's next attempt).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import socket
+import threading
+import urllib.parse
+from collections.abc import Callable, Mapping
+
+from jobwarden.osapi.shell import run_shell
+
+EVENTS = ("failed", "hung", "restarted", "succeeded")
+DEFAULT_TIMEOUT_S = 10.0
+_MAX_PENDING = 64  # a job restarting in a tight loop must not pile up threads' worth of work
+_MAX_RESPONSE = 1 << 16
+
+
+def event_payload(
+    event: str,
+    job_id: int,
+    job_name: str,
+    run: int,
+    state: str,
+    exit_code: int | None = None,
+    signal: str | None = None,
+    finding: str | None = None,
+    host: str | None = None,
+    at: str | None = None,
+) -> dict[str, object]:
+    """The JSON every notification carries. `finding`: the title of the most likely root cause."""
+    host = host or socket.gethostname()
+    return {
+        "text": _summary(event, job_id, job_name, run, exit_code, signal, finding, host),
+        "event": event,
+        "job_id": job_id,
+        "job_name": job_name,
+        "run": run,
+        "state": state,
+        "exit_code": exit_code,
+        "signal": signal,
+        "finding": finding,
+        "host": host,
+        "at": at,
+    }
+
+
+def _summary(
+    event: str,
+    job_id: int,
+    name: str,
+    run: int,
+    exit_code: int | None,
+    signal: str | None,
+    finding: str | None,
+    host: str,
+) -> str:
+    how = f"killed by {signal}" if signal else f"exit code {exit_code}" if exit_code is not None else ""
+    verb = {
+        "failed": f"failed ({how})" if how else "failed",
+        "hung": "looks hung",
+        "restarted": f"was restarted (now run {run})",
+        "succeeded": "succeeded",
+    }.get(event, event)
+    run_part = "" if event == "restarted" else f" run {run}"
+    text = f"jobwarden on {host}: job {job_id} ({name}){run_part} {verb}"
+    return f"{text}: {finding}" if finding else text
+
+
+def redact(url: str) -> str:
+    """scheme://host/… : a webhook's path is its secret (Slack, Discord, Teams), never log it."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or "?"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}/…"
+
+
+class Notifier:
+    """Delivers events to a URL and/or a shell command, off the caller's thread."""
+
+    def __init__(
+        self,
+        url: str | None,
+        command: str | None,
+        log: Callable[[str], None],
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.url, self.command, self.log, self.timeout_s = url, command, log, timeout_s
+        self.env = dict(os.environ if env is None else env)
+        self._lock = threading.Lock()
+        self._queue: collections.deque[dict[str, object]] = collections.deque()
+        self._worker: threading.Thread | None = None
+        self._helpers: set[int] = set()
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, object], log: Callable[[str], None]) -> Notifier:
+        """The notifier a job asked for with `run --notify URL --on-event CMD` (job options "notify",
+        "on_event"); inactive when it asked for neither."""
+        url, command = options.get("notify"), options.get("on_event")
+        return cls(url if isinstance(url, str) else None, command if isinstance(command, str) else None, log)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.url or self.command)
+
+    def deliver(self, event: dict[str, object]) -> None:
+        """Queue `event` and return at once."""
+        if not self.active:
+            return
+        with self._lock:
+            if len(self._queue) >= _MAX_PENDING:
+                self.log(f"notify: {len(self._queue)} events still pending; dropped {event.get('event')!r}")
+                return
+            self._queue.append(event)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="jobwarden-notify", daemon=True)
+                self._worker.start()
+
+    def helper_pids(self) -> set[int]:
+        """Pids of --on-event commands running now. They are children of the shim (in a session of
+        their own): its tree discovery must not count them as the job's."""
+        with self._lock:
+            return set(self._helpers)
+
+    def close(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for pending deliveries; what is left is logged and abandoned."""
+        with self._lock:
+            worker = self._worker
+        if worker is not None:
+            worker.join(timeout_s)
+        with self._lock:
+            if self._worker is not None:
+                left = len(self._queue) + 1
+                self.log(f"notify: gave up waiting after {timeout_s:g}s; {left} event(s) not delivered")
+                self._queue.clear()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._worker = None  # idle -> gone: no thread lives between events
+                    return
+                event = self._queue.popleft()
+            body = json.dumps(event).encode()
+            kind = str(event.get("event", "event"))
+            if self.url:
+                self._post(kind, body)
+            if self.command:
+                self._run_hook(kind, body)
+
+    def _post(self, kind: str, body: bytes) -> None:
+        where = redact(self.url or "")
+        try:
+            status = post_json(self.url or "", body, self.timeout_s)
+        except Exception as err:  # any failure is logged, never raised into the shim
+            self.log(f"notify: {kind} to {where} failed: {describe_error(err)}")
+            return
+        if 200 <= status < 300:
+            self.log(f"notify: {kind} delivered to {where} (HTTP {status})")
+        else:
+            self.log(f"notify: {kind} to {where} failed: HTTP {status}")
+
+    def _run_hook(self, kind: str, body: bytes) -> None:
+        env = {**self.env, "JOBWARDEN_EVENT": kind}
+        spawned: list[int] = []
+
+        def started(pid: int) -> None:
+            spawned.append(pid)
+            with self._lock:
+                self._helpers.add(pid)
+
+        try:
+            outcome = run_shell(self.command or "", body, self.timeout_s, env, started)
+        finally:
+            with self._lock:
+                self._helpers.difference_update(spawned)
+        if outcome.ok:
+            self.log(f"notify: --on-event command ran for {kind}")
+        else:
+            self.log(f"notify: --on-event command for {kind} failed: {outcome.describe()}")
+
+
+def post_json(url: str, body: bytes, timeout_s: float) -> int:
+    """POST `body` as JSON; the HTTP status. Raises on connection errors and timeouts."""
+    import urllib.error
+    import urllib.request
+
+    from jobwarden import __version__
+
+    request = urllib.request.Request(
+        url,
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json", "User-Agent": f"jobwarden/{__version__}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            response.read(_MAX_RESPONSE)
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        err.close()
+        return int(err.code)
+
+
+def describe_error(err: BaseException) -> str:
+    """'connection refused', 'timed out after 10s', ... from urllib's nested errors."""
+    reason = getattr(err, "reason", err)
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused (is the server up?)"
+    if isinstance(reason, TimeoutError | socket.timeout):
+        return "timed out"
+    if isinstance(reason, socket.gaierror):
+        return f"cannot resolve the host ({reason.strerror})"
+    return f"{type(reason).__name__}: {reason}"

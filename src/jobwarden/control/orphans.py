@@ -1,0 +1,346 @@
+"""`jobwarden orphans`: every process that should not be alive any more (DESIGN seed case S5).
+
+Two kinds of strays:
+
+- processes of this store's jobs whose run ended, whose supervisor died, or whose job was removed. They are
+  found by their JOBWARDEN_* marker, and by the (pid, start time) the shim recorded: the only way to see
+  another user's process (started through sudo, say), whose environment we may not read;
+- processes holding GPU memory that belong to no live job and were reparented to init or a subreaper:
+  the parent that would have ended them is gone (the 1.5-day training loop of S5).
+
+Nothing here signals anything; `control.killer` ends what the user chooses to end.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+from jobwarden.clock import iso
+from jobwarden.config import format_duration, format_size
+from jobwarden.control.views import refresh
+from jobwarden.errors import AccessDenied, JobNotFound, ProcessGone
+from jobwarden.model import GpuProcess, JobState
+from jobwarden.osapi.procfs import ProcFS, ProcStat
+from jobwarden.probes.markers import read_job_marks
+from jobwarden.store import JobRecord, RunRecord, Store
+
+# Processes that adopt orphans: init of the host or of a container, and the usual subreapers (systemd's
+# user manager, container inits). A GPU holder whose parent is one of these has lost its real parent.
+_ADOPTERS = frozenset(
+    {"systemd", "init", "tini", "dumb-init", "catatonit", "docker-init", "s6-svscan", "runsvdir"}
+)
+
+
+@dataclass(frozen=True)
+class Stray:
+    """A process that should not be alive, with where it came from and why it is listed."""
+
+    pid: int
+    start_time: int
+    ppid: int
+    pgid: int
+    uid: int | None
+    user: str
+    state: str
+    command: str
+    started_at: float | None  # wall clock
+    rss_bytes: int
+    reason: str
+    job: int | None = None
+    run: int | None = None
+    job_name: str | None = None
+    gpu_memory_bytes: int | None = None
+    gpus: tuple[int, ...] = field(default=())
+
+    def to_json(self, now: float) -> dict[str, object]:
+        return {
+            "pid": self.pid,
+            "user": self.user,
+            "command": self.command,
+            "reason": self.reason,
+            "job": self.job,
+            "run": self.run,
+            "job_name": self.job_name,
+            "uid": self.uid,
+            "ppid": self.ppid,
+            "pgid": self.pgid,
+            "state": self.state,
+            "start_time": self.start_time,
+            "started_at": iso(self.started_at),
+            "age_s": round(now - self.started_at, 1) if self.started_at is not None else None,
+            "rss_bytes": self.rss_bytes,
+            "gpu_memory_bytes": self.gpu_memory_bytes,
+            "gpus": list(self.gpus),
+        }
+
+
+def stray_reason(
+    job_id: int, run_n: int | None, job: JobRecord | None, run: RunRecord | None, now: float
+) -> str | None:
+    """Why a process of job `job_id` (run `run_n`) should not be alive; None while its run is live.
+    `run` is the run as it really is (a watched run whose shim died already reads `lost`)."""
+    if job is None:
+        return f"job {job_id} was removed"
+    if run is None:
+        return f"job {job_id} has no run {run_n} on record"
+    if run.state.is_ended:
+        when = f" {format_duration(now - run.ended_at)} ago" if run.ended_at is not None else ""
+        return f"job {job_id} run {run.n} ended{when} ({run.state})"
+    if run.state == JobState.LOST:
+        return f"supervisor of job {job_id} died"
+    return None
+
+
+def user_name(uid: int | None) -> str:
+    if uid is None:
+        return "?"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    job: JobRecord | None
+    run: RunRecord | None
+    reason: str | None
+
+
+class StrayFinder:
+    """One look at the machine against one store. `exclude`: pids never listed (the caller and its
+    ancestors: `jobwarden orphans` run from inside a job must not list itself)."""
+
+    def __init__(self, store: Store, procfs: ProcFS, now: float, exclude: Iterable[int] = ()) -> None:
+        self.store, self.procfs, self.now = store, procfs, now
+        self.exclude = set(exclude)
+        home = store.layout.home
+        self._homes = {str(home), os.path.realpath(home)}
+        self._jobs = {job.id: job for job in store.jobs()}
+        self._verdicts: dict[tuple[int, int | None], _Verdict] = {}
+        self._boot: float | None = None
+        self._live_marked: set[int] = set()  # pids carrying the marker of a live run
+        self._live_idents: set[tuple[int, int]] | None = None
+
+    def find(self, gpu_processes: Sequence[GpuProcess] = ()) -> list[Stray]:
+        strays: dict[tuple[int, int], Stray] = {}
+        for stray in [*self._marked(), *self._recorded()]:
+            strays.setdefault((stray.pid, stray.start_time), stray)
+        by_pid = {s.pid: key for key, s in strays.items()}
+        for pid, (used, gpus) in _gpu_usage(gpu_processes).items():
+            if pid in by_pid:
+                key = by_pid[pid]
+                strays[key] = _with_gpu(strays[key], used, gpus)
+            elif pid not in self.exclude:
+                holder = self._gpu_stray(pid, used, gpus)
+                if holder:
+                    strays[(holder.pid, holder.start_time)] = holder
+        return sorted(strays.values(), key=lambda s: (s.job is None, s.job or 0, s.run or 0, s.pid))
+
+    # --- judging runs -----------------------------------------------------------------------------
+
+    def _verdict(self, job_id: int, run_n: int | None) -> _Verdict:
+        key = (job_id, run_n)
+        if key not in self._verdicts:
+            job = self._jobs.get(job_id)
+            run = None
+            if job is not None:
+                try:
+                    run = refresh(self.store, self.procfs, job, self.store.run(job_id, run_n))
+                except JobNotFound:
+                    run = None
+            self._verdicts[key] = _Verdict(job, run, stray_reason(job_id, run_n, job, run, self.now))
+        return self._verdicts[key]
+
+    # --- the sources ------------------------------------------------------------------------------
+
+    def _marked(self) -> Iterable[Stray]:
+        """Live processes carrying this store's marker, whose run is over."""
+        for st in self.procfs.iter_stats():
+            if st.state in ("Z", "X") or st.pid in self.exclude:
+                continue
+            try:
+                marker = read_job_marks(self.procfs, st.pid)
+            except (ProcessGone, AccessDenied):
+                continue  # another user's environment: found through the store's records instead
+            if marker is None or not self._is_our_home(marker.home):
+                continue
+            verdict = self._verdict(marker.job_id, marker.run)
+            if verdict.reason is None:
+                self._live_marked.add(st.pid)
+                continue
+            stray = self._stray(st, verdict.reason, marker.job_id, verdict)
+            if stray:
+                yield stray
+
+    def _recorded(self) -> Iterable[Stray]:
+        """Processes the shims recorded for runs that are over, still alive with the same start time."""
+        for job in self._jobs.values():
+            try:
+                latest = self.store.run(job.id).n
+            except JobNotFound:
+                continue  # removed while we looked
+            for n in range(1, latest + 1):
+                verdict = self._verdict(job.id, n)
+                if verdict.reason is None or verdict.run is None:
+                    continue
+                idents = {(p.pid, p.start_time) for p in self.store.processes(job.id, n, live_only=True)}
+                if verdict.run.pid and verdict.run.pid_start:
+                    idents.add((verdict.run.pid, verdict.run.pid_start))
+                for pid, start in sorted(idents):
+                    st = self._live_stat(pid, start)
+                    if st is not None and pid not in self.exclude:
+                        stray = self._stray(st, verdict.reason, job.id, verdict)
+                        if stray:
+                            yield stray
+
+    def _gpu_stray(self, pid: int, used: int | None, gpus: tuple[int, ...]) -> Stray | None:
+        """A GPU holder belonging to no live job, whose parent is gone (reparented to init/a subreaper)."""
+        try:
+            st = self.procfs.stat(pid)
+        except (ProcessGone, AccessDenied):
+            return None  # exited, or in another pid namespace
+        if st.state in ("Z", "X") or pid in self._live_marked or self._in_live_run(st):
+            return None
+        if not self._holds_a_gpu(pid):
+            return None
+        adopter = self._adopter(st.ppid)
+        if adopter is None:
+            return None  # its parent is alive: someone still owns it
+        where = ", ".join(str(g) for g in gpus)
+        held = f"holds {format_size(used)} on GPU {where}" if used is not None else f"uses GPU {where}"
+        reason = f"{held} and belongs to no live job (its parent exited; adopted by {adopter})"
+        stray = self._stray(st, reason, None, None)
+        return _with_gpu(stray, used, gpus) if stray else None
+
+    # --- helpers ----------------------------------------------------------------------------------
+
+    def _is_our_home(self, home: str) -> bool:
+        return home in self._homes or os.path.realpath(home) in self._homes
+
+    def _live_stat(self, pid: int, start: int) -> ProcStat | None:
+        try:
+            st = self.procfs.stat(pid)
+        except (ProcessGone, AccessDenied):
+            return None
+        return st if st.start_time == start and st.state not in ("Z", "X") else None
+
+    def _in_live_run(self, st: ProcStat) -> bool:
+        """Recorded by the shim of a live run (a job process whose environment was replaced)."""
+        if self._live_idents is None:
+            self._live_idents = set()
+            for job in self._jobs.values():
+                verdict = self._verdict(job.id, None)
+                if verdict.reason is None and verdict.run is not None:
+                    live = self.store.processes(job.id, verdict.run.n, live_only=True)
+                    self._live_idents.update((p.pid, p.start_time) for p in live)
+        return (st.pid, st.start_time) in self._live_idents
+
+    def _holds_a_gpu(self, pid: int) -> bool:
+        """NVML names pids of the host's pid namespace: inside a container the same number may name an
+        unrelated process here. Only one with an NVIDIA device open is the holder NVML meant. Another
+        user's descriptors cannot be read: trust NVML then (ending it needs root, who can read them)."""
+        try:
+            return self.procfs.has_open_file(pid, "/dev/nvidia")
+        except AccessDenied:
+            return True
+        except ProcessGone:
+            return False
+
+    def _adopter(self, ppid: int) -> str | None:
+        """'init (pid 1)' or 'systemd (pid 812)' when `ppid` adopts orphans; None for an ordinary parent."""
+        if ppid <= 1:
+            return "init (pid 1)"
+        try:
+            comm = self.procfs.stat(ppid).comm
+        except (ProcessGone, AccessDenied):
+            return None
+        return f"{comm} (pid {ppid})" if comm in _ADOPTERS else None
+
+    def _started_at(self, st: ProcStat) -> float | None:
+        if self._boot is None:
+            try:
+                self._boot = self.procfs.boot_time()
+            except OSError:
+                return None
+        return self._boot + st.start_time / self.procfs.ticks_per_s
+
+    def _stray(self, st: ProcStat, reason: str, job_id: int | None, verdict: _Verdict | None) -> Stray | None:
+        try:
+            command = self.procfs.cmdline(st.pid)
+            uid: int | None = self.procfs.uid(st.pid)
+        except ProcessGone:
+            return None
+        run = verdict.run.n if verdict and verdict.run else None
+        return Stray(
+            pid=st.pid,
+            start_time=st.start_time,
+            ppid=st.ppid,
+            pgid=st.pgid,
+            uid=uid,
+            user=user_name(uid),
+            state=st.state,
+            command=command,
+            started_at=self._started_at(st),
+            rss_bytes=st.rss_pages * self.procfs.page_size,
+            reason=reason,
+            job=job_id,
+            run=run,
+            job_name=verdict.job.name if verdict and verdict.job else None,
+        )
+
+
+def _gpu_usage(processes: Sequence[GpuProcess]) -> dict[int, tuple[int | None, tuple[int, ...]]]:
+    """pid -> (bytes held on all GPUs, or None when NVML cannot tell; the GPU indexes)."""
+    usage: dict[int, tuple[int | None, tuple[int, ...]]] = {}
+    for p in processes:
+        used, gpus = usage.get(p.pid, (None, ()))
+        if p.used_bytes is not None:
+            used = (used or 0) + p.used_bytes
+        usage[p.pid] = (used, tuple(sorted({*gpus, p.gpu_index})))
+    return usage
+
+
+def _with_gpu(stray: Stray, used: int | None, gpus: tuple[int, ...]) -> Stray:
+    return replace(stray, gpu_memory_bytes=used, gpus=gpus)
+
+
+def gpu_processes() -> list[GpuProcess]:
+    """The GPU holders NVML sees; [] when there is no GPU, no driver, or no GPU probe in this build."""
+    try:
+        from jobwarden.probes.gpu import open_gpu_probe  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    except ImportError:
+        return []
+    probe = open_gpu_probe()
+    if probe is None:
+        return []
+    try:
+        return list(probe.processes())
+    finally:
+        close = getattr(probe, "close", None)
+        if callable(close):
+            close()
+
+
+def self_and_ancestors(procfs: ProcFS, pid: int | None = None) -> set[int]:
+    """This process and every ancestor up to init."""
+    found: set[int] = set()
+    current = os.getpid() if pid is None else pid
+    while current > 1 and current not in found:
+        found.add(current)
+        try:
+            current = procfs.stat(current).ppid
+        except (ProcessGone, AccessDenied):
+            break
+    return found
+
+
+def find_strays(
+    store: Store, procfs: ProcFS, now: float, gpu: Sequence[GpuProcess] | None = None
+) -> list[Stray]:
+    """Every stray on the machine, against `store`. `gpu`: the GPU holders (None: ask NVML)."""
+    holders = gpu_processes() if gpu is None else gpu
+    return StrayFinder(store, procfs, now, self_and_ancestors(procfs)).find(holders)

@@ -1,0 +1,496 @@
+"""jobwarden's hooks for every Python process of a job, loaded without any change to the job's code.
+
+jobwarden puts this directory first on PYTHONPATH; `site` imports its `sitecustomize`, which loads this module
+and calls `main`. In a process of a job (JOBWARDEN_PY_DIR set) it:
+
+- registers faulthandler on JOBWARDEN_FAULT_SIGNAL, dumping every thread to `<py_dir>/<pid>.stacks`: a stack
+  even when the process is deadlocked in C, with no ptrace;
+- declares the shim as allowed tracer (prctl PR_SET_PTRACER) so py-spy, a child of the shim, may attach under
+  Yama ptrace_scope=1;
+- advertises the above in `<py_dir>/<pid>.json`, so the shim only sends the signal (whose default action is to
+  terminate) to a process that handles it;
+- records every fork() made while other threads run in `<py_dir>/<pid>.forks.jsonl` (the classic deadlock);
+  the child re-does all of the above for itself, since none of it is inherited as it should be;
+- applies JOBWARDEN_MP_START as multiprocessing's default start method, when multiprocessing is imported;
+- appends a fallback `jobwarden` package (only `heartbeat`) to the end of sys.path.
+
+Then, job or not, it runs the `sitecustomize` that jobwarden's shadows (a venv's, a distribution's), as `site`
+would have.
+
+It runs inside the job's interpreter, any CPython 3.8-3.14: standard library only, 3.8 syntax, and it must
+never break the job: every hook swallows its failures (one line on stderr at most). Every Python process of
+the job runs it, so it is kept cheap: no json, re, threading or multiprocessing import here.
+"""
+
+from __future__ import annotations
+
+import _thread  # built in, like time: the fork hooks must not import anything inside fork()
+import os
+import sys
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # mypy only: typing costs every start-up a few milliseconds on 3.8
+    from collections.abc import Mapping
+    from importlib.machinery import ModuleSpec, PathFinder
+    from types import FrameType, ModuleType
+
+PY_DIR_ENV = "JOBWARDEN_PY_DIR"
+FAULT_SIGNAL_ENV = "JOBWARDEN_FAULT_SIGNAL"
+SHIM_PID_ENV = "JOBWARDEN_SHIM_PID"
+MP_START_ENV = "JOBWARDEN_MP_START"
+DEBUG_ENV = "JOBWARDEN_HOOKS_DEBUG"
+MP_START_METHODS = ("spawn", "forkserver")
+
+FRAMES_PER_THREAD = 50  # the before-fork hook runs inside fork(): keep its work bounded
+MAX_THREADS = 100  # faulthandler's own limit
+YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+PR_SET_PTRACER = 0x59616D61  # "Yama", include/uapi/linux/prctl.h
+
+
+class _Job:
+    """What the job's environment asked for, read once at start-up (the job may edit os.environ later)."""
+
+    def __init__(self, py_dir: str, fault_signal: int, shim_pid: int, mp_start: str | None) -> None:
+        self.py_dir = py_dir
+        self.fault_signal = fault_signal
+        self.shim_pid = shim_pid
+        self.mp_start = mp_start
+        self.stacks_fd: int | None = None
+        self.libc: object = None  # ctypes' libc, loaded only where Yama makes the prctl matter
+        self.forks: dict[int, tuple[float, int]] = {}  # forking thread -> (at, parent pid) of its record
+        self.warned = False
+
+    def path(self, pid: int, suffix: str) -> str:
+        return os.path.join(self.py_dir, f"{pid}{suffix}")
+
+
+_job: _Job | None = None
+
+
+def job_from_env(environ: Mapping[str, str]) -> _Job | None:
+    py_dir = environ.get(PY_DIR_ENV)
+    if not py_dir:
+        return None
+    mp_start = environ.get(MP_START_ENV) or None
+    return _Job(
+        os.path.abspath(py_dir),
+        _int(environ.get(FAULT_SIGNAL_ENV)),
+        _int(environ.get(SHIM_PID_ENV)),
+        mp_start if mp_start in MP_START_METHODS else None,
+    )
+
+
+def _int(text: str | None) -> int:
+    try:
+        return int(text or 0)
+    except ValueError:
+        return 0
+
+
+def _report(job: _Job | None, what: str, err: BaseException) -> None:
+    """One line on stderr per process at most (the full traceback with JOBWARDEN_HOOKS_DEBUG=1)."""
+    try:
+        if os.environ.get(DEBUG_ENV):
+            import traceback
+
+            traceback.print_exception(type(err), err, err.__traceback__)
+        elif job is None or not job.warned:
+            sys.stderr.write(f"jobwarden: python hook {what} failed: {err}\n")
+        if job is not None:
+            job.warned = True
+    except Exception:
+        pass
+
+
+# --- JSON without importing json (it imports re: milliseconds on every start-up) ----------------------
+
+_ESCAPES: dict[int, str] = {i: f"\\u{i:04x}" for i in range(32)}
+_ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\"})
+
+
+def _json_str(text: str) -> str:
+    text = text.translate(_ESCAPES)
+    if not text.isascii():  # escape as \\uXXXX like json.dumps: file names may hold lone surrogates
+        text = "".join(c if ord(c) < 128 else _u_escape(ord(c)) for c in text)
+    return '"' + text + '"'
+
+
+def _u_escape(n: int) -> str:
+    if n > 0xFFFF:
+        n -= 0x10000
+        return f"\\u{0xD800 | (n >> 10):04x}\\u{0xDC00 | (n & 0x3FF):04x}"
+    return f"\\u{n:04x}"
+
+
+def dumps(obj: object) -> str:
+    """JSON for the plain values the hooks write (None, bool, int, float, str, list, tuple, dict)."""
+    if obj is None:
+        return "null"
+    if obj is True or obj is False:
+        return "true" if obj else "false"
+    if isinstance(obj, int):
+        return str(int(obj))
+    if isinstance(obj, float):
+        return repr(obj) if obj == obj and obj not in (float("inf"), float("-inf")) else "null"
+    if isinstance(obj, dict):
+        return "{" + ",".join(_json_str(str(k)) + ":" + dumps(v) for k, v in obj.items()) + "}"
+    if isinstance(obj, (list, tuple)):
+        return "[" + ",".join(dumps(v) for v in obj) + "]"
+    return _json_str(str(obj))
+
+
+# --- files ------------------------------------------------------------------------------------------
+
+
+def _write_atomic(path: str, text: str) -> None:
+    """Readers see the old file or the new one, never half of one."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _append(path: str, line: str) -> None:
+    """One write() on an O_APPEND file: lines from several processes do not interleave."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _start_time() -> int:
+    """Field 22 of /proc/self/stat: with the pid, the identity of this process (pids are reused)."""
+    with open("/proc/self/stat", "rb") as fh:
+        return int(fh.read().rpartition(b")")[2].split()[19])
+
+
+# --- the hooks --------------------------------------------------------------------------------------
+
+
+def install_fault_handler(job: _Job, pid: int) -> str:
+    """Dump every thread to `<pid>.stacks` on the fault signal; the file's path, or '' if not installed.
+
+    faulthandler's handler is C code that needs neither the GIL nor the main thread, so it answers even when
+    the process is deadlocked in a C extension. chain=False: the signal was chosen for us alone."""
+    if job.fault_signal <= 0:
+        return ""
+    import faulthandler  # built in: no file to load
+
+    path = job.path(pid, ".stacks")
+    fd = -1
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        faulthandler.register(job.fault_signal, file=fd, all_threads=True, chain=False)
+    except Exception:
+        faulthandler.unregister(job.fault_signal)  # a child must not go on writing to its parent's file
+        if fd >= 0:
+            os.close(fd)
+        raise
+    previous, job.stacks_fd = job.stacks_fd, fd
+    if previous is not None:
+        os.close(previous)  # after fork: the parent's file, which faulthandler no longer uses
+    if not faulthandler.is_enabled():
+        # On a fatal signal (SIGSEGV in an extension, SIGABRT) every thread's Python stack then goes to
+        # stderr, the job's output log: the evidence the native-crash finding quotes.
+        try:  # noqa: SIM105 - importing contextlib would cost every Python start of the job
+            faulthandler.enable(all_threads=True)
+        except Exception:  # no usable stderr: the crash is still named, without its frames
+            pass
+    return path
+
+
+def declare_ptracer(job: _Job, scope_path: str = YAMA_SCOPE) -> bool:
+    """Let the shim and its descendants (py-spy) attach as far as Yama goes; True if nothing is in the way.
+
+    Under ptrace_scope=1 only ancestors may attach, and py-spy, a child of the shim, is not one, unless this
+    process names the shim with PR_SET_PTRACER (yama_lsm.c accepts the declared tracer or a descendant of it).
+    The declaration is not inherited by fork(): the child calls this again. Without Yama, or at scope 0,
+    there is nothing to declare; at scopes 2 and 3 a declaration does not help."""
+    try:
+        with open(scope_path, "rb") as fh:
+            scope = fh.read().strip()
+    except OSError:
+        return True
+    if scope == b"0":
+        return True
+    if scope != b"1" or job.shim_pid <= 0:
+        return False
+    import ctypes  # only here: loading it costs about a millisecond
+
+    if job.libc is None:
+        job.libc = ctypes.CDLL(None, use_errno=True)
+    prctl = job.libc.prctl  # type: ignore[attr-defined]
+    return int(prctl(PR_SET_PTRACER, ctypes.c_ulong(job.shim_pid), 0, 0, 0)) == 0
+
+
+def write_advert(job: _Job, pid: int, fault_file: str, ptracer: bool) -> None:
+    advert = {
+        "pid": pid,
+        "start_time": _start_time(),
+        "python": ".".join(str(part) for part in sys.version_info[:3]),
+        "executable": sys.executable or "",
+        "fault_signal": job.fault_signal if fault_file else 0,
+        "fault_file": fault_file,
+        "ptracer": ptracer,
+        "mp_start": job.mp_start,
+    }
+    _write_atomic(job.path(pid, ".json"), dumps(advert))
+
+
+def _hook_process(job: _Job, pid: int) -> None:
+    """Everything a process of the job does for itself: at start-up, and again in a forked child."""
+    fault_file = ""
+    try:
+        fault_file = install_fault_handler(job, pid)
+    except Exception as err:
+        _report(job, "faulthandler", err)
+    ptracer = False
+    try:
+        ptracer = declare_ptracer(job)
+    except Exception as err:
+        _report(job, "PR_SET_PTRACER", err)
+    write_advert(job, pid, fault_file, ptracer)
+
+
+# --- fork() while threads run -----------------------------------------------------------------------
+
+
+def frames_of(frame: FrameType | None, limit: int = FRAMES_PER_THREAD) -> list[dict[str, object]]:
+    """Innermost first. co_qualname (3.11+) gives 'Pool.map' like py-spy does; older Pythons the bare name."""
+    found: list[dict[str, object]] = []
+    while frame is not None and len(found) < limit:
+        code = frame.f_code
+        name = getattr(code, "co_qualname", code.co_name)
+        found.append({"function": name, "file": code.co_filename, "line": frame.f_lineno})
+        frame = frame.f_back
+    return found
+
+
+def fork_record(forking_frame: FrameType | None, at: float) -> dict[str, object] | None:
+    """The forking thread's stack and every other thread's, or None when no other thread runs."""
+    me = _thread.get_ident()
+    current = sys._current_frames()
+    threading = sys.modules.get("threading")
+    # threading._active is read without its lock: active_count() would take a lock inside fork()
+    known: dict[int, object] = dict(getattr(threading, "_active", None) or {})
+    idents = [i for i in list(current) + [i for i in known if i not in current] if i != me]
+    if not idents:
+        return None
+    threads = []
+    for ident in idents[:MAX_THREADS]:
+        thread = known.get(ident)
+        threads.append(
+            {
+                "tid": getattr(thread, "native_id", None),
+                "name": getattr(thread, "name", None),
+                "frames": frames_of(current.get(ident)),
+            }
+        )
+    return {
+        "at": at,
+        "parent_pid": os.getpid(),
+        "stack": frames_of(forking_frame),
+        "threads": threads,
+        "os_threads": _os_threads(),
+    }
+
+
+def _os_threads() -> int | None:
+    """Native threads count too (a CUDA or OpenMP pool can hold a lock the child will need)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
+
+
+def _before_fork() -> None:
+    job = _job
+    if job is None:
+        return
+    try:
+        # Called from C by os.fork(): the frame below this one is the Python code that forks.
+        at = time.time()
+        record = fork_record(sys._getframe(1), at)
+        if record is not None:
+            _append(job.path(os.getpid(), ".forks.jsonl"), dumps(record))
+            job.forks[_thread.get_ident()] = (at, os.getpid())
+    except Exception as err:
+        _report(job, "fork record", err)
+
+
+def _after_fork_in_parent() -> None:
+    if _job is not None:
+        _job.forks.pop(_thread.get_ident(), None)
+
+
+def _after_fork_in_child() -> None:
+    job = _job
+    if job is None:
+        return
+    try:
+        # The forking thread is the child's only thread and keeps its ident.
+        recorded = job.forks.pop(_thread.get_ident(), None)
+        job.forks.clear()
+        job.warned = False
+        pid = os.getpid()
+        if recorded is not None:  # first: the link from the parent's record is what a hung child needs
+            at, parent = recorded
+            line = dumps({"child_pid": pid, "parent_pid": parent, "fork_at": at})
+            _append(job.path(parent, ".forks.jsonl"), line)
+        _hook_process(job, pid)
+    except Exception as err:
+        _report(job, "after fork", err)
+
+
+# --- multiprocessing's start method -----------------------------------------------------------------
+
+
+class MpStartFinder:
+    """Sets multiprocessing's default start method as multiprocessing is first imported.
+
+    A meta path finder that only wraps the real loader of `multiprocessing`: importing it eagerly here would
+    cost every process of the job several milliseconds (socket, pickle, ...), most of them for nothing.
+
+    It changes the *default* context rather than calling set_start_method(force=True): a job that calls
+    set_start_method() itself would then get "context has already been set"; here its own choice still wins,
+    as get_context("fork") does."""
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        if fullname != "multiprocessing":
+            return None
+        try:
+            for finder in list(sys.meta_path):
+                find_spec = getattr(finder, "find_spec", None)
+                if finder is self or find_spec is None:
+                    continue
+                spec: ModuleSpec | None = find_spec(fullname, path, target)
+                if spec is not None:
+                    self._wrap(spec)
+                    return spec
+        except Exception as err:
+            _report(_job, "--mp-start " + self.method, err)
+        return None  # the import system asks the next finders, as if this one were not there
+
+    def _wrap(self, spec: ModuleSpec) -> None:
+        loader = spec.loader
+        exec_module = getattr(loader, "exec_module", None)
+        if loader is None or exec_module is None:
+            raise ImportError("multiprocessing has a legacy loader; start method left alone")
+        own = vars(loader).get("exec_module")  # someone else's wrapper, to put back
+
+        def exec_then_set(module: ModuleType) -> None:
+            try:
+                exec_module(module)
+            finally:
+                if own is None:
+                    del loader.exec_module
+                else:
+                    loader.exec_module = own  # type: ignore[method-assign]
+            self._set_default(module)
+
+        loader.exec_module = exec_then_set  # type: ignore[method-assign]
+
+    def _set_default(self, module: ModuleType) -> None:
+        try:
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            context = module.context
+            default = context._default_context
+            if not hasattr(default, "_default_context"):
+                raise AttributeError("multiprocessing.context has no DefaultContext._default_context")
+            default._default_context = context._concrete_contexts[self.method]
+        except Exception as err:
+            _report(_job, "--mp-start " + self.method, err)
+
+
+# --- start-up ---------------------------------------------------------------------------------------
+
+
+def _activate(job: _Job) -> None:
+    global _job
+    _job = job
+    try:  # noqa: SIM105 (contextlib would cost an import; processes of the job race to create it)
+        os.mkdir(job.py_dir, 0o700)
+    except FileExistsError:
+        pass
+    _hook_process(job, os.getpid())
+    os.register_at_fork(
+        before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+    )
+    if job.mp_start is not None and "multiprocessing" not in sys.modules:
+        sys.meta_path.insert(0, MpStartFinder(job.mp_start))
+    fallback = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fallback")
+    if fallback not in sys.path:
+        sys.path.append(fallback)  # last: an installed jobwarden always wins
+
+
+def chain(sitecustomize_file: str) -> None:
+    """Run the sitecustomize that `sitecustomize_file` shadows: the next one on sys.path after its folder."""
+    ours = os.path.abspath(sitecustomize_file)
+    here = os.path.dirname(ours)
+    entries = list(sys.path)
+    start = 0
+    for i, entry in enumerate(entries):
+        if os.path.abspath(entry or ".") == here:
+            start = i + 1
+    for entry in entries[start:]:
+        spec = _path_finder().find_spec("sitecustomize", [entry])
+        if spec is None or spec.loader is None or not spec.origin or os.path.abspath(spec.origin) == ours:
+            continue
+        _run_chained(spec)
+        return
+
+
+def _path_finder() -> type[PathFinder]:
+    """importlib's PathFinder, from the bootstrap module every process has (importlib.machinery costs an
+    import on 3.8)."""
+    found = getattr(sys.modules.get("_frozen_importlib_external"), "PathFinder", None)
+    if found is not None:
+        return found  # type: ignore[no-any-return]
+    from importlib.machinery import PathFinder
+
+    return PathFinder
+
+
+def _run_chained(spec: ModuleSpec) -> None:
+    bootstrap = sys.modules.get("_frozen_importlib")
+    if hasattr(bootstrap, "module_from_spec"):
+        module: ModuleType = bootstrap.module_from_spec(spec)  # type: ignore[union-attr]
+    else:
+        from importlib.util import module_from_spec
+
+        module = module_from_spec(spec)
+    mine = sys.modules.get("sitecustomize")
+    sys.modules["sitecustomize"] = module  # what the job sees as its sitecustomize
+    try:
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except Exception as err:  # reported as site.py reports a failing sitecustomize
+        if mine is not None:
+            sys.modules["sitecustomize"] = mine
+        sys.stderr.write(
+            f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(err).__name__}: {err}\n"
+        )
+
+
+def main(sitecustomize_file: str) -> None:
+    """Called by jobwarden's sitecustomize (`sitecustomize_file`) each time one runs in this process: the
+    hooks are set up once, and the sitecustomize on sys.path after the caller's directory is run."""
+    if _job is None:
+        try:
+            job = job_from_env(os.environ)
+            if job is not None:
+                _activate(job)
+        except Exception as err:
+            _report(_job, "start-up", err)
+    try:
+        chain(sitecustomize_file)
+    except Exception as err:
+        _report(_job, "chaining sitecustomize", err)

@@ -1,0 +1,286 @@
+"""A worker process died and its parent is left waiting: `pool-worker-lost` (multiprocessing.Pool, which
+never fails the lost task: bpo-22393, still true on 3.13) and `dataloader-worker-killed` (PyTorch, which
+raises, or hangs when its SIGCHLD handler misses the death).
+
+Both fire on the evidence as soon as it exists, with no hang window: a death and a parent waiting in the
+pool's result wait are already proof, and the watchdog judges on every death.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from jobwarden.model import Finding, Frame, ProcessDeath, ProcessStack, ThreadStack
+from jobwarden.rules import frames
+from jobwarden.rules.evidence import RunEvidence
+from jobwarden.rules.lookup import Lookup, describe
+from jobwarden.rules.memory import oom_killed
+
+# Where a parent waits for a pool's results (bare names: 3.8-3.10 py-spy shows no class).
+_POOL_WAITS = (
+    ("multiprocessing/pool.py", ("get", "wait", "next", "__next__", "map", "starmap", "apply")),
+    ("concurrent/futures/_base.py", ("result", "as_completed", "wait", "_result_or_cancel")),
+)
+_POOL_MARKS = (  # a thread or frame that shows the process owns a pool
+    ("multiprocessing/pool.py", ("_handle_workers", "_handle_results", "_handle_tasks")),
+    ("concurrent/futures/process.py", ("run", "wait_result_broken_or_wakeup", "submit", "map")),
+)
+_REPLACEMENT = ("multiprocessing/pool.py", ("_repopulate_pool_static", "_maintain_pool"))
+_DATALOADER_WAITS = (
+    "torch/utils/data/dataloader.py",
+    ("_try_get_data", "_get_data", "_next_data", "__next__", "_shutdown_workers"),
+)
+_DL_WORKER = ("torch/utils/data/_utils/worker.py", ("_worker_loop",))
+
+
+@dataclass(frozen=True)
+class Lost:
+    death: ProcessDeath
+    parent: ProcessStack
+    waiting: ThreadStack
+    at: Frame  # the pool wait frame in the parent
+
+
+def _is_bad(death: ProcessDeath) -> bool:
+    return not death.is_main and (death.signal is not None or death.exit_code not in (None, 0))
+
+
+def _how(death: ProcessDeath, oom: Sequence[int]) -> str:
+    if death.pid in oom:
+        return "was killed by the OOM killer (SIGKILL)"
+    if death.signal:
+        return f"was killed by {death.signal}"
+    return f"exited with code {death.exit_code}"
+
+
+# --- pool-worker-lost -------------------------------------------------------------------------------
+
+
+def pool_worker_lost(ev: RunEvidence) -> Finding | None:
+    look = Lookup.of(ev)
+    lost = [x for d in ev.deaths if _is_bad(d) and (x := _lost_in_pool(look, d)) is not None]
+    if not lost:
+        return None
+    oom = oom_killed(ev)
+    first = lost[0]
+    death, parent = first.death, first.parent
+    waiting_in = frames.where(_outward_from(first.waiting, first.at)[0])
+    caller = frames.call_site(first.waiting)
+    called_from = f", called from {frames.where(caller)}" if caller else ""
+    evidence = [
+        f"worker {describe(d.pid, d.cmdline)} {_how(d, oom)}" + (" (see oom-kill)" if d.pid in oom else "")
+        for d in (x.death for x in lost)
+    ]
+    evidence.append(
+        f"parent pid {parent.pid} is alive and its {frames.thread_label(first.waiting)} waits in "
+        f"{frames.path_of(_outward_from(first.waiting, first.at), 3)}{called_from}"
+    )
+    evidence.extend(_replacements(look, parent.pid))
+    executor = frames.is_in(first.at, "concurrent/futures/_base.py")
+    if executor:
+        summary = (
+            f"Worker pid {death.pid} {_how(death, oom)} while pid {parent.pid} waits for results in "
+            f"{waiting_in}; a ProcessPoolExecutor marks itself broken and raises BrokenProcessPool."
+        )
+    else:
+        summary = (
+            f"Pool worker pid {death.pid} {_how(death, oom)} while running a task; multiprocessing.Pool "
+            f"never fails the lost task, so pid {parent.pid} waits in {waiting_in} forever "
+            "(CPython bpo-22393)."
+        )
+    return Finding(
+        "pool-worker-lost",
+        f"Pool worker {death.pid} died; pid {parent.pid} waits forever for its result",
+        summary,
+        "critical",
+        tuple(evidence),
+        _pool_remedy(any(x.death.pid in oom for x in lost), executor),
+        tuple(dict.fromkeys([*(x.death.pid for x in lost), parent.pid])),
+    )
+
+
+def _lost_in_pool(look: Lookup, death: ProcessDeath) -> Lost | None:
+    if death.ppid is None or (look.processes and death.ppid not in look.processes):
+        return None  # the parent is gone too: nobody is left waiting
+    parent = look.stacks.get(death.ppid)
+    if parent is None:
+        return None
+    for thread in parent.threads:
+        for suffix, names in _POOL_WAITS:
+            frame = frames.find_frame(thread, suffix, names)
+            if frame is not None and _owns_pool(parent, suffix):
+                return Lost(death, parent, thread, frame)
+    return None
+
+
+def _owns_pool(parent: ProcessStack, wait_file: str) -> bool:
+    """A wait in concurrent.futures counts only in a process that runs a process pool (a thread pool's
+    futures wait the same way, and their workers are not processes)."""
+    if wait_file == "multiprocessing/pool.py":
+        return True
+    return any(frames.find_frame(t, *_POOL_MARKS[1]) for t in parent.threads)
+
+
+def _outward_from(thread: ThreadStack, frame: Frame) -> list[Frame]:
+    py = frames.python_frames(thread)
+    # the outermost consecutive frame of the same library is the API the job called (Pool.map)
+    start = py.index(frame)
+    end = start
+    while end + 1 < len(py) and py[end + 1].file == frame.file:
+        end += 1
+    return [py[end], *py[start:end]]
+
+
+def _replacements(look: Lookup, parent_pid: int) -> list[str]:
+    lines = []
+    for child in look.children(parent_pid):
+        stack = look.stacks.get(child.pid)
+        if stack is None:
+            continue
+        for thread in stack.threads:
+            frame = frames.find_frame(thread, *_REPLACEMENT)
+            if frame is not None and frames.find_frame(thread, _REPLACEMENT[0], ("_maintain_pool",)):
+                lines.append(
+                    f"pid {child.pid} is the worker the pool started in its place (forked by "
+                    f"{frames.where(frame)}): the pool carries on, the lost task is never retried"
+                )
+                break
+    return lines[:2]
+
+
+def _pool_remedy(oom: bool, executor: bool) -> str:
+    steps = []
+    if oom:
+        steps.append(
+            "Give the workers the memory they need (raise --mem-limit) or use less per worker (fewer "
+            "processes, smaller chunks per task); see the oom-kill finding"
+        )
+    if executor:
+        steps.append("Catch BrokenProcessPool and resubmit, or restart the job")
+    else:
+        steps.append(
+            "The job will not recover: restart it. To fail fast instead of hanging, use "
+            "concurrent.futures.ProcessPoolExecutor (it raises BrokenProcessPool when a worker dies) or keep "
+            "Pool and wait with a timeout (map_async(...).get(timeout=...)); maxtasksperchild=N recycles "
+            "workers before they grow"
+        )
+    return "; ".join(steps) + "."
+
+
+# --- dataloader-worker-killed -----------------------------------------------------------------------
+
+_DL_KILLED = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([^.]+)")
+_DL_EXITED = re.compile(r"DataLoader worker \(pid\(s\) ([\d, ]+)\) exited unexpectedly")
+_DL_EXIT_CODE = re.compile(r"DataLoader worker \(pid (\d+)\) exited unexpectedly with exit code (-?\d+)")
+_SHM = "insufficient shared memory"
+# strsignal() text, as PyTorch prints it, to the signal's name
+_STRSIGNAL = {
+    "Killed": "SIGKILL",
+    "Bus error": "SIGBUS",
+    "Segmentation fault": "SIGSEGV",
+    "Terminated": "SIGTERM",
+    "Aborted": "SIGABRT",
+    "Floating point exception": "SIGFPE",
+    "Illegal instruction": "SIGILL",
+}
+
+
+@dataclass(frozen=True)
+class DlDeath:
+    pid: int | None
+    signal: str | None
+    exit_code: int | None
+    line: str | None  # the log line, when the evidence is PyTorch's message
+
+
+def dataloader_worker_killed(ev: RunEvidence) -> Finding | None:
+    look = Lookup.of(ev)
+    dead = _from_log(ev.log_tail) or _from_stacks(ev, look)
+    if dead is None:
+        return None
+    oom = oom_killed(ev)
+    signal = dead.signal or (look.deaths[dead.pid].signal if dead.pid in look.deaths else None)
+    cause, remedy = _dl_cause(dead, signal, dead.pid in oom, any(_SHM in line for line in ev.log_tail))
+    who = f"DataLoader worker pid {dead.pid}" if dead.pid else "A DataLoader worker"
+    evidence = []
+    if dead.line:
+        evidence.append(f"output: {dead.line.strip()}")
+    if dead.pid is not None:
+        evidence.append(f"{describe(dead.pid, look.cmdline(dead.pid))}: {signal or dead.exit_code or 'died'}")
+    evidence.extend(_dl_waiters(look))
+    return Finding(
+        "dataloader-worker-killed",
+        f"{who} died ({signal or cause})",
+        f"{who} {cause}; the training loop cannot get its batches.",
+        "error",
+        tuple(evidence),
+        remedy,
+        (dead.pid,) if dead.pid else (),
+    )
+
+
+def _from_log(lines: Sequence[str]) -> DlDeath | None:
+    for line in reversed(lines):
+        m = _DL_KILLED.search(line)
+        if m:
+            name = m[2].strip()
+            return DlDeath(int(m[1]), _STRSIGNAL.get(name, name), None, line)
+        m = _DL_EXIT_CODE.search(line)
+        if m:
+            return DlDeath(int(m[1]), None, int(m[2]), line)
+        m = _DL_EXITED.search(line)
+        if m:
+            pids = [int(p) for p in m[1].replace(",", " ").split()]
+            return DlDeath(pids[0] if pids else None, None, None, line)
+    return None
+
+
+def _from_stacks(ev: RunEvidence, look: Lookup) -> DlDeath | None:
+    for death in ev.deaths:
+        if not _is_bad(death) or death.ppid is None:
+            continue
+        parent = look.stacks.get(death.ppid)
+        own = look.stacks.get(death.pid)
+        parent_waits = parent is not None and any(frames.threads_with(parent, *_DATALOADER_WAITS))
+        was_worker = own is not None and any(frames.threads_with(own, *_DL_WORKER))
+        if parent_waits or was_worker:
+            return DlDeath(death.pid, death.signal, death.exit_code, None)
+    return None
+
+
+def _dl_waiters(look: Lookup) -> list[str]:
+    lines = []
+    for stack in look.live_stacks():
+        for thread, frame in frames.threads_with(stack, *_DATALOADER_WAITS):
+            lines.append(f"pid {stack.pid} {frames.thread_label(thread)} waits in {frames.where(frame)}")
+    return lines[:2]
+
+
+def _dl_cause(dead: DlDeath, signal: str | None, oom: bool, shm: bool) -> tuple[str, str]:
+    if oom:
+        return (
+            "was killed by the OOM killer",
+            "Memory ran out (see oom-kill): lower num_workers and prefetch_factor, keep the Dataset's data "
+            "in numpy arrays or memory-mapped files (lists of Python objects are copied page by page into "
+            "every forked worker), or raise --mem-limit.",
+        )
+    if signal == "SIGBUS" or shm:
+        return (
+            "hit a bus error in shared memory",
+            "/dev/shm is too small for the batches the workers pass back: in Docker run with --shm-size=8g "
+            "(or --ipc=host), or lower num_workers / batch size.",
+        )
+    if signal == "SIGKILL":
+        return (
+            "was killed by SIGKILL",
+            "No OOM evidence was collected: check `dmesg` for the OOM killer and who else sends SIGKILL; "
+            "lower num_workers if memory is tight.",
+        )
+    what = f"was killed by {signal}" if signal else "exited unexpectedly"
+    return (
+        what,
+        "Re-run with num_workers=0 to see the dataset's own error in the main process; give the DataLoader "
+        "a timeout= so a stuck worker fails instead of hanging.",
+    )

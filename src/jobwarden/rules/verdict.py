@@ -1,0 +1,65 @@
+"""Every rule family over one run's evidence, combined into one list: the root cause first.
+
+The order follows causality, as an incident report is read:
+1. resources that ran out (oom-kill, cuda-oom): they kill workers and processes;
+2. a worker that died (pool-worker-lost, dataloader-worker-killed): its parent then hangs or fails;
+3. processes that cannot run (process-stopped, uninterruptible-io): whatever waits on them hangs;
+4. hang signatures (fork-deadlock, then collective-hang: a rank stuck on a fork deadlock leaves its peers
+   waiting in the collective), and no-progress only when nothing above explains the hang;
+5. how the run ended: one exit-status finding (stopped-by-user, timeout, python-exception, ...), which is
+   often the consequence of the above (the user stopped the hung run; the DataLoader's RuntimeError);
+6. symptoms (gpu-idle) and the aftermath (orphans-left, supervisor-lost).
+"""
+
+from __future__ import annotations
+
+from jobwarden.model import Finding
+from jobwarden.rules import death, gpu, hang, memory
+from jobwarden.rules.evidence import RunEvidence
+
+ORDER = (
+    "oom-kill",
+    "cuda-oom",
+    "pool-worker-lost",
+    "dataloader-worker-killed",
+    "process-stopped",
+    "uninterruptible-io",
+    "fork-deadlock",
+    "collective-hang",
+    "no-progress",
+    "stopped-by-user",
+    "timeout",
+    "python-exception",
+    "native-crash",
+    "terminal-hangup",
+    "broken-pipe",
+    "killed-externally",
+    "exit-code",
+    "gpu-idle",
+    "orphans-left",
+    "supervisor-lost",
+)
+# A hang these explain needs no `no-progress` on top.
+_EXPLAINS_A_HANG = frozenset(ORDER[ORDER.index("pool-worker-lost") : ORDER.index("no-progress")])
+
+
+def explain(ev: RunEvidence) -> list[Finding]:
+    causes = [
+        memory.oom_kill(ev),
+        memory.cuda_oom(ev),
+        hang.pool_worker_lost(ev),
+        hang.dataloader_worker_killed(ev),
+        hang.process_stopped(ev),
+        hang.uninterruptible_io(ev),
+        hang.fork_deadlock(ev),
+        hang.collective_hang(ev),
+    ]
+    found = [f for f in causes if f is not None]
+    if not any(f.rule in _EXPLAINS_A_HANG for f in found):
+        found += [f for f in (hang.no_progress(ev),) if f is not None]
+    ended = death.exit_finding(ev)
+    if ended is not None and not (ended.rule == "exit-code" and ev.signal is None and found):
+        found.append(ended)  # a bare "exited with code N" says "no clearer sign why": not when there is one
+    found += [f for f in (gpu.gpu_idle(ev),) if f is not None]
+    found += death.aftermath_findings(ev)
+    return sorted(found, key=lambda f: ORDER.index(f.rule))

@@ -1,0 +1,135 @@
+"""One shim, many attempts: run the job, and when an attempt ends, decide (rules.retry) whether to start
+another after a backoff. Each attempt is its own run, with its own log, findings and JOBWARDEN_RUN.
+
+Notifications go out from here and from the supervisor: failed, hung, restarted, succeeded.
+"""
+
+from __future__ import annotations
+
+from jobwarden.clock import Clock
+from jobwarden.control.notify import Notifier, event_payload
+from jobwarden.errors import StoreError
+from jobwarden.model import EndReason, JobState
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.rules.death import parse_traceback
+from jobwarden.rules.retry import AttemptOutcome, RestartDecision, RestartPolicy, decide
+from jobwarden.shim.supervisor import Supervisor, log
+from jobwarden.store import JobRecord, RunRecord, Store
+from jobwarden.store.logfiles import tail_lines
+
+NOTIFY_DRAIN_S = 10.0  # how long the shim waits at exit for notifications still in flight
+
+
+def supervise_job(
+    store: Store, job: JobRecord, run: int, clock: Clock, procfs: ProcFS, report_fd: int, mode: str
+) -> int:
+    notifier = Notifier.from_options(job.options, log)
+    policy = RestartPolicy(
+        mode=str(job.options.get("restart") or "no"),
+        max_restarts=int(job.options.get("max_restarts") or 0),
+        backoff_base_s=float(job.options.get("restart_delay_s") or 1.0),
+    )
+    history: list[AttemptOutcome] = []
+    sup = Supervisor(store, job, run, clock, procfs, notifier)
+    code = sup.adopt(report_fd) if mode == "adopt" else sup.launch(report_fd)
+    while True:
+        record = store.run(job.id, sup.run)
+        history.append(outcome_of(store, job, record, sup.restart_after_hang))
+        decision = decide(policy, history)
+        sup.close()
+        if not decision.restart:
+            _conclude(store, job, record, decision, policy, notifier, clock)
+            break
+        sup = _next_attempt(store, job, record, decision, clock, procfs, notifier)
+        if not sup.wait_backoff(decision.delay_s):
+            sup.end_before_start()
+            break
+        code = sup.launch(-1)
+    notifier.close(NOTIFY_DRAIN_S)
+    return code
+
+
+def _next_attempt(
+    store: Store,
+    job: JobRecord,
+    ended: RunRecord,
+    decision: RestartDecision,
+    clock: Clock,
+    procfs: ProcFS,
+    notifier: Notifier,
+) -> Supervisor:
+    now = clock.wall()
+    # failed -> (a new run) restarting: the shim stays, the next attempt waits out its backoff
+    n = store.new_run(job.id, JobState.RESTARTING, now)
+    sup = Supervisor(store, job, n, clock, procfs, notifier)
+    store.update_run(job.id, n, shim_pid=sup.pid, shim_start=procfs.stat(sup.pid).start_time)
+    store.add_event(
+        job.id, n, "restarting", now, after_run=ended.n, delay_s=decision.delay_s, reason=decision.reason
+    )
+    log(f"run {ended.n} {decision.reason}")
+    notifier.deliver(_payload("restarted", job, ended, store))
+    return sup
+
+
+def _conclude(
+    store: Store,
+    job: JobRecord,
+    record: RunRecord,
+    decision: RestartDecision,
+    policy: RestartPolicy,
+    notifier: Notifier,
+    clock: Clock,
+) -> None:
+    """The last attempt: say why it was not restarted when a restart was asked for, and notify."""
+    failed = record.state == JobState.FAILED
+    hang_restart = record.end_reason == EndReason.HUNG and job.options.get("on_hang") == "restart"
+    if failed and (policy.mode != "no" or hang_restart):
+        try:
+            store.add_event(job.id, record.n, "not-restarted", clock.wall(), reason=decision.reason)
+        except StoreError as err:
+            log(f"cannot record why the run was not restarted: {err}")
+    if record.state in (JobState.SUCCEEDED, JobState.FAILED):
+        notifier.deliver(_payload(str(record.state), job, record, store))
+
+
+def _payload(event: str, job: JobRecord, record: RunRecord, store: Store) -> dict[str, object]:
+    from jobwarden.control.explainer import findings_for  # the rules, only when someone listens
+
+    top = None
+    if event != "succeeded":
+        try:
+            findings = findings_for(store, job, record)
+            top = findings[0].title if findings else None
+        except StoreError:
+            pass
+    return event_payload(
+        event, job.id, job.name, record.n, str(record.state), record.exit_code, record.signal, top
+    )
+
+
+def outcome_of(store: Store, job: JobRecord, record: RunRecord, hung_restart: bool) -> AttemptOutcome:
+    """How an attempt ended, as the restart policy sees it: the exception and its place, OOM, the last
+    line of output (a stand-in for the step it reached)."""
+    lines = [
+        b.decode("utf-8", "replace").rstrip("\n")
+        for b in tail_lines(store.layout.output_log(job.id, record.n), 60)
+    ]
+    parsed = parse_traceback(lines) if record.exit_code not in (None, 0) else None
+    exception = f"{parsed[0]}: {parsed[1]} @ {parsed[2]}" if parsed else None
+    events = store.events(job.id, record.n)
+    oom = record.end_reason == EndReason.MEM_LIMIT or (
+        record.signal == "SIGKILL" and any(e.kind == "oom" for e in events)
+    )
+    last = next((line for line in reversed(lines) if line.strip()), None)
+    return AttemptOutcome(
+        state=str(record.state),
+        exit_code=record.exit_code,
+        signal=record.signal,
+        end_reason=record.end_reason,
+        exception=exception,
+        oom=oom,
+        last_output=last,
+        stopped_by_user=record.end_reason == EndReason.STOPPED,
+        timed_out=record.end_reason == EndReason.TIMEOUT,
+        hung=hung_restart,
+    )

@@ -1,0 +1,248 @@
+"""The shim's judgement while a run is live: it notices deaths, stopped processes, OOM kills and hangs,
+gathers their evidence (process states, stacks, fork records, counters), asks the pure rules, and records
+each finding once, with the stacks it rests on.
+
+Events do not wait for the hang window: a pool worker killed while its parent waits is judged as soon as
+its death is collected, a stopped process at the next tick. Only `no-progress` and the hang families that
+need a quiet window wait for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from jobwarden.errors import AccessDenied, ProcessGone, StoreError
+from jobwarden.model import Finding, OomEvidence, ProcessDeath, ProcessFacts, ProcessSnapshot
+from jobwarden.osapi.process import WaitStatus
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.probes.pyhooks import read_adverts, read_forks, read_heartbeat
+from jobwarden.probes.stacks import capture_stacks
+from jobwarden.rules import RunEvidence, explain
+from jobwarden.shim.gpuwatch import GpuWatch
+from jobwarden.shim.tree import JobTree, Member
+from jobwarden.shim.watchdog import Progress, ProgressTracker
+from jobwarden.store import JobRecord, Store
+
+# What the shim may conclude while the run is live; the exit-status rules wait for the end.
+LIVE_RULES = frozenset(
+    {
+        "oom-kill",
+        "cuda-oom",
+        "fork-deadlock",
+        "pool-worker-lost",
+        "dataloader-worker-killed",
+        "collective-hang",
+        "process-stopped",
+        "uninterruptible-io",
+        "no-progress",
+        "gpu-idle",
+    }
+)
+STACK_TIMEOUT_S = 5.0
+IO_EVERY_S = 5.0  # /proc/PID/io of every member is read only while the cheaper signs show nothing
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one judgement found that was not known before."""
+
+    trigger: str  # "hang", "worker-lost", "stopped", "oom"
+    findings: tuple[Finding, ...]
+
+    @property
+    def hung(self) -> bool:
+        return self.trigger == "hang"
+
+
+class Diagnoser:
+    def __init__(
+        self,
+        store: Store,
+        job: JobRecord,
+        run: int,
+        procfs: ProcFS,
+        tree: JobTree,
+        window_s: float | None,
+        now_mono: float,
+    ) -> None:
+        self.store, self.job, self.run, self.procfs, self.tree = store, job, run, procfs, tree
+        self.layout = store.layout
+        self.py_dir = self.layout.py_dir(job.id, run)
+        self.tracker = ProgressTracker(window_s, now_mono)
+        self.deaths: list[ProcessDeath] = []
+        self.oom: OomEvidence | None = None
+        self.main_pid: int | None = None
+        self.gpu: GpuWatch | None = None
+        self._gpu_idle_reported = False
+        self._recorded: set[tuple[str, tuple[int, ...]]] = set()
+        self._stopped_seen: set[tuple[int, int]] = set()
+        self._io_at = -IO_EVERY_S
+        self._boot = procfs.boot_time()
+
+    # --- events -----------------------------------------------------------------------------------
+
+    def on_exits(
+        self, ended: Sequence[tuple[Member, int | None]], now: float, now_mono: float, main: Member | None
+    ) -> Verdict | None:
+        """Members that ended, with their wait status. An abnormal death of a descendant is judged at
+        once, with the stacks of its parent (a Pool parent waiting for a result it will never get)."""
+        suspicious: list[ProcessDeath] = []
+        for member, status in ended:
+            decoded = WaitStatus.decode(status) if status is not None and status >= 0 else None
+            death = ProcessDeath(
+                pid=member.pid,
+                ppid=member.ppid,
+                cmdline=member.cmdline,
+                at=now,
+                exit_code=decoded.exit_code if decoded else None,
+                signal=decoded.signal_name if decoded else None,
+                is_main=member.pid == self.main_pid,
+            )
+            self.deaths.append(death)
+            if not death.is_main and (death.signal or (death.exit_code or 0) != 0):
+                suspicious.append(death)
+        if not suspicious:
+            return None
+        parents = {d.ppid for d in suspicious if d.ppid in self.tree.members}
+        return self.judge("worker-lost", now, now_mono, stack_pids=sorted(parents | _main(main)))
+
+    def on_tick(
+        self, snaps: Sequence[ProcessSnapshot], now: float, now_mono: float, oom: OomEvidence | None
+    ) -> Verdict | None:
+        """Progress, stopped processes and OOM counters, every tick; a hang when the window passes."""
+        verdict = None
+        stopped = {(s.pid, s.start_time) for s in snaps if s.state == "T"}  # 't' is a tracer (py-spy)
+        if stopped - self._stopped_seen:
+            self._stopped_seen |= stopped
+            verdict = self.judge("stopped", now, now_mono, snaps=snaps)
+        if oom is not None and (self.oom is None or oom.kills > self.oom.kills):
+            self.oom = oom
+            verdict = self.judge("oom", now, now_mono, snaps=snaps) or verdict
+        self.tracker.observe(now_mono, self._progress(snaps, now_mono))
+        idle_for = self.gpu.idle_for(now_mono) if self.gpu else None
+        window = self.tracker.window_s
+        if idle_for is None:
+            self._gpu_idle_reported = False
+        elif window and idle_for >= window and not self._gpu_idle_reported:
+            self._gpu_idle_reported = True
+            verdict = self.judge("gpu-idle", now, now_mono, snaps=snaps) or verdict
+        if self.tracker.hang_due(now_mono):
+            self.tracker.mark_reported()
+            hang = self.judge(
+                "hang", now, now_mono, snaps=snaps, stack_pids=sorted(self.tree.members), hung=True
+            )
+            return hang or Verdict("hang", ())
+        return verdict
+
+    def _progress(self, snaps: Sequence[ProcessSnapshot], now_mono: float) -> Progress:
+        output = None
+        with contextlib.suppress(OSError):
+            output = os.stat(self.layout.output_log(self.job.id, self.run)).st_size
+        beat = read_heartbeat(self.layout.heartbeat_file(self.job.id, self.run))
+        cpu = sum(s.cpu_percent or 0.0 for s in snaps)
+        usage = self.gpu.sample(now_mono, [s.pid for s in snaps]) if self.gpu else None
+        gpu_util = usage.max_utilization if usage and usage.total_bytes else None
+        seen = Progress(
+            output_bytes=output,
+            heartbeat_at=beat.at if beat else None,
+            cpu_percent=cpu,
+            gpu_util_percent=gpu_util,
+        )
+        # at least three readings per window, so quiet but steady I/O is seen before the window ends
+        every = min(IO_EVERY_S, (self.tracker.window_s or IO_EVERY_S) / 3)
+        if self.tracker.quiet_for(now_mono) >= 1.0 and now_mono - self._io_at >= every:
+            self._io_at = now_mono
+            seen = Progress(seen.output_bytes, seen.heartbeat_at, cpu, self._io_bytes(), gpu_util)
+        return seen
+
+    def _io_bytes(self) -> int:
+        total = 0
+        for pid in list(self.tree.members):
+            with contextlib.suppress(ProcessGone, AccessDenied):
+                total += self.procfs.io_chars(pid) or 0
+        return total
+
+    # --- judging ----------------------------------------------------------------------------------
+
+    def judge(
+        self,
+        trigger: str,
+        now: float,
+        now_mono: float,
+        *,
+        snaps: Sequence[ProcessSnapshot] = (),
+        stack_pids: Sequence[int] = (),
+        hung: bool = False,
+    ) -> Verdict | None:
+        """Gather the evidence, ask the rules, record what is new (with the stacks it rests on)."""
+        snaps = snaps or self.tree.sample(now)
+        stacks = capture_stacks(stack_pids, procfs=self.procfs, py_dir=self.py_dir, timeout_s=STACK_TIMEOUT_S)
+        evidence = RunEvidence(
+            state="running",
+            exit_code=None,
+            signal=None,
+            end_reason=None,
+            pid=self.main_pid,
+            now=now,
+            hang_window_s=self.tracker.window_s if hung else None,
+            quiet_for_s=self.tracker.quiet_for(now_mono),
+            last_progress=self.tracker.last_kind,
+            processes=self.facts(snaps),
+            deaths=tuple(self.deaths),
+            stacks=tuple(stacks),
+            forks=tuple(read_forks(self.py_dir)),
+            oom=self.oom,
+            mem_limit_bytes=self.job.options.get("mem_limit_bytes"),
+            gpus=tuple(self.gpu.devices) if self.gpu else (),
+            gpu_processes=tuple(self.gpu.processes) if self.gpu else (),
+            gpu_idle_for_s=self.gpu.idle_for(now_mono) if self.gpu else None,
+            gpu_idle_window_s=self.tracker.window_s,
+        )
+        new = [f for f in explain(evidence) if f.rule in LIVE_RULES and self._is_new(f)]
+        if not new and not hung:
+            return None
+        with contextlib.suppress(StoreError):
+            if stacks:
+                self.store.add_stacks(self.job.id, self.run, now, trigger, stacks)
+            for finding in new:
+                self.store.add_finding(self.job.id, self.run, now, finding)
+        return Verdict(trigger, tuple(new))
+
+    def _is_new(self, finding: Finding) -> bool:
+        key = (finding.rule, tuple(sorted(finding.pids)))
+        if key in self._recorded:
+            return False
+        self._recorded.add(key)
+        return True
+
+    def facts(self, snaps: Sequence[ProcessSnapshot]) -> tuple[ProcessFacts, ...]:
+        adverts = read_adverts(self.py_dir)
+        facts = []
+        for s in snaps:
+            try:
+                threads = tuple(self.procfs.thread_states(s.pid))
+                wchan = self.procfs.wchan(s.pid) if "D" in threads or s.state == "D" else None
+                exe = self.procfs.exe_name(s.pid) or ""
+            except (ProcessGone, AccessDenied):
+                continue
+            facts.append(
+                ProcessFacts(
+                    pid=s.pid,
+                    ppid=s.ppid,
+                    cmdline=s.cmdline,
+                    state=s.state,
+                    thread_states=threads,
+                    wchan=wchan,
+                    is_python=s.pid in adverts or exe.startswith("python"),
+                    started_at=self._boot + s.start_time / self.procfs.ticks_per_s,
+                    is_main=s.pid == self.main_pid,
+                )
+            )
+        return tuple(facts)
+
+
+def _main(main: Member | None) -> set[int]:
+    return {main.pid} if main else set()

@@ -1,0 +1,98 @@
+"""When is a run hung? When for a whole window none of its signs of progress moved.
+
+Signs of progress, cheapest first: new output, a heartbeat (the file named by JOBWARDEN_HEARTBEAT_FILE,
+touched by any language or written by `jobwarden.heartbeat()`), CPU time, I/O bytes, GPU utilisation.
+A deadlocked tree shows none of them. CPU and I/O count only above a small floor: an idle
+`multiprocessing.Pool` parent still wakes ten times a second (its worker-handler thread polls), which must
+not look like work.
+
+Blind spot, said plainly: NCCL busy-waits, so a collective hang burns CPU and GPU at 100% and is not
+"quiet"; only a heartbeat (or output) that stops reveals it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeVar
+
+_T = TypeVar("_T", int, float)
+
+# 10 minutes: longer than a checkpoint write, an evaluation pass or a data-loader warm-up that prints
+# nothing, yet short against the hours a stuck job otherwise burns. On hang the default action only dumps
+# stacks (the job is kept), so a false alarm costs nothing but a finding.
+DEFAULT_HANG_TIMEOUT_S = 600.0
+CPU_FLOOR_PERCENT = 5.0  # of one core, summed over the tree
+IO_FLOOR_BYTES = 4096  # per observation (rchar + wchar: storage, pipes and sockets alike)
+GPU_FLOOR_PERCENT = 5.0
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One observation of the run's signs of progress. None: not known this time."""
+
+    output_bytes: int | None = None
+    heartbeat_at: float | None = None
+    cpu_percent: float | None = None  # summed over the tree, since the previous observation
+    io_bytes: int | None = None  # cumulative rchar + wchar of the live members
+    gpu_util_percent: float | None = None
+
+
+class ProgressTracker:
+    """Feed it observations (monotonic time); it says how long the run has been quiet and when a hang
+    should be reported: once per quiet spell, re-armed by the next sign of progress."""
+
+    def __init__(self, window_s: float | None, now: float) -> None:
+        self.window_s = window_s
+        self.last_progress_at = now
+        self.last_kind: str | None = None
+        self._last = Progress()
+        self._reported = False
+
+    def observe(self, now: float, seen: Progress) -> str | None:
+        """Record an observation; returns the kind of progress it shows, if any."""
+        kind = self._progress_kind(seen)
+        self._last = Progress(
+            output_bytes=_keep(seen.output_bytes, self._last.output_bytes),
+            heartbeat_at=_keep(seen.heartbeat_at, self._last.heartbeat_at),
+            io_bytes=seen.io_bytes,
+        )
+        if kind:
+            self.last_progress_at, self.last_kind, self._reported = now, kind, False
+        return kind
+
+    def _progress_kind(self, seen: Progress) -> str | None:
+        last = self._last
+        if _grew(seen.output_bytes, last.output_bytes):
+            return "output"
+        if _grew(seen.heartbeat_at, last.heartbeat_at):
+            return "heartbeat"
+        if seen.cpu_percent is not None and seen.cpu_percent >= CPU_FLOOR_PERCENT:
+            return "cpu"
+        if (
+            seen.io_bytes is not None
+            and last.io_bytes is not None
+            and seen.io_bytes - last.io_bytes >= IO_FLOOR_BYTES
+        ):
+            return "io"
+        if seen.gpu_util_percent is not None and seen.gpu_util_percent >= GPU_FLOOR_PERCENT:
+            return "gpu"
+        return None
+
+    def quiet_for(self, now: float) -> float:
+        return max(0.0, now - self.last_progress_at)
+
+    def hang_due(self, now: float) -> bool:
+        """The window has passed with no progress and this quiet spell was not reported yet."""
+        return self.window_s is not None and not self._reported and self.quiet_for(now) >= self.window_s
+
+    def mark_reported(self) -> None:
+        self._reported = True
+
+
+def _grew(new: float | None, old: float | None) -> bool:
+    """A first reading is a baseline, not progress: a job that printed at start then froze is hung."""
+    return new is not None and old is not None and new > old
+
+
+def _keep(new: _T | None, old: _T | None) -> _T | None:
+    return new if new is not None else old

@@ -1,0 +1,478 @@
+"""The Python hooks in real interpreters (3.8, 3.13 and the one running the tests), started with the
+environment hook_env gives a job: what each process advertises, the faulthandler dump on the fault signal, the
+record of a fork() made while another thread holds a lock, chaining an existing sitecustomize, --mp-start,
+heartbeats, and nothing at all outside a job."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import jobwarden
+from jobwarden.hooks import FALLBACK_DIR, FAULT_SIGNAL, SITE_DIR, heartbeat_env, hook_env
+from jobwarden.model import ThreadStack
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.probes.pyhooks import may_signal, read_adverts, read_fault_dump, read_forks, read_heartbeat
+from tests.conftest import start_time
+
+pytestmark = pytest.mark.integration
+
+INTERPRETERS = {
+    "python3.8": Path.home() / ".pyenv/versions/3.8.18/bin/python",
+    "python3.13": Path.home() / ".pyenv/versions/3.13.0/bin/python",
+    "default": Path(sys.executable),
+}
+TIMEOUT_S = 60
+
+
+@pytest.fixture(params=list(INTERPRETERS))
+def python(request: pytest.FixtureRequest) -> Path:
+    path = INTERPRETERS[request.param]
+    if not path.exists():
+        pytest.skip(f"{path} is not installed (pyenv install {request.param.removeprefix('python')})")
+    return path
+
+
+class Job:
+    """One test's run dir, and the job's Python processes started in it."""
+
+    def __init__(self, python: Path, tmp: Path) -> None:
+        self.python = python
+        self.tmp = tmp
+        self.py_dir = tmp / "py"  # not created: the hooks create it
+        self.heartbeat = tmp / "heartbeat"
+        self.base = {
+            k: v for k, v in os.environ.items() if not k.startswith("JOBWARDEN_") and k != "PYTHONPATH"
+        }
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def env(self, mp_start: str | None = None, **extra: str) -> dict[str, str]:
+        base = {**self.base, **extra}
+        return {**base, **hook_env(self.py_dir, self.heartbeat, os.getpid(), mp_start, base)}
+
+    def script(self, source: str) -> Path:
+        path = self.tmp / f"job{len(list(self.tmp.glob('job*.py')))}.py"
+        path.write_text(textwrap.dedent(source))
+        return path
+
+    def run(self, source: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(self.python), str(self.script(source))],
+            env=self.env() if env is None else env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            cwd=self.tmp,
+        )
+        assert result.returncode == 0, result.stderr
+        return result
+
+    def start(self, source: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [str(self.python), str(self.script(source))],
+            env=self.env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=self.tmp,
+        )
+        self.started.append(proc)
+        return proc
+
+    def reap(self) -> None:
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate(timeout=TIMEOUT_S)
+
+
+@pytest.fixture
+def job(python: Path, tmp_path: Path) -> Iterator[Job]:
+    runner = Job(python, tmp_path)
+    yield runner
+    runner.reap()
+
+
+def read_line(proc: subprocess.Popen[bytes]) -> str:
+    """One line from the process's stdout, or fail at the deadline (a handshake, not a sleep)."""
+    assert proc.stdout is not None
+    data = b""
+    deadline = time.monotonic() + TIMEOUT_S
+    while not data.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([proc.stdout], [], [], remaining)[0]:
+            raise TimeoutError(f"no line from pid {proc.pid} within {TIMEOUT_S}s (got {data!r})")
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        if not chunk:
+            raise EOFError(f"pid {proc.pid} closed stdout: {proc.communicate(timeout=TIMEOUT_S)[1].decode()}")
+        data += chunk
+    return data.decode()
+
+
+def wait_for_dump(path: Path, offset: int, functions: set[str]) -> tuple[ThreadStack, ...]:
+    """faulthandler writes from the signal handler, asynchronously to the sender: wait, with a deadline,
+    until the dump names every function looked for."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        threads, _ = read_fault_dump(path, offset)
+        if functions <= {f.function for t in threads for f in t.frames}:
+            return threads
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} has no dump naming {functions}: {threads}")
+        time.sleep(0.01)
+
+
+def expected_ptracer() -> bool:
+    scope = Path("/proc/sys/kernel/yama/ptrace_scope")
+    # without Yama or at scope 0 nothing stands in the way; at 1 the prctl names this test's process, alive
+    return not scope.exists() or scope.read_text().strip() in ("0", "1")
+
+
+# --- advert and faulthandler ------------------------------------------------------------------------
+
+PARKED = """
+    import json, sys, threading
+    go = threading.Event()
+    parked = threading.Event()
+
+    def park_in_thread():
+        parked.set()
+        go.wait()
+
+    def wait_for_go():
+        version = "%d.%d.%d" % sys.version_info[:3]
+        print(json.dumps({"python": version, "executable": sys.executable}), flush=True)
+        sys.stdin.readline()
+
+    threading.Thread(target=park_in_thread, name="parked").start()
+    parked.wait()
+    wait_for_go()
+    go.set()
+"""
+
+
+def test_the_advert_is_written_and_the_fault_signal_dumps_every_thread(job: Job) -> None:
+    proc = job.start(PARKED)
+    said = json.loads(read_line(proc))
+
+    advert = read_adverts(job.py_dir)[proc.pid]
+    assert advert.start_time == start_time(proc.pid)
+    assert (advert.python, advert.executable) == (said["python"], said["executable"])
+    assert (advert.fault_signal, advert.fault_file) == (FAULT_SIGNAL, job.py_dir / f"{proc.pid}.stacks")
+    assert (advert.ptracer, advert.mp_start) == (expected_ptracer(), None)
+    assert may_signal(advert, ProcFS())
+
+    assert advert.fault_file is not None
+    os.kill(proc.pid, advert.fault_signal)
+    threads = wait_for_dump(advert.fault_file, 0, {"park_in_thread", "wait_for_go"})
+    assert len(threads) == 2
+
+    assert proc.stdin is not None
+    proc.stdin.write(b"go\n")
+    proc.stdin.flush()
+    assert proc.wait(TIMEOUT_S) == 0  # the signal was handled: the job lives on
+    assert not may_signal(advert, ProcFS())
+
+
+# --- fork() while another thread holds a lock -------------------------------------------------------
+
+LOCK_HOLDER = """
+    import json, os, sys, threading
+    lock = threading.Lock()
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold_the_lock():
+        with lock:
+            held.set()
+            release.wait()
+
+    threading.Thread(target=hold_the_lock, name="holder").start()
+    held.wait()
+"""
+
+OS_FORK = """
+    def in_child():
+        # the child has its own advert and handler: dump to its own file, by its own signal
+        with open(os.path.join(os.environ["JOBWARDEN_PY_DIR"], "%d.json" % os.getpid())) as fh:
+            advert = json.load(fh)
+        os.kill(os.getpid(), advert["fault_signal"])
+        os._exit(0)
+
+    def fork_while_locked():
+        return os.fork()
+
+    pid = fork_while_locked()
+    if pid == 0:
+        in_child()
+    _, status = os.waitpid(pid, 0)
+    release.set()
+    print(json.dumps({"parent": os.getpid(), "child": pid, "status": status}))
+"""
+
+FORK_PLAIN = """
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    release.set()
+    print(json.dumps({"status": os.waitpid(pid, 0)[1]}))
+"""
+
+
+def test_a_fork_while_a_thread_holds_a_lock_is_recorded(job: Job) -> None:
+    said = json.loads(job.run(LOCK_HOLDER + OS_FORK).stdout)
+    assert said["status"] == 0
+
+    (record,) = read_forks(job.py_dir)
+    parent = said["parent"]
+    assert (record.parent_pid, record.child_pid) == (parent, said["child"])
+    assert [f.function for f in record.stack[:2]] == ["fork_while_locked", "<module>"]
+    (holder,) = record.threads
+    assert holder.name == "holder"
+    assert "hold_the_lock" in [f.function for f in holder.frames]
+
+    child = read_adverts(job.py_dir)[said["child"]]
+    assert child.fault_file == job.py_dir / f"{said['child']}.stacks"
+    threads, _ = read_fault_dump(child.fault_file)
+    assert [f.function for f in threads[0].frames][:2] == ["in_child", "<module>"]
+    assert (job.py_dir / f"{parent}.stacks").read_bytes() == b""  # the child did not write to its parent's
+
+
+MP_FORK = """
+    import multiprocessing
+
+    def work():
+        pass
+
+    if __name__ == "__main__":
+        process = multiprocessing.get_context("fork").Process(target=work)
+        process.start()
+        process.join()
+        release.set()
+        print(json.dumps({"child": process.pid, "exitcode": process.exitcode}))
+"""
+
+
+def test_a_multiprocessing_fork_while_a_thread_holds_a_lock_is_recorded(job: Job) -> None:
+    said = json.loads(job.run(LOCK_HOLDER + MP_FORK).stdout)
+    assert said["exitcode"] == 0
+
+    (record,) = read_forks(job.py_dir)
+    assert record.child_pid == said["child"]
+    launch = record.stack[0]
+    assert launch.function.rpartition(".")[2] == "_launch"  # Popen._launch (3.11+), _launch before
+    assert launch.file.endswith("popen_fork.py")
+    assert [t.name for t in record.threads] == ["holder"]
+    assert said["child"] in read_adverts(job.py_dir)
+
+
+# --- chaining an existing sitecustomize -------------------------------------------------------------
+
+CHAINED = """
+    import os
+    py_dir = os.environ.get("JOBWARDEN_PY_DIR")
+    advert = py_dir and os.path.join(py_dir, "%d.json" % os.getpid())
+    with open(os.environ["CHAIN_MARKER"], "w") as fh:
+        fh.write("ran after the hooks" if advert and os.path.exists(advert) else "ran without hooks")
+"""
+SHOW_SITECUSTOMIZE = """
+    import sys
+    print(sys.modules["sitecustomize"].__file__)
+"""
+
+
+def chained_site(job: Job, source: str) -> Path:
+    chained = job.tmp / "chained"
+    chained.mkdir()
+    (chained / "sitecustomize.py").write_text(textwrap.dedent(source))
+    return chained
+
+
+def test_an_existing_sitecustomize_still_runs_after_the_hooks(job: Job) -> None:
+    chained = chained_site(job, CHAINED)
+    marker = job.tmp / "marker"
+    result = job.run(SHOW_SITECUSTOMIZE, env=job.env(PYTHONPATH=str(chained), CHAIN_MARKER=str(marker)))
+    assert marker.read_text() == "ran after the hooks"
+    assert result.stdout.strip() == str(chained / "sitecustomize.py")  # what the job sees as its own
+
+
+def test_an_existing_sitecustomize_runs_outside_a_job_too(job: Job) -> None:
+    chained = chained_site(job, CHAINED)
+    marker = job.tmp / "marker"
+    env = {**job.base, "PYTHONPATH": f"{SITE_DIR}:{chained}", "CHAIN_MARKER": str(marker)}
+    job.run(SHOW_SITECUSTOMIZE, env=env)
+    assert marker.read_text() == "ran without hooks"
+
+
+def test_a_failing_sitecustomize_is_reported_as_python_would(job: Job) -> None:
+    chained = chained_site(job, "raise RuntimeError('boom')\n")
+    alone = job.run("print('ok')\n", env={**job.base, "PYTHONPATH": str(chained)})
+    hooked = job.run("print('ok')\n", env=job.env(PYTHONPATH=str(chained)))
+    assert hooked.stdout == alone.stdout == "ok\n"
+    assert hooked.stderr == alone.stderr
+    assert "RuntimeError: boom" in hooked.stderr
+
+
+# --- --mp-start -------------------------------------------------------------------------------------
+
+MP_DEFAULT = """
+    import sys
+    imported_at_start = "multiprocessing" in sys.modules
+    import json, multiprocessing
+
+    def work():
+        pass
+
+    if __name__ == "__main__":
+        method = multiprocessing.get_start_method()
+        process = multiprocessing.Process(target=work)
+        process.start()
+        process.join()
+        print(json.dumps({"imported_at_start": imported_at_start, "method": method,
+                          "child": process.pid, "exitcode": process.exitcode}))
+"""
+
+
+def test_mp_start_forkserver_takes_effect(job: Job) -> None:
+    said = json.loads(job.run(MP_DEFAULT, env=job.env("forkserver")).stdout)
+    assert said == {"imported_at_start": False, "method": "forkserver", "child": said["child"], "exitcode": 0}
+    adverts = read_adverts(job.py_dir)
+    assert adverts[said["child"]].mp_start == "forkserver"
+    # the job, the fork server (a fresh interpreter: hooked at start-up), the child it forked, and on some
+    # versions the resource tracker
+    assert len(adverts) >= 3
+
+
+def test_a_job_that_sets_its_start_method_keeps_its_choice(job: Job) -> None:
+    source = """
+        import multiprocessing
+        multiprocessing.set_start_method("spawn")
+        print(multiprocessing.get_start_method())
+    """
+    assert job.run(source, env=job.env("forkserver")).stdout == "spawn\n"
+
+
+# --- heartbeat --------------------------------------------------------------------------------------
+
+BEAT = """
+    import jobwarden
+    jobwarden.heartbeat(step=3)
+    print(jobwarden.__file__)
+"""
+
+
+def installed_jobwarden(python: Path) -> str | None:
+    found = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import importlib.util as u; s = u.find_spec('jobwarden'); print(s and s.origin)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    ).stdout.strip()
+    return None if found == "None" else found
+
+
+def test_heartbeat_works_in_any_interpreter_and_an_installed_jobwarden_wins(job: Job) -> None:
+    started = time.time()
+    used = job.run(BEAT).stdout.strip()
+    beat = read_heartbeat(job.heartbeat)
+    assert beat is not None
+    assert beat.info == {"step": 3}
+    assert beat.at >= started - 1
+    assert used == (installed_jobwarden(job.python) or str(FALLBACK_DIR / "jobwarden" / "__init__.py"))
+
+
+def test_heartbeat_env_alone_is_enough_where_jobwarden_is_installed(tmp_path: Path) -> None:
+    # --no-py-hooks: only the heartbeat variable, and the interpreter running the tests has jobwarden
+    assert Path(jobwarden.__file__).is_file()
+    target = tmp_path / "heartbeat"
+    env = {**os.environ, **heartbeat_env(target)}
+    env.pop("PYTHONPATH", None)
+    subprocess.run(
+        [sys.executable, "-c", "import jobwarden; jobwarden.heartbeat(epoch=2)"],
+        env=env,
+        check=True,
+        timeout=60,
+    )
+    beat = read_heartbeat(target)
+    assert beat is not None and beat.info == {"epoch": 2}
+
+
+# --- outside a job, and when things go wrong --------------------------------------------------------
+
+EVERYTHING = """
+    import os, sys, threading
+    hooked = [p for p in sys.path if p.endswith("fallback")]
+    done = threading.Event()
+    threading.Thread(target=done.wait).start()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    done.set()
+    import multiprocessing
+    print(hooked, multiprocessing.get_start_method())
+"""
+
+
+def test_without_the_job_variables_the_hooks_do_nothing(job: Job) -> None:
+    env = {**job.base, "PYTHONPATH": str(SITE_DIR)}
+    result = job.run(EVERYTHING, env=env)
+    assert result.stdout.split()[0] == "[]"
+    assert not job.py_dir.exists()
+    assert sorted(p.name for p in job.tmp.iterdir()) == ["job0.py"]
+    assert "jobwarden" not in result.stderr
+
+
+def test_a_broken_py_dir_never_breaks_the_job(job: Job) -> None:
+    job.py_dir.write_text("a file where the hooks expect a folder")
+    result = job.run(LOCK_HOLDER + FORK_PLAIN)
+    assert json.loads(result.stdout)["status"] == 0
+    ours = [line for line in result.stderr.splitlines() if line.startswith("jobwarden:")]
+    assert 1 <= len(ours) <= 2, result.stderr  # one line at most per process: parent and child
+
+
+IMPORTED = """
+    import sys
+    heavy = ("json", "re", "threading", "typing", "multiprocessing", "ctypes", "importlib.util", "traceback")
+    print(" ".join(m for m in heavy if m in sys.modules))
+"""
+
+
+def test_the_hooks_import_nothing_heavy(job: Job) -> None:
+    baseline = set(job.run(IMPORTED, env=job.base).stdout.split())
+    hooked = set(job.run(IMPORTED, env=job.env("spawn")).stdout.split())
+    yama = Path("/proc/sys/kernel/yama/ptrace_scope")
+    declared = {"ctypes"} if yama.exists() and yama.read_text().strip() == "1" else set()  # for the prctl
+    assert hooked - baseline <= declared
+    assert list((job.py_dir / ".cache").glob("hooks.cpython-*.code"))  # the next processes load it compiled
+
+
+def test_an_advert_outlives_an_exec_but_may_signal_knows(job: Job) -> None:
+    # The fault signal would kill it: after exec() the handler is gone, while the advert stays.
+    proc = job.start("""
+        import os
+        os.execv("/bin/sh", ["sh", "-c", "echo exec-ed; read line"])
+    """)
+    assert read_line(proc) == "exec-ed\n"
+    advert = read_adverts(job.py_dir)[proc.pid]
+    assert ProcFS().identity_matches(advert.pid, advert.start_time)
+    assert not may_signal(advert, ProcFS())
+    assert proc.stdin is not None
+    proc.stdin.write(b"\n")
+    proc.stdin.flush()
+    assert proc.wait(TIMEOUT_S) == 0

@@ -1,0 +1,237 @@
+"""Notifications against a real HTTP server on loopback and real shell hooks: delivered, refused, slow,
+failing, hanging. The caller never blocks, and no failure escapes as an exception."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobwarden.control.notify import Notifier, event_payload
+from tests.conftest import Jobwarden, wait_pid_gone, write_fifo
+
+pytestmark = pytest.mark.integration
+EVENT = event_payload(
+    "failed", 7, "train.py", 1, "failed", exit_code=3, finding="CUDA out of memory", host="h"
+)
+
+
+class Hook(http.server.BaseHTTPRequestHandler):
+    """Records each POST; answers with the server's status, after its gate opens (a slow server)."""
+
+    def do_POST(self) -> None:
+        server: Server = self.server  # type: ignore[assignment]
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        server.received.append((self.path, self.headers["Content-Type"], json.loads(body)))
+        server.arrived.set()
+        server.gate.wait(60)
+        self.send_response(server.status)
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Hook)
+        self.received: list[tuple[str, str, dict[str, Any]]] = []
+        self.status = 200
+        self.gate = threading.Event()
+        self.gate.set()
+        self.arrived = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/services/T0/B0/secret"
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    srv = Server()
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.gate.set()
+        srv.shutdown()
+        srv.server_close()
+        thread.join(10)
+
+
+def test_an_event_is_posted_as_json_with_a_slack_text(server: Server) -> None:
+    log: list[str] = []
+    notifier = Notifier(server.url, None, log.append)
+    notifier.deliver(EVENT)
+    notifier.close(30)
+    ((path, content_type, body),) = server.received
+    assert (path, content_type) == ("/services/T0/B0/secret", "application/json")
+    assert body == EVENT
+    assert body["text"] == "jobwarden on h: job 7 (train.py) run 1 failed (exit code 3): CUDA out of memory"
+    assert log == [f"notify: failed delivered to http://127.0.0.1:{server.server_address[1]}/… (HTTP 200)"]
+    assert "secret" not in " ".join(log)
+
+
+def test_a_refused_connection_is_logged_not_raised() -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log: list[str] = []
+    notifier = Notifier(f"http://127.0.0.1:{port}/hook", None, log.append)
+    notifier.deliver(EVENT)
+    notifier.close(30)
+    assert len(log) == 1 and "failed: connection refused" in log[0]
+
+
+def test_a_non_2xx_answer_is_logged(server: Server) -> None:
+    server.status = 500
+    log: list[str] = []
+    notifier = Notifier(server.url, None, log.append)
+    notifier.deliver(EVENT)
+    notifier.close(30)
+    assert len(log) == 1 and log[0].endswith("failed: HTTP 500")
+
+
+def test_a_slow_server_never_blocks_the_caller_and_times_out(server: Server) -> None:
+    server.gate.clear()  # the server reads the request, then does not answer
+    log: list[str] = []
+    notifier = Notifier(server.url, None, log.append, timeout_s=1.0)
+    started = time.monotonic()
+    notifier.deliver(EVENT)
+    notifier.deliver({**EVENT, "event": "hung"})
+    queued = time.monotonic() - started
+    assert server.arrived.wait(30)
+    notifier.close(30)
+    waited = time.monotonic() - started
+    assert queued < 0.5  # deliver only queues
+    assert waited < 20  # each delivery is bounded by its timeout (two of 1s here), whatever the server does
+    assert [line.split(" to ")[0] for line in log] == ["notify: failed", "notify: hung"]
+    assert all("timed out" in line for line in log)
+
+
+def test_close_gives_up_after_its_own_bound(server: Server) -> None:
+    server.gate.clear()
+    log: list[str] = []
+    notifier = Notifier(server.url, None, log.append, timeout_s=30)
+    notifier.deliver(EVENT)
+    assert server.arrived.wait(30)
+    started = time.monotonic()
+    notifier.close(0.5)
+    assert time.monotonic() - started < 5
+    assert log == ["notify: gave up waiting after 0.5s; 1 event(s) not delivered"]
+
+
+def test_the_on_event_command_gets_the_json_on_stdin(tmp_path: Path) -> None:
+    out = tmp_path / "event.json"
+    log: list[str] = []
+    notifier = Notifier(None, f'cat > {out}; echo "$JOBWARDEN_EVENT" >> {out}.kind', log.append)
+    notifier.deliver(EVENT)
+    notifier.close(30)
+    assert json.loads(out.read_text()) == EVENT
+    assert Path(f"{out}.kind").read_text() == "failed\n"
+    assert log == ["notify: --on-event command ran for failed"]
+
+
+def test_a_failing_on_event_command_is_logged_with_its_exit_code() -> None:
+    log: list[str] = []
+    notifier = Notifier(None, "cat >/dev/null; exit 3", log.append)
+    notifier.deliver(EVENT)
+    notifier.close(30)
+    assert log == ["notify: --on-event command for failed failed: exit code 3"]
+
+
+def test_a_hanging_on_event_command_is_killed_with_everything_it_started(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child"
+    log: list[str] = []
+    # the hook starts a background child and waits: the timeout must end both, not only the shell
+    notifier = Notifier(None, f"sleep 3600 & echo $! > {pid_file}; wait", log.append, timeout_s=1.0)
+    notifier.deliver(EVENT)
+    notifier.close(30)
+    assert log == ["notify: --on-event command for failed failed: timed out (its session was killed)"]
+    wait_pid_gone(int(pid_file.read_text()), timeout_s=10)
+
+
+def test_the_url_and_the_command_both_get_each_event(server: Server, tmp_path: Path) -> None:
+    out = tmp_path / "event.json"
+    log: list[str] = []
+    notifier = Notifier(server.url, f"cat > {out}", log.append)
+    for kind in ("restarted", "succeeded"):
+        notifier.deliver({**EVENT, "event": kind})
+    notifier.close(30)
+    assert [body["event"] for _, _, body in server.received] == ["restarted", "succeeded"]
+    assert json.loads(out.read_text())["event"] == "succeeded"
+    assert len(log) == 4
+
+
+def test_no_thread_is_left_once_the_queue_is_empty(server: Server) -> None:
+    notifier = Notifier(server.url, None, lambda _: None)
+    notifier.deliver(EVENT)
+    notifier.close(30)
+    assert not [t for t in threading.enumerate() if t.name == "jobwarden-notify"]
+
+
+# --- the run options -------------------------------------------------------------------------------
+
+
+def test_run_stores_notify_and_on_event_in_the_job_options(jw: Jobwarden) -> None:
+    jw(
+        "run",
+        "--notify",
+        "https://example.com/hook",
+        "--on-event",
+        "logger -t jw",
+        "--wait",
+        "--",
+        "true",
+        check=True,
+    )
+    conn = sqlite3.connect(f"file:{jw.home / 'jobwarden.db'}?mode=ro", uri=True)
+    try:
+        (options,) = conn.execute("SELECT options FROM jobs").fetchone()
+    finally:
+        conn.close()
+    stored = json.loads(options)
+    assert (stored["notify"], stored["on_event"]) == ("https://example.com/hook", "logger -t jw")
+
+
+def test_run_refuses_a_notify_url_that_is_not_http(jw: Jobwarden) -> None:
+    result = jw("run", "--notify", "ftp://example.com/x", "--", "true")
+    assert result.returncode == 2
+    assert "not an http(s) URL" in result.stderr and "https://" in result.stderr
+    assert not (jw.home / "jobwarden.db").exists() or jw.json("ps", "--all") == []
+
+
+def test_hook_processes_run_in_their_own_session(tmp_path: Path) -> None:
+    out = tmp_path / "ids"
+    notifier = Notifier(None, f"ps -o sid= -p $$ > {out}", lambda _: None)
+    notifier.deliver(EVENT)
+    notifier.close(30)
+    assert int(out.read_text()) != os.getsid(0)
+
+
+def test_a_running_hook_is_named_so_the_shim_can_tell_it_from_the_job(tmp_path: Path) -> None:
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    notifier = Notifier(None, f"cat >/dev/null; read x < {fifo}", lambda _: None)
+    notifier.deliver(EVENT)
+    deadline = time.monotonic() + 30
+    while not notifier.helper_pids() and time.monotonic() < deadline:
+        time.sleep(0.01)  # the hook's start is reported from the delivery thread
+    (pid,) = notifier.helper_pids()
+    assert Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1] == str(os.getpid())
+    write_fifo(fifo, "done\n")
+    notifier.close(30)
+    assert notifier.helper_pids() == set()

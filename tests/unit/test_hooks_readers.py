@@ -1,0 +1,285 @@
+"""Reading what the hooks left behind: adverts, fork records, faulthandler dumps, the heartbeat. The files
+are written by processes that may die mid-write: the partial and corrupt cases matter as much as the good."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from jobwarden.model import ForkRecord, Frame, ProcessId, ThreadStack
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.probes.pyhooks import (
+    Heartbeat,
+    HookAdvert,
+    may_signal,
+    parse_fault_dump,
+    read_adverts,
+    read_fault_dump,
+    read_forks,
+    read_heartbeat,
+)
+
+
+def advert(pid: int = 100, **changes: object) -> dict[str, object]:
+    return {
+        "pid": pid,
+        "start_time": 5000,
+        "python": "3.8.18",
+        "executable": "/usr/bin/python3",
+        "fault_signal": 40,
+        "fault_file": f"/run/py/{pid}.stacks",
+        "ptracer": True,
+        "mp_start": None,
+        **changes,
+    }
+
+
+# --- adverts ----------------------------------------------------------------------------------------
+
+
+def test_an_advert_is_read(tmp_path: Path) -> None:
+    (tmp_path / "100.json").write_text(json.dumps(advert(mp_start="spawn")))
+    assert read_adverts(tmp_path) == {
+        100: HookAdvert(
+            100, 5000, "3.8.18", "/usr/bin/python3", 40, Path("/run/py/100.stacks"), True, "spawn"
+        )
+    }
+    assert read_adverts(tmp_path)[100].process == ProcessId(100, 5000)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "",
+        '{"pid": 101, "start_time": 5',  # cut short
+        "[1, 2]",
+        "\x00\x00\x00",
+        json.dumps({**advert(101), "pid": True}),  # a bool is not a pid
+        json.dumps(advert(101, start_time="5000")),
+        json.dumps(advert(101, ptracer=1)),
+        json.dumps(advert(101, mp_start=3)),
+        json.dumps({k: v for k, v in advert(101).items() if k != "fault_signal"}),
+        json.dumps(advert(999)),  # a file that names another process
+    ],
+)
+def test_a_partial_or_corrupt_advert_is_skipped(tmp_path: Path, content: str) -> None:
+    (tmp_path / "100.json").write_text(json.dumps(advert()))
+    (tmp_path / "101.json").write_text(content)
+    assert set(read_adverts(tmp_path)) == {100}
+
+
+def test_temporary_and_foreign_files_are_not_adverts(tmp_path: Path) -> None:
+    (tmp_path / "100.json.tmp").write_text(json.dumps(advert()))
+    (tmp_path / "notes.json").write_text(json.dumps(advert()))
+    (tmp_path / ".cache").mkdir()
+    assert read_adverts(tmp_path) == {}
+    assert read_adverts(tmp_path / "missing") == {}
+
+
+def test_an_advert_without_a_handler_does_not_dump() -> None:
+    assert not HookAdvert.from_json(advert(fault_signal=0, fault_file="")).dumps_on_signal
+    assert HookAdvert.from_json(advert()).dumps_on_signal
+
+
+def fake_proc(root: Path, pid: int, start_time: int, sig_cgt: str, state: str = "S") -> ProcFS:
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    fields = [state, "1", "1", "1", "0", "-1", "0", *["0"] * 12, str(start_time), "0", "0"]
+    (d / "stat").write_text(f"{pid} (python3) {' '.join(fields)}\n")
+    (d / "status").write_text(f"Name:\tpython3\nSigBlk:\t0000000000000000\nSigCgt:\t{sig_cgt}\n")
+    return ProcFS(root)
+
+
+@pytest.mark.parametrize(
+    ("start_time", "sig_cgt", "state", "allowed"),
+    [
+        (5000, "0000008000000000", "S", True),  # bit 39: signal 40 caught
+        (5000, "0000004000000000", "S", False),  # another signal caught: the process exec()ed
+        (5001, "0000008000000000", "S", False),  # the pid was reused
+        (5000, "0000008000000000", "Z", False),
+    ],
+)
+def test_may_signal_checks_identity_and_the_handler(
+    tmp_path: Path, start_time: int, sig_cgt: str, state: str, allowed: bool
+) -> None:
+    procfs = fake_proc(tmp_path, 100, start_time, sig_cgt, state)
+    assert may_signal(HookAdvert.from_json(advert()), procfs) is allowed
+
+
+def test_may_signal_a_process_that_is_gone(tmp_path: Path) -> None:
+    assert may_signal(HookAdvert.from_json(advert()), ProcFS(tmp_path)) is False
+
+
+# --- fork records -----------------------------------------------------------------------------------
+
+
+def fork_line(parent: int, at: float, **changes: object) -> str:
+    record = {
+        "at": at,
+        "parent_pid": parent,
+        "stack": [{"function": "Popen._launch", "file": "popen_fork.py", "line": 66}],
+        "threads": [
+            {
+                "tid": 11,
+                "name": "holder",
+                "frames": [
+                    {"function": "hold", "file": "job.py", "line": 5},
+                    {"function": "run", "line": None},
+                ],
+            },
+            {"tid": None, "name": None, "frames": []},
+        ],
+        "os_threads": 3,
+        **changes,
+    }
+    return json.dumps(record)
+
+
+def child_line(parent: int, at: float, child: int) -> str:
+    return json.dumps({"child_pid": child, "parent_pid": parent, "fork_at": at})
+
+
+def test_a_fork_record_is_joined_to_its_child(tmp_path: Path) -> None:
+    (tmp_path / "100.forks.jsonl").write_text(
+        "\n".join([fork_line(100, 1795302313.6905763), child_line(100, 1795302313.6905763, 102)]) + "\n"
+    )
+    assert read_forks(tmp_path) == [
+        ForkRecord(
+            parent_pid=100,
+            at=1795302313.6905763,
+            stack=(Frame("Popen._launch", "popen_fork.py", 66),),
+            threads=(
+                ThreadStack(11, "holder", (Frame("hold", "job.py", 5), Frame("run"))),
+                ThreadStack(None, None, ()),
+            ),
+            child_pid=102,
+        )
+    ]
+
+
+def test_a_child_that_never_reported_leaves_child_pid_none(tmp_path: Path) -> None:
+    (tmp_path / "100.forks.jsonl").write_text(
+        "\n".join([fork_line(100, 1.0), fork_line(100, 2.0), child_line(100, 2.0, 103)]) + "\n"
+    )
+    assert [(r.at, r.child_pid) for r in read_forks(tmp_path)] == [(1.0, None), (2.0, 103)]
+
+
+def test_partial_and_corrupt_lines_are_skipped(tmp_path: Path) -> None:
+    lines = [
+        fork_line(100, 1.0),
+        "not json",
+        "[1, 2]",
+        fork_line(100, 2.0, stack="oops"),
+        fork_line(100, 3.0, parent_pid="100"),
+        json.dumps({"child_pid": "x", "parent_pid": 100, "fork_at": 1.0}),
+        fork_line(100, 4.0)[:40],  # the writer died mid-line
+    ]
+    (tmp_path / "100.forks.jsonl").write_text("\n".join(lines))
+    assert [(r.at, r.child_pid) for r in read_forks(tmp_path)] == [(1.0, None)]
+
+
+def test_records_of_several_processes_come_oldest_first(tmp_path: Path) -> None:
+    (tmp_path / "100.forks.jsonl").write_text(fork_line(100, 5.0) + "\n" + child_line(101, 2.0, 104) + "\n")
+    (tmp_path / "101.forks.jsonl").write_text(fork_line(101, 2.0) + "\n")
+    assert [(r.parent_pid, r.at, r.child_pid) for r in read_forks(tmp_path)] == [
+        (101, 2.0, 104),
+        (100, 5.0, None),
+    ]
+    assert read_forks(tmp_path / "missing") == []
+
+
+# --- faulthandler dumps -----------------------------------------------------------------------------
+
+# As CPython 3.8 and 3.13 write them (the format has not changed), two dumps appended to one file.
+DUMP = """\
+Thread 0x00007f3b8d1fe640 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 327 in wait
+  File "/job/train.py", line 12 in park_in_thread
+  File "/usr/lib/python3.11/threading.py", line 975 in run
+
+Current thread 0x00007f3b8e4a9740 (most recent call first):
+  File "/job/train.py", line 20 in wait_for_go
+  File "/job/train.py", line ??? in <module>
+"""
+SECOND = """\
+Thread 0x00007f3b8d1fe640 (most recent call first):
+  <no Python frame>
+
+Current thread 0x00007f3b8e4a9740 (most recent call first):
+  File "/job/train.py", line 21 in wait_for_go
+"""
+
+
+def test_a_faulthandler_dump_is_parsed() -> None:
+    assert parse_fault_dump(DUMP) == (
+        ThreadStack(
+            None,
+            "thread 0x00007f3b8d1fe640",
+            (
+                Frame("wait", "/usr/lib/python3.11/threading.py", 327),
+                Frame("park_in_thread", "/job/train.py", 12),
+                Frame("run", "/usr/lib/python3.11/threading.py", 975),
+            ),
+        ),
+        ThreadStack(
+            None,
+            "current thread",
+            (Frame("wait_for_go", "/job/train.py", 20), Frame("<module>", "/job/train.py")),
+        ),
+    )
+
+
+def test_dumps_are_read_from_an_offset(tmp_path: Path) -> None:
+    stacks = tmp_path / "100.stacks"
+    stacks.write_text(DUMP)
+    first, offset = read_fault_dump(stacks)
+    assert (len(first), offset) == (2, len(DUMP))
+    with open(stacks, "a") as fh:
+        fh.write(SECOND)
+    second, end = read_fault_dump(stacks, offset)
+    assert end == len(DUMP) + len(SECOND)
+    assert [t.frames for t in second] == [(), (Frame("wait_for_go", "/job/train.py", 21),)]
+    assert read_fault_dump(tmp_path / "missing", 7) == ((), 7)
+
+
+def test_garbage_is_not_a_dump() -> None:
+    assert parse_fault_dump('Fatal Python error: Segmentation fault\n  File "x", line 1 in f\n') == ()
+
+
+# --- heartbeat --------------------------------------------------------------------------------------
+
+
+def set_mtime(path: Path, when: float) -> None:
+    os.utime(path, (when, when))
+
+
+def test_no_heartbeat_file_is_none(tmp_path: Path) -> None:
+    assert read_heartbeat(tmp_path / "heartbeat") is None
+
+
+@pytest.mark.parametrize("content", ["", "touched by a shell script\n", "[1]", "{broken"])
+def test_a_touched_file_counts_by_its_mtime(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "heartbeat"
+    path.write_text(content)
+    set_mtime(path, 1000.0)
+    assert read_heartbeat(path) == Heartbeat(1000.0, {})
+
+
+def test_the_json_heartbeat_gives_its_info_and_the_later_time(tmp_path: Path) -> None:
+    path = tmp_path / "heartbeat"
+    path.write_text(json.dumps({"at": 2000.5, "info": {"step": 3}}))
+    set_mtime(path, 1000.0)  # a copied file: mtime older than its content
+    assert read_heartbeat(path) == Heartbeat(2000.5, {"step": 3})
+    set_mtime(path, 3000.0)  # touched since it was written
+    assert read_heartbeat(path) == Heartbeat(3000.0, {"step": 3})
+
+
+@pytest.mark.parametrize("payload", [{"at": "soon", "info": [1]}, {"at": True}, {}])
+def test_odd_json_heartbeats_fall_back_to_the_mtime(tmp_path: Path, payload: dict[str, object]) -> None:
+    path = tmp_path / "heartbeat"
+    path.write_text(json.dumps(payload))
+    set_mtime(path, 1000.0)
+    assert read_heartbeat(path) == Heartbeat(1000.0, {})

@@ -1,0 +1,123 @@
+"""What a notification says, and what is never logged (a webhook's secret path); the option checks."""
+
+from __future__ import annotations
+
+import socket
+import urllib.error
+
+import pytest
+
+from jobwarden.control.launch import notify_options
+from jobwarden.control.notify import EVENTS, Notifier, describe_error, event_payload, redact
+from jobwarden.errors import UsageError
+
+
+def test_the_payload_has_a_slack_text_and_the_structured_fields() -> None:
+    payload = event_payload(
+        "failed",
+        12,
+        "train.py",
+        1,
+        "failed",
+        signal="SIGKILL",
+        finding="Killed by the OOM killer",
+        host="gpu-3",
+    )
+    assert (
+        payload["text"]
+        == "jobwarden on gpu-3: job 12 (train.py) run 1 failed (killed by SIGKILL): Killed by the OOM killer"
+    )
+    assert {
+        k: payload[k] for k in ("event", "job_id", "job_name", "run", "state", "exit_code", "signal", "host")
+    } == {
+        "event": "failed",
+        "job_id": 12,
+        "job_name": "train.py",
+        "run": 1,
+        "state": "failed",
+        "exit_code": None,
+        "signal": "SIGKILL",
+        "host": "gpu-3",
+    }
+    assert payload["finding"] == "Killed by the OOM killer"
+
+
+@pytest.mark.parametrize(
+    ("event", "kwargs", "text"),
+    [
+        ("failed", {"exit_code": 3}, "job 4 (t) run 2 failed (exit code 3)"),
+        ("succeeded", {"exit_code": 0}, "job 4 (t) run 2 succeeded"),
+        ("hung", {"finding": "Fork deadlock"}, "job 4 (t) run 2 looks hung: Fork deadlock"),
+        ("restarted", {}, "job 4 (t) was restarted (now run 2)"),
+    ],
+)
+def test_each_event_reads_as_a_sentence(event: str, kwargs: dict[str, object], text: str) -> None:
+    payload = event_payload(event, 4, "t", 2, "running", host="h", **kwargs)  # type: ignore[arg-type]
+    assert payload["text"] == f"jobwarden on h: {text}"
+    assert event in EVENTS
+
+
+def test_the_host_defaults_to_this_machine() -> None:
+    assert event_payload("succeeded", 1, "t", 1, "succeeded")["host"] == socket.gethostname()
+
+
+def test_a_webhook_url_is_logged_without_its_secret_path() -> None:
+    assert redact("https://hooks.slack.com/services/T000/B000/XXXX?token=1") == "https://hooks.slack.com/…"
+    assert redact("http://127.0.0.1:8080/hook") == "http://127.0.0.1:8080/…"
+
+
+def test_errors_are_described_in_words() -> None:
+    assert describe_error(urllib.error.URLError(ConnectionRefusedError(111, "x"))).startswith(
+        "connection refused"
+    )
+    assert describe_error(TimeoutError("timed out")) == "timed out"
+    assert describe_error(urllib.error.URLError(socket.gaierror(-2, "Name or service not known"))) == (
+        "cannot resolve the host (Name or service not known)"
+    )
+
+
+def test_a_notifier_with_nowhere_to_deliver_does_nothing() -> None:
+    logged: list[str] = []
+    notifier = Notifier(None, None, logged.append)
+    notifier.deliver({"event": "failed"})
+    notifier.close(1)
+    assert not notifier.active and logged == []
+
+
+# --- the run options ------------------------------------------------------------------------------------
+
+
+def test_notify_options_are_stored_under_their_keys() -> None:
+    assert notify_options("https://example.com/hook", "logger -t jw") == {
+        "notify": "https://example.com/hook",
+        "on_event": "logger -t jw",
+    }
+    assert notify_options(None, None) == {}
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://example.com/x", "example.com/hook", "file:///etc/passwd", "http://", ""]
+)
+def test_a_notify_url_must_be_http_or_https(url: str) -> None:
+    with pytest.raises(UsageError) as info:
+        notify_options(url, None)
+    assert "not an http(s) URL" in info.value.message
+    assert "https://" in info.value.remedy
+
+
+def test_an_empty_on_event_command_is_refused() -> None:
+    with pytest.raises(UsageError):
+        notify_options(None, "  ")
+
+
+def test_run_takes_notify_and_on_event() -> None:
+    from jobwarden.cli.main import build_parser
+
+    args = build_parser().parse_args(["run", "--notify", "https://x/h", "--on-event", "cat", "--", "true"])
+    assert (args.notify, args.on_event, args.argv[-1]) == ("https://x/h", "cat", "true")
+
+
+def test_a_notifier_is_made_from_the_job_options() -> None:
+    notifier = Notifier.from_options(notify_options("https://x/h", "cat"), print)
+    assert (notifier.url, notifier.command, notifier.active) == ("https://x/h", "cat", True)
+    assert not Notifier.from_options({"timeout_s": None}, print).active

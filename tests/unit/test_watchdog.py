@@ -1,0 +1,71 @@
+"""The hang watchdog's progress tracking: what counts as progress, and when a hang is due."""
+
+from __future__ import annotations
+
+from jobwarden.shim.watchdog import CPU_FLOOR_PERCENT, Progress, ProgressTracker
+
+
+def test_a_quiet_run_is_due_once_the_window_passes() -> None:
+    t = ProgressTracker(window_s=60, now=0)
+    t.observe(1, Progress(output_bytes=10, cpu_percent=0.0))
+    assert not t.hang_due(59)
+    assert t.hang_due(60)
+    assert t.quiet_for(75) == 75
+
+
+def test_a_hang_is_reported_once_per_quiet_spell() -> None:
+    t = ProgressTracker(window_s=10, now=0)
+    assert t.hang_due(10)
+    t.mark_reported()
+    assert not t.hang_due(30)
+    t.observe(31, Progress(cpu_percent=90.0))  # it moved again: the next quiet spell is a new hang
+    assert not t.hang_due(40)
+    assert t.hang_due(41)
+
+
+def test_new_output_is_progress_but_the_first_reading_is_a_baseline() -> None:
+    t = ProgressTracker(window_s=10, now=0)
+    assert t.observe(1, Progress(output_bytes=500)) is None
+    assert t.observe(2, Progress(output_bytes=500)) is None
+    assert t.observe(3, Progress(output_bytes=501)) == "output"
+    assert t.last_progress_at == 3 and t.last_kind == "output"
+
+
+def test_an_unknown_reading_keeps_the_previous_one() -> None:
+    t = ProgressTracker(window_s=10, now=0)
+    t.observe(1, Progress(output_bytes=500))
+    t.observe(2, Progress(output_bytes=None))  # the log could not be read this time
+    assert t.observe(3, Progress(output_bytes=600)) == "output"
+
+
+def test_a_heartbeat_is_progress() -> None:
+    t = ProgressTracker(window_s=10, now=0)
+    t.observe(1, Progress(heartbeat_at=100.0))
+    assert t.observe(9, Progress(heartbeat_at=108.0)) == "heartbeat"
+    assert not t.hang_due(18)
+
+
+def test_cpu_counts_only_above_the_floor() -> None:
+    t = ProgressTracker(window_s=10, now=0)
+    # an idle Pool parent: its worker-handler thread wakes ten times a second
+    assert t.observe(5, Progress(cpu_percent=0.4)) is None
+    assert t.hang_due(10)
+    assert t.observe(11, Progress(cpu_percent=CPU_FLOOR_PERCENT)) == "cpu"
+
+
+def test_io_counts_by_its_growth_above_the_floor() -> None:
+    t = ProgressTracker(window_s=10, now=0)
+    t.observe(1, Progress(io_bytes=1_000_000))
+    assert t.observe(2, Progress(io_bytes=1_000_100)) is None
+    assert t.observe(3, Progress(io_bytes=1_100_000)) == "io"
+
+
+def test_gpu_work_is_progress() -> None:
+    t = ProgressTracker(window_s=10, now=0)
+    assert t.observe(1, Progress(gpu_util_percent=1.0)) is None
+    assert t.observe(2, Progress(gpu_util_percent=97.0)) == "gpu"
+
+
+def test_no_window_never_hangs() -> None:
+    t = ProgressTracker(window_s=None, now=0)
+    assert not t.hang_due(10**9)
