@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from jobwarden.probes import pyspy
-from tests.conftest import Jobwarden, make_fifo, read_fifo
+from tests.conftest import Jobwarden, make_fifo, read_fifo, start_time
 
 pytestmark = [
     pytest.mark.integration,
@@ -69,20 +69,34 @@ def test_dump_python_frames_only(jw: Jobwarden, tmp_path: Path) -> None:
 
 
 def test_dump_falls_back_to_faulthandler_without_py_spy(jw: Jobwarden, tmp_path: Path) -> None:
-    """py-spy made unavailable; the job's main process advertises a faulthandler hook in the run's py/
-    folder (as jobwarden's Python hook does); its child does not, and is never signalled."""
+    """py-spy made unavailable: jobwarden's Python hook has advertised a faulthandler in every Python
+    process of the job, and each is asked to write its own stacks."""
     jw.env["JOBWARDEN_PY_SPY"] = "/nonexistent/py-spy"
-    jw.env["JOBWARDEN_GDB"] = "/nonexistent/gdb"
-    job, main, child = start_threads_job(jw, tmp_path, "--env", "STACK_TARGET_PY_DIR=jobwarden")
+    job, main, child = start_threads_job(jw, tmp_path)
     stacks = {s["pid"]: s for s in jw.json("dump", str(job))}
-    assert stacks[main]["method"] == "faulthandler"
+    assert stacks[main]["method"] == stacks[child]["method"] == "faulthandler"
     assert "py-spy not found at /nonexistent/py-spy" in stacks[main]["error"]
     firsts = {t["frames"][0]["function"] for t in stacks[main]["threads"] if t["frames"]}
     assert {"nap", "serve"} <= firsts
-    assert stacks[child]["method"] == "none" and "gdb is not installed" in stacks[child]["error"]
+    assert [t["frames"][0]["function"] for t in stacks[child]["threads"]] == ["child_main"]
     text = jw("dump", str(job), check=True).stdout
     assert "captured with faulthandler" in text and "note: py-spy not found" in text
-    assert jw.status(job)["state"] == "running"  # the hooked process handled the signal; nobody died
+    assert jw.status(job)["state"] == "running"  # each handled the signal; nobody died of it
+    jw("stop", str(job), check=True)
+
+
+def test_dump_never_signals_a_process_without_the_hook(jw: Jobwarden, tmp_path: Path) -> None:
+    """--no-py-hooks: no advert, so no faulthandler signal (its default action would kill)."""
+    jw.env["JOBWARDEN_PY_SPY"] = "/nonexistent/py-spy"
+    jw.env["JOBWARDEN_GDB"] = "/nonexistent/gdb"
+    job, main, child = start_threads_job(jw, tmp_path, "--no-py-hooks")
+    stacks = jw.json("dump", str(job))
+    assert [s["pid"] for s in stacks] == [main, child]
+    for s in stacks:
+        assert s["method"] == "none" and s["threads"] == []
+        assert "py-spy not found" in s["error"] and "gdb is not installed" in s["error"]
+    assert jw.status(job)["state"] == "running"
+    assert start_time(main) is not None and start_time(child) is not None
     jw("stop", str(job), check=True)
 
 

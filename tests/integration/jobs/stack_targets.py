@@ -10,8 +10,7 @@ usage: stack_targets.py MODE REPORT_FIFO CONTROL_FIFO [N]
     plain     the main thread only
 
 The report is "main=PID [child=PID ...]". With STACK_TARGET_PY_DIR set, the process registers faulthandler
-on SIGUSR2 and advertises it in $STACK_TARGET_PY_DIR/<pid>.json, as jobwarden's Python hook does;
-STACK_TARGET_PY_DIR=jobwarden means the run's own py/ folder (what jobwarden's hook uses).
+on SIGUSR2 and advertises it in $STACK_TARGET_PY_DIR/<pid>.json, as jobwarden's Python hook does.
 """
 
 from __future__ import annotations
@@ -148,13 +147,6 @@ def serve(report: str, control: str) -> None:
 def main() -> None:
     mode, report, control = sys.argv[1:4]
     py_dir = os.environ.get("STACK_TARGET_PY_DIR")
-    if py_dir == "jobwarden":
-        env = os.environ
-        run_dir = os.path.join(
-            env["JOBWARDEN_HOME"], "jobs", env["JOBWARDEN_JOB_ID"], f"run-{env['JOBWARDEN_RUN']}"
-        )
-        py_dir = os.path.join(run_dir, "py")
-        os.makedirs(py_dir, exist_ok=True)
     if py_dir:
         advertise(py_dir)
     children: list[int] = []
