@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from jobwarden.probes import pyspy
-from tests.conftest import Jobwarden, make_fifo, read_fifo
+from tests.conftest import Jobwarden, make_fifo, read_fifo, start_time
 
 pytestmark = [
     pytest.mark.integration,
@@ -18,11 +18,11 @@ pytestmark = [
 TARGETS = str(Path(__file__).parent / "jobs" / "stack_targets.py")
 
 
-def start_threads_job(jw: Jobwarden, tmp_path: Path) -> tuple[int, int, int]:
+def start_threads_job(jw: Jobwarden, tmp_path: Path, *options: str) -> tuple[int, int, int]:
     """A job whose main process runs three threads and has a Python child: (job id, main pid, child pid)."""
     report, control = make_fifo(tmp_path / "report"), make_fifo(tmp_path / "control")
     command = (sys.executable, TARGETS, "threads", str(report), str(control))
-    job = jw.start(*command, options=("--name", "threads"))
+    job = jw.start(*command, options=("--name", "threads", *options))
     pids = dict(item.split("=") for item in read_fifo(report).split())
     assert int(pids["main"]) == job["pid"]
     return job["id"], int(pids["main"]), int(pids["child"])
@@ -65,6 +65,38 @@ def test_dump_python_frames_only(jw: Jobwarden, tmp_path: Path) -> None:
     stacks = jw.json("dump", str(job), "--no-native")
     assert {s["method"] for s in stacks} == {"py-spy"}
     assert not any(f["native"] for s in stacks for t in s["threads"] for f in t["frames"])
+    jw("stop", str(job), check=True)
+
+
+def test_dump_falls_back_to_faulthandler_without_py_spy(jw: Jobwarden, tmp_path: Path) -> None:
+    """py-spy made unavailable: jobwarden's Python hook has advertised a faulthandler in every Python
+    process of the job, and each is asked to write its own stacks."""
+    jw.env["JOBWARDEN_PY_SPY"] = "/nonexistent/py-spy"
+    job, main, child = start_threads_job(jw, tmp_path)
+    stacks = {s["pid"]: s for s in jw.json("dump", str(job))}
+    assert stacks[main]["method"] == stacks[child]["method"] == "faulthandler"
+    assert "py-spy not found at /nonexistent/py-spy" in stacks[main]["error"]
+    firsts = {t["frames"][0]["function"] for t in stacks[main]["threads"] if t["frames"]}
+    assert {"nap", "serve"} <= firsts
+    assert [t["frames"][0]["function"] for t in stacks[child]["threads"]] == ["child_main"]
+    text = jw("dump", str(job), check=True).stdout
+    assert "captured with faulthandler" in text and "note: py-spy not found" in text
+    assert jw.status(job)["state"] == "running"  # each handled the signal; nobody died of it
+    jw("stop", str(job), check=True)
+
+
+def test_dump_never_signals_a_process_without_the_hook(jw: Jobwarden, tmp_path: Path) -> None:
+    """--no-py-hooks: no advert, so no faulthandler signal (its default action would kill)."""
+    jw.env["JOBWARDEN_PY_SPY"] = "/nonexistent/py-spy"
+    jw.env["JOBWARDEN_GDB"] = "/nonexistent/gdb"
+    job, main, child = start_threads_job(jw, tmp_path, "--no-py-hooks")
+    stacks = jw.json("dump", str(job))
+    assert [s["pid"] for s in stacks] == [main, child]
+    for s in stacks:
+        assert s["method"] == "none" and s["threads"] == []
+        assert "py-spy not found" in s["error"] and "gdb is not installed" in s["error"]
+    assert jw.status(job)["state"] == "running"
+    assert start_time(main) is not None and start_time(child) is not None
     jw("stop", str(job), check=True)
 
 

@@ -146,8 +146,9 @@ def serve(report: str, control: str) -> None:
 
 def main() -> None:
     mode, report, control = sys.argv[1:4]
-    if os.environ.get("STACK_TARGET_PY_DIR"):
-        advertise(os.environ["STACK_TARGET_PY_DIR"])
+    py_dir = os.environ.get("STACK_TARGET_PY_DIR")
+    if py_dir:
+        advertise(py_dir)
     children: list[int] = []
     if mode == "threads":
         start_threads()
