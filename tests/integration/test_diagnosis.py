@@ -106,6 +106,8 @@ def test_a_stopped_process_is_named_at_once(jw: Jobwarden, tmp_path: Path) -> No
     finding = wait_for_finding(jw, job["id"], "process-stopped", timeout_s=30)
     assert finding["pids"] == [child]
     assert "SIGCONT" in finding["remedy"] or "kill -CONT" in finding["remedy"]
+    assert jw.json("ps")[0]["finding"] == "process-stopped"  # ps shows the short form
+    assert "[process-stopped]" in jw("ps").stdout
     os.kill(child, signal.SIGCONT)
     jw("stop", str(job["id"]), check=True)
 

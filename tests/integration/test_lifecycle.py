@@ -156,3 +156,26 @@ def test_two_jobs_never_claim_the_same_gpu(jw: Jobwarden, tmp_path: Path) -> Non
     write_fifo(fifos[1])  # blocks until the second job has been admitted and opened its FIFO
     jw("wait", str(second["id"]), check=True)
     assert jw.output(first["id"]).strip() == jw.output(second["id"]).strip() == "0,1,2"
+
+
+def test_gpu_memory_held_while_the_gpu_idles_is_named_gpu_idle(jw: Jobwarden, tmp_path: Path) -> None:
+    nvml = tmp_path / "nvml.json"
+    fake_gpus(nvml, {})
+    jw.env["JOBWARDEN_FAKE_NVML"] = str(nvml)
+    # a leftover loop: it holds 5 GiB on GPU 0 at 0% utilisation and keeps a CPU busy (so it is not "hung")
+    code = (
+        "import os, time\n"
+        "from jobwarden.probes import fakenvml\n"
+        f"fakenvml.hold({str(nvml)!r}, 0, os.getpid(), 5 << 30)\n"
+        "end = time.monotonic() + 120\n"
+        "while time.monotonic() < end:\n"
+        "    pass\n"
+    )
+    job = jw.start(PY, "-c", code, options=("--hang-timeout", "2s", "--grace", "1s"))
+    deadline = time.monotonic() + 60
+    while "gpu-idle" not in [f["rule"] for f in jw.status(job["id"])["findings"]]:
+        assert time.monotonic() < deadline, jw.status(job["id"])["findings"]
+        time.sleep(0.2)
+    finding = next(f for f in jw.status(job["id"])["findings"] if f["rule"] == "gpu-idle")
+    assert "GPU 0" in "\n".join(finding["evidence"]) or "GPU 0" in finding["summary"]
+    jw("stop", str(job["id"]), check=True)

@@ -337,6 +337,35 @@ def test_update_run_only_if_state_with_no_states_changes_nothing(store: Store) -
     assert store.run(job_id).state == JobState.STARTING
 
 
+def test_update_run_with_event_writes_both_in_one_transaction(store: Store) -> None:
+    job_id, n = store.create_job(spec(), {}, NOW)
+    assert store.update_run_with_event(
+        job_id, n, "started", NOW + 1, {"pid": 4101}, state=JobState.RUNNING, pid=4101, started_at=NOW + 1
+    )
+    run = store.run(job_id, n)
+    assert (run.state, run.pid, run.started_at) == (JobState.RUNNING, 4101, NOW + 1)
+    started = [e for e in store.events(job_id, n) if e.kind == "started"]
+    assert [(e.at, e.data) for e in started] == [(NOW + 1, {"pid": 4101})]
+
+
+def test_update_run_with_event_records_no_event_when_the_update_does_not_apply(store: Store) -> None:
+    job_id, n = store.create_job(spec(), {}, NOW)
+    store.update_run(job_id, n, state=JobState.SUCCEEDED)
+    watched = (JobState.STARTING, JobState.RUNNING)
+    assert not store.update_run_with_event(
+        job_id, n, "supervisor-lost", NOW, {}, only_if_state=watched, state=JobState.LOST
+    )
+    assert store.run(job_id).state == JobState.SUCCEEDED
+    assert [e.kind for e in store.events(job_id, n)] == ["created"]
+
+
+def test_update_run_with_event_rejects_unknown_fields_before_writing(store: Store) -> None:
+    job_id, n = store.create_job(spec(), {}, NOW)
+    with pytest.raises(ValueError, match="unknown run fields"):
+        store.update_run_with_event(job_id, n, "started", NOW, {}, colour="red")
+    assert [e.kind for e in store.events(job_id, n)] == ["created"]
+
+
 def test_update_run_of_a_missing_run_is_false(store: Store) -> None:
     job_id, _ = store.create_job(spec(), {}, NOW)
     assert store.update_run(job_id, 2, state=JobState.RUNNING) is False

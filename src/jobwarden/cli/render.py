@@ -53,6 +53,10 @@ def exit_status(run: RunRecord) -> int:
 
 def how_it_ended(run: dict[str, Any]) -> str:
     state = run["state"]
+    if run.get("end_reason") == "hung":
+        return f"{state}: ended as hung (--on-hang)"
+    if run.get("end_reason") == "mem-limit":
+        return f"{state}: over its --mem-limit"
     if run.get("signal"):
         return f"{state}: killed by {run['signal']}"
     if run.get("exit_code") is not None and state in ("failed", "succeeded", "stopped"):
@@ -81,6 +85,8 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
         state = str(v.run.state)
         if v.run.state.is_ended and (v.run.signal or v.run.exit_code):
             state += f" ({v.run.signal or v.run.exit_code})"
+        if v.finding:
+            state += f" [{v.finding}]"
         cpu = f"{v.cpu_percent:.0f}%" if v.cpu_percent is not None else "-"
         rows.append(
             (

@@ -92,6 +92,7 @@ class JobView:
     run: RunRecord
     cpu_percent: float | None
     rss_bytes: int | None
+    finding: str | None = None  # the rule id of the most likely root cause the shim recorded
 
     def summary_json(self) -> dict[str, Any]:
         r = self.run
@@ -101,6 +102,7 @@ class JobView:
             "state": str(r.state),
             "run": r.n,
             "pid": r.pid,
+            "finding": self.finding,
             "exit_code": r.exit_code,
             "signal": r.signal,
             "started_at": iso(r.started_at),
@@ -126,8 +128,17 @@ def job_views(store: Store, procfs: ProcFS, include_ended: bool) -> list[JobView
             sample = store.latest_sample(job.id, run.n)
             if sample is not None:
                 cpu, rss = sample["cpu_percent"], sample["rss_bytes"]
-        views.append(JobView(job, run, cpu, rss))
+        views.append(JobView(job, run, cpu, rss, _top_rule(store, job, run)))
     return views
+
+
+def _top_rule(store: Store, job: JobRecord, run: RunRecord) -> str | None:
+    """ps's short form: the stored finding that comes first (recorded live by the shim: cheap to read)."""
+    from jobwarden.rules.verdict import ORDER
+
+    rules = [f.rule for _, f in store.findings(job.id, run.n)]
+    ranked = sorted(rules, key=lambda r: ORDER.index(r) if r in ORDER else len(ORDER))
+    return ranked[0] if ranked else None
 
 
 def status_json(

@@ -82,7 +82,8 @@ def _conclude(
 ) -> None:
     """The last attempt: say why it was not restarted when a restart was asked for, and notify."""
     failed = record.state == JobState.FAILED
-    if failed and (policy.mode != "no" or record.end_reason == EndReason.HUNG):
+    hang_restart = record.end_reason == EndReason.HUNG and job.options.get("on_hang") == "restart"
+    if failed and (policy.mode != "no" or hang_restart):
         try:
             store.add_event(job.id, record.n, "not-restarted", clock.wall(), reason=decision.reason)
         except StoreError as err:

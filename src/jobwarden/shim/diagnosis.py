@@ -21,6 +21,7 @@ from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.pyhooks import read_adverts, read_forks, read_heartbeat
 from jobwarden.probes.stacks import capture_stacks
 from jobwarden.rules import RunEvidence, explain
+from jobwarden.shim.gpuwatch import GpuWatch
 from jobwarden.shim.tree import JobTree, Member
 from jobwarden.shim.watchdog import Progress, ProgressTracker
 from jobwarden.store import JobRecord, Store
@@ -74,6 +75,8 @@ class Diagnoser:
         self.deaths: list[ProcessDeath] = []
         self.oom: OomEvidence | None = None
         self.main_pid: int | None = None
+        self.gpu: GpuWatch | None = None
+        self._gpu_idle_reported = False
         self._recorded: set[tuple[str, tuple[int, ...]]] = set()
         self._stopped_seen: set[tuple[int, int]] = set()
         self._io_at = -IO_EVERY_S
@@ -119,6 +122,13 @@ class Diagnoser:
             self.oom = oom
             verdict = self.judge("oom", now, now_mono, snaps=snaps) or verdict
         self.tracker.observe(now_mono, self._progress(snaps, now_mono))
+        idle_for = self.gpu.idle_for(now_mono) if self.gpu else None
+        window = self.tracker.window_s
+        if idle_for is None:
+            self._gpu_idle_reported = False
+        elif window and idle_for >= window and not self._gpu_idle_reported:
+            self._gpu_idle_reported = True
+            verdict = self.judge("gpu-idle", now, now_mono, snaps=snaps) or verdict
         if self.tracker.hang_due(now_mono):
             self.tracker.mark_reported()
             hang = self.judge(
@@ -133,12 +143,19 @@ class Diagnoser:
             output = os.stat(self.layout.output_log(self.job.id, self.run)).st_size
         beat = read_heartbeat(self.layout.heartbeat_file(self.job.id, self.run))
         cpu = sum(s.cpu_percent or 0.0 for s in snaps)
-        seen = Progress(output_bytes=output, heartbeat_at=beat.at if beat else None, cpu_percent=cpu)
+        usage = self.gpu.sample(now_mono, [s.pid for s in snaps]) if self.gpu else None
+        gpu_util = usage.max_utilization if usage and usage.total_bytes else None
+        seen = Progress(
+            output_bytes=output,
+            heartbeat_at=beat.at if beat else None,
+            cpu_percent=cpu,
+            gpu_util_percent=gpu_util,
+        )
         # at least three readings per window, so quiet but steady I/O is seen before the window ends
         every = min(IO_EVERY_S, (self.tracker.window_s or IO_EVERY_S) / 3)
         if self.tracker.quiet_for(now_mono) >= 1.0 and now_mono - self._io_at >= every:
             self._io_at = now_mono
-            seen = Progress(seen.output_bytes, seen.heartbeat_at, cpu, io_bytes=self._io_bytes())
+            seen = Progress(seen.output_bytes, seen.heartbeat_at, cpu, self._io_bytes(), gpu_util)
         return seen
 
     def _io_bytes(self) -> int:
@@ -179,6 +196,10 @@ class Diagnoser:
             forks=tuple(read_forks(self.py_dir)),
             oom=self.oom,
             mem_limit_bytes=self.job.options.get("mem_limit_bytes"),
+            gpus=tuple(self.gpu.devices) if self.gpu else (),
+            gpu_processes=tuple(self.gpu.processes) if self.gpu else (),
+            gpu_idle_for_s=self.gpu.idle_for(now_mono) if self.gpu else None,
+            gpu_idle_window_s=self.tracker.window_s,
         )
         new = [f for f in explain(evidence) if f.rule in LIVE_RULES and self._is_new(f)]
         if not new and not hung:

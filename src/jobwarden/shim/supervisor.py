@@ -30,10 +30,12 @@ from jobwarden.osapi.cgroup import JobCgroup, cgroup_path, create_job_cgroup, fi
 from jobwarden.osapi.process import SpawnError, WaitStatus, reap_any, set_child_subreaper, spawn_job
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, ensure_private_dir
-from jobwarden.probes.gpu import try_open_gpu_probe
+from jobwarden.probes.fakenvml import FAKE_NVML_ENV
+from jobwarden.probes.gpu import GpuProbe, try_open_gpu_probe
 from jobwarden.probes.memory import MemoryWatchdog, tree_memory
 from jobwarden.probes.oom import OomWatch
 from jobwarden.shim.diagnosis import Diagnoser, Verdict
+from jobwarden.shim.gpuwatch import GpuWatch
 from jobwarden.shim.tree import JobTree, Member, wait_readable
 from jobwarden.shim.watchdog import DEFAULT_HANG_TIMEOUT_S
 from jobwarden.store import JobRecord, Store
@@ -317,6 +319,14 @@ class Supervisor:
             self.store, self.job, self.run, self.procfs, self.tree, window or None, self.clock.monotonic()
         )
         self.diag.main_pid = main_pid
+        probe = try_open_gpu_probe() if self._watch_gpus() else None
+        if isinstance(probe, GpuProbe):
+            self.diag.gpu = GpuWatch(probe)
+
+    def _watch_gpus(self) -> bool:
+        """NVML is asked only for jobs that claimed GPUs or on machines that have a driver: importing and
+        initialising it costs the shim tens of milliseconds, and nothing on a CPU-only machine."""
+        return bool(self.gpu_env) or os.path.exists("/dev/nvidiactl") or FAKE_NVML_ENV in os.environ
 
     def _containment(self) -> str:
         if self.cgroup:
@@ -437,6 +447,8 @@ class Supervisor:
         if ended:
             self._safe_write(self.store.record_tree, self.job.id, self.run, self.clock.wall(), [], ended)
         if members and self.diag and not self.stop:
+            if self.oom_watch and any(status != 0 for _, status in members):
+                self._poll_oom(self.clock.wall())  # a worker's death may be the OOM killer's: know it first
             main = self.main
             self._act_on(
                 self.diag.on_exits(members, self.clock.wall(), self.clock.monotonic(), main),
@@ -458,17 +470,18 @@ class Supervisor:
         snaps = self.tree.sample(now)
         self.logs.index(now)
         self._check_disk(now)
-        self._safe_write(self.store.record_tree, self.job.id, self.run, now, snaps, [])
+        # an idle tree is not rewritten every second
+        if self.tree.worth_recording(snaps, now) and self._safe_write(
+            self.store.record_tree, self.job.id, self.run, now, snaps, []
+        ):
+            self.tree.recorded(snaps, now)
         self._watch_memory(snaps, now)
         if self.diag:
             self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic(), self.oom))
 
     def _watch_memory(self, snaps: list[Any], now: float) -> None:
         """OOM kills (counters, kernel log) and, without a cgroup limit, the --mem-limit watchdog."""
-        if self.oom_watch:
-            found = self.oom_watch.poll([s.pid for s in snaps])
-            if found is not None and found != self.oom:
-                self._record_oom(found, now)
+        self._poll_oom(now, [s.pid for s in snaps])
         if self.mem_watchdog and not self.stop:
             total = tree_memory(
                 self.procfs, [s.pid for s in snaps], exact_above=self.mem_watchdog.limit_bytes
@@ -479,6 +492,12 @@ class Supervisor:
                 self._record_oom(self.mem_watchdog.evidence(sorted(self.tree.members)), now)
                 # running -> stopping: SIGKILL at once, as the kernel's OOM killer would
                 self.stop = StopRequest(EndReason.MEM_LIMIT, 0.0)
+
+    def _poll_oom(self, now: float, pids: list[int] | None = None) -> None:
+        if self.oom_watch:
+            found = self.oom_watch.poll(pids)
+            if found is not None and found != self.oom:
+                self._record_oom(found, now)
 
     def _record_oom(self, oom: OomEvidence, now: float) -> None:
         self.oom = oom
@@ -582,17 +601,16 @@ class Supervisor:
             orphans = [{"pid": m.pid, "cmdline": m.cmdline} for m in self.tree.members.values()]
             survivors = self.terminate_tree(float(self.job.options.get("grace_s", config.DEFAULT_GRACE_S)))
         self.logs.index(self.clock.wall())
-        if self.oom_watch:  # a kill in the last moments (the main process itself) is counted too
-            with contextlib.suppress(OSError):
-                found = self.oom_watch.poll(None)
-                if found is not None and found != self.oom:
-                    self._record_oom(found, self.clock.wall())
+        with contextlib.suppress(OSError):  # a kill in the last moments (the main process itself) counts too
+            self._poll_oom(self.clock.wall())
         self._record_end(orphans, survivors)
         self._safe_write(self.store.release_gpus, self.job.id, self.run)
         self._remove_cgroup()
         self.tree.close()
         if self.oom_watch:
             self.oom_watch.close()
+        if self.diag and self.diag.gpu:
+            self.diag.gpu.close()
         return 0
 
     def terminate_tree(self, grace_s: float) -> list[Survivor]:

@@ -4,11 +4,16 @@ Sources, cheapest first: the job's cgroup; parent links read from /proc (this ke
 /proc/PID/task/*/children, so we read every new pid's stat once); the job's session; processes reparented
 to the shim (it is a subreaper, so double-forked descendants come back to it); and, on full scans, the
 JOBWARDEN_* marker variables, which find what escaped everything else.
+
+The shim runs this every second for days, so the hot paths read /proc with bare os calls, parse a stat
+line only when its bytes changed (an idle process's do not), read a process's environment once per
+process, and say when a tick found nothing worth writing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +22,10 @@ from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.model import ProcessId, ProcessSnapshot
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.cgroup import JobCgroup
-from jobwarden.osapi.procfs import ProcFS, ProcStat
+from jobwarden.osapi.procfs import ProcFS, ProcStat, parse_stat
+
+# An unchanged tree is written to the store again after this long anyway, so its latest sample stays recent.
+RECORD_AT_LEAST_EVERY_S = 10.0
 
 
 @dataclass
@@ -29,6 +37,8 @@ class Member:
     comm: str = ""
     last_ticks: int | None = None
     last_at: float | None = None
+    raw_stat: bytes = b""  # the stat line behind `snapshot`
+    snapshot: ProcessSnapshot | None = None
 
     @property
     def pid(self) -> int:
@@ -49,6 +59,13 @@ class JobTree:
         self._foreign: set[int] = set()  # pids seen and found not ours; re-checked on full scans
         # the shim's own helpers (--on-event hooks): its children too, in sessions of their own; never members
         self.helpers: Callable[[], set[int]] = set
+        self._unmarked: dict[int, int] = {}  # pid -> start time of a process whose environment lacks markers
+        self._proc = str(procfs.root)
+        self._marker_entries = [f"\0{k}={v}\0".encode() for k, v in markers.items()]
+        self._exits = select.poll()  # every member's pidfd, kept registered
+        self._recorded: tuple[list[ProcessSnapshot], float] | None = None
+        # start time of the job's first process: an older process cannot have inherited its markers
+        self._job_born: int | None = None
 
     def __len__(self) -> int:
         return len(self.members)
@@ -71,13 +88,14 @@ class JobTree:
         except ProcessGone:
             cmdline = f"[{st.comm}]"
         member = Member(ident, fd, st.ppid, cmdline, st.comm)
-        self.members[st.pid] = member
+        self._track(member)
         return member
 
     def seed(self, pid: int, session_leader: bool = False) -> Member | None:
         st = self.procfs.stat(pid)
         if session_leader:
             self.sessions.add(st.sid)
+            self._job_born = st.start_time
         return self.add(st)
 
     def seed_child(self, pid: int) -> Member:
@@ -85,6 +103,7 @@ class JobTree:
         (a command that failed within microseconds) is tracked, and its status collected."""
         st = self.procfs.stat(pid)
         self.sessions.add(st.sid)
+        self._job_born = st.start_time
         member = Member(
             ProcessId(pid, st.start_time),
             pidfds.open_pidfd(pid),
@@ -92,26 +111,41 @@ class JobTree:
             self.procfs.cmdline(pid) if st.state != "Z" else f"[{st.comm}]",
             st.comm,
         )
-        self.members[pid] = member
+        self._track(member)
         return member
 
+    def _track(self, member: Member) -> None:
+        self.members[member.pid] = member
+        self._exits.register(member.pidfd, select.POLLIN)
+
     def discover(self, full: bool = False) -> list[Member]:
-        """Find new members. A full scan also re-reads every pid and checks the marker variables."""
-        if full:
-            self._foreign.clear()
-        pids = self.procfs.pids()
-        live = set(pids)
-        self._foreign &= live  # forget exited foreigners, so their reused pids are read again
+        """Find new members. A full scan also re-reads every pid and checks the marker variables.
+
+        With a cgroup, an incremental scan reads only the cgroup's list: whatever the job forks is born
+        in it. Listing /proc (the costly part of a scan) is then left to full scans, which still find
+        a process moved out of the cgroup, by its parent, session or markers."""
         in_cgroup = set(self.cgroup.pids()) if self.cgroup else set()
         helpers = self.helpers()
         for pid in helpers & set(self.members):  # seen in the instant between its spawn and its naming
             self.drop(self.members[pid])
+        if self.cgroup and not full:
+            candidates = in_cgroup  # all ours: a pid once foreign may have been reused by the job
+        else:
+            if full:
+                self._foreign.clear()
+            pids = self.procfs.pids()
+            live = set(pids)
+            self._foreign &= live  # forget exited foreigners, so their reused pids are read again
+            if full:
+                self._unmarked = {p: t for p, t in self._unmarked.items() if p in live}
+            candidates = live - self._foreign
         fresh: dict[int, ProcStat] = {}
-        for pid in pids:
-            if pid in self.members or pid in self._foreign or pid == self.shim_pid:
+        for pid in candidates:
+            if pid in self.members or pid == self.shim_pid:
                 continue
-            with contextlib.suppress(ProcessGone, AccessDenied):
-                st = self.procfs.stat(pid)
+            raw = self._read_stat(pid)
+            if raw:
+                st = parse_stat(raw.decode("utf-8", "replace"))
                 if pid not in helpers and st.sid not in helpers:
                     fresh[pid] = st
         added = []
@@ -133,20 +167,30 @@ class JobTree:
             return True
         if st.sid in self.sessions:
             return True
-        if full and self.markers:
-            with contextlib.suppress(ProcessGone, AccessDenied):
-                return self.procfs.environ_has(st.pid, self.markers)
+        if full and self.markers and self._may_be_marked(st):
+            # A process's environment changes only by exec, which no process outside the job does with
+            # the job's markers: one look per (pid, start time) is enough.
+            if self._has_markers(st.pid):
+                return True
+            self._unmarked[st.pid] = st.start_time
         return False
+
+    def _may_be_marked(self, st: ProcStat) -> bool:
+        """Worth reading the environment of: not checked before, and not older than the job."""
+        if self._job_born is not None and st.start_time < self._job_born:
+            return False
+        return self._unmarked.get(st.pid) != st.start_time
 
     def exited(self) -> list[Member]:
         """Members whose pidfd says they have exited. The caller reads their status, then `drop`s them."""
         if not self.members:
             return []
-        ready = _readable([m.pidfd for m in self.members.values()], 0)
+        ready = {fd for fd, _ in self._exits.poll(0)}
         return [m for m in self.members.values() if m.pidfd in ready]
 
     def drop(self, member: Member) -> None:
-        self.members.pop(member.pid, None)
+        if self.members.pop(member.pid, None) is member:
+            self._exits.unregister(member.pidfd)
         self._ended.add(member.ident)
         pidfds.close(member.pidfd)
 
@@ -161,10 +205,14 @@ class JobTree:
     def sample(self, now: float) -> list[ProcessSnapshot]:
         snaps = []
         for member in list(self.members.values()):
-            try:
-                st = self.procfs.stat(member.pid)
-            except (ProcessGone, AccessDenied):
+            raw = self._read_stat(member.pid)
+            if not raw:
                 continue
+            if raw == member.raw_stat and member.snapshot and member.snapshot.cpu_percent == 0.0:
+                member.last_at = now  # not scheduled since the last look: the same snapshot, unparsed
+                snaps.append(member.snapshot)
+                continue
+            st = parse_stat(raw.decode("utf-8", "replace"))
             if st.start_time != member.ident.start_time:
                 continue
             cpu = None
@@ -180,21 +228,68 @@ class JobTree:
                 with contextlib.suppress(ProcessGone):
                     member.cmdline = self.procfs.cmdline(st.pid)
             member.last_ticks, member.last_at, member.ppid = st.cpu_ticks, now, st.ppid
-            snaps.append(
-                ProcessSnapshot(
-                    pid=st.pid,
-                    ppid=st.ppid,
-                    start_time=st.start_time,
-                    state=st.state,
-                    cmdline=member.cmdline,
-                    rss_bytes=st.rss_pages * self.procfs.page_size,
-                    cpu_percent=None if cpu is None else round(cpu, 1),
-                )
+            member.raw_stat = raw
+            member.snapshot = ProcessSnapshot(
+                pid=st.pid,
+                ppid=st.ppid,
+                start_time=st.start_time,
+                state=st.state,
+                cmdline=member.cmdline,
+                rss_bytes=st.rss_pages * self.procfs.page_size,
+                cpu_percent=None if cpu is None else round(cpu, 1),
             )
+            snaps.append(member.snapshot)
         return snaps
+
+    def worth_recording(self, snaps: list[ProcessSnapshot], now: float) -> bool:
+        """False when `snaps` are what was last recorded, and recently: an idle tree costs no write (its
+        rows in the store are still true), yet its latest sample is never older than
+        RECORD_AT_LEAST_EVERY_S. Unchanged members return the very same snapshot objects, so the
+        comparison is by identity, member by member."""
+        if self._recorded is None:
+            return True
+        last, at = self._recorded
+        return snaps != last or not 0 <= now - at < RECORD_AT_LEAST_EVERY_S
+
+    def recorded(self, snaps: list[ProcessSnapshot], now: float) -> None:
+        self._recorded = (snaps, now)
+
+    def _has_markers(self, pid: int) -> bool:
+        """procfs.environ_has without splitting the environment into a set: on a busy machine a full
+        scan meets many new processes, and some environments are large. Unreadable (another user's, a
+        kernel thread's, a process gone) counts as unmarked."""
+        try:
+            fd = os.open(f"{self._proc}/{pid}/environ", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        chunks = [b"\0"]  # entries are NUL-terminated: a leading NUL makes each one NUL-delimited
+        try:
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        environ = b"".join(chunks)
+        return all(marker in environ for marker in self._marker_entries)
+
+    def _read_stat(self, pid: int) -> bytes:
+        """/proc/PID/stat in one read; b"" when the process is gone or not ours to read. (ProcFS.stat
+        does the same through pathlib and a buffered file: several times the cost, every second.)"""
+        try:
+            fd = os.open(f"{self._proc}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return b""
+        try:
+            return os.read(fd, 4096)  # a stat line is well under 1 KiB
+        except OSError:  # ESRCH: it exited between open and read
+            return b""
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         for member in list(self.members.values()):
+            self._exits.unregister(member.pidfd)
             pidfds.close(member.pidfd)
         self.members.clear()
 

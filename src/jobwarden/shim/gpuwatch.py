@@ -1,0 +1,55 @@
+"""The job's GPU use, sampled by the shim every few seconds: memory held by its processes and the
+utilisation of the GPUs they are on. It feeds the hang watchdog (GPU work is progress) and the `gpu-idle`
+rule: memory held while the GPUs do nothing, the S5 seed case of a finished experiment whose leftover
+loop kept 5 GiB for days."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from jobwarden.model import GpuDevice, GpuProcess
+from jobwarden.probes.gpu import GpuProbe, GpuProbeError, JobGpuUsage, job_gpu_usage
+
+SAMPLE_EVERY_S = 5.0  # NVML calls cost milliseconds each; utilisation is itself an average over ~1 s
+IDLE_PERCENT = 5.0
+
+
+class GpuWatch:
+    def __init__(self, probe: GpuProbe) -> None:
+        self.probe = probe
+        self.devices: list[GpuDevice] = []
+        self.processes: list[GpuProcess] = []  # the job's own
+        self.usage: JobGpuUsage | None = None
+        self.error: str | None = None
+        self._next = 0.0
+        self._idle_since: float | None = None
+
+    def sample(self, now_mono: float, pids: Iterable[int]) -> JobGpuUsage | None:
+        """A fresh reading at most every SAMPLE_EVERY_S; the last one in between. Never raises: a GPU that
+        fell off the bus must not end supervision."""
+        if now_mono < self._next:
+            return self.usage
+        self._next = now_mono + SAMPLE_EVERY_S
+        wanted = set(pids)
+        try:
+            self.devices = self.probe.devices()
+            held = [p for p in self.probe.processes() if p.pid in wanted]
+        except GpuProbeError as err:
+            self.error, self.usage = err.message, None
+            return None
+        self.error, self.processes = None, held
+        self.usage = job_gpu_usage(self.devices, held, wanted)
+        util = self.usage.max_utilization
+        idle = self.usage.total_bytes > 0 and util is not None and util < IDLE_PERCENT
+        if not idle:
+            self._idle_since = None
+        elif self._idle_since is None:
+            self._idle_since = now_mono
+        return self.usage
+
+    def idle_for(self, now_mono: float) -> float | None:
+        """How long the job has held GPU memory at ~0% utilisation (None: not idle, or unknown)."""
+        return None if self._idle_since is None else now_mono - self._idle_since
+
+    def close(self) -> None:
+        self.probe.close()
