@@ -144,3 +144,34 @@ def test_quiet_but_healthy_jobs_raise_no_hang(jw: Jobwarden, mode: str) -> None:
     status = jw.status(job_id)
     assert status["state"] == "succeeded", (status, jw.output(job_id))
     assert status["findings"] == []
+
+
+def test_a_silent_hang_with_no_better_explanation_is_no_progress(jw: Jobwarden, tmp_path: Path) -> None:
+    script = tmp_path / "waits.py"
+    script.write_text(
+        "import threading\nprint('waiting for the server', flush=True)\nthreading.Event().wait()\n"
+    )
+    opts = ("--hang-timeout", "2s", "--on-hang", "stop", "--grace", "1s")
+    result = jw("run", *opts, "--wait", "--", PY, str(script))
+    report = jw.json("explain", result.stdout.split()[0])
+    first = report["findings"][0]
+    assert first["rule"] == "no-progress", report["findings"]
+    evidence = "\n".join(first["evidence"])
+    assert "waits.py" in evidence  # the main thread's stack
+    assert "waiting for the server" in evidence  # the last output
+
+
+def test_a_process_stuck_in_d_state_is_uninterruptible_io(jw: Jobwarden, tmp_path: Path) -> None:
+    # posix_spawn's child opens a FIFO nobody writes to before it execs; the parent waits for it inside
+    # vfork, in the kernel, uninterruptibly (state D): a real D state without a dead NFS mount
+    fifo = make_fifo(tmp_path / "never-written")
+    code = (
+        "import os\n"
+        f"os.posix_spawn('/bin/true', ['true'], os.environ, "
+        f"file_actions=[(os.POSIX_SPAWN_OPEN, 0, {str(fifo)!r}, os.O_RDONLY, 0)])\n"
+    )
+    opts = ("--hang-timeout", "2s", "--on-hang", "stop", "--grace", "1s")
+    result = jw("run", *opts, "--wait", "--", PY, "-c", code)
+    rules = rules_of(jw.json("explain", result.stdout.split()[0]))
+    assert "uninterruptible-io" in rules, rules
+    assert "no-progress" not in rules  # the D state explains the hang

@@ -25,6 +25,7 @@ from jobwarden.shim.gpuwatch import GpuWatch
 from jobwarden.shim.tree import JobTree, Member
 from jobwarden.shim.watchdog import Progress, ProgressTracker
 from jobwarden.store import JobRecord, Store
+from jobwarden.store.logfiles import tail_lines
 
 # What the shim may conclude while the run is live; the exit-status rules wait for the end.
 LIVE_RULES = frozenset(
@@ -42,6 +43,7 @@ LIVE_RULES = frozenset(
     }
 )
 STACK_TIMEOUT_S = 5.0
+LOG_TAIL_LINES = 40
 IO_EVERY_S = 5.0  # /proc/PID/io of every member is read only while the cheaper signs show nothing
 
 
@@ -190,6 +192,7 @@ class Diagnoser:
             hang_window_s=self.tracker.window_s if hung else None,
             quiet_for_s=self.tracker.quiet_for(now_mono),
             last_progress=self.tracker.last_kind,
+            log_tail=self._log_tail(),
             processes=self.facts(snaps),
             deaths=tuple(self.deaths),
             stacks=tuple(stacks),
@@ -210,6 +213,10 @@ class Diagnoser:
             for finding in new:
                 self.store.add_finding(self.job.id, self.run, now, finding)
         return Verdict(trigger, tuple(new))
+
+    def _log_tail(self) -> tuple[str, ...]:
+        path = self.layout.output_log(self.job.id, self.run)
+        return tuple(b.decode("utf-8", "replace").rstrip("\n") for b in tail_lines(path, LOG_TAIL_LINES))
 
     def _is_new(self, finding: Finding) -> bool:
         key = (finding.rule, tuple(sorted(finding.pids)))
