@@ -6,16 +6,19 @@ Notifications go out from here and from the supervisor: failed, hung, restarted,
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from jobwarden.clock import Clock
-from jobwarden.control.notify import Notifier, event_payload
 from jobwarden.errors import StoreError
 from jobwarden.model import EndReason, JobState
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.rules.death import parse_traceback
-from jobwarden.rules.retry import AttemptOutcome, RestartDecision, RestartPolicy, decide
 from jobwarden.shim.supervisor import Supervisor, log
 from jobwarden.store import JobRecord, RunRecord, Store
 from jobwarden.store.logfiles import tail_lines
+
+if TYPE_CHECKING:  # loaded once the first attempt runs: `run` waits for nothing it does not need
+    from jobwarden.control.notify import Notifier
+    from jobwarden.rules.retry import AttemptOutcome, RestartDecision, RestartPolicy
 
 NOTIFY_DRAIN_S = 10.0  # how long the shim waits at exit for notifications still in flight
 
@@ -23,15 +26,17 @@ NOTIFY_DRAIN_S = 10.0  # how long the shim waits at exit for notifications still
 def supervise_job(
     store: Store, job: JobRecord, run: int, clock: Clock, procfs: ProcFS, report_fd: int, mode: str
 ) -> int:
-    notifier = Notifier.from_options(job.options, log)
+    notifier = _notifier(job)
+    sup = Supervisor(store, job, run, clock, procfs, notifier)
+    code = sup.adopt(report_fd) if mode == "adopt" else sup.launch(report_fd)
+    from jobwarden.rules.retry import RestartPolicy, decide
+
     policy = RestartPolicy(
         mode=str(job.options.get("restart") or "no"),
         max_restarts=int(job.options.get("max_restarts") or 0),
         backoff_base_s=float(job.options.get("restart_delay_s") or 1.0),
     )
     history: list[AttemptOutcome] = []
-    sup = Supervisor(store, job, run, clock, procfs, notifier)
-    code = sup.adopt(report_fd) if mode == "adopt" else sup.launch(report_fd)
     while True:
         record = store.run(job.id, sup.run)
         history.append(outcome_of(store, job, record, sup.restart_after_hang))
@@ -45,8 +50,17 @@ def supervise_job(
             sup.end_before_start()
             break
         code = sup.launch(-1)
-    notifier.close(NOTIFY_DRAIN_S)
+    if notifier:
+        notifier.close(NOTIFY_DRAIN_S)
     return code
+
+
+def _notifier(job: JobRecord) -> Notifier | None:
+    if not (job.options.get("notify") or job.options.get("on_event")):
+        return None
+    from jobwarden.control.notify import Notifier
+
+    return Notifier.from_options(job.options, log)
 
 
 def _next_attempt(
@@ -56,7 +70,7 @@ def _next_attempt(
     decision: RestartDecision,
     clock: Clock,
     procfs: ProcFS,
-    notifier: Notifier,
+    notifier: Notifier | None,
 ) -> Supervisor:
     now = clock.wall()
     # failed -> (a new run) restarting: the shim stays, the next attempt waits out its backoff
@@ -67,7 +81,8 @@ def _next_attempt(
         job.id, n, "restarting", now, after_run=ended.n, delay_s=decision.delay_s, reason=decision.reason
     )
     log(f"run {ended.n} {decision.reason}")
-    notifier.deliver(_payload("restarted", job, ended, store))
+    if notifier:
+        notifier.deliver(_payload("restarted", job, ended, store))
     return sup
 
 
@@ -77,7 +92,7 @@ def _conclude(
     record: RunRecord,
     decision: RestartDecision,
     policy: RestartPolicy,
-    notifier: Notifier,
+    notifier: Notifier | None,
     clock: Clock,
 ) -> None:
     """The last attempt: say why it was not restarted when a restart was asked for, and notify."""
@@ -88,12 +103,13 @@ def _conclude(
             store.add_event(job.id, record.n, "not-restarted", clock.wall(), reason=decision.reason)
         except StoreError as err:
             log(f"cannot record why the run was not restarted: {err}")
-    if record.state in (JobState.SUCCEEDED, JobState.FAILED):
+    if notifier and record.state in (JobState.SUCCEEDED, JobState.FAILED):
         notifier.deliver(_payload(str(record.state), job, record, store))
 
 
 def _payload(event: str, job: JobRecord, record: RunRecord, store: Store) -> dict[str, object]:
     from jobwarden.control.explainer import findings_for  # the rules, only when someone listens
+    from jobwarden.control.notify import event_payload
 
     top = None
     if event != "succeeded":
@@ -110,6 +126,9 @@ def _payload(event: str, job: JobRecord, record: RunRecord, store: Store) -> dic
 def outcome_of(store: Store, job: JobRecord, record: RunRecord, hung_restart: bool) -> AttemptOutcome:
     """How an attempt ended, as the restart policy sees it: the exception and its place, OOM, the last
     line of output (a stand-in for the step it reached)."""
+    from jobwarden.rules.death import parse_traceback
+    from jobwarden.rules.retry import AttemptOutcome
+
     lines = [
         b.decode("utf-8", "replace").rstrip("\n")
         for b in tail_lines(store.layout.output_log(job.id, record.n), 60)

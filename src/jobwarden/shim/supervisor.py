@@ -16,12 +16,10 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobwarden import config
 from jobwarden.clock import Clock
-from jobwarden.control.gpus import GpuRequest
-from jobwarden.control.notify import Notifier
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
 from jobwarden.hooks import heartbeat_env, hook_env
 from jobwarden.model import EndReason, JobState, OomEvidence, Survivor
@@ -30,13 +28,15 @@ from jobwarden.osapi.cgroup import JobCgroup, cgroup_path, create_job_cgroup, fi
 from jobwarden.osapi.process import SpawnError, WaitStatus, reap_any, set_child_subreaper, spawn_job
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, ensure_private_dir
-from jobwarden.shim.diagnosis import Diagnoser, Verdict
-from jobwarden.shim.gpuwatch import open_gpu_watch
-from jobwarden.shim.resources import GpuQueue, MemoryGuard
 from jobwarden.shim.tree import JobTree, Member, wait_readable
 from jobwarden.shim.watchdog import DEFAULT_HANG_TIMEOUT_S
 from jobwarden.store import JobRecord, Store
 from jobwarden.store.logfiles import LogWatcher
+
+if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it loads the diagnosis
+    from jobwarden.control.notify import Notifier
+    from jobwarden.shim.diagnosis import Diagnoser, Verdict
+    from jobwarden.shim.resources import MemoryGuard
 
 _ACTIVE = (
     JobState.QUEUED,
@@ -94,7 +94,7 @@ class Supervisor:
         self.notifier = notifier
         if notifier is not None:
             self.tree.helpers = notifier.helper_pids
-        self.memory = MemoryGuard(None, None, procfs, log)  # launch() sets the real one
+        self.memory: MemoryGuard | None = None
         self.oom: OomEvidence | None = None
         self.gpu_env: dict[str, str] = {}
         self.spawn_failed = False
@@ -109,20 +109,22 @@ class Supervisor:
         if os.environ.get(config.CGROUP_ENV, "auto") != "off":
             self.cgroup = create_job_cgroup(f"jobwarden-{self.pid}")
         self.tree.cgroup = self.cgroup
-        self.memory = MemoryGuard(self.cgroup, self.job.options.get("mem_limit_bytes"), self.procfs, log)
+        if self.job.options.get(
+            "mem_limit_bytes"
+        ):  # before the job starts: the limit must hold from its start
+            self._guard_memory()
         shim_fields: dict[str, Any] = {
             "shim_pid": self.pid,
             "shim_start": shim_start,
             "containment": self._containment(),
         }
-        if GpuRequest.from_options(self.job.options) is not None:
+        if self.job.options.get("gpus") or self.job.options.get("gpu_ids"):
             self.store.update_run(self.job.id, self.run, **shim_fields)
             admitted, reported = self._wait_for_gpus(report_fd)
             if not admitted:
                 return self._end_unstarted()
             if reported:
                 report_fd = -1  # answered already: the run was queued
-        self.memory.start()
         env = self._job_env()
         try:
             pid = spawn_job(
@@ -136,7 +138,6 @@ class Supervisor:
             self.store.update_run(self.job.id, self.run, **shim_fields)
             return self._spawn_failed(err, report_fd)
         self.main = self.tree.seed_child(pid)
-        self._start_diagnosis(pid)
         now = self.clock.wall()
         # starting -> running: the pid is recorded (one transaction with the shim's own) before `run` returns
         self.store.update_run_with_event(
@@ -152,6 +153,7 @@ class Supervisor:
             **shim_fields,
         )
         _report(report_fd, {"pid": pid, "state": "running"})
+        self._start_watches(pid)
         self._arm_timeout()
         return self._supervise()
 
@@ -168,7 +170,6 @@ class Supervisor:
         if not self.tree.members:
             _report(report_fd, {"error": "no process of the job is alive any more", "exit_code": 1})
             return 1
-        self._start_diagnosis(record.pid)
         shim_start = self.procfs.stat(self.pid).start_time
         # lost -> running: supervised again
         self.store.update_run(
@@ -184,6 +185,7 @@ class Supervisor:
             self.job.id, self.run, "adopted", self.clock.wall(), pids=pids, main_alive=self.main is not None
         )
         _report(report_fd, {"pid": record.pid, "state": "running", "pids": pids})
+        self._start_watches(record.pid)
         self._arm_timeout(since=record.started_at)
         return self._supervise()
 
@@ -233,6 +235,9 @@ class Supervisor:
         """queued -> starting once enough GPUs are free and claimed. The CLI is answered after the first
         try: `running` if it got them at once, else `queued`. Returns (admitted, answered the CLI): not
         admitted when it was stopped, or can never run here."""
+        from jobwarden.control.gpus import GpuRequest
+        from jobwarden.shim.resources import GpuQueue
+
         request = GpuRequest.from_options(self.job.options)
         assert request is not None
         queue = GpuQueue(self.store, self.job, self.run, self.procfs, self.clock, request)
@@ -275,7 +280,25 @@ class Supervisor:
         self._remove_cgroup()
         return 0
 
+    def _guard_memory(self) -> None:
+        from jobwarden.shim.resources import MemoryGuard
+
+        self.memory = MemoryGuard(self.cgroup, self.job.options.get("mem_limit_bytes"), self.procfs, log)
+
+    def _start_watches(self, main_pid: int | None) -> None:
+        """Right after `run` has its answer: OOM counters, the hang watchdog, GPU use. Loading them
+        before would make every `run` wait for modules it does not need to return. A kill in these
+        first milliseconds is still counted: a new cgroup starts at zero, and exits are collected."""
+        if self.memory is None:
+            self._guard_memory()
+        assert self.memory is not None
+        self.memory.start()
+        self._start_diagnosis(main_pid)
+
     def _start_diagnosis(self, main_pid: int | None) -> None:
+        from jobwarden.shim.diagnosis import Diagnoser
+        from jobwarden.shim.gpuwatch import open_gpu_watch
+
         window = self.job.options.get("hang_timeout_s", DEFAULT_HANG_TIMEOUT_S)
         self.diag = Diagnoser(
             self.store, self.job, self.run, self.procfs, self.tree, window or None, self.clock.monotonic()
@@ -437,7 +460,9 @@ class Supervisor:
     def _watch_memory(self, snaps: list[Any], now: float) -> None:
         """OOM kills (counters, kernel log) and, without a cgroup limit, the --mem-limit watchdog."""
         self._poll_oom(now)
-        over = None if self.stop else self.memory.over_limit([s.pid for s in snaps], list(self.tree.members))
+        if self.memory is None or self.stop:
+            return
+        over = self.memory.over_limit([s.pid for s in snaps], list(self.tree.members))
         if over:
             log(f"--mem-limit: the tree uses {over.peak_bytes} bytes, over {over.limit_bytes}: ending it")
             self._record_oom(over, now)
@@ -445,7 +470,7 @@ class Supervisor:
             self.stop = StopRequest(EndReason.MEM_LIMIT, 0.0)
 
     def _poll_oom(self, now: float) -> None:
-        found = self.memory.poll(sorted(self.tree.every_pid()))
+        found = self.memory.poll(sorted(self.tree.every_pid())) if self.memory else None
         if found is not None:
             self._record_oom(found, now)
 
@@ -557,7 +582,8 @@ class Supervisor:
         self._safe_write(self.store.release_gpus, self.job.id, self.run)
         self._remove_cgroup()
         self.tree.close()
-        self.memory.close()
+        if self.memory:
+            self.memory.close()
         if self.diag and self.diag.gpu:
             self.diag.gpu.close()
         return 0
