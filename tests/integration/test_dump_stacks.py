@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.model import ProcessStack, ThreadStack
+from jobwarden.observations import ProcessStack, ThreadStack
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes import pyspy
 from jobwarden.probes.stacks import Tools, capture_stacks

@@ -19,7 +19,7 @@ import pytest
 
 import jobwarden
 from jobwarden.hooks import FALLBACK_DIR, FAULT_SIGNAL, SITE_DIR, heartbeat_env, hook_env
-from jobwarden.model import ThreadStack
+from jobwarden.observations import ThreadStack
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.pyhooks import may_signal, read_adverts, read_fault_dump, read_forks, read_heartbeat
 from tests.conftest import start_time

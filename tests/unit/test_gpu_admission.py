@@ -22,7 +22,8 @@ from jobwarden.control.gpus import (
     try_admit,
 )
 from jobwarden.errors import UsageError
-from jobwarden.model import GpuDevice, GpuProcess, JobSpec, JobState, ProcessSnapshot
+from jobwarden.model import JobSpec, JobState, ProcessSnapshot
+from jobwarden.observations import GpuDevice, GpuProcess
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes import fakenvml
 from jobwarden.probes.gpu import GpuProbe, GpuUnavailable, open_gpu_probe

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from jobwarden.model import GpuDevice, GpuProcess
+from jobwarden.observations import GpuDevice, GpuProcess
 from jobwarden.probes import fakenvml
 from jobwarden.probes.gpu import (
     GpuProbe,

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.model import ForkRecord, Frame, ProcessId, ThreadStack
+from jobwarden.model import ProcessId
+from jobwarden.observations import ForkRecord, Frame, ThreadStack
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.pyhooks import (
     Heartbeat,

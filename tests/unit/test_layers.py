@@ -5,7 +5,7 @@
     probes | store | rules   observe | persist | judge
     osapi                    the only code that forks, execs, signals, waits
     config | clock | paths   settings, an injectable clock, file locations
-    model | errors           plain data and the exception tree: stdlib only
+    model | observations | errors   plain data (core, diagnosis evidence), exceptions: stdlib only
 
 Every import counts, including the lazy ones inside functions and those under `if TYPE_CHECKING:`.
 """
@@ -25,7 +25,7 @@ SRC = Path(jobwarden.__file__).resolve().parent
 
 # Bottom to top. Packages of one layer may import each other.
 LAYERS: list[set[str]] = [
-    {"model", "errors"},
+    {"model", "observations", "errors"},
     {"config", "clock", "paths"},
     {"osapi"},
     {"probes", "store", "rules", "hooks"},
@@ -34,7 +34,7 @@ LAYERS: list[set[str]] = [
 ]
 RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in layer}
 EXEMPT = {"jobwarden", "jobwarden.__main__"}  # the package root and the `python -m` entry point
-STDLIB_ONLY = {"jobwarden.model", "jobwarden.errors"}
+STDLIB_ONLY = {"jobwarden.model", "jobwarden.observations", "jobwarden.errors"}
 
 
 def module_name(path: Path) -> str:

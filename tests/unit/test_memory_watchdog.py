@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.model import OomEvidence
+from jobwarden.observations import OomEvidence
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.memory import MemoryWatchdog, tree_memory, tree_pss, tree_rss
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.model import OomEvidence
+from jobwarden.observations import OomEvidence
 from jobwarden.osapi.cgroup import JobCgroup
 from jobwarden.probes.oom import OomBaseline, OomWatch, read_vmstat_oom_kills
 

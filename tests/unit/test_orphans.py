@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from jobwarden.control.orphans import StrayFinder, self_and_ancestors, stray_reason
-from jobwarden.model import GpuProcess, JobSpec, JobState, ProcessSnapshot
+from jobwarden.model import JobSpec, JobState, ProcessSnapshot
+from jobwarden.observations import GpuProcess
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.store import Store
 from tests.unit.test_procfs import CAPTURED_PROC_STAT, add_process, stat_line

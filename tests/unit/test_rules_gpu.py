@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jobwarden.model import GpuDevice, GpuProcess
+from jobwarden.observations import GpuDevice, GpuProcess
 from jobwarden.rules import RunEvidence, explain
 from jobwarden.rules.gpu import GpuOwner, stray_gpu_findings
 

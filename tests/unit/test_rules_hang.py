@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from jobwarden.model import Frame, ProcessDeath, ProcessFacts, ProcessStack, ThreadStack
+from jobwarden.observations import Frame, ProcessDeath, ProcessFacts, ProcessStack, ThreadStack
 from jobwarden.rules import RunEvidence, explain
 from tests.fixtures.stacks.pyspy import recording
 
@@ -194,7 +194,7 @@ def test_pool_worker_lost(hung: bool) -> None:
 
 
 def test_pool_worker_lost_to_the_oom_killer_puts_the_oom_first() -> None:
-    from jobwarden.model import OomEvidence
+    from jobwarden.observations import OomEvidence
 
     rec = recording("pool_sigkill")
     (dead,) = rec.deaths()
@@ -295,7 +295,7 @@ def dataloader_failure(*lines: str, **changes: Any) -> RunEvidence:
 
 
 def test_dataloader_worker_killed_by_the_oom_killer() -> None:
-    from jobwarden.model import OomEvidence
+    from jobwarden.observations import OomEvidence
 
     line = "RuntimeError: DataLoader worker (pid 8003) is killed by signal: Killed. "
     ev = dataloader_failure(line, oom=OomEvidence("cgroup-v2", 1, victims=(8003,)))

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from jobwarden.model import Finding, OomEvidence, ProcessDeath
+from jobwarden.model import Finding
+from jobwarden.observations import OomEvidence, ProcessDeath
 from jobwarden.rules import RunEvidence, explain
 from jobwarden.rules.memory import oom_killed
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.model import Finding, OomEvidence, ProcessFacts
+from jobwarden.model import Finding
+from jobwarden.observations import OomEvidence, ProcessFacts
 from jobwarden.rules import explain
 from jobwarden.rules.verdict import ORDER
 from tests.fixtures.stacks.pyspy import HERE, frame, process_stack, recording

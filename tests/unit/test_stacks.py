@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from jobwarden.model import Frame
+from jobwarden.observations import Frame
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.osapi.tool import run_tool
 from jobwarden.probes import faultdump, gdb, pyspy

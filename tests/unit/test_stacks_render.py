@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from jobwarden.cli.render import dump_report, process_stack_lines
 from jobwarden.control.dump import DumpResult
-from jobwarden.model import Frame, JobState, ProcessStack, ThreadStack
+from jobwarden.model import JobState
+from jobwarden.observations import Frame, ProcessStack, ThreadStack
 from jobwarden.store import JobRecord, RunRecord
 
 AT = 1_700_000_000.0

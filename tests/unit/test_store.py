@@ -17,16 +17,8 @@ from typing import Any
 import pytest
 
 from jobwarden.errors import JobNotFound, StoreCorrupt, StoreError
-from jobwarden.model import (
-    Finding,
-    Frame,
-    JobSpec,
-    JobState,
-    ProcessSnapshot,
-    ProcessStack,
-    Survivor,
-    ThreadStack,
-)
+from jobwarden.model import Finding, JobSpec, JobState, ProcessSnapshot, Survivor
+from jobwarden.observations import Frame, ProcessStack, ThreadStack
 from jobwarden.store import Store
 from jobwarden.store.schema import LATEST
 

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
-from jobwarden.model import Frame, JobState, ProcessStack, ThreadStack
+from jobwarden.model import JobState
+from jobwarden.observations import Frame, ProcessStack, ThreadStack
 
 if TYPE_CHECKING:  # kept off the import path of `run`, whose latency is measured
     from jobwarden.control.dump import DumpResult

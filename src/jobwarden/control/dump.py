@@ -12,7 +12,8 @@ from pathlib import Path
 
 from jobwarden.clock import SystemClock
 from jobwarden.errors import JobwardenError
-from jobwarden.model import JobState, ProcessStack
+from jobwarden.model import JobState
+from jobwarden.observations import ProcessStack
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.markers import find_marked, job_markers
 from jobwarden.probes.stacks import capture_stacks

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from jobwarden.model import Finding, OomEvidence, ProcessDeath
+from jobwarden.model import Finding
+from jobwarden.observations import OomEvidence, ProcessDeath
 from jobwarden.osapi.process import WaitStatus
 from jobwarden.rules import RunEvidence, explain
 from jobwarden.rules.verdict import ORDER

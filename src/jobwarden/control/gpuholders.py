@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from jobwarden.errors import AccessDenied, JobNotFound, ProcessGone
-from jobwarden.model import ACTIVE_STATES, GpuProcess, JobState
+from jobwarden.model import ACTIVE_STATES, JobState
+from jobwarden.observations import GpuProcess
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.gpu import GpuProbe
 from jobwarden.probes.markers import read_job_marks

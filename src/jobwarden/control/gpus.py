@@ -21,7 +21,7 @@ from jobwarden.control.gpuholders import (
     run_is_live,
 )
 from jobwarden.errors import UsageError
-from jobwarden.model import GpuDevice, GpuProcess
+from jobwarden.observations import GpuDevice, GpuProcess
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.gpu import GpuProbe, GpuProbeError, GpuUnavailable
 from jobwarden.store import Store

@@ -22,7 +22,8 @@ from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
 from jobwarden.control.views import refresh
 from jobwarden.errors import AccessDenied, JobNotFound, JobwardenError, ProcessGone
-from jobwarden.model import GpuProcess, JobState
+from jobwarden.model import JobState
+from jobwarden.observations import GpuProcess
 from jobwarden.osapi.capabilities import in_initial_pid_namespace
 from jobwarden.osapi.procfs import ProcFS, ProcStat
 from jobwarden.probes.markers import read_job_marks

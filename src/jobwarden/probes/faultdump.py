@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobwarden.errors import AccessDenied, ProcessGone
-from jobwarden.model import Frame, ThreadStack
+from jobwarden.observations import Frame, ThreadStack
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.stackbase import CaptureError, Deadline, Failure

@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from jobwarden.model import Frame, ThreadStack
+from jobwarden.observations import Frame, ThreadStack
 from jobwarden.osapi.tool import ToolUnavailable, run_tool
 from jobwarden.probes.stackbase import CaptureError, Failure
 

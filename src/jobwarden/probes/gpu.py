@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
 from jobwarden.errors import JobwardenError
-from jobwarden.model import GpuDevice, GpuProcess
+from jobwarden.observations import GpuDevice, GpuProcess
 
 FAKE_NVML_ENV = "JOBWARDEN_FAKE_NVML"
 _T = TypeVar("_T")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from jobwarden.errors import AccessDenied, ProcessGone
-from jobwarden.model import OomEvidence
+from jobwarden.observations import OomEvidence
 from jobwarden.osapi.procfs import ProcFS
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from jobwarden.model import OomEvidence
+from jobwarden.observations import OomEvidence
 from jobwarden.osapi.cgroup import JobCgroup, enclosing_cgroup
 from jobwarden.probes.kmsg import KernelLog, OomLine, oom_lines
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from jobwarden.errors import AccessDenied, ProcessGone
-from jobwarden.model import ForkRecord, Frame, ProcessId, ThreadStack
+from jobwarden.model import ProcessId
+from jobwarden.observations import ForkRecord, Frame, ThreadStack
 from jobwarden.osapi.procfs import ProcFS
 
 MAX_RECORD_BYTES = 64 << 20  # a runaway file must not exhaust the shim's memory

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from jobwarden.model import Frame, ThreadStack
+from jobwarden.observations import Frame, ThreadStack
 from jobwarden.osapi.tool import ToolUnavailable, run_tool
 from jobwarden.probes.stackbase import CaptureError, Failure
 

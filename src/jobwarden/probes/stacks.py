@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobwarden.errors import AccessDenied, ProcessGone
-from jobwarden.model import ProcessStack, ThreadStack
+from jobwarden.observations import ProcessStack, ThreadStack
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes import faultdump, gdb, pyspy

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jobwarden.model import (
+from jobwarden.observations import (
     ForkRecord,
     GpuDevice,
     GpuProcess,

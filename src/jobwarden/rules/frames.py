@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 
-from jobwarden.model import Frame, ProcessStack, ThreadStack
+from jobwarden.observations import Frame, ProcessStack, ThreadStack
 
 _LIBRARY_DIRS = ("/site-packages/", "/dist-packages/")
 _STDLIB = re.compile(r"/lib/python\d+\.\d+t?/(?P<rest>.+)$")

@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from jobwarden.config import format_duration, format_size
-from jobwarden.model import Finding, GpuDevice, GpuProcess
+from jobwarden.model import Finding
+from jobwarden.observations import GpuDevice, GpuProcess
 from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.lookup import describe
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from jobwarden.model import ProcessDeath, ProcessFacts, ProcessStack
+from jobwarden.observations import ProcessDeath, ProcessFacts, ProcessStack
 from jobwarden.rules.evidence import RunEvidence
 
 

@@ -16,7 +16,8 @@ import re
 from collections.abc import Sequence
 
 from jobwarden.config import format_size
-from jobwarden.model import Finding, OomEvidence
+from jobwarden.model import Finding
+from jobwarden.observations import OomEvidence
 from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.lookup import Lookup, describe
 

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
-from jobwarden.model import Finding, OomEvidence, ProcessDeath, ProcessFacts, ProcessSnapshot
+from jobwarden.model import Finding, ProcessSnapshot
+from jobwarden.observations import OomEvidence, ProcessDeath, ProcessFacts
 from jobwarden.osapi.process import WaitStatus
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.pyhooks import read_adverts, read_forks, read_heartbeat

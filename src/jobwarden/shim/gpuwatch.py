@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from jobwarden.model import GpuDevice, GpuProcess
+from jobwarden.observations import GpuDevice, GpuProcess
 from jobwarden.probes.fakenvml import FAKE_NVML_ENV
 from jobwarden.probes.gpu import GpuProbe, GpuProbeError, JobGpuUsage, job_gpu_usage, try_open_gpu_probe
 

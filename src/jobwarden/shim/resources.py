@@ -8,7 +8,8 @@ from jobwarden.clock import Clock
 from jobwarden.control.gpuholders import gpu_owners
 from jobwarden.control.gpus import Admission, GpuRequest, describe_wait, try_admit
 from jobwarden.errors import JobwardenError, StoreError
-from jobwarden.model import GpuProcess, JobState, OomEvidence
+from jobwarden.model import JobState
+from jobwarden.observations import GpuProcess, OomEvidence
 from jobwarden.osapi.cgroup import JobCgroup
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.gpu import try_open_gpu_probe

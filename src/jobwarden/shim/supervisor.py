@@ -22,7 +22,7 @@ from jobwarden import config
 from jobwarden.clock import Clock
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
 from jobwarden.hooks import heartbeat_env, hook_env
-from jobwarden.model import EndReason, JobState, OomEvidence, Survivor
+from jobwarden.model import EndReason, JobState, Survivor
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.cgroup import JobCgroup, cgroup_path, create_job_cgroup, find_job_cgroup
 from jobwarden.osapi.process import SpawnError, WaitStatus, reap_any, set_child_subreaper, spawn_job
@@ -35,6 +35,7 @@ from jobwarden.store.logfiles import LogWatcher
 
 if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it loads the diagnosis
     from jobwarden.control.notify import Notifier
+    from jobwarden.observations import OomEvidence
     from jobwarden.shim.diagnosis import Diagnoser, Verdict
     from jobwarden.shim.resources import MemoryGuard
 

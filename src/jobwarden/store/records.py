@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jobwarden.model import JobState, ProcessStack, Survivor
+from jobwarden.model import JobState, Survivor
+
+if TYPE_CHECKING:  # diagnosis types: not on the `run` path
+    from jobwarden.observations import ProcessStack
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,8 @@ class StackDump:
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> StackDump:
+        from jobwarden.observations import ProcessStack
+
         return cls(
             row["at"], row["trigger"], tuple(ProcessStack.from_json(s) for s in json.loads(row["body"]))
         )

@@ -9,13 +9,16 @@ import json
 import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobwarden.errors import JobNotFound
-from jobwarden.model import Finding, JobSpec, JobState, ProcessSnapshot, ProcessStack
+from jobwarden.model import Finding, JobSpec, JobState, ProcessSnapshot
 from jobwarden.paths import Layout, ensure_private_dir
 from jobwarden.store.db import connect, translate, write
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
+
+if TYPE_CHECKING:  # diagnosis types: not on the `run` path
+    from jobwarden.observations import ProcessStack
 
 _RUN_COLUMNS = frozenset(
     {

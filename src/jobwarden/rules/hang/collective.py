@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jobwarden.model import Finding, Frame, ProcessStack, ThreadStack
+from jobwarden.model import Finding
+from jobwarden.observations import Frame, ProcessStack, ThreadStack
 from jobwarden.rules import frames
 from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.lookup import Lookup, count, describe

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from jobwarden.model import Finding, ForkRecord, Frame, ProcessFacts, ProcessStack, ThreadStack
+from jobwarden.model import Finding
+from jobwarden.observations import ForkRecord, Frame, ProcessFacts, ProcessStack, ThreadStack
 from jobwarden.rules import frames
 from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.hang.locks import LockWait, lock_wait

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jobwarden.model import Frame, ProcessFacts, ThreadStack
+from jobwarden.observations import Frame, ProcessFacts, ThreadStack
 from jobwarden.rules import frames
 
 _NATIVE_LOCK_ENTRIES = (

@@ -8,7 +8,8 @@ the last output lines: the reader's starting points.
 from __future__ import annotations
 
 from jobwarden.config import format_duration
-from jobwarden.model import Finding, ProcessStack
+from jobwarden.model import Finding
+from jobwarden.observations import ProcessStack
 from jobwarden.rules import frames
 from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.hang.locks import lock_wait

@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 
 from jobwarden.config import format_duration
-from jobwarden.model import Finding, ProcessFacts, ProcessStack
+from jobwarden.model import Finding
+from jobwarden.observations import ProcessFacts, ProcessStack
 from jobwarden.rules import frames
 from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.lookup import Lookup, describe

@@ -12,7 +12,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from jobwarden.model import Finding, Frame, ProcessDeath, ProcessStack, ThreadStack
+from jobwarden.model import Finding
+from jobwarden.observations import Frame, ProcessDeath, ProcessStack, ThreadStack
 from jobwarden.rules import frames
 from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.lookup import Lookup, describe

@@ -1,0 +1,171 @@
+"""What the probes observe and the rules judge: stack frames, fork records, process facts and deaths, OOM
+and GPU evidence. Plain data, stdlib only; kept apart from `model` so that `run` does not pay for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One stack frame. `file`/`line` are empty for native frames without debug info."""
+
+    function: str
+    file: str = ""
+    line: int | None = None
+    native: bool = False
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line is not None else self.file
+        return f"{self.function} ({where})" if where else self.function
+
+    def to_json(self) -> dict[str, object]:
+        return {"function": self.function, "file": self.file, "line": self.line, "native": self.native}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Frame:
+        return cls(str(d["function"]), str(d.get("file") or ""), d.get("line"), bool(d.get("native")))
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    """The frames of one thread, innermost first."""
+
+    tid: int | None
+    name: str | None
+    frames: tuple[Frame, ...]
+    state: str | None = None  # kernel state of the thread (R S D T t Z) when known
+    active: bool | None = None  # py-spy's view: running Python code (vs idle in a wait)
+    owns_gil: bool | None = None  # py-spy's view: holds the GIL (stuck in C with it, it starves the rest)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "tid": self.tid,
+            "name": self.name,
+            "state": self.state,
+            "active": self.active,
+            "owns_gil": self.owns_gil,
+            "frames": [f.to_json() for f in self.frames],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ThreadStack:
+        return cls(
+            d.get("tid"),
+            d.get("name"),
+            tuple(Frame.from_json(f) for f in d.get("frames", ())),
+            d.get("state"),
+            d.get("active"),
+            d.get("owns_gil"),
+        )
+
+
+@dataclass(frozen=True)
+class ProcessStack:
+    """Every thread of one process at one moment, and how it was captured. `error` says why a stack is
+    missing or partial (py-spy timed out, ptrace denied, not a Python process and no gdb)."""
+
+    pid: int
+    method: str  # "py-spy", "py-spy --native", "py-spy --nonblocking", "faulthandler", "gdb", "none"
+    threads: tuple[ThreadStack, ...] = ()
+    error: str | None = None
+    cmdline: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "pid": self.pid,
+            "method": self.method,
+            "cmdline": self.cmdline,
+            "error": self.error,
+            "threads": [t.to_json() for t in self.threads],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ProcessStack:
+        return cls(
+            int(d["pid"]),
+            str(d["method"]),
+            tuple(ThreadStack.from_json(t) for t in d.get("threads", ())),
+            d.get("error"),
+            str(d.get("cmdline") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class ForkRecord:
+    """A fork() made while other threads ran, as the Python hook recorded it in the parent."""
+
+    parent_pid: int
+    at: float
+    stack: tuple[Frame, ...]  # the forking thread, innermost first
+    threads: tuple[ThreadStack, ...]  # the other threads alive at that moment
+    child_pid: int | None = None  # set when the child reported in (it may hang before it can)
+
+
+@dataclass(frozen=True)
+class ProcessFacts:
+    """A live process of the job as the shim sees it when it judges."""
+
+    pid: int
+    ppid: int
+    cmdline: str
+    state: str  # R S D T t Z (of the process; see thread_states for its threads)
+    thread_states: tuple[str, ...] = ()
+    wchan: str | None = None
+    is_python: bool = False
+    started_at: float | None = None  # wall clock
+    is_main: bool = False
+    # per thread, in the order of thread_states (empty when not gathered): a D-state thread's own wait
+    # channel is the evidence, the process's wchan is only its main thread's
+    thread_ids: tuple[int, ...] = ()
+    thread_wchans: tuple[str, ...] = ()
+    state_for_s: float | None = None  # how long the process has been in `state`, over consecutive samples
+    stop_signal: str | None = None  # for state T, when known ("SIGTTIN": PTRACE_EVENT_STOP or py-spy's error)
+
+
+@dataclass(frozen=True)
+class ProcessDeath:
+    """A process of the job that ended (main or descendant), with how."""
+
+    pid: int
+    ppid: int | None
+    cmdline: str
+    at: float
+    exit_code: int | None
+    signal: str | None  # "SIGKILL" or None
+    is_main: bool = False
+
+
+@dataclass(frozen=True)
+class OomEvidence:
+    """Counters and log lines that show the OOM killer (or jobwarden's memory watchdog) at work."""
+
+    mechanism: str  # "cgroup-v1", "cgroup-v2", "host", "watchdog"
+    kills: int  # OOM kills counted during the run
+    limit_bytes: int | None = None
+    peak_bytes: int | None = None
+    victims: tuple[int, ...] = ()
+    kernel_lines: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    memory_used_bytes: int
+    utilization_percent: float | None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding memory on a GPU (NVML's compute or graphics process list)."""
+
+    gpu_index: int
+    pid: int
+    used_bytes: int | None  # None: NVML cannot tell (WDDM, some containers); never guessed as 0
+    # "compute", "graphics" or "compute+graphics": a desktop's Xorg holding a little memory (graphics)
+    # must not make a GPU look taken by a job (compute)
+    kind: str = "compute"
