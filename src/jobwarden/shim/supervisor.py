@@ -354,7 +354,8 @@ class Supervisor:
         while self.main_status is None and (self.main is not None or self.tree.members):
             now = self.clock.monotonic()
             deadline = min(next_tick, self.timeout_at or next_tick)
-            fds = [self._wake_r] + ([self.main.pidfd] if self.main else [])
+            # every member's pidfd: a worker's death wakes the loop at once, not at the next tick
+            fds = [self._wake_r, *(m.pidfd for m in self.tree.members.values())]
             wait_readable(fds, deadline - now)
             self._handle_signals(self._drain_signals())
             self._collect_exits()
