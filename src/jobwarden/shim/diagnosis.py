@@ -82,6 +82,7 @@ class Diagnoser:
         self._gpu_idle_reported = False
         self._recorded: set[tuple[str, tuple[int, ...]]] = set()
         self._stopped_seen: set[tuple[int, int]] = set()
+        self._oom_judged = 0  # OOM kills counted when the rules last looked
         self._io_at = -IO_EVERY_S
         self._boot = procfs.boot_time()
 
@@ -121,8 +122,8 @@ class Diagnoser:
         if stopped - self._stopped_seen:
             self._stopped_seen |= stopped
             verdict = self.judge("stopped", now, now_mono, snaps=snaps)
-        if oom is not None and (self.oom is None or oom.kills > self.oom.kills):
-            self.oom = oom
+        self.oom = oom or self.oom
+        if self.oom is not None and self.oom.kills > self._oom_judged:  # kills no judgement has seen yet
             verdict = self.judge("oom", now, now_mono, snaps=snaps) or verdict
         self.tracker.observe(now_mono, self._progress(snaps, now_mono))
         idle_for = self.gpu.idle_for(now_mono) if self.gpu else None
@@ -205,6 +206,7 @@ class Diagnoser:
             gpu_idle_for_s=self.gpu.idle_for(now_mono) if self.gpu else None,
             gpu_idle_window_s=self.tracker.window_s,
         )
+        self._oom_judged = self.oom.kills if self.oom else 0
         new = [f for f in explain(evidence) if f.rule in LIVE_RULES and self._is_new(f)]
         if not new and not hung:
             return None
