@@ -181,3 +181,21 @@ def test_gpu_memory_held_while_the_gpu_idles_is_named_gpu_idle(jw: Jobwarden, tm
     finding = next(f for f in jw.status(job["id"])["findings"] if f["rule"] == "gpu-idle")
     assert "GPU 0" in "\n".join(finding["evidence"]) or "GPU 0" in finding["summary"]
     jw("stop", str(job["id"]), check=True)
+
+
+def test_on_hang_restart_restarts_a_hung_run_after_its_stacks_are_stored(jw: Jobwarden) -> None:
+    code = (
+        "import os, threading\n"
+        "if os.environ['JOBWARDEN_RUN'] == '1':\n"
+        "    threading.Event().wait()  # hangs on the first attempt only\n"
+        "print('attempt', os.environ['JOBWARDEN_RUN'], 'done', flush=True)\n"
+    )
+    opts = ("--hang-timeout", "2s", "--on-hang", "restart", "--restart-delay", "0.1s", "--grace", "1s")
+    result = jw("run", *opts, "--wait", "--", PY, "-c", code)
+    assert result.returncode == 0, result.stderr
+    job = result.stdout.split()[0]
+    first, second = runs_of(jw, job)
+    assert (first["state"], first["end_reason"]) == ("failed", "hung")
+    assert first["findings"][0]["rule"] == "no-progress"
+    assert second["state"] == "succeeded"
+    assert jw.output(job, 2) == "attempt 2 done\n"
