@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,6 +152,8 @@ def notify_options(url: str | None, command: str | None) -> dict[str, Any]:
     """The job options of `--notify URL` and `--on-event CMD` (read by the shim), checked up front."""
     options: dict[str, Any] = {}
     if url is not None:
+        import urllib.parse  # only with --notify: not on every `run`
+
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise UsageError(

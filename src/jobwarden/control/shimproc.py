@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,6 @@ from jobwarden.errors import ShimStartFailed
 from jobwarden.osapi.process import fork_detached, redirect_std_streams
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import Layout
-from jobwarden.shim.tree import wait_readable
 from jobwarden.store import Store
 
 
@@ -56,7 +56,7 @@ def _shim_main(home: Path, job_id: int, run: int, mode: str, report_fd: int) -> 
 def _read_report(fd: int, home: Path, job_id: int, run: int) -> dict[str, Any]:
     data = b""
     while not data.endswith(b"\n"):
-        if not wait_readable([fd], config.SHIM_READY_TIMEOUT_S):
+        if not _readable(fd, config.SHIM_READY_TIMEOUT_S):
             raise ShimStartFailed(
                 f"the supervisor of job {job_id} did not report within {config.SHIM_READY_TIMEOUT_S:.0f}s",
                 f"see {home}/jobs/{job_id}/run-{run}/shim.log",
@@ -72,6 +72,12 @@ def _read_report(fd: int, home: Path, job_id: int, run: int) -> dict[str, Any]:
         )
     report: dict[str, Any] = json.loads(data)
     return report
+
+
+def _readable(fd: int, timeout_s: float) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(int(timeout_s * 1000)))
 
 
 def shim_alive(procfs: ProcFS, pid: int | None, start_time: int | None) -> bool:

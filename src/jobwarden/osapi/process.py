@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 from dataclasses import dataclass
 
 _PR_SET_CHILD_SUBREAPER = 36
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def set_child_subreaper() -> None:
     """Orphaned descendants (double forks, setsid children whose parent exited) are reparented to us
     instead of init, so they stay visible and we reap them (prctl(2), Linux >= 3.4)."""
-    if _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    import ctypes  # only the shim calls this: loading ctypes would cost every `run` a few milliseconds
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(err)}")
 
