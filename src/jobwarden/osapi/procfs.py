@@ -158,36 +158,29 @@ class ProcFS:
         except AccessDenied:
             return "?"
 
+    def task_stats(self, pid: int) -> list[ProcStat]:
+        """/proc/PID/task/*/stat of every thread of `pid` (a process's own state is only its main
+        thread's); threads that end while being read are left out."""
+        try:
+            tids = os.listdir(self.root / str(pid) / "task")
+        except FileNotFoundError as err:
+            raise ProcessGone(pid) from err
+        stats = []
+        for tid in tids:
+            try:
+                with open(self.root / str(pid) / "task" / tid / "stat") as fh:
+                    stats.append(parse_stat(fh.read()))
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        return stats
+
     def threads_in_state(self, pid: int, states: str) -> list[int]:
         """Thread ids of `pid` whose state is one of `states` (e.g. 'D' before a blocking stack dump)."""
-        found = []
-        try:
-            tids = os.listdir(self.root / str(pid) / "task")
-        except FileNotFoundError as err:
-            raise ProcessGone(pid) from err
-        for tid in tids:
-            try:
-                with open(self.root / str(pid) / "task" / tid / "stat") as fh:
-                    if parse_stat(fh.read()).state in states:
-                        found.append(int(tid))
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-        return found
+        return [t.pid for t in self.task_stats(pid) if t.state in states]
 
     def thread_states(self, pid: int) -> list[str]:
-        """The state of every thread of `pid` (a process's own state is only its main thread's)."""
-        states = []
-        try:
-            tids = os.listdir(self.root / str(pid) / "task")
-        except FileNotFoundError as err:
-            raise ProcessGone(pid) from err
-        for tid in tids:
-            try:
-                with open(self.root / str(pid) / "task" / tid / "stat") as fh:
-                    states.append(parse_stat(fh.read()).state)
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-        return states
+        """The state of every thread of `pid`."""
+        return [t.state for t in self.task_stats(pid)]
 
     def io_chars(self, pid: int) -> int | None:
         """Bytes passed through read/write syscalls so far (rchar + wchar of /proc/PID/io): storage,
