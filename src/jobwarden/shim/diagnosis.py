@@ -234,7 +234,7 @@ class Diagnoser:
         for s in snaps:
             try:
                 threads = tuple(self.procfs.thread_states(s.pid))
-                wchan = self.procfs.wchan(s.pid) if "D" in threads or s.state == "D" else None
+                wchan = self.procfs.wchan(s.pid)  # judging is rare: worth one more read per process
                 exe = self.procfs.exe_name(s.pid) or ""
             except (ProcessGone, AccessDenied):
                 continue
