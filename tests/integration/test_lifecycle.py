@@ -178,8 +178,10 @@ def test_gpu_memory_held_while_the_gpu_idles_is_named_gpu_idle(jw: Jobwarden, tm
     while "gpu-idle" not in [f["rule"] for f in jw.status(job["id"])["findings"]]:
         assert time.monotonic() < deadline, jw.status(job["id"])["findings"]
         time.sleep(0.2)
-    finding = next(f for f in jw.status(job["id"])["findings"] if f["rule"] == "gpu-idle")
+    status = jw.status(job["id"])
+    finding = next(f for f in status["findings"] if f["rule"] == "gpu-idle")
     assert "GPU 0" in "\n".join(finding["evidence"]) or "GPU 0" in finding["summary"]
+    assert [p["gpu_memory_bytes"] for p in status["processes"]] == [5 << 30]  # per process, in status
     jw("stop", str(job["id"]), check=True)
 
 

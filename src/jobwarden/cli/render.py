@@ -133,12 +133,15 @@ def status_report(d: dict[str, Any], now: float) -> Iterator[str]:
             yield f"  WARNING      the disk holding the log filled up ({event['path']}); output may be lost"
     if d["processes"]:
         yield ""
-        yield f"  {'PID':>7}  {'PPID':>7}  S  {'CPU':>5}  {'RSS':>7}  COMMAND"
+        gpu = any(p.get("gpu_memory_bytes") is not None for p in d["processes"])  # a GPU column if any
+        gpu_head = f"  {'GPU MEM':>7}" if gpu else ""
+        yield f"  {'PID':>7}  {'PPID':>7}  S  {'CPU':>5}  {'RSS':>7}{gpu_head}  COMMAND"
         for p in d["processes"]:
             cpu = f"{p['cpu_percent']:.0f}%" if p["cpu_percent"] is not None else "-"
+            gpu_cell = f"  {format_size(p.get('gpu_memory_bytes')):>7}" if gpu else ""
             yield (
-                f"  {p['pid']:>7}  {p['ppid']:>7}  {p['state']}  {cpu:>5}  {format_size(p['rss_bytes']):>7}  "
-                f"{p['cmdline'][:80]}"
+                f"  {p['pid']:>7}  {p['ppid']:>7}  {p['state']}  {cpu:>5}  {format_size(p['rss_bytes']):>7}"
+                f"{gpu_cell}  {p['cmdline'][:80]}"
             )
     if d["orphans_left"]:
         yield ""

@@ -81,6 +81,7 @@ def live_processes(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord)
                 cmdline=cmdline,
                 rss_bytes=st.rss_pages * procfs.page_size,
                 cpu_percent=rec.cpu_percent if rec else None,
+                gpu_memory_bytes=rec.gpu_memory_bytes if rec else None,
             )
         )
     return snaps

@@ -7,6 +7,7 @@ reads them, except to mark a run `lost` when this process is found dead.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -22,7 +23,7 @@ from jobwarden import config
 from jobwarden.clock import Clock
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
 from jobwarden.hooks import heartbeat_env, hook_env
-from jobwarden.model import EndReason, JobState, Survivor
+from jobwarden.model import EndReason, JobState, ProcessSnapshot, Survivor
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.cgroup import JobCgroup, cgroup_path, create_job_cgroup, find_job_cgroup
 from jobwarden.osapi.process import SpawnError, WaitStatus, reap_any, set_child_subreaper, spawn_job
@@ -447,7 +448,7 @@ class Supervisor:
     def _tick(self, full: bool) -> None:
         self.tree.discover(full=full)
         now = self.clock.wall()
-        snaps = self.tree.sample(now)
+        snaps = self._with_gpu_memory(self.tree.sample(now))
         self.logs.index(now)
         self._check_disk(now)
         # an idle tree is not rewritten every second
@@ -458,6 +459,14 @@ class Supervisor:
         self._watch_memory(snaps, now)
         if self.diag:
             self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic(), self.oom))
+
+    def _with_gpu_memory(self, snaps: list[ProcessSnapshot]) -> list[ProcessSnapshot]:
+        """Each process's GPU memory (NVML, sampled every few seconds) for `status` and the store."""
+        gpu = self.diag.gpu if self.diag else None
+        usage = gpu.sample(self.clock.monotonic(), [s.pid for s in snaps]) if gpu else None
+        if usage is None:
+            return snaps
+        return [dataclasses.replace(s, gpu_memory_bytes=usage.bytes_by_pid.get(s.pid)) for s in snaps]
 
     def _watch_memory(self, snaps: list[Any], now: float) -> None:
         """OOM kills (counters, kernel log) and, without a cgroup limit, the --mem-limit watchdog."""

@@ -241,10 +241,10 @@ class Store:
             with write(self._conn):
                 self._conn.executemany(
                     "INSERT INTO processes (job_id, run, pid, start_time, ppid, cmdline, state, rss_bytes, "
-                    "cpu_percent, first_seen) VALUES (?,?,?,?,?,?,?,?,?,?) "
+                    "cpu_percent, first_seen, gpu_memory_bytes) VALUES (?,?,?,?,?,?,?,?,?,?,?) "
                     "ON CONFLICT (job_id, run, pid, start_time) DO UPDATE SET ppid = excluded.ppid, "
                     "state = excluded.state, rss_bytes = excluded.rss_bytes, "
-                    "cpu_percent = excluded.cpu_percent",
+                    "cpu_percent = excluded.cpu_percent, gpu_memory_bytes = excluded.gpu_memory_bytes",
                     [
                         (
                             job_id,
@@ -257,6 +257,7 @@ class Store:
                             p.rss_bytes,
                             p.cpu_percent,
                             now,
+                            p.gpu_memory_bytes,
                         )
                         for p in live
                     ],
