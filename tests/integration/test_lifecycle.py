@@ -201,3 +201,16 @@ def test_on_hang_restart_restarts_a_hung_run_after_its_stacks_are_stored(jw: Job
     assert first["findings"][0]["rule"] == "no-progress"
     assert second["state"] == "succeeded"
     assert jw.output(job, 2) == "attempt 2 done\n"
+
+
+def test_a_queued_job_can_be_stopped_before_it_starts(jw: Jobwarden, tmp_path: Path) -> None:
+    nvml = tmp_path / "nvml.json"
+    fake_gpus(nvml, {i: [os.getpid()] for i in range(4)})  # every GPU busy: it waits
+    jw.env["JOBWARDEN_FAKE_NVML"] = str(nvml)
+    job = jw.start("sh", "-c", "echo never", options=("--gpus", "1"))
+    assert job["state"] == "queued"
+    jw("stop", str(job["id"]), check=True)
+    status = jw.status(job["id"])
+    assert (status["state"], status["pid"], status["queued_reason"]) == ("stopped", None, None)
+    logs = jw("logs", str(job["id"]))
+    assert (logs.returncode, logs.stdout) == (0, "")  # it never ran: no output, and no error either
