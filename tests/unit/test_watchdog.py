@@ -69,3 +69,13 @@ def test_gpu_work_is_progress() -> None:
 def test_no_window_never_hangs() -> None:
     t = ProgressTracker(window_s=None, now=0)
     assert not t.hang_due(10**9)
+
+
+def test_due_at_is_the_end_of_the_window_until_reported() -> None:
+    t = ProgressTracker(window_s=10, now=0)
+    t.observe(4, Progress(output_bytes=1))
+    t.observe(5, Progress(output_bytes=2))  # progress at 5
+    assert t.due_at() == 15
+    t.mark_reported()
+    assert t.due_at() is None
+    assert ProgressTracker(window_s=None, now=0).due_at() is None

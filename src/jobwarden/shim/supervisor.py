@@ -376,6 +376,9 @@ class Supervisor:
                 except Exception:  # sampling must never end supervision
                     log(f"tick failed:\n{traceback.format_exc()}")
                 next_tick = self.clock.monotonic() + config.TICK_S
+                due = self.diag.tracker.due_at() if self.diag else None
+                if due is not None:  # judge a hang when its window ends, not up to a tick later
+                    next_tick = min(next_tick, max(due, self.clock.monotonic() + 0.1))
                 if full:
                     next_full = self.clock.monotonic() + config.FULL_SCAN_EVERY_S
         return self._finish()

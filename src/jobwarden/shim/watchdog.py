@@ -85,6 +85,12 @@ class ProgressTracker:
         """The window has passed with no progress and this quiet spell was not reported yet."""
         return self.window_s is not None and not self._reported and self.quiet_for(now) >= self.window_s
 
+    def due_at(self) -> float | None:
+        """When a hang becomes due if nothing moves before (monotonic), None when none can be."""
+        if self.window_s is None or self._reported:
+            return None
+        return self.last_progress_at + self.window_s
+
     def mark_reported(self) -> None:
         self._reported = True
 
