@@ -19,7 +19,7 @@ from jobwarden.clock import Clock, SystemClock
 from jobwarden.control.orphans import Stray, user_name
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.osapi import pidfd as pidfds
-from jobwarden.osapi.procfs import ProcFS, ProcStat
+from jobwarden.osapi.procfs import ProcFS, ProcStat, why_still_alive
 from jobwarden.shim.tree import wait_readable
 
 _POLL_S = 0.2  # how often newcomers in a followed group are looked for during the grace
@@ -220,17 +220,7 @@ class Killer:
         self._results[held.target.pid] = result
 
     def _why_alive(self, held: _Held) -> str:
-        pid = held.target.pid
-        try:
-            st = self.procfs.stat(pid)
-        except (ProcessGone, AccessDenied):
-            return "exited while being reported"
-        if st.state == "D":
-            return (
-                f"in uninterruptible sleep (D state, waiting in {self.procfs.wchan(pid)}): it ends when its "
-                "I/O completes; check the storage or device it uses"
-            )
-        return f"still alive after SIGKILL (state {st.state})"
+        return why_still_alive(self.procfs, held.target.pid)
 
 
 def end_strays(procfs: ProcFS, strays: Sequence[Stray], grace_s: float) -> list[KillResult]:

@@ -222,3 +222,18 @@ class ProcFS:
         except (ProcessGone, AccessDenied):
             return False
         return st.start_time == start_time and st.state not in ("Z", "X")
+
+
+def why_still_alive(procfs: ProcFS, pid: int) -> str:
+    """Why a process survived SIGKILL, in words for the user: a process in D state dies only when its
+    I/O completes (the kernel queues the signal until then)."""
+    try:
+        st = procfs.stat(pid)
+    except (ProcessGone, AccessDenied):
+        return "exited while being reported"
+    if st.state == "D":
+        return (
+            f"in uninterruptible sleep (D state, waiting in {procfs.wchan(pid)}): it ends when its I/O "
+            "completes; check the storage or device it uses"
+        )
+    return f"still alive after SIGKILL (state {st.state})"

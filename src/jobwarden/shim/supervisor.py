@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from jobwarden import config
 from jobwarden.clock import Clock
-from jobwarden.errors import AccessDenied, ProcessGone, StoreError
+from jobwarden.errors import AccessDenied, StoreError
 from jobwarden.hooks import heartbeat_env, hook_env
 from jobwarden.model import EndReason, JobState, ProcessSnapshot, Survivor
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.cgroup import JobCgroup, cgroup_path, create_job_cgroup, find_job_cgroup
 from jobwarden.osapi.process import SpawnError, WaitStatus, reap_any, set_child_subreaper, spawn_job
-from jobwarden.osapi.procfs import ProcFS
+from jobwarden.osapi.procfs import ProcFS, why_still_alive
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, ensure_private_dir
 from jobwarden.shim.tree import JobTree, Member, wait_readable
 from jobwarden.shim.watchdog import DEFAULT_HANG_TIMEOUT_S
@@ -636,16 +636,7 @@ class Supervisor:
     def _why_alive(self, pid: int) -> str:
         if pid in self.denied:
             return self.denied[pid]
-        try:
-            st = self.procfs.stat(pid)
-        except (ProcessGone, AccessDenied):
-            return "exited while being reported"
-        if st.state == "D":
-            return (
-                f"in uninterruptible sleep (D state, waiting in {self.procfs.wchan(pid)}): it ends when "
-                "its I/O completes; check the storage it uses"
-            )
-        return f"still alive after SIGKILL (state {st.state})"
+        return why_still_alive(self.procfs, pid)
 
     def _record_end(self, orphans: list[dict[str, Any]], survivors: list[Survivor]) -> None:
         fields = self._end_fields()
