@@ -113,6 +113,18 @@ def wait_pid_gone(pid: int, timeout_s: float = 30) -> None:
         os.close(fd)
 
 
+def kill_shim(jw: Jobwarden, job_id: int) -> int:
+    """SIGKILL a job's supervisor (through a pidfd) and wait until it is gone; returns its pid."""
+    shim = jw.status(job_id)["shim_pid"]
+    fd = os.pidfd_open(shim)
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+    finally:
+        os.close(fd)
+    wait_pid_gone(shim)
+    return int(shim)
+
+
 def start_time(pid: int) -> int | None:
     try:
         text = Path(f"/proc/{pid}/stat").read_text()

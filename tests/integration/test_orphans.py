@@ -22,6 +22,7 @@ import pytest
 from tests.conftest import (
     Jobwarden,
     alive,
+    kill_shim,
     make_fifo,
     processes_under,
     read_fifo,
@@ -34,16 +35,6 @@ pytestmark = pytest.mark.integration
 JOBS = Path(__file__).parent / "jobs"
 DESCENDANTS = str(JOBS / "descendants.py")
 TICKER = str(JOBS / "ticker.py")
-
-
-def kill_shim(jw: Jobwarden, job_id: int) -> None:
-    shim = jw.status(job_id)["shim_pid"]
-    fd = os.pidfd_open(shim)
-    try:
-        signal.pidfd_send_signal(fd, signal.SIGKILL)
-    finally:
-        os.close(fd)
-    wait_pid_gone(shim)
 
 
 def marked_env(jw: Jobwarden, job_id: int, run: int = 1, home: Path | None = None) -> dict[str, str]:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Jobwarden, make_fifo, read_fifo, wait_pid_gone, write_fifo
+from tests.conftest import Jobwarden, kill_shim, make_fifo, read_fifo, wait_pid_gone, write_fifo
 
 pytestmark = pytest.mark.integration
 TICKER = str(Path(__file__).parent / "jobs" / "ticker.py")
@@ -18,17 +17,6 @@ TICKER = str(Path(__file__).parent / "jobs" / "ticker.py")
 def _kernel() -> tuple[int, int]:
     major, minor = os.uname().release.split(".")[:2]
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
-
-
-def _kill_shim(jw: Jobwarden, job_id: int) -> int:
-    shim = jw.status(job_id)["shim_pid"]
-    fd = os.pidfd_open(shim)
-    try:
-        signal.pidfd_send_signal(fd, signal.SIGKILL)
-    finally:
-        os.close(fd)
-    wait_pid_gone(shim)
-    return int(shim)
 
 
 def _start_ticker(jw: Jobwarden, tmp_path: Path, first: int = 100) -> tuple[dict, Path]:
@@ -40,7 +28,7 @@ def _start_ticker(jw: Jobwarden, tmp_path: Path, first: int = 100) -> tuple[dict
 
 def test_killed_shim_loses_no_output_and_shows_lost(jw: Jobwarden, tmp_path: Path) -> None:
     job, go = _start_ticker(jw, tmp_path)
-    _kill_shim(jw, job["id"])
+    kill_shim(jw, job["id"])
 
     status = jw.status(job["id"])
     assert status["state"] == "lost"
@@ -59,7 +47,7 @@ def test_killed_shim_loses_no_output_and_shows_lost(jw: Jobwarden, tmp_path: Pat
 
 def test_adopted_job_records_its_exit_status(jw: Jobwarden, tmp_path: Path) -> None:
     job, go = _start_ticker(jw, tmp_path)
-    _kill_shim(jw, job["id"])
+    kill_shim(jw, job["id"])
 
     adopted = jw.json("adopt", str(job["id"]))
     assert adopted["pids"] == [job["pid"]]
@@ -77,7 +65,7 @@ def test_adopted_job_records_its_exit_status(jw: Jobwarden, tmp_path: Path) -> N
 
 def test_stop_on_a_lost_job_ends_its_processes(jw: Jobwarden, tmp_path: Path) -> None:
     job, _go = _start_ticker(jw, tmp_path)
-    _kill_shim(jw, job["id"])
+    kill_shim(jw, job["id"])
     assert jw.status(job["id"])["state"] == "lost"
 
     result = jw.json("stop", str(job["id"]), "--grace", "5s")
