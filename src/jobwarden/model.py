@@ -32,6 +32,8 @@ ACTIVE_STATES = frozenset(
     {JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.STOPPING, JobState.RESTARTING}
 )
 ENDED_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED})
+# not over yet: watched by a shim, or lost (its shim died; its processes may still run, and adopt resumes it)
+UNFINISHED_STATES = ACTIVE_STATES | {JobState.LOST}
 
 
 class EndReason(enum.StrEnum):

@@ -11,13 +11,13 @@ from jobwarden import config
 from jobwarden.clock import SystemClock, iso
 from jobwarden.control.shimproc import shim_alive
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
-from jobwarden.model import JobState, ProcessSnapshot
+from jobwarden.model import ACTIVE_STATES, JobState, ProcessSnapshot
 from jobwarden.osapi.cgroup import cgroup_path, find_job_cgroup
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.markers import find_marked, job_markers
 from jobwarden.store import JobRecord, RunRecord, Store
 
-_WATCHED = (JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.STOPPING, JobState.RESTARTING)
+_WATCHED = ACTIVE_STATES  # a shim should be alive for these
 
 
 def refresh(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord) -> RunRecord:

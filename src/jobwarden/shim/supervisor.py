@@ -23,7 +23,7 @@ from jobwarden import config
 from jobwarden.clock import Clock
 from jobwarden.errors import AccessDenied, StoreError
 from jobwarden.hooks import heartbeat_env, hook_env
-from jobwarden.model import EndReason, JobState, ProcessSnapshot, Survivor
+from jobwarden.model import UNFINISHED_STATES, EndReason, JobState, ProcessSnapshot, Survivor
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.cgroup import JobCgroup, cgroup_path, create_job_cgroup, find_job_cgroup
 from jobwarden.osapi.process import SpawnError, WaitStatus, reap_any, set_child_subreaper, spawn_job
@@ -40,14 +40,6 @@ if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it l
     from jobwarden.shim.diagnosis import Diagnoser, Verdict
     from jobwarden.shim.resources import MemoryGuard
 
-_ACTIVE = (
-    JobState.QUEUED,
-    JobState.STARTING,
-    JobState.RUNNING,
-    JobState.STOPPING,
-    JobState.RESTARTING,
-    JobState.LOST,
-)
 ADMIT_RETRY_S = 2.0  # a queued run asks NVML and the store again this often
 _HANDLED_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
@@ -177,7 +169,7 @@ class Supervisor:
         self.store.update_run(
             self.job.id,
             self.run,
-            only_if_state=_ACTIVE,
+            only_if_state=UNFINISHED_STATES,
             state=JobState.RUNNING,
             shim_pid=self.pid,
             shim_start=shim_start,
@@ -574,7 +566,11 @@ class Supervisor:
         if self.stop:
             # running -> stopping: signal the whole tree, not only the leader
             self._safe_write(
-                self.store.update_run, self.job.id, self.run, only_if_state=_ACTIVE, state=JobState.STOPPING
+                self.store.update_run,
+                self.job.id,
+                self.run,
+                only_if_state=UNFINISHED_STATES,
+                state=JobState.STOPPING,
             )
             self._safe_write(
                 self.store.add_event,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobwarden.errors import JobNotFound
-from jobwarden.model import Finding, JobSpec, JobState, ProcessSnapshot
+from jobwarden.model import UNFINISHED_STATES, Finding, JobSpec, JobState, ProcessSnapshot
 from jobwarden.paths import Layout, ensure_private_dir
 from jobwarden.store.db import connect, translate, write
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
@@ -332,17 +332,7 @@ class Store:
         one write transaction, claims of runs that have ended are dropped first, and a GPU already
         claimed by a live run is skipped. Returns the claimed indexes, or [] (nothing claimed) when fewer
         than `count` are left."""
-        live = "', '".join(
-            s
-            for s in (
-                JobState.QUEUED,
-                JobState.STARTING,
-                JobState.RUNNING,
-                JobState.STOPPING,
-                JobState.RESTARTING,
-                JobState.LOST,
-            )
-        )
+        live = "', '".join(sorted(UNFINISHED_STATES))
         try:
             with write(self._conn):
                 self._conn.execute(
