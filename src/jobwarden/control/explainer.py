@@ -16,29 +16,30 @@ from jobwarden.rules import RunEvidence, explain
 from jobwarden.rules.verdict import ORDER
 from jobwarden.store import JobRecord, RunRecord, Store
 from jobwarden.store.logfiles import tail_lines
+from jobwarden.store.records import Event
 
 _TAIL_LINES = 60
 
 
 def findings_for(store: Store, job: JobRecord, run: RunRecord) -> list[Finding]:
     live = [f for _, f in store.findings(job.id, run.n)]
-    now = explain(evidence_for(store, job, run))
+    events = store.events(job.id, run.n)
+    now = explain(_evidence(store, job, run, events))
     seen = {f.rule for f in live}
     merged = live + [f for f in now if f.rule not in seen]
     ordered = sorted(merged, key=lambda f: ORDER.index(f.rule) if f.rule in ORDER else len(ORDER))
-    refusal = next((e for e in store.events(job.id, run.n) if e.kind == "not-restarted"), None)
+    refusal = next((e for e in events if e.kind == "not-restarted"), None)
     if refusal and ordered:  # the restart policy's verdict belongs with the root cause it judged
         first = ordered[0]
         ordered[0] = dataclasses.replace(first, evidence=(*first.evidence, str(refusal.data.get("reason"))))
     return ordered
 
 
-def evidence_for(store: Store, job: JobRecord, run: RunRecord) -> RunEvidence:
+def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event]) -> RunEvidence:
     tail = [
         b.decode("utf-8", "replace").rstrip("\n")
         for b in tail_lines(store.layout.output_log(job.id, run.n), _TAIL_LINES)
     ]
-    events = store.events(job.id, run.n)
     oom = next((_oom(e.data) for e in reversed(events) if e.kind == "oom"), None)
     return RunEvidence(
         state=str(run.state),
