@@ -13,7 +13,7 @@ from jobwarden.model import Finding
 from jobwarden.observations import OomEvidence, ProcessDeath
 from jobwarden.osapi.process import WaitStatus
 from jobwarden.rules import RunEvidence, explain
-from jobwarden.rules.verdict import ORDER
+from jobwarden.rules.verdict import rank
 from jobwarden.store import JobRecord, RunRecord, Store
 from jobwarden.store.logfiles import tail_lines
 from jobwarden.store.records import Event
@@ -27,7 +27,7 @@ def findings_for(store: Store, job: JobRecord, run: RunRecord) -> list[Finding]:
     now = explain(_evidence(store, job, run, events))
     seen = {f.rule for f in live}
     merged = live + [f for f in now if f.rule not in seen]
-    ordered = sorted(merged, key=lambda f: ORDER.index(f.rule) if f.rule in ORDER else len(ORDER))
+    ordered = sorted(merged, key=lambda f: rank(f.rule))
     refusal = next((e for e in events if e.kind == "not-restarted"), None)
     if refusal and ordered:  # the restart policy's verdict belongs with the root cause it judged
         first = ordered[0]

@@ -135,10 +135,10 @@ def job_views(store: Store, procfs: ProcFS, include_ended: bool) -> list[JobView
 
 def _top_rule(store: Store, job: JobRecord, run: RunRecord) -> str | None:
     """ps's short form: the stored finding that comes first (recorded live by the shim: cheap to read)."""
-    from jobwarden.rules.verdict import ORDER
+    from jobwarden.rules.verdict import rank
 
     rules = [f.rule for _, f in store.findings(job.id, run.n)]
-    ranked = sorted(rules, key=lambda r: ORDER.index(r) if r in ORDER else len(ORDER))
+    ranked = sorted(rules, key=rank)
     return ranked[0] if ranked else None
 
 

@@ -43,6 +43,11 @@ ORDER = (
 _EXPLAINS_A_HANG = frozenset(ORDER[ORDER.index("pool-worker-lost") : ORDER.index("no-progress")])
 
 
+def rank(rule: str) -> int:
+    """A rule's place in the root-cause-first order; rules outside ORDER (strays) come last."""
+    return ORDER.index(rule) if rule in ORDER else len(ORDER)
+
+
 def explain(ev: RunEvidence) -> list[Finding]:
     causes = [
         memory.oom_kill(ev),
@@ -62,4 +67,4 @@ def explain(ev: RunEvidence) -> list[Finding]:
         found.append(ended)  # a bare "exited with code N" says "no clearer sign why": not when there is one
     found += [f for f in (gpu.gpu_idle(ev),) if f is not None]
     found += death.aftermath_findings(ev)
-    return sorted(found, key=lambda f: ORDER.index(f.rule))
+    return sorted(found, key=lambda f: rank(f.rule))
