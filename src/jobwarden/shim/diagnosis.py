@@ -113,16 +113,14 @@ class Diagnoser:
         parents = {d.ppid for d in suspicious if d.ppid in self.tree.members}
         return self.judge("worker-lost", now, now_mono, stack_pids=sorted(parents | _main(main)))
 
-    def on_tick(
-        self, snaps: Sequence[ProcessSnapshot], now: float, now_mono: float, oom: OomEvidence | None
-    ) -> Verdict | None:
-        """Progress, stopped processes and OOM counters, every tick; a hang when the window passes."""
+    def on_tick(self, snaps: Sequence[ProcessSnapshot], now: float, now_mono: float) -> Verdict | None:
+        """Progress, stopped processes and OOM kills (the shim sets `oom` as it reads the counters), every
+        tick; a hang when the window passes."""
         verdict = None
         stopped = {(s.pid, s.start_time) for s in snaps if s.state == "T"}  # 't' is a tracer (py-spy)
         if stopped - self._stopped_seen:
             self._stopped_seen |= stopped
             verdict = self.judge("stopped", now, now_mono, snaps=snaps)
-        self.oom = oom or self.oom
         if self.oom is not None and self.oom.kills > self._oom_judged:  # kills no judgement has seen yet
             verdict = self.judge("oom", now, now_mono, snaps=snaps) or verdict
         self.tracker.observe(now_mono, self._progress(snaps, now_mono))

@@ -453,7 +453,7 @@ class Supervisor:
             self.tree.recorded(snaps, now)
         self._watch_memory(snaps, now)
         if self.diag:
-            self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic(), self.oom))
+            self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic()))
 
     def _with_gpu_memory(self, snaps: list[ProcessSnapshot]) -> list[ProcessSnapshot]:
         """Each process's GPU memory (NVML, sampled every few seconds) for `status` and the store."""
