@@ -1,3 +1,3 @@
-from jobwarden.cli.main import main
+from jobwarden.cli.main import console_entry
 
-raise SystemExit(main())
+console_entry()

@@ -1,10 +1,14 @@
-"""Plain data shared by every layer: job states, records, and the process identity. Stdlib only."""
+"""Plain data shared by every layer: job states, records, and the process identity. Stdlib only.
+
+Records on the path of `jobwarden run` (here, in store.records and in the modules the shim loads before
+it answers `run`) are NamedTuples, not dataclasses: importing `dataclasses` (it loads `inspect`) and
+building each class costs every `run` tens of milliseconds, a NamedTuple class about a tenth of one.
+"""
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class JobState(enum.StrEnum):
@@ -49,16 +53,14 @@ class EndReason(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
-@dataclass(frozen=True, order=True)
-class ProcessId:
+class ProcessId(NamedTuple):
     """A process is (pid, start time), never a pid alone: pids are reused (pid_max may be 32768)."""
 
     pid: int
     start_time: int  # clock ticks since boot, field 22 of /proc/PID/stat
 
 
-@dataclass(frozen=True)
-class ProcessSnapshot:
+class ProcessSnapshot(NamedTuple):
     """One process of a job as seen at one moment."""
 
     pid: int
@@ -72,8 +74,7 @@ class ProcessSnapshot:
     gpu_memory_bytes: int | None = None
 
 
-@dataclass(frozen=True)
-class Survivor:
+class Survivor(NamedTuple):
     """A process that outlived a stop, and why it could not be ended."""
 
     pid: int
@@ -81,20 +82,21 @@ class Survivor:
     reason: str
 
 
-@dataclass(frozen=True)
-class JobSpec:
+class JobSpec(NamedTuple):
     """What the user asked to run. The environment is kept out of repr: it often carries tokens."""
 
     command: tuple[str, ...]
     cwd: str
     name: str
-    env: dict[str, str] = field(default_factory=dict, repr=False)
+    env: dict[str, str] = {}  # noqa: RUF012 - never mutated; replaced whole with _replace
     timeout_s: float | None = None
     grace_s: float = 10.0
 
+    def __repr__(self) -> str:
+        return f"JobSpec(command={self.command!r}, cwd={self.cwd!r}, name={self.name!r})"
 
-@dataclass(frozen=True)
-class Finding:
+
+class Finding(NamedTuple):
     rule: str
     title: str
     summary: str

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
+from tests.conftest import Jobwarden, make_fifo, processes_under, read_fifo, write_fifo
 
 pytestmark = pytest.mark.integration
 TICKER = str(Path(__file__).parent / "jobs" / "ticker.py")
@@ -142,6 +142,18 @@ def test_corrupt_database_is_reported_and_kept(jw: Jobwarden) -> None:
     assert "corrupt" in result.stderr and "move it aside" in result.stderr
     assert "Traceback" not in result.stderr
     assert db.read_bytes() == garbage
+
+
+def test_run_on_a_corrupt_database_starts_nothing(jw: Jobwarden, tmp_path: Path) -> None:
+    """`run` forks the supervisor before it writes the store: a write that fails must take it along."""
+    jw.home.mkdir(mode=0o700)
+    (jw.home / "jobwarden.db").write_bytes(b"this is not sqlite" * 100)
+    ran = tmp_path / "ran"
+    result = jw("run", "--", "touch", str(ran))
+    assert result.returncode == 1
+    assert "corrupt" in result.stderr and "Traceback" not in result.stderr
+    assert not ran.exists()
+    assert processes_under(jw.home) == []
 
 
 def test_unwritable_home_is_reported(jw: Jobwarden, tmp_path: Path) -> None:

@@ -234,7 +234,7 @@ def test_a_run_claims_the_lowest_free_gpus(store: Store, probe: GpuProbe, proc: 
     assert admission.admitted and admission.claimed == (1, 2)
     assert admission.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1,2"}
     assert store.gpu_claims() == {1: (job, 1), 2: (job, 1)}
-    assert store.run(job).gpu_ids == [1, 2]
+    assert store.run(job).gpu_ids == (1, 2)
     # asking again (a shim restarted mid-admission) returns the same claim, claiming nothing more
     assert admit(store, job, probe, proc, count=2).claimed == (1, 2)
     assert len(store.gpu_claims()) == 2

@@ -26,11 +26,20 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     """Stand in for the shim: record what would be started, report a pid."""
     calls: list[tuple[int, int]] = []
 
-    def fake_start_shim(home: Path, job_id: int, run: int, mode: str) -> tuple[int, dict[str, Any]]:
-        calls.append((job_id, run))
-        return 1, {"pid": None, "state": "queued"}
+    class FakeShim:
+        pid = 1
 
-    monkeypatch.setattr("jobwarden.control.shimproc.start_shim", fake_start_shim)
+        def __enter__(self) -> FakeShim:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def start(self, job_id: int, run: int) -> dict[str, Any]:
+            calls.append((job_id, run))
+            return {"pid": None, "state": "queued"}
+
+    monkeypatch.setattr("jobwarden.control.shimproc.fork_shim", lambda home, mode: FakeShim())
     return calls
 
 

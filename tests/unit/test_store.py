@@ -667,7 +667,7 @@ def test_gpu_claims_are_exclusive_between_live_runs(store: Store) -> None:
     assert store.claim_gpus(a, 1, [0, 1, 2], 2, NOW) == [0, 1]
     assert store.claim_gpus(b, 1, [0, 1, 2], 2, NOW) == []  # only GPU 2 is left: nothing is claimed
     assert store.gpu_claims() == {0: (a, 1), 1: (a, 1)}
-    assert store.run(a).gpu_ids == [0, 1]
+    assert store.run(a).gpu_ids == (0, 1)
     assert store.claim_gpus(b, 1, [0, 1, 2], 1, NOW) == [2]
 
 

@@ -255,7 +255,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
                 "already_ended": result.already_ended,
                 "exit_code": result.run.exit_code,
                 "signal": result.run.signal,
-                "survivors": [s.__dict__ for s in result.survivors],
+                "survivors": [s._asdict() for s in result.survivors],
             }
         )
     else:

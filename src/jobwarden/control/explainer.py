@@ -7,8 +7,6 @@ ended. A rule found live is not repeated; the order is the rules' root-cause-fir
 
 from __future__ import annotations
 
-import dataclasses
-
 from jobwarden.model import Finding
 from jobwarden.observations import OomEvidence, ProcessDeath
 from jobwarden.osapi.process import WaitStatus
@@ -31,7 +29,7 @@ def findings_for(store: Store, job: JobRecord, run: RunRecord) -> list[Finding]:
     refusal = next((e for e in events if e.kind == "not-restarted"), None)
     if refusal and ordered:  # the restart policy's verdict belongs with the root cause it judged
         first = ordered[0]
-        ordered[0] = dataclasses.replace(first, evidence=(*first.evidence, str(refusal.data.get("reason"))))
+        ordered[0] = first._replace(evidence=(*first.evidence, str(refusal.data.get("reason"))))
     return ordered
 
 
@@ -50,7 +48,7 @@ def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event])
         error=run.error,
         timeout_s=job.options.get("timeout_s"),
         orphans_left=run.orphans_left,
-        survivors=[s.__dict__ for s in run.survivors],
+        survivors=[s._asdict() for s in run.survivors],
         log_tail=tail,
         events=tuple(e.kind for e in events),
         deaths=_deaths(store, job, run),

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobwarden import config
 from jobwarden.clock import SystemClock
@@ -17,8 +15,7 @@ from jobwarden.store import Store
 _INTERPRETERS = {"python", "python3", "bash", "sh", "zsh", "node", "ruby", "perl", "uv", "torchrun"}
 
 
-@dataclass(frozen=True)
-class Launched:
+class Launched(NamedTuple):
     id: int
     name: str
     run: int
@@ -171,18 +168,20 @@ def notify_options(url: str | None, command: str | None) -> dict[str, Any]:
 
 
 def launch(home: Path, spec: JobSpec, options: dict[str, Any]) -> Launched:
-    from jobwarden.control.shimproc import start_shim
+    from jobwarden.control.shimproc import fork_shim
 
     cwd = os.path.abspath(spec.cwd)
     if not os.path.isdir(cwd):
         raise UsageError(f"--cwd {spec.cwd}: no such directory")
     resolve_command(list(spec.command), cwd, {**os.environ, **spec.env})
-    spec = dataclasses.replace(spec, cwd=cwd)
-    with Store(home) as store:
+    spec = spec._replace(cwd=cwd)
+    # the shim first: it loads the supervisor while the job is recorded (see control.shimproc)
+    with fork_shim(home, "launch") as shim, Store(home) as store:
         # a job that asks for GPUs waits in `queued` until its shim has claimed them
         state = JobState.QUEUED if wants_gpus(options) else JobState.STARTING
         job_id, run = store.create_job(spec, options, SystemClock().wall(), state)
-    shim_pid, report = start_shim(home, job_id, run, "launch")
+        report = shim.start(job_id, run)
+    shim_pid = shim.pid
     if "error" in report:
         code = int(report.get("exit_code", 1))
         error_cls = CommandNotFound if code == 127 else CommandNotExecutable if code == 126 else UsageError

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from jobwarden import config
 from jobwarden.clock import SystemClock
-from jobwarden.control.shimproc import shim_alive, start_shim
+from jobwarden.control.shimproc import fork_shim, shim_alive
 from jobwarden.control.views import live_processes, refresh
 from jobwarden.errors import JobStillRunning, JobwardenError, ProcessGone
 from jobwarden.model import JobState, Survivor
@@ -117,7 +117,8 @@ def adopt(home: Path, procfs: ProcFS, job_ref: str | int) -> dict[str, object]:
                 f"job {job.id} is lost and none of its processes is alive",
                 "nothing to adopt; `jobwarden rm` removes it",
             )
-    _, report = start_shim(home, job.id, run.n, "adopt")
+    with fork_shim(home, "adopt") as shim:
+        report = shim.start(job.id, run.n)
     if "error" in report:
         raise JobwardenError(f"cannot adopt job {job.id}: {report['error']}")
     return report

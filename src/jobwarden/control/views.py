@@ -3,7 +3,6 @@ marking a run `lost` when its shim is found dead."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +36,7 @@ def refresh(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord) -> Run
         if store.update_run(job.id, run.n, only_if_state=_WATCHED, state=JobState.LOST):
             store.add_event(job.id, run.n, "supervisor-lost", now, shim_pid=run.shim_pid)
     except StoreError:  # a full disk: still show the truth, record it next time
-        return dataclasses.replace(run, state=JobState.LOST)
+        return run._replace(state=JobState.LOST)
     return store.run(job.id, run.n)
 
 
@@ -166,7 +165,7 @@ def status_json(
         "shim_pid": run.shim_pid,
         "containment": run.containment,
         "queued_reason": run.queued_reason,
-        "gpu_ids": run.gpu_ids,
+        "gpu_ids": list(run.gpu_ids),
         "log": str(store.layout.output_log(job.id, run.n)),
         "processes": [
             {
@@ -181,6 +180,6 @@ def status_json(
             for p in processes
         ],
         "orphans_left": run.orphans_left,
-        "survivors": [s.__dict__ for s in run.survivors],
+        "survivors": [s._asdict() for s in run.survivors],
         "findings": findings,
     }

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from jobwarden.errors import OsApiError
 
@@ -18,8 +18,7 @@ from jobwarden.errors import OsApiError
 _V1_UNLIMITED = 1 << 62
 
 
-@dataclass(frozen=True)
-class Mount:
+class Mount(NamedTuple):
     point: Path
     root: str
     fstype: str
@@ -52,8 +51,7 @@ def _under(mount: Mount, cgroup_path: str) -> Path:
     return mount.point / rel.lstrip("/")
 
 
-@dataclass(frozen=True)
-class CgroupMemory:
+class CgroupMemory(NamedTuple):
     """Memory counters of one cgroup. None where this kernel or hierarchy does not keep the counter."""
 
     current_bytes: int | None
@@ -88,8 +86,7 @@ def _keyed(text: str | None, key: str) -> int | None:
     return None
 
 
-@dataclass(frozen=True)
-class JobCgroup:
+class JobCgroup(NamedTuple):
     path: Path
     version: int
 

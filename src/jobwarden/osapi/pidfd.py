@@ -7,8 +7,8 @@ pidfd on it was opened before it exited; before 6.15, /proc/PID/stat field 52 wh
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
+import fcntl
 import os
 import select
 import signal
@@ -20,8 +20,6 @@ _PIDFD_INFO_SIZE = 64  # struct pidfd_info, PIDFD_INFO_SIZE_VER0
 _PIDFD_INFO_EXIT = 1 << 3
 _PIDFD_GET_INFO = (3 << 30) | (_PIDFD_INFO_SIZE << 16) | (0xFF << 8) | 11  # _IOWR(0xFF, 11, ...)
 _EXIT_CODE_OFFSET = 60
-
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def open_pidfd(pid: int) -> int:
@@ -55,16 +53,17 @@ def has_exited(pidfd: int) -> bool:
 
 def exit_status(pidfd: int) -> int | None:
     """The wait status of an exited, *reaped* process we did not parent; None when not (yet) known."""
-    buf = ctypes.create_string_buffer(struct.pack("Q", _PIDFD_INFO_EXIT) + bytes(_PIDFD_INFO_SIZE - 8))
-    if _libc.ioctl(pidfd, ctypes.c_ulong(_PIDFD_GET_INFO), buf) < 0:
-        err = ctypes.get_errno()
-        if err in (errno.ENOTTY, errno.EINVAL, errno.ESRCH, errno.EOPNOTSUPP):
+    buf = bytearray(struct.pack("Q", _PIDFD_INFO_EXIT) + bytes(_PIDFD_INFO_SIZE - 8))
+    try:
+        fcntl.ioctl(pidfd, _PIDFD_GET_INFO, buf, True)  # the kernel fills `buf` in place
+    except OSError as err:
+        if err.errno in (errno.ENOTTY, errno.EINVAL, errno.ESRCH, errno.EOPNOTSUPP):
             return None  # kernel < 6.13/6.15, or not exited yet
-        raise OSError(err, os.strerror(err))
-    (mask,) = struct.unpack_from("Q", buf.raw, 0)
+        raise
+    (mask,) = struct.unpack_from("Q", buf, 0)
     if not mask & _PIDFD_INFO_EXIT:
         return None
-    return int(struct.unpack_from("i", buf.raw, _EXIT_CODE_OFFSET)[0])
+    return int(struct.unpack_from("i", buf, _EXIT_CODE_OFFSET)[0])
 
 
 def close(fd: int) -> None:

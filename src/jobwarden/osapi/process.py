@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
-from dataclasses import dataclass
+from typing import NamedTuple
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -20,8 +20,7 @@ def set_child_subreaper() -> None:
         raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(err)}")
 
 
-@dataclass(frozen=True)
-class WaitStatus:
+class WaitStatus(NamedTuple):
     """A decoded wait status: exactly one of exit_code / signal is set."""
 
     raw: int
@@ -74,7 +73,8 @@ def fork_detached() -> int:
     """Fork a child that leaves our session and terminal: 0 in the child, the child's pid in the parent.
 
     The child is meant to become a shim. Nothing survives in it from the caller but what it inherited
-    before the fork, so the caller must hold no threads and no open database connection.
+    before the fork, so the caller must hold no threads, and the child must close (never use) any
+    database connection it inherits.
     """
     pid = os.fork()
     if pid == 0:

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from jobwarden.errors import AccessDenied, ProcessGone
 
 
-@dataclass(frozen=True)
-class ProcStat:
+class ProcStat(NamedTuple):
     """The fields of /proc/PID/stat jobwarden uses (proc(5) numbering in comments)."""
 
     pid: int

@@ -7,17 +7,14 @@ reads them, except to mark a run `lost` when this process is found dead.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import json
 import os
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from jobwarden import config
 from jobwarden.clock import Clock
@@ -44,8 +41,7 @@ ADMIT_RETRY_S = 2.0  # a queued run asks NVML and the store again this often
 _HANDLED_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
-@dataclass
-class StopRequest:
+class StopRequest(NamedTuple):
     reason: EndReason
     grace_s: float
 
@@ -366,6 +362,8 @@ class Supervisor:
                 try:
                     self._tick(full)
                 except Exception:  # sampling must never end supervision
+                    import traceback  # only for this report: loading it would slow every `run`
+
                     log(f"tick failed:\n{traceback.format_exc()}")
                 next_tick = self.clock.monotonic() + config.TICK_S
                 due = self.diag.tracker.due_at() if self.diag else None
@@ -461,7 +459,7 @@ class Supervisor:
         usage = gpu.sample(self.clock.monotonic(), [s.pid for s in snaps]) if gpu else None
         if usage is None:
             return snaps
-        return [dataclasses.replace(s, gpu_memory_bytes=usage.bytes_by_pid.get(s.pid)) for s in snaps]
+        return [s._replace(gpu_memory_bytes=usage.bytes_by_pid.get(s.pid)) for s in snaps]
 
     def _watch_memory(self, snaps: list[Any], now: float) -> None:
         """OOM kills (counters, kernel log) and, without a cgroup limit, the --mem-limit watchdog."""
@@ -637,7 +635,7 @@ class Supervisor:
     def _record_end(self, orphans: list[dict[str, Any]], survivors: list[Survivor]) -> None:
         fields = self._end_fields()
         fields["orphans_left"] = orphans
-        fields["survivors"] = [s.__dict__ for s in survivors]
+        fields["survivors"] = [s._asdict() for s in survivors]
         now = fields["ended_at"]
         # -> succeeded | failed | stopped | lost: retried until it lands, so a full disk loses nothing
         for attempt in range(100_000):

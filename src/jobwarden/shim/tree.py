@@ -16,7 +16,6 @@ import contextlib
 import os
 import select
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.model import ProcessId, ProcessSnapshot
@@ -28,17 +27,22 @@ from jobwarden.osapi.procfs import ProcFS, ProcStat, parse_stat
 RECORD_AT_LEAST_EVERY_S = 10.0
 
 
-@dataclass
 class Member:
-    ident: ProcessId
-    pidfd: int
-    ppid: int
-    cmdline: str
-    comm: str = ""
-    last_ticks: int | None = None
-    last_at: float | None = None
-    raw_stat: bytes = b""  # the stat line behind `snapshot`
-    snapshot: ProcessSnapshot | None = None
+    """A process of the job, held by its pidfd, with what the last sample saw of it. A plain class,
+    not a dataclass: the shim builds it before it answers `run` (see jobwarden.model)."""
+
+    __slots__ = ("cmdline", "comm", "ident", "last_at", "last_ticks", "pidfd", "ppid", "raw_stat", "snapshot")
+
+    def __init__(self, ident: ProcessId, pidfd: int, ppid: int, cmdline: str, comm: str = "") -> None:
+        self.ident = ident
+        self.pidfd = pidfd
+        self.ppid = ppid
+        self.cmdline = cmdline
+        self.comm = comm
+        self.last_ticks: int | None = None
+        self.last_at: float | None = None
+        self.raw_stat = b""  # the stat line behind `snapshot`
+        self.snapshot: ProcessSnapshot | None = None
 
     @property
     def pid(self) -> int:

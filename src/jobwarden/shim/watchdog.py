@@ -12,8 +12,7 @@ Blind spot, said plainly: NCCL busy-waits, so a collective hang burns CPU and GP
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 _T = TypeVar("_T", int, float)
 
@@ -26,8 +25,7 @@ IO_FLOOR_BYTES = 4096  # per observation (rchar + wchar: storage, pipes and sock
 GPU_FLOOR_PERCENT = 5.0
 
 
-@dataclass(frozen=True)
-class Progress:
+class Progress(NamedTuple):
     """One observation of the run's signs of progress. None: not known this time."""
 
     output_bytes: int | None = None

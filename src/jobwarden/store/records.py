@@ -1,11 +1,10 @@
-"""Rows of the store as frozen dataclasses."""
+"""Rows of the store as NamedTuples (cheap to define: see jobwarden.model)."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from jobwarden.model import JobState, Survivor
 
@@ -13,15 +12,17 @@ if TYPE_CHECKING:  # diagnosis types: not on the `run` path
     from jobwarden.observations import ProcessStack
 
 
-@dataclass(frozen=True)
-class JobRecord:
+class JobRecord(NamedTuple):
     id: int
     name: str
     command: tuple[str, ...]
     cwd: str
     created_at: float
     options: dict[str, Any]
-    env: dict[str, str] = field(repr=False)  # never shown: it may hold tokens
+    env: dict[str, str]  # never shown (see __repr__): it may hold tokens
+
+    def __repr__(self) -> str:
+        return f"JobRecord(id={self.id!r}, name={self.name!r}, command={self.command!r}, cwd={self.cwd!r})"
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> JobRecord:
@@ -36,8 +37,7 @@ class JobRecord:
         )
 
 
-@dataclass(frozen=True)
-class RunRecord:
+class RunRecord(NamedTuple):
     job_id: int
     n: int
     state: JobState
@@ -58,7 +58,7 @@ class RunRecord:
     orphans_left: list[dict[str, Any]]
     survivors: list[Survivor]
     queued_reason: str | None = None
-    gpu_ids: list[int] = field(default_factory=list)
+    gpu_ids: tuple[int, ...] = ()
     mem_peak_bytes: int | None = None
 
     @classmethod
@@ -84,13 +84,12 @@ class RunRecord:
             orphans_left=json.loads(row["orphans_left"] or "[]"),
             survivors=[Survivor(**s) for s in json.loads(row["survivors"] or "[]")],
             queued_reason=row["queued_reason"],
-            gpu_ids=json.loads(row["gpu_ids"] or "[]"),
+            gpu_ids=tuple(json.loads(row["gpu_ids"] or "[]")),
             mem_peak_bytes=row["mem_peak_bytes"],
         )
 
 
-@dataclass(frozen=True)
-class ProcessRecord:
+class ProcessRecord(NamedTuple):
     pid: int
     start_time: int
     ppid: int | None
@@ -108,16 +107,14 @@ class ProcessRecord:
         return cls(**{k: row[k] for k in row.keys() if k not in ("job_id", "run")})  # noqa: SIM118 - a Row iterates values
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
     at: float
     run: int | None
     kind: str
     data: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class StackDump:
+class StackDump(NamedTuple):
     """Stacks of every process of a run at one moment: from `dump`, or captured by the hang watchdog."""
 
     at: float
