@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +25,21 @@ def test_run_returns_with_the_pid_recorded(jw: Jobwarden) -> None:
     status = jw.status("quick")
     assert (status["state"], status["exit_code"], status["signal"]) == ("succeeded", 0, None)
     assert status["started_at"] and status["ended_at"]
+
+
+def test_run_started_with_its_output_streams_closed(jw: Jobwarden) -> None:
+    """A CLI started with fds 1 and 2 closed (`cmd >&- 2>&-`) has no sys.stdout to flush, and its shim
+    opens the store before it redirects its streams: the redirect must not swap the database for the
+    shim's log."""
+    script = 'exec "$@" >&- 2>&-'
+    cli = (sys.executable, "-m", "jobwarden", "run", "--name", "closed", "--", "sh", "-c", "echo fine")
+    started = subprocess.run(("sh", "-c", script, "sh", *cli), env=jw.env, timeout=60, check=False)
+    assert started.returncode == 0
+    assert jw("wait", "closed").returncode == 0
+    assert jw.status("closed")["state"] == "succeeded"
+    assert jw.output(1) == "fine\n"
+    assert jw("ps", "--all").returncode == 0  # the database is whole
+    assert "Traceback" not in (jw.home / "jobs" / "1" / "run-1" / "shim.log").read_text()
 
 
 def test_wait_exits_with_the_jobs_exit_code(jw: Jobwarden) -> None:

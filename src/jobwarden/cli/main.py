@@ -244,9 +244,10 @@ def console_entry() -> None:
     the CLI starts no threads that outlive a command, and the streams are flushed here."""
     code = main()
     try:
-        sys.stdout.flush()
+        if sys.stdout is not None:  # None when started with fd 1 closed
+            sys.stdout.flush()
     except BrokenPipeError:  # `jobwarden ps | head -1`
         code = code or 141
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, AttributeError):
         sys.stderr.flush()
     os._exit(code)

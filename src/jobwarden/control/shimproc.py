@@ -20,8 +20,8 @@ from typing import Any
 
 from jobwarden import config
 from jobwarden.clock import SystemClock
-from jobwarden.errors import ShimStartFailed
-from jobwarden.osapi.process import fork_detached, redirect_std_streams
+from jobwarden.errors import JobwardenError, ShimStartFailed
+from jobwarden.osapi.process import fork_detached, redirect_std_streams, set_child_subreaper
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import Layout
 from jobwarden.store import Store
@@ -32,6 +32,10 @@ class ForkedShim:
     `with` block without `start` (the job was never recorded) makes the shim exit unseen."""
 
     def __init__(self, home: Path, mode: str) -> None:
+        # Loaded before the fork, not after: a forked child copies every page it writes, and importing
+        # writes to many, so the same imports take the child about twice as long.
+        import jobwarden.shim.attempts  # noqa: F401
+
         self.home = home
         job_r, self._job_w = os.pipe2(os.O_CLOEXEC)
         self._report_r, report_w = os.pipe2(os.O_CLOEXEC)
@@ -89,17 +93,24 @@ def _close_inherited(keep: tuple[int, ...]) -> None:
 
 
 def _shim_main(home: Path, mode: str, job_fd: int, report_fd: int) -> int:
-    from jobwarden.shim.attempts import supervise_job  # only the shim needs the loop
+    from jobwarden.shim.attempts import supervise_job
 
+    # What needs no job is done while the CLI records it. Orphans of the job are reparented to us
+    # from its first instant on.
+    set_child_subreaper()
+    # Opened before the streams are redirected, even when the CLI was started with fd 1 or 2 closed:
+    # SQLite never takes fds 0-2 for a database (it fills them with /dev/null first).
+    try:
+        store: Store | None = Store(home)
+    except JobwardenError:
+        store = None  # the CLI meets the same error and says so; if not, it is met again below, logged
     handed = _read_line(job_fd)
     os.close(job_fd)
     if not handed:
         return 0  # the job was never recorded: nothing to supervise
     job_id, run = (int(part) for part in handed.split())
-    # Streams first: a CLI started with fd 0, 1 or 2 closed would otherwise hand one of those numbers to
-    # the database, and the redirect would then close it under SQLite's feet.
     redirect_std_streams(str(Layout(home).shim_log(job_id, run)))
-    store = Store(home)
+    store = store or Store(home)
     return supervise_job(store, store.job(job_id), run, SystemClock(), ProcFS(), report_fd, mode)
 
 

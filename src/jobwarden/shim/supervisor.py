@@ -23,7 +23,7 @@ from jobwarden.hooks import heartbeat_env, hook_env
 from jobwarden.model import UNFINISHED_STATES, EndReason, JobState, ProcessSnapshot, Survivor
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.cgroup import JobCgroup, cgroup_path, create_job_cgroup, find_job_cgroup
-from jobwarden.osapi.process import SpawnError, WaitStatus, reap_any, set_child_subreaper, spawn_job
+from jobwarden.osapi.process import SpawnError, WaitStatus, reap_any, spawn_job
 from jobwarden.osapi.procfs import ProcFS, why_still_alive
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, ensure_private_dir
 from jobwarden.shim.tree import JobTree, Member, wait_readable
@@ -92,8 +92,8 @@ class Supervisor:
     # --- starting ---------------------------------------------------------------------------------
 
     def launch(self, report_fd: int) -> int:
-        """Start the job as our child and supervise it; returns the shim's exit code."""
-        set_child_subreaper()
+        """Start the job as our child and supervise it; returns the shim's exit code. The process is a
+        child subreaper already (control.shimproc)."""
         self._install_signals()
         shim_start = self.procfs.stat(self.pid).start_time
         if os.environ.get(config.CGROUP_ENV, "auto") != "off":
@@ -149,7 +149,6 @@ class Supervisor:
 
     def adopt(self, report_fd: int) -> int:
         """Watch the processes of a run whose shim died: found by marker, held by pidfd."""
-        set_child_subreaper()
         self._install_signals()
         record = self.store.run(self.job.id, self.run)
         self.cgroup = find_job_cgroup(cgroup_path(record.containment))
