@@ -1,8 +1,8 @@
 """Plain data shared by every layer: job states, records, and the process identity. Stdlib only.
 
 Records on the path of `jobwarden run` (here, in store.records and in the modules the shim loads before
-it answers `run`) are NamedTuples, not dataclasses: importing `dataclasses` (it loads `inspect`) and
-building each class costs every `run` tens of milliseconds, a NamedTuple class about a tenth of one.
+it answers `run`) are NamedTuples, not dataclasses: importing `dataclasses` (it loads `inspect`) costs
+every `run` about 15 ms and each dataclass about 0.8 ms more, against 0.1-0.5 ms for a NamedTuple class.
 """
 
 from __future__ import annotations

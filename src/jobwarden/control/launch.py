@@ -175,7 +175,7 @@ def launch(home: Path, spec: JobSpec, options: dict[str, Any]) -> Launched:
         raise UsageError(f"--cwd {spec.cwd}: no such directory")
     resolve_command(list(spec.command), cwd, {**os.environ, **spec.env})
     spec = spec._replace(cwd=cwd)
-    # the shim first: it loads the supervisor while the job is recorded (see control.shimproc)
+    # the shim first: it gets ready while the job is recorded (see control.shimproc)
     with fork_shim(home, "launch") as shim, Store(home) as store:
         # a job that asks for GPUs waits in `queued` until its shim has claimed them
         state = JobState.QUEUED if wants_gpus(options) else JobState.STARTING

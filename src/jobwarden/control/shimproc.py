@@ -1,12 +1,13 @@
-"""Starting a shim: fork a detached copy of this process before the job is recorded, let it load the
-supervisor while the caller writes the store, then hand it the job and wait on a pipe for its first word
-(the job's pid, or why it could not start).
+"""Starting a shim: fork a detached copy of this process before the job is recorded, let it get ready
+while the caller writes the store, then hand it the job and wait on a pipe for its first word (the job's
+pid, or why it could not start).
 
-Forking first has two gains for `run`. The shim's imports overlap the caller's store write instead of
-following it. And the caller's store connection stays open until the shim has its own: closing the last
-connection to a WAL database checkpoints it (fsyncs; on a busy disk tens of ms) and deletes the WAL, which
-the shim's first write must then recreate. The order is forced, too: an SQLite library that had the
-database open when the process forked must not open it again in the child, so the fork must come first.
+Forking first has two gains for `run`. The shim's preparation (becoming a subreaper, opening the store)
+overlaps the caller's store write instead of following it. And the caller's store connection stays open
+until the shim has its own: closing the last connection to a WAL database checkpoints it (fsyncs; on a
+busy disk tens of ms) and deletes the WAL, which the shim's first write must then recreate. The order is
+forced, too: an SQLite library that had the database open when the process forked must not open it again
+in the child, so the fork must come first.
 """
 
 from __future__ import annotations
