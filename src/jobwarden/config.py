@@ -19,6 +19,9 @@ RESTART_MODES = ("no", "on-failure", "always")
 DEFAULT_MAX_RESTARTS = 3
 RESTART_BACKOFF_BASE_S = 1.0
 RESTART_BACKOFF_CAP_S = 300.0
+# an attempt that ran this long before it failed was healthy: the backoff starts again from its base
+# (Kubernetes resets a crash-looping pod's backoff after 10 minutes of running, too)
+RESTART_BACKOFF_RESET_S = 600.0
 # below this a --mem-limit is surely a forgotten unit ("--mem-limit 512" is 512 bytes): an interpreter
 # alone needs more
 MIN_MEM_LIMIT_BYTES = 4 << 20

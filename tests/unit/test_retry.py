@@ -209,6 +209,22 @@ def test_the_backoff_is_capped() -> None:
     assert decide(p, [EXIT1] * 99).delay_s == 300.0
 
 
+def test_the_backoff_starts_again_after_an_attempt_that_ran_long() -> None:
+    p = policy(max_restarts=10, backoff_base_s=1.0, cap_s=300.0, reset_after_s=600.0)
+    ran_an_hour = AttemptOutcome("failed", exit_code=1, end_reason="exited", ran_s=3600.0)
+    assert decide(p, [EXIT1] * 4).delay_s == 8.0
+    assert decide(p, [*[EXIT1] * 4, ran_an_hour]).delay_s == 1.0
+    # the quick failures after it are a new streak
+    assert decide(p, [*[EXIT1] * 4, ran_an_hour, EXIT1]).delay_s == 1.0
+    assert decide(p, [*[EXIT1] * 4, ran_an_hour, EXIT1, EXIT1]).delay_s == 2.0
+
+
+def test_an_attempt_short_of_the_reset_still_grows_the_backoff() -> None:
+    p = policy(max_restarts=10, backoff_base_s=1.0, reset_after_s=600.0)
+    almost = AttemptOutcome("failed", exit_code=1, end_reason="exited", ran_s=599.0)
+    assert decide(p, [almost] * 3).delay_s == 4.0
+
+
 def test_a_huge_restart_number_stays_finite() -> None:
     assert policy(backoff_base_s=2.0, cap_s=60.0).backoff_s(10_000) == 60.0
 
@@ -284,6 +300,7 @@ def test_an_empty_history_is_a_programming_error() -> None:
         {"mode": "no", "max_restarts": -1},
         {"mode": "always", "max_restarts": 1, "backoff_base_s": -1.0},
         {"mode": "always", "max_restarts": 1, "cap_s": -1.0},
+        {"mode": "always", "max_restarts": 1, "reset_after_s": -1.0},
     ],
 )
 def test_a_bad_policy_is_refused(kwargs: dict[str, object]) -> None:

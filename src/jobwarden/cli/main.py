@@ -99,7 +99,8 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--restart-delay",
         metavar="DUR",
-        help="the first restart's backoff, doubled for each next one up to 5m (default 1s)",
+        help="the first restart's backoff, doubled for each quick failure after it up to 5m, back to the "
+        "start after a run of 10m or more (default 1s)",
     )
     run.add_argument(
         "--gpus", metavar="N", help="wait for N free GPUs and run on them (sets CUDA_VISIBLE_DEVICES)"

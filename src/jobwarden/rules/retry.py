@@ -24,12 +24,13 @@ class RestartPolicy:
     max_restarts: int  # restarts, not attempts: 3 allows 4 runs in all
     backoff_base_s: float = 1.0
     cap_s: float = 300.0
+    reset_after_s: float = config.RESTART_BACKOFF_RESET_S
 
     def __post_init__(self) -> None:
         if self.mode not in config.RESTART_MODES:
             raise ValueError(f"restart mode must be one of {config.RESTART_MODES}, not {self.mode!r}")
-        if self.max_restarts < 0 or self.backoff_base_s < 0 or self.cap_s < 0:
-            raise ValueError("max_restarts, backoff_base_s and cap_s must not be negative")
+        if min(self.max_restarts, self.backoff_base_s, self.cap_s, self.reset_after_s) < 0:
+            raise ValueError("max_restarts, backoff_base_s, cap_s and reset_after_s must not be negative")
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> RestartPolicy:
@@ -49,6 +50,17 @@ class RestartPolicy:
         exponent = min(restart - 1, 64)  # 2^64 s is past any cap; keeps the float finite
         return float(min(self.cap_s, self.backoff_base_s * 2.0**exponent))
 
+    def delay_after(self, history: Sequence[AttemptOutcome]) -> float:
+        """The backoff grows with each attempt that failed soon after it started, and starts again from
+        the base after one that ran for `reset_after_s`: a job that trains for days and then dies is
+        not a crash loop, and should not wait out the cap."""
+        short = 0
+        for attempt in reversed(history):
+            if attempt.ran_s is not None and attempt.ran_s >= self.reset_after_s:
+                break
+            short += 1
+        return self.backoff_s(max(short, 1))
+
 
 @dataclass(frozen=True)
 class AttemptOutcome:
@@ -64,6 +76,7 @@ class AttemptOutcome:
     stopped_by_user: bool = False  # `jobwarden stop`
     timed_out: bool = False  # --timeout
     hung: bool = False  # ended by --on-hang restart
+    ran_s: float | None = None  # from start to end; None when it never started
 
     @property
     def succeeded(self) -> bool:
@@ -109,7 +122,7 @@ def decide(policy: RestartPolicy, history: Sequence[AttemptOutcome]) -> RestartD
             f"{last.describe()}; not restarted: --max-restarts {policy.max_restarts} reached "
             f"({len(history)} attempt{'s' if len(history) != 1 else ''})",
         )
-    delay = policy.backoff_s(restarts + 1)
+    delay = policy.delay_after(history)
     return RestartDecision(
         True,
         delay,

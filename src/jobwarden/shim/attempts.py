@@ -151,4 +151,5 @@ def outcome_of(store: Store, job: JobRecord, record: RunRecord, hung_restart: bo
         stopped_by_user=record.end_reason == EndReason.STOPPED,
         timed_out=record.end_reason == EndReason.TIMEOUT,
         hung=hung_restart,
+        ran_s=record.ended_at - record.started_at if record.started_at and record.ended_at else None,
     )
