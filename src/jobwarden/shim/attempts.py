@@ -12,7 +12,8 @@ from jobwarden.clock import Clock
 from jobwarden.errors import StoreError
 from jobwarden.model import EndReason, JobState
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.shim.supervisor import Supervisor, log
+from jobwarden.shim.recorder import log
+from jobwarden.shim.supervisor import Supervisor
 from jobwarden.store import JobRecord, RunRecord, Store
 from jobwarden.store.logfiles import tail_lines
 

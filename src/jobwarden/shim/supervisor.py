@@ -11,9 +11,7 @@ import errno
 import json
 import os
 import signal
-import sys
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from jobwarden import config
@@ -23,9 +21,10 @@ from jobwarden.hooks import heartbeat_env, hook_env
 from jobwarden.model import UNFINISHED_STATES, EndReason, JobState, ProcessSnapshot, Survivor
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.cgroup import JobCgroup, cgroup_path, create_job_cgroup, find_job_cgroup
-from jobwarden.osapi.process import SpawnError, WaitStatus, reap_any, spawn_job
+from jobwarden.osapi.process import SpawnError, reap_any, spawn_job
 from jobwarden.osapi.procfs import ProcFS, why_still_alive
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, ensure_private_dir
+from jobwarden.shim.recorder import RunRecorder, end_fields, log
 from jobwarden.shim.tree import JobTree, Member, wait_readable
 from jobwarden.shim.watchdog import DEFAULT_HANG_TIMEOUT_S
 from jobwarden.store import JobRecord, Store
@@ -44,13 +43,6 @@ _HANDLED_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR
 class StopRequest(NamedTuple):
     reason: EndReason
     grace_s: float
-
-
-def log(message: str) -> None:
-    """The shim's own log (its stdout/stderr go to shim.log). It sits on the disk that may be full: a
-    failed log line must never take the supervisor down."""
-    with contextlib.suppress(OSError):
-        print(time.strftime("%Y-%m-%d %H:%M:%S"), message, file=sys.stderr, flush=True)
 
 
 class Supervisor:
@@ -77,8 +69,7 @@ class Supervisor:
         self.timeout_at: float | None = None
         self.logs = LogWatcher(self.layout.output_log(job.id, run), self.layout.output_index(job.id, run))
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._disk_full = False
-        self._pending_events: list[tuple[str, float, dict[str, Any]]] = []
+        self.record = RunRecorder(store, job.id, run, self.logs, clock)
         self.diag: Diagnoser | None = None
         self.restart_after_hang = False
         self.notifier = notifier
@@ -418,7 +409,7 @@ class Supervisor:
         # forget statuses of pids we never tracked: their numbers may be reused by new members
         self.statuses = {p: s for p, s in self.statuses.items() if p in self.tree.members}
         if ended:
-            self._safe_write(self.store.record_tree, self.job.id, self.run, self.clock.wall(), [], ended)
+            self.record.write(self.store.record_tree, self.clock.wall(), [], ended)
         if members and self.diag and not self.stop:
             if any(status != 0 for _, status in members):
                 self._poll_oom(self.clock.wall())  # a worker's death may be the OOM killer's: know it first
@@ -442,10 +433,10 @@ class Supervisor:
         now = self.clock.wall()
         snaps = self._with_gpu_memory(self.tree.sample(now))
         self.logs.index(now)
-        self._check_disk(now)
+        self.record.check_disk(now)
         # an idle tree is not rewritten every second
-        if self.tree.worth_recording(snaps, now) and self._safe_write(
-            self.store.record_tree, self.job.id, self.run, now, snaps, []
+        if self.tree.worth_recording(snaps, now) and self.record.write(
+            self.store.record_tree, now, snaps, []
         ):
             self.tree.recorded(snaps, now)
         self._watch_memory(snaps, now)
@@ -481,10 +472,7 @@ class Supervisor:
         self.oom = oom
         if self.diag:
             self.diag.oom = oom
-        self._safe_write(
-            self.store.add_event,
-            self.job.id,
-            self.run,
+        self.record.event(
             "oom",
             now,
             mechanism=oom.mechanism,
@@ -502,20 +490,12 @@ class Supervisor:
         now = self.clock.wall()
         for finding in verdict.findings:
             log(f"finding {finding.rule}: {finding.summary}")
-            self._safe_write(
-                self.store.add_event,
-                self.job.id,
-                self.run,
-                "finding",
-                now,
-                rule=finding.rule,
-                pids=finding.pids,
-            )
+            self.record.event("finding", now, rule=finding.rule, pids=finding.pids)
         if not verdict.hung:
             return
         action = self.job.options.get("on_hang", "dump")
         rules = [f.rule for f in verdict.findings]
-        self._safe_write(self.store.add_event, self.job.id, self.run, "hung", now, rules=rules, action=action)
+        self.record.event("hung", now, rules=rules, action=action)
         if self.notifier:
             from jobwarden.control.notify import event_payload
 
@@ -530,53 +510,14 @@ class Supervisor:
             )
             self.restart_after_hang = action == "restart"
 
-    def _check_disk(self, now: float) -> None:
-        """Record when the log's filesystem fills up and when it has room again. The job's own writes fail
-        meanwhile (we cannot help that), but the episode is shown in `status`. The events wait in memory
-        until the store can take them: the database usually sits on the same full disk."""
-        free = self.logs.free_bytes()
-        if free is not None and (free < config.LOW_DISK_BYTES) != self._disk_full:
-            self._disk_full = not self._disk_full
-            kind = "disk-full" if self._disk_full else "disk-ok"
-            path = str(self.logs.output.parent)
-            self._pending_events.append((kind, now, {"free_bytes": free, "path": path}))
-            log(f"{kind}: {free} bytes free under {path}")
-        while self._pending_events:
-            kind, at, data = self._pending_events[0]
-            if not self._safe_write(self.store.add_event, self.job.id, self.run, kind, at, **data):
-                break
-            self._pending_events.pop(0)
-
-    def _safe_write(self, write: Callable[..., object], *args: Any, **kwargs: Any) -> bool:
-        """Periodic writes may fail (disk full, a locked database); the job must not suffer for it."""
-        try:
-            write(*args, **kwargs)
-            return True
-        except StoreError as err:
-            log(f"store write failed: {err}")
-            return False
-
     # --- ending -----------------------------------------------------------------------------------
 
     def _finish(self) -> int:
         orphans: list[dict[str, Any]] = []
         if self.stop:
             # running -> stopping: signal the whole tree, not only the leader
-            self._safe_write(
-                self.store.update_run,
-                self.job.id,
-                self.run,
-                only_if_state=UNFINISHED_STATES,
-                state=JobState.STOPPING,
-            )
-            self._safe_write(
-                self.store.add_event,
-                self.job.id,
-                self.run,
-                "stopping",
-                self.clock.wall(),
-                reason=str(self.stop.reason),
-            )
+            self.record.write(self.store.update_run, only_if_state=UNFINISHED_STATES, state=JobState.STOPPING)
+            self.record.event("stopping", self.clock.wall(), reason=str(self.stop.reason))
             survivors = self.terminate_tree(self.stop.grace_s)
         else:
             self.tree.discover(full=True)
@@ -585,8 +526,9 @@ class Supervisor:
         self.logs.index(self.clock.wall())
         with contextlib.suppress(OSError):  # a kill in the last moments (the main process itself) counts too
             self._poll_oom(self.clock.wall())
-        self._record_end(orphans, survivors)
-        self._safe_write(self.store.release_gpus, self.job.id, self.run)
+        fields = end_fields(self.main_status, self.stop.reason if self.stop else None, self.clock.wall())
+        self.record.end(fields, orphans, survivors)
+        self.record.write(self.store.release_gpus)
         self._remove_cgroup()
         self.tree.close()
         if self.memory:
@@ -630,54 +572,6 @@ class Supervisor:
         if pid in self.denied:
             return self.denied[pid]
         return why_still_alive(self.procfs, pid)
-
-    def _record_end(self, orphans: list[dict[str, Any]], survivors: list[Survivor]) -> None:
-        fields = self._end_fields()
-        fields["orphans_left"] = orphans
-        fields["survivors"] = [s._asdict() for s in survivors]
-        now = fields["ended_at"]
-        # -> succeeded | failed | stopped | lost: retried until it lands, so a full disk loses nothing
-        for attempt in range(100_000):
-            self._check_disk(self.clock.wall())  # flush a disk-full episode first: it explains the run
-            try:
-                self.store.update_run(self.job.id, self.run, **fields)
-                self.store.add_event(
-                    self.job.id,
-                    self.run,
-                    "ended",
-                    now,
-                    state=str(fields["state"]),
-                    exit_code=fields["exit_code"],
-                    signal=fields["signal"],
-                    orphans=len(orphans),
-                    survivors=len(survivors),
-                )
-                return
-            except StoreError as err:
-                if attempt == 0:
-                    log(f"cannot record the end of the run yet, retrying every 5s: {err}")
-                time.sleep(5)
-
-    def _end_fields(self) -> dict[str, Any]:
-        now = self.clock.wall()
-        fields: dict[str, Any] = {"ended_at": now, "exit_code": None, "signal": None, "wait_status": None}
-        if self.main_status is not None and self.main_status >= 0:
-            status = WaitStatus.decode(self.main_status)
-            fields.update(exit_code=status.exit_code, signal=status.signal_name, wait_status=status.raw)
-        if self.stop:
-            state = JobState.STOPPED if self.stop.reason == EndReason.STOPPED else JobState.FAILED
-            return {**fields, "state": state, "end_reason": self.stop.reason}
-        if fields["wait_status"] is None:
-            return {
-                **fields,
-                "state": JobState.LOST,
-                "end_reason": EndReason.UNKNOWN,
-                "error": "the main process ended while unsupervised; its exit status is unknown",
-            }
-        if fields["signal"]:
-            return {**fields, "state": JobState.FAILED, "end_reason": EndReason.SIGNALLED}
-        state = JobState.SUCCEEDED if fields["exit_code"] == 0 else JobState.FAILED
-        return {**fields, "state": state, "end_reason": EndReason.EXITED}
 
     def _remove_cgroup(self) -> None:
         if self.cgroup:

@@ -1,0 +1,114 @@
+"""What the shim writes about its run while the run goes on, and how the run ended.
+
+None of these writes may take the supervisor down: a full disk or a locked database costs a sample, never
+the job. The events that explain a run (a disk-full episode, the run's end) wait in memory, or are
+retried, until the store takes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from jobwarden import config
+from jobwarden.clock import Clock
+from jobwarden.errors import StoreError
+from jobwarden.model import EndReason, JobState, Survivor
+from jobwarden.osapi.process import WaitStatus
+from jobwarden.store import Store
+from jobwarden.store.logfiles import LogWatcher
+
+END_RETRY_S = 5.0  # how often the end of a run is offered again to a store that refuses it
+
+
+def log(message: str) -> None:
+    """The shim's own log (its stdout/stderr go to shim.log). It sits on the disk that may be full: a
+    failed log line must never take the supervisor down."""
+    with contextlib.suppress(OSError):
+        print(time.strftime("%Y-%m-%d %H:%M:%S"), message, file=sys.stderr, flush=True)
+
+
+class RunRecorder:
+    def __init__(self, store: Store, job_id: int, run: int, logs: LogWatcher, clock: Clock) -> None:
+        self.store, self.job_id, self.run, self.logs, self.clock = store, job_id, run, logs, clock
+        self._disk_full = False
+        self._pending: list[tuple[str, float, dict[str, Any]]] = []
+
+    def write(self, method: Callable[..., object], *args: Any, **kwargs: Any) -> bool:
+        """`method(job_id, run, *args, **kwargs)`, a Store method; False when the store refused it."""
+        try:
+            method(self.job_id, self.run, *args, **kwargs)
+            return True
+        except StoreError as err:
+            log(f"store write failed: {err}")
+            return False
+
+    def event(self, kind: str, at: float, **data: Any) -> bool:
+        return self.write(self.store.add_event, kind, at, **data)
+
+    def check_disk(self, now: float) -> None:
+        """Record when the log's filesystem fills up and when it has room again. The job's own writes fail
+        meanwhile (we cannot help that), but the episode is shown in `status`. The events wait in memory
+        until the store can take them: the database usually sits on the same full disk."""
+        free = self.logs.free_bytes()
+        if free is not None and (free < config.LOW_DISK_BYTES) != self._disk_full:
+            self._disk_full = not self._disk_full
+            kind = "disk-full" if self._disk_full else "disk-ok"
+            path = str(self.logs.output.parent)
+            self._pending.append((kind, now, {"free_bytes": free, "path": path}))
+            log(f"{kind}: {free} bytes free under {path}")
+        while self._pending:
+            kind, at, data = self._pending[0]
+            if not self.event(kind, at, **data):
+                break
+            self._pending.pop(0)
+
+    def end(self, fields: dict[str, Any], orphans: list[dict[str, Any]], survivors: list[Survivor]) -> None:
+        """-> succeeded | failed | stopped | lost: retried until it lands, so a full disk loses nothing."""
+        fields = {**fields, "orphans_left": orphans, "survivors": [s._asdict() for s in survivors]}
+        for attempt in range(100_000):
+            self.check_disk(self.clock.wall())  # flush a disk-full episode first: it explains the run
+            try:
+                self.store.update_run(self.job_id, self.run, **fields)
+                self.store.add_event(
+                    self.job_id,
+                    self.run,
+                    "ended",
+                    fields["ended_at"],
+                    state=str(fields["state"]),
+                    exit_code=fields["exit_code"],
+                    signal=fields["signal"],
+                    orphans=len(orphans),
+                    survivors=len(survivors),
+                )
+                return
+            except StoreError as err:
+                if attempt == 0:
+                    log(f"cannot record the end of the run yet, retrying every {END_RETRY_S:g}s: {err}")
+                time.sleep(END_RETRY_S)
+
+
+def end_fields(main_status: int | None, stop_reason: EndReason | None, now: float) -> dict[str, Any]:
+    """The run's final columns from the main process's wait status (-1: it ended unseen) and why the shim
+    stopped it, if it did."""
+    fields: dict[str, Any] = {"ended_at": now, "exit_code": None, "signal": None, "wait_status": None}
+    if main_status is not None and main_status >= 0:
+        status = WaitStatus.decode(main_status)
+        fields.update(exit_code=status.exit_code, signal=status.signal_name, wait_status=status.raw)
+    if stop_reason is not None:
+        state = JobState.STOPPED if stop_reason == EndReason.STOPPED else JobState.FAILED
+        return {**fields, "state": state, "end_reason": stop_reason}
+    if fields["wait_status"] is None:
+        return {
+            **fields,
+            "state": JobState.LOST,
+            "end_reason": EndReason.UNKNOWN,
+            "error": "the main process ended while unsupervised; its exit status is unknown",
+        }
+    if fields["signal"]:
+        return {**fields, "state": JobState.FAILED, "end_reason": EndReason.SIGNALLED}
+    state = JobState.SUCCEEDED if fields["exit_code"] == 0 else JobState.FAILED
+    return {**fields, "state": state, "end_reason": EndReason.EXITED}
