@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
 from jobwarden.model import JobState
-from jobwarden.observations import Frame, ProcessStack, ThreadStack
 
-if TYPE_CHECKING:  # kept off the import path of `run`, whose latency is measured
+if TYPE_CHECKING:  # kept off the import paths of `run` and `ps`, which a user waits for
     from jobwarden.control.dump import DumpResult
     from jobwarden.control.lifecycle import StopResult
     from jobwarden.control.views import JobView
+    from jobwarden.observations import Frame, ProcessStack, ThreadStack
     from jobwarden.store import RunRecord
 
 _COLORS = {

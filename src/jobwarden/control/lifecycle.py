@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from jobwarden import config
 from jobwarden.clock import SystemClock
@@ -17,8 +17,7 @@ from jobwarden.shim.tree import wait_readable
 from jobwarden.store import JobRecord, RunRecord, Store
 
 
-@dataclass(frozen=True)
-class StopResult:
+class StopResult(NamedTuple):
     run: RunRecord
     already_ended: bool
     survivors: list[Survivor]

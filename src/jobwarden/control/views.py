@@ -3,8 +3,7 @@ marking a run `lost` when its shim is found dead."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobwarden import config
 from jobwarden.clock import SystemClock, iso
@@ -86,8 +85,7 @@ def live_processes(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord)
     return snaps
 
 
-@dataclass(frozen=True)
-class JobView:
+class JobView(NamedTuple):
     job: JobRecord
     run: RunRecord
     cpu_percent: float | None

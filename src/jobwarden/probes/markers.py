@@ -3,7 +3,7 @@ its shim is gone and nothing else links the processes to the job."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.osapi.procfs import ProcFS, ProcStat
@@ -31,8 +31,7 @@ def find_marked(procfs: ProcFS, markers: dict[str, str], exclude: set[int] | Non
     return found
 
 
-@dataclass(frozen=True)
-class JobMarks:
+class JobMarks(NamedTuple):
     """The JOBWARDEN_* variables a process was started with: whose job it is, even after its shim died."""
 
     home: str
