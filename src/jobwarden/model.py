@@ -1,8 +1,9 @@
 """Plain data shared by every layer: job states, records, and the process identity. Stdlib only.
 
 Records on the paths of `jobwarden run` and `ps` (here, in store.records, in the modules the shim loads
-before it answers `run`, and in the views `ps` builds) are NamedTuples, not dataclasses: importing `dataclasses` (it loads `inspect`) costs
-every `run` about 15 ms and each dataclass about 0.8 ms more, against 0.1-0.5 ms for a NamedTuple class.
+before it answers `run`, and in the views `ps` builds) are NamedTuples, not dataclasses: importing
+`dataclasses` (it loads `inspect`) costs each such command about 15 ms, and each dataclass about 0.8 ms
+more, against 0.1-0.5 ms for a NamedTuple class.
 """
 
 from __future__ import annotations

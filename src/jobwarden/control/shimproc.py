@@ -12,6 +12,7 @@ in the child, so the fork must come first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -30,7 +31,8 @@ from jobwarden.store import Store
 
 class ForkedShim:
     """A shim waiting for its job: `start` hands it over and returns the shim's report; leaving the
-    `with` block without `start` (the job was never recorded) makes the shim exit unseen."""
+    `with` block without `start` (the job was never recorded) makes the shim exit unseen. A shim that
+    exits is reaped here; one that was handed its job outlives the CLI, and init reaps it."""
 
     def __init__(self, home: Path, mode: str) -> None:
         # Loaded before the fork, not after: a forked child copies every page it writes, and importing
@@ -40,7 +42,7 @@ class ForkedShim:
         self.home = home
         job_r, self._job_w = os.pipe2(os.O_CLOEXEC)
         self._report_r, report_w = os.pipe2(os.O_CLOEXEC)
-        self._started = False
+        self._must_reap = True  # until the shim has its job
         self.pid = fork_detached()
         if self.pid == 0:  # the shim: never return into the CLI
             _shim_process(home, mode, job_r, report_w, keep=(job_r, report_w))
@@ -48,9 +50,17 @@ class ForkedShim:
         os.close(report_w)
 
     def start(self, job_id: int, run: int) -> dict[str, Any]:
-        self._started = True
-        os.write(self._job_w, f"{job_id} {run}\n".encode())
-        return _read_report(self._report_r, self.home, job_id, run)
+        with contextlib.suppress(BrokenPipeError):  # it died already: it will not report either
+            os.write(self._job_w, f"{job_id} {run}\n".encode())
+        self._must_reap = False
+        report = _read_report(self._report_r, self.home, job_id, run)
+        if report is None:
+            self._must_reap = True  # its end of the pipe closed: it has exited, or is exiting
+            raise ShimStartFailed(
+                f"the supervisor of job {job_id} exited before starting it",
+                f"see {self.home}/jobs/{job_id}/run-{run}/shim.log",
+            )
+        return report
 
     def __enter__(self) -> ForkedShim:
         return self
@@ -58,9 +68,9 @@ class ForkedShim:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        os.close(self._job_w)  # an unstarted shim reads end-of-file and exits
+        os.close(self._job_w)  # a shim still waiting for its job reads end-of-file and exits
         os.close(self._report_r)
-        if not self._started:
+        if self._must_reap:
             os.waitpid(self.pid, 0)
 
 
@@ -125,7 +135,8 @@ def _read_line(fd: int) -> str:
     return data.decode()
 
 
-def _read_report(fd: int, home: Path, job_id: int, run: int) -> dict[str, Any]:
+def _read_report(fd: int, home: Path, job_id: int, run: int) -> dict[str, Any] | None:
+    """The shim's first word; None when it closed the pipe without one."""
     data = b""
     while not data.endswith(b"\n"):
         if not _readable(fd, config.SHIM_READY_TIMEOUT_S):
@@ -138,10 +149,7 @@ def _read_report(fd: int, home: Path, job_id: int, run: int) -> dict[str, Any]:
             break
         data += chunk
     if not data:
-        raise ShimStartFailed(
-            f"the supervisor of job {job_id} exited before starting it",
-            f"see {home}/jobs/{job_id}/run-{run}/shim.log",
-        )
+        return None
     report: dict[str, Any] = json.loads(data)
     return report
 
