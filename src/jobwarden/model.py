@@ -84,7 +84,8 @@ class Survivor(NamedTuple):
 
 
 class JobSpec(NamedTuple):
-    """What the user asked to run. The environment is kept out of repr: it often carries tokens."""
+    """What the user asked to run. The environment is kept out of repr: it often carries tokens. Being a
+    tuple, a spec iterated, `_asdict()`-ed or passed to json.dumps carries `env` along: name the fields."""
 
     command: tuple[str, ...]
     cwd: str

@@ -249,6 +249,10 @@ def console_entry() -> None:
             sys.stdout.flush()
     except BrokenPipeError:  # `jobwarden ps | head -1`
         code = code or 141
+    except OSError as err:  # `jobwarden ps > file` on a full disk
+        code = code or 1
+        with contextlib.suppress(OSError, AttributeError):
+            print(f"jobwarden: cannot write the output: {err.strerror}", file=sys.stderr)
     with contextlib.suppress(OSError, AttributeError):
         sys.stderr.flush()
     os._exit(code)

@@ -23,7 +23,7 @@ from typing import Any
 from jobwarden import config
 from jobwarden.clock import SystemClock
 from jobwarden.errors import JobwardenError, ShimStartFailed
-from jobwarden.osapi.process import fork_detached, redirect_std_streams, set_child_subreaper
+from jobwarden.osapi.process import fork_detached, reap, redirect_std_streams, set_child_subreaper
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import Layout
 from jobwarden.store import Store
@@ -50,15 +50,17 @@ class ForkedShim:
         os.close(report_w)
 
     def start(self, job_id: int, run: int) -> dict[str, Any]:
-        with contextlib.suppress(BrokenPipeError):  # it died already: it will not report either
-            os.write(self._job_w, f"{job_id} {run}\n".encode())
+        # cleared first: a Ctrl-C after the write must not make the CLI wait for the job's end
         self._must_reap = False
+        with contextlib.suppress(BrokenPipeError):  # it died already, so it will not report: said below
+            os.write(self._job_w, f"{job_id} {run}\n".encode())
         report = _read_report(self._report_r, self.home, job_id, run)
         if report is None:
             self._must_reap = True  # its end of the pipe closed: it has exited, or is exiting
+            log = Layout(self.home).shim_log(job_id, run)
             raise ShimStartFailed(
                 f"the supervisor of job {job_id} exited before starting it",
-                f"see {self.home}/jobs/{job_id}/run-{run}/shim.log",
+                f"see {log}" if log.exists() else "its error, if it printed one, is above",
             )
         return report
 
@@ -71,7 +73,7 @@ class ForkedShim:
         os.close(self._job_w)  # a shim still waiting for its job reads end-of-file and exits
         os.close(self._report_r)
         if self._must_reap:
-            os.waitpid(self.pid, 0)
+            reap(self.pid)
 
 
 def fork_shim(home: Path, mode: str) -> ForkedShim:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from typing import NamedTuple
@@ -73,15 +74,23 @@ def fork_detached() -> int:
     """Fork a child that leaves our session and terminal: 0 in the child, the child's pid in the parent.
 
     The child is meant to become a shim. Nothing survives in it from the caller but what it inherited
-    before the fork, so the caller must hold no threads, and the child must close (never use) any
-    database connection it inherits.
+    before the fork, so the caller must hold no threads and no open database connection.
     """
     pid = os.fork()
     if pid == 0:
         os.setsid()  # no controlling terminal: a closing SSH session or tmux pane cannot SIGHUP us
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        # A write to a closed pipe (the report to a `run` interrupted meanwhile, an --on-event hook that
+        # exited) must be an EPIPE the shim handles, not its death. The job gets SIG_DFL back at spawn.
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     return pid
+
+
+def reap(pid: int) -> None:
+    """Wait for a child known to be exiting. Nothing to wait for when SIGCHLD is ignored (inherited so
+    from some daemons and CI runners): the kernel reaps the child itself."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 def redirect_std_streams(log_path: str) -> None:

@@ -152,5 +152,12 @@ def outcome_of(store: Store, job: JobRecord, record: RunRecord, hung_restart: bo
         stopped_by_user=record.end_reason == EndReason.STOPPED,
         timed_out=record.end_reason == EndReason.TIMEOUT,
         hung=hung_restart,
-        ran_s=record.ended_at - record.started_at if record.started_at and record.ended_at else None,
+        ran_s=_ran_s(record),
     )
+
+
+def _ran_s(record: RunRecord) -> float | None:
+    """From start to end; None for a run that never started (or never ended, which a lost run may)."""
+    if record.started_at is None or record.ended_at is None:
+        return None
+    return record.ended_at - record.started_at

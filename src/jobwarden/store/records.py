@@ -13,6 +13,8 @@ if TYPE_CHECKING:  # diagnosis types: not on the `run` path
 
 
 class JobRecord(NamedTuple):
+    """A job as stored. Like JobSpec, its `env` is never shown: name the fields, never dump the tuple."""
+
     id: int
     name: str
     command: tuple[str, ...]

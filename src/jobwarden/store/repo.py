@@ -370,7 +370,7 @@ def _run_update(
     unknown = set(fields) - _RUN_COLUMNS
     if unknown:
         raise ValueError(f"unknown run fields {unknown}")
-    values = [json.dumps(v) if isinstance(v, list | dict) else v for v in fields.values()]
+    values = [json.dumps(v) if isinstance(v, list | tuple | dict) else v for v in fields.values()]
     sql = f"UPDATE runs SET {', '.join(f'{k} = ?' for k in fields)} WHERE job_id = ? AND n = ?"
     params = [*values, job_id, n]
     if only_if_state is not None:
