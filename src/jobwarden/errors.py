@@ -50,6 +50,10 @@ class ShimStartFailed(JobwardenError):
     pass
 
 
+class ShimExited(ShimStartFailed):
+    """The shim ended before it reported: it never started the job (unlike a shim that is slow)."""
+
+
 class OsApiError(JobwardenError):
     """Low-level OS failures translated once at the osapi boundary."""
 

@@ -51,6 +51,7 @@ class EndReason(enum.StrEnum):
     SPAWN_FAILED = "spawn-failed"
     HUNG = "hung"  # ended by --on-hang stop|restart after the stacks were stored
     MEM_LIMIT = "mem-limit"  # ended by jobwarden's memory watchdog (no cgroup could enforce --mem-limit)
+    SUPERVISOR_FAILED = "supervisor-failed"  # its shim ended before it started the command
     UNKNOWN = "unknown"
 
 

@@ -253,6 +253,24 @@ def test_spawn_failed() -> None:
     assert rules_of(findings) == ["exit-code"]
     assert findings[0].summary == "exec of 'pyhton' failed: No such file or directory"
     assert_well_formed(findings)
+    assert findings[0].evidence == ("exit code 127",)
+
+
+def test_a_run_its_supervisor_never_started_blames_jobwarden_not_the_command() -> None:
+    ev = evidence(
+        state="failed",
+        exit_code=None,
+        end_reason="supervisor-failed",
+        pid=None,
+        error="the supervisor of job 3 exited before starting it",
+        log_tail=(),
+    )
+    findings = explain(ev)
+    assert rules_of(findings) == ["supervisor-lost"]
+    assert findings[0].title == "The supervisor (shim) died before it started the job"
+    assert findings[0].evidence == ("no process was started: the run has no pid and no exit code",)
+    assert "fault in jobwarden" in findings[0].remedy
+    assert_well_formed(findings)
 
 
 def test_orphans_left() -> None:

@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from jobwarden.control import shimproc
-from jobwarden.errors import ShimStartFailed
+from jobwarden.control.launch import launch
+from jobwarden.errors import ShimExited, ShimStartFailed
+from jobwarden.model import EndReason, JobSpec, JobState
+from jobwarden.store import Store
 
 
 def reaped(pid: int) -> bool:
@@ -42,6 +45,20 @@ def test_a_shim_that_dies_before_reporting_is_named_and_reaped(
     # it died before it had a log of its own: its traceback, if any, went to the CLI's terminal
     assert failed.value.remedy == "its error, if it printed one, is above"
     assert reaped(pid)
+
+
+def test_a_run_whose_shim_died_before_starting_it_is_recorded_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not left `starting` until the run is found `lost`: the CLI still holds the store, and says so."""
+    monkeypatch.setattr(shimproc, "_shim_main", lambda home, mode, job_fd, report_fd: 3)
+    home = tmp_path / "home"
+    with pytest.raises(ShimExited):
+        launch(home, JobSpec(("true",), str(tmp_path), "t"), {})
+    with Store(home) as store:
+        run = store.run(1)
+    assert (run.state, run.end_reason) == (JobState.FAILED, EndReason.SUPERVISOR_FAILED)
+    assert run.error is not None and "exited before starting it" in run.error
 
 
 def test_a_shim_survives_a_cli_interrupted_while_it_starts_the_job(

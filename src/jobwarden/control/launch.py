@@ -8,8 +8,8 @@ from typing import Any, NamedTuple
 
 from jobwarden import config
 from jobwarden.clock import SystemClock
-from jobwarden.errors import CommandNotExecutable, CommandNotFound, UsageError
-from jobwarden.model import JobSpec, JobState
+from jobwarden.errors import CommandNotExecutable, CommandNotFound, ShimExited, UsageError
+from jobwarden.model import EndReason, JobSpec, JobState
 from jobwarden.store import Store
 
 _INTERPRETERS = {"python", "python3", "bash", "sh", "zsh", "node", "ruby", "perl", "uv", "torchrun"}
@@ -180,7 +180,22 @@ def launch(home: Path, spec: JobSpec, options: dict[str, Any]) -> Launched:
         # a job that asks for GPUs waits in `queued` until its shim has claimed them
         state = JobState.QUEUED if wants_gpus(options) else JobState.STARTING
         job_id, run = store.create_job(spec, options, SystemClock().wall(), state)
-        report = shim.start(job_id, run)
+        try:
+            report = shim.start(job_id, run)
+        except ShimExited as err:
+            # starting -> failed: nothing ran it, so say so now, not once the run is found `lost`
+            now = SystemClock().wall()
+            if store.update_run(
+                job_id,
+                run,
+                only_if_state=(state,),
+                state=JobState.FAILED,
+                end_reason=EndReason.SUPERVISOR_FAILED,
+                ended_at=now,
+                error=err.message,
+            ):
+                store.add_event(job_id, run, "supervisor-failed", now, error=err.message)
+            raise
     shim_pid = shim.pid
     if "error" in report:
         code = int(report.get("exit_code", 1))

@@ -22,7 +22,7 @@ from typing import Any
 
 from jobwarden import config
 from jobwarden.clock import SystemClock
-from jobwarden.errors import JobwardenError, ShimStartFailed
+from jobwarden.errors import JobwardenError, ShimExited, ShimStartFailed
 from jobwarden.osapi.process import fork_detached, reap, redirect_std_streams, set_child_subreaper
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import Layout
@@ -58,7 +58,7 @@ class ForkedShim:
         if report is None:
             self._must_reap = True  # its end of the pipe closed: it has exited, or is exiting
             log = Layout(self.home).shim_log(job_id, run)
-            raise ShimStartFailed(
+            raise ShimExited(
                 f"the supervisor of job {job_id} exited before starting it",
                 f"see {log}" if log.exists() else "its error, if it printed one, is above",
             )

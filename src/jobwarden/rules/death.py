@@ -30,8 +30,9 @@ def explain(ev: RunEvidence) -> list[Finding]:
 def exit_finding(ev: RunEvidence) -> Finding | None:
     """The one root cause the exit status gives; None for a clean or still running run, and for a SIGKILL
     the OOM evidence explains (the oom-kill finding says it)."""
-    if ev.end_reason in ("hung", "mem-limit"):
-        return None  # jobwarden ended it: the hang or oom-kill finding recorded at that moment says why
+    if ev.end_reason in ("hung", "mem-limit", "supervisor-failed"):
+        # jobwarden ended it, or never started it: the hang, oom-kill or supervisor-lost finding says why
+        return None
     for rule in (_spawn_failed, _stopped, _timeout, _python_exception, _signal_death, _exit_code):
         found = rule(ev)
         if found:
@@ -269,6 +270,16 @@ def _orphans_left(ev: RunEvidence) -> Finding | None:
 
 
 def _supervisor_lost(ev: RunEvidence) -> Finding | None:
+    if ev.end_reason == "supervisor-failed":
+        return Finding(
+            "supervisor-lost",
+            "The supervisor (shim) died before it started the job",
+            ev.error or "jobwarden's per-job supervisor ended before it started the command.",
+            "error",
+            ("no process was started: the run has no pid and no exit code",),
+            "a fault in jobwarden: its error was printed by `run` or is in the run's shim.log; "
+            "please report it, then run the job again",
+        )
     if ev.state != "lost" and "supervisor-lost" not in ev.events:
         return None
     return Finding(
