@@ -14,6 +14,9 @@ LOW_DISK_BYTES = 1 << 20
 # JOBWARDEN_CGROUP=off: contain by subreaper + /proc scanning only, as in a container without a writable
 # cgroup (also how the tests prove that path on machines where a cgroup is available)
 CGROUP_ENV = "JOBWARDEN_CGROUP"
+# JOBWARDEN_PROC_EVENTS=off: no kernel process-event connector, births and deaths from the Python hooks and
+# the scan only (as where the connector is refused: containers, kernels before 6.6 without CAP_NET_ADMIN)
+PROC_EVENTS_ENV = "JOBWARDEN_PROC_EVENTS"
 RESTART_MODES = ("no", "on-failure", "always")
 # --restart without --max-restarts: a few tries, never an endless loop (Ray's "infinite oom retries")
 DEFAULT_MAX_RESTARTS = 3

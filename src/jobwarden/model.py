@@ -62,6 +62,50 @@ class ProcessId(NamedTuple):
     start_time: int  # clock ticks since boot, field 22 of /proc/PID/stat
 
 
+class Ranks(NamedTuple):
+    """A process's place in a distributed job, from the variables launchers set (torchrun, Slurm's srun
+    through torch, accelerate...): RANK, LOCAL_RANK, GROUP_RANK. None where a variable is unset."""
+
+    rank: int | None
+    local_rank: int | None = None
+    group_rank: int | None = None
+
+    def __str__(self) -> str:
+        if self.rank is not None:
+            return f"rank {self.rank}"
+        return f"local rank {self.local_rank}" if self.local_rank is not None else f"group {self.group_rank}"
+
+    def to_json(self) -> dict[str, int | None]:
+        return {"rank": self.rank, "local_rank": self.local_rank, "group_rank": self.group_rank}
+
+
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK")
+
+
+def ranks_from(values: dict[str, str]) -> Ranks | None:
+    """Ranks from the launcher's variables (a process's environment); None when it has none of them."""
+    parsed = [_decimal(values.get(name)) for name in RANK_VARIABLES]
+    return Ranks(*parsed) if any(v is not None for v in parsed) else None
+
+
+def _decimal(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isascii() and text.isdigit() else None
+
+
+class ProcessEnd(NamedTuple):
+    """A process of the job that ended, as the shim records it. `at` is the moment of death where the kernel's
+    process events or the reaping parent told it, else when the shim noticed; `start_time` is 0 for a
+    process that died before anything could read its /proc entry."""
+
+    pid: int
+    start_time: int
+    status: int | None  # the wait status; None: unknown
+    at: float
+    ppid: int | None = None
+    cmdline: str = ""
+    ranks: Ranks | None = None
+
+
 class ProcessSnapshot(NamedTuple):
     """One process of a job as seen at one moment."""
 
@@ -74,6 +118,7 @@ class ProcessSnapshot(NamedTuple):
     cpu_percent: float | None
     uid: int | None = None
     gpu_memory_bytes: int | None = None
+    ranks: Ranks | None = None  # what torchrun & co. told the process it is (its RANK, LOCAL_RANK...)
 
 
 class Survivor(NamedTuple):
@@ -106,7 +151,8 @@ class Finding(NamedTuple):
     severity: str  # "critical" | "error" | "warning" | "info"
     evidence: tuple[str, ...] = ()
     remedy: str = ""
-    pids: tuple[int, ...] = ()
+    pids: tuple[int, ...] = ()  # the process the finding is about first
+    rank: int | None = None  # that process's RANK, when it is a rank of a distributed job
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -117,6 +163,7 @@ class Finding(NamedTuple):
             "evidence": list(self.evidence),
             "remedy": self.remedy,
             "pids": list(self.pids),
+            "rank": self.rank,
         }
 
     @classmethod
@@ -129,4 +176,5 @@ class Finding(NamedTuple):
             tuple(d.get("evidence", ())),
             str(d.get("remedy", "")),
             tuple(int(p) for p in d.get("pids", ())),
+            d.get("rank") if isinstance(d.get("rank"), int) else None,
         )

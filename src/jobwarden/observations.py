@@ -122,11 +122,13 @@ class ProcessFacts:
     thread_wchans: tuple[str, ...] = ()
     state_for_s: float | None = None  # how long the process has been in `state`, over consecutive samples
     stop_signal: str | None = None  # for state T, when known ("SIGTTIN": PTRACE_EVENT_STOP or py-spy's error)
+    rank: int | None = None  # its RANK variable: a rank of a distributed job (torchrun)
 
 
 @dataclass(frozen=True)
 class ProcessDeath:
-    """A process of the job that ended (main or descendant), with how."""
+    """A process of the job that ended (main or descendant), with how. `at` is the moment of death where the
+    kernel's process events or the reaping parent said it, else when the shim noticed."""
 
     pid: int
     ppid: int | None
@@ -135,6 +137,31 @@ class ProcessDeath:
     exit_code: int | None
     signal: str | None  # "SIGKILL" or None
     is_main: bool = False
+    rank: int | None = None  # its RANK variable: a rank of a distributed job (torchrun)
+
+    @property
+    def abnormal(self) -> bool:
+        return self.signal is not None or self.exit_code not in (None, 0)
+
+
+@dataclass(frozen=True)
+class UncaughtException:
+    """The first uncaught exception of one Python process of the job, as the hooks recorded it: when, what,
+    and where (the traceback's frames, innermost first). `chain` is what it was raised from or during
+    (type, message), outward."""
+
+    pid: int
+    at: float
+    type: str  # qualified: "ValueError", "concurrent.futures.process.BrokenProcessPool"
+    message: str
+    frames: tuple[Frame, ...] = ()
+    chain: tuple[tuple[str, str], ...] = ()
+    rank: int | None = None
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        """Its own type, then the chained ones'."""
+        return (self.type, *(t for t, _ in self.chain))
 
 
 @dataclass(frozen=True)

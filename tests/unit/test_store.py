@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from jobwarden.errors import JobNotFound, StoreCorrupt, StoreError
-from jobwarden.model import Finding, JobSpec, JobState, ProcessSnapshot, Survivor
+from jobwarden.model import Finding, JobSpec, JobState, ProcessEnd, ProcessSnapshot, Ranks, Survivor
 from jobwarden.observations import Frame, ProcessStack, ThreadStack
 from jobwarden.store import Store
 from jobwarden.store.schema import LATEST
@@ -456,7 +456,7 @@ def test_record_tree_updates_a_known_process_and_keeps_when_it_was_first_seen(st
 
 def test_a_reused_pid_is_another_process(store: Store) -> None:
     job_id, n = store.create_job(spec(), {}, NOW)
-    store.record_tree(job_id, n, NOW + 1, [snap(100, 10)], [(100, 10, 0)])
+    store.record_tree(job_id, n, NOW + 1, [snap(100, 10)], [ProcessEnd(100, 10, 0, NOW + 1)])
     store.record_tree(job_id, n, NOW + 2, [snap(100, 99)], [])
     assert [(p.pid, p.start_time) for p in store.processes(job_id, n)] == [(100, 10), (100, 99)]
 
@@ -464,13 +464,47 @@ def test_a_reused_pid_is_another_process(store: Store) -> None:
 def test_record_tree_marks_ended_processes(store: Store) -> None:
     job_id, n = store.create_job(spec(), {}, NOW)
     store.record_tree(job_id, n, NOW + 1, [snap(100, 10), snap(101, 11)], [])
-    store.record_tree(job_id, n, NOW + 2, [snap(100, 10)], [(101, 11, 9)])
+    store.record_tree(job_id, n, NOW + 2, [snap(100, 10)], [ProcessEnd(101, 11, 9, NOW + 2)])
     ended = {p.pid: p for p in store.processes(job_id, n)}[101]
     assert (ended.state, ended.ended_at, ended.wait_status) == ("X", NOW + 2, 9)
     assert [p.pid for p in store.processes(job_id, n, live_only=True)] == [100]
     # an end is recorded once: a later report does not move it
-    store.record_tree(job_id, n, NOW + 3, [], [(101, 11, 0)])
-    assert {p.pid: p for p in store.processes(job_id, n)}[101].ended_at == NOW + 2
+    store.record_tree(job_id, n, NOW + 3, [], [ProcessEnd(101, 11, 0, NOW + 3)])
+    again = {p.pid: p for p in store.processes(job_id, n)}[101]
+    assert (again.ended_at, again.wait_status) == (NOW + 2, 9)
+
+
+def test_record_tree_records_a_process_never_seen_alive_with_its_moment_of_death(store: Store) -> None:
+    # a worker killed 5 ms after birth: only the kernel's process events (or its reaping parent) told of it
+    job_id, n = store.create_job(spec(), {}, NOW)
+    end = ProcessEnd(202, 0, 9, NOW + 0.005, ppid=100, cmdline="python -c work", ranks=Ranks(1, 1, 0))
+    store.record_tree(job_id, n, NOW + 1, [], [end])
+    (p,) = store.processes(job_id, n)
+    assert (p.pid, p.ppid, p.cmdline, p.state, p.ended_at, p.wait_status) == (
+        202,
+        100,
+        "python -c work",
+        "X",
+        NOW + 0.005,
+        9,
+    )
+    assert p.ranks == Ranks(1, 1, 0)
+    assert store.processes(job_id, n, live_only=True) == []
+
+
+def test_an_unknown_status_is_filled_in_by_a_later_report(store: Store) -> None:
+    job_id, n = store.create_job(spec(), {}, NOW)
+    store.record_tree(job_id, n, NOW + 1, [snap(100, 10)], [])
+    store.record_tree(job_id, n, NOW + 2, [], [ProcessEnd(100, 10, None, NOW + 2)])
+    store.record_tree(job_id, n, NOW + 3, [], [ProcessEnd(100, 10, 0x0B, NOW + 1.5)])
+    (p,) = store.processes(job_id, n)
+    assert (p.ended_at, p.wait_status) == (NOW + 2, 0x0B)
+
+
+def test_live_processes_keep_their_ranks(store: Store) -> None:
+    job_id, n = store.create_job(spec(), {}, NOW)
+    store.record_tree(job_id, n, NOW + 1, [snap(100, 10)._replace(ranks=Ranks(3, 1, None))], [])
+    assert store.processes(job_id, n)[0].ranks == Ranks(3, 1, None)
 
 
 def test_record_tree_without_live_processes_adds_no_sample(store: Store) -> None:

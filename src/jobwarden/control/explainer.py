@@ -10,8 +10,8 @@ from __future__ import annotations
 from jobwarden.model import Finding
 from jobwarden.observations import OomEvidence, ProcessDeath
 from jobwarden.osapi.process import WaitStatus
-from jobwarden.rules import RunEvidence, explain
-from jobwarden.rules.verdict import rank
+from jobwarden.rules import RunEvidence
+from jobwarden.rules.verdict import collect, order
 from jobwarden.store import JobRecord, RunRecord, Store
 from jobwarden.store.logfiles import tail_lines
 from jobwarden.store.records import Event
@@ -22,10 +22,10 @@ _TAIL_LINES = 60
 def findings_for(store: Store, job: JobRecord, run: RunRecord) -> list[Finding]:
     live = [f for _, f in store.findings(job.id, run.n)]
     events = store.events(job.id, run.n)
-    now = explain(_evidence(store, job, run, events))
+    evidence = _evidence(store, job, run, events)
     seen = {f.rule for f in live}
-    merged = live + [f for f in now if f.rule not in seen]
-    ordered = sorted(merged, key=lambda f: rank(f.rule))
+    merged = live + [f for f in collect(evidence) if f.rule not in seen]
+    ordered = order(merged, evidence)
     refusal = next((e for e in events if e.kind == "not-restarted"), None)
     if refusal and ordered:  # the restart policy's verdict belongs with the root cause it judged
         first = ordered[0]

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from jobwarden.model import Finding
+from jobwarden.observations import Frame, ProcessDeath, UncaughtException
 from jobwarden.rules.evidence import RunEvidence
+from jobwarden.rules.frames import is_library, short_file
 from jobwarden.rules.memory import oom_killed
 
 _CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"}
@@ -27,16 +30,58 @@ def explain(ev: RunEvidence) -> list[Finding]:
     return ([found] if found else []) + aftermath_findings(ev)
 
 
+class Subject(NamedTuple):
+    """The process an exit-status finding is about: the main process, or any process of the tree that
+    died first (a rank, a pool worker)."""
+
+    pid: int | None
+    who: str  # "main process 4242", "rank 1 (pid 4242)", "worker pid 811"
+    exit_code: int | None
+    signal: str | None
+    rank: int | None = None
+    exception: UncaughtException | None = None  # its uncaught exception, as the Python hooks recorded it
+
+    @classmethod
+    def main(cls, ev: RunEvidence) -> Subject:
+        exc = next((e for e in ev.exceptions if e.pid == ev.pid), None)
+        return cls(ev.pid, f"main process {ev.pid}", ev.exit_code, ev.signal, _main_rank(ev), exc)
+
+    @classmethod
+    def of(cls, death: ProcessDeath, exc: UncaughtException | None, role: str = "process") -> Subject:
+        who = f"rank {death.rank} (pid {death.pid})" if death.rank is not None else f"{role} pid {death.pid}"
+        return cls(death.pid, who, death.exit_code, death.signal, death.rank, exc)
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return (self.pid,) if self.pid else ()
+
+
+def _main_rank(ev: RunEvidence) -> int | None:
+    main = next((d for d in ev.deaths if d.is_main), None)
+    return main.rank if main else None
+
+
 def exit_finding(ev: RunEvidence) -> Finding | None:
     """The one root cause the exit status gives; None for a clean or still running run, and for a SIGKILL
     the OOM evidence explains (the oom-kill finding says it)."""
     if ev.end_reason in ("hung", "mem-limit", "supervisor-failed"):
         # jobwarden ended it, or never started it: the hang, oom-kill or supervisor-lost finding says why
         return None
-    for rule in (_spawn_failed, _stopped, _timeout, _python_exception, _signal_death, _exit_code):
+    for rule in (_spawn_failed, _stopped, _timeout):
         found = rule(ev)
         if found:
             return found
+    return process_finding(ev, Subject.main(ev), ev.log_tail)
+
+
+def process_finding(ev: RunEvidence, who: Subject, log_tail: Sequence[str]) -> Finding | None:
+    """How one process ended, as a finding about it: its uncaught exception, the signal that killed it, or
+    its exit code. `log_tail` is the output known to be its own (the whole log for the main process, the
+    `[rankN]:` lines for a rank)."""
+    for rule in (_python_exception, _signal_death, _exit_code):
+        found = rule(ev, who, log_tail)
+        if found:
+            return found._replace(rank=who.rank)
     return None
 
 
@@ -48,8 +93,8 @@ def _pids(ev: RunEvidence) -> tuple[int, ...]:
     return (ev.pid,) if ev.pid else ()
 
 
-def _tail_evidence(ev: RunEvidence, n: int = 5) -> tuple[str, ...]:
-    lines = [line for line in ev.log_tail if line.strip()][-n:]
+def _tail_evidence(lines: Sequence[str], n: int = 5) -> tuple[str, ...]:
+    lines = [line for line in lines if line.strip()][-n:]
     return tuple(f"output: {line}" for line in lines) or ("the job wrote no output",)
 
 
@@ -90,29 +135,47 @@ def _timeout(ev: RunEvidence) -> Finding | None:
         f"Ended by the --timeout{limit}",
         "The job was still running when its time limit passed, so jobwarden stopped it.",
         "error",
-        (f"--timeout{limit}", *_tail_evidence(ev, 3)),
+        (f"--timeout{limit}", *_tail_evidence(ev.log_tail, 3)),
         "raise --timeout if the job needs longer, or look at `jobwarden logs` for where it slowed",
         _pids(ev),
     )
 
 
 def parse_traceback(lines: Sequence[str]) -> tuple[str, str, str | None] | None:
-    """The last Python traceback in `lines`: (type, message, innermost 'file:line in func')."""
+    """The last Python traceback in `lines`: (type, message, where it was raised). Where is the innermost
+    frame of the user's own code ('train.py:48 in step'), with the library frame that raised it as context
+    ('train.py:48 in step, inside torch/nn/functional.py:1693 in relu'); the innermost frame when every
+    frame is a library's."""
     start = max((i for i, line in enumerate(lines) if line.strip() == _TRACEBACK), default=-1)
     if start < 0:
         return None
-    frame = None
+    frames: list[Frame] = []
     for line in lines[start + 1 :]:
         m = _FRAME.match(line)
         if m:
-            frame = f"{m['file']}:{m['line']} in {m['func']}"
+            frames.insert(0, Frame(m["func"], m["file"], int(m["line"])))  # innermost first
             continue
         if line.startswith((" ", "\t")) or not line.strip():
             continue
         e = _EXCEPTION.match(line.strip())
         if e:
-            return e["type"], e["msg"] or "", frame
+            return e["type"], e["msg"] or "", raised_at(frames)
     return None
+
+
+def raised_at(frames: Sequence[Frame]) -> str | None:
+    """'file:line in func' of the innermost frame of the user's own code, with the library frame below it
+    as context; None without frames."""
+    if not frames:
+        return None
+    own = next((f for f in frames if not is_library(f)), None)
+    if own is None or own is frames[0]:
+        return _at(own or frames[0])
+    return f"{_at(own)}, inside {short_file(frames[0].file)}:{frames[0].line} in {frames[0].function}"
+
+
+def _at(frame: Frame) -> str:
+    return f"{frame.file}:{frame.line} in {frame.function}"
 
 
 _FAULT_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
@@ -139,116 +202,163 @@ def parse_fatal_error(lines: Sequence[str]) -> tuple[str, list[str]] | None:
     return message, frames
 
 
-def _python_exception(ev: RunEvidence) -> Finding | None:
-    if ev.exit_code in (None, 0) or ev.signal:
+def _python_exception(ev: RunEvidence, who: Subject, lines: Sequence[str]) -> Finding | None:
+    if who.exit_code in (None, 0) or who.signal:
         return None
-    parsed = parse_traceback(ev.log_tail)
-    if parsed is None:
+    raised = _raised(who, lines)
+    if raised is None:
         return None
-    exc_type, message, frame = parsed
+    exc_type, message, frame = raised
+    hangup = _agent_signal(exc_type, message)
+    if hangup is not None:  # the launcher turned a signal into an exception: name the signal
+        return _signal_death(ev, who._replace(signal=hangup, exit_code=None), lines)
     evidence = [f"{exc_type}: {message}"] + ([f"raised at {frame}"] if frame else [])
+    subject = "" if who.who.startswith("main process") else f"{who.who[0].upper()}{who.who[1:]}: "
     return Finding(
         "python-exception",
-        f"Uncaught {exc_type}",
-        f"{exc_type}: {message}",
+        f"Uncaught {exc_type}" + (f" in {who.who}" if subject else ""),
+        f"{subject}{exc_type}: {message}",
         "error",
-        (*tuple(evidence), f"exit code {ev.exit_code}"),
+        (*tuple(evidence), f"{subject}exit code {who.exit_code}"),
         f"fix the error at {frame or 'the innermost frame'}; `jobwarden logs` shows the traceback",
-        _pids(ev),
+        who.pids,
     )
 
 
-def _signal_death(ev: RunEvidence) -> Finding | None:
-    sig = ev.signal
+def _raised(who: Subject, lines: Sequence[str]) -> tuple[str, str, str | None] | None:
+    """(type, message, 'file:line in func' of the user's own innermost frame): from the hooks' record of
+    the process's uncaught exception, else from the last traceback in its output."""
+    exc = who.exception
+    if exc is not None:
+        return _short_type(exc.type), exc.message, raised_at(exc.frames)
+    return parse_traceback(lines)
+
+
+def _short_type(qualified: str) -> str:
+    """'concurrent.futures.process.BrokenProcessPool' -> 'BrokenProcessPool': the name a reader knows."""
+    return qualified.rpartition(".")[2]
+
+
+_SIGNAL_EXCEPTION = re.compile(r"Process \d+ got signal: (\d+)")
+
+
+def _agent_signal(exc_type: str, message: str) -> str | None:
+    """torch.distributed.elastic's agent handles SIGHUP/SIGTERM itself and raises SignalException
+    ("Process 42 got signal: 1"): it died of that signal, whatever its exit code says."""
+    if not exc_type.endswith("SignalException"):
+        return None
+    m = _SIGNAL_EXCEPTION.search(message)
+    if m is None:
+        return None
+    import signal  # the names only: no handler is touched
+
+    try:
+        return signal.Signals(int(m[1])).name
+    except ValueError:
+        return None
+
+
+def _signal_death(ev: RunEvidence, who: Subject, lines: Sequence[str]) -> Finding | None:
+    sig = who.signal
     if not sig:
         return None
-    pid_note = (f"main process {ev.pid} killed by {sig}",)
+    pid_note = (f"{who.who} killed by {sig}",)
     if sig == "SIGHUP":
         return Finding(
             "terminal-hangup",
             "Killed by SIGHUP (a terminal closed)",
-            "The process received SIGHUP, which is sent when the terminal or SSH session it is "
+            f"{_cap(who.who)} received SIGHUP, which is sent when the terminal or SSH session it is "
             "attached to closes.",
             "error",
             pid_note,
-            "start it with `jobwarden run` (detached, no terminal) instead of nohup or a shell",
-            _pids(ev),
+            "start it with `jobwarden run` (detached, no terminal) instead of nohup or a shell; a program "
+            "that installs its own SIGHUP handler (torchrun does) dies of a closing terminal even under "
+            "nohup",
+            who.pids,
         )
     if sig == "SIGPIPE":
         return Finding(
             "broken-pipe",
             "Killed by SIGPIPE (wrote to a closed pipe)",
-            "The process wrote to a pipe or socket whose reader had gone.",
+            f"{_cap(who.who)} wrote to a pipe or socket whose reader had gone.",
             "error",
-            pid_note + _tail_evidence(ev, 3),
+            pid_note + _tail_evidence(lines, 3),
             "find the reader that exited first (a `| head`, a dead log collector) and keep it alive",
-            _pids(ev),
+            who.pids,
         )
     if sig in _CRASH_SIGNALS:
-        fatal = parse_fatal_error(ev.log_tail)
-        if fatal:
-            message, frames = fatal
-            where = f" in {frames[0]}" if frames else ""
-            trace = (f"faulthandler: {message}", *(f"  at {f}" for f in frames[:8]))
-            remedy = (
-                f"the crash happened during the call at {frames[0]}: update or rebuild the extension it "
-                "calls into, or check the arguments passed to it (ctypes, a C array index)"
-                if frames
-                else "update or rebuild the native library named in the trace"
-            )
-        else:
-            where, trace = "", _tail_evidence(ev)
-            remedy = (
-                "look for 'Fatal Python error' in `jobwarden logs`; update or rebuild the native "
-                "library named in the trace"
-            )
-        return Finding(
-            "native-crash",
-            f"Crashed with {sig}{where}",
-            f"The process died of {sig}, a crash in native code (an extension, driver or "
-            "the interpreter), not a Python exception.",
-            "critical",
-            pid_note + trace,
-            remedy,
-            _pids(ev),
-        )
-    if sig == "SIGKILL" and ev.pid in oom_killed(ev):
+        return _native_crash(who, sig, lines, pid_note)
+    if sig == "SIGKILL" and who.pid in oom_killed(ev):
         return None  # the OOM killer (or jobwarden's memory watchdog) sent it: that is the oom-kill finding
     if sig in _KILL_SIGNALS:
         return Finding(
             "killed-externally",
             f"Killed by {sig} from outside jobwarden",
-            f"Something other than jobwarden sent {sig}: a user, a scheduler, or the kernel "
+            f"Something other than jobwarden sent {sig} to {who.who}: a user, a scheduler, or the kernel "
             "OOM killer (no OOM evidence was collected for this run).",
             "error",
-            pid_note + _tail_evidence(ev, 3),
+            pid_note + _tail_evidence(lines, 3),
             "check who sent it (`last`, scheduler logs, `dmesg | grep -i oom`); run with "
             "--mem-limit to make memory kills explicit",
-            _pids(ev),
+            who.pids,
         )
     return Finding(
         "exit-code",
         f"Killed by {sig}",
-        f"The main process died of {sig}.",
+        f"{_cap(who.who)} died of {sig}.",
         "error",
-        pid_note + _tail_evidence(ev, 3),
+        pid_note + _tail_evidence(lines, 3),
         "find out what sends this signal",
-        _pids(ev),
+        who.pids,
     )
 
 
-def _exit_code(ev: RunEvidence) -> Finding | None:
-    if ev.exit_code in (None, 0):
+def _native_crash(who: Subject, sig: str, lines: Sequence[str], pid_note: tuple[str, ...]) -> Finding:
+    fatal = parse_fatal_error(lines)
+    if fatal:
+        message, frames = fatal
+        where = f" in {frames[0]}" if frames else ""
+        trace = (f"faulthandler: {message}", *(f"  at {f}" for f in frames[:8]))
+        remedy = (
+            f"the crash happened during the call at {frames[0]}: update or rebuild the extension it "
+            "calls into, or check the arguments passed to it (ctypes, a C array index)"
+            if frames
+            else "update or rebuild the native library named in the trace"
+        )
+    else:
+        where, trace = "", _tail_evidence(lines)
+        remedy = (
+            "look for 'Fatal Python error' in `jobwarden logs`; update or rebuild the native "
+            "library named in the trace"
+        )
+    return Finding(
+        "native-crash",
+        f"Crashed with {sig}{where}",
+        f"{_cap(who.who)} died of {sig}, a crash in native code (an extension, driver or "
+        "the interpreter), not a Python exception.",
+        "critical",
+        pid_note + trace,
+        remedy,
+        who.pids,
+    )
+
+
+def _exit_code(ev: RunEvidence, who: Subject, lines: Sequence[str]) -> Finding | None:
+    if who.exit_code in (None, 0):
         return None
     return Finding(
         "exit-code",
-        f"Exited with code {ev.exit_code}",
-        f"The main process exited with status {ev.exit_code} and gave no clearer sign why.",
+        f"Exited with code {who.exit_code}",
+        f"{_cap(who.who)} exited with status {who.exit_code} and gave no clearer sign why.",
         "error",
-        (f"exit code {ev.exit_code}", *_tail_evidence(ev)),
+        (f"exit code {who.exit_code}", *_tail_evidence(lines)),
         "read the last lines of the output (`jobwarden logs -n 50`)",
-        _pids(ev),
+        who.pids,
     )
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def _orphans_left(ev: RunEvidence) -> Finding | None:

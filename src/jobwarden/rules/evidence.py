@@ -15,6 +15,7 @@ from jobwarden.observations import (
     ProcessDeath,
     ProcessFacts,
     ProcessStack,
+    UncaughtException,
 )
 
 
@@ -31,6 +32,8 @@ class RunEvidence:
     survivors: Sequence[dict[str, Any]] = ()
     log_tail: Sequence[str] = ()
     events: Sequence[str] = ()  # event kinds, oldest first
+    stopping_at: float | None = None  # when jobwarden began to end the run (stop, --timeout, a hang...)
+    exceptions: Sequence[UncaughtException] = ()  # uncaught, per Python process, as the hooks recorded them
     # --- diagnosis: filled where known ---
     now: float | None = None
     hang_window_s: float | None = None  # set when the watchdog judges the run hung (no progress for it)

@@ -13,8 +13,10 @@ The order follows causality, as an incident report is read:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from jobwarden.model import Finding
-from jobwarden.rules import death, gpu, hang, memory
+from jobwarden.rules import causal, death, gpu, hang, memory
 from jobwarden.rules.evidence import RunEvidence
 
 ORDER = (
@@ -28,6 +30,7 @@ ORDER = (
     "collective-hang",
     "no-progress",
     "stopped-by-user",
+    "cancelled-by-engine",
     "timeout",
     "python-exception",
     "native-crash",
@@ -49,6 +52,27 @@ def rank(rule: str) -> int:
 
 
 def explain(ev: RunEvidence) -> list[Finding]:
+    """Every family's findings, the root cause first."""
+    return order(collect(ev), ev)
+
+
+def order(found: Sequence[Finding], ev: RunEvidence) -> list[Finding]:
+    """The families' order, then the causal one across the tree (rules.causal): a process that failed
+    before the others leads, whatever its rule. Each finding carries the rank of the process it is about."""
+    ranked = sorted(found, key=lambda f: rank(f.rule))
+    return [_with_rank(f, ev) for f in causal.arrange(found, ev, ranked)]
+
+
+def _with_rank(finding: Finding, ev: RunEvidence) -> Finding:
+    if finding.rank is not None or not finding.pids:
+        return finding
+    pid = finding.pids[0]
+    ranks = [d.rank for d in ev.deaths if d.pid == pid] + [p.rank for p in ev.processes if p.pid == pid]
+    return finding._replace(rank=next((r for r in ranks if r is not None), None))
+
+
+def collect(ev: RunEvidence) -> list[Finding]:
+    """Every family's findings over one run, in no particular order."""
     causes = [
         memory.oom_kill(ev),
         memory.cuda_oom(ev),
@@ -67,4 +91,4 @@ def explain(ev: RunEvidence) -> list[Finding]:
         found.append(ended)  # a bare "exited with code N" says "no clearer sign why": not when there is one
     found += [f for f in (gpu.gpu_idle(ev),) if f is not None]
     found += death.aftermath_findings(ev)
-    return sorted(found, key=lambda f: rank(f.rule))
+    return found

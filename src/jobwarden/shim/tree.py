@@ -18,7 +18,7 @@ import select
 from collections.abc import Callable
 
 from jobwarden.errors import AccessDenied, ProcessGone
-from jobwarden.model import ProcessId, ProcessSnapshot
+from jobwarden.model import RANK_VARIABLES, ProcessId, ProcessSnapshot, Ranks, ranks_from
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.cgroup import JobCgroup
 from jobwarden.osapi.procfs import ProcFS, ProcStat, parse_stat
@@ -31,14 +31,34 @@ class Member:
     """A process of the job, held by its pidfd, with what the last sample saw of it. A plain class,
     not a dataclass: the shim builds it before it answers `run` (see jobwarden.model)."""
 
-    __slots__ = ("cmdline", "comm", "ident", "last_at", "last_ticks", "pidfd", "ppid", "raw_stat", "snapshot")
+    __slots__ = (
+        "cmdline",
+        "comm",
+        "ident",
+        "last_at",
+        "last_ticks",
+        "pidfd",
+        "ppid",
+        "ranks",
+        "raw_stat",
+        "snapshot",
+    )
 
-    def __init__(self, ident: ProcessId, pidfd: int, ppid: int, cmdline: str, comm: str = "") -> None:
+    def __init__(
+        self,
+        ident: ProcessId,
+        pidfd: int,
+        ppid: int,
+        cmdline: str,
+        comm: str = "",
+        ranks: Ranks | None = None,
+    ) -> None:
         self.ident = ident
         self.pidfd = pidfd
         self.ppid = ppid
         self.cmdline = cmdline
         self.comm = comm
+        self.ranks = ranks
         self.last_ticks: int | None = None
         self.last_at: float | None = None
         self.raw_stat = b""  # the stat line behind `snapshot`
@@ -96,9 +116,23 @@ class JobTree:
             cmdline = self.procfs.cmdline(st.pid)
         except ProcessGone:
             cmdline = f"[{st.comm}]"
-        member = Member(ident, fd, st.ppid, cmdline, st.comm)
+        member = Member(ident, fd, st.ppid, cmdline, st.comm, self._ranks(st.pid))
         self._track(member)
         return member
+
+    def add_pid(self, pid: int, start_time: int | None = None) -> Member | None:
+        """Track a process announced by a birth event (the kernel's, or the Python hooks'), at once: a
+        pidfd opened now is what later yields its exit status. None if it is gone, already ours, or not
+        the process announced (`start_time` differs)."""
+        if pid in self.members or pid == self.shim_pid:
+            return None
+        try:
+            st = self.procfs.stat(pid)
+        except (ProcessGone, AccessDenied):
+            return None
+        if start_time is not None and st.start_time != start_time:
+            return None
+        return self.add(st)
 
     def seed(self, pid: int, session_leader: bool = False) -> Member | None:
         st = self.procfs.stat(pid)
@@ -119,6 +153,7 @@ class JobTree:
             st.ppid,
             self.procfs.cmdline(pid) if st.state != "Z" else f"[{st.comm}]",
             st.comm,
+            self._ranks(pid),
         )
         self._track(member)
         return member
@@ -246,6 +281,7 @@ class JobTree:
                 cmdline=member.cmdline,
                 rss_bytes=st.rss_pages * self.procfs.page_size,
                 cpu_percent=None if cpu is None else round(cpu, 1),
+                ranks=member.ranks,
             )
             snaps.append(member.snapshot)
         return snaps
@@ -267,20 +303,40 @@ class JobTree:
         """procfs.environ_has without splitting the environment into a set: on a busy machine a full
         scan meets many new processes, and some environments are large. Unreadable (another user's, a
         kernel thread's, a process gone) counts as unmarked."""
+        environ = self._environ(pid)
+        return environ is not None and all(marker in environ for marker in self._marker_entries)
+
+    def _ranks(self, pid: int) -> Ranks | None:
+        """RANK, LOCAL_RANK, GROUP_RANK from the process's environment, read once as it joins: a launcher
+        sets them before exec, and nothing outside the process changes them after."""
+        environ = self._environ(pid)
+        if environ is None or b"RANK=" not in environ:
+            return None
+        values = {}
+        for name in RANK_VARIABLES:
+            key = b"\0" + name.encode() + b"="
+            at = environ.find(key)
+            if at >= 0:
+                end = environ.find(b"\0", at + len(key))
+                values[name] = environ[at + len(key) : end].decode("ascii", "replace")
+        return ranks_from(values)
+
+    def _environ(self, pid: int) -> bytes | None:
+        """The raw environment with a NUL before every entry (so each is NUL-delimited); None when
+        unreadable."""
         try:
             fd = os.open(f"{self._proc}/{pid}/environ", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
-            return False
+            return None
         chunks = [b"\0"]  # entries are NUL-terminated: a leading NUL makes each one NUL-delimited
         try:
             while chunk := os.read(fd, 1 << 16):
                 chunks.append(chunk)
         except OSError:
-            return False
+            return None
         finally:
             os.close(fd)
-        environ = b"".join(chunks)
-        return all(marker in environ for marker in self._marker_entries)
+        return b"".join(chunks)
 
     def _read_stat(self, pid: int) -> bytes:
         """/proc/PID/stat in one read; b"" when the process is gone or not ours to read. (ProcFS.stat

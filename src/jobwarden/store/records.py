@@ -6,7 +6,7 @@ import json
 import sqlite3
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from jobwarden.model import JobState, Survivor
+from jobwarden.model import JobState, Ranks, Survivor
 
 if TYPE_CHECKING:  # diagnosis types: not on the `run` path
     from jobwarden.observations import ProcessStack
@@ -103,6 +103,15 @@ class ProcessRecord(NamedTuple):
     ended_at: float | None
     wait_status: int | None
     gpu_memory_bytes: int | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    group_rank: int | None = None
+
+    @property
+    def ranks(self) -> Ranks | None:
+        if self.rank is None and self.local_rank is None and self.group_rank is None:
+            return None
+        return Ranks(self.rank, self.local_rank, self.group_rank)
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> ProcessRecord:

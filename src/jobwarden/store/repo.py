@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobwarden.errors import JobNotFound
-from jobwarden.model import UNFINISHED_STATES, Finding, JobSpec, JobState, ProcessSnapshot
+from jobwarden.model import UNFINISHED_STATES, Finding, JobSpec, JobState, ProcessEnd, ProcessSnapshot, Ranks
 from jobwarden.paths import Layout, ensure_private_dir
 from jobwarden.store.db import connect, translate, write
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
@@ -233,15 +233,17 @@ class Store:
         run: int,
         now: float,
         live: Sequence[ProcessSnapshot],
-        ended: Sequence[tuple[int, int, int | None]],
+        ended: Sequence[ProcessEnd],
     ) -> None:
-        """One tick of the shim in one transaction: the live processes, those that ended
-        [(pid, start_time, wait status or None)], and the run's totals as a sample."""
+        """One tick of the shim in one transaction: the live processes, those that ended, and the run's
+        totals as a sample. An ended process the shim never saw alive (it died within milliseconds, and
+        only the kernel's process events or its reaping parent told of it) gets its row here."""
         try:
             with write(self._conn):
                 self._conn.executemany(
                     "INSERT INTO processes (job_id, run, pid, start_time, ppid, cmdline, state, rss_bytes, "
-                    "cpu_percent, first_seen, gpu_memory_bytes) VALUES (?,?,?,?,?,?,?,?,?,?,?) "
+                    "cpu_percent, first_seen, gpu_memory_bytes, rank, local_rank, group_rank) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
                     "ON CONFLICT (job_id, run, pid, start_time) DO UPDATE SET ppid = excluded.ppid, "
                     "state = excluded.state, rss_bytes = excluded.rss_bytes, "
                     "cpu_percent = excluded.cpu_percent, gpu_memory_bytes = excluded.gpu_memory_bytes",
@@ -258,14 +260,33 @@ class Store:
                             p.cpu_percent,
                             now,
                             p.gpu_memory_bytes,
+                            *_ranks_row(p.ranks),
                         )
                         for p in live
                     ],
                 )
                 self._conn.executemany(
-                    "UPDATE processes SET ended_at = ?, wait_status = ?, state = 'X' "
-                    "WHERE job_id = ? AND run = ? AND pid = ? AND start_time = ? AND ended_at IS NULL",
-                    [(now, status, job_id, run, pid, start) for pid, start, status in ended],
+                    "INSERT INTO processes (job_id, run, pid, start_time, ppid, cmdline, state, first_seen, "
+                    "ended_at, wait_status, rank, local_rank, group_rank) "
+                    "VALUES (?,?,?,?,?,?,'X',?,?,?,?,?,?) "
+                    "ON CONFLICT (job_id, run, pid, start_time) DO UPDATE SET state = 'X', "
+                    "ended_at = COALESCE(processes.ended_at, excluded.ended_at), "
+                    "wait_status = COALESCE(processes.wait_status, excluded.wait_status)",
+                    [
+                        (
+                            job_id,
+                            run,
+                            e.pid,
+                            e.start_time,
+                            e.ppid,
+                            e.cmdline,
+                            e.at,
+                            e.at,
+                            e.status,
+                            *_ranks_row(e.ranks),
+                        )
+                        for e in ended
+                    ],
                 )
                 if live:
                     self._conn.execute(
@@ -362,6 +383,10 @@ class Store:
         """GPU index -> (job id, run) of every claim on record."""
         rows = self._exec("SELECT gpu_index, job_id, run FROM gpu_claims")
         return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
+
+
+def _ranks_row(ranks: Ranks | None) -> tuple[int | None, int | None, int | None]:
+    return (ranks.rank, ranks.local_rank, ranks.group_rank) if ranks else (None, None, None)
 
 
 def _run_update(

@@ -106,6 +106,13 @@ MIGRATIONS: list[str] = [
         claimed_at REAL NOT NULL
     );
     """,
+    # 4: who each process was in a distributed job (RANK, LOCAL_RANK, GROUP_RANK), so that status, dump and
+    # explain name ranks; an ended process's ended_at is the moment of death where it is known
+    """
+    ALTER TABLE processes ADD COLUMN rank INTEGER;
+    ALTER TABLE processes ADD COLUMN local_rank INTEGER;
+    ALTER TABLE processes ADD COLUMN group_rank INTEGER;
+    """,
 ]
 
 LATEST = len(MIGRATIONS)
