@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
-from jobwarden.model import JobState
+from jobwarden.model import JobState, Ranks
 
 if TYPE_CHECKING:  # kept off the import paths of `run` and `ps`, which a user waits for
     from jobwarden.control.dump import DumpResult
@@ -135,13 +135,16 @@ def status_report(d: dict[str, Any], now: float) -> Iterator[str]:
         yield ""
         gpu = any(p.get("gpu_memory_bytes") is not None for p in d["processes"])  # a GPU column if any
         gpu_head = f"  {'GPU MEM':>7}" if gpu else ""
-        yield f"  {'PID':>7}  {'PPID':>7}  S  {'CPU':>5}  {'RSS':>7}{gpu_head}  COMMAND"
+        ranked = any(p.get("rank") is not None for p in d["processes"])  # a RANK column in distributed jobs
+        rank_head = f"  {'RANK':>4}" if ranked else ""
+        yield f"  {'PID':>7}  {'PPID':>7}{rank_head}  S  {'CPU':>5}  {'RSS':>7}{gpu_head}  COMMAND"
         for p in d["processes"]:
             cpu = f"{p['cpu_percent']:.0f}%" if p["cpu_percent"] is not None else "-"
             gpu_cell = f"  {format_size(p.get('gpu_memory_bytes')):>7}" if gpu else ""
+            rank_cell = f"  {_or_dash(p.get('rank')):>4}" if ranked else ""
             yield (
-                f"  {p['pid']:>7}  {p['ppid']:>7}  {p['state']}  {cpu:>5}  {format_size(p['rss_bytes']):>7}"
-                f"{gpu_cell}  {p['cmdline'][:80]}"
+                f"  {p['pid']:>7}  {p['ppid']:>7}{rank_cell}  {p['state']}  {cpu:>5}  "
+                f"{format_size(p['rss_bytes']):>7}{gpu_cell}  {p['cmdline'][:80]}"
             )
     if d["orphans_left"]:
         yield ""
@@ -157,6 +160,10 @@ def status_report(d: dict[str, Any], now: float) -> Iterator[str]:
         yield ""
         for f in d["findings"]:
             yield f"  [{f['rule']}] {f['title']}"
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
 
 
 def explain_report(d: dict[str, Any]) -> Iterator[str]:
@@ -224,13 +231,14 @@ def dump_report(result: DumpResult) -> Iterator[str]:
         yield "  no live process"
     for stack in result.stacks:
         yield ""
-        yield from process_stack_lines(stack)
+        yield from process_stack_lines(stack, result.ranks.get(stack.pid))
 
 
-def process_stack_lines(stack: ProcessStack) -> Iterator[str]:
+def process_stack_lines(stack: ProcessStack, ranks: Ranks | None = None) -> Iterator[str]:
     """One process: what it is, how it was captured, then each thread innermost frame first. Idle threads
     with the same stack are shown once; threads without frames (native-only threads) on one line."""
-    yield f"process {stack.pid}  {one_line(stack.cmdline)[:100]}"
+    who = f" ({ranks})" if ranks else ""
+    yield f"process {stack.pid}{who}  {one_line(stack.cmdline)[:100]}"
     if stack.method != "none":
         yield f"  captured with {stack.method}"
     if not stack.threads:

@@ -7,12 +7,12 @@ earlier `dump`, or by the hang watchdog) are shown instead, said as such.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from jobwarden.clock import SystemClock
 from jobwarden.errors import JobwardenError
-from jobwarden.model import JobState
+from jobwarden.model import JobState, Ranks
 from jobwarden.observations import ProcessStack
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.markers import find_marked, job_markers
@@ -21,6 +21,7 @@ from jobwarden.store import JobRecord, RunRecord, Store
 
 DEFAULT_TIMEOUT_S = 5.0
 TRIGGER = "dump"
+_NO_RANKS = Ranks(None)
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,10 @@ class DumpResult:
     stacks: tuple[ProcessStack, ...]
     live: bool  # False: the job is not running; these are the last stacks stored while it ran
     elapsed_s: float | None = None  # how long the capture took (live only)
+    ranks: dict[int, Ranks] = field(default_factory=dict)  # of the processes that are ranks, by pid
 
     def to_json(self) -> list[dict[str, object]]:
-        return [s.to_json() for s in self.stacks]
+        return [{**s.to_json(), **(self.ranks.get(s.pid) or _NO_RANKS).to_json()} for s in self.stacks]
 
 
 def dump_job(
@@ -48,15 +50,16 @@ def dump_job(
         run = refresh(store, procfs, job, store.run(job.id))
         pids = _live_pids(store, procfs, job, run)
         py_dir = store.layout.py_dir(job.id, run.n)
+        ranks = {p.pid: p.ranks for p in store.processes(job.id, run.n) if p.ranks is not None}
         if not pids:
-            return _last_stored(store, job, run)
+            return replace(_last_stored(store, job, run), ranks=ranks)
     # The store is closed while the tools run: a capture may take seconds, and holds no lock meanwhile.
     started, at = time.monotonic(), SystemClock().wall()
     stacks = capture_stacks(pids, procfs=procfs, py_dir=py_dir, native=native, timeout_s=timeout_s)
     elapsed = time.monotonic() - started
     with Store(home) as store:
         store.add_stacks(job.id, run.n, at, TRIGGER, stacks)
-    return DumpResult(job, run, at, TRIGGER, tuple(stacks), live=True, elapsed_s=elapsed)
+    return DumpResult(job, run, at, TRIGGER, tuple(stacks), live=True, elapsed_s=elapsed, ranks=ranks)
 
 
 def _live_pids(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord) -> list[int]:

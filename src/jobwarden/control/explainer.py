@@ -51,6 +51,7 @@ def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event])
         survivors=[s._asdict() for s in run.survivors],
         log_tail=tail,
         events=tuple(e.kind for e in events),
+        stopping_at=next((e.at for e in events if e.kind == "stopping"), None),
         deaths=_deaths(store, job, run),
         oom=oom,
         mem_limit_bytes=job.options.get("mem_limit_bytes"),
@@ -72,6 +73,7 @@ def _deaths(store: Store, job: JobRecord, run: RunRecord) -> tuple[ProcessDeath,
                 exit_code=status.exit_code,
                 signal=status.signal_name,
                 is_main=p.pid == run.pid and p.start_time == run.pid_start,
+                rank=p.rank,
             )
         )
     return tuple(deaths)

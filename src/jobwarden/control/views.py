@@ -9,13 +9,14 @@ from jobwarden import config
 from jobwarden.clock import SystemClock, iso
 from jobwarden.control.shimproc import shim_alive
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
-from jobwarden.model import ACTIVE_STATES, JobState, ProcessSnapshot
+from jobwarden.model import ACTIVE_STATES, JobState, ProcessSnapshot, Ranks
 from jobwarden.osapi.cgroup import cgroup_path, find_job_cgroup
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.markers import find_marked, job_markers
 from jobwarden.store import JobRecord, RunRecord, Store
 
 _WATCHED = ACTIVE_STATES  # a shim should be alive for these
+_NO_RANKS = Ranks(None)
 
 
 def refresh(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord) -> RunRecord:
@@ -80,6 +81,7 @@ def live_processes(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord)
                 rss_bytes=st.rss_pages * procfs.page_size,
                 cpu_percent=rec.cpu_percent if rec else None,
                 gpu_memory_bytes=rec.gpu_memory_bytes if rec else None,
+                ranks=rec.ranks if rec else None,
             )
         )
     return snaps
@@ -174,6 +176,7 @@ def status_json(
                 "rss_bytes": p.rss_bytes,
                 "cpu_percent": p.cpu_percent,
                 "gpu_memory_bytes": p.gpu_memory_bytes,
+                **(p.ranks or _NO_RANKS).to_json(),
             }
             for p in processes
         ],

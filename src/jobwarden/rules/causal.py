@@ -178,7 +178,7 @@ def _with_collateral(lead: Finding, root: Incident, after: list[Incident], ev: R
         summary += f"; then {_then(after[0])}: collateral"
     return lead._replace(
         summary=f"{summary}. {lead.summary}",
-        evidence=(f"first failure: {who} {how} at {clock(root.death.at)}", *lead.evidence, *lines),
+        evidence=(*lead.evidence, *lines),
         pids=tuple(dict.fromkeys((root.death.pid, *lead.pids))),
         rank=root.death.rank,
     )

@@ -40,11 +40,12 @@ class Subject(NamedTuple):
     signal: str | None
     rank: int | None = None
     exception: UncaughtException | None = None  # its uncaught exception, as the Python hooks recorded it
+    is_main: bool = False
 
     @classmethod
     def main(cls, ev: RunEvidence) -> Subject:
         exc = next((e for e in ev.exceptions if e.pid == ev.pid), None)
-        return cls(ev.pid, f"main process {ev.pid}", ev.exit_code, ev.signal, _main_rank(ev), exc)
+        return cls(ev.pid, f"main process {ev.pid}", ev.exit_code, ev.signal, _main_rank(ev), exc, True)
 
     @classmethod
     def of(cls, death: ProcessDeath, exc: UncaughtException | None, role: str = "process") -> Subject:
@@ -81,6 +82,8 @@ def process_finding(ev: RunEvidence, who: Subject, log_tail: Sequence[str]) -> F
     for rule in (_python_exception, _signal_death, _exit_code):
         found = rule(ev, who, log_tail)
         if found:
+            if not who.is_main:  # "Rank 1 (pid 4242): killed by SIGKILL from outside jobwarden"
+                found = found._replace(title=f"{_cap(who.who)}: {found.title[:1].lower()}{found.title[1:]}")
             return found._replace(rank=who.rank)
     return None
 
@@ -93,9 +96,12 @@ def _pids(ev: RunEvidence) -> tuple[int, ...]:
     return (ev.pid,) if ev.pid else ()
 
 
-def _tail_evidence(lines: Sequence[str], n: int = 5) -> tuple[str, ...]:
+def _tail_evidence(lines: Sequence[str], n: int = 5, whole_log: bool = True) -> tuple[str, ...]:
+    """The last lines of output; for a process whose own lines cannot be told apart (a worker writing
+    into the job's shared log), nothing rather than a claim that the job wrote none."""
     lines = [line for line in lines if line.strip()][-n:]
-    return tuple(f"output: {line}" for line in lines) or ("the job wrote no output",)
+    silent = ("the job wrote no output",) if whole_log else ()
+    return tuple(f"output: {line}" for line in lines) or silent
 
 
 def _spawn_failed(ev: RunEvidence) -> Finding | None:
@@ -213,13 +219,12 @@ def _python_exception(ev: RunEvidence, who: Subject, lines: Sequence[str]) -> Fi
     if hangup is not None:  # the launcher turned a signal into an exception: name the signal
         return _signal_death(ev, who._replace(signal=hangup, exit_code=None), lines)
     evidence = [f"{exc_type}: {message}"] + ([f"raised at {frame}"] if frame else [])
-    subject = "" if who.who.startswith("main process") else f"{who.who[0].upper()}{who.who[1:]}: "
     return Finding(
         "python-exception",
-        f"Uncaught {exc_type}" + (f" in {who.who}" if subject else ""),
-        f"{subject}{exc_type}: {message}",
+        f"Uncaught {exc_type}",
+        f"{exc_type}: {message}",
         "error",
-        (*tuple(evidence), f"{subject}exit code {who.exit_code}"),
+        (*tuple(evidence), f"exit code {who.exit_code}"),
         f"fix the error at {frame or 'the innermost frame'}; `jobwarden logs` shows the traceback",
         who.pids,
     )
@@ -282,7 +287,7 @@ def _signal_death(ev: RunEvidence, who: Subject, lines: Sequence[str]) -> Findin
             "Killed by SIGPIPE (wrote to a closed pipe)",
             f"{_cap(who.who)} wrote to a pipe or socket whose reader had gone.",
             "error",
-            pid_note + _tail_evidence(lines, 3),
+            pid_note + _tail_evidence(lines, 3, who.is_main),
             "find the reader that exited first (a `| head`, a dead log collector) and keep it alive",
             who.pids,
         )
@@ -297,7 +302,7 @@ def _signal_death(ev: RunEvidence, who: Subject, lines: Sequence[str]) -> Findin
             f"Something other than jobwarden sent {sig} to {who.who}: a user, a scheduler, or the kernel "
             "OOM killer (no OOM evidence was collected for this run).",
             "error",
-            pid_note + _tail_evidence(lines, 3),
+            pid_note + _tail_evidence(lines, 3, who.is_main),
             "check who sent it (`last`, scheduler logs, `dmesg | grep -i oom`); run with "
             "--mem-limit to make memory kills explicit",
             who.pids,
@@ -307,7 +312,7 @@ def _signal_death(ev: RunEvidence, who: Subject, lines: Sequence[str]) -> Findin
         f"Killed by {sig}",
         f"{_cap(who.who)} died of {sig}.",
         "error",
-        pid_note + _tail_evidence(lines, 3),
+        pid_note + _tail_evidence(lines, 3, who.is_main),
         "find out what sends this signal",
         who.pids,
     )
@@ -326,7 +331,7 @@ def _native_crash(who: Subject, sig: str, lines: Sequence[str], pid_note: tuple[
             else "update or rebuild the native library named in the trace"
         )
     else:
-        where, trace = "", _tail_evidence(lines)
+        where, trace = "", _tail_evidence(lines, whole_log=who.is_main)
         remedy = (
             "look for 'Fatal Python error' in `jobwarden logs`; update or rebuild the native "
             "library named in the trace"
@@ -351,7 +356,7 @@ def _exit_code(ev: RunEvidence, who: Subject, lines: Sequence[str]) -> Finding |
         f"Exited with code {who.exit_code}",
         f"{_cap(who.who)} exited with status {who.exit_code} and gave no clearer sign why.",
         "error",
-        (f"exit code {who.exit_code}", *_tail_evidence(lines)),
+        (f"exit code {who.exit_code}", *_tail_evidence(lines, whole_log=who.is_main)),
         "read the last lines of the output (`jobwarden logs -n 50`)",
         who.pids,
     )
