@@ -112,7 +112,11 @@ def test_a_pool_worker_crash_leads_over_the_broken_process_pool_it_caused() -> N
 def test_the_main_processs_own_exception_leads_over_the_workers_it_then_terminated() -> None:
     # `with Pool() as pool:` unwinding an exception terminates (SIGTERM) the workers before the process exits
     ev = failed(
-        log_tail=("Traceback (most recent call last):", '  File "/srv/a.py", line 3, in <module>', "KeyError: 3"),
+        log_tail=(
+            "Traceback (most recent call last):",
+            '  File "/srv/a.py", line 3, in <module>',
+            "KeyError: 3",
+        ),
         deaths=(
             ProcessDeath(811, MAIN, "python a.py", T + 0.01, None, "SIGTERM"),
             ProcessDeath(812, MAIN, "python a.py", T + 0.01, None, "SIGTERM"),
