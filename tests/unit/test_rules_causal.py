@@ -4,7 +4,10 @@ exceptions of its parents and a launcher's teardown are evidence under it, never
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from jobwarden.model import Finding
 from jobwarden.observations import Frame, ProcessDeath, UncaughtException
@@ -199,3 +202,71 @@ def test_a_launcher_turning_sighup_into_an_exception_is_a_terminal_hangup() -> N
     )
     first = explain(ev)[0]
     assert (first.rule, first.pids) == ("terminal-hangup", (MAIN,))
+
+
+# --- on what the real libraries printed (tests/fixtures/mlstack) ------------------------------------
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "mlstack"
+
+
+def recorded(name: str) -> tuple[str, ...]:
+    return tuple((FIXTURES / f"{name}.log").read_text().splitlines())
+
+
+def test_torchrun_rank_that_raised_is_named_from_its_rank_lines() -> None:
+    # the hooks' record is gone: init_process_group replaces sys.excepthook with its `[rankN]:` printer
+    ev = failed(
+        log_tail=recorded("torchrun-rank-raises"),
+        deaths=(
+            rank_death(RANK1, 1, T + 0.10, 1, None),
+            rank_death(RANK0, 0, T + 0.15, None, "SIGTERM"),
+            main_death(T + 0.40),
+        ),
+    )
+    findings = explain(ev)
+    first = findings[0]
+    assert (first.rule, first.pids[0], first.rank) == ("python-exception", RANK1, 1)
+    assert first.title == "Rank 1 (pid 4002): uncaught ValueError"
+    assert any("mlstack.py" in e and e.startswith("raised at") for e in first.evidence)
+    assert all("ChildFailedError" not in f.title for f in findings)
+
+
+def test_torchruns_report_names_the_rank_when_no_death_of_it_was_seen() -> None:
+    # --no-py-hooks and no kernel events: only the main process's end is known, and torchrun's report
+    ev = failed(log_tail=recorded("torchrun-rank-killed"), deaths=(main_death(T + 0.40),))
+    first = explain(ev)[0]
+    assert (first.rule, first.rank) == ("killed-externally", 1)
+    assert "SIGKILL" in first.summary
+    assert any("torn down by SIGTERM" in e for e in first.evidence)  # rank 0, per the report
+
+
+@pytest.mark.parametrize(
+    ("log", "signal", "rule"),
+    [("ppe-segv", "SIGSEGV", "native-crash"), ("loky-sigkill", "SIGKILL", "killed-externally")],
+)
+def test_a_pool_workers_death_leads_over_the_pools_wrapper(log: str, signal: str, rule: str) -> None:
+    worker = ProcessDeath(811, MAIN, "python mlstack.py", T + 0.05, None, signal)
+    ev = failed(log_tail=recorded(log), deaths=(worker, main_death(T + 0.20)))
+    findings = explain(ev)
+    assert (findings[0].rule, findings[0].pids[0]) == (rule, 811)
+    assert "python-exception" not in [f.rule for f in findings]
+
+
+@pytest.mark.parametrize(
+    ("log", "signal"),
+    [("dl-segv", "SIGSEGV"), ("dl-sigkill", "SIGKILL"), ("dl-sigbus", "SIGBUS")],
+)
+def test_the_dataloaders_most_specific_message_wins(log: str, signal: str) -> None:
+    lines = recorded(log)
+    worker = int(
+        next(line for line in lines if "is killed by signal" in line).split("(pid ")[1].split(")")[0]
+    )
+    ev = failed(
+        log_tail=lines,
+        deaths=(ProcessDeath(worker, MAIN, "python", T, None, signal), main_death(T + 0.2)),
+    )
+    first = explain(ev)[0]
+    assert (first.rule, first.pids[0]) == ("dataloader-worker-killed", worker)
+    assert signal in first.title
+    if signal == "SIGBUS":
+        assert all(s in first.remedy for s in ("--shm-size", "--ipc=host", "num_workers", "file_system"))

@@ -23,6 +23,7 @@ from typing import NamedTuple
 from jobwarden.model import Finding
 from jobwarden.observations import ProcessDeath, UncaughtException
 from jobwarden.rules import death as exits
+from jobwarden.rules import mltext
 from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.memory import oom_killed
 
@@ -61,9 +62,43 @@ def incidents(ev: RunEvidence) -> list[Incident]:
     excs = {e.pid: e for e in ev.exceptions}
     oom = set(oom_killed(ev))
     found = [
-        _incident(d, excs.get(d.pid), d.pid in oom, ev) for d in ev.deaths if d.abnormal and d.at <= cutoff
+        _incident(d, excs.get(d.pid) or _rank_exception(d, ev), d.pid in oom, ev)
+        for d in (*ev.deaths, *_reported_deaths(ev))
+        if d.abnormal and d.at <= cutoff
     ]
     return sorted(found, key=lambda i: i.order)
+
+
+def _rank_exception(d: ProcessDeath, ev: RunEvidence) -> UncaughtException | None:
+    """A rank's traceback from its `[rankN]:` lines (torch prefixes a rank's uncaught exception so), when
+    the hooks recorded none (torch's own excepthook replaces theirs at init_process_group)."""
+    if d.rank is None or d.exit_code in (None, 0):
+        return None
+    tb = mltext.rank_tracebacks(ev.log_tail).get(d.rank)
+    return UncaughtException(d.pid, d.at, tb.exc_type, tb.message, tb.frames, rank=d.rank) if tb else None
+
+
+def _reported_deaths(ev: RunEvidence) -> list[ProcessDeath]:
+    """Ranks that torchrun's ChildFailedError report names and the shim never saw end (no kernel events,
+    no hooks): the report's pid, rank and exit code, at the main process's end."""
+    report = mltext.child_failed(ev.log_tail)
+    main = next((d for d in ev.deaths if d.is_main), None)
+    if report is None or main is None:
+        return []
+    seen = {d.pid for d in ev.deaths}
+    return [
+        ProcessDeath(
+            f.pid,
+            main.pid,
+            f"rank {f.rank} of {report.name or 'the job'} (from torchrun's report)",
+            main.at,
+            None if f.signal else f.exitcode,
+            f.signal,
+            rank=f.rank,
+        )
+        for f in (report.root_cause, *report.other_failures)
+        if f.pid not in seen
+    ]
 
 
 def root_incident(ev: RunEvidence) -> Incident | None:

@@ -12,16 +12,13 @@ from typing import NamedTuple
 
 from jobwarden.model import Finding
 from jobwarden.observations import Frame, ProcessDeath, UncaughtException
+from jobwarden.rules import mltext
 from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.frames import is_library, short_file
 from jobwarden.rules.memory import oom_killed
 
 _CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"}
 _KILL_SIGNALS = {"SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT"}
-_TRACEBACK = "Traceback (most recent call last):"
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
-# "ValueError: bad", "pkg.errors.ConfigError: x", or a bare "AssertionError" (no message, no colon)
-_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: ?(?P<msg>.*))?$")
 
 
 def explain(ev: RunEvidence) -> list[Finding]:
@@ -148,25 +145,9 @@ def _timeout(ev: RunEvidence) -> Finding | None:
 
 
 def parse_traceback(lines: Sequence[str]) -> tuple[str, str, str | None] | None:
-    """The last Python traceback in `lines`: (type, message, where it was raised). Where is the innermost
-    frame of the user's own code ('train.py:48 in step'), with the library frame that raised it as context
-    ('train.py:48 in step, inside torch/nn/functional.py:1693 in relu'); the innermost frame when every
-    frame is a library's."""
-    start = max((i for i, line in enumerate(lines) if line.strip() == _TRACEBACK), default=-1)
-    if start < 0:
-        return None
-    frames: list[Frame] = []
-    for line in lines[start + 1 :]:
-        m = _FRAME.match(line)
-        if m:
-            frames.insert(0, Frame(m["func"], m["file"], int(m["line"])))  # innermost first
-            continue
-        if line.startswith((" ", "\t")) or not line.strip():
-            continue
-        e = _EXCEPTION.match(line.strip())
-        if e:
-            return e["type"], e["msg"] or "", raised_at(frames)
-    return None
+    """The last Python traceback in `lines`: (type, message, where it was raised, as `raised_at` says)."""
+    parsed = mltext.parse_traceback(lines)
+    return (parsed.exc_type, parsed.message, raised_at(parsed.frames)) if parsed else None
 
 
 def raised_at(frames: Sequence[Frame]) -> str | None:

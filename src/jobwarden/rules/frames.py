@@ -15,6 +15,8 @@ from jobwarden.observations import Frame, ProcessStack, ThreadStack
 _LIBRARY_DIRS = ("/site-packages/", "/dist-packages/")
 _STDLIB = re.compile(r"/lib/python\d+\.\d+t?/(?P<rest>.+)$")
 _HEX_ONLY = re.compile(r"^0x[0-9a-f]+$")
+# pip's console-script launchers (venv/bin/torchrun) have no .py suffix and are no one's own code
+_LAUNCHER = re.compile(r"/bin/[^/.]+$")
 _MAX_FRAMES = 6  # frames quoted per stack in evidence: enough to see the call path, short enough to read
 
 
@@ -46,7 +48,7 @@ def is_library(frame: Frame) -> bool:
         frame.native
         or frame.file.startswith("<frozen")
         or any(m in frame.file for m in _LIBRARY_DIRS)
-        or bool(_STDLIB.search(frame.file))
+        or bool(_STDLIB.search(frame.file) or _LAUNCHER.search(frame.file))
     )
 
 

@@ -8,13 +8,12 @@ pool's result wait are already proof, and the watchdog judges on every death.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from jobwarden.model import Finding
 from jobwarden.observations import Frame, ProcessDeath, ProcessStack, ThreadStack
-from jobwarden.rules import frames
+from jobwarden.rules import frames, mltext
 from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.lookup import Lookup, describe
 from jobwarden.rules.memory import oom_killed
@@ -172,21 +171,6 @@ def _pool_remedy(oom: bool, executor: bool) -> str:
 
 # --- dataloader-worker-killed -----------------------------------------------------------------------
 
-_DL_KILLED = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([^.]+)")
-_DL_EXITED = re.compile(r"DataLoader worker \(pid\(s\) ([\d, ]+)\) exited unexpectedly")
-_DL_EXIT_CODE = re.compile(r"DataLoader worker \(pid (\d+)\) exited unexpectedly with exit code (-?\d+)")
-_SHM = "insufficient shared memory"
-# strsignal() text, as PyTorch prints it, to the signal's name
-_STRSIGNAL = {
-    "Killed": "SIGKILL",
-    "Bus error": "SIGBUS",
-    "Segmentation fault": "SIGSEGV",
-    "Terminated": "SIGTERM",
-    "Aborted": "SIGABRT",
-    "Floating point exception": "SIGFPE",
-    "Illegal instruction": "SIGILL",
-}
-
 
 @dataclass(frozen=True)
 class DlDeath:
@@ -194,6 +178,7 @@ class DlDeath:
     signal: str | None
     exit_code: int | None
     line: str | None  # the log line, when the evidence is PyTorch's message
+    shm_hint: bool = False  # PyTorch suspects /dev/shm ("out of shared memory")
 
 
 def dataloader_worker_killed(ev: RunEvidence) -> Finding | None:
@@ -203,7 +188,7 @@ def dataloader_worker_killed(ev: RunEvidence) -> Finding | None:
         return None
     oom = oom_killed(ev)
     signal = dead.signal or (look.deaths[dead.pid].signal if dead.pid in look.deaths else None)
-    cause, remedy = _dl_cause(dead, signal, dead.pid in oom, any(_SHM in line for line in ev.log_tail))
+    cause, remedy = _dl_cause(dead, signal, dead.pid in oom, dead.shm_hint)
     who = f"DataLoader worker pid {dead.pid}" if dead.pid else "A DataLoader worker"
     evidence = []
     if dead.line:
@@ -223,19 +208,12 @@ def dataloader_worker_killed(ev: RunEvidence) -> Finding | None:
 
 
 def _from_log(lines: Sequence[str]) -> DlDeath | None:
-    for line in reversed(lines):
-        m = _DL_KILLED.search(line)
-        if m:
-            name = m[2].strip()
-            return DlDeath(int(m[1]), _STRSIGNAL.get(name, name), None, line)
-        m = _DL_EXIT_CODE.search(line)
-        if m:
-            return DlDeath(int(m[1]), None, int(m[2]), line)
-        m = _DL_EXITED.search(line)
-        if m:
-            pids = [int(p) for p in m[1].replace(",", " ").split()]
-            return DlDeath(pids[0] if pids else None, None, None, line)
-    return None
+    """PyTorch's own message, the most specific one present: "is killed by signal: Segmentation fault"
+    wins over the "exited unexpectedly" chained after it (rules.mltext)."""
+    found = mltext.dataloader_death(lines)
+    if found is None or found.how == "timed-out":
+        return None  # a timeout is a hang of a live worker, not a death
+    return DlDeath(found.pid, found.signal, found.exit_code, found.line, found.shm_hint)
 
 
 def _from_stacks(ev: RunEvidence, look: Lookup) -> DlDeath | None:
@@ -270,8 +248,10 @@ def _dl_cause(dead: DlDeath, signal: str | None, oom: bool, shm: bool) -> tuple[
     if signal == "SIGBUS" or shm:
         return (
             "hit a bus error in shared memory",
-            "/dev/shm is too small for the batches the workers pass back: in Docker run with --shm-size=8g "
-            "(or --ipc=host), or lower num_workers / batch size.",
+            "/dev/shm is too small for the batches the workers pass back (`df -h /dev/shm`): in Docker run "
+            "with --shm-size=8g or --ipc=host (Kubernetes: an emptyDir with medium Memory on /dev/shm); "
+            "or use fewer workers (num_workers) or smaller batches; or have the workers pass tensors through "
+            "files instead: torch.multiprocessing.set_sharing_strategy('file_system').",
         )
     if signal == "SIGKILL":
         return (
