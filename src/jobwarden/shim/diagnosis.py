@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
-from jobwarden.model import Finding, ProcessSnapshot
+from jobwarden.model import Finding, ProcessEnd, ProcessSnapshot
 from jobwarden.observations import OomEvidence, ProcessDeath, ProcessFacts
 from jobwarden.osapi.process import WaitStatus
 from jobwarden.osapi.procfs import ProcFS
@@ -89,24 +89,15 @@ class Diagnoser:
     # --- events -----------------------------------------------------------------------------------
 
     def on_exits(
-        self, ended: Sequence[tuple[Member, int | None]], now: float, now_mono: float, main: Member | None
+        self, ended: Sequence[ProcessEnd], now: float, now_mono: float, main: Member | None
     ) -> Verdict | None:
-        """Members that ended, with their wait status. An abnormal death of a descendant is judged at
+        """Processes that ended, with their wait status. An abnormal death of a descendant is judged at
         once, with the stacks of its parent (a Pool parent waiting for a result it will never get)."""
         suspicious: list[ProcessDeath] = []
-        for member, status in ended:
-            decoded = WaitStatus.decode(status) if status is not None and status >= 0 else None
-            death = ProcessDeath(
-                pid=member.pid,
-                ppid=member.ppid,
-                cmdline=member.cmdline,
-                at=now,
-                exit_code=decoded.exit_code if decoded else None,
-                signal=decoded.signal_name if decoded else None,
-                is_main=member.pid == self.main_pid,
-            )
+        for end in ended:
+            death = death_of(end, is_main=end.pid == self.main_pid)
             self.deaths.append(death)
-            if not death.is_main and (death.signal or (death.exit_code or 0) != 0):
+            if not death.is_main and death.abnormal:
                 suspicious.append(death)
         if not suspicious:
             return None
@@ -247,9 +238,24 @@ class Diagnoser:
                     is_python=s.pid in adverts or exe.startswith("python"),
                     started_at=self._boot + s.start_time / self.procfs.ticks_per_s,
                     is_main=s.pid == self.main_pid,
+                    rank=s.ranks.rank if s.ranks else None,
                 )
             )
         return tuple(facts)
+
+
+def death_of(end: ProcessEnd, is_main: bool) -> ProcessDeath:
+    decoded = WaitStatus.decode(end.status) if end.status is not None and end.status >= 0 else None
+    return ProcessDeath(
+        pid=end.pid,
+        ppid=end.ppid,
+        cmdline=end.cmdline,
+        at=end.at,
+        exit_code=decoded.exit_code if decoded else None,
+        signal=decoded.signal_name if decoded else None,
+        is_main=is_main,
+        rank=end.ranks.rank if end.ranks else None,
+    )
 
 
 def _main(main: Member | None) -> set[int]:

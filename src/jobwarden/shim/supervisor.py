@@ -11,20 +11,21 @@ import errno
 import json
 import os
 import signal
-import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from jobwarden import config
 from jobwarden.clock import Clock
 from jobwarden.errors import AccessDenied, StoreError
 from jobwarden.hooks import heartbeat_env, hook_env
-from jobwarden.model import UNFINISHED_STATES, EndReason, JobState, ProcessSnapshot, Survivor
+from jobwarden.model import UNFINISHED_STATES, EndReason, JobState, ProcessEnd, ProcessSnapshot, Survivor
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.cgroup import JobCgroup, cgroup_path, create_job_cgroup, find_job_cgroup
-from jobwarden.osapi.process import SpawnError, reap_any, spawn_job
+from jobwarden.osapi.process import SpawnError, spawn_job
 from jobwarden.osapi.procfs import ProcFS, why_still_alive
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, ensure_private_dir
+from jobwarden.shim.exits import ExitCollector
 from jobwarden.shim.recorder import RunRecorder, end_fields, log
+from jobwarden.shim.sightings import FIFO_NAME, Sightings, open_fifo
 from jobwarden.shim.tree import JobTree, Member, wait_readable
 from jobwarden.shim.watchdog import DEFAULT_HANG_TIMEOUT_S
 from jobwarden.store import JobRecord, Store
@@ -38,6 +39,10 @@ if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it l
 
 ADMIT_RETRY_S = 2.0  # a queued run asks NVML and the store again this often
 _HANDLED_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+# Helpers that exit on their own when their last user does ("from multiprocessing.resource_tracker import
+# main; main(5)"), and how long they get to do so before they count as orphans.
+_SELF_ENDING = ("resource_tracker import main", "forkserver import main", "semaphore_tracker import main")
+TRACKER_GRACE_S = 2.0
 
 
 class StopRequest(NamedTuple):
@@ -63,7 +68,8 @@ class Supervisor:
         self.tree = JobTree(procfs, self.pid, self.markers)
         self.main: Member | None = None
         self.main_status: int | None = None
-        self.statuses: dict[int, int] = {}  # wait statuses of reaped children, by pid
+        self.exits = ExitCollector(self.tree, self.pid)
+        self._fifo: int | None = None  # the hooks' announcements: opened before the job starts
         self.denied: dict[int, str] = {}  # pid -> why we may not signal it
         self.stop: StopRequest | None = None
         self.timeout_at: float | None = None
@@ -107,6 +113,7 @@ class Supervisor:
             if reported:
                 report_fd = -1  # answered already: the run was queued
         env = self._job_env()
+        self._listen_for_births()  # before the job exists: its first child may live a millisecond
         try:
             pid = spawn_job(
                 list(self.job.command),
@@ -206,6 +213,7 @@ class Supervisor:
         heartbeat = self.layout.heartbeat_file(self.job.id, self.run)
         if self.job.options.get("py_hooks", True):
             py_dir = ensure_private_dir(self.layout.py_dir(self.job.id, self.run))
+            self._fifo = open_fifo(py_dir / FIFO_NAME)  # before the job's first process announces itself
             extra = hook_env(py_dir, heartbeat, self.pid, self.job.options.get("mp_start"), base)
         else:
             extra = heartbeat_env(heartbeat)
@@ -273,7 +281,20 @@ class Supervisor:
             self._guard_memory()
         assert self.memory is not None
         self.memory.start()
+        sightings = self.exits.sightings or self._listen_for_births()  # adopted: the job runs already
+        self.record.event("watching-births", self.clock.wall(), sources=sightings.sources)
         self._start_diagnosis(main_pid)
+
+    def _listen_for_births(self) -> Sightings:
+        """The kernel's process events, and the hooks' FIFO (opened before the job started; an adopted
+        run's already exists). A child that dies before the listener opens is still caught by its exit
+        event's parent, or by the Python parent that reaps it."""
+        if self._fifo is None and self.job.options.get("py_hooks", True):
+            self._fifo = open_fifo(self.layout.py_dir(self.job.id, self.run) / FIFO_NAME)
+        kernel = os.environ.get(config.PROC_EVENTS_ENV, "auto") != "off"
+        self.exits.sightings = Sightings.open(self._fifo, kernel)
+        self._fifo = None  # the sightings own it now
+        return self.exits.sightings
 
     def _start_diagnosis(self, main_pid: int | None) -> None:
         from jobwarden.shim.diagnosis import Diagnoser
@@ -333,8 +354,9 @@ class Supervisor:
         while self.main_status is None and (self.main is not None or self.tree.members):
             now = self.clock.monotonic()
             deadline = min(next_tick, self.timeout_at or next_tick)
-            # every member's pidfd: a worker's death wakes the loop at once, not at the next tick
-            fds = [self._wake_r, *(m.pidfd for m in self.tree.members.values())]
+            # every member's pidfd: a worker's death wakes the loop at once, not at the next tick; a birth
+            # or death event too, so that a short-lived process is held (or recorded) as it happens
+            fds = [self._wake_r, *self.exits.fds(), *(m.pidfd for m in self.tree.members.values())]
             wait_readable(fds, deadline - now)
             self._handle_signals(self._drain_signals())
             self._collect_exits()
@@ -386,47 +408,21 @@ class Supervisor:
             log("shim received SIGTERM/SIGINT: stopping the job")
             self.stop = StopRequest(EndReason.STOPPED, grace)
 
-    def _collect_exits(self) -> list[tuple[int, int, int | None]]:
-        """Reap our children, drop exited members; returns [(pid, start time, wait status or None)]."""
-        for pid, raw in reap_any():
-            self.statuses[pid] = raw
-        ended: list[tuple[int, int, int | None]] = []
-        members: list[tuple[Member, int | None]] = []
-        for member in self.tree.exited():
-            status = self.statuses.pop(member.pid, None)
-            if status is None:
-                status = self.tree.zombie_status(member)
-            if status is None and member is self.main:
-                status = self._non_child_status(member)
-            if status is None:
-                status = pidfds.exit_status(member.pidfd)
-            self.tree.drop(member)
-            if member is self.main:
-                self.main_status = status if status is not None else -1
-                self.main = None
-            ended.append((member.pid, member.ident.start_time, status))
-            members.append((member, status))
-        # forget statuses of pids we never tracked: their numbers may be reused by new members
-        self.statuses = {p: s for p, s in self.statuses.items() if p in self.tree.members}
-        if ended:
-            self.record.write(self.store.record_tree, self.clock.wall(), [], ended)
-        if members and self.diag and not self.stop:
-            if any(status != 0 for _, status in members):
+    def _collect_exits(self) -> list[ProcessEnd]:
+        """Record every process that ended (members, and those only an event told of) and judge."""
+        main = self.main
+        ends = self.exits.collect(self.clock.wall(), main)
+        if main is not None and main.pid not in self.tree.members:
+            status = next((e.status for e in ends if e.pid == main.pid), None)
+            self.main_status = status if status is not None else -1
+            self.main = None
+        if ends:
+            self.record.write(self.store.record_tree, self.clock.wall(), [], ends)
+        if ends and self.diag and not self.stop:
+            if any(end.status != 0 for end in ends):
                 self._poll_oom(self.clock.wall())  # a worker's death may be the OOM killer's: know it first
-            main = self.main
-            self._act_on(
-                self.diag.on_exits(members, self.clock.wall(), self.clock.monotonic(), main),
-            )
-        return ended
-
-    def _non_child_status(self, member: Member) -> int | None:
-        """An adopted main process is reaped by init: PIDFD_INFO_EXIT appears once it has been."""
-        for _ in range(50):
-            status = pidfds.exit_status(member.pidfd)
-            if status is not None:
-                return status
-            time.sleep(0.02)  # init reaps within milliseconds; this is the shim, not a test
-        return None
+            self._act_on(self.diag.on_exits(ends, self.clock.wall(), self.clock.monotonic(), self.main))
+        return ends
 
     def _tick(self, full: bool) -> None:
         self.tree.discover(full=full)
@@ -521,6 +517,7 @@ class Supervisor:
             survivors = self.terminate_tree(self.stop.grace_s)
         else:
             self.tree.discover(full=True)
+            self._let_trackers_finish()
             orphans = [{"pid": m.pid, "cmdline": m.cmdline} for m in self.tree.members.values()]
             survivors = self.terminate_tree(float(self.job.options.get("grace_s", config.DEFAULT_GRACE_S)))
         self.logs.index(self.clock.wall())
@@ -531,11 +528,22 @@ class Supervisor:
         self.record.write(self.store.release_gpus)
         self._remove_cgroup()
         self.tree.close()
+        self.exits.close()
         if self.memory:
             self.memory.close()
         if self.diag and self.diag.gpu:
             self.diag.gpu.close()
         return 0
+
+    def _let_trackers_finish(self) -> None:
+        """multiprocessing's resource tracker and forkserver (loky's too) end by themselves once the last
+        process holding their pipe has ended: a few milliseconds after the main process, not orphans."""
+        deadline = self.clock.monotonic() + TRACKER_GRACE_S
+        while any(_ends_by_itself(m.cmdline) for m in self.tree.members.values()):
+            left = deadline - self.clock.monotonic()
+            if left <= 0:
+                return
+            self._wait_members(min(0.1, left))
 
     def terminate_tree(self, grace_s: float) -> list[Survivor]:
         """SIGTERM every member, wait up to the grace (terminating newcomers too), then SIGKILL the rest."""
@@ -576,6 +584,10 @@ class Supervisor:
     def _remove_cgroup(self) -> None:
         if self.cgroup:
             self.cgroup.remove()
+
+
+def _ends_by_itself(cmdline: str) -> bool:
+    return any(helper in cmdline for helper in _SELF_ENDING)
 
 
 def _report(fd: int, message: dict[str, Any]) -> None:

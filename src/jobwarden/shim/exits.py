@@ -1,0 +1,154 @@
+"""How each process of the job ended, from whichever source knew: the shim's own reaping (its children),
+the kernel's exit event or a Python parent's reaping (via `Sightings`), the zombie's /proc entry, or the
+pidfd (PIDFD_INFO_EXIT, Linux >= 6.15).
+
+It also turns births into members at once (a pidfd opened as the process is born), and records the deaths
+of processes the shim never held at all: they lived a few milliseconds, and only an event told of them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TypeVar
+
+from jobwarden.model import ProcessEnd
+from jobwarden.osapi import pidfd as pidfds
+from jobwarden.osapi.process import reap_any
+from jobwarden.shim.sightings import Birth, Death, Sightings
+from jobwarden.shim.tree import JobTree, Member
+
+_REMEMBERED = 4096  # births and ends kept for a death report that comes later; oldest forgotten first
+V = TypeVar("V")
+
+
+class ExitCollector:
+    def __init__(self, tree: JobTree, shim_pid: int, sightings: Sightings | None = None) -> None:
+        self.tree = tree
+        self.shim_pid = shim_pid
+        self.sightings = sightings
+        self.reaped: dict[int, int] = {}  # wait statuses of the shim's own children, by pid
+        self._told: dict[int, tuple[int, float]] = {}  # pid -> (status, moment of death) from an event
+        self._unheld: dict[int, Birth] = {}  # born, but gone before a pidfd could be opened
+        self._unknown: dict[int, ProcessEnd] = {}  # ended with no status yet: a later report fills it in
+        self._gone: dict[int, int] = {}  # ended members: pid -> start time (a late report is not news)
+
+    def fds(self) -> list[int]:
+        return self.sightings.fds() if self.sightings else []
+
+    def collect(self, now: float, main: Member | None = None) -> list[ProcessEnd]:
+        """Every end known now: members whose pidfd fired, and processes the shim never held. The main
+        process, when adopted (reaped by init, not by us), is waited for until its status is out."""
+        for pid, raw in reap_any():
+            self.reaped[pid] = raw
+        ends = self._from_events() if self.sightings else []
+        for member in self.tree.exited():
+            end = self._end_of(member, now)
+            if end.status is None and member is main:
+                end = end._replace(status=_non_child_status(member))
+            ends.append(end)
+            self.tree.drop(member)
+        # forget statuses of pids we never tracked: their numbers may be reused by new members
+        self.reaped = {p: s for p, s in self.reaped.items() if p in self.tree.members}
+        return ends
+
+    def _end_of(self, member: Member, now: float) -> ProcessEnd:
+        status = self.reaped.pop(member.pid, None)
+        told = self._told.pop(member.pid, None)
+        if status is None and told is not None:
+            status = told[0]
+        if status is None:
+            status = self.tree.zombie_status(member)
+        if status is None:
+            status = pidfds.exit_status(member.pidfd)
+        end = ProcessEnd(
+            member.pid,
+            member.ident.start_time,
+            status,
+            told[1] if told else now,
+            member.ppid,
+            member.cmdline,
+            member.ranks,
+        )
+        _remember(self._gone, member.pid, member.ident.start_time)
+        if status is None:
+            _remember(self._unknown, member.pid, end)
+        return end
+
+    # --- events -----------------------------------------------------------------------------------
+
+    def _from_events(self) -> list[ProcessEnd]:
+        assert self.sightings is not None
+        births, deaths = self.sightings.drain()
+        for birth in births:
+            self._on_birth(birth)
+        return [end for death in deaths if (end := self._on_death(death)) is not None]
+
+    def _ours(self, parent: int) -> bool:
+        """A child of the job's processes, or one reparented to the shim (a subreaper: its parent died).
+        A pid of a member that ended is not enough: the number may already belong to another process."""
+        return parent in self.tree.members or parent == self.shim_pid
+
+    def _on_birth(self, birth: Birth) -> None:
+        # the kernel reports every fork of the host: only children of the job's processes are ours; a
+        # process that announced itself runs the hooks with this run's py dir
+        if not (birth.announced or self._ours(birth.ppid)) or birth.pid in self.tree.members:
+            return
+        member = self.tree.add_pid(birth.pid, birth.start_time)
+        if member is not None:
+            if member.ranks is None and birth.ranks is not None:
+                member.ranks = birth.ranks
+        elif birth.pid not in self._gone:
+            _remember(self._unheld, birth.pid, birth)
+
+    def _on_death(self, death: Death) -> ProcessEnd | None:
+        if death.pid in self.tree.members:
+            self._told.setdefault(death.pid, (death.status, death.at))  # its pidfd fires next
+            return None
+        late = self._unknown.pop(death.pid, None)
+        if late is not None:  # ended before the report came: its status, at last
+            return late._replace(status=death.status)
+        if death.pid in self._gone:
+            return None  # already recorded with its status
+        birth = self._unheld.pop(death.pid, None)
+        if birth is None and not self._ours(death.ppid):
+            return None  # another process of the host
+        start_time = (birth.start_time if birth else None) or 0  # 0: never read
+        _remember(self._gone, death.pid, start_time)
+        return ProcessEnd(
+            death.pid,
+            start_time,
+            death.status,
+            death.at,
+            death.ppid,
+            self._cmdline_of_parent(death.ppid),
+            birth.ranks if birth else None,
+        )
+
+    def _cmdline_of_parent(self, ppid: int) -> str:
+        """A process that died before its /proc entry could be read: forked from its parent, it most
+        likely still ran the parent's program (a fork-started worker)."""
+        parent = self.tree.members.get(ppid)
+        return f"[child of pid {ppid}] {parent.cmdline}" if parent else f"[child of pid {ppid}]"
+
+    def close(self) -> None:
+        if self.sightings is not None:
+            self.sightings.close()
+
+
+def _remember(table: dict[int, V], pid: int, value: V) -> None:
+    """Keep `value` for `pid`, newest last; a table past _REMEMBERED forgets its oldest entry (a job that
+    forks 100 processes a second for days must not grow the shim)."""
+    table.pop(pid, None)
+    table[pid] = value
+    if len(table) > _REMEMBERED:
+        del table[next(iter(table))]
+
+
+def _non_child_status(member: Member) -> int | None:
+    """An adopted main process is reaped by init: PIDFD_INFO_EXIT appears once it has been."""
+    for _ in range(50):
+        status = pidfds.exit_status(member.pidfd)
+        if status is not None:
+            return status
+        time.sleep(0.02)  # init reaps within milliseconds; this is the shim, not a test
+    return None
