@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jobwarden.osapi.procevents import probe
 
+from jobwarden.osapi.procevents import probe
 from tests.conftest import Jobwarden
 
 pytestmark = pytest.mark.integration
