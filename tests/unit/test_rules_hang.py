@@ -411,7 +411,7 @@ def test_collective_hang_names_the_rank_that_is_elsewhere() -> None:
     assert any(e.startswith("pid 30094 (") and "run (/srv/collective_hang.py:12)" in e for e in f.evidence)
     assert f.remedy.startswith("Start with pid 30094")
     assert "TORCH_NCCL_TRACE_BUFFER_SIZE" in f.remedy
-    assert f.pids == (30093, 30094)
+    assert f.pids == (30094, 30093)  # the rank that is elsewhere first: the finding is about it
     assert_well_formed(findings)
 
 

@@ -16,7 +16,8 @@ from jobwarden.store import JobRecord, RunRecord, Store
 from jobwarden.store.logfiles import tail_lines
 from jobwarden.store.records import Event
 
-_TAIL_LINES = 60
+# enough for a rank's `[rankN]:` traceback above torchrun's ChildFailedError report and its own traceback
+_TAIL_LINES = 400
 
 
 def findings_for(store: Store, job: JobRecord, run: RunRecord) -> list[Finding]:

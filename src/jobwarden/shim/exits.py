@@ -91,6 +91,9 @@ class ExitCollector:
     def _on_birth(self, birth: Birth) -> None:
         # the kernel reports every fork of the host: only children of the job's processes are ours; a
         # process that announced itself runs the hooks with this run's py dir
+        if birth.exec:
+            self.tree.refresh(birth.pid)  # torchrun's rank is its child until exec gives it its RANK
+            return
         if not (birth.announced or self._ours(birth.ppid)) or birth.pid in self.tree.members:
             return
         member = self.tree.add_pid(birth.pid, birth.start_time)

@@ -35,6 +35,7 @@ class Birth(NamedTuple):
     start_time: int | None  # known when the process announced itself
     ranks: Ranks | None = None
     announced: bool = False  # by the hooks, from inside the job: ours whoever its parent is
+    exec: bool = False  # not a new process: an existing one ran exec(), with a new command and environment
 
 
 class Death(NamedTuple):
@@ -94,8 +95,8 @@ class Sightings:
         from jobwarden.osapi.procevents import wall_time
 
         for event in listener.read():
-            if event.kind == "fork":
-                births.append(Birth(event.pid, event.ppid, None))
+            if event.kind in ("fork", "exec"):
+                births.append(Birth(event.pid, event.ppid, None, exec=event.kind == "exec"))
             elif event.kind == "exit" and event.wait_status is not None:
                 deaths.append(Death(event.pid, event.ppid, event.wait_status, wall_time(event.at_ns)))
 

@@ -134,6 +134,15 @@ class JobTree:
             return None
         return self.add(st)
 
+    def refresh(self, pid: int) -> None:
+        """A member ran exec(): its command and its ranks (the environment exec gave it) are new."""
+        member = self.members.get(pid)
+        if member is None:
+            return
+        with contextlib.suppress(ProcessGone):
+            member.cmdline = self.procfs.cmdline(pid)
+        member.ranks = self._ranks(pid) or member.ranks
+
     def seed(self, pid: int, session_leader: bool = False) -> Member | None:
         st = self.procfs.stat(pid)
         if session_leader:
@@ -269,8 +278,7 @@ class JobTree:
                 )
             if st.comm != member.comm:  # it exec'd since we first saw it (a fork that became `sleep`)
                 member.comm = st.comm
-                with contextlib.suppress(ProcessGone):
-                    member.cmdline = self.procfs.cmdline(st.pid)
+                self.refresh(st.pid)
             member.last_ticks, member.last_at, member.ppid = st.cpu_ticks, now, st.ppid
             member.raw_stat = raw
             member.snapshot = ProcessSnapshot(

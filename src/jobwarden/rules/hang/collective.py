@@ -55,7 +55,8 @@ def collective_hang(ev: RunEvidence) -> Finding | None:
         "error",
         tuple(evidence),
         _remedy(elsewhere),
-        tuple(dict.fromkeys([*(c.stack.pid for c in waiting), *(s.pid for s in elsewhere)])),
+        # the rank that is elsewhere first: it is the one the finding is about
+        tuple(dict.fromkeys([*(s.pid for s in elsewhere), *(c.stack.pid for c in waiting)])),
     )
 
 
