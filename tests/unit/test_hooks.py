@@ -203,7 +203,8 @@ def test_frames_are_capped() -> None:
 
 def test_an_advert_has_the_exact_fields(tmp_path: Path) -> None:
     job = job_at(tmp_path)
-    injected.write_advert(job, os.getpid(), str(tmp_path / "x.stacks"), True)
+    start = int(Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19])
+    injected.write_advert(job, os.getpid(), str(tmp_path / "x.stacks"), True, start)
     advert = json.loads((tmp_path / f"{os.getpid()}.json").read_text())
     assert advert == {
         "pid": os.getpid(),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from jobwarden.model import Finding
 from jobwarden.observations import OomEvidence, ProcessDeath
 from jobwarden.osapi.process import WaitStatus
+from jobwarden.probes.pyhooks import read_exceptions
 from jobwarden.rules import RunEvidence
 from jobwarden.rules.verdict import collect, order
 from jobwarden.store import JobRecord, RunRecord, Store
@@ -54,6 +55,7 @@ def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event])
         events=tuple(e.kind for e in events),
         stopping_at=next((e.at for e in events if e.kind == "stopping"), None),
         deaths=_deaths(store, job, run),
+        exceptions=read_exceptions(store.layout.py_dir(job.id, run.n)),
         oom=oom,
         mem_limit_bytes=job.options.get("mem_limit_bytes"),
     )

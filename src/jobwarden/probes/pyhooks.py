@@ -16,7 +16,7 @@ from typing import Any
 
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.model import ProcessId
-from jobwarden.observations import ForkRecord, Frame, ThreadStack
+from jobwarden.observations import ForkRecord, Frame, ThreadStack, UncaughtException
 from jobwarden.osapi.procfs import ProcFS
 
 MAX_RECORD_BYTES = 64 << 20  # a runaway file must not exhaust the shim's memory
@@ -181,6 +181,34 @@ def _frames(items: list[dict[str, Any]]) -> tuple[Frame, ...]:
 
 def _with_child(record: ForkRecord, child_pid: int) -> ForkRecord:
     return ForkRecord(record.parent_pid, record.at, record.stack, record.threads, child_pid)
+
+
+# --- uncaught exceptions ---------------------------------------------------------------------------
+
+
+def read_exceptions(py_dir: Path) -> list[UncaughtException]:
+    """The first uncaught exception of each Python process of the run (`<pid>.exc.json`), oldest first;
+    a record that does not parse is left out."""
+    found = []
+    for path in _files(py_dir, ".exc.json"):
+        try:
+            found.append(_exception(json.loads(_read(path))))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return sorted(found, key=lambda e: e.at)
+
+
+def _exception(d: dict[str, Any]) -> UncaughtException:
+    rank = d.get("rank")
+    return UncaughtException(
+        pid=_typed(d, "pid", int),
+        at=float(d["at"]),
+        type=_typed(d, "type", str),
+        message=_typed(d, "message", str),
+        frames=_frames(d.get("frames") or []),
+        chain=tuple((str(c["type"]), str(c["message"])) for c in d.get("chain") or []),
+        rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+    )
 
 
 # --- faulthandler dumps -----------------------------------------------------------------------------

@@ -11,6 +11,11 @@ and calls `main`. In a process of a job (JOBWARDEN_PY_DIR set) it:
   terminate) to a process that handles it;
 - records every fork() made while other threads run in `<py_dir>/<pid>.forks.jsonl` (the classic deadlock);
   the child re-does all of the above for itself, since none of it is inherited as it should be;
+- announces the process to its shim on the FIFO `<py_dir>/events.fifo` as it starts and right after each
+  fork() (`born PID START PPID RANK`), so the shim holds it by pidfd at once, and reports the wait status
+  of every child it reaps (`reaped REAPER PID STATUS UNIXTIME`): a worker that lived 5 ms is still named;
+- records its first uncaught exception in `<py_dir>/<pid>.exc.json` (when, what, the frames), and writes
+  torchrun's per-rank TORCHELASTIC_ERROR_FILE the way `@record` would, so the agent's report has it;
 - applies JOBWARDEN_MP_START as multiprocessing's default start method, when multiprocessing is imported;
 - appends a fallback `jobwarden` package (only `heartbeat`) to the end of sys.path.
 
@@ -25,12 +30,14 @@ the job runs it, so it is kept cheap: no json, re, threading or multiprocessing 
 from __future__ import annotations
 
 import _thread  # built in, like time: the fork hooks must not import anything inside fork()
+import errno  # built in
 import os
 import sys
 import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # mypy only: typing costs every start-up a few milliseconds on 3.8
+    import resource
     from collections.abc import Mapping
     from importlib.machinery import ModuleSpec, PathFinder
     from types import FrameType, ModuleType
@@ -60,6 +67,9 @@ class _Job:
         self.libc: object = None  # ctypes' libc, loaded only where Yama makes the prctl matter
         self.forks: dict[int, tuple[float, int]] = {}  # forking thread -> (at, parent pid) of its record
         self.warned = False
+        self.events_fd = -1  # the shim's FIFO, opened on first use; -2: it cannot be opened
+        self.exception_seen = False
+        self.error_file_owner = 0  # the pid torchrun started with TORCHELASTIC_ERROR_FILE: the rank
 
     def path(self, pid: int, suffix: str) -> str:
         return os.path.join(self.py_dir, f"{pid}{suffix}")
@@ -169,6 +179,198 @@ def _start_time() -> int:
         return int(fh.read().rpartition(b")")[2].split()[19])
 
 
+# --- telling the shim: births and reaped children ----------------------------------------------------
+
+EVENTS_FIFO = "events.fifo"
+
+
+def _announce(job: _Job, line: str) -> None:
+    """One line to the shim, in one write() (atomic below PIPE_BUF across processes), never blocking.
+
+    The FIFO is opened O_RDWR: this process is then a reader too, so a write can never meet a FIFO
+    without reader, whose SIGPIPE would kill a job that set SIGPIPE to SIG_DFL once its shim is gone.
+    With the shim gone the buffer fills and writes fail with EAGAIN: dropped, silently."""
+    if job.events_fd == -2:
+        return
+    try:
+        if job.events_fd < 0:
+            path = os.path.join(job.py_dir, EVENTS_FIFO)
+            job.events_fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+        os.write(job.events_fd, line.encode())
+    except OSError as err:
+        if job.events_fd < 0 or err.errno not in (errno.EAGAIN, errno.EPIPE):  # full: try again next time
+            job.events_fd = -2  # no FIFO (hooks outside a shim's run): stop trying
+
+
+def _rank() -> str:
+    rank = os.environ.get("RANK", "")
+    return rank if rank.isdigit() else "-"
+
+
+def announce_birth(job: _Job, pid: int, start_time: int) -> None:
+    _announce(job, f"born {pid} {start_time} {os.getppid()} {_rank()}\n")
+
+
+def _reaped(pid: int, status: int) -> None:
+    """A child of this process ended and was reaped here: after this, nothing but this line knows how."""
+    job = _job
+    if job is None or pid <= 0 or not (os.WIFEXITED(status) or os.WIFSIGNALED(status)):
+        return
+    try:  # noqa: SIM105 - importing contextlib would cost every Python start of the job
+        _announce(job, f"reaped {os.getpid()} {pid} {status} {time.time():.6f}\n")
+    except Exception:  # a report must never change what the wait returns
+        pass
+
+
+def status_of_waitid(result: object) -> int | None:
+    """waitid()'s siginfo as the status waitpid() would have returned: exit code << 8, or the signal
+    (| 0x80 for a core dump); None for anything that is not a death."""
+    code = getattr(result, "si_code", None)
+    status = getattr(result, "si_status", 0)
+    if code == os.CLD_EXITED:
+        return (status & 0xFF) << 8
+    if code == os.CLD_KILLED:
+        return status & 0x7F
+    if code == os.CLD_DUMPED:
+        return (status & 0x7F) | 0x80
+    return None
+
+
+def _wrap_waits() -> None:
+    """Report every child reaped through os.wait*: multiprocessing (Popen.poll), subprocess, loky and
+    concurrent.futures all reap with these. Installed before the job's code runs: subprocess binds
+    os.waitpid as a default argument when it is first imported."""
+    waitpid, wait, wait3, wait4 = os.waitpid, os.wait, os.wait3, os.wait4
+    waitid = os.waitid if hasattr(os, "waitid") else None
+
+    def waitpid_reported(pid: int, options: int) -> tuple[int, int]:
+        result = waitpid(pid, options)
+        _reaped(*result)
+        return result
+
+    def wait_reported() -> tuple[int, int]:
+        result = wait()
+        _reaped(*result)
+        return result
+
+    def wait3_reported(options: int) -> tuple[int, int, resource.struct_rusage]:
+        result = wait3(options)
+        _reaped(result[0], result[1])
+        return result
+
+    def wait4_reported(pid: int, options: int) -> tuple[int, int, resource.struct_rusage]:
+        result = wait4(pid, options)
+        _reaped(result[0], result[1])
+        return result
+
+    os.waitpid, os.wait, os.wait3, os.wait4 = waitpid_reported, wait_reported, wait3_reported, wait4_reported
+    if waitid is not None:
+
+        def waitid_reported(idtype: int, ident: int, options: int) -> os.waitid_result | None:
+            result = waitid(idtype, ident, options)
+            status = status_of_waitid(result) if result is not None else None
+            # WNOWAIT leaves the child to be reaped later, by a call that reports it then
+            if status is not None and not options & getattr(os, "WNOWAIT", 0):
+                _reaped(int(getattr(result, "si_pid", 0)), status)
+            return result
+
+        os.waitid = waitid_reported
+
+
+# --- the first uncaught exception ----------------------------------------------------------------------
+
+MESSAGE_CHARS = 4000
+CHAINED = 5
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+
+
+def _qualified(kind: type) -> str:
+    module = getattr(kind, "__module__", "") or ""
+    name = getattr(kind, "__qualname__", kind.__name__)
+    return name if module in ("builtins", "__main__") else f"{module}.{name}"
+
+
+def _traceback_frames(tb: object) -> list[dict[str, object]]:
+    """Innermost first, like every stack jobwarden keeps."""
+    found: list[dict[str, object]] = []
+    while tb is not None:
+        code = tb.tb_frame.f_code  # type: ignore[attr-defined]
+        found.append(
+            {
+                "function": getattr(code, "co_qualname", code.co_name),
+                "file": code.co_filename,
+                "line": tb.tb_lineno,  # type: ignore[attr-defined]
+            }
+        )
+        tb = tb.tb_next  # type: ignore[attr-defined]
+    return found[::-1][:FRAMES_PER_THREAD]
+
+
+def exception_record(exc: BaseException, at: float, pid: int, start_time: int) -> dict[str, object]:
+    chain: list[dict[str, object]] = []
+    inner: BaseException | None = exc
+    while inner is not None and len(chain) < CHAINED:
+        inner = inner.__cause__ or (None if inner.__suppress_context__ else inner.__context__)
+        if inner is None:
+            break
+        chain.append({"type": _qualified(type(inner)), "message": str(inner)[:MESSAGE_CHARS]})
+    rank = _rank()
+    return {
+        "pid": pid,
+        "start_time": start_time,
+        "at": at,
+        "type": _qualified(type(exc)),
+        "message": str(exc)[:MESSAGE_CHARS],
+        "frames": _traceback_frames(exc.__traceback__),
+        "chain": chain,
+        "rank": int(rank) if rank != "-" else None,
+    }
+
+
+def _torchelastic_error(exc: BaseException, at: float) -> str:
+    """What torch.distributed.elastic's @record writes (ErrorHandler.record_exception), so that the
+    agent's ChildFailedError report carries the rank's traceback instead of `error_file: <N/A>`."""
+    import traceback  # only on the way out of a failing process
+
+    return dumps(
+        {
+            "message": {
+                "message": f"{type(exc).__name__}: {exc}",
+                "extraInfo": {
+                    "py_callstack": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+                    "timestamp": str(int(at)),
+                },
+            }
+        }
+    )
+
+
+def _record_exception(job: _Job, exc: BaseException) -> None:
+    if job.exception_seen:
+        return
+    job.exception_seen = True
+    at, pid = time.time(), os.getpid()
+    _write_atomic(job.path(pid, ".exc.json"), dumps(exception_record(exc, at, pid, _start_time())))
+    error_file = os.environ.get(ERROR_FILE_ENV)
+    # torchrun gives each rank its own file; a child of the rank inherits the variable but is not the
+    # rank: only the process torchrun started (the one that saw the variable at start-up, not a fork)
+    if error_file and job.error_file_owner == pid and not os.path.exists(error_file):
+        _write_atomic(error_file, _torchelastic_error(exc, at))
+
+
+def _install_excepthook(job: _Job) -> None:
+    previous = sys.excepthook
+
+    def excepthook(kind: type[BaseException], exc: BaseException, tb: object) -> None:
+        try:
+            _record_exception(job, exc)
+        except Exception as err:
+            _report(job, "exception record", err)
+        previous(kind, exc, tb)  # type: ignore[arg-type]
+
+    sys.excepthook = excepthook
+
+
 # --- the hooks --------------------------------------------------------------------------------------
 
 
@@ -228,10 +430,10 @@ def declare_ptracer(job: _Job, scope_path: str = YAMA_SCOPE) -> bool:
     return int(prctl(PR_SET_PTRACER, ctypes.c_ulong(job.shim_pid), 0, 0, 0)) == 0
 
 
-def write_advert(job: _Job, pid: int, fault_file: str, ptracer: bool) -> None:
+def write_advert(job: _Job, pid: int, fault_file: str, ptracer: bool, start_time: int) -> None:
     advert = {
         "pid": pid,
-        "start_time": _start_time(),
+        "start_time": start_time,
         "python": ".".join(str(part) for part in sys.version_info[:3]),
         "executable": sys.executable or "",
         "fault_signal": job.fault_signal if fault_file else 0,
@@ -243,7 +445,11 @@ def write_advert(job: _Job, pid: int, fault_file: str, ptracer: bool) -> None:
 
 
 def _hook_process(job: _Job, pid: int) -> None:
-    """Everything a process of the job does for itself: at start-up, and again in a forked child."""
+    """Everything a process of the job does for itself: at start-up, and again in a forked child. First
+    the announcement: the sooner the shim holds the process, the shorter a life it can miss."""
+    start_time = _start_time()
+    announce_birth(job, pid, start_time)
+    job.exception_seen = False
     fault_file = ""
     try:
         fault_file = install_fault_handler(job, pid)
@@ -254,7 +460,7 @@ def _hook_process(job: _Job, pid: int) -> None:
         ptracer = declare_ptracer(job)
     except Exception as err:
         _report(job, "PR_SET_PTRACER", err)
-    write_advert(job, pid, fault_file, ptracer)
+    write_advert(job, pid, fault_file, ptracer, start_time)
 
 
 # --- fork() while threads run -----------------------------------------------------------------------
@@ -421,7 +627,11 @@ def _activate(job: _Job) -> None:
         os.mkdir(job.py_dir, 0o700)
     except FileExistsError:
         pass
+    if os.environ.get(ERROR_FILE_ENV):
+        job.error_file_owner = os.getpid()
     _hook_process(job, os.getpid())
+    _wrap_waits()
+    _install_excepthook(job)
     os.register_at_fork(
         before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
     )

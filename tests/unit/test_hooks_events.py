@@ -1,0 +1,185 @@
+"""What the hooks tell the shim (births, reaped children) and record (the first uncaught exception, torchrun's
+error file), tested on the hook functions inside this process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from jobwarden.hooks.site import _jobwarden_hooks as injected
+from jobwarden.probes.pyhooks import read_exceptions
+from jobwarden.shim.sightings import Birth, Death, open_fifo, parse_announcement
+
+from .test_hooks import job_at
+
+
+def lines_of(fd: int) -> list[bytes]:
+    return os.read(fd, 1 << 16).splitlines()
+
+
+def test_a_birth_is_one_line_the_shim_parses(tmp_path: Path) -> None:
+    reader = open_fifo(tmp_path / injected.EVENTS_FIFO)
+    assert reader is not None
+    job = job_at(tmp_path)
+    try:
+        injected.announce_birth(job, 4242, 777)
+        (line,) = lines_of(reader)
+        births: list[Birth] = []
+        parse_announcement(line, births, [])
+        assert births == [Birth(4242, os.getppid(), 777, None, announced=True)]
+    finally:
+        os.close(reader)
+        if job.events_fd >= 0:
+            os.close(job.events_fd)
+
+
+def test_without_a_fifo_the_announcement_is_dropped_once_and_for_all(tmp_path: Path) -> None:
+    job = job_at(tmp_path)
+    injected.announce_birth(job, 1, 1)
+    assert job.events_fd == -2  # no shim's run here: never tried again
+
+
+def test_a_full_fifo_of_a_dead_shim_neither_blocks_nor_kills(tmp_path: Path) -> None:
+    # the shim is gone: its FIFO fills; a job that set SIGPIPE to SIG_DFL must not die of a write
+    reader = open_fifo(tmp_path / injected.EVENTS_FIFO)
+    assert reader is not None
+    os.close(reader)
+    previous = signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    job = job_at(tmp_path)
+    try:
+        for _ in range(5000):  # far past the 64 KiB of a pipe
+            injected.announce_birth(job, 1, 1)
+    finally:
+        signal.signal(signal.SIGPIPE, previous)
+        os.close(job.events_fd)
+
+
+def test_a_reaped_child_is_reported_with_its_wait_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reader = open_fifo(tmp_path / injected.EVENTS_FIFO)
+    assert reader is not None
+    job = job_at(tmp_path)
+    monkeypatch.setattr(injected, "_job", job)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        original = os.waitpid
+        injected._wrap_waits()
+        try:
+            assert os.waitpid(pid, 0) == (pid, signal.SIGKILL)  # what the caller gets is unchanged
+        finally:
+            os.waitpid = original
+            monkeypatch.undo()
+        deaths: list[Death] = []
+        for line in lines_of(reader):
+            parse_announcement(line, [], deaths)
+        (death,) = deaths
+        assert (death.pid, death.ppid, death.status) == (pid, os.getpid(), signal.SIGKILL)
+    finally:
+        os.close(reader)
+        if job.events_fd >= 0:
+            os.close(job.events_fd)
+
+
+def test_the_wrapped_waits_raise_as_the_originals() -> None:
+    originals = (os.waitpid, os.wait, os.wait3, os.wait4, os.waitid)
+    injected._wrap_waits()
+    try:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(-1, os.WNOHANG)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(3)
+        assert os.waitpid(pid, os.WNOHANG) in ((0, 0), (pid, 3 << 8))  # WNOHANG's (0, 0) passes through
+    finally:
+        os.waitpid, os.wait, os.wait3, os.wait4, os.waitid = originals
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "expected"),
+    [
+        ("CLD_EXITED", 3, 3 << 8),
+        ("CLD_KILLED", 9, 9),
+        ("CLD_DUMPED", 11, 11 | 0x80),
+        ("CLD_STOPPED", 19, None),
+    ],
+)
+def test_waitid_results_become_wait_statuses(code: str, status: int, expected: int | None) -> None:
+    info = SimpleNamespace(si_code=getattr(os, code), si_status=status, si_pid=5)
+    assert injected.status_of_waitid(info) == expected
+
+
+def chained_error() -> BaseException:
+    try:
+        try:
+            raise KeyError("shard 7")
+        except KeyError as inner:
+            raise RuntimeError("x" * 5000) from inner
+    except RuntimeError as err:
+        return err
+
+
+def test_the_exception_record_has_type_frames_and_chain(tmp_path: Path) -> None:
+    job = job_at(tmp_path)
+    exc = chained_error()
+    injected._record_exception(job, exc)
+    injected._record_exception(job, ValueError("second"))  # only the first is the process's
+    (record,) = read_exceptions(tmp_path)
+    assert (record.pid, record.type, len(record.message)) == (os.getpid(), "RuntimeError", 4000)
+    assert record.chain == (("KeyError", "'shard 7'"),)
+    assert record.frames[0].function == "chained_error"  # innermost first
+
+
+def test_torchruns_error_file_is_written_as_record_would_and_never_overwritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    job = job_at(tmp_path)
+    job.error_file_owner = os.getpid()
+    injected._record_exception(job, ValueError("loss is nan"))
+    written = json.loads(error_file.read_text())
+    assert written["message"]["message"] == "ValueError: loss is nan"
+    assert "ValueError: loss is nan" in written["message"]["extraInfo"]["py_callstack"]
+    assert written["message"]["extraInfo"]["timestamp"].isdigit()
+    error_file.write_text("{}")  # @record wrote its own: left alone
+    job.exception_seen = False
+    injected._record_exception(job, ValueError("again"))
+    assert error_file.read_text() == "{}"
+
+
+def test_a_child_of_the_rank_does_not_write_the_ranks_error_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    job = job_at(tmp_path)
+    job.error_file_owner = os.getppid()  # the rank is this process's parent
+    injected._record_exception(job, ValueError("in a DataLoader worker"))
+    assert not error_file.exists()
+
+
+def test_the_excepthook_still_prints_the_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = job_at(tmp_path)
+    previous = sys.excepthook
+    injected._install_excepthook(job)
+    try:
+        exc = chained_error()
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+    finally:
+        sys.excepthook = previous
+    assert "RuntimeError" in capsys.readouterr().err
+    assert read_exceptions(tmp_path)[0].type == "RuntimeError"
