@@ -205,6 +205,8 @@ def facts(**changes: object) -> HostFacts:
         "kernel": (6, 18),
         "kernel_release": "6.18.0",
         "pidfd_exit": (True, "read back"),
+        "proc_events": (True, "netlink CN_PROC"),
+        "proc_events_disabled": False,
         "interpreters": (py((3, 12, 1)),),
         "store": StoreFacts(DB, True, "ok", 3, 3),
         "home": HOME,
@@ -220,7 +222,7 @@ def test_a_healthy_machine_passes_every_check() -> None:
     checks = run_checks(facts())
     assert [c.status for c in checks] == [OK] * len(checks)
     assert report_json(checks)["ok"] is True
-    assert len({c.name for c in checks}) == len(checks) == 11
+    assert len({c.name for c in checks}) == len(checks) == 12
 
 
 def test_warnings_do_not_fail_the_report_but_a_failure_does() -> None:
@@ -240,6 +242,7 @@ def test_every_check_has_a_stable_name() -> None:
         "containment",
         "GPU (NVML)",
         "exit status of non-children",
+        "short-lived processes",
         "Python fork-lock",
         "store",
         "home",
@@ -269,3 +272,15 @@ def test_in_the_initial_pid_namespace_nvml_pids_are_ours(tmp_path: Path) -> None
     from jobwarden.osapi.capabilities import in_initial_pid_namespace
 
     assert in_initial_pid_namespace(str(tmp_path)) is False  # unreadable: assume a container
+
+
+def test_without_kernel_process_events_short_lives_rest_on_the_hooks() -> None:
+    (check,) = [
+        c
+        for c in run_checks(facts(proc_events=(False, "not the initial pid namespace")))
+        if "short" in c.name
+    ]
+    assert check.status == WARN
+    assert "Python hooks" in check.message and "not the initial pid namespace" in check.message
+    off = next(c for c in run_checks(facts(proc_events_disabled=True)) if "short" in c.name)
+    assert off.status == WARN and "JOBWARDEN_PROC_EVENTS=off" in off.message

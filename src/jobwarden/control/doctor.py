@@ -65,6 +65,8 @@ class HostFacts:
     kernel: tuple[int, int]
     kernel_release: str
     pidfd_exit: tuple[bool | None, str]
+    proc_events: tuple[bool, str]  # can the shim read the kernel's process events, or why not
+    proc_events_disabled: bool  # JOBWARDEN_PROC_EVENTS=off
     interpreters: tuple[Interpreter, ...]
     store: StoreFacts
     home: Path
@@ -229,6 +231,26 @@ def check_pidfd_exit(kernel: tuple[int, int], release: str, probe: tuple[bool | 
     return Check(name, WARN, f"Linux {release}: the PIDFD_INFO_EXIT probe failed ({detail}): {meaning}")
 
 
+def check_short_lives(probe: tuple[bool, str], disabled: bool) -> Check:
+    """How a process that lives a few milliseconds is still seen: the kernel's process events where this
+    user may read them, the Python hooks' announcements and reaping reports always, for Python jobs."""
+    name = "short-lived processes"
+    ok, detail = probe
+    if ok and not disabled:
+        return Check(name, OK, f"seen by the kernel's process events ({detail}) and the Python hooks")
+    why = "JOBWARDEN_PROC_EVENTS=off" if disabled else detail
+    return Check(
+        name,
+        WARN,
+        f"no kernel process events ({why}): a process that dies before the 1 s scan is known only from the "
+        "Python hooks (its own announcement, or its Python parent's reaping); a non-Python child of a "
+        "non-Python parent is missed",
+        ""
+        if disabled
+        else "run on the host (not in a container's pid namespace), as root or on Linux >= 6.6",
+    )
+
+
 def check_interpreters(interpreters: tuple[Interpreter, ...]) -> Check:
     """The fork deadlock class of seed case S2: CPython 3.8-3.11 can deadlock a child forked while
     another thread holds an interpreter lock (gh-74580, gh-112275); 3.12 fixed the interpreter's own
@@ -347,6 +369,7 @@ def run_checks(facts: HostFacts) -> list[Check]:
         check_containment(facts.containment, facts.cgroup_disabled),
         check_nvml(facts.nvml, facts.nvidia_driver),
         check_pidfd_exit(facts.kernel, facts.kernel_release, facts.pidfd_exit),
+        check_short_lives(facts.proc_events, facts.proc_events_disabled),
         check_interpreters(facts.interpreters),
         check_store(facts.store),
         check_home(facts.home, facts.home_mode, facts.home_uid, facts.euid),

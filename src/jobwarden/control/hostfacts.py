@@ -26,6 +26,7 @@ def gather(home: Path) -> HostFacts:
     """Probes that fork come first: nothing here starts a thread or opens the store before them."""
     attach = caps.probe_ptrace_attach()
     pidfd_exit = caps.probe_pidfd_exit_info()
+    proc_events = probe_proc_events()
     disabled = os.environ.get(config.CGROUP_ENV, "auto") == "off"
     mode = uid = None
     with contextlib.suppress(OSError):
@@ -45,6 +46,8 @@ def gather(home: Path) -> HostFacts:
         kernel=caps.kernel_version(),
         kernel_release=os.uname().release,
         pidfd_exit=(pidfd_exit.ok, pidfd_exit.detail),
+        proc_events=proc_events,
+        proc_events_disabled=os.environ.get(config.PROC_EVENTS_ENV, "auto") == "off",
         interpreters=tuple(find_interpreters()),
         store=store_facts(Layout(home).database),
         home=home,
@@ -52,6 +55,12 @@ def gather(home: Path) -> HostFacts:
         home_uid=uid,
         free_bytes=free_bytes(home),
     )
+
+
+def probe_proc_events() -> tuple[bool, str]:
+    from jobwarden.osapi.procevents import probe
+
+    return probe()
 
 
 def find_tool(name: str) -> Tool | None:

@@ -1,0 +1,74 @@
+"""The kernel's process-event connector: messages parsed from bytes laid out as include/uapi/linux/cn_proc.h
+says, and a real listener that sees a child's fork and its death by SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import struct
+import subprocess
+import time
+
+import pytest
+
+from jobwarden.osapi.procevents import ProcEvent, ProcEventListener, parse, probe, wall_time
+
+HEAD = struct.pack("=IHHII", 0, 3, 0, 0, 0) + struct.pack("=IIIIHH", 1, 1, 0, 0, 0, 0)  # nlmsghdr + cn_msg
+
+
+def message(what: int, at_ns: int, data: bytes) -> bytes:
+    return HEAD + struct.pack("=IIQ", what, 0, at_ns) + data
+
+
+def test_a_fork_names_the_child_process_and_its_parent() -> None:
+    raw = message(0x1, 123, struct.pack("=iiii", 10, 10, 42, 42))
+    assert parse(raw) == ProcEvent("fork", 42, 10, 123)
+
+
+def test_a_new_thread_is_no_new_process() -> None:
+    assert parse(message(0x1, 1, struct.pack("=iiii", 10, 10, 43, 42))) is None
+
+
+def test_an_exit_carries_the_wait_status_of_the_thread_group_leader() -> None:
+    raw = message(0x80000000, 9, struct.pack("=iiIIii", 42, 42, 9, 17, 10, 10))
+    assert parse(raw) == ProcEvent("exit", 42, 10, 9, 9)
+    other_thread = message(0x80000000, 9, struct.pack("=iiIIii", 43, 42, 0, 17, 10, 10))
+    assert parse(other_thread) is None
+
+
+def test_exec_uid_changes_and_truncated_messages() -> None:
+    assert parse(message(0x2, 5, struct.pack("=ii", 42, 42))) == ProcEvent("exec", 42, 0, 5)
+    assert parse(message(0x4, 5, struct.pack("=iiii", 42, 42, 0, 0))) is None  # PROC_EVENT_UID
+    assert parse(message(0x80000000, 9, b"\0" * 8)) is None  # cut short
+    assert parse(HEAD[:20]) is None
+
+
+def test_the_kernels_timestamp_becomes_unix_time() -> None:
+    assert abs(wall_time(time.monotonic_ns()) - time.time()) < 0.5
+
+
+def test_a_real_listener_sees_a_fork_and_a_death_by_sigkill() -> None:
+    available, why = probe()
+    if not available:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI machines must offer the kernel's process events: {why}")
+        pytest.skip(why)
+    listener = ProcEventListener.open()
+    try:
+        child = subprocess.Popen(["sh", "-c", "kill -9 $$"])
+        child.wait(timeout=30)
+        seen: list[ProcEvent] = []
+        deadline = time.monotonic() + 10
+        while not any(e.kind == "exit" and e.pid == child.pid for e in seen):
+            left = deadline - time.monotonic()
+            assert left > 0, f"no exit event for {child.pid}: {seen[-5:]}"
+            select.select([listener], [], [], left)
+            seen += listener.read()
+        (fork,) = [e for e in seen if e.kind == "fork" and e.pid == child.pid]
+        assert fork.ppid == os.getpid()
+        (end,) = [e for e in seen if e.kind == "exit" and e.pid == child.pid]
+        assert end.wait_status == signal.SIGKILL
+        assert fork.at_ns <= end.at_ns
+    finally:
+        listener.close()
