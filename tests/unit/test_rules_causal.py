@@ -270,3 +270,28 @@ def test_the_dataloaders_most_specific_message_wins(log: str, signal: str) -> No
     assert signal in first.title
     if signal == "SIGBUS":
         assert all(s in first.remedy for s in ("--shm-size", "--ipc=host", "num_workers", "file_system"))
+
+
+@pytest.mark.parametrize(
+    ("log", "remedy"),
+    [
+        ("gpu-device-assert", "number of classes"),  # the kernel's own assertion, printed before
+        ("gpu-device-assert-dsa", "CUDA_LAUNCH_BLOCKING=1"),
+        ("gpu-cublas", "cuBLAS"),
+        ("gpu-illegal-memory-access", "compute-sanitizer"),
+        ("gpu-ecc-cuda", "hardware fault"),
+    ],
+)
+def test_the_gpu_stacks_own_text_sharpens_the_finding(log: str, remedy: str) -> None:
+    lines = recorded(log)
+    ev = failed(log_tail=lines, deaths=(main_death(T),), signal=None, exit_code=1)
+    first = explain(ev)[0]
+    assert any(e.startswith("GPU stack (") for e in first.evidence), first
+    assert remedy in first.remedy
+
+
+def test_nccls_watchdog_timeout_is_a_collective_hang() -> None:
+    ev = failed(
+        log_tail=recorded("gpu-nccl-watchdog"), deaths=(main_death(T, None, "SIGABRT"),), signal="SIGABRT"
+    )
+    assert explain(ev)[0].rule == "collective-hang"

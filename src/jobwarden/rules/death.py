@@ -15,6 +15,7 @@ from jobwarden.observations import Frame, ProcessDeath, UncaughtException
 from jobwarden.rules import mltext
 from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.frames import is_library, short_file
+from jobwarden.rules.gpuerrors import gpu_context
 from jobwarden.rules.memory import oom_killed
 
 _CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"}
@@ -54,6 +55,15 @@ class Subject(NamedTuple):
         return (self.pid,) if self.pid else ()
 
 
+def _with_gpu_context(found: Finding, lines: Sequence[str]) -> Finding:
+    """A RuntimeError that is really a device-side assert, a SIGABRT that is NCCL's watchdog: the GPU
+    stack's own text goes into the evidence, and its remedy first."""
+    gpu = gpu_context(lines)
+    if not gpu.evidence:
+        return found
+    return found._replace(evidence=(*found.evidence, *gpu.evidence), remedy=f"{gpu.remedy} {found.remedy}")
+
+
 def _main_rank(ev: RunEvidence) -> int | None:
     main = next((d for d in ev.deaths if d.is_main), None)
     return main.rank if main else None
@@ -79,6 +89,7 @@ def process_finding(ev: RunEvidence, who: Subject, log_tail: Sequence[str]) -> F
     for rule in (_python_exception, _signal_death, _exit_code):
         found = rule(ev, who, log_tail)
         if found:
+            found = _with_gpu_context(found, log_tail)
             if not who.is_main:  # "Rank 1 (pid 4242): killed by SIGKILL from outside jobwarden"
                 found = found._replace(title=f"{_cap(who.who)}: {found.title[:1].lower()}{found.title[1:]}")
             return found._replace(rank=who.rank)

@@ -1,0 +1,47 @@
+"""What the GPU stack's own error texts say about a failure, and what to do about each (the texts are parsed
+by rules.mltext.gpu_errors). They sharpen the finding about the process that died (a RuntimeError that is
+really a device-side assert, a SIGABRT that is NCCL's watchdog) rather than stand as findings of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from jobwarden.rules import mltext
+
+_REMEDIES = {
+    "cuda-kernel-assert": "a kernel's assertion failed on the GPU (an index out of range: a label >= the "
+    "number of classes, an embedding index >= its size): check the inputs of the op named in the assertion",
+    "cuda-device-assert": "a GPU kernel's assertion failed; CUDA reports it late, at a later call: rerun "
+    "with CUDA_LAUNCH_BLOCKING=1 (or on the CPU) to see the op that failed, and check its indices",
+    "cublas": "cuBLAS refused the call: CUBLAS_STATUS_ALLOC_FAILED / NOT_INITIALIZED usually mean the GPU "
+    "memory was exhausted; EXECUTION_FAILED / INVALID_VALUE a bad shape or an earlier CUDA error "
+    "(rerun with CUDA_LAUNCH_BLOCKING=1)",
+    "cuda-illegal-memory-access": "a kernel read or wrote out of bounds; the CUDA context is lost: rerun "
+    "with CUDA_LAUNCH_BLOCKING=1 and compute-sanitizer to find the op; check custom kernels and extensions",
+    "nccl-timeout": "a collective timed out: the rank that reports it is often a victim of a peer that "
+    "never joined; compare every rank's stacks (`jobwarden dump`) and the flight recorder "
+    "(TORCH_NCCL_TRACE_BUFFER_SIZE=2000, TORCH_NCCL_DUMP_ON_TIMEOUT=1)",
+    "gpu-ecc": "the GPU reported an uncorrectable memory (ECC) error: a hardware fault; drain the node, "
+    "reset the GPU (`nvidia-smi -r`) or have it replaced, and resume from the last checkpoint elsewhere",
+    "gpu-off-bus": "the GPU fell off the bus (Xid 79): power, thermal or hardware trouble; the node needs "
+    "a reset before any job can use that GPU again",
+    "xid": "the NVIDIA driver logged an Xid error: look it up in NVIDIA's Xid catalog; resume from the last "
+    "checkpoint, and drain the node if it repeats",
+}
+
+
+class GpuContext(NamedTuple):
+    evidence: tuple[str, ...]
+    remedy: str  # "" when the output holds none of the known texts
+
+
+def gpu_context(lines: Sequence[str]) -> GpuContext:
+    """The known GPU-stack error lines of `lines`, and the remedy of the most telling one: the first that
+    appeared, since the later ones usually follow from it."""
+    found = mltext.gpu_errors(lines)
+    if not found:
+        return GpuContext((), "")
+    evidence = tuple(f"GPU stack ({e.kind}): {e.line.strip()}" for e in found[:4])
+    return GpuContext(evidence, _REMEDIES[found[0].kind] + ".")
