@@ -67,6 +67,14 @@ def run_to_end(jw: Jobwarden, command: tuple[str, ...], *options: str) -> dict[s
     return report
 
 
+def read_lines(fifo: Path, n: int) -> list[str]:
+    """`n` announcements from the FIFO: two ranks may write theirs in the time of one read."""
+    lines: list[str] = []
+    while len(lines) < n:
+        lines += read_fifo(fifo, timeout_s=90).splitlines()
+    return lines
+
+
 def announced(path: Path) -> list[tuple[int, str]]:
     """(pid, what) of each line the scenario wrote to its --ready file."""
     lines = path.read_text().splitlines() if path.exists() else []
@@ -142,7 +150,7 @@ def test_torchrun_rank_that_hangs_outside_the_collective(jw: Jobwarden, tmp_path
     fifo = make_fifo(tmp_path / "ready")
     options = ("--hang-timeout", "4s", "--on-hang", "stop", "--grace", "2s")
     job = jw.start(*torchrun("rank-hangs", "--ready", str(fifo)), options=options)
-    lines = [read_fifo(fifo, timeout_s=90), read_fifo(fifo, timeout_s=90)]
+    lines = read_lines(fifo, 2)
     sleeper = next(int(line.split()[0]) for line in lines if "sleeping" in line)
     jw("wait", str(job["id"]), "--timeout", "120s")
     report = jw.json("explain", str(job["id"]))
@@ -153,7 +161,7 @@ def test_torchrun_rank_that_hangs_outside_the_collective(jw: Jobwarden, tmp_path
 def test_torchrun_agent_killed_leaves_no_rank_behind(jw: Jobwarden, tmp_path: Path) -> None:
     fifo = make_fifo(tmp_path / "ready")
     job = jw.start(*torchrun("rank-hangs", "--ready", str(fifo)))
-    ranks = {int(read_fifo(fifo, timeout_s=90).split()[0]) for _ in range(2)}
+    ranks = {int(line.split()[0]) for line in read_lines(fifo, 2)}
     os.kill(job["pid"], signal.SIGKILL)  # the elastic agent itself: its ranks lose their parent
     jw("wait", str(job["id"]), "--timeout", "90s")
     report = jw.json("explain", str(job["id"]))

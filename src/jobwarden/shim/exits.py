@@ -22,9 +22,8 @@ V = TypeVar("V")
 
 
 class ExitCollector:
-    def __init__(self, tree: JobTree, shim_pid: int, sightings: Sightings | None = None) -> None:
+    def __init__(self, tree: JobTree, sightings: Sightings | None = None) -> None:
         self.tree = tree
-        self.shim_pid = shim_pid
         self.sightings = sightings
         self.reaped: dict[int, int] = {}  # wait statuses of the shim's own children, by pid
         self._told: dict[int, tuple[int, float]] = {}  # pid -> (status, moment of death) from an event
@@ -84,9 +83,10 @@ class ExitCollector:
         return [end for death in deaths if (end := self._on_death(death)) is not None]
 
     def _ours(self, parent: int) -> bool:
-        """A child of the job's processes, or one reparented to the shim (a subreaper: its parent died).
-        A pid of a member that ended is not enough: the number may already belong to another process."""
-        return parent in self.tree.members or parent == self.shim_pid
+        """A child of one of the job's processes. Not a child of the shim itself: those are its own helpers
+        (py-spy, --on-event hooks), and the job's main process is held from its spawn. A pid of a member
+        that ended is not enough either: the number may already belong to another process."""
+        return parent in self.tree.members
 
     def _on_birth(self, birth: Birth) -> None:
         # the kernel reports every fork of the host: only children of the job's processes are ours; a

@@ -68,7 +68,7 @@ class Supervisor:
         self.tree = JobTree(procfs, self.pid, self.markers)
         self.main: Member | None = None
         self.main_status: int | None = None
-        self.exits = ExitCollector(self.tree, self.pid)
+        self.exits = ExitCollector(self.tree)
         self._fifo: int | None = None  # the hooks' announcements: opened before the job starts
         self.denied: dict[int, str] = {}  # pid -> why we may not signal it
         self.stop: StopRequest | None = None
