@@ -127,6 +127,10 @@ def test_torchrun_rank_that_raises(jw: Jobwarden) -> None:
     report = run_to_end(jw, torchrun("rank-raises"))
     failed_rank = mltext.child_failed(jw.output(report["job"]).splitlines())
     assert failed_rank is not None
+    # the hooks wrote the rank's TORCHELASTIC_ERROR_FILE as @record would: torchrun's report quotes it
+    assert failed_rank.root_cause.error_file is not None
+    assert failed_rank.root_cause.traceback is not None
+    assert failed_rank.root_cause.traceback.exc_type == "ValueError"
     first = assert_root(report, "python-exception", failed_rank.root_cause.pid, 1)
     assert "ValueError" in first["title"]
     assert any(e.startswith("raised at") and "mlstack.py" in e for e in first["evidence"])
