@@ -156,6 +156,18 @@ def processes_under(home: Path) -> list[int]:
     return found
 
 
+def require_kernel_process_events() -> None:
+    """Skip where the kernel will not send its process events (a container); in CI, fail instead: the
+    machines CI runs on offer them, and the tests that need them must not pass silently."""
+    from jobwarden.osapi.procevents import probe
+
+    available, why = probe()
+    if not available:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI machines must offer the kernel's process events: {why}")
+        pytest.skip(why)
+
+
 @pytest.fixture
 def jw(tmp_path: Path) -> Iterator[Jobwarden]:
     home = tmp_path / "home"

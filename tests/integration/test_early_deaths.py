@@ -5,15 +5,13 @@ both. Its parent then gives up with exit code 1; `explain` must blame the worker
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from jobwarden.osapi.procevents import probe
-from tests.conftest import Jobwarden
+from tests.conftest import Jobwarden, require_kernel_process_events
 
 pytestmark = pytest.mark.integration
 JOB = Path(__file__).resolve().parent / "jobs" / "early_death.py"
@@ -22,11 +20,7 @@ DELAYS_MS = (0, 1, 2, 5, 10)
 
 @pytest.fixture(scope="module")
 def kernel_events() -> None:
-    available, why = probe()
-    if not available:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI machines must offer the kernel's process events: {why}")
-        pytest.skip(why)
+    require_kernel_process_events()
 
 
 def worker_of(jw: Jobwarden, job: int) -> int:

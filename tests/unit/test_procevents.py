@@ -10,9 +10,8 @@ import struct
 import subprocess
 import time
 
-import pytest
-
-from jobwarden.osapi.procevents import ProcEvent, ProcEventListener, parse, probe, wall_time
+from jobwarden.osapi.procevents import ProcEvent, ProcEventListener, parse, wall_time
+from tests.conftest import require_kernel_process_events
 
 HEAD = struct.pack("=IHHII", 0, 3, 0, 0, 0) + struct.pack("=IIIIHH", 1, 1, 0, 0, 0, 0)  # nlmsghdr + cn_msg
 
@@ -49,11 +48,7 @@ def test_the_kernels_timestamp_becomes_unix_time() -> None:
 
 
 def test_a_real_listener_sees_a_fork_and_a_death_by_sigkill() -> None:
-    available, why = probe()
-    if not available:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI machines must offer the kernel's process events: {why}")
-        pytest.skip(why)
+    require_kernel_process_events()
     listener = ProcEventListener.open()
     try:
         child = subprocess.Popen(["sh", "-c", "kill -9 $$"])
