@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from jobwarden.model import Finding
-from jobwarden.observations import Frame, ProcessDeath, UncaughtException
+from jobwarden.observations import Frame, ProcessDeath, ProcessStack, ThreadStack, UncaughtException
 from jobwarden.rules import RunEvidence, explain
 from jobwarden.rules.causal import CAUSE, REPORT, TEARDOWN, incidents, root_incident
 
@@ -295,3 +295,42 @@ def test_nccls_watchdog_timeout_is_a_collective_hang() -> None:
         log_tail=recorded("gpu-nccl-watchdog"), deaths=(main_death(T, None, "SIGABRT"),), signal="SIGABRT"
     )
     assert explain(ev)[0].rule == "collective-hang"
+
+
+def test_the_workers_last_stack_tells_what_it_was_doing() -> None:
+    stack = ProcessStack(
+        811,
+        "py-spy",
+        (
+            ThreadStack(
+                811,
+                "MainThread",
+                (
+                    Frame("dumps", "/usr/lib/python3.11/multiprocessing/reduction.py", 51),
+                    Frame("_sendback_result", "/usr/lib/python3.11/concurrent/futures/process.py", 211),
+                    Frame("transform", "/srv/etl.py", 12),
+                ),
+            ),
+        ),
+    )
+    worker = ProcessDeath(811, MAIN, "python etl.py", T + 1.0, None, "SIGSEGV")
+    ev = failed(deaths=(worker, main_death(T + 1.2)), last_stacks={811: stack})
+    first = explain(ev)[0]
+    assert any(
+        e.startswith("its last stack (thread 'MainThread'") and "_sendback_result" in e
+        for e in first.evidence
+    )
+
+
+def test_torchruns_agent_ended_by_sighup_is_a_terminal_hangup_on_the_real_output() -> None:
+    # torchrun handles SIGHUP itself (even under nohup), forwards it to the ranks and exits 1
+    ev = failed(
+        log_tail=recorded("torchrun-agent-sighup"),
+        deaths=(
+            rank_death(RANK0, 0, T + 0.01, None, "SIGHUP"),
+            rank_death(RANK1, 1, T + 0.01, None, "SIGHUP"),
+            main_death(T + 0.2),
+        ),
+    )
+    findings = explain(ev)
+    assert (findings[0].rule, findings[0].pids) == ("terminal-hangup", (MAIN,))

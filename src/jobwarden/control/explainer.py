@@ -56,6 +56,7 @@ def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event])
         stopping_at=next((e.at for e in events if e.kind == "stopping"), None),
         deaths=_deaths(store, job, run),
         exceptions=read_exceptions(store.layout.py_dir(job.id, run.n)),
+        last_stacks={s.pid: s for dump in store.stacks(job.id, run.n) for s in dump.stacks if s.threads},
         oom=oom,
         mem_limit_bytes=job.options.get("mem_limit_bytes"),
     )

@@ -23,7 +23,7 @@ from typing import NamedTuple
 from jobwarden.model import Finding
 from jobwarden.observations import ProcessDeath, UncaughtException
 from jobwarden.rules import death as exits
-from jobwarden.rules import mltext
+from jobwarden.rules import frames, mltext
 from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.memory import oom_killed
 
@@ -205,7 +205,7 @@ def _main_exit(found: Sequence[Finding], ev: RunEvidence) -> Finding | None:
 def _with_collateral(lead: Finding, root: Incident, after: list[Incident], ev: RunEvidence) -> Finding:
     who = exits.Subject.of(root.death, root.exception, _role(ev)).who
     how = _how(root.death)
-    lines = [f"then: {_then(i)}" for i in after[:_SHOWN_AFTER]]
+    lines = [*_last_stack(root.death.pid, ev), *(f"then: {_then(i)}" for i in after[:_SHOWN_AFTER])]
     if len(after) > _SHOWN_AFTER:
         lines.append(f"then: {len(after) - _SHOWN_AFTER} more process(es) ended after it")
     summary = f"{who[:1].upper()}{who[1:]} {how} at {clock(root.death.at)}, first in the job's tree"
@@ -217,6 +217,15 @@ def _with_collateral(lead: Finding, root: Incident, after: list[Incident], ev: R
         pids=tuple(dict.fromkeys((root.death.pid, *lead.pids))),
         rank=root.death.rank,
     )
+
+
+def _last_stack(pid: int, ev: RunEvidence) -> list[str]:
+    """What the process was doing when a stack of it was last taken (a dump, a hang, a lost worker)."""
+    stack = ev.last_stacks.get(pid)
+    thread = (frames.main_thread(stack) or stack.threads[0]) if stack is not None and stack.threads else None
+    if thread is None or not thread.frames:
+        return []
+    return [f"its last stack ({frames.thread_label(thread)}): {frames.path_of(thread.frames, 4)}"]
 
 
 def _then(i: Incident) -> str:

@@ -3,8 +3,8 @@ end). Plain data: the rules stay pure and their tests feed recorded evidence."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from jobwarden.observations import (
@@ -34,6 +34,8 @@ class RunEvidence:
     events: Sequence[str] = ()  # event kinds, oldest first
     stopping_at: float | None = None  # when jobwarden began to end the run (stop, --timeout, a hang...)
     exceptions: Sequence[UncaughtException] = ()  # uncaught, per Python process, as the hooks recorded them
+    # the last stack stored of each process (a dump, a hang): what a worker was doing before it died
+    last_stacks: Mapping[int, ProcessStack] = field(default_factory=dict)
     # --- diagnosis: filled where known ---
     now: float | None = None
     hang_window_s: float | None = None  # set when the watchdog judges the run hung (no progress for it)
