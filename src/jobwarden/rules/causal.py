@@ -101,10 +101,10 @@ def _reported_deaths(ev: RunEvidence) -> list[ProcessDeath]:
     ]
 
 
-def root_incident(ev: RunEvidence) -> Incident | None:
+def root_incident(ev: RunEvidence, found: Sequence[Incident] | None = None) -> Incident | None:
     """The first cause; when the main process only reported a death, the first teardown stands in for the
     death nobody saw. None when the run has no incident (still running, hung, succeeded)."""
-    found = incidents(ev)
+    found = incidents(ev) if found is None else found
     cause = next((i for i in found if i.weight == CAUSE), None)
     if cause is not None:
         return cause
@@ -159,20 +159,22 @@ def arrange(found: Sequence[Finding], ev: RunEvidence, ranked: Sequence[Finding]
     cause of anything yet."""
     if ev.state not in _FAILED_STATES:
         return list(ranked)
-    root = root_incident(ev)
+    timeline = incidents(ev)
+    root = root_incident(ev, timeline)
     if root is None or root.death.is_main:
         return list(ranked)
-    lead = _finding_about(root, found, ev)
+    role = _role(timeline)
+    lead = _finding_about(root, found, ev, role)
     if lead is None:
         return list(ranked)
-    after = [i for i in incidents(ev) if i.death.pid != root.death.pid and i.death.at >= root.death.at]
+    after = [i for i in timeline if i.death.pid != root.death.pid and i.death.at >= root.death.at]
     # the main process's end, once it followed the root: its report of it, quoted in the lead's evidence
     main_exit = _main_exit(found, ev) if any(i.death.is_main for i in after) else None
-    lead = _with_collateral(lead, root, after, ev)
+    lead = _with_collateral(lead, root, after, ev, role)
     return [lead, *(f for f in ranked if f.rule != lead.rule and f is not main_exit)]
 
 
-def _finding_about(root: Incident, found: Sequence[Finding], ev: RunEvidence) -> Finding | None:
+def _finding_about(root: Incident, found: Sequence[Finding], ev: RunEvidence, role: str) -> Finding | None:
     """The most specific finding about the process that failed first: an OOM kill, a lost pool worker, a
     DataLoader worker; else how it ended (its exception, signal or exit code)."""
     pid = root.death.pid
@@ -182,15 +184,14 @@ def _finding_about(root: Incident, found: Sequence[Finding], ev: RunEvidence) ->
             about = pid in f.pids if rule == "oom-kill" else f.pids[:1] == (pid,)
             if f.rule == rule and about:
                 return f
-    role = _role(ev)
     subject = exits.Subject.of(root.death, root.exception, role)
     own_lines = ev.log_tail if root.death.signal in _CRASH else ()
     return exits.process_finding(ev, subject, own_lines)
 
 
-def _role(ev: RunEvidence) -> str:
+def _role(timeline: Sequence[Incident]) -> str:
     """What the failed children are called: by the wrapper the main process reported them with."""
-    main = next((i for i in incidents(ev) if i.death.is_main), None)
+    main = next((i for i in timeline if i.death.is_main), None)
     if main is not None and main.report is not None:
         return _WRAPPERS.get(main.report, "DataLoader worker")
     return "worker"
@@ -202,8 +203,10 @@ def _main_exit(found: Sequence[Finding], ev: RunEvidence) -> Finding | None:
     return next((f for f in found if f.rule in exit_rules and f.pids == main), None)
 
 
-def _with_collateral(lead: Finding, root: Incident, after: list[Incident], ev: RunEvidence) -> Finding:
-    who = exits.Subject.of(root.death, root.exception, _role(ev)).who
+def _with_collateral(
+    lead: Finding, root: Incident, after: list[Incident], ev: RunEvidence, role: str
+) -> Finding:
+    who = exits.Subject.of(root.death, root.exception, role).who
     how = _how(root.death)
     lines = [*_last_stack(root.death.pid, ev), *(f"then: {_then(i)}" for i in after[:_SHOWN_AFTER])]
     if len(after) > _SHOWN_AFTER:
