@@ -236,23 +236,11 @@ def _short_type(qualified: str) -> str:
     return qualified.rpartition(".")[2]
 
 
-_SIGNAL_EXCEPTION = re.compile(r"Process \d+ got signal: (\d+)")
-
-
 def _agent_signal(exc_type: str, message: str) -> str | None:
     """torch.distributed.elastic's agent handles SIGHUP/SIGTERM itself and raises SignalException
     ("Process 42 got signal: 1"): it died of that signal, whatever its exit code says."""
-    if not exc_type.endswith("SignalException"):
-        return None
-    m = _SIGNAL_EXCEPTION.search(message)
-    if m is None:
-        return None
-    import signal  # the names only: no handler is touched
-
-    try:
-        return signal.Signals(int(m[1])).name
-    except ValueError:
-        return None
+    caught = mltext.signal_exception([f"{exc_type}: {message}"])
+    return caught.signal if caught is not None and caught.signal.startswith("SIG") else None
 
 
 def _signal_death(ev: RunEvidence, who: Subject, lines: Sequence[str]) -> Finding | None:
