@@ -7,11 +7,11 @@ ended. A rule found live is not repeated; the order is the rules' root-cause-fir
 
 from __future__ import annotations
 
-from jobwarden.model import Finding
+from jobwarden.model import Finding, ProcessEnd
 from jobwarden.observations import OomEvidence, ProcessDeath
-from jobwarden.osapi.process import WaitStatus
 from jobwarden.probes.pyhooks import read_exceptions
 from jobwarden.rules import RunEvidence
+from jobwarden.rules.evidence import death_of
 from jobwarden.rules.verdict import collect, order
 from jobwarden.store import JobRecord, RunRecord, Store
 from jobwarden.store.logfiles import tail_lines
@@ -63,24 +63,14 @@ def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event])
 
 
 def _deaths(store: Store, job: JobRecord, run: RunRecord) -> tuple[ProcessDeath, ...]:
-    deaths = []
-    for p in store.processes(job.id, run.n):
-        if p.ended_at is None or p.wait_status is None or p.wait_status < 0:
-            continue
-        status = WaitStatus.decode(p.wait_status)
-        deaths.append(
-            ProcessDeath(
-                pid=p.pid,
-                ppid=p.ppid,
-                cmdline=p.cmdline,
-                at=p.ended_at,
-                exit_code=status.exit_code,
-                signal=status.signal_name,
-                is_main=p.pid == run.pid and p.start_time == run.pid_start,
-                rank=p.rank,
-            )
+    return tuple(
+        death_of(
+            ProcessEnd(p.pid, p.start_time, p.wait_status, p.ended_at, p.ppid, p.cmdline, p.ranks),
+            is_main=p.pid == run.pid and p.start_time == run.pid_start,
         )
-    return tuple(deaths)
+        for p in store.processes(job.id, run.n)
+        if p.ended_at is not None and p.wait_status is not None and p.wait_status >= 0
+    )
 
 
 def _oom(data: dict[str, object]) -> OomEvidence:

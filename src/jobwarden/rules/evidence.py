@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobwarden.model import ProcessEnd
 from jobwarden.observations import (
     ForkRecord,
     GpuDevice,
@@ -17,6 +18,7 @@ from jobwarden.observations import (
     ProcessStack,
     UncaughtException,
 )
+from jobwarden.osapi.process import WaitStatus
 
 
 @dataclass(frozen=True)
@@ -51,3 +53,19 @@ class RunEvidence:
     gpu_processes: Sequence[GpuProcess] = ()  # of this job's processes
     gpu_idle_for_s: float | None = None  # the job held GPU memory at ~0% utilisation this long
     gpu_idle_window_s: float | None = None  # how long it may last before gpu-idle (else hang_window_s)
+
+
+def death_of(end: ProcessEnd, is_main: bool) -> ProcessDeath:
+    """How a process ended, as the rules read it: its wait status decoded (an unknown status leaves both
+    the exit code and the signal None)."""
+    decoded = WaitStatus.decode(end.status) if end.status is not None and end.status >= 0 else None
+    return ProcessDeath(
+        pid=end.pid,
+        ppid=end.ppid,
+        cmdline=end.cmdline,
+        at=end.at,
+        exit_code=decoded.exit_code if decoded else None,
+        signal=decoded.signal_name if decoded else None,
+        is_main=is_main,
+        rank=end.ranks.rank if end.ranks else None,
+    )

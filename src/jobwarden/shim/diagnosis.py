@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
 from jobwarden.model import Finding, ProcessEnd, ProcessSnapshot
 from jobwarden.observations import OomEvidence, ProcessDeath, ProcessFacts
-from jobwarden.osapi.process import WaitStatus
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.pyhooks import read_adverts, read_forks, read_heartbeat
 from jobwarden.probes.stacks import capture_stacks
 from jobwarden.rules import RunEvidence, explain
+from jobwarden.rules.evidence import death_of
 from jobwarden.shim.gpuwatch import GpuWatch
 from jobwarden.shim.tree import JobTree, Member
 from jobwarden.shim.watchdog import Progress, ProgressTracker
@@ -242,20 +242,6 @@ class Diagnoser:
                 )
             )
         return tuple(facts)
-
-
-def death_of(end: ProcessEnd, is_main: bool) -> ProcessDeath:
-    decoded = WaitStatus.decode(end.status) if end.status is not None and end.status >= 0 else None
-    return ProcessDeath(
-        pid=end.pid,
-        ppid=end.ppid,
-        cmdline=end.cmdline,
-        at=end.at,
-        exit_code=decoded.exit_code if decoded else None,
-        signal=decoded.signal_name if decoded else None,
-        is_main=is_main,
-        rank=end.ranks.rank if end.ranks else None,
-    )
 
 
 def _main(main: Member | None) -> set[int]:
