@@ -12,15 +12,12 @@ import pytest
 from jobwarden.observations import Frame
 from jobwarden.rules import mltext
 from jobwarden.rules.mltext import (
-    broken_process_pool,
     child_failed,
-    closing_signals,
     dataloader_death,
     gpu_errors,
     parse_traceback,
     rank_tracebacks,
     signal_exception,
-    terminated_worker,
     user_frame,
 )
 
@@ -186,68 +183,11 @@ def test_the_agent_caught_a_signal_and_forwarded_it_to_both_ranks(name: str, sig
     assert caught is not None
     assert caught.signal == signal
     assert re.search(rf"^\w\d{{4}} [\d:.]+ {caught.pid} ", lines[0])  # the agent's own log lines name its pid
-    forwarded = closing_signals(lines)
-    assert [c.signal for c in forwarded] == [signal, signal]
-    assert caught.pid not in {c.pid for c in forwarded}
-
-
-def test_the_teardown_after_a_failure_names_the_rank_it_signals() -> None:
-    lines = log("torchrun-rank-raises")
-    report = child_failed(lines)
-    assert report is not None
-    assert closing_signals(lines) == ((report.other_failures[0].pid, "SIGTERM"),)
 
 
 @pytest.mark.parametrize("name", ["torchrun-rank-raises", "ppe-sigkill", *HEALTHY])
 def test_no_agent_signal_where_the_agent_caught_none(name: str) -> None:
     assert signal_exception(log(name)) is None
-
-
-# --- process pools ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("name", "exc_type", "signal", "code"),
-    [
-        ("loky-sigkill", "loky.process_executor.TerminatedWorkerError", "SIGKILL", -9),
-        ("loky-segv", "joblib.externals.loky.process_executor.TerminatedWorkerError", "SIGSEGV", -11),
-    ],
-)
-def test_loky_names_the_dead_workers_exit_code(name: str, exc_type: str, signal: str, code: int) -> None:
-    found = terminated_worker(log(name))
-    assert found is not None
-    assert found.exc_type == exc_type
-    assert [(e.signal, e.exitcode) for e in found.exits] == [(signal, code)]
-
-
-def test_loky_exit_codes_of_several_workers_and_plain_exits() -> None:
-    lines = log("loky-sigkill")
-    lines = [line.replace("{SIGKILL(-9)}", "{SIGKILL(-9), EXIT(1), UNKNOWN(255)}") for line in lines]
-    found = terminated_worker(lines)
-    assert found is not None
-    assert [(e.name, e.exitcode, e.signal) for e in found.exits] == [
-        ("SIGKILL", -9, "SIGKILL"),
-        ("EXIT", 1, None),
-        ("UNKNOWN", 255, None),
-    ]
-
-
-@pytest.mark.parametrize("name", ["ppe-sigkill", "ppe-segv"])
-def test_a_process_pool_executor_says_only_that_it_broke(name: str) -> None:
-    found = broken_process_pool(log(name))
-    assert found is not None
-    assert found.exc_type == "concurrent.futures.process.BrokenProcessPool"
-    assert found.message.startswith("A process in the process pool was terminated abruptly")
-
-
-@pytest.mark.parametrize("name", ["loky-sigkill", "dl-sigkill", "torchrun-rank-raises", *HEALTHY])
-def test_no_broken_pool_without_one(name: str) -> None:
-    assert broken_process_pool(log(name)) is None
-
-
-@pytest.mark.parametrize("name", ["ppe-sigkill", "dl-sigkill", "mp-early-kill", *HEALTHY])
-def test_no_terminated_worker_without_loky(name: str) -> None:
-    assert terminated_worker(log(name)) is None
 
 
 # --- DataLoader ---------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """What the ML stack prints when one of a job's processes dies, parsed: torchrun's ChildFailedError report,
-the tracebacks torch.distributed prefixes with `[rankN]:`, the elastic agent's SignalException, loky's
-TerminatedWorkerError, concurrent.futures' BrokenProcessPool, the DataLoader's worker-death messages, and
-the GPU stack's errors (NCCL watchdog, CUDA, cuBLAS, the kernel's Xid lines).
+the tracebacks torch.distributed prefixes with `[rankN]:`, the elastic agent's SignalException, the
+DataLoader's worker-death messages, and the GPU stack's errors (NCCL watchdog, CUDA, cuBLAS, the kernel's
+Xid lines).
 
 Each parser takes log lines and returns what it found (None, or an empty result, when nothing); pure: no
 I/O, no clock. The formats are those recorded from torch 2.13.0, loky 3.7.0, joblib 1.6.0 and CPython 3.11
@@ -23,24 +23,17 @@ from jobwarden.rules.frames import is_library
 
 __all__ = [
     "AgentSignal",
-    "BrokenPool",
     "ChildFailed",
-    "ClosingSignal",
     "DataLoaderDeath",
     "FailedRank",
     "GpuError",
     "PyTraceback",
-    "TerminatedWorkers",
-    "WorkerExit",
-    "broken_process_pool",
     "child_failed",
-    "closing_signals",
     "dataloader_death",
     "gpu_errors",
     "parse_traceback",
     "rank_tracebacks",
     "signal_exception",
-    "terminated_worker",
     "user_frame",
 ]
 
@@ -248,89 +241,6 @@ def signal_exception(lines: Sequence[str]) -> AgentSignal | None:
             number = int(m[2])
             return AgentSignal(int(m[1]), _signal_name(number) or f"signal {number}", line.strip())
     return None
-
-
-class ClosingSignal(NamedTuple):
-    """The agent tearing a rank down ('Sending process 6721 closing signal SIGTERM'): after the first
-    failure, or forwarding a signal it caught. The rank's own exit is collateral, not a cause."""
-
-    pid: int
-    signal: str
-
-
-_CLOSING = re.compile(r"Sending process (\d+) closing signal (SIG\w+)")
-
-
-def closing_signals(lines: Sequence[str]) -> tuple[ClosingSignal, ...]:
-    return tuple(ClosingSignal(int(m[1]), m[2]) for line in lines if (m := _CLOSING.search(line)))
-
-
-# --- process pools ------------------------------------------------------------------------------------
-
-
-class WorkerExit(NamedTuple):
-    """One exit code as loky prints it: 'SIGKILL(-9)', 'EXIT(1)', 'UNKNOWN(255)'."""
-
-    name: str
-    exitcode: int
-
-    @property
-    def signal(self) -> str | None:
-        return self.name if self.exitcode < 0 and self.name.startswith("SIG") else None
-
-
-class TerminatedWorkers(NamedTuple):
-    """loky's (and joblib's vendored loky's) TerminatedWorkerError: a worker died while the executor
-    waited; `exits` are the exit codes of the workers that had ended by then, the culprit among them."""
-
-    exc_type: str
-    exits: tuple[WorkerExit, ...]
-    line: str
-
-
-_TERMINATED = re.compile(r"^(?P<type>[\w.]*TerminatedWorkerError): (?P<msg>.*)$")
-_EXIT_CODES = re.compile(r"The exit codes of the workers are \{(?P<codes>[^}]*)\}")
-_EXIT_CODE = re.compile(r"(\w+)\((-?\d+)\)")
-
-
-def terminated_worker(lines: Sequence[str]) -> TerminatedWorkers | None:
-    at = _last(lines, _TERMINATED)
-    if at is None:
-        return None
-    exits: tuple[WorkerExit, ...] = ()
-    for line in lines[at : at + 6]:  # the codes follow on a later line of the same message
-        m = _EXIT_CODES.search(line)
-        if m:
-            exits = tuple(WorkerExit(n, int(c)) for n, c in _EXIT_CODE.findall(m["codes"]))
-            break
-    m = _TERMINATED.match(lines[at].strip())
-    assert m is not None
-    return TerminatedWorkers(m["type"], exits, lines[at].strip())
-
-
-class BrokenPool(NamedTuple):
-    """concurrent.futures' BrokenProcessPool: a worker died abruptly (or the pool's initializer failed),
-    and every pending future fails with it. The worker's pid and signal are not in the message."""
-
-    exc_type: str
-    message: str
-    line: str
-
-
-_BROKEN_POOL = re.compile(r"^(?P<type>[\w.]*BrokenProcessPool): ?(?P<msg>.*)$")
-
-
-def broken_process_pool(lines: Sequence[str]) -> BrokenPool | None:
-    at = _last(lines, _BROKEN_POOL)
-    if at is None:
-        return None
-    m = _BROKEN_POOL.match(lines[at].strip())
-    assert m is not None
-    return BrokenPool(m["type"], m["msg"], lines[at].strip())
-
-
-def _last(lines: Sequence[str], pattern: re.Pattern[str]) -> int | None:
-    return next((i for i in range(len(lines) - 1, -1, -1) if pattern.match(lines[i].strip())), None)
 
 
 # --- DataLoader ---------------------------------------------------------------------------------------
