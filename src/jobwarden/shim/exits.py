@@ -29,7 +29,7 @@ class ExitCollector:
         self._told: dict[int, tuple[int, float]] = {}  # pid -> (status, moment of death) from an event
         self._unheld: dict[int, Birth] = {}  # born, but gone before a pidfd could be opened
         self._unknown: dict[int, ProcessEnd] = {}  # ended with no status yet: a later report fills it in
-        self._gone: dict[int, int] = {}  # ended members: pid -> start time (a late report is not news)
+        self._gone: dict[int, None] = {}  # pids recorded ended, oldest first: a late report is not news
 
     def fds(self) -> list[int]:
         return self.sightings.fds() if self.sightings else []
@@ -68,7 +68,7 @@ class ExitCollector:
             member.cmdline,
             member.ranks,
         )
-        _remember(self._gone, member.pid, member.ident.start_time)
+        _remember(self._gone, member.pid, None)
         if status is None:
             _remember(self._unknown, member.pid, end)
         return end
@@ -116,7 +116,7 @@ class ExitCollector:
         if birth is None and not self._ours(death.ppid):
             return None  # another process of the host
         start_time = (birth.start_time if birth else None) or 0  # 0: never read
-        _remember(self._gone, death.pid, start_time)
+        _remember(self._gone, death.pid, None)
         return ProcessEnd(
             death.pid,
             start_time,
