@@ -10,13 +10,16 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobwarden import config
 from jobwarden.clock import SystemClock
 from jobwarden.errors import UsageError
 from jobwarden.model import JobSpec, JobState
 from jobwarden.paths import home_dir
+
+if TYPE_CHECKING:
+    from jobwarden.control.jobstatus import JobStatus
 
 
 def _home() -> Path:
@@ -156,42 +159,33 @@ def cmd_ps(args: argparse.Namespace) -> int:
     return 0
 
 
-def _status_data(job_ref: str, run_n: int | None) -> dict[str, Any]:
-    from jobwarden.control.explainer import findings_for
-    from jobwarden.control.views import live_processes, refresh, status_json
+def _job_status(job_ref: str, run_n: int | None) -> JobStatus:
+    from jobwarden.control.jobstatus import job_status
     from jobwarden.store import Store
 
-    procfs = _procfs()
     with Store(_home()) as store:
-        job = store.job(job_ref)
-        run = refresh(store, procfs, job, store.run(job.id, run_n))
-        procs = live_processes(store, procfs, job, run)
-        findings = [f.to_json() for f in findings_for(store, job, run)]
-        data = status_json(store, job, run, procs, findings)
-        data["events"] = [{"kind": e.kind, "at": e.at, **e.data} for e in store.events(job.id, run.n)]
-    return data
+        return job_status(store, _procfs(), job_ref, run_n)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from jobwarden.cli import render
 
-    data = _status_data(args.job, args.run)
+    status = _job_status(args.job, args.run)
     if args.json:
-        data.pop("events")
-        _print_json(data)
+        _print_json(status.to_json())
     else:
-        _print_lines(render.status_report(data, SystemClock().wall()))
+        _print_lines(render.status_report(status, SystemClock().wall()))
     return 0
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from jobwarden.cli import render
 
-    data = _status_data(args.job, args.run)
+    status = _job_status(args.job, args.run)
     if args.json:
-        _print_json({k: data[k] for k in ("id", "run", "state", "exit_code", "signal", "findings")})
+        _print_json(status.explain_json())
     else:
-        _print_lines(render.explain_report(data))
+        _print_lines(render.explain_report(status))
     return 0
 
 

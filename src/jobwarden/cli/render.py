@@ -15,8 +15,10 @@ from jobwarden.model import JobState, Ranks
 
 if TYPE_CHECKING:  # kept off the import paths of `run` and `ps`, which a user waits for
     from jobwarden.control.dump import DumpResult
+    from jobwarden.control.jobstatus import JobStatus
     from jobwarden.control.lifecycle import StopResult
     from jobwarden.control.views import JobView
+    from jobwarden.model import ProcessSnapshot
     from jobwarden.observations import Frame, ProcessStack, ThreadStack
     from jobwarden.store import RunRecord
 
@@ -52,17 +54,17 @@ def exit_status(run: RunRecord) -> int:
     return 0 if run.state == JobState.SUCCEEDED else 1
 
 
-def how_it_ended(run: dict[str, Any]) -> str:
-    state = run["state"]
-    if run.get("end_reason") == "hung":
+def how_it_ended(run: RunRecord) -> str:
+    state = str(run.state)
+    if run.end_reason == "hung":
         return f"{state}: ended as hung (--on-hang)"
-    if run.get("end_reason") == "mem-limit":
+    if run.end_reason == "mem-limit":
         return f"{state}: over its --mem-limit"
-    if run.get("signal"):
-        return f"{state}: killed by {run['signal']}"
-    if run.get("exit_code") is not None and state in ("failed", "succeeded", "stopped"):
-        return f"{state}: exit code {run['exit_code']}"
-    return str(state)
+    if run.signal:
+        return f"{state}: killed by {run.signal}"
+    if run.exit_code is not None and state in ("failed", "succeeded", "stopped"):
+        return f"{state}: exit code {run.exit_code}"
+    return state
 
 
 def one_line(text: str) -> str:
@@ -110,77 +112,84 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
         yield "  ".join([*cells, row[-1]])
 
 
-def status_report(d: dict[str, Any], now: float) -> Iterator[str]:
-    yield f"job {d['id']} ({d['name']}) — {_color(how_it_ended(d), d['state'])}"
-    yield f"  command      {shlex.join(d['command'])}"
-    yield f"  cwd          {d['cwd']}"
-    yield f"  run          {d['run']}"
-    if d["pid"]:
-        yield f"  pid          {d['pid']} (supervisor {d['shim_pid']})"
-    yield f"  containment  {d['containment'] or '-'}"
-    if d.get("queued_reason"):
-        yield f"  waiting      {d['queued_reason']}"
-    if d.get("gpu_ids"):
-        yield f"  gpus         {','.join(str(i) for i in d['gpu_ids'])}"
-    yield f"  started      {d['started_at'] or '-'}"
-    if d["ended_at"]:
-        yield f"  ended        {d['ended_at']}"
-    if d["error"]:
-        yield f"  error        {d['error']}"
-    yield f"  log          {d['log']}"
-    for event in d.get("events", []):
-        if event["kind"] == "disk-full":
-            yield f"  WARNING      the disk holding the log filled up ({event['path']}); output may be lost"
-    if d["processes"]:
+def status_report(status: JobStatus, now: float) -> Iterator[str]:
+    job, run = status.job, status.run
+    yield f"job {job.id} ({job.name}) — {_color(how_it_ended(run), str(run.state))}"
+    yield f"  command      {shlex.join(job.command)}"
+    yield f"  cwd          {job.cwd}"
+    yield f"  run          {run.n}"
+    if run.pid:
+        yield f"  pid          {run.pid} (supervisor {run.shim_pid})"
+    yield f"  containment  {run.containment or '-'}"
+    if run.queued_reason:
+        yield f"  waiting      {run.queued_reason}"
+    if run.gpu_ids:
+        yield f"  gpus         {','.join(str(i) for i in run.gpu_ids)}"
+    yield f"  started      {iso(run.started_at) or '-'}"
+    if run.ended_at:
+        yield f"  ended        {iso(run.ended_at)}"
+    if run.error:
+        yield f"  error        {run.error}"
+    yield f"  log          {status.log_path}"
+    for path in status.disk_full_paths:
+        yield f"  WARNING      the disk holding the log filled up ({path}); output may be lost"
+    yield from _process_table(status.processes)
+    if run.orphans_left:
         yield ""
-        gpu = any(p.get("gpu_memory_bytes") is not None for p in d["processes"])  # a GPU column if any
-        gpu_head = f"  {'GPU MEM':>7}" if gpu else ""
-        ranked = any(p.get("rank") is not None for p in d["processes"])  # a RANK column in distributed jobs
-        rank_head = f"  {'RANK':>4}" if ranked else ""
-        yield f"  {'PID':>7}  {'PPID':>7}{rank_head}  S  {'CPU':>5}  {'RSS':>7}{gpu_head}  COMMAND"
-        for p in d["processes"]:
-            cpu = f"{p['cpu_percent']:.0f}%" if p["cpu_percent"] is not None else "-"
-            gpu_cell = f"  {format_size(p.get('gpu_memory_bytes')):>7}" if gpu else ""
-            rank_cell = f"  {_or_dash(p.get('rank')):>4}" if ranked else ""
-            yield (
-                f"  {p['pid']:>7}  {p['ppid']:>7}{rank_cell}  {p['state']}  {cpu:>5}  "
-                f"{format_size(p['rss_bytes']):>7}{gpu_cell}  {p['cmdline'][:80]}"
-            )
-    if d["orphans_left"]:
-        yield ""
-        yield f"  {len(d['orphans_left'])} descendant(s) were still running when the main process ended:"
-        for o in d["orphans_left"]:
+        yield f"  {len(run.orphans_left)} descendant(s) were still running when the main process ended:"
+        for o in run.orphans_left:
             yield f"    {o['pid']}  {one_line(o['cmdline'])[:90]}"
-    if d["survivors"]:
+    if run.survivors:
         yield ""
         yield "  could not be ended:"
-        for s in d["survivors"]:
-            yield f"    {s['pid']}  {one_line(s['cmdline'])[:60]}: {s['reason']}"
-    if d["findings"]:
+        for s in run.survivors:
+            yield f"    {s.pid}  {one_line(s.cmdline)[:60]}: {s.reason}"
+    if status.findings:
         yield ""
-        for f in d["findings"]:
-            yield f"  [{f['rule']}] {f['title']}"
+        for f in status.findings:
+            yield f"  [{f.rule}] {f.title}"
+
+
+def _process_table(processes: list[ProcessSnapshot]) -> Iterator[str]:
+    if not processes:
+        return
+    yield ""
+    gpu = any(p.gpu_memory_bytes is not None for p in processes)  # a GPU column if any
+    gpu_head = f"  {'GPU MEM':>7}" if gpu else ""
+    ranked = any(p.ranks is not None and p.ranks.rank is not None for p in processes)  # distributed jobs
+    rank_head = f"  {'RANK':>4}" if ranked else ""
+    yield f"  {'PID':>7}  {'PPID':>7}{rank_head}  S  {'CPU':>5}  {'RSS':>7}{gpu_head}  COMMAND"
+    for p in processes:
+        cpu = f"{p.cpu_percent:.0f}%" if p.cpu_percent is not None else "-"
+        gpu_cell = f"  {format_size(p.gpu_memory_bytes):>7}" if gpu else ""
+        rank_cell = f"  {_or_dash(p.ranks.rank if p.ranks else None):>4}" if ranked else ""
+        yield (
+            f"  {p.pid:>7}  {p.ppid:>7}{rank_cell}  {p.state}  {cpu:>5}  "
+            f"{format_size(p.rss_bytes):>7}{gpu_cell}  {p.cmdline[:80]}"
+        )
 
 
 def _or_dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def explain_report(d: dict[str, Any]) -> Iterator[str]:
-    yield f"job {d['id']} ({d['name']}), run {d['run']} — {how_it_ended(d)}"
-    if not d["findings"]:
+def explain_report(status: JobStatus) -> Iterator[str]:
+    job, run = status.job, status.run
+    yield f"job {job.id} ({job.name}), run {run.n} — {how_it_ended(run)}"
+    if not status.findings:
         yield ""
-        yield ("  nothing wrong found: it is running" if d["state"] == "running" else "  nothing wrong found")
+        running = run.state == JobState.RUNNING
+        yield "  nothing wrong found: it is running" if running else "  nothing wrong found"
         return
-    for i, f in enumerate(d["findings"]):
+    for i, f in enumerate(status.findings):
         yield ""
         label = "root cause" if i == 0 else "also"
-        yield f"{label}: {f['title']}  [{f['rule']}, {f['severity']}]"
-        yield f"  {f['summary']}"
-        for line in f["evidence"]:
+        yield f"{label}: {f.title}  [{f.rule}, {f.severity}]"
+        yield f"  {f.summary}"
+        for line in f.evidence:
             yield f"    - {one_line(line)}"
-        if f["remedy"]:
-            yield f"  what to do: {f['remedy']}"
+        if f.remedy:
+            yield f"  what to do: {f.remedy}"
 
 
 def stop_report(result: StopResult) -> Iterator[str]:
@@ -216,13 +225,9 @@ def dump_heading(result: DumpResult) -> str:
         took = f" in {result.elapsed_s:.2f}s" if result.elapsed_s is not None else ""
         return f"{who} — {run.state}: stacks of {len(result.stacks)} process(es), taken {when}{took}"
     return (
-        f"{who} has no live process ({how_it_ended(_run_end(run))}); these are the last stacks taken "
+        f"{who} has no live process ({how_it_ended(run)}); these are the last stacks taken "
         f"while it ran: {when}, by {result.trigger}"
     )
-
-
-def _run_end(run: RunRecord) -> dict[str, Any]:
-    return {"state": str(run.state), "signal": run.signal, "exit_code": run.exit_code}
 
 
 def dump_report(result: DumpResult) -> Iterator[str]:

@@ -1,5 +1,6 @@
-"""Read-side views of jobs: what `ps`, `status`, `explain` show, with the one write the CLI may make:
-marking a run `lost` when its shim is found dead."""
+"""Read-side views of jobs: the job list (`ps`, the web's list, `top`), the live processes of a run, and
+the one write a reader may make: marking a run `lost` when its shim is found dead. One job's whole view is
+`control.jobstatus`."""
 
 from __future__ import annotations
 
@@ -9,14 +10,13 @@ from jobwarden import config
 from jobwarden.clock import SystemClock, iso
 from jobwarden.control.shimproc import shim_alive
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
-from jobwarden.model import ACTIVE_STATES, JobState, ProcessSnapshot, Ranks
+from jobwarden.model import ACTIVE_STATES, JobState, ProcessSnapshot
 from jobwarden.osapi.cgroup import cgroup_path, find_job_cgroup
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.markers import find_marked, job_markers
 from jobwarden.store import JobRecord, RunRecord, Store
 
 _WATCHED = ACTIVE_STATES  # a shim should be alive for these
-_NO_RANKS = Ranks(None)
 
 
 def refresh(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord) -> RunRecord:
@@ -139,48 +139,3 @@ def _top_rule(store: Store, job: JobRecord, run: RunRecord) -> str | None:
     rules = [f.rule for _, f in store.findings(job.id, run.n)]
     ranked = sorted(rules, key=rank)
     return ranked[0] if ranked else None
-
-
-def status_json(
-    store: Store,
-    job: JobRecord,
-    run: RunRecord,
-    processes: list[ProcessSnapshot],
-    findings: list[dict[str, Any]],
-) -> dict[str, Any]:
-    return {
-        "id": job.id,
-        "name": job.name,
-        "state": str(run.state),
-        "run": run.n,
-        "pid": run.pid,
-        "exit_code": run.exit_code,
-        "signal": run.signal,
-        "started_at": iso(run.started_at),
-        "ended_at": iso(run.ended_at),
-        "end_reason": run.end_reason,
-        "error": run.error,
-        "command": list(job.command),
-        "cwd": job.cwd,
-        "shim_pid": run.shim_pid,
-        "containment": run.containment,
-        "queued_reason": run.queued_reason,
-        "gpu_ids": list(run.gpu_ids),
-        "log": str(store.layout.output_log(job.id, run.n)),
-        "processes": [
-            {
-                "pid": p.pid,
-                "ppid": p.ppid,
-                "cmdline": p.cmdline,
-                "state": p.state,
-                "rss_bytes": p.rss_bytes,
-                "cpu_percent": p.cpu_percent,
-                "gpu_memory_bytes": p.gpu_memory_bytes,
-                **(p.ranks or _NO_RANKS).to_json(),
-            }
-            for p in processes
-        ],
-        "orphans_left": run.orphans_left,
-        "survivors": [s._asdict() for s in run.survivors],
-        "findings": findings,
-    }

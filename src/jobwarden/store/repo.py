@@ -146,6 +146,11 @@ class Store:
             raise JobNotFound(f"{job_id}" + (f" run {n}" if n else ""))
         return RunRecord.from_row(row)
 
+    def runs(self, job_id: int) -> list[RunRecord]:
+        """Every attempt of a job, first to last."""
+        rows = self._exec("SELECT * FROM runs WHERE job_id = ? ORDER BY n", (job_id,))
+        return [RunRecord.from_row(r) for r in rows]
+
     def new_run(self, job_id: int, state: JobState, now: float) -> int:
         """The next attempt of a job (a restart); returns its number. The run directory is made too."""
         try:

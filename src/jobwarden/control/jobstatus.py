@@ -1,0 +1,137 @@
+"""One job as every frontend sees it: `status`, `explain`, the web's job page and `top`'s detail pane all
+read this view, and render or serialise it; none of them assembles a job from the store itself.
+
+The JSON shapes are the contract of DESIGN.md (`status --json`, `explain --json`): the web API serves the
+same dictionaries, so a field added here appears in every frontend at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from jobwarden.clock import iso
+from jobwarden.control.explainer import findings_for
+from jobwarden.control.views import live_processes, refresh
+from jobwarden.model import Finding, ProcessSnapshot, Ranks
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.store import JobRecord, RunRecord, Store
+from jobwarden.store.records import Event
+
+_NO_RANKS = Ranks(None)
+
+
+class Attempt(NamedTuple):
+    """One run of a job, as the attempts timeline shows it."""
+
+    n: int
+    state: str
+    started_at: float | None
+    ended_at: float | None
+    exit_code: int | None
+    signal: str | None
+    end_reason: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "state": self.state,
+            "started_at": iso(self.started_at),
+            "ended_at": iso(self.ended_at),
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "end_reason": self.end_reason,
+        }
+
+
+class JobStatus(NamedTuple):
+    """A run of a job as it is now: its record refreshed (a dead shim makes it `lost`), the processes alive
+    now, the verdict root cause first, its events and every attempt of the job."""
+
+    job: JobRecord
+    run: RunRecord
+    processes: list[ProcessSnapshot]
+    findings: list[Finding]
+    events: list[Event]
+    attempts: list[Attempt]
+    log_path: Path
+
+    @property
+    def disk_full_paths(self) -> list[str]:
+        """Files the shim could not write because the disk was full (output may have been lost)."""
+        return [str(e.data.get("path")) for e in self.events if e.kind == "disk-full"]
+
+    def to_json(self) -> dict[str, Any]:
+        """`status --json`. Never the job's environment: `job.env` holds `--env` values (tokens)."""
+        job, run = self.job, self.run
+        return {
+            "id": job.id,
+            "name": job.name,
+            "state": str(run.state),
+            "run": run.n,
+            "pid": run.pid,
+            "exit_code": run.exit_code,
+            "signal": run.signal,
+            "started_at": iso(run.started_at),
+            "ended_at": iso(run.ended_at),
+            "end_reason": run.end_reason,
+            "error": run.error,
+            "command": list(job.command),
+            "cwd": job.cwd,
+            "shim_pid": run.shim_pid,
+            "containment": run.containment,
+            "queued_reason": run.queued_reason,
+            "gpu_ids": list(run.gpu_ids),
+            "log": str(self.log_path),
+            "processes": [_process_json(p) for p in self.processes],
+            "orphans_left": run.orphans_left,
+            "survivors": [s._asdict() for s in run.survivors],
+            "findings": [f.to_json() for f in self.findings],
+            "runs": [a.to_json() for a in self.attempts],
+        }
+
+    def explain_json(self) -> dict[str, Any]:
+        """`explain --json`: the verdict, most likely root cause first."""
+        run = self.run
+        return {
+            "id": self.job.id,
+            "run": run.n,
+            "state": str(run.state),
+            "exit_code": run.exit_code,
+            "signal": run.signal,
+            "findings": [f.to_json() for f in self.findings],
+        }
+
+
+def _process_json(p: ProcessSnapshot) -> dict[str, Any]:
+    return {
+        "pid": p.pid,
+        "ppid": p.ppid,
+        "cmdline": p.cmdline,
+        "state": p.state,
+        "rss_bytes": p.rss_bytes,
+        "cpu_percent": p.cpu_percent,
+        "gpu_memory_bytes": p.gpu_memory_bytes,
+        **(p.ranks or _NO_RANKS).to_json(),
+    }
+
+
+def job_status(store: Store, procfs: ProcFS, job_ref: str | int, run_n: int | None = None) -> JobStatus:
+    """The view of run `run_n` (default: the latest) of a job named by id or name."""
+    job = store.job(job_ref)
+    run = refresh(store, procfs, job, store.run(job.id, run_n))
+    return JobStatus(
+        job=job,
+        run=run,
+        processes=live_processes(store, procfs, job, run),
+        findings=findings_for(store, job, run),
+        events=store.events(job.id, run.n),
+        attempts=[_attempt(r) for r in store.runs(job.id)],
+        log_path=store.layout.output_log(job.id, run.n),
+    )
+
+
+def _attempt(run: RunRecord) -> Attempt:
+    return Attempt(
+        run.n, str(run.state), run.started_at, run.ended_at, run.exit_code, run.signal, run.end_reason
+    )
