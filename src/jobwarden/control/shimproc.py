@@ -23,7 +23,13 @@ from typing import Any
 from jobwarden import config
 from jobwarden.clock import SystemClock
 from jobwarden.errors import JobwardenError, ShimExited, ShimStartFailed
-from jobwarden.osapi.process import fork_detached, reap, redirect_std_streams, set_child_subreaper
+from jobwarden.osapi.process import (
+    fork_detached,
+    reap,
+    redirect_std_streams,
+    replace_command_line,
+    set_child_subreaper,
+)
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import Layout
 from jobwarden.store import Store
@@ -108,6 +114,8 @@ def _close_inherited(keep: tuple[int, ...]) -> None:
 def _shim_main(home: Path, mode: str, job_fd: int, report_fd: int) -> int:
     from jobwarden.shim.attempts import supervise_job
 
+    # The CLI's arguments (`--env TOKEN=...`) must not stay readable in /proc for the job's whole life.
+    replace_command_line(f"jobwarden shim ({mode})")
     # What needs no job is done while the CLI records it. Orphans of the job are reparented to us
     # from its first instant on.
     set_child_subreaper()

@@ -21,6 +21,27 @@ def set_child_subreaper() -> None:
         raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(err)}")
 
 
+# /proc/PID/stat fields 48 and 49 (proc(5), Linux >= 3.5), counted from the state field (3) on
+_ARG_START, _ARG_END = 48 - 3, 49 - 3
+
+
+def replace_command_line(title: str) -> None:
+    """Overwrite this process's argument strings, which /proc/PID/cmdline shows to every local user, with
+    `title`. A forked shim inherits the CLI's argv, `--env SECRET=...` included, for the job's whole life;
+    the kernel reads cmdline from the argv area of the stack (mm->arg_start..arg_end), which is ours to
+    write. sys.argv is a separate copy and keeps its value."""
+    import ctypes
+
+    with open("/proc/self/stat", "rb") as fh:
+        fields = fh.read().rpartition(b")")[2].split()
+    start, end = int(fields[_ARG_START]), int(fields[_ARG_END])
+    if end <= start:
+        return
+    encoded = title.encode()[: end - start - 1]
+    ctypes.memset(start, 0, end - start)
+    ctypes.memmove(start, encoded, len(encoded))
+
+
 class WaitStatus(NamedTuple):
     """A decoded wait status: exactly one of exit_code / signal is set."""
 
