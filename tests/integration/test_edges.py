@@ -29,3 +29,47 @@ def test_an_env_secret_is_never_on_the_supervisors_command_line(jw: Jobwarden, t
     finally:
         write_fifo(go, "0 0\n")
     assert jw("wait", str(job["id"])).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("run", "--timeout", "ten minutes", "--", "true"), "--timeout: bad duration 'ten minutes'"),
+        (("run", "--grace", "soon", "--", "true"), "--grace: bad duration 'soon'"),
+        (("run", "--hang-timeout", "1x", "--", "true"), "--hang-timeout: bad duration '1x'"),
+        (("run", "--timeout", "400d", "--", "true"), "--timeout: duration '400d' is longer than"),
+        (("run", "--mem-limit", "16EiB", "--", "true"), "--mem-limit: bad size '16EiB'"),
+        (("run", "--mem-limit", "17179869184G", "--", "true"), "--mem-limit: size '17179869184G' is beyond"),
+        (("run", "--name", "2", "--", "true"), "a name of digits would read as a job id"),
+        (("run", "--name", "a\nb", "--", "true"), "a name must be printable"),
+        (("run", "--name", "\x1b[31mred", "--", "true"), "a name must be printable"),
+        (("stop", "--grace", "forever", "1"), "--grace: bad duration 'forever'"),
+        (("wait", "--timeout", "x", "1"), "--timeout: bad duration 'x'"),
+    ],
+)
+def test_a_bad_value_is_named_by_its_option(jw: Jobwarden, args: tuple[str, ...], message: str) -> None:
+    result = jw(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert jw.json("ps", "--all") == []  # nothing was started
+
+
+def test_a_default_name_is_printable_and_never_an_id(jw: Jobwarden, tmp_path: Path) -> None:
+    odd = tmp_path / "7"
+    odd.write_text("#!/bin/sh\n")
+    odd.chmod(0o755)
+    job = jw.start(str(odd))
+    assert job["name"] == "job-7"
+    assert jw("wait", str(job["id"])).returncode == 0
+
+
+def test_stop_with_a_grace_of_weeks_ends_a_job_without_a_traceback(jw: Jobwarden, tmp_path: Path) -> None:
+    # 25 days of milliseconds overflowed poll(2)'s int: the CLI crashed after the job had been signalled
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
+    job = jw.start(sys.executable, TICKER, str(ready), str(go), "1")
+    read_fifo(ready)
+    result = jw("stop", "--grace", "25d", str(job["id"]))
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 0, result.stderr
+    assert jw.status(job["id"])["state"] == "stopped"

@@ -66,8 +66,25 @@ def _which(program: str, search_path: str) -> str | None:
     return None
 
 
+def checked_name(name: str) -> str:
+    """--name: printable (a newline or an escape byte would forge lines and colours in every listing) and
+    not all digits (`stop 2` must mean job 2, never a job named "2")."""
+    if not name or not name.isprintable():
+        raise UsageError(f"--name {name!r}: a name must be printable text", "e.g. --name train-lr3")
+    if name.isdecimal():
+        raise UsageError(f"--name {name!r}: a name of digits would read as a job id", "e.g. --name run{name}")
+    return name
+
+
 def default_name(argv: list[str]) -> str:
-    """`python train.py --lr 3` -> 'train.py'; `./run.sh` -> 'run.sh'."""
+    """`python train.py --lr 3` -> 'train.py'; `./run.sh` -> 'run.sh'. Unprintable characters become
+    '?', and a name of digits gets a prefix (see checked_name)."""
+    name = _name_from(argv)
+    name = "".join(c if c.isprintable() else "?" for c in name) or "job"
+    return f"job-{name}" if name.isdecimal() else name
+
+
+def _name_from(argv: list[str]) -> str:
     first = os.path.basename(argv[0])
     if first.rstrip("0123456789.") in _INTERPRETERS:
         args = iter(argv[1:])
