@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -73,3 +74,28 @@ def test_stop_with_a_grace_of_weeks_ends_a_job_without_a_traceback(jw: Jobwarden
     assert "Traceback" not in result.stderr
     assert result.returncode == 0, result.stderr
     assert jw.status(job["id"])["state"] == "stopped"
+
+
+@pytest.mark.needs_root
+def test_a_home_owned_by_another_user_is_refused(jw: Jobwarden) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root can give a directory to another user")
+    jw.home.mkdir(mode=0o700)
+    os.chown(jw.home, 65534, 65534)
+    result = jw("run", "--", "true")
+    assert result.returncode != 0
+    assert "belongs to uid 65534, not to you" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (jw.home / "jobs").exists()
+
+
+@pytest.mark.needs_root
+def test_a_symlink_to_another_users_directory_is_refused(jw: Jobwarden, tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root can give a directory to another user")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    jw.home.symlink_to(theirs)
+    result = jw("ps")
+    assert "belongs to uid 65534" in result.stderr and result.returncode != 0

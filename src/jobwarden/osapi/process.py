@@ -117,7 +117,7 @@ def reap(pid: int) -> None:
 def redirect_std_streams(log_path: str) -> None:
     """stdin from /dev/null, stdout and stderr appended to `log_path` (0600)."""
     null = os.open(os.devnull, os.O_RDONLY)
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     os.dup2(null, 0)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -156,7 +156,9 @@ def spawn_job(
     The caller must be single-threaded (it is the shim): only then is work between fork and exec safe.
     """
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
-    out_fd = os.open(output_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    # O_NOFOLLOW: a symlink planted as output.log must not send the job's output (as root) anywhere
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+    out_fd = os.open(output_path, flags, 0o600)
     pid = os.fork()
     if pid == 0:  # child: never return into the caller's code
         try:

@@ -31,7 +31,7 @@ class LogWatcher:
             return
         self._last_size = size
         with contextlib.suppress(OSError):  # a full disk must not stop supervision
-            fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
             try:
                 os.write(fd, f"{now:.3f} {size}\n".encode())
             finally:

@@ -96,6 +96,7 @@ class Store:
         return job_id, 1
 
     def make_run_dir(self, job_id: int, run: int) -> Path:
+        ensure_private_dir(self.layout.jobs_dir)
         ensure_private_dir(self.layout.job_dir(job_id))
         return ensure_private_dir(self.layout.run_dir(job_id, run))
 
