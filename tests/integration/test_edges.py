@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -99,3 +100,23 @@ def test_a_symlink_to_another_users_directory_is_refused(jw: Jobwarden, tmp_path
     jw.home.symlink_to(theirs)
     result = jw("ps")
     assert "belongs to uid 65534" in result.stderr and result.returncode != 0
+
+
+@pytest.mark.needs_root
+def test_orphans_kill_spares_another_users_process_that_merely_carries_the_marker(jw: Jobwarden) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root can start a process as another user")
+    job = jw.start("true")
+    assert jw("wait", str(job["id"])).returncode == 0
+    marker = {"JOBWARDEN_HOME": str(jw.home), "JOBWARDEN_JOB_ID": str(job["id"]), "JOBWARDEN_RUN": "1"}
+    bystander = subprocess.Popen(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", "sleep", "3600"],
+        env={"PATH": os.environ["PATH"], **marker},
+    )
+    try:
+        assert jw.json("orphans") == []
+        assert jw("orphans", "--kill", "--grace", "1s").returncode == 0
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
