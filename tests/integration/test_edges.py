@@ -120,3 +120,19 @@ def test_orphans_kill_spares_another_users_process_that_merely_carries_the_marke
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_ids_are_never_reused_after_the_database_is_moved_aside(jw: Jobwarden) -> None:
+    # the advice for a corrupt database is to move it aside: the new one must not hand out id 1 again,
+    # or job 1 appends to the old job 1's log and `rm 1` deletes it
+    old = jw.start("sh", "-c", "echo old output")
+    assert jw("wait", str(old["id"])).returncode == 0
+    for suffix in ("", "-wal", "-shm"):
+        db = jw.home / f"jobwarden.db{suffix}"
+        if db.exists():
+            db.rename(jw.home / f"aside.db{suffix}")
+    new = jw.start("sh", "-c", "echo new output")
+    assert new["id"] == old["id"] + 1
+    assert jw("wait", str(new["id"])).returncode == 0
+    assert jw("rm", str(new["id"])).returncode == 0
+    assert jw.output(old["id"]) == "old output\n"

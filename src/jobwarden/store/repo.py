@@ -6,6 +6,7 @@ Kept narrow on purpose, so a server database can stand behind it later.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -75,8 +76,10 @@ class Store:
         try:
             with write(self._conn):
                 cur = self._conn.execute(
-                    "INSERT INTO jobs (name, command, cwd, env, options, created_at) VALUES (?,?,?,?,?,?)",
+                    "INSERT INTO jobs (id, name, command, cwd, env, options, created_at) "
+                    "VALUES (?,?,?,?,?,?,?)",
                     (
+                        self._unused_job_id(),
                         spec.name,
                         json.dumps(spec.command),
                         spec.cwd,
@@ -94,6 +97,21 @@ class Store:
             raise translate(err, self.layout.database) from err
         self.make_run_dir(job_id, 1)
         return job_id, 1
+
+    def _unused_job_id(self) -> int:
+        """The next id, past every job folder already on disk. A database emptied or moved aside (the
+        advice for a corrupt one) starts counting at 1 again: job 1 would then append to the old job 1's
+        log, `rm` would delete it, and the old job's shim would take the new job's processes, marked
+        with the same id, for its own."""
+        row = self._conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
+        candidate = int(row[0]) + 1 if row else 1
+        if not os.path.lexists(self.layout.job_dir(candidate)):
+            return candidate
+        try:
+            names = os.listdir(self.layout.jobs_dir)
+        except OSError:
+            names = []
+        return max([candidate, *(int(n) + 1 for n in names if n.isascii() and n.isdigit())])
 
     def make_run_dir(self, job_id: int, run: int) -> Path:
         ensure_private_dir(self.layout.jobs_dir)
