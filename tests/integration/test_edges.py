@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -136,3 +139,34 @@ def test_ids_are_never_reused_after_the_database_is_moved_aside(jw: Jobwarden) -
     assert jw("wait", str(new["id"])).returncode == 0
     assert jw("rm", str(new["id"])).returncode == 0
     assert jw.output(old["id"]) == "old output\n"
+
+
+@pytest.mark.parametrize("delay_ms", [0, 1, 2, 5, 10, 20, 50])
+def test_ctrl_c_during_run_never_prints_a_traceback_nor_leaves_a_ghost(jw: Jobwarden, delay_ms: int) -> None:
+    # the terminal's Ctrl-C reaches the whole foreground group: the CLI, and its shim until setsid().
+    # It is sent once the shim is forked (before that it meets the interpreter's own start-up, whose
+    # KeyboardInterrupt traceback no program can catch), at moments through the handover.
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "jobwarden", "run", "--", "true"],
+        env=jw.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    children = Path(f"/proc/{cli.pid}/task/{cli.pid}/children")
+    deadline = time.monotonic() + 60
+    while cli.poll() is None and not children.read_text().strip() and time.monotonic() < deadline:
+        pass  # busy-polled: the window after the fork is milliseconds long
+    time.sleep(delay_ms / 1000)  # not a wait for anything: the moment the signal is injected
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(cli.pid, signal.SIGINT)
+    out, err = cli.communicate(timeout=60)
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    for job in jw.json("ps", "--all"):
+        final = jw.json("wait", str(job["id"]))  # never a ghost: every recorded job ends
+        assert final["state"] in ("succeeded", "failed"), final
+        if cli.returncode == 0:
+            assert out.strip() == str(job["id"])  # it ran: its id was printed
+        elif final["state"] == "succeeded":
+            assert f"job {job['id']} was handed to its supervisor and runs on" in err

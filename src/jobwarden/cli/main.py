@@ -243,7 +243,10 @@ def console_entry() -> None:
     interpreter down (every module and object, one by one) takes 10-15 ms after the work is done, and
     `run` waits for nothing so long. Nothing is lost: every store handle is closed when main() returns,
     the CLI starts no threads that outlive a command, and the streams are flushed here."""
-    code = main()
+    try:
+        code = main()
+    except KeyboardInterrupt:  # a Ctrl-C while the interpreter was still loading jobwarden
+        code = 130
     try:
         if sys.stdout is not None:  # None when started with fd 1 closed
             sys.stdout.flush()

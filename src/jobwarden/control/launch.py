@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 from jobwarden import config
 from jobwarden.clock import SystemClock
-from jobwarden.errors import CommandNotExecutable, CommandNotFound, ShimExited, UsageError
+from jobwarden.errors import CommandNotExecutable, CommandNotFound, Interrupted, ShimExited, UsageError
 from jobwarden.model import EndReason, JobSpec, JobState
 from jobwarden.store import Store
 
@@ -184,6 +184,29 @@ def notify_options(url: str | None, command: str | None) -> dict[str, Any]:
     return options
 
 
+def _interrupted(store: Store, job_id: int, run: int, state: JobState, handed_over: bool) -> Interrupted:
+    """Ctrl-C while the shim starts the job. Handed over, the job starts anyway: say which it is, so it
+    can be found and stopped. Not handed over, nothing will start it: record that now, never a ghost
+    `starting` job that reads "supervisor killed" later."""
+    if handed_over:
+        return Interrupted(
+            f"interrupted; job {job_id} was handed to its supervisor and runs on",
+            f"jobwarden status {job_id}; jobwarden stop {job_id} to end it",
+        )
+    now = SystemClock().wall()
+    # starting -> failed: its shim exits without starting it
+    store.update_run(
+        job_id,
+        run,
+        only_if_state=(state,),
+        state=JobState.FAILED,
+        end_reason=EndReason.SUPERVISOR_FAILED,
+        ended_at=now,
+        error="interrupted (Ctrl-C) before it started",
+    )
+    return Interrupted(f"interrupted; job {job_id} was not started")
+
+
 def launch(home: Path, spec: JobSpec, options: dict[str, Any]) -> Launched:
     from jobwarden.control.shimproc import fork_shim
 
@@ -199,6 +222,8 @@ def launch(home: Path, spec: JobSpec, options: dict[str, Any]) -> Launched:
         job_id, run = store.create_job(spec, options, SystemClock().wall(), state)
         try:
             report = shim.start(job_id, run)
+        except KeyboardInterrupt:
+            raise _interrupted(store, job_id, run, state, shim.handed_over) from None
         except ShimExited as err:
             # starting -> failed: nothing ran it, so say so now, not once the run is found `lost`
             now = SystemClock().wall()

@@ -97,13 +97,26 @@ def fork_detached() -> int:
     The child is meant to become a shim. Nothing survives in it from the caller but what it inherited
     before the fork, so the caller must hold no threads and no open database connection.
     """
-    pid = os.fork()
-    if pid == 0:
-        os.setsid()  # no controlling terminal: a closing SSH session or tmux pane cannot SIGHUP us
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        # A write to a closed pipe (the report to a `run` interrupted meanwhile, an --on-event hook that
-        # exited) must be an EPIPE the shim handles, not its death. The job gets SIG_DFL back at spawn.
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # A Ctrl-C in the terminal reaches the whole foreground group, the child too until its setsid(): it
+    # would raise KeyboardInterrupt inside the new shim, which then ran on as a second CLI. Blocked
+    # across the fork, a Ctrl-C stays pending: the parent takes it on unblocking, the child discards it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    pid = -1
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()  # no controlling terminal: a closing SSH session or tmux pane cannot SIGHUP us
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # discards a pending SIGINT (POSIX)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            # the default, not ignored: an ignored signal stays ignored across exec, in the job
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            # A write to a closed pipe (the report to a `run` interrupted meanwhile, an --on-event hook
+            # that exited) must be an EPIPE the shim handles, not its death. The job gets SIG_DFL back
+            # at spawn.
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    finally:
+        if pid != 0:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     return pid
 
 

@@ -95,7 +95,11 @@ class Store:
                 )
         except sqlite3.Error as err:
             raise translate(err, self.layout.database) from err
-        self.make_run_dir(job_id, 1)
+        try:
+            self.make_run_dir(job_id, 1)
+        except BaseException:  # nothing will start it: no ghost job left `starting`
+            self.delete_job(job_id)
+            raise
         return job_id, 1
 
     def _unused_job_id(self) -> int:
