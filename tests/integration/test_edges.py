@@ -170,3 +170,55 @@ def test_ctrl_c_during_run_never_prints_a_traceback_nor_leaves_a_ghost(jw: Jobwa
             assert out.strip() == str(job["id"])  # it ran: its id was printed
         elif final["state"] == "succeeded":
             assert f"job {job['id']} was handed to its supervisor and runs on" in err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("status", "99999999999999999999"),
+        ("stop", "18446744073709551616"),
+        ("explain", "9223372036854775808"),
+        ("logs", "--run", "99999999999999999999", "1"),
+        ("status", "--run", "-1", "1"),
+    ],
+)
+def test_a_number_past_sqlites_integers_names_no_job(jw: Jobwarden, args: tuple[str, ...]) -> None:
+    jw("run", "--wait", "--", "true", check=True)
+    result = jw(*args)
+    assert result.returncode == 1
+    assert "no job" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_working_directory_that_is_not_utf8_runs_and_is_shown(jw: Jobwarden, tmp_path: Path) -> None:
+    odd = os.fsdecode(bytes(tmp_path) + b"/caf\xe9")  # a Latin-1 name
+    os.mkdir(odd)
+    result = jw("run", "--wait", "--cwd", odd, "--", "pwd")
+    assert result.returncode == 0, result.stderr
+    job = int(result.stdout)
+    assert (jw.home / "jobs" / str(job) / "run-1" / "output.log").read_bytes() == os.fsencode(odd) + b"\n"
+    assert jw.status(job)["cwd"] == odd
+    shown = subprocess.run(
+        [sys.executable, "-m", "jobwarden", "status", str(job)], env=jw.env, capture_output=True, timeout=60
+    )
+    assert shown.returncode == 0 and b"Traceback" not in shown.stderr
+    assert os.fsencode(odd) in shown.stdout
+
+
+def test_logs_since_reads_past_a_damaged_index(jw: Jobwarden) -> None:
+    job = jw.start("sh", "-c", "echo kept")
+    assert jw("wait", str(job["id"])).returncode == 0
+    index = jw.home / "jobs" / str(job["id"]) / "run-1" / "output.idx"
+    with index.open("ab") as fh:
+        fh.write(b"garbage\n\xff\xfe 12\n1e999 5\nnan nan\n12")  # torn and foreign lines
+    result = jw("logs", "--since", "1h", str(job["id"]))
+    assert result.returncode == 0 and "Traceback" not in result.stderr
+    assert result.stdout == "kept\n"
+
+
+def test_notify_leaves_no_ignored_exception_in_the_supervisors_log(jw: Jobwarden) -> None:
+    # the --on-event command's SIGCHLD reached a closed signal wakeup fd after the supervisor closed it
+    for _ in range(3):
+        result = jw("run", "--wait", "--on-event", "cat > /dev/null", "--", "sh", "-c", "exit 3")
+        assert result.returncode == 3
+    for log in (jw.home / "jobs").glob("*/run-1/shim.log"):
+        assert "Exception ignored" not in log.read_text()

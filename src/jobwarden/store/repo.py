@@ -46,6 +46,8 @@ _RUN_COLUMNS = frozenset(
     }
 )
 
+_MAX_ID = (1 << 63) - 1  # SQLite's INTEGER: a larger number names no job and no run
+
 
 class Store:
     def __init__(self, home: Path) -> None:
@@ -82,7 +84,7 @@ class Store:
                         self._unused_job_id(),
                         spec.name,
                         json.dumps(spec.command),
-                        spec.cwd,
+                        _path_value(spec.cwd),
                         json.dumps(spec.env),
                         json.dumps(options),
                         now,
@@ -126,7 +128,7 @@ class Store:
         """A job by id, or by name (the newest job of that name)."""
         text = str(ref)
         row = None
-        if text.isascii() and text.isdigit():  # '²'.isdigit() is True, int('²') fails
+        if text.isascii() and text.isdigit() and int(text) <= _MAX_ID:  # '²'.isdigit() is True
             row = self._exec("SELECT * FROM jobs WHERE id = ?", (int(text),)).fetchone()
         if row is None:
             row = self._exec("SELECT * FROM jobs WHERE name = ? ORDER BY id DESC LIMIT 1", (text,)).fetchone()
@@ -163,6 +165,8 @@ class Store:
             row = self._exec(
                 "SELECT * FROM runs WHERE job_id = ? ORDER BY n DESC LIMIT 1", (job_id,)
             ).fetchone()
+        elif not 0 < n <= _MAX_ID:
+            row = None
         else:
             row = self._exec("SELECT * FROM runs WHERE job_id = ? AND n = ?", (job_id, n)).fetchone()
         if row is None:
@@ -411,6 +415,16 @@ class Store:
         """GPU index -> (job id, run) of every claim on record."""
         rows = self._exec("SELECT gpu_index, job_id, run FROM gpu_claims")
         return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
+
+
+def _path_value(path: str) -> str | bytes:
+    """A path as SQLite can hold it: text, or its raw bytes where it is not UTF-8 (a directory name from
+    another locale reaches Python as lone surrogates, which SQLite's text refuses)."""
+    try:
+        path.encode()
+    except UnicodeEncodeError:
+        return os.fsencode(path)
+    return path
 
 
 def _ranks_row(ranks: Ranks | None) -> tuple[int | None, int | None, int | None]:
