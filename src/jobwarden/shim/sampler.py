@@ -143,7 +143,7 @@ class Sampler:
         if not (self.closed or prune):
             return
         rollups = tuple(self.closed)
-        if self.record.write(self.record.store.add_rollups, rollups, now if prune else None):
+        if self.record.write(self.record.store.add_samples, (), rollups, now if prune else None):
             del self.closed[: len(rollups)]
             if prune:
                 self._next_prune = now + PRUNE_EVERY_S

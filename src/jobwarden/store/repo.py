@@ -326,12 +326,19 @@ class Store:
         ).fetchone()
         return row
 
-    def add_rollups(
-        self, job_id: int, run: int, rollups: Sequence[Bucket], prune_at: float | None = None
+    def add_samples(
+        self,
+        job_id: int,
+        run: int,
+        readings: Sequence[Reading] = (),
+        rollups: Sequence[Bucket] = (),
+        prune_at: float | None = None,
     ) -> None:
-        """Downsampled points that closed; with `prune_at`, also drop what each tier keeps no longer."""
+        """Raw samples and downsampled points that closed, in one transaction; with `prune_at` (the
+        time now), also drop what each tier keeps no longer (store/rollup.py)."""
         try:
             with write(self._conn):
+                samples.insert_readings(self._conn, job_id, run, readings)
                 samples.insert_buckets(self._conn, job_id, run, rollups)
                 if prune_at is not None:
                     samples.prune(self._conn, job_id, run, prune_at)
