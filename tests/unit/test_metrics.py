@@ -4,6 +4,7 @@ schema-4 database read after migration 5."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import sqlite3
 from pathlib import Path
@@ -133,7 +134,9 @@ def test_expired_rows_are_dropped_and_the_history_stays_whole(store: Store, tmp_
     history = job_samples(store, job_id, run, points=500, now=end)
     assert history[0].at == T0 and len(history) <= 500
     step = 9 * 86400 / 500
-    assert history[-1].at >= end - step and all(b.at - a.at <= 2 * step for a, b in zip(history, history[1:]))
+    assert history[-1].at >= end - step and all(
+        b.at - a.at <= 2 * step for a, b in itertools.pairwise(history)
+    )
     assert history[-1].cpu_time_s == round((end - 60 - T0) * 1.5, 2)  # the last reading's counter
 
 

@@ -3,6 +3,8 @@ expiry, and how a history is stitched from the tiers and thinned to a number of 
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from jobwarden.clock import FakeClock
@@ -53,7 +55,7 @@ def clock() -> FakeClock:
 
 
 def test_tiers_divide_each_other_and_only_the_last_lives_as_long_as_the_job() -> None:
-    assert all(coarse % fine == 0 for fine, coarse in zip(TIERS, TIERS[1:], strict=False))
+    assert all(coarse % fine == 0 for fine, coarse in itertools.pairwise(TIERS))
     assert set(RETENTION_S) == {RAW, *TIERS[:-1]}
 
 
@@ -202,7 +204,7 @@ def test_stitch_covers_the_whole_run_from_the_tiers_that_still_hold_each_part() 
         starts = [b.at for b in history]
         assert starts == sorted(starts) and len(set(starts)) == len(starts)
         assert history[0].at == T0 and history[-1].at == now - 1
-        assert all(a.end <= b.at for a, b in zip(history, history[1:], strict=False))  # no overlap
+        assert all(a.end <= b.at for a, b in itertools.pairwise(history))  # no overlap
     assert {b.tier for b in stitch(sources, 600)} == {600, 60, 10, RAW}  # the newest from finer tiers
 
 
