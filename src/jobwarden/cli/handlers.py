@@ -177,7 +177,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         _print_json(status.to_json())
     else:
         _print_lines(render.status_report(status, SystemClock().wall()))
+        from jobwarden.cli.metricscmd import status_sparklines
+
+        _print_lines(status_sparklines(_home(), status))
     return 0
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from jobwarden.cli.metricscmd import metrics
+
+    return metrics(_home(), args)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -351,6 +360,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "adopt": cmd_adopt,
     "explain": cmd_explain,
     "dump": cmd_dump,
+    "metrics": cmd_metrics,
     "rm": cmd_rm,
     "orphans": cmd_orphans,
     "doctor": cmd_doctor,

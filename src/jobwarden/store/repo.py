@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 from jobwarden.errors import JobNotFound
 from jobwarden.model import UNFINISHED_STATES, Finding, JobSpec, JobState, ProcessEnd, ProcessSnapshot, Ranks
 from jobwarden.paths import Layout, ensure_private_dir
+from jobwarden.store import samples
 from jobwarden.store.db import connect, translate, write
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
+from jobwarden.store.rollup import Bucket, Reading
 
 if TYPE_CHECKING:  # diagnosis types: not on the `run` path
     from jobwarden.observations import ProcessStack
@@ -146,6 +148,7 @@ class Store:
                     "gpu_claims",
                     "stacks",
                     "findings",
+                    "samples_rollup",
                     "samples",
                     "processes",
                     "events",
@@ -266,10 +269,13 @@ class Store:
         now: float,
         live: Sequence[ProcessSnapshot],
         ended: Sequence[ProcessEnd],
+        sample: Reading | None = None,
+        rollups: Sequence[Bucket] = (),
     ) -> None:
-        """One tick of the shim in one transaction: the live processes, those that ended, and the run's
-        totals as a sample. An ended process the shim never saw alive (it died within milliseconds, and
-        only the kernel's process events or its reaping parent told of it) gets its row here."""
+        """One tick of the shim in one transaction: the live processes, those that ended, the run's totals
+        as a sample (`sample`, else the sums of `live`) and the downsampled points that closed. An ended
+        process the shim never saw alive (it died within milliseconds, and only the kernel's process
+        events or its reaping parent told of it) gets its row here."""
         try:
             with write(self._conn):
                 self._conn.executemany(
@@ -320,19 +326,16 @@ class Store:
                         for e in ended
                     ],
                 )
-                if live:
-                    self._conn.execute(
-                        "INSERT INTO samples (job_id, run, at, nprocs, cpu_percent, rss_bytes) "
-                        "VALUES (?,?,?,?,?,?)",
-                        (
-                            job_id,
-                            run,
-                            now,
-                            len(live),
-                            sum(p.cpu_percent or 0.0 for p in live),
-                            sum(p.rss_bytes for p in live),
-                        ),
+                if sample is None and live:
+                    sample = Reading(
+                        now,
+                        len(live),
+                        sum(p.cpu_percent or 0.0 for p in live),
+                        sum(p.rss_bytes for p in live),
                     )
+                if sample is not None:
+                    samples.insert_readings(self._conn, job_id, run, [sample])
+                samples.insert_buckets(self._conn, job_id, run, rollups)
         except sqlite3.Error as err:
             raise translate(err, self.layout.database) from err
 
@@ -349,6 +352,39 @@ class Store:
             "SELECT * FROM samples WHERE job_id = ? AND run = ? ORDER BY at DESC LIMIT 1", (job_id, run)
         ).fetchone()
         return row
+
+    def add_samples(
+        self,
+        job_id: int,
+        run: int,
+        readings: Sequence[Reading] = (),
+        rollups: Sequence[Bucket] = (),
+        prune_at: float | None = None,
+    ) -> None:
+        """Raw samples and downsampled points that closed, in one transaction; with `prune_at` (the
+        time now), also drop what each tier keeps no longer (store/rollup.py)."""
+        try:
+            with write(self._conn):
+                samples.insert_readings(self._conn, job_id, run, readings)
+                samples.insert_buckets(self._conn, job_id, run, rollups)
+                if prune_at is not None:
+                    samples.prune(self._conn, job_id, run, prune_at)
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
+
+    def readings(self, job_id: int, run: int, since: float | None = None) -> list[Reading]:
+        """The run's raw samples from `since` on, oldest first."""
+        try:
+            return samples.read_raw(self._conn, job_id, run, since)
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
+
+    def rollups(self, job_id: int, run: int, tier: int, since: float | None = None) -> list[Bucket]:
+        """The run's points of one tier ending after `since`, oldest first."""
+        try:
+            return samples.read_tier(self._conn, job_id, run, tier, since)
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
 
     # --- findings and stack dumps -----------------------------------------------------------------
 
