@@ -222,3 +222,32 @@ def test_notify_leaves_no_ignored_exception_in_the_supervisors_log(jw: Jobwarden
         assert result.returncode == 3
     for log in (jw.home / "jobs").glob("*/run-1/shim.log"):
         assert "Exception ignored" not in log.read_text()
+
+
+def test_stop_of_a_job_still_starting_stops_it(jw: Jobwarden) -> None:
+    # for a few milliseconds a new job has no supervisor on record: stop used to fail an assertion
+    import sqlite3
+
+    for attempt in range(8):
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "jobwarden", "run", "--", "sleep", "300"],
+            env=jw.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        job_id = attempt + 1
+        while time.monotonic() < deadline:  # the moment the job's record exists
+            with contextlib.suppress(sqlite3.Error):
+                db = sqlite3.connect(f"file:{jw.home / 'jobwarden.db'}?mode=ro", uri=True)
+                try:
+                    if db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone():
+                        break
+                finally:
+                    db.close()
+        stopped = jw("stop", "--grace", "5s", str(job_id))
+        assert "Traceback" not in stopped.stderr, stopped.stderr
+        assert stopped.returncode == 0, stopped.stderr
+        cli.communicate(timeout=60)
+        assert jw.status(job_id)["state"] in ("stopped", "failed")
