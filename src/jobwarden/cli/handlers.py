@@ -251,7 +251,10 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from jobwarden.cli import render
     from jobwarden.control.lifecycle import stop
 
-    result = stop(_home(), _procfs(), args.job, _duration(args.grace, "--grace"))
+    if args.force and args.grace is not None:
+        raise UsageError("--force and --grace exclude each other", "--force is --grace 0: SIGKILL now")
+    grace = 0.0 if args.force else _duration(args.grace, "--grace")
+    result = stop(_home(), _procfs(), args.job, grace)
     if args.json:
         _print_json(
             {

@@ -156,6 +156,9 @@ def _logs_arguments(logs: argparse.ArgumentParser) -> None:
 def _stop_arguments(stop: argparse.ArgumentParser) -> None:
     stop.add_argument("job", metavar="JOB")
     stop.add_argument("--grace", metavar="DUR", help="SIGTERM -> SIGKILL delay (default: the job's, 10s)")
+    stop.add_argument(
+        "--force", action="store_true", help="SIGKILL what is left now; cuts short a stop already waiting"
+    )
     stop.add_argument("--json", action="store_true")
 
 

@@ -72,7 +72,14 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None) -> Sto
         store.update_run(
             job.id,
             run.n,
-            only_if_state=(JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING),
+            # stopping too: a second stop with a shorter grace (--force) cuts the first one's short
+            only_if_state=(
+                JobState.QUEUED,
+                JobState.STARTING,
+                JobState.RUNNING,
+                JobState.RESTARTING,
+                JobState.STOPPING,
+            ),
             stop_requested_at=SystemClock().wall(),
             stop_grace=grace,
         )
