@@ -353,6 +353,22 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 1
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from jobwarden.cli.completion import script
+    from jobwarden.cli.main import build_parser
+
+    sys.stdout.write(script(args.shell, build_parser()))
+    return 0
+
+
+def cmd_jobs_to_complete(args: argparse.Namespace) -> int:
+    from jobwarden.store import Store
+
+    with Store(_home()) as store:
+        _print_lines(str(ref) for pair in store.job_refs() for ref in pair)
+    return 0
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "ps": cmd_ps,
@@ -367,4 +383,6 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "rm": cmd_rm,
     "orphans": cmd_orphans,
     "doctor": cmd_doctor,
+    "completion": cmd_completion,
+    "_jobs": cmd_jobs_to_complete,
 }

@@ -50,7 +50,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (help_text, add_arguments) in _SUBCOMMANDS.items():
         if only is None or only == name:
-            add_arguments(sub.add_parser(name, help=help_text, formatter_class=_HelpFormatter))
+            if help_text:
+                parser = sub.add_parser(name, help=help_text, formatter_class=_HelpFormatter)
+            else:  # no help: left out of the command list
+                parser = sub.add_parser(name, formatter_class=_HelpFormatter)
+            add_arguments(parser)
     return p
 
 
@@ -186,6 +190,10 @@ def _dump_arguments(dump: argparse.ArgumentParser) -> None:
     dump.add_argument("--json", action="store_true")
 
 
+def _completion_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("shell", metavar="SHELL", help="bash, zsh or fish")
+
+
 def _orphans_arguments(orphans: argparse.ArgumentParser) -> None:
     orphans.add_argument("--kill", action="store_true", help="end them (SIGTERM, grace, SIGKILL)")
     orphans.add_argument("--grace", metavar="DUR", help="with --kill: SIGTERM -> SIGKILL delay (default 10s)")
@@ -223,6 +231,8 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
         _orphans_arguments,
     ),
     "doctor": ("check what jobwarden can do on this machine, and how to fix it", _json_only),
+    "completion": ("print a shell completion script (bash, zsh or fish)", _completion_arguments),
+    "_jobs": ("", lambda parser: None),  # hidden: the ids and names a completion offers
 }
 
 

@@ -138,6 +138,11 @@ class Store:
             raise JobNotFound(text)
         return JobRecord.from_row(row)
 
+    def job_refs(self, limit: int = 500) -> list[tuple[int, str]]:
+        """(id, name) of the newest jobs, newest first: what a shell completion offers."""
+        rows = self._exec("SELECT id, name FROM jobs ORDER BY id DESC LIMIT ?", (limit,))
+        return [(int(r["id"]), str(r["name"])) for r in rows]
+
     def jobs(self) -> list[JobRecord]:
         return [JobRecord.from_row(r) for r in self._exec("SELECT * FROM jobs ORDER BY id")]
 
