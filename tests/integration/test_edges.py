@@ -282,3 +282,11 @@ def test_a_second_stop_with_force_cuts_a_long_grace_short(jw: Jobwarden, tmp_pat
 def test_force_and_grace_exclude_each_other(jw: Jobwarden) -> None:
     result = jw("stop", "--force", "--grace", "5s", "1")
     assert result.returncode == 2 and "--force and --grace exclude each other" in result.stderr
+
+
+def test_ps_fits_the_terminal_width(jw: Jobwarden) -> None:
+    jw("run", "--wait", "--", "sh", "-c", "true " + "padding " * 40, check=True)
+    jw.env["COLUMNS"] = "72"
+    lines = jw("ps", "--all", check=True).stdout.splitlines()
+    assert len(lines) == 2 and all(len(line) <= 72 for line in lines)
+    assert lines[1].endswith("…")

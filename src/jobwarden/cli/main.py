@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from jobwarden import __version__, config
+from jobwarden.cli.term import terminal_width
 from jobwarden.errors import JobwardenError
 
 
@@ -24,18 +25,7 @@ class _HelpFormatter(argparse.HelpFormatter):
     def __init__(
         self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
     ) -> None:
-        super().__init__(prog, indent_increment, max_help_position, width or _terminal_width() - 2)
-
-
-def _terminal_width() -> int:
-    """What shutil.get_terminal_size() answers: $COLUMNS, else the terminal on stdout, else 80."""
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        return int(columns)
-    try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
-    except (AttributeError, ValueError, OSError):
-        return 80
+        super().__init__(prog, indent_increment, max_help_position, width or terminal_width() - 2)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from jobwarden.cli.term import colour_wanted, table
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
 from jobwarden.model import JobState, Ranks
@@ -35,7 +35,7 @@ _COLORS = {
 
 
 def _color(text: str, state: str) -> str:
-    if os.environ.get("NO_COLOR") or not sys.stdout.isatty() or state not in _COLORS:
+    if state not in _COLORS or not colour_wanted():
         return text
     return f"\033[{_COLORS[state]}m{text}\033[0m"
 
@@ -94,22 +94,20 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
         rows.append(
             (
                 str(v.job.id),
-                v.job.name,
+                one_line(v.job.name),
                 state,
                 str(v.run.n),
                 str(v.run.pid or "-"),
                 _runtime(v, now),
                 cpu,
                 format_size(v.rss_bytes),
-                shlex.join(v.job.command)[:60],
+                one_line(shlex.join(v.job.command)),
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for i, row in enumerate(rows):
-        cells = [c.ljust(w) for c, w in zip(row, widths, strict=False)]
+    for i, cells in enumerate(table(rows)):
         if i:
             cells[2] = _color(cells[2], views[i - 1].run.state.value)
-        yield "  ".join([*cells, row[-1]])
+        yield "  ".join(cells).rstrip()
 
 
 def status_report(status: JobStatus, now: float) -> Iterator[str]:
@@ -351,12 +349,11 @@ def orphans_table(strays: list[dict[str, Any]]) -> Iterator[str]:
                 format_size(d.get("gpu_memory_bytes")),
                 _job_cell(d),
                 one_line(str(d["reason"])),
-                one_line(str(d["command"]))[:60],
+                one_line(str(d["command"])),
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        yield "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]])
+    for cells in table(rows):
+        yield "  ".join(cells).rstrip()
     yield ""
     lost = sorted({d["job"] for d in strays if str(d["reason"]).startswith("supervisor of job")})
     for job in lost:
@@ -394,7 +391,7 @@ def doctor_report(report: dict[str, Any]) -> Iterator[str]:
     width = max(len(c["name"]) for c in checks)
     for c in checks:
         status = c["status"].ljust(4)
-        if not os.environ.get("NO_COLOR") and sys.stdout.isatty():
+        if colour_wanted():
             status = f"\033[{_STATUS_COLORS.get(c['status'], '0')}m{status}\033[0m"
         yield f"{status}  {c['name'].ljust(width)}  {c['message']}"
         if c["fix"] and c["status"] != "ok":
