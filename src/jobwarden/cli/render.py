@@ -34,10 +34,17 @@ _COLORS = {
 }
 
 
-def _color(text: str, state: str) -> str:
-    if os.environ.get("NO_COLOR") or not sys.stdout.isatty() or state not in _COLORS:
+def _color(text: str, state: str, colored: bool | None = None) -> str:
+    """`colored`: whether to color at all, when the caller asked once for many lines."""
+    if colored is None:
+        colored = _use_color()
+    if not colored or state not in _COLORS:
         return text
     return f"\033[{_COLORS[state]}m{text}\033[0m"
+
+
+def _use_color() -> bool:
+    return not os.environ.get("NO_COLOR") and sys.stdout.isatty()
 
 
 def exit_status(run: RunRecord) -> int:
@@ -105,10 +112,11 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    colored = _use_color()  # asked once: `ps --all` may print 10,000 lines
     for i, row in enumerate(rows):
         cells = [c.ljust(w) for c, w in zip(row, widths, strict=False)]
         if i:
-            cells[2] = _color(cells[2], views[i - 1].run.state.value)
+            cells[2] = _color(cells[2], views[i - 1].run.state.value, colored)
         yield "  ".join([*cells, row[-1]])
 
 

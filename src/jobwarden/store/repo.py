@@ -15,6 +15,7 @@ from jobwarden.errors import JobNotFound
 from jobwarden.model import UNFINISHED_STATES, Finding, JobSpec, JobState, ProcessEnd, ProcessSnapshot, Ranks
 from jobwarden.paths import Layout, ensure_private_dir
 from jobwarden.store.db import connect, translate, write
+from jobwarden.store.listing import ListQueries
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
 
 if TYPE_CHECKING:  # diagnosis types: not on the `run` path
@@ -46,7 +47,7 @@ _RUN_COLUMNS = frozenset(
 )
 
 
-class Store:
+class Store(ListQueries):
     def __init__(self, home: Path) -> None:
         self.layout = Layout(ensure_private_dir(home))
         self._conn = connect(self.layout.database)

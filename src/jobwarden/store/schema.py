@@ -113,6 +113,12 @@ MIGRATIONS: list[str] = [
     ALTER TABLE processes ADD COLUMN local_rank INTEGER;
     ALTER TABLE processes ADD COLUMN group_rank INTEGER;
     """,
+    # 5 (the job list's; renumber after any migration merged before it): `ps` reads the unfinished runs and
+    # /metrics also the recently ended ones by index, instead of reading every run of a long history
+    """
+    CREATE INDEX runs_by_state ON runs(state);
+    CREATE INDEX runs_by_end ON runs(ended_at);
+    """,
 ]
 
 LATEST = len(MIGRATIONS)
