@@ -190,6 +190,16 @@ def _orphans_arguments(orphans: argparse.ArgumentParser) -> None:
     orphans.add_argument("--json", action="store_true")
 
 
+def _metrics_arguments(metrics: argparse.ArgumentParser) -> None:
+    metrics.add_argument("job", metavar="JOB")
+    metrics.add_argument("--run", type=int, metavar="N", help="an earlier attempt")
+    metrics.add_argument("--since", metavar="DUR", help="only the last DUR (e.g. 10m, 6h, 2d)")
+    metrics.add_argument("--json", action="store_true", help="the samples as a JSON list, oldest first")
+    metrics.add_argument(
+        "--prometheus", action="store_true", help="the Prometheus text exposition, as /metrics serves it"
+    )
+
+
 def _json_only(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true")
 
@@ -203,6 +213,7 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
     "wait": ("block until a job ends; exit with its status", _wait_arguments),
     "adopt": ("supervise again a job whose supervisor died", _job_and_json),
     "explain": ("why a job died or is stuck", _status_arguments),
+    "metrics": ("a job's CPU, memory, I/O and GPU use over time", _metrics_arguments),
     "dump": ("the Python and native stacks of every process of a job, now", _dump_arguments),
     "rm": ("forget an ended job and delete its logs", _job_only),
     "orphans": (
@@ -244,7 +255,10 @@ def console_entry() -> None:
     interpreter down (every module and object, one by one) takes 10-15 ms after the work is done, and
     `run` waits for nothing so long. Nothing is lost: every store handle is closed when main() returns,
     the CLI starts no threads that outlive a command, and the streams are flushed here."""
-    code = main()
+    try:
+        code = main()
+    except KeyboardInterrupt:  # a Ctrl-C while the interpreter was still loading jobwarden
+        code = 130
     try:
         if sys.stdout is not None:  # None when started with fd 1 closed
             sys.stdout.flush()

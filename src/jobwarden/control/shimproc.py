@@ -23,7 +23,13 @@ from typing import Any
 from jobwarden import config
 from jobwarden.clock import SystemClock
 from jobwarden.errors import JobwardenError, ShimExited, ShimStartFailed
-from jobwarden.osapi.process import fork_detached, reap, redirect_std_streams, set_child_subreaper
+from jobwarden.osapi.process import (
+    fork_detached,
+    reap,
+    redirect_std_streams,
+    replace_command_line,
+    set_child_subreaper,
+)
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import Layout
 from jobwarden.store import Store
@@ -40,6 +46,7 @@ class ForkedShim:
         import jobwarden.shim.attempts  # noqa: F401
 
         self.home = home
+        self.handed_over = False  # the shim has its job: from now on it starts it, whatever we do
         job_r, self._job_w = os.pipe2(os.O_CLOEXEC)
         self._report_r, report_w = os.pipe2(os.O_CLOEXEC)
         self._must_reap = True  # until the shim has its job
@@ -54,6 +61,7 @@ class ForkedShim:
         self._must_reap = False
         with contextlib.suppress(BrokenPipeError):  # it died already, so it will not report: said below
             os.write(self._job_w, f"{job_id} {run}\n".encode())
+            self.handed_over = True
         report = _read_report(self._report_r, self.home, job_id, run)
         if report is None:
             self._must_reap = True  # its end of the pipe closed: it has exited, or is exiting
@@ -108,6 +116,8 @@ def _close_inherited(keep: tuple[int, ...]) -> None:
 def _shim_main(home: Path, mode: str, job_fd: int, report_fd: int) -> int:
     from jobwarden.shim.attempts import supervise_job
 
+    # The CLI's arguments (`--env TOKEN=...`) must not stay readable in /proc for the job's whole life.
+    replace_command_line(f"jobwarden shim ({mode})")
     # What needs no job is done while the CLI records it. Orphans of the job are reparented to us
     # from its first instant on.
     set_child_subreaper()

@@ -25,6 +25,7 @@ from jobwarden.osapi.procfs import ProcFS, why_still_alive
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, ensure_private_dir
 from jobwarden.shim.exits import ExitCollector
 from jobwarden.shim.recorder import RunRecorder, end_fields, log
+from jobwarden.shim.sampler import Sampler
 from jobwarden.shim.sightings import FIFO_NAME, Sightings, open_fifo
 from jobwarden.shim.tree import JobTree, Member, wait_readable
 from jobwarden.shim.watchdog import DEFAULT_HANG_TIMEOUT_S
@@ -76,6 +77,7 @@ class Supervisor:
         self.logs = LogWatcher(self.layout.output_log(job.id, run), self.layout.output_index(job.id, run))
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.record = RunRecorder(store, job.id, run, self.logs, clock)
+        self.sampler = Sampler(procfs, self.record)
         self.diag: Diagnoser | None = None
         self.restart_after_hang = False
         self.notifier = notifier
@@ -202,6 +204,12 @@ class Supervisor:
         return self._end_unstarted()
 
     def close(self) -> None:
+        # unhooked first: a signal after the close (SIGCHLD of an --on-event command still being
+        # delivered) made CPython write to a closed fd: "Exception ignored ... signal wakeup fd"
+        with contextlib.suppress(ValueError):  # not the main thread: it never installed the fd
+            previous = signal.set_wakeup_fd(-1)
+            if previous not in (-1, self._wake_w):
+                signal.set_wakeup_fd(previous)  # someone else's: put it back
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -428,13 +436,14 @@ class Supervisor:
         self.tree.discover(full=full)
         now = self.clock.wall()
         snaps = self._with_gpu_memory(self.tree.sample(now))
+        gpu = self.diag.gpu if self.diag else None
+        reading = self.sampler.reading(now, snaps, self.tree.members.values(), gpu)
         self.logs.index(now)
         self.record.check_disk(now)
         # an idle tree is not rewritten every second
-        if self.tree.worth_recording(snaps, now) and self.record.write(
-            self.store.record_tree, now, snaps, []
-        ):
+        if self.tree.worth_recording(snaps, now) and self.sampler.write(now, snaps, reading):
             self.tree.recorded(snaps, now)
+        self.sampler.keep_up(now)
         self._watch_memory(snaps, now)
         if self.diag:
             self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic()))
@@ -523,6 +532,7 @@ class Supervisor:
         self.logs.index(self.clock.wall())
         with contextlib.suppress(OSError):  # a kill in the last moments (the main process itself) counts too
             self._poll_oom(self.clock.wall())
+        self.sampler.finish(self.clock.wall())
         fields = end_fields(self.main_status, self.stop.reason if self.stop else None, self.clock.wall())
         self.record.end(fields, orphans, survivors)
         self.record.write(self.store.release_gpus)

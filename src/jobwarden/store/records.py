@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -33,7 +34,7 @@ class JobRecord(NamedTuple):
             id=row["id"],
             name=row["name"],
             command=tuple(json.loads(row["command"])),
-            cwd=row["cwd"],
+            cwd=os.fsdecode(row["cwd"]),  # bytes where it is not UTF-8 (store.repo._path_value)
             created_at=row["created_at"],
             options=json.loads(row["options"]),
             env=json.loads(row["env"]),

@@ -6,6 +6,7 @@ Kept narrow on purpose, so a server database can stand behind it later.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -14,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 from jobwarden.errors import JobNotFound
 from jobwarden.model import UNFINISHED_STATES, Finding, JobSpec, JobState, ProcessEnd, ProcessSnapshot, Ranks
 from jobwarden.paths import Layout, ensure_private_dir
+from jobwarden.store import samples
 from jobwarden.store.db import connect, translate, write
 from jobwarden.store.listing import ListQueries
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
+from jobwarden.store.rollup import Bucket, Reading
 
 if TYPE_CHECKING:  # diagnosis types: not on the `run` path
     from jobwarden.observations import ProcessStack
@@ -45,6 +48,8 @@ _RUN_COLUMNS = frozenset(
         "mem_peak_bytes",
     }
 )
+
+_MAX_ID = (1 << 63) - 1  # SQLite's INTEGER: a larger number names no job and no run
 
 
 class Store(ListQueries):
@@ -76,11 +81,13 @@ class Store(ListQueries):
         try:
             with write(self._conn):
                 cur = self._conn.execute(
-                    "INSERT INTO jobs (name, command, cwd, env, options, created_at) VALUES (?,?,?,?,?,?)",
+                    "INSERT INTO jobs (id, name, command, cwd, env, options, created_at) "
+                    "VALUES (?,?,?,?,?,?,?)",
                     (
+                        self._unused_job_id(),
                         spec.name,
                         json.dumps(spec.command),
-                        spec.cwd,
+                        _path_value(spec.cwd),
                         json.dumps(spec.env),
                         json.dumps(options),
                         now,
@@ -93,10 +100,30 @@ class Store(ListQueries):
                 )
         except sqlite3.Error as err:
             raise translate(err, self.layout.database) from err
-        self.make_run_dir(job_id, 1)
+        try:
+            self.make_run_dir(job_id, 1)
+        except BaseException:  # nothing will start it: no ghost job left `starting`
+            self.delete_job(job_id)
+            raise
         return job_id, 1
 
+    def _unused_job_id(self) -> int:
+        """The next id, past every job folder already on disk. A database emptied or moved aside (the
+        advice for a corrupt one) starts counting at 1 again: job 1 would then append to the old job 1's
+        log, `rm` would delete it, and the old job's shim would take the new job's processes, marked
+        with the same id, for its own."""
+        row = self._conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
+        candidate = int(row[0]) + 1 if row else 1
+        if not os.path.lexists(self.layout.job_dir(candidate)):
+            return candidate
+        try:
+            names = os.listdir(self.layout.jobs_dir)
+        except OSError:
+            names = []
+        return max([candidate, *(int(n) + 1 for n in names if n.isascii() and n.isdigit())])
+
     def make_run_dir(self, job_id: int, run: int) -> Path:
+        ensure_private_dir(self.layout.jobs_dir)
         ensure_private_dir(self.layout.job_dir(job_id))
         return ensure_private_dir(self.layout.run_dir(job_id, run))
 
@@ -104,7 +131,7 @@ class Store(ListQueries):
         """A job by id, or by name (the newest job of that name)."""
         text = str(ref)
         row = None
-        if text.isascii() and text.isdigit():  # '²'.isdigit() is True, int('²') fails
+        if text.isascii() and text.isdigit() and int(text) <= _MAX_ID:  # '²'.isdigit() is True
             row = self._exec("SELECT * FROM jobs WHERE id = ?", (int(text),)).fetchone()
         if row is None:
             row = self._exec("SELECT * FROM jobs WHERE name = ? ORDER BY id DESC LIMIT 1", (text,)).fetchone()
@@ -122,6 +149,7 @@ class Store(ListQueries):
                     "gpu_claims",
                     "stacks",
                     "findings",
+                    "samples_rollup",
                     "samples",
                     "processes",
                     "events",
@@ -141,6 +169,8 @@ class Store(ListQueries):
             row = self._exec(
                 "SELECT * FROM runs WHERE job_id = ? ORDER BY n DESC LIMIT 1", (job_id,)
             ).fetchone()
+        elif not 0 < n <= _MAX_ID:
+            row = None
         else:
             row = self._exec("SELECT * FROM runs WHERE job_id = ? AND n = ?", (job_id, n)).fetchone()
         if row is None:
@@ -240,10 +270,13 @@ class Store(ListQueries):
         now: float,
         live: Sequence[ProcessSnapshot],
         ended: Sequence[ProcessEnd],
+        sample: Reading | None = None,
+        rollups: Sequence[Bucket] = (),
     ) -> None:
-        """One tick of the shim in one transaction: the live processes, those that ended, and the run's
-        totals as a sample. An ended process the shim never saw alive (it died within milliseconds, and
-        only the kernel's process events or its reaping parent told of it) gets its row here."""
+        """One tick of the shim in one transaction: the live processes, those that ended, the run's totals
+        as a sample (`sample`, else the sums of `live`) and the downsampled points that closed. An ended
+        process the shim never saw alive (it died within milliseconds, and only the kernel's process
+        events or its reaping parent told of it) gets its row here."""
         try:
             with write(self._conn):
                 self._conn.executemany(
@@ -294,19 +327,16 @@ class Store(ListQueries):
                         for e in ended
                     ],
                 )
-                if live:
-                    self._conn.execute(
-                        "INSERT INTO samples (job_id, run, at, nprocs, cpu_percent, rss_bytes) "
-                        "VALUES (?,?,?,?,?,?)",
-                        (
-                            job_id,
-                            run,
-                            now,
-                            len(live),
-                            sum(p.cpu_percent or 0.0 for p in live),
-                            sum(p.rss_bytes for p in live),
-                        ),
+                if sample is None and live:
+                    sample = Reading(
+                        now,
+                        len(live),
+                        sum(p.cpu_percent or 0.0 for p in live),
+                        sum(p.rss_bytes for p in live),
                     )
+                if sample is not None:
+                    samples.insert_readings(self._conn, job_id, run, [sample])
+                samples.insert_buckets(self._conn, job_id, run, rollups)
         except sqlite3.Error as err:
             raise translate(err, self.layout.database) from err
 
@@ -323,6 +353,39 @@ class Store(ListQueries):
             "SELECT * FROM samples WHERE job_id = ? AND run = ? ORDER BY at DESC LIMIT 1", (job_id, run)
         ).fetchone()
         return row
+
+    def add_samples(
+        self,
+        job_id: int,
+        run: int,
+        readings: Sequence[Reading] = (),
+        rollups: Sequence[Bucket] = (),
+        prune_at: float | None = None,
+    ) -> None:
+        """Raw samples and downsampled points that closed, in one transaction; with `prune_at` (the
+        time now), also drop what each tier keeps no longer (store/rollup.py)."""
+        try:
+            with write(self._conn):
+                samples.insert_readings(self._conn, job_id, run, readings)
+                samples.insert_buckets(self._conn, job_id, run, rollups)
+                if prune_at is not None:
+                    samples.prune(self._conn, job_id, run, prune_at)
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
+
+    def readings(self, job_id: int, run: int, since: float | None = None) -> list[Reading]:
+        """The run's raw samples from `since` on, oldest first."""
+        try:
+            return samples.read_raw(self._conn, job_id, run, since)
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
+
+    def rollups(self, job_id: int, run: int, tier: int, since: float | None = None) -> list[Bucket]:
+        """The run's points of one tier ending after `since`, oldest first."""
+        try:
+            return samples.read_tier(self._conn, job_id, run, tier, since)
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
 
     # --- findings and stack dumps -----------------------------------------------------------------
 
@@ -389,6 +452,16 @@ class Store(ListQueries):
         """GPU index -> (job id, run) of every claim on record."""
         rows = self._exec("SELECT gpu_index, job_id, run FROM gpu_claims")
         return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
+
+
+def _path_value(path: str) -> str | bytes:
+    """A path as SQLite can hold it: text, or its raw bytes where it is not UTF-8 (a directory name from
+    another locale reaches Python as lone surrogates, which SQLite's text refuses)."""
+    try:
+        path.encode()
+    except UnicodeEncodeError:
+        return os.fsencode(path)
+    return path
 
 
 def _ranks_row(ranks: Ranks | None) -> tuple[int | None, int | None, int | None]:

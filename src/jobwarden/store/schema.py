@@ -113,8 +113,31 @@ MIGRATIONS: list[str] = [
     ALTER TABLE processes ADD COLUMN local_rank INTEGER;
     ALTER TABLE processes ADD COLUMN group_rank INTEGER;
     """,
-    # 5 (the job list's; renumber after any migration merged before it): `ps` reads the unfinished runs and
-    # /metrics also the recently ended ones by index, instead of reading every run of a long history
+    # 5: samples worth plotting: I/O split into read and write, each GPU's share, and the tiers samples are
+    # downsampled into as they age (store/rollup.py): one row per (tier, point), gauges as mean and max,
+    # counters as their last value. WITHOUT ROWID: the key is the row, with no second copy in an index.
+    """
+    ALTER TABLE samples ADD COLUMN io_read_bytes INTEGER;
+    ALTER TABLE samples ADD COLUMN io_write_bytes INTEGER;
+    ALTER TABLE samples ADD COLUMN gpus TEXT;        -- JSON [[index, util, memory_bytes], ...]
+    CREATE TABLE samples_rollup (
+        job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        run INTEGER NOT NULL,
+        tier INTEGER NOT NULL,           -- seconds per point: 10, 60, 600
+        at REAL NOT NULL,                -- start of the point's interval
+        n INTEGER NOT NULL,              -- readings merged: the weight of its means
+        nprocs_avg REAL, nprocs_max INTEGER,
+        cpu_avg REAL, cpu_max REAL,
+        rss_avg INTEGER, rss_max INTEGER,
+        cpu_time_s REAL, io_read_bytes INTEGER, io_write_bytes INTEGER,
+        gpu_util_avg REAL, gpu_util_max REAL,
+        gpu_mem_avg INTEGER, gpu_mem_max INTEGER,
+        gpus TEXT,                       -- JSON [[index, util_avg, util_max, mem_avg, mem_max], ...]
+        PRIMARY KEY (job_id, run, tier, at)
+    ) WITHOUT ROWID;
+    """,
+    # 6: `ps` reads the unfinished runs, and /metrics the recently ended ones too, by index instead of reading
+    # every run of a long history
     """
     CREATE INDEX runs_by_state ON runs(state);
     CREATE INDEX runs_by_end ON runs(ended_at);

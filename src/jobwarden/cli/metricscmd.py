@@ -1,0 +1,80 @@
+"""The `metrics` command, and the sparklines `status` adds in a terminal (handlers.py imports this lazily)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from jobwarden import config
+from jobwarden.cli.main import _terminal_width
+from jobwarden.cli.metricsview import metrics_report, spark_width
+from jobwarden.clock import SystemClock
+from jobwarden.control.metrics import job_samples
+from jobwarden.errors import UsageError
+from jobwarden.store import Store
+
+if TYPE_CHECKING:
+    from jobwarden.control.jobstatus import JobStatus
+
+STATUS_WINDOW_S = 600.0  # the last minutes `status` draws
+
+
+def metrics(home: Path, args: argparse.Namespace) -> int:
+    now = SystemClock().wall()
+    since = now - option_duration("--since", args.since) if args.since is not None else None
+    width = _terminal_width()
+    with Store(home) as store:
+        job = store.job(args.job)
+        run = store.run(job.id, args.run)
+        if args.prometheus:
+            sys.stdout.write(_prometheus(store, job.id, run.n))
+            return 0
+        points = None if args.json else spark_width(width)
+        samples = job_samples(store, job.id, run.n, since=since, points=points, now=now)
+    if args.json:
+        print(json.dumps([s.to_json() for s in samples], indent=2))
+    else:
+        for line in metrics_report(job.name, job.id, run.n, samples, width):
+            print(line)
+    return 0
+
+
+def _prometheus(store: Store, job_id: int, run: int) -> str:
+    """The exposition comes from control.prometheus, where this jobwarden has that module."""
+    try:
+        prometheus = importlib.import_module("jobwarden.control.prometheus")
+    except ModuleNotFoundError:
+        raise UsageError(
+            "--prometheus: this jobwarden has no Prometheus exporter", "use --json instead"
+        ) from None
+    return str(prometheus.job_exposition(store, job_id, run))
+
+
+def option_duration(option: str, text: str) -> float:
+    """A duration option's value; a bad one is an error naming the option."""
+    try:
+        return config.parse_duration(text)
+    except UsageError as err:
+        raise UsageError(f"{option}: {err.message}", err.remedy) from None
+
+
+def status_sparklines(home: Path, status: JobStatus) -> list[str]:
+    """CPU and RSS over the last minutes, for `status` in a terminal."""
+    from jobwarden.cli.metricsview import status_sparklines as lines
+
+    now, width = SystemClock().wall(), _terminal_width()
+    end = status.run.ended_at or now  # an ended run: its last minutes
+    with Store(home) as store:
+        samples = job_samples(
+            store,
+            status.job.id,
+            status.run.n,
+            since=end - STATUS_WINDOW_S,
+            points=spark_width(width, "    "),
+            now=now,
+        )
+    return list(lines(samples, width))
