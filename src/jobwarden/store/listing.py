@@ -10,8 +10,9 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from jobwarden.model import UNFINISHED_STATES
+from jobwarden.model import UNFINISHED_STATES, JobState
 from jobwarden.store.records import JobSummary, RunRecord, decode_json, run_from_values
+from jobwarden.store.rollup import TIERS
 
 _UNFINISHED = tuple(sorted(UNFINISHED_STATES))
 _RUN_COLUMNS = ", ".join(f"r.{name}" for name in RunRecord._fields)
@@ -77,6 +78,35 @@ class ListQueries:
             if (job_id, run) in wanted:
                 found.setdefault((job_id, run), []).append(rule)
         return found
+
+    def finding_counts(self) -> dict[str, int]:
+        """Rule -> how many findings of it the store holds, over every run."""
+        rows = self._exec("SELECT rule, COUNT(*) FROM findings GROUP BY rule ORDER BY rule")
+        return {rule: count for rule, count in rows}
+
+    def run_state_counts(self, states: Iterable[JobState]) -> dict[JobState, int]:
+        """State -> how many runs are in it, for the states asked (read off the state index)."""
+        wanted = sorted(states)
+        marks = ", ".join("?" * len(wanted))
+        rows = self._exec(f"SELECT state, COUNT(*) FROM runs WHERE state IN ({marks}) GROUP BY state", wanted)
+        return {JobState(state): count for state, count in rows}
+
+    def peak_rss(self, job_id: int, run: int) -> int | None:
+        """The most resident memory the run's processes held together, from its samples: the coarsest
+        points (kept for ever), the finest points since, and the raw readings since those, each a short
+        range of its table's key however long the run."""
+        coarse, fine = max(TIERS), min(TIERS)
+        rollup = "FROM samples_rollup WHERE job_id = ?1 AND run = ?2 AND tier = "
+        row = self._exec(
+            "SELECT MAX(v) FROM ("
+            f"SELECT MAX(rss_max) AS v {rollup}?3 "
+            f"UNION ALL SELECT MAX(rss_max) {rollup}?4 AND at >= "
+            f"(SELECT COALESCE(MAX(at) + ?3, 0) {rollup}?3) "
+            "UNION ALL SELECT MAX(rss_bytes) FROM samples WHERE job_id = ?1 AND run = ?2 AND at >= "
+            f"(SELECT COALESCE(MAX(at) + ?4, 0) {rollup}?4))",
+            (job_id, run, coarse, fine),
+        ).fetchone()
+        return None if row[0] is None else int(row[0])
 
 
 def _job_and_run(row: Sequence[Any]) -> tuple[JobSummary, RunRecord]:
