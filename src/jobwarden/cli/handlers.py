@@ -152,8 +152,11 @@ def cmd_ps(args: argparse.Namespace) -> int:
     from jobwarden.control.views import job_views
     from jobwarden.store import Store
 
+    last = None if args.last is None else config.parse_count(args.last, "--last")
+    if last == 0:
+        raise UsageError("bad --last '0': must be 1 or more", "e.g. jobwarden ps --all --last 50")
     with Store(_home()) as store:
-        views = job_views(store, _procfs(), include_ended=args.all)
+        views = job_views(store, _procfs(), include_ended=args.all, limit=last)
     if args.json:
         _print_json([v.summary_json() for v in views])
     else:

@@ -130,6 +130,7 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
 
 def _ps_arguments(ps: argparse.ArgumentParser) -> None:
     ps.add_argument("-a", "--all", action="store_true", help="include ended jobs")
+    ps.add_argument("--last", metavar="N", help="only the N newest of the jobs listed")
     ps.add_argument("--json", action="store_true")
 
 

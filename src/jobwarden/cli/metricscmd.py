@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -44,14 +43,10 @@ def metrics(home: Path, args: argparse.Namespace) -> int:
 
 
 def _prometheus(store: Store, job_id: int, run: int) -> str:
-    """The exposition comes from control.prometheus, where this jobwarden has that module."""
-    try:
-        prometheus = importlib.import_module("jobwarden.control.prometheus")
-    except ModuleNotFoundError:
-        raise UsageError(
-            "--prometheus: this jobwarden has no Prometheus exporter", "use --json instead"
-        ) from None
-    return str(prometheus.job_exposition(store, job_id, run))
+    from jobwarden.control.prometheus import job_exposition
+    from jobwarden.osapi.procfs import ProcFS
+
+    return job_exposition(store, ProcFS(), job_id, run)
 
 
 def option_duration(option: str, text: str) -> float:

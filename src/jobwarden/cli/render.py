@@ -34,8 +34,11 @@ _COLORS = {
 }
 
 
-def _color(text: str, state: str) -> str:
-    if state not in _COLORS or not colour_wanted():
+def _color(text: str, state: str, colored: bool | None = None) -> str:
+    """`colored`: whether to color at all, when the caller asked once for many lines."""
+    if colored is None:
+        colored = colour_wanted()
+    if not colored or state not in _COLORS:
         return text
     return f"\033[{_COLORS[state]}m{text}\033[0m"
 
@@ -104,9 +107,10 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
                 one_line(shlex.join(v.job.command)),
             )
         )
+    colored = colour_wanted()  # asked once: `ps --all` may print 10,000 lines
     for i, cells in enumerate(table(rows)):
         if i:
-            cells[2] = _color(cells[2], views[i - 1].run.state.value)
+            cells[2] = _color(cells[2], views[i - 1].run.state.value, colored)
         yield "  ".join(cells).rstrip()
 
 

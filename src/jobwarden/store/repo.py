@@ -17,6 +17,7 @@ from jobwarden.model import UNFINISHED_STATES, Finding, JobSpec, JobState, Proce
 from jobwarden.paths import Layout, ensure_private_dir
 from jobwarden.store import samples
 from jobwarden.store.db import connect, translate, write
+from jobwarden.store.listing import ListQueries
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
 from jobwarden.store.rollup import Bucket, Reading
 
@@ -51,7 +52,7 @@ _RUN_COLUMNS = frozenset(
 _MAX_ID = (1 << 63) - 1  # SQLite's INTEGER: a larger number names no job and no run
 
 
-class Store:
+class Store(ListQueries):
     def __init__(self, home: Path) -> None:
         self.layout = Layout(ensure_private_dir(home))
         self._conn = connect(self.layout.database)

@@ -136,6 +136,12 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (job_id, run, tier, at)
     ) WITHOUT ROWID;
     """,
+    # 6: `ps` reads the unfinished runs, and /metrics the recently ended ones too, by index instead of reading
+    # every run of a long history
+    """
+    CREATE INDEX runs_by_state ON runs(state);
+    CREATE INDEX runs_by_end ON runs(ended_at);
+    """,
 ]
 
 LATEST = len(MIGRATIONS)
