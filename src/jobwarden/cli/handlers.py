@@ -338,6 +338,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 1
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    from jobwarden.tui.command import top  # textual and rich load here, never on other commands' path
+
+    return top(_home(), args.interval, args.all, args.read_only)
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "ps": cmd_ps,
@@ -351,4 +357,5 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "rm": cmd_rm,
     "orphans": cmd_orphans,
     "doctor": cmd_doctor,
+    "top": cmd_top,
 }

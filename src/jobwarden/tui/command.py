@@ -1,0 +1,59 @@
+"""`jobwarden top`'s entry: check what the terminal UI needs before importing it.
+
+Imported by the CLI's `top` handler only; it imports textual (through `tui.app`) last, once it knows
+the UI can run. Without textual it says how to install it; with stdout not a terminal (a pipe, a
+file, cron) it prints the job list once, as `ps` would, and says why."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from jobwarden import config
+from jobwarden.errors import JobwardenError, UsageError
+
+INSTALL_HINT = "jobwarden top needs the textual library, which is not installed: pip install 'jobwarden[tui]'"
+
+
+def parse_interval(text: str) -> float:
+    try:
+        return config.parse_duration(text)
+    except UsageError as err:
+        raise UsageError(f"--interval: {err.message}", err.remedy) from None
+
+
+def textual_importable() -> bool:
+    try:
+        import textual.app  # noqa: F401 - a broken install fails here, not inside the running UI
+    except ImportError:
+        return False
+    return True
+
+
+def top(home: Path, interval_text: str, include_ended: bool, read_only: bool) -> int:
+    interval = parse_interval(interval_text)
+    if not textual_importable():
+        raise JobwardenError(INSTALL_HINT)
+    if not sys.stdout.isatty() or not sys.stdin.isatty():
+        _print_list_once(home, include_ended)
+        return 0
+    from jobwarden.tui.app import TopApp
+
+    TopApp(home, interval, include_ended, read_only).run()
+    return 0
+
+
+def _print_list_once(home: Path, include_ended: bool) -> None:
+    from jobwarden.cli.render import ps_table
+    from jobwarden.clock import SystemClock
+    from jobwarden.control.views import job_views
+    from jobwarden.osapi.procfs import ProcFS
+    from jobwarden.store import Store
+
+    with Store(home) as store:
+        views = job_views(store, ProcFS(), include_ended=include_ended)
+    for line in ps_table(views, SystemClock().wall()):
+        print(line)
+    print(
+        "jobwarden top: not a terminal, so the job list was printed once (as `jobwarden ps`)", file=sys.stderr
+    )
