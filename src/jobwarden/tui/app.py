@@ -26,10 +26,12 @@ from jobwarden.tui.screens import ConfirmScreen, LogScreen, TextScreen
 
 FULL_LOG_LINES = 2000
 _WRITES = frozenset({"stop", "dump"})  # what --read-only takes away
+_ON_THE_LIST = frozenset({"stop", "dump", "explain", "logs", "toggle_all", "help"})
 
 
 class TopApp(App[None]):
     TITLE = "jobwarden top"
+    ENABLE_COMMAND_PALETTE = False  # every command is one key, listed in the footer and on ?
     CSS = """
     #bar { background: $boost; }
     #jobs { height: 45%; }
@@ -55,6 +57,7 @@ class TopApp(App[None]):
         self.selected: int | None = None
         self.snapshot: data.Snapshot | None = None
         self._loading = self._load_again = False
+        self._tail_shown: list[str] = []
 
     def compose(self) -> ComposeResult:
         yield Static(id="bar")
@@ -70,6 +73,8 @@ class TopApp(App[None]):
         self.set_interval(self.interval, self.reload)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in _ON_THE_LIST and len(self.screen_stack) > 1:
+            return False  # a page is open (explain, dump, log, help): its keys only
         return not (self.read_only and action in _WRITES)
 
     # --- reading ------------------------------------------------------------------------------------
@@ -105,10 +110,11 @@ class TopApp(App[None]):
         now = SystemClock().wall()
         self._fill_table(snapshot.rows, now)
         ids = [r.view.job.id for r in snapshot.rows]
-        which = "all jobs" if self.include_ended else "active jobs (a: all)"
+        count = f"{len(ids)} job{'s' if len(ids) != 1 else ''}"
+        which = "all" if self.include_ended else "active; a: all"
         clock = time.strftime("%H:%M:%S", time.localtime(now))
-        mode = "   read-only" if self.read_only else ""
-        bar = f"jobwarden top — {len(ids)} {which} — every {self.interval:g}s — {clock}{mode}   ?: help"
+        mode = " — read-only" if self.read_only else ""
+        bar = f"jobwarden top — {count} ({which}) — every {self.interval:g}s — {clock}{mode}   ?: help"
         self.query_one("#bar", Static).update(Text(bar))
         self._show_detail(snapshot.detail)
 
@@ -132,10 +138,12 @@ class TopApp(App[None]):
     def _show_detail(self, detail: data.Detail | None) -> None:
         width = self.size.width
         self.query_one("#summary", Static).update(cells.detail_text(detail, width))
-        tail = self.query_one("#tail", Log)
         lines = detail.log_tail if detail else []
-        tail.clear()
-        tail.write_lines(lines)
+        if lines != self._tail_shown:  # rewritten only when it changed: a scrolled tail stays put
+            self._tail_shown = lines
+            tail = self.query_one("#tail", Log)
+            tail.clear()
+            tail.write_lines(lines)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.cursor_row != event.data_table.cursor_row:
