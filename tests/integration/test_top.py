@@ -94,6 +94,10 @@ def test_top_lists_jobs_explains_and_stops(jw: Jobwarden, tmp_path: Path) -> Non
             await until(pilot, "explain", shows(app, f"explain {failed}", "root cause:", root["title"]))
             await pilot.press("q")
             await until(pilot, "back to the list", shows(app, "ID  NAME"))
+            await pilot.press("d")  # nothing left to dump of an ended job: dump says so
+            await until(pilot, "dump", shows(app, f"dump {failed}", "no process of it is left"))
+            await pilot.press("escape")
+            await until(pilot, "back to the list", shows(app, "ID  NAME"))
             # stop the running job: a question naming it, then y
             await pilot.press("up")
             await until(pilot, "the running job selected", shows(app, f"job {running} {MARKUP_NAME}"))
@@ -193,10 +197,14 @@ def test_top_without_a_terminal_prints_the_list_once(jw: Jobwarden) -> None:
     assert "not a terminal" in result.stderr
 
 
-def test_top_bad_interval_names_the_option(jw: Jobwarden) -> None:
-    result = jw("top", "--interval", "soon")
+BAD_INTERVALS = [("soon", "bad duration 'soon'"), ("10ms", "'10ms' is too short")]
+
+
+@pytest.mark.parametrize(("interval", "said"), BAD_INTERVALS)
+def test_top_bad_interval_names_the_option(jw: Jobwarden, interval: str, said: str) -> None:
+    result = jw("top", "--interval", interval)
     assert result.returncode == 2
-    assert result.stderr.startswith("jobwarden: --interval: bad duration 'soon'")
+    assert result.stderr.startswith(f"jobwarden: --interval: {said}")
     assert "Traceback" not in result.stderr
 
 

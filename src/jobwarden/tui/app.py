@@ -93,6 +93,8 @@ class TopApp(App[None]):
             snapshot: data.Snapshot | str = data.load(self.home, self.procfs, include_ended, selected)
         except JobwardenError as err:  # a store that cannot be opened: say so, keep trying
             snapshot = err.message
+        except Exception as err:  # whatever else: the screen stays up and says it, never a traceback
+            snapshot = f"cannot read the jobs: {err}"
         self.call_from_thread(self._loaded, snapshot)
 
     def _loaded(self, snapshot: data.Snapshot | str) -> None:

@@ -15,11 +15,18 @@ from jobwarden.errors import JobwardenError, UsageError
 INSTALL_HINT = "jobwarden top needs the textual library, which is not installed: pip install 'jobwarden[tui]'"
 
 
+MIN_INTERVAL_S = 0.1  # each refresh reads the whole store: faster would only load the machine
+
+
 def parse_interval(text: str) -> float:
     try:
-        return config.parse_duration(text)
+        interval = config.parse_duration(text)
     except UsageError as err:
         raise UsageError(f"--interval: {err.message}", err.remedy) from None
+    if interval < MIN_INTERVAL_S:
+        remedy = f"at least {MIN_INTERVAL_S:g}s; the default is 2s"
+        raise UsageError(f"--interval: {text!r} is too short", remedy)
+    return interval
 
 
 def textual_importable() -> bool:
