@@ -172,6 +172,19 @@ def test_no_color_makes_the_screen_monochrome(jw: Jobwarden, monkeypatch: pytest
     assert plain and all(r == g == b for r, g, b in plain)
 
 
+def test_a_store_that_cannot_be_read_is_said_on_screen(jw: Jobwarden) -> None:
+    jw.home.mkdir(parents=True)
+    (jw.home / "jobwarden.db").write_bytes(b"this is not sqlite" * 100)
+    app = top_app(jw)
+
+    async def drive() -> None:
+        async with app.run_test(size=(120, 30)) as pilot:
+            await until(pilot, "the error", shows(app, "jobwarden top: ", "corrupt"))
+            await pilot.press("q")
+
+    asyncio.run(drive())
+
+
 # --- the command ---------------------------------------------------------------------------------------
 
 

@@ -91,10 +91,8 @@ class TopApp(App[None]):
     def _load(self, include_ended: bool, selected: int | None) -> None:
         try:
             snapshot: data.Snapshot | str = data.load(self.home, self.procfs, include_ended, selected)
-        except JobwardenError as err:  # a store that cannot be opened: say so, keep trying
-            snapshot = err.message
-        except Exception as err:  # whatever else: the screen stays up and says it, never a traceback
-            snapshot = f"cannot read the jobs: {err}"
+        except Exception as err:  # a store that cannot be opened: say so, keep trying
+            snapshot = " ".join(_failure(err))
         self.call_from_thread(self._loaded, snapshot)
 
     def _loaded(self, snapshot: data.Snapshot | str) -> None:
@@ -189,8 +187,8 @@ class TopApp(App[None]):
     def _explain(self, job_id: int) -> None:
         try:
             lines = list(render.explain_report(data.load_status(self.home, self.procfs, job_id)))
-        except JobwardenError as err:
-            lines = [err.message, err.remedy]
+        except Exception as err:
+            lines = _failure(err)
         self.call_from_thread(self.push_screen, TextScreen(f"explain {job_id} — q: back", lines))
 
     def action_dump(self) -> None:
@@ -205,8 +203,8 @@ class TopApp(App[None]):
 
         try:
             lines = list(render.dump_report(dump_job(self.home, self.procfs, str(job_id))))
-        except JobwardenError as err:
-            lines = [err.message, err.remedy]
+        except Exception as err:
+            lines = _failure(err)
         self.call_from_thread(self.push_screen, TextScreen(f"dump {job_id} — q: back", lines))
 
     def action_stop(self) -> None:
@@ -231,7 +229,15 @@ class TopApp(App[None]):
 
         try:
             message = " ".join(render.stop_report(stop(self.home, self.procfs, str(job_id), None)))
-        except JobwardenError as err:
-            message = err.message
+        except Exception as err:
+            message = " ".join(_failure(err))
         self.call_from_thread(self.notify, message, markup=False)
         self.call_from_thread(self.reload)
+
+
+def _failure(err: Exception) -> list[str]:
+    """What went wrong, as lines for the screen: a worker's exception must never end the UI with a
+    traceback. jobwarden's own errors say what to do; anything else is named by its type."""
+    if isinstance(err, JobwardenError):
+        return [err.message, err.remedy] if err.remedy else [err.message]
+    return [f"{type(err).__name__}: {err}"]
