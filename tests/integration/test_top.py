@@ -141,6 +141,8 @@ def test_read_only_has_no_stop_or_dump(jw: Jobwarden) -> None:
             assert "Stop job" not in screen_text(app) and "dump" not in screen_text(app)
             await pilot.press("l")  # reading is allowed: the full log
             await until(pilot, "the log", shows(app, f"log of job {failed}", "ValueError: [red]boom[/red]"))
+            await pilot.press("q", "a")  # back, then active jobs only: the failed one leaves the list
+            await until(pilot, "active only", shows(app, "0 jobs (active; a: all)", "no jobs"))
 
     asyncio.run(drive())
 

@@ -1,8 +1,8 @@
-"""`jobwarden top`'s entry: check what the terminal UI needs before importing it.
+"""`jobwarden top`'s entry: check what the terminal UI needs before starting it.
 
-Imported by the CLI's `top` handler only; it imports textual (through `tui.app`) last, once it knows
-the UI can run. Without textual it says how to install it; with stdout not a terminal (a pipe, a
-file, cron) it prints the job list once, as `ps` would, and says why."""
+Imported by the CLI's `top` handler only, so no other command loads textual. Without textual it says
+how to install it; without a terminal (stdout a pipe or a file, cron) it prints the job list once, as
+`ps` would, and says why."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def top(home: Path, interval_text: str, include_ended: bool, read_only: bool) ->
     interval = parse_interval(interval_text)
     if not textual_importable():
         raise JobwardenError(INSTALL_HINT)
-    if not sys.stdout.isatty() or not sys.stdin.isatty():
+    # textual reads keys from stdin and draws on stderr; stdout is where a redirected `top` is looked for
+    if not all(stream.isatty() for stream in (sys.stdin, sys.stdout, sys.stderr)):
         _print_list_once(home, include_ended)
         return 0
     from jobwarden.tui.app import TopApp
