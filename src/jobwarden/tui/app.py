@@ -34,7 +34,7 @@ class TopApp(App[None]):
     ENABLE_COMMAND_PALETTE = False  # every command is one key, listed in the footer and on ?
     CSS = """
     #bar { background: $boost; }
-    #jobs { height: 45%; }
+    #jobs { height: auto; max-height: 45%; }
     #detail { height: 1fr; border-top: solid $primary; }
     #summary { height: auto; max-height: 12; }
     #tail { height: 1fr; }
