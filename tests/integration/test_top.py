@@ -160,6 +160,7 @@ def colours(app: Any) -> set[tuple[int, int, int]]:
 
 def test_no_color_makes_the_screen_monochrome(jw: Jobwarden, monkeypatch: pytest.MonkeyPatch) -> None:
     start_failed(jw)
+    monkeypatch.delenv("NO_COLOR", raising=False)
 
     async def palette() -> set[tuple[int, int, int]]:
         app = top_app(jw)
