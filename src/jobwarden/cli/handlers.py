@@ -372,6 +372,12 @@ def cmd_jobs_to_complete(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    from jobwarden.tui.command import top  # textual and rich load here, never on other commands' path
+
+    return top(_home(), args.interval, args.all, args.read_only)
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "ps": cmd_ps,
@@ -388,4 +394,5 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "doctor": cmd_doctor,
     "completion": cmd_completion,
     "_jobs": cmd_jobs_to_complete,
+    "top": cmd_top,
 }

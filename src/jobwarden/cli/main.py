@@ -201,6 +201,12 @@ def _metrics_arguments(metrics: argparse.ArgumentParser) -> None:
     )
 
 
+def _top_arguments(top: argparse.ArgumentParser) -> None:
+    top.add_argument("--interval", default="2", metavar="DUR", help="refresh every DUR (default 2s)")
+    top.add_argument("-a", "--all", action="store_true", help="include ended jobs (key a toggles)")
+    top.add_argument("--read-only", action="store_true", help="no stop or dump keys: look, never touch")
+
+
 def _json_only(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true")
 
@@ -224,6 +230,10 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
     "doctor": ("check what jobwarden can do on this machine, and how to fix it", _json_only),
     "completion": ("print a shell completion script (bash, zsh or fish)", _completion_arguments),
     "_jobs": ("", lambda parser: None),  # hidden: the ids and names a completion offers
+    "top": (
+        "a live view of the jobs in the terminal; stop, dump, explain (needs jobwarden[tui])",
+        _top_arguments,
+    ),
 }
 
 
