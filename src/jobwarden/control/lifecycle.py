@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from jobwarden import config
+from jobwarden import config, trace
 from jobwarden.clock import SystemClock
 from jobwarden.control.shimproc import fork_shim, shim_alive
 from jobwarden.control.views import live_processes, refresh
@@ -45,6 +45,7 @@ def wait_job(home: Path, procfs: ProcFS, job_ref: str, timeout_s: float | None =
     with Store(home) as store:
         job = store.job(job_ref)
         run = store.run(job.id)
+    trace.info(f"waiting for supervisor {run.shim_pid} of job {job.id} ({run.state})")
     if not wait_for_shim(procfs, run, timeout_s):
         raise JobwardenError(f"job {job.id} is still {run.state} after the timeout")
     with Store(home) as store:
@@ -84,6 +85,7 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None) -> Sto
             stop_grace=grace,
         )
     _signal_shim(procfs, run)
+    trace.info(f"asked supervisor {run.shim_pid} to stop job {job.id} (grace {grace:g}s); waiting for it")
     if not wait_for_shim(procfs, run, grace + 30):
         raise JobwardenError(
             f"the supervisor of job {job.id} did not finish stopping it in {grace + 30:.0f}s",
@@ -146,6 +148,7 @@ def adopt(home: Path, procfs: ProcFS, job_ref: str | int) -> dict[str, object]:
                 "nothing to adopt; `jobwarden rm` removes it",
             )
     with fork_shim(home, "adopt") as shim:
+        trace.info(f"adopting job {job.id} run {run.n} with a new supervisor, pid {shim.pid}")
         report = shim.start(job.id, run.n)
     if "error" in report:
         raise JobwardenError(f"cannot adopt job {job.id}: {report['error']}")
