@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -135,6 +138,31 @@ def _signal_shim(procfs: ProcFS, run: RunRecord) -> None:
 
 
 def adopt(home: Path, procfs: ProcFS, job_ref: str | int) -> dict[str, object]:
+    with Store(home) as store:
+        job = store.job(job_ref)
+        lock = store.layout.run_dir(job.id, store.run(job.id).n) / "adopt.lock"
+    # Two adopts at once would start two supervisors of one job (and a later stop by one of them read
+    # as an outside kill by the other): one at a time, and the second finds the job no longer lost.
+    with _exclusive(lock, f"job {job.id} is being adopted by another jobwarden adopt"):
+        return _adopt(home, procfs, job_ref)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path, busy: str) -> Iterator[None]:
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise JobwardenError(busy, "wait for it to finish, then see jobwarden status") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _adopt(home: Path, procfs: ProcFS, job_ref: str | int) -> dict[str, object]:
     with Store(home) as store:
         job = store.job(job_ref)
         run = refresh(store, procfs, job, store.run(job.id))
