@@ -120,6 +120,11 @@ function chartData(def, samples) {
   })];
 }
 
+function xRange(u, min, max) {
+  if (min === null || max === null) { const now = Date.now() / 1000; return [now - 60, now]; }
+  return max - min < 60 ? [min - 30, max + 30] : [min, max];
+}
+
 function makeChart(def, data) {
   const box = jw.el("div", { class: "chart", id: `chart-${def.id}` }, jw.el("h3", {}, def.title));
   const empty = jw.el("p", { class: "empty", hidden: true }, "no data (not measured for this job)");
@@ -128,7 +133,8 @@ function makeChart(def, data) {
   const fmt = (u, v) => (v === null || v === undefined ? "–" : def.fmt(v));
   const opts = {
     width: Math.max(300, box.clientWidth - 14), height: 180, legend: { live: true },
-    scales: { x: { time: true } },
+    // a short run (or one sample) would otherwise be drawn across years
+    scales: { x: { time: true, range: xRange } },
     series: [{}, ...def.series.map(([, label, color]) => ({ label, stroke: color, width: 1.5, value: fmt, spanGaps: false }))],
     axes: [{}, { size: 70, values: (u, vals) => vals.map((v) => def.fmt(v)) }],
   };
