@@ -53,7 +53,8 @@ def make_server(
         server = TCPServer((host, port), handler)
     except OSError as err:
         where = socket_path or f"{host}:{port}"
-        raise UsageError(f"cannot serve on {where}: {err.strerror}", "choose another --port or --host") from err
+        remedy = "choose another --port or --host"
+        raise UsageError(f"cannot serve on {where}: {err.strerror}", remedy) from err
     real_port = int(server.server_address[1])
     app.allowed_hosts = auth.allowed_hosts(host, real_port, allow_hosts)
     shown = f"[{host}]" if ":" in host else ("127.0.0.1" if host in ("0.0.0.0", "") else host)

@@ -54,10 +54,10 @@ def samples(app: App, req: Request, ref: str) -> Response:
         job = store.job(ref)
         run = store.run(job.id, req.int_param("run", minimum=1))
         try:
-            from jobwarden.control.metrics import job_samples  # type: ignore[import-not-found,unused-ignore]
+            from jobwarden.control.metrics import job_samples  # type: ignore[import-not-found,import-untyped,unused-ignore]
         except ImportError:  # until control.metrics is merged: the latest sample alone
             row = store.latest_sample(job.id, run.n)
-            rows = [] if row is None else [{k: row[k] for k in row.keys() if k not in ("job_id", "run")}]
+            rows = [] if row is None else [{k: row[k] for k in row.keys() if k not in ("job_id", "run")}]  # noqa: SIM118 - a Row iterates values
             return json_response([{**r, "t": r["at"], "at": iso(r["at"])} for r in rows])
         found = job_samples(store, job.id, run.n, since=since, points=points)
     return json_response([s.to_json() for s in found])
@@ -117,10 +117,9 @@ def _body(req: Request) -> dict[str, Any]:
 def metrics(app: App, req: Request) -> Response:
     """Prometheus text exposition of every job."""
     try:
-        from jobwarden.control.prometheus import exposition  # type: ignore[import-not-found,unused-ignore]
+        from jobwarden.control.prometheus import exposition  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except ImportError:
         raise HTTPProblem(404, "this jobwarden has no Prometheus exposition yet") from None
     with app.store() as store:
         text = exposition(store, app.procfs, SystemClock().wall())
     return text_response(text, content_type="text/plain; version=0.0.4")
-

@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from email.message import Message
 from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
 from urllib.parse import parse_qs
@@ -77,7 +78,7 @@ def token_in_query(query: str) -> str | None:
     return values[0] if values else None
 
 
-def presented_token(headers: Mapping[str, str], query: str) -> str | None:
+def presented_token(headers: Message, query: str) -> str | None:
     """The token a request carries: `Authorization: token T` or `Bearer T`, the cookie, or `?token=`."""
     auth = headers.get("Authorization", "")
     scheme, _, value = auth.partition(" ")
@@ -106,7 +107,7 @@ def cookie_header(token: str) -> str:
     return f"{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/"
 
 
-def post_refusal(headers: Mapping[str, str]) -> str | None:
+def post_refusal(headers: Message) -> str | None:
     """Why a state-changing request must be refused (after the token was checked), or None.
     SameSite=Strict alone does not stop another local port's page: ports do not make another site."""
     if headers.get(CSRF_HEADER) != "1":

@@ -46,7 +46,7 @@ class Match(NamedTuple):
     args: tuple[str, ...]
 
 
-def match(method: str, path: str) -> Match | None | str:
+def match(method: str, path: str) -> Match | str | None:
     """The route and its path arguments (unquoted); "method" when the path exists for another method;
     None when nothing lives there."""
     other_method = False

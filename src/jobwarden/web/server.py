@@ -50,7 +50,7 @@ class Handler(BaseHTTPRequestHandler):
         # on a Unix socket client_address is '' and the base class's [0] raises IndexError
         return self.client_address[0] if isinstance(self.client_address, tuple) else "unix"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:
         self.app.log_error(_TOKEN_IN_TEXT.sub("token=…", format % args))
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
@@ -122,7 +122,7 @@ class Handler(BaseHTTPRequestHandler):
     # --- writing --------------------------------------------------------------------------------
 
     def _send(self, response: Response) -> None:
-        size = response.file.stat().st_size if _exists(response.file) else 0
+        size = _size(response.file)
         self.send_response(response.status)
         headers = {**_SECURITY_HEADERS, **response.headers, "Content-Type": response.content_type}
         headers["Content-Length"] = str(len(response.body) + size)
@@ -131,7 +131,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         try:
             self.wfile.write(response.body)
-            if size and response.file is not None:
+            if response.file is not None and size:
                 _copy(response.file, size, self.wfile)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
@@ -196,8 +196,11 @@ def _drop_token_from_address(req: Request) -> Response:
     return Response(303, b"", "text/plain; charset=utf-8", {"Cache-Control": "no-store", **headers})
 
 
-def _exists(path: Path | None) -> bool:
-    return path is not None and path.is_file()
+def _size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path is not None else 0
+    except FileNotFoundError:  # no output yet
+        return 0
 
 
 def _copy(path: Path, size: int, out: Any) -> None:
