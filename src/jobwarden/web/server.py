@@ -9,6 +9,7 @@ import re
 import socket
 import socketserver
 import stat
+import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -219,7 +220,17 @@ def _copy(path: Path, size: int, out: Any) -> None:
 # --- servers --------------------------------------------------------------------------------------
 
 
-class TCPServer(ThreadingHTTPServer):
+class _Quiet:
+    """socketserver prints a traceback for an error outside a handler's own funnel (a browser resetting
+    a kept-alive connection, mostly): a gone client is normal, anything else is one line of log."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        err = sys.exc_info()[1]
+        if not isinstance(err, ConnectionError | TimeoutError):
+            print(f"jobwarden web: connection failed: {type(err).__name__}: {err}", file=sys.stderr)
+
+
+class TCPServer(_Quiet, ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], handler: type[Handler]) -> None:
@@ -228,7 +239,7 @@ class TCPServer(ThreadingHTTPServer):
         super().__init__(address, handler)
 
 
-class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+class UnixServer(_Quiet, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
 
     def server_bind(self) -> None:
