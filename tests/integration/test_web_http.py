@@ -85,9 +85,13 @@ def test_the_token_in_the_address_becomes_a_cookie(jw: Jobwarden) -> None:
 
 
 def test_security_headers(jw: Jobwarden) -> None:
-    jw("run", "--wait", "--", "true", check=True)
+    jw("run", "--wait", "--name", "<script>alert(1)</script>", "--", "true", check=True)
     with web_server(jw.home) as served:
         client = Client(served)
+        page = client.get("/jobs/1").body
+        assert b"<script>alert" not in page and b"&lt;script&gt;alert(1)&lt;/script&gt;" in page
+        head = client.request("HEAD", "/", client.auth())  # no handler: the base class's answer, as JSON
+        assert head.status == 501 and head.headers["Content-Type"] == "application/json"
         for path in ("/", "/api/v1/jobs", "/api/v1/jobs/1"):
             answer = client.get(path)
             assert answer.headers["Content-Security-Policy"].startswith("default-src 'self'")

@@ -37,6 +37,9 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "jobwarden"
     sys_version = ""
     app: App  # set on the subclass the server makes
+    # what the base class answers by itself (a method it has no do_X for, a request it cannot parse)
+    error_content_type = "application/json"
+    error_message_format = '{"error": "%(code)d %(message)s", "remedy": null}\n'
 
     def do_GET(self) -> None:
         self._handle("GET")

@@ -266,6 +266,7 @@ async function start() {
   try { readOnly = (await jw.get("/healthz")).read_only === true; } catch (e) { /* shown by the others */ }
   setupActions(readOnly);
   await refreshStatus();
+  performance.mark("jobwarden:status-drawn"); // what scripts/bench-web times
   followLog();
   refreshSamples();
   refreshStacks();
