@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
+from tests.integration.test_lifecycle import fake_gpus
 from tests.integration.test_web_http import finish, start_ticker
 from tests.integration.webtools import Client, web_server
 
@@ -75,6 +76,24 @@ def test_the_list_shows_a_running_job(jw: Jobwarden, tmp_path: Path, browser: An
             assert "<b>not bold</b>" in text_of(browser, row)  # job text is text, never markup
     finally:
         finish(jw, job_id, go)
+
+
+def test_a_queued_job_says_who_holds_the_gpus(jw: Jobwarden, tmp_path: Path, browser: Any) -> None:
+    nvml = tmp_path / "nvml.json"
+    fake_gpus(nvml, {i: [os.getpid()] for i in range(4)})  # every GPU busy, held by this test
+    jw.env["JOBWARDEN_FAKE_NVML"] = str(nvml)
+    job_id = jw.start("true", options=("--gpu-ids", "1"))["id"]
+    try:
+        with web_server(jw.home) as served:
+            browser.get(served.url)
+            row = f'tr[data-job="{job_id}"][data-state="queued"]'
+            wait_until(browser, lambda d: f"pid {os.getpid()}" in text_of(d, row), "the reason in the list")
+            browser.get(f"{Client(served).origin}/jobs/{job_id}")
+            wait_until(browser, lambda d: text_of(d, "#queued"), "the reason on the job page")
+            assert text_of(browser, "#queued").startswith("Waiting: ")
+            assert f"pid {os.getpid()}" in text_of(browser, "#queued")
+    finally:
+        jw("stop", str(job_id), check=True)
 
 
 def test_the_job_page_follows_the_log_and_shows_the_findings(
