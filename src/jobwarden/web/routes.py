@@ -35,7 +35,7 @@ ROUTES: list[Route] = [
     _route("GET", f"{_JOB}/samples", api.samples),
     _route("GET", f"{_JOB}/stacks", api.stacks),
     _route("GET", f"{_JOB}/log", logview.log),
-    _route("GET", f"{_JOB}/log/stream", logview.log, "stream"),
+    _route("GET", f"{_JOB}/log/stream", logview.stream, "stream"),  # the server writes it as it goes
     _route("POST", f"{_JOB}/stop", api.stop),
     _route("POST", f"{_JOB}/dump", api.dump),
 ]
