@@ -259,17 +259,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     grace = 0.0 if args.force else _duration(args.grace, "--grace")
     result = stop(_home(), _procfs(), args.job, grace)
     if args.json:
-        _print_json(
-            {
-                "id": result.run.job_id,
-                "run": result.run.n,
-                "state": str(result.run.state),
-                "already_ended": result.already_ended,
-                "exit_code": result.run.exit_code,
-                "signal": result.run.signal,
-                "survivors": [s._asdict() for s in result.survivors],
-            }
-        )
+        _print_json(result.to_json())
     else:
         _print_lines(render.stop_report(result))
     return 1 if result.survivors else 0
@@ -378,6 +368,13 @@ def cmd_top(args: argparse.Namespace) -> int:
     return top(_home(), args.interval, args.all, args.read_only)
 
 
+def cmd_web(args: argparse.Namespace) -> int:
+    from jobwarden.web import serve  # http.server and friends: only for this command
+
+    socket_path = Path(args.socket).absolute() if args.socket else None
+    return serve(_home(), args.host, args.port, socket_path, args.read_only, args.allow_host)
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "ps": cmd_ps,
@@ -395,4 +392,5 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "completion": cmd_completion,
     "_jobs": cmd_jobs_to_complete,
     "top": cmd_top,
+    "web": cmd_web,
 }

@@ -207,6 +207,20 @@ def _top_arguments(top: argparse.ArgumentParser) -> None:
     top.add_argument("--read-only", action="store_true", help="no stop or dump keys: look, never touch")
 
 
+def _web_arguments(web: argparse.ArgumentParser) -> None:
+    web.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    web.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any free port)")
+    web.add_argument("--socket", metavar="PATH", help="listen on this Unix socket (0600) instead")
+    web.add_argument("--read-only", action="store_true", help="no stop or dump buttons, no POST at all")
+    web.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="H",
+        help="also answer requests for this Host name (e.g. behind a proxy); repeatable",
+    )
+
+
 def _json_only(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true")
 
@@ -234,6 +248,7 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
         "a live view of the jobs in the terminal; stop, dump, explain (needs jobwarden[tui])",
         _top_arguments,
     ),
+    "web": ("serve a dashboard and a JSON API of the jobs (127.0.0.1, with a token)", _web_arguments),
 }
 
 

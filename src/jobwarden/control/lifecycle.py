@@ -25,6 +25,18 @@ class StopResult(NamedTuple):
     already_ended: bool
     survivors: list[Survivor]
 
+    def to_json(self) -> dict[str, object]:
+        """`stop --json`, and the web's answer to a stop."""
+        return {
+            "id": self.run.job_id,
+            "run": self.run.n,
+            "state": str(self.run.state),
+            "already_ended": self.already_ended,
+            "exit_code": self.run.exit_code,
+            "signal": self.run.signal,
+            "survivors": [s._asdict() for s in self.survivors],
+        }
+
 
 def wait_for_shim(procfs: ProcFS, run: RunRecord, timeout_s: float | None) -> bool:
     """Block until the run's shim exits (pidfd: no polling, no pid reuse). False on timeout."""
