@@ -6,6 +6,7 @@ Kept narrow on purpose, so a server database can stand behind it later.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -345,17 +346,22 @@ class Store:
         except sqlite3.Error as err:
             raise translate(err, self.layout.database) from err
 
-    def readings(self, job_id: int, run: int, since: float | None = None) -> list[Reading]:
-        """The run's raw samples from `since` on, oldest first."""
+    def readings(
+        self, job_id: int, run: int, since: float = -math.inf, until: float = math.inf
+    ) -> list[Reading]:
+        """The run's raw samples taken from `since` to `until`, oldest first."""
         try:
-            return samples.read_raw(self._conn, job_id, run, since)
+            return samples.read_raw(self._conn, job_id, run, since, until)
         except sqlite3.Error as err:
             raise translate(err, self.layout.database) from err
 
-    def rollups(self, job_id: int, run: int, tier: int, since: float | None = None) -> list[Bucket]:
-        """The run's points of one tier ending after `since`, oldest first."""
+    def rollups(
+        self, job_id: int, run: int, tier: int, since: float = -math.inf, until: float = math.inf
+    ) -> list[Bucket]:
+        """The run's points of one tier (store/rollup.py) starting from `since` and ended by `until`,
+        oldest first."""
         try:
-            return samples.read_tier(self._conn, job_id, run, tier, since)
+            return samples.read_tier(self._conn, job_id, run, tier, since, until)
         except sqlite3.Error as err:
             raise translate(err, self.layout.database) from err
 

@@ -128,11 +128,11 @@ MIGRATIONS: list[str] = [
         n INTEGER NOT NULL,              -- readings merged: the weight of its means
         nprocs_avg REAL, nprocs_max INTEGER,
         cpu_avg REAL, cpu_max REAL,
-        rss_avg INTEGER, rss_max INTEGER,
+        rss_avg_mib INTEGER, rss_max_mib INTEGER,   -- MiB: 2 bytes a figure where bytes take 6
         cpu_time_s REAL, io_read_bytes INTEGER, io_write_bytes INTEGER,
         gpu_util_avg REAL, gpu_util_max REAL,
-        gpu_mem_avg INTEGER, gpu_mem_max INTEGER,
-        gpus TEXT,                       -- JSON [[index, util_avg, util_max, mem_avg, mem_max], ...]
+        gpu_mem_avg_mib INTEGER, gpu_mem_max_mib INTEGER,
+        gpus TEXT,                       -- JSON [[index, util_avg, mem_avg_mib, mem_max_mib], ...]
         PRIMARY KEY (job_id, run, tier, at)
     ) WITHOUT ROWID;
     """,
