@@ -6,7 +6,6 @@ Kept narrow on purpose, so a server database can stand behind it later.
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from jobwarden.store import samples
 from jobwarden.store.db import connect, translate, write
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
 from jobwarden.store.rollup import Bucket, Reading
+from jobwarden.store.samples import SampleMethods
 
 if TYPE_CHECKING:  # diagnosis types: not on the `run` path
     from jobwarden.observations import ProcessStack
@@ -49,7 +49,7 @@ _RUN_COLUMNS = frozenset(
 )
 
 
-class Store:
+class Store(SampleMethods):
     def __init__(self, home: Path) -> None:
         self.layout = Layout(ensure_private_dir(home))
         self._conn = connect(self.layout.database)
@@ -326,44 +326,6 @@ class Store:
             "SELECT * FROM samples WHERE job_id = ? AND run = ? ORDER BY at DESC LIMIT 1", (job_id, run)
         ).fetchone()
         return row
-
-    def add_samples(
-        self,
-        job_id: int,
-        run: int,
-        readings: Sequence[Reading] = (),
-        rollups: Sequence[Bucket] = (),
-        prune_at: float | None = None,
-    ) -> None:
-        """Raw samples and downsampled points that closed, in one transaction; with `prune_at` (the
-        time now), also drop what each tier keeps no longer (store/rollup.py)."""
-        try:
-            with write(self._conn):
-                samples.insert_readings(self._conn, job_id, run, readings)
-                samples.insert_buckets(self._conn, job_id, run, rollups)
-                if prune_at is not None:
-                    samples.prune(self._conn, job_id, run, prune_at)
-        except sqlite3.Error as err:
-            raise translate(err, self.layout.database) from err
-
-    def readings(
-        self, job_id: int, run: int, since: float = -math.inf, until: float = math.inf
-    ) -> list[Reading]:
-        """The run's raw samples taken from `since` to `until`, oldest first."""
-        try:
-            return samples.read_raw(self._conn, job_id, run, since, until)
-        except sqlite3.Error as err:
-            raise translate(err, self.layout.database) from err
-
-    def rollups(
-        self, job_id: int, run: int, tier: int, since: float = -math.inf, until: float = math.inf
-    ) -> list[Bucket]:
-        """The run's points of one tier (store/rollup.py) starting from `since` and ended by `until`,
-        oldest first."""
-        try:
-            return samples.read_tier(self._conn, job_id, run, tier, since, until)
-        except sqlite3.Error as err:
-            raise translate(err, self.layout.database) from err
 
     # --- findings and stack dumps -----------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """The SQL of samples: raw readings in `samples`, downsampled points in `samples_rollup` (store/rollup.py).
 
-Functions over a connection, called by `Store` inside its transactions."""
+Functions over a connection (`Store.record_tree` calls them inside its transaction), and the methods of
+`Store` that read and write samples alone."""
 
 from __future__ import annotations
 
@@ -10,9 +11,57 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from jobwarden.paths import Layout
+from jobwarden.store.db import translate, write
 from jobwarden.store.rollup import RAW, Bucket, Gauge, GpuReading, Reading, expiry
 
 MIB = 1 << 20
+
+
+class SampleMethods:
+    """`Store`'s methods for samples (a base class of it, kept here beside their SQL)."""
+
+    _conn: sqlite3.Connection
+    layout: Layout
+
+    def add_samples(
+        self,
+        job_id: int,
+        run: int,
+        readings: Sequence[Reading] = (),
+        rollups: Sequence[Bucket] = (),
+        prune_at: float | None = None,
+    ) -> None:
+        """Raw samples and downsampled points that closed, in one transaction; with `prune_at` (the
+        time now), also drop what each tier keeps no longer (store/rollup.py)."""
+        try:
+            with write(self._conn):
+                insert_readings(self._conn, job_id, run, readings)
+                insert_buckets(self._conn, job_id, run, rollups)
+                if prune_at is not None:
+                    prune(self._conn, job_id, run, prune_at)
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
+
+    def readings(
+        self, job_id: int, run: int, since: float = -math.inf, until: float = math.inf
+    ) -> list[Reading]:
+        """The run's raw samples taken from `since` to `until`, oldest first."""
+        try:
+            return read_raw(self._conn, job_id, run, since, until)
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
+
+    def rollups(
+        self, job_id: int, run: int, tier: int, since: float = -math.inf, until: float = math.inf
+    ) -> list[Bucket]:
+        """The run's points of one tier (store/rollup.py) starting from `since` and ended by `until`,
+        oldest first."""
+        try:
+            return read_tier(self._conn, job_id, run, tier, since, until)
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
+
 
 _RAW_INSERT = (
     "INSERT INTO samples (job_id, run, at, nprocs, cpu_percent, rss_bytes, cpu_time_s, io_bytes, "
