@@ -57,8 +57,8 @@ def series(samples: Sequence[Sample]) -> list[Series]:
         Series("processes", [_f(s.nprocs) for s in samples], _count),
     ]
     if any(s.io_read_bytes is not None for s in samples):
-        out.append(Series("I/O read", per_second(samples, "io_read_bytes"), _rate))
-        out.append(Series("I/O write", per_second(samples, "io_write_bytes"), _rate))
+        out.append(Series("I/O read/s", per_second(samples, "io_read_bytes"), _rate))
+        out.append(Series("I/O write/s", per_second(samples, "io_write_bytes"), _rate))
     gpus = sorted({g.index for s in samples for g in s.gpus})
     if gpus:
         out.append(Series("GPU util", [s.gpu_util for s in samples], _percent))
