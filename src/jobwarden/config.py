@@ -28,6 +28,10 @@ RESTART_BACKOFF_RESET_S = 600.0
 # below this a --mem-limit is surely a forgotten unit ("--mem-limit 512" is 512 bytes): an interpreter
 # alone needs more
 MIN_MEM_LIMIT_BYTES = 4 << 20
+# Larger values are typing mistakes, and would overflow what they reach: a kernel wait in milliseconds is
+# a C int (poll(2): 24.8 days), a cgroup memory.max is a u64 that the kernel rounds to pages.
+MAX_DURATION_S = 366 * 86400.0
+MAX_SIZE_BYTES = 1 << 60  # 1 EiB
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -50,8 +54,9 @@ _SIZE_UNITS = {
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)")
 
 
-def parse_duration(text: str) -> float:
-    """'90' (seconds), '1.5s', '5m', '1h30m', '2d', '250ms' -> seconds."""
+def parse_duration(text: str, option: str = "") -> float:
+    """'90' (seconds), '1.5s', '5m', '1h30m', '2d', '250ms' -> seconds. `option` names the flag the text
+    came from in the error ("--timeout: bad duration 'ten minutes'")."""
     raw = text.strip().lower()
     try:
         value = float(raw)
@@ -59,22 +64,36 @@ def parse_duration(text: str) -> float:
         parts = _DURATION_PART.findall(raw)
         if not parts or "".join(n + u for n, u in parts) != raw:
             raise UsageError(
-                f"bad duration {text!r}", "use a number of seconds or units like 30s, 5m, 1h30m, 2d"
+                f"{_named(option)}bad duration {text!r}",
+                "use a number of seconds or units like 30s, 5m, 1h30m, 2d",
             ) from None
         value = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
     if value <= 0 or value != value or value == float("inf"):
-        raise UsageError(f"bad duration {text!r}: must be a positive, finite time", "e.g. 30s or 2h")
+        raise UsageError(
+            f"{_named(option)}bad duration {text!r}: must be a positive, finite time", "e.g. 30s or 2h"
+        )
+    if value > MAX_DURATION_S:
+        raise UsageError(
+            f"{_named(option)}duration {text!r} is longer than {format_duration(MAX_DURATION_S)}",
+            "give a shorter time (a job's whole life fits in a year)",
+        )
     return value
 
 
-def parse_size(text: str) -> int:
+def _named(option: str) -> str:
+    return f"{option}: " if option else ""
+
+
+def parse_size(text: str, option: str = "") -> int:
     """'512M', '4G', '1.5GiB', '1000000' -> bytes (binary units: memory limits are pages, not disks)."""
     match = _SIZE.fullmatch(text.strip().lower())
     if not match or match.group(2) not in _SIZE_UNITS:
-        raise UsageError(f"bad size {text!r}", "use bytes or units like 512M, 4G, 1.5GiB")
+        raise UsageError(f"{_named(option)}bad size {text!r}", "use bytes or units like 512M, 4G, 1.5GiB")
     value = int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
     if value <= 0:
-        raise UsageError(f"bad size {text!r}: must be positive", "e.g. 8G")
+        raise UsageError(f"{_named(option)}bad size {text!r}: must be positive", "e.g. 8G")
+    if value > MAX_SIZE_BYTES:
+        raise UsageError(f"{_named(option)}size {text!r} is beyond any machine's memory", "e.g. 8G")
     return value
 
 
@@ -122,7 +141,7 @@ def parse_count(text: str, what: str = "count") -> int:
 
 def parse_mem_limit(text: str) -> int:
     """--mem-limit: a size (parse_size) that is big enough to run anything at all."""
-    limit = parse_size(text)
+    limit = parse_size(text, "--mem-limit")
     if limit < MIN_MEM_LIMIT_BYTES:
         raise UsageError(
             f"--mem-limit {text} is only {format_size(limit)}", f"give a unit, e.g. {text.strip()}M or 8G"

@@ -21,6 +21,12 @@ class UsageError(JobwardenError):
     exit_code = 2
 
 
+class Interrupted(JobwardenError):
+    """Ctrl-C: the shell's status for SIGINT."""
+
+    exit_code = 130
+
+
 class JobNotFound(JobwardenError):
     def __init__(self, ref: str) -> None:
         super().__init__(f"no job {ref!r}", "list jobs with `jobwarden ps --all`")

@@ -178,3 +178,36 @@ class Finding(NamedTuple):
             tuple(int(p) for p in d.get("pids", ())),
             d.get("rank") if isinstance(d.get("rank"), int) else None,
         )
+
+
+# The finding rules, root cause first (rules.verdict says why in this order). Kept here, not in rules:
+# `ps` ranks the stored findings of the jobs it lists, and importing the rules would cost it ~50 ms.
+ROOT_CAUSE_ORDER = (
+    "oom-kill",
+    "cuda-oom",
+    "pool-worker-lost",
+    "dataloader-worker-killed",
+    "process-stopped",
+    "uninterruptible-io",
+    "fork-deadlock",
+    "collective-hang",
+    "no-progress",
+    "stopped-by-user",
+    "cancelled-by-engine",
+    "timeout",
+    "python-exception",
+    "native-crash",
+    "terminal-hangup",
+    "broken-pipe",
+    "killed-externally",
+    "exit-code",
+    "gpu-idle",
+    "orphans-left",
+    "supervisor-lost",
+)
+_RANKS = {rule: i for i, rule in enumerate(ROOT_CAUSE_ORDER)}
+
+
+def root_cause_rank(rule: str) -> int:
+    """A rule's place in the root-cause-first order; rules outside it (strays) come last."""
+    return _RANKS.get(rule, len(ROOT_CAUSE_ORDER))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from jobwarden.errors import StoreError
@@ -21,10 +22,21 @@ def home_dir(environ: dict[str, str] | None = None) -> Path:
 
 
 def ensure_private_dir(path: Path) -> Path:
-    """Create `path` (and parents) and make it 0700: job logs and command lines are private."""
+    """Create `path` (and parents) and make it 0700: job logs and command lines are private. An existing
+    `path` (and a symlink naming it) must be ours: as root, a home that another user owns is one where
+    they can plant symlinks, and we would append job output to any file on the machine."""
     try:
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if path.stat().st_mode & 0o077:
+        link, st = path.lstat(), path.stat()
+        if not stat.S_ISDIR(st.st_mode):
+            raise StoreError(f"refusing {path}: it is not a directory", f"point {HOME_ENV} at a directory")
+        owner = next((s.st_uid for s in (link, st) if s.st_uid != os.geteuid()), None)
+        if owner is not None:  # the directory, or a symlink to it
+            raise StoreError(
+                f"refusing {path}: it belongs to uid {owner}, not to you (uid {os.geteuid()})",
+                f"point {HOME_ENV} at a directory you own",
+            )
+        if st.st_mode & 0o077:
             path.chmod(0o700)
     except OSError as err:
         raise StoreError(
@@ -44,8 +56,12 @@ class Layout:
     def database(self) -> Path:
         return self.home / "jobwarden.db"
 
+    @property
+    def jobs_dir(self) -> Path:
+        return self.home / "jobs"
+
     def job_dir(self, job_id: int) -> Path:
-        return self.home / "jobs" / str(job_id)
+        return self.jobs_dir / str(job_id)
 
     def run_dir(self, job_id: int, run: int) -> Path:
         return self.job_dir(job_id) / f"run-{run}"

@@ -1,6 +1,6 @@
 """The layering of STYLE.md, enforced: each module imports only from its own layer or those below.
 
-    cli                      frontends: parse, render; act only through control
+    cli | tui                frontends: parse, render; act only through control
     control | shim           what a user asks for; the per-job supervising loop
     probes | store | rules   observe | persist | judge
     osapi                    the only code that forks, execs, signals, waits
@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
     {"osapi"},
     {"probes", "store", "rules", "hooks"},
     {"control", "shim"},
-    {"cli"},
+    {"cli", "tui"},
 ]
 RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in layer}
 EXEMPT = {"jobwarden", "jobwarden.__main__"}  # the package root and the `python -m` entry point

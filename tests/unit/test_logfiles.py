@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import stat
 from pathlib import Path
 
@@ -235,3 +236,26 @@ def test_free_bytes_of_the_log_filesystem(tmp_path: Path) -> None:
 def test_free_bytes_when_the_run_directory_is_gone(tmp_path: Path) -> None:
     out = tmp_path / "gone" / "output.log"
     assert LogWatcher(out, tmp_path / "gone" / "output.idx").free_bytes() is None
+
+
+def test_the_index_never_follows_a_planted_symlink(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    output, index = tmp_path / "output.log", tmp_path / "output.idx"
+    output.write_text("a line\n")
+    index.symlink_to(victim)
+    LogWatcher(output, index).index(1.0)
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_job_is_never_started_into_a_symlinked_log(tmp_path: Path) -> None:
+    from jobwarden.osapi.process import spawn_job
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    log = tmp_path / "output.log"
+    log.symlink_to(victim)
+    with pytest.raises(OSError) as caught:
+        spawn_job(["true"], str(tmp_path), {}, str(log))
+    assert caught.value.errno == errno.ELOOP
+    assert victim.read_text() == "precious\n"

@@ -3,6 +3,7 @@ and which never are (a live job's, an unmarked one, another store's, a zombie, a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -293,3 +294,23 @@ def test_the_table_ends_with_what_to_do() -> None:
     assert lines[-2] == "job 3 lost its supervisor; to keep it running instead: jobwarden adopt 3"
     assert lines[-1] == "1 stray process(es). End them with: jobwarden orphans --kill"
     assert next(orphans_table([])).startswith("no strays")
+
+
+def test_a_marked_process_started_after_its_run_ended_is_not_the_runs(store: Store, root: Path) -> None:
+    # anyone may copy the marker variables into a new process: one born after the end is not the job's
+    job_id = new_job(store, JobState.SUCCEEDED, ended_at=NOW - 90)
+    boot = 1795299835  # btime of CAPTURED_PROC_STAT; the clock ticks 100 times a second
+    proc(root, 40, environ=marker(store, job_id), start=int((NOW - 80 - boot) * 100))
+    proc(root, 41, environ=marker(store, job_id), start=int((NOW - 95 - boot) * 100))
+    assert set(find(store, root)) == {41}
+
+
+def test_a_marked_process_of_another_user_is_found_only_by_its_recorded_identity(
+    store: Store, root: Path
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root can give a file to another user")
+    job_id = new_job(store, JobState.SUCCEEDED, ended_at=NOW - 90)
+    proc(root, 40, environ=marker(store, job_id))
+    os.chown(root / "40", 65534, 65534)
+    assert find(store, root) == {}

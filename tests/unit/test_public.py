@@ -14,7 +14,7 @@ from jobwarden.cli.main import build_parser, main
 
 EXPORTS = {
     "jobwarden": ["__version__", "heartbeat"],
-    "jobwarden.store": ["JobRecord", "RunRecord", "Store"],
+    "jobwarden.store": ["JobRecord", "JobSummary", "RunRecord", "Store"],
     "jobwarden.rules": ["RunEvidence", "explain"],
 }
 

@@ -41,24 +41,25 @@ def _print_json(obj: object) -> None:
     print(json.dumps(obj, indent=2))
 
 
-def _duration(text: str | None) -> float | None:
-    return config.parse_duration(text) if text is not None else None
+def _duration(text: str | None, option: str) -> float | None:
+    return config.parse_duration(text, option) if text is not None else None
 
 
 def _diagnosis_options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {"on_hang": args.on_hang, "py_hooks": not args.no_py_hooks}
     if args.hang_timeout is not None:  # "off" is stored as 0: no window
         off = args.hang_timeout.strip().lower() == "off"
-        options["hang_timeout_s"] = 0 if off else config.parse_duration(args.hang_timeout)
+        options["hang_timeout_s"] = 0 if off else config.parse_duration(args.hang_timeout, "--hang-timeout")
     if args.mp_start:
         options["mp_start"] = args.mp_start
     if args.restart_delay is not None:
-        options["restart_delay_s"] = config.parse_duration(args.restart_delay)
+        options["restart_delay_s"] = config.parse_duration(args.restart_delay, "--restart-delay")
     return options
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from jobwarden.control.launch import (
+        checked_name,
         default_name,
         gpu_options,
         launch,
@@ -70,9 +71,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         raise UsageError("no command given", "put it after --, e.g. jobwarden run -- python train.py")
-    timeout, grace = _duration(args.timeout), _duration(args.grace)
+    timeout, grace = _duration(args.timeout, "--timeout"), _duration(args.grace, "--grace")
     env = parse_env(args.env)
-    spec = JobSpec(command=tuple(argv), cwd=args.cwd, name=args.name or default_name(argv), env=env)
+    name = checked_name(args.name) if args.name is not None else default_name(argv)
+    spec = JobSpec(command=tuple(argv), cwd=args.cwd, name=name, env=env)
     options: dict[str, Any] = {"timeout_s": timeout, "grace_s": grace or config.DEFAULT_GRACE_S}
     options.update(_diagnosis_options(args))
     options.update(memory_and_restart_options(args.mem_limit, args.restart, args.max_restarts))
@@ -142,7 +144,7 @@ def _wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    return _wait_exit(args.job, _duration(args.timeout), args.json)
+    return _wait_exit(args.job, _duration(args.timeout, "--timeout"), args.json)
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
@@ -150,8 +152,11 @@ def cmd_ps(args: argparse.Namespace) -> int:
     from jobwarden.control.views import job_views
     from jobwarden.store import Store
 
+    last = None if args.last is None else config.parse_count(args.last, "--last")
+    if last == 0:
+        raise UsageError("bad --last '0': must be 1 or more", "e.g. jobwarden ps --all --last 50")
     with Store(_home()) as store:
-        views = job_views(store, _procfs(), include_ended=args.all)
+        views = job_views(store, _procfs(), include_ended=args.all, limit=last)
     if args.json:
         _print_json([v.summary_json() for v in views])
     else:
@@ -208,7 +213,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
         path = store.layout.output_log(job.id, run.n)
         index = store.layout.output_index(job.id, run.n)
     if args.since:
-        data = read_from(path, since_offset(index, SystemClock().wall() - config.parse_duration(args.since)))
+        since = config.parse_duration(args.since, "--since")
+        data = read_from(path, since_offset(index, SystemClock().wall() - since))
         lines = data.splitlines(keepends=True)
         if args.lines is not None:
             lines = lines[-args.lines :] if args.lines > 0 else []
@@ -248,7 +254,10 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from jobwarden.cli import render
     from jobwarden.control.lifecycle import stop
 
-    result = stop(_home(), _procfs(), args.job, _duration(args.grace))
+    if args.force and args.grace is not None:
+        raise UsageError("--force and --grace exclude each other", "--force is --grace 0: SIGKILL now")
+    grace = 0.0 if args.force else _duration(args.grace, "--grace")
+    result = stop(_home(), _procfs(), args.job, grace)
     if args.json:
         _print_json(
             {
@@ -282,7 +291,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     from jobwarden.cli import render
     from jobwarden.control.dump import DEFAULT_TIMEOUT_S, dump_job
 
-    timeout = _duration(args.timeout)
+    timeout = _duration(args.timeout, "--timeout")
     result = dump_job(
         _home(),
         _procfs(),
@@ -313,7 +322,7 @@ def cmd_orphans(args: argparse.Namespace) -> int:
     from jobwarden.store import Store
 
     procfs, now = _procfs(), SystemClock().wall()
-    grace = _duration(args.grace)
+    grace = _duration(args.grace, "--grace")
     with Store(_home()) as store:
         strays = find_strays(store, procfs, now)
     listed = [s.to_json(now) for s in strays]
@@ -347,6 +356,28 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 1
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from jobwarden.cli.completion import script
+    from jobwarden.cli.main import build_parser
+
+    sys.stdout.write(script(args.shell, build_parser()))
+    return 0
+
+
+def cmd_jobs_to_complete(args: argparse.Namespace) -> int:
+    from jobwarden.store import Store
+
+    with Store(_home()) as store:
+        _print_lines(str(ref) for pair in store.job_refs() for ref in pair)
+    return 0
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from jobwarden.tui.command import top  # textual and rich load here, never on other commands' path
+
+    return top(_home(), args.interval, args.all, args.read_only)
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "ps": cmd_ps,
@@ -361,4 +392,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "rm": cmd_rm,
     "orphans": cmd_orphans,
     "doctor": cmd_doctor,
+    "completion": cmd_completion,
+    "_jobs": cmd_jobs_to_complete,
+    "top": cmd_top,
 }

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from jobwarden import __version__, config
+from jobwarden.cli.term import terminal_width
 from jobwarden.errors import JobwardenError
 
 
@@ -24,18 +25,7 @@ class _HelpFormatter(argparse.HelpFormatter):
     def __init__(
         self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
     ) -> None:
-        super().__init__(prog, indent_increment, max_help_position, width or _terminal_width() - 2)
-
-
-def _terminal_width() -> int:
-    """What shutil.get_terminal_size() answers: $COLUMNS, else the terminal on stdout, else 80."""
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        return int(columns)
-    try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
-    except (AttributeError, ValueError, OSError):
-        return 80
+        super().__init__(prog, indent_increment, max_help_position, width or terminal_width() - 2)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -50,7 +40,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (help_text, add_arguments) in _SUBCOMMANDS.items():
         if only is None or only == name:
-            add_arguments(sub.add_parser(name, help=help_text, formatter_class=_HelpFormatter))
+            if help_text:
+                parser = sub.add_parser(name, help=help_text, formatter_class=_HelpFormatter)
+            else:  # no help: left out of the command list
+                parser = sub.add_parser(name, formatter_class=_HelpFormatter)
+            add_arguments(parser)
     return p
 
 
@@ -136,6 +130,7 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
 
 def _ps_arguments(ps: argparse.ArgumentParser) -> None:
     ps.add_argument("-a", "--all", action="store_true", help="include ended jobs")
+    ps.add_argument("--last", metavar="N", help="only the N newest of the jobs listed")
     ps.add_argument("--json", action="store_true")
 
 
@@ -156,6 +151,9 @@ def _logs_arguments(logs: argparse.ArgumentParser) -> None:
 def _stop_arguments(stop: argparse.ArgumentParser) -> None:
     stop.add_argument("job", metavar="JOB")
     stop.add_argument("--grace", metavar="DUR", help="SIGTERM -> SIGKILL delay (default: the job's, 10s)")
+    stop.add_argument(
+        "--force", action="store_true", help="SIGKILL what is left now; cuts short a stop already waiting"
+    )
     stop.add_argument("--json", action="store_true")
 
 
@@ -183,6 +181,10 @@ def _dump_arguments(dump: argparse.ArgumentParser) -> None:
     dump.add_argument("--json", action="store_true")
 
 
+def _completion_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("shell", metavar="SHELL", help="bash, zsh or fish")
+
+
 def _orphans_arguments(orphans: argparse.ArgumentParser) -> None:
     orphans.add_argument("--kill", action="store_true", help="end them (SIGTERM, grace, SIGKILL)")
     orphans.add_argument("--grace", metavar="DUR", help="with --kill: SIGTERM -> SIGKILL delay (default 10s)")
@@ -197,6 +199,12 @@ def _metrics_arguments(metrics: argparse.ArgumentParser) -> None:
     metrics.add_argument(
         "--prometheus", action="store_true", help="the Prometheus text exposition, as /metrics serves it"
     )
+
+
+def _top_arguments(top: argparse.ArgumentParser) -> None:
+    top.add_argument("--interval", default="2", metavar="DUR", help="refresh every DUR (default 2s)")
+    top.add_argument("-a", "--all", action="store_true", help="include ended jobs (key a toggles)")
+    top.add_argument("--read-only", action="store_true", help="no stop or dump keys: look, never touch")
 
 
 def _json_only(parser: argparse.ArgumentParser) -> None:
@@ -220,6 +228,12 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
         _orphans_arguments,
     ),
     "doctor": ("check what jobwarden can do on this machine, and how to fix it", _json_only),
+    "completion": ("print a shell completion script (bash, zsh or fish)", _completion_arguments),
+    "_jobs": ("", lambda parser: None),  # hidden: the ids and names a completion offers
+    "top": (
+        "a live view of the jobs in the terminal; stop, dump, explain (needs jobwarden[tui])",
+        _top_arguments,
+    ),
 }
 
 
@@ -254,7 +268,10 @@ def console_entry() -> None:
     interpreter down (every module and object, one by one) takes 10-15 ms after the work is done, and
     `run` waits for nothing so long. Nothing is lost: every store handle is closed when main() returns,
     the CLI starts no threads that outlive a command, and the streams are flushed here."""
-    code = main()
+    try:
+        code = main()
+    except KeyboardInterrupt:  # a Ctrl-C while the interpreter was still loading jobwarden
+        code = 130
     try:
         if sys.stdout is not None:  # None when started with fd 1 closed
             sys.stdout.flush()

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from jobwarden import config
-from jobwarden.cli.main import _terminal_width
 from jobwarden.cli.metricsview import metrics_report, spark_width
+from jobwarden.cli.term import terminal_width
 from jobwarden.clock import SystemClock
 from jobwarden.control.metrics import job_samples
 from jobwarden.errors import UsageError
@@ -26,7 +25,7 @@ STATUS_WINDOW_S = 600.0  # the last minutes `status` draws
 def metrics(home: Path, args: argparse.Namespace) -> int:
     now = SystemClock().wall()
     since = now - option_duration("--since", args.since) if args.since is not None else None
-    width = _terminal_width()
+    width = terminal_width()
     with Store(home) as store:
         job = store.job(args.job)
         run = store.run(job.id, args.run)
@@ -44,14 +43,10 @@ def metrics(home: Path, args: argparse.Namespace) -> int:
 
 
 def _prometheus(store: Store, job_id: int, run: int) -> str:
-    """The exposition comes from control.prometheus, where this jobwarden has that module."""
-    try:
-        prometheus = importlib.import_module("jobwarden.control.prometheus")
-    except ModuleNotFoundError:
-        raise UsageError(
-            "--prometheus: this jobwarden has no Prometheus exporter", "use --json instead"
-        ) from None
-    return str(prometheus.job_exposition(store, job_id, run))
+    from jobwarden.control.prometheus import job_exposition
+    from jobwarden.osapi.procfs import ProcFS
+
+    return job_exposition(store, ProcFS(), job_id, run)
 
 
 def option_duration(option: str, text: str) -> float:
@@ -66,7 +61,7 @@ def status_sparklines(home: Path, status: JobStatus) -> list[str]:
     """CPU and RSS over the last minutes, for `status` in a terminal."""
     from jobwarden.cli.metricsview import status_sparklines as lines
 
-    now, width = SystemClock().wall(), _terminal_width()
+    now, width = SystemClock().wall(), terminal_width()
     end = status.run.ended_at or now  # an ended run: its last minutes
     with Store(home) as store:
         samples = job_samples(

@@ -3,11 +3,10 @@ as a sparkline, then its current and largest value."""
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
+from jobwarden.cli.term import colour_wanted
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
 from jobwarden.control.metrics import Sample, per_second, sparkline
@@ -117,9 +116,7 @@ def status_sparklines(samples: Sequence[Sample], width: int) -> Iterator[str]:
 
 def _paint(text: str) -> str:
     """Sparklines in cyan on a terminal, plain with NO_COLOR or into a pipe."""
-    if os.environ.get("NO_COLOR") or not sys.stdout.isatty():
-        return text
-    return f"\033[36m{text}\033[0m"
+    return f"\033[36m{text}\033[0m" if colour_wanted() else text
 
 
 def _f(value: int | None) -> float | None:

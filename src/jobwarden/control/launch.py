@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 from jobwarden import config
 from jobwarden.clock import SystemClock
-from jobwarden.errors import CommandNotExecutable, CommandNotFound, ShimExited, UsageError
+from jobwarden.errors import CommandNotExecutable, CommandNotFound, Interrupted, ShimExited, UsageError
 from jobwarden.model import EndReason, JobSpec, JobState
 from jobwarden.store import Store
 
@@ -66,8 +66,25 @@ def _which(program: str, search_path: str) -> str | None:
     return None
 
 
+def checked_name(name: str) -> str:
+    """--name: printable (a newline or an escape byte would forge lines and colours in every listing) and
+    not all digits (`stop 2` must mean job 2, never a job named "2")."""
+    if not name or not name.isprintable():
+        raise UsageError(f"--name {name!r}: a name must be printable text", "e.g. --name train-lr3")
+    if name.isdecimal():
+        raise UsageError(f"--name {name!r}: a name of digits would read as a job id", "e.g. --name run{name}")
+    return name
+
+
 def default_name(argv: list[str]) -> str:
-    """`python train.py --lr 3` -> 'train.py'; `./run.sh` -> 'run.sh'."""
+    """`python train.py --lr 3` -> 'train.py'; `./run.sh` -> 'run.sh'. Unprintable characters become
+    '?', and a name of digits gets a prefix (see checked_name)."""
+    name = _name_from(argv)
+    name = "".join(c if c.isprintable() else "?" for c in name) or "job"
+    return f"job-{name}" if name.isdecimal() else name
+
+
+def _name_from(argv: list[str]) -> str:
     first = os.path.basename(argv[0])
     if first.rstrip("0123456789.") in _INTERPRETERS:
         args = iter(argv[1:])
@@ -167,6 +184,29 @@ def notify_options(url: str | None, command: str | None) -> dict[str, Any]:
     return options
 
 
+def _interrupted(store: Store, job_id: int, run: int, state: JobState, handed_over: bool) -> Interrupted:
+    """Ctrl-C while the shim starts the job. Handed over, the job starts anyway: say which it is, so it
+    can be found and stopped. Not handed over, nothing will start it: record that now, never a ghost
+    `starting` job that reads "supervisor killed" later."""
+    if handed_over:
+        return Interrupted(
+            f"interrupted; job {job_id} was handed to its supervisor and runs on",
+            f"jobwarden status {job_id}; jobwarden stop {job_id} to end it",
+        )
+    now = SystemClock().wall()
+    # starting -> failed: its shim exits without starting it
+    store.update_run(
+        job_id,
+        run,
+        only_if_state=(state,),
+        state=JobState.FAILED,
+        end_reason=EndReason.SUPERVISOR_FAILED,
+        ended_at=now,
+        error="interrupted (Ctrl-C) before it started",
+    )
+    return Interrupted(f"interrupted; job {job_id} was not started")
+
+
 def launch(home: Path, spec: JobSpec, options: dict[str, Any]) -> Launched:
     from jobwarden.control.shimproc import fork_shim
 
@@ -182,6 +222,8 @@ def launch(home: Path, spec: JobSpec, options: dict[str, Any]) -> Launched:
         job_id, run = store.create_job(spec, options, SystemClock().wall(), state)
         try:
             report = shim.start(job_id, run)
+        except KeyboardInterrupt:
+            raise _interrupted(store, job_id, run, state, shim.handed_over) from None
         except ShimExited as err:
             # starting -> failed: nothing ran it, so say so now, not once the run is found `lost`
             now = SystemClock().wall()

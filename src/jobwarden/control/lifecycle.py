@@ -64,11 +64,22 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None) -> Sto
             adopt(home, procfs, job.id)  # one code path: a new shim finds the survivors and stops them
             run = store_run(home, job, run.n)
         grace = grace_s if grace_s is not None else float(job.options.get("grace_s", config.DEFAULT_GRACE_S))
+    if run.shim_pid is None:
+        run = _wait_for_shim_record(home, procfs, job, run)
+        if run.state.is_ended:
+            return StopResult(run, True, [])
     with Store(home) as store:
         store.update_run(
             job.id,
             run.n,
-            only_if_state=(JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING),
+            # stopping too: a second stop with a shorter grace (--force) cuts the first one's short
+            only_if_state=(
+                JobState.QUEUED,
+                JobState.STARTING,
+                JobState.RUNNING,
+                JobState.RESTARTING,
+                JobState.STOPPING,
+            ),
             stop_requested_at=SystemClock().wall(),
             stop_grace=grace,
         )
@@ -81,6 +92,24 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None) -> Sto
     with Store(home) as store:
         final = refresh(store, procfs, job, store.run(job.id, run.n))
     return StopResult(final, False, final.survivors)
+
+
+def _wait_for_shim_record(home: Path, procfs: ProcFS, job: JobRecord, run: RunRecord) -> RunRecord:
+    """A job being started has no supervisor on record for a few milliseconds: its shim records itself
+    once it has the job. Only then can it be asked to stop (it reads the request as it starts)."""
+    import time
+
+    deadline = time.monotonic() + config.SHIM_READY_TIMEOUT_S
+    while run.shim_pid is None and not run.state.is_ended:
+        if time.monotonic() > deadline:
+            raise JobwardenError(
+                f"job {job.id} has had no supervisor for {config.SHIM_READY_TIMEOUT_S:.0f}s",
+                f"see {home}/jobs/{job.id}/run-{run.n}/shim.log",
+            )
+        time.sleep(0.02)  # a poll with a deadline: the shim announces itself through the store alone
+        with Store(home) as store:
+            run = refresh(store, procfs, job, store.run(job.id, run.n))
+    return run
 
 
 def store_run(home: Path, job: JobRecord, n: int) -> RunRecord:

@@ -35,6 +35,9 @@ _ADOPTERS = frozenset(
     {"systemd", "init", "tini", "dumb-init", "catatonit", "docker-init", "s6-svscan", "runsvdir"}
 )
 
+# A process's start as a wall time is only as precise as the boot time in /proc/stat: whole seconds
+_START_SLACK_S = 2.0
+
 
 @dataclass(frozen=True)
 class Stray:
@@ -182,6 +185,8 @@ class StrayFinder:
             if verdict.reason is None:
                 self._live_marked.add(st.pid)
                 continue
+            if not self._may_come_from(st, verdict.run):
+                continue
             stray = self._stray(st, verdict.reason, marker.job_id, verdict)
             if stray:
                 yield stray
@@ -227,6 +232,21 @@ class StrayFinder:
         return _with_gpu(stray, used, gpus) if stray else None
 
     # --- helpers ----------------------------------------------------------------------------------
+
+    def _may_come_from(self, st: ProcStat, run: RunRecord | None) -> bool:
+        """A marker is only an environment variable: anyone can copy it into a new process. A marked
+        process is the run's only if it runs as the user who runs the jobs (another user's processes of
+        the job, started through sudo, are found by the identity the shim recorded: `_recorded`) and
+        started before the run ended."""
+        try:
+            if self.procfs.uid(st.pid) != os.geteuid():
+                return False
+        except ProcessGone:
+            return False
+        started = self._started_at(st)
+        if started is None or run is None or run.ended_at is None:
+            return True
+        return started <= run.ended_at + _START_SLACK_S
 
     def _is_our_home(self, home: str) -> bool:
         return home in self._homes or os.path.realpath(home) in self._homes

@@ -46,6 +46,7 @@ class ForkedShim:
         import jobwarden.shim.attempts  # noqa: F401
 
         self.home = home
+        self.handed_over = False  # the shim has its job: from now on it starts it, whatever we do
         job_r, self._job_w = os.pipe2(os.O_CLOEXEC)
         self._report_r, report_w = os.pipe2(os.O_CLOEXEC)
         self._must_reap = True  # until the shim has its job
@@ -60,6 +61,7 @@ class ForkedShim:
         self._must_reap = False
         with contextlib.suppress(BrokenPipeError):  # it died already, so it will not report: said below
             os.write(self._job_w, f"{job_id} {run}\n".encode())
+            self.handed_over = True
         report = _read_report(self._report_r, self.home, job_id, run)
         if report is None:
             self._must_reap = True  # its end of the pipe closed: it has exited, or is exiting

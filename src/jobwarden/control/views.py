@@ -10,16 +10,16 @@ from jobwarden import config
 from jobwarden.clock import SystemClock, iso
 from jobwarden.control.shimproc import shim_alive
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
-from jobwarden.model import ACTIVE_STATES, JobState, ProcessSnapshot
+from jobwarden.model import ACTIVE_STATES, JobState, ProcessSnapshot, root_cause_rank
 from jobwarden.osapi.cgroup import cgroup_path, find_job_cgroup
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.markers import find_marked, job_markers
-from jobwarden.store import JobRecord, RunRecord, Store
+from jobwarden.store import JobRecord, JobSummary, RunRecord, Store
 
 _WATCHED = ACTIVE_STATES  # a shim should be alive for these
 
 
-def refresh(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord) -> RunRecord:
+def refresh(store: Store, procfs: ProcFS, job: JobRecord | JobSummary, run: RunRecord) -> RunRecord:
     """The run as it really is: a watched run whose shim is dead becomes `lost` (recorded once)."""
     if run.state == JobState.LOST:
         _release_cgroup(run)
@@ -88,7 +88,7 @@ def live_processes(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord)
 
 
 class JobView(NamedTuple):
-    job: JobRecord
+    job: JobSummary
     run: RunRecord
     cpu_percent: float | None
     rss_bytes: int | None
@@ -113,29 +113,34 @@ class JobView(NamedTuple):
         }
 
 
-def job_views(store: Store, procfs: ProcFS, include_ended: bool) -> list[JobView]:
-    runs = store.latest_runs()
+def job_views(
+    store: Store, procfs: ProcFS, include_ended: bool, *, limit: int | None = None, offset: int = 0
+) -> list[JobView]:
+    """The job list, oldest job first: each job's latest run as it really is. Without `include_ended`,
+    only the jobs not over (their runs found by index: a long history costs nothing). `limit` and
+    `offset` page from the newest job (limit=50: the 50 newest); without `include_ended` they page
+    through the unfinished jobs."""
+    listed = store.job_list(unfinished_only=not include_ended, limit=limit, offset=offset)
     views = []
-    for job in store.jobs():
-        run = runs.get(job.id)
-        if run is None:
-            continue
+    for job, run in listed:
         run = refresh(store, procfs, job, run)
         if run.state.is_ended and not include_ended:
-            continue
+            continue  # it ended between the query and the look at its shim
         cpu = rss = None
         if run.state in _WATCHED:
             sample = store.latest_sample(job.id, run.n)
             if sample is not None:
                 cpu, rss = sample["cpu_percent"], sample["rss_bytes"]
-        views.append(JobView(job, run, cpu, rss, _top_rule(store, job, run)))
+        views.append(JobView(job, run, cpu, rss))
+    return _with_top_findings(store, views)
+
+
+def _with_top_findings(store: Store, views: list[JobView]) -> list[JobView]:
+    """ps's short form of each run's findings: the one that comes first, as recorded live by the shim
+    (one query for the whole list)."""
+    rules = store.run_rules((v.job.id, v.run.n) for v in views)
+    for i, view in enumerate(views):
+        found = rules.get((view.job.id, view.run.n))
+        if found:
+            views[i] = view._replace(finding=min(found, key=root_cause_rank))
     return views
-
-
-def _top_rule(store: Store, job: JobRecord, run: RunRecord) -> str | None:
-    """ps's short form: the stored finding that comes first (recorded live by the shim: cheap to read)."""
-    from jobwarden.rules.verdict import rank
-
-    rules = [f.rule for _, f in store.findings(job.id, run.n)]
-    ranked = sorted(rules, key=rank)
-    return ranked[0] if ranked else None

@@ -97,13 +97,26 @@ def fork_detached() -> int:
     The child is meant to become a shim. Nothing survives in it from the caller but what it inherited
     before the fork, so the caller must hold no threads and no open database connection.
     """
-    pid = os.fork()
-    if pid == 0:
-        os.setsid()  # no controlling terminal: a closing SSH session or tmux pane cannot SIGHUP us
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        # A write to a closed pipe (the report to a `run` interrupted meanwhile, an --on-event hook that
-        # exited) must be an EPIPE the shim handles, not its death. The job gets SIG_DFL back at spawn.
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # A Ctrl-C in the terminal reaches the whole foreground group, the child too until its setsid(): it
+    # would raise KeyboardInterrupt inside the new shim, which then ran on as a second CLI. Blocked
+    # across the fork, a Ctrl-C stays pending: the parent takes it on unblocking, the child discards it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    pid = -1
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()  # no controlling terminal: a closing SSH session or tmux pane cannot SIGHUP us
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # discards a pending SIGINT (POSIX)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            # the default, not ignored: an ignored signal stays ignored across exec, in the job
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            # A write to a closed pipe (the report to a `run` interrupted meanwhile, an --on-event hook
+            # that exited) must be an EPIPE the shim handles, not its death. The job gets SIG_DFL back
+            # at spawn.
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    finally:
+        if pid != 0:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     return pid
 
 
@@ -117,7 +130,7 @@ def reap(pid: int) -> None:
 def redirect_std_streams(log_path: str) -> None:
     """stdin from /dev/null, stdout and stderr appended to `log_path` (0600)."""
     null = os.open(os.devnull, os.O_RDONLY)
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     os.dup2(null, 0)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -156,7 +169,9 @@ def spawn_job(
     The caller must be single-threaded (it is the shim): only then is work between fork and exec safe.
     """
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
-    out_fd = os.open(output_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    # O_NOFOLLOW: a symlink planted as output.log must not send the job's output (as root) anywhere
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+    out_fd = os.open(output_path, flags, 0o600)
     pid = os.fork()
     if pid == 0:  # child: never return into the caller's code
         try:

@@ -15,40 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jobwarden.model import Finding
+from jobwarden.model import ROOT_CAUSE_ORDER, Finding, root_cause_rank
 from jobwarden.rules import causal, death, gpu, hang, memory
 from jobwarden.rules.evidence import RunEvidence
 
-ORDER = (
-    "oom-kill",
-    "cuda-oom",
-    "pool-worker-lost",
-    "dataloader-worker-killed",
-    "process-stopped",
-    "uninterruptible-io",
-    "fork-deadlock",
-    "collective-hang",
-    "no-progress",
-    "stopped-by-user",
-    "cancelled-by-engine",
-    "timeout",
-    "python-exception",
-    "native-crash",
-    "terminal-hangup",
-    "broken-pipe",
-    "killed-externally",
-    "exit-code",
-    "gpu-idle",
-    "orphans-left",
-    "supervisor-lost",
-)
+ORDER = ROOT_CAUSE_ORDER
 # A hang these explain needs no `no-progress` on top.
 _EXPLAINS_A_HANG = frozenset(ORDER[ORDER.index("pool-worker-lost") : ORDER.index("no-progress")])
-
-
-def rank(rule: str) -> int:
-    """A rule's place in the root-cause-first order; rules outside ORDER (strays) come last."""
-    return ORDER.index(rule) if rule in ORDER else len(ORDER)
+rank = root_cause_rank  # a rule's place in ORDER; strays come last
 
 
 def explain(ev: RunEvidence) -> list[Finding]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -31,7 +32,7 @@ class LogWatcher:
             return
         self._last_size = size
         with contextlib.suppress(OSError):  # a full disk must not stop supervision
-            fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
             try:
                 os.write(fd, f"{now:.3f} {size}\n".encode())
             finally:
@@ -48,15 +49,29 @@ class LogWatcher:
 
 def since_offset(index: Path, since_wall: float) -> int:
     """The byte offset from which output was written at or after `since_wall`."""
-    times, sizes = [], []
-    with contextlib.suppress(OSError), open(index) as fh:
+    times: list[float] = []
+    sizes: list[int] = []
+    with contextlib.suppress(OSError), open(index, "rb") as fh:
         for line in fh:
-            parts = line.split()
-            if len(parts) == 2:
-                times.append(float(parts[0]))
-                sizes.append(int(parts[1]))
+            entry = _index_entry(line)
+            # a torn or damaged line is skipped; the index only ever grows, so it must stay sorted
+            if entry and (not times or (entry[0] >= times[-1] and entry[1] >= sizes[-1])):
+                times.append(entry[0])
+                sizes.append(entry[1])
     i = bisect.bisect_left(times, since_wall)
     return sizes[i - 1] if i > 0 else 0
+
+
+def _index_entry(line: bytes) -> tuple[float, int] | None:
+    """(wall time, size) from a "WALLTIME SIZE" line; None for anything else."""
+    parts = line.split()
+    if len(parts) != 2 or not parts[1].isdigit():
+        return None
+    try:
+        at = float(parts[0])
+    except ValueError:
+        return None
+    return (at, int(parts[1])) if math.isfinite(at) else None
 
 
 def read_from(path: Path, offset: int, align_to_line: bool = True) -> bytes:

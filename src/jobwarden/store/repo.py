@@ -6,6 +6,7 @@ Kept narrow on purpose, so a server database can stand behind it later.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ from jobwarden.model import UNFINISHED_STATES, Finding, JobSpec, JobState, Proce
 from jobwarden.paths import Layout, ensure_private_dir
 from jobwarden.store import samples
 from jobwarden.store.db import connect, translate, write
+from jobwarden.store.listing import ListQueries
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
 from jobwarden.store.rollup import Bucket, Reading
 from jobwarden.store.samples import SampleMethods
@@ -48,8 +50,10 @@ _RUN_COLUMNS = frozenset(
     }
 )
 
+_MAX_ID = (1 << 63) - 1  # SQLite's INTEGER: a larger number names no job and no run
 
-class Store(SampleMethods):
+
+class Store(SampleMethods, ListQueries):
     def __init__(self, home: Path) -> None:
         self.layout = Layout(ensure_private_dir(home))
         self._conn = connect(self.layout.database)
@@ -78,11 +82,13 @@ class Store(SampleMethods):
         try:
             with write(self._conn):
                 cur = self._conn.execute(
-                    "INSERT INTO jobs (name, command, cwd, env, options, created_at) VALUES (?,?,?,?,?,?)",
+                    "INSERT INTO jobs (id, name, command, cwd, env, options, created_at) "
+                    "VALUES (?,?,?,?,?,?,?)",
                     (
+                        self._unused_job_id(),
                         spec.name,
                         json.dumps(spec.command),
-                        spec.cwd,
+                        _path_value(spec.cwd),
                         json.dumps(spec.env),
                         json.dumps(options),
                         now,
@@ -95,10 +101,30 @@ class Store(SampleMethods):
                 )
         except sqlite3.Error as err:
             raise translate(err, self.layout.database) from err
-        self.make_run_dir(job_id, 1)
+        try:
+            self.make_run_dir(job_id, 1)
+        except BaseException:  # nothing will start it: no ghost job left `starting`
+            self.delete_job(job_id)
+            raise
         return job_id, 1
 
+    def _unused_job_id(self) -> int:
+        """The next id, past every job folder already on disk. A database emptied or moved aside (the
+        advice for a corrupt one) starts counting at 1 again: job 1 would then append to the old job 1's
+        log, `rm` would delete it, and the old job's shim would take the new job's processes, marked
+        with the same id, for its own."""
+        row = self._conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
+        candidate = int(row[0]) + 1 if row else 1
+        if not os.path.lexists(self.layout.job_dir(candidate)):
+            return candidate
+        try:
+            names = os.listdir(self.layout.jobs_dir)
+        except OSError:
+            names = []
+        return max([candidate, *(int(n) + 1 for n in names if n.isascii() and n.isdigit())])
+
     def make_run_dir(self, job_id: int, run: int) -> Path:
+        ensure_private_dir(self.layout.jobs_dir)
         ensure_private_dir(self.layout.job_dir(job_id))
         return ensure_private_dir(self.layout.run_dir(job_id, run))
 
@@ -106,13 +132,18 @@ class Store(SampleMethods):
         """A job by id, or by name (the newest job of that name)."""
         text = str(ref)
         row = None
-        if text.isascii() and text.isdigit():  # '²'.isdigit() is True, int('²') fails
+        if text.isascii() and text.isdigit() and int(text) <= _MAX_ID:  # '²'.isdigit() is True
             row = self._exec("SELECT * FROM jobs WHERE id = ?", (int(text),)).fetchone()
         if row is None:
             row = self._exec("SELECT * FROM jobs WHERE name = ? ORDER BY id DESC LIMIT 1", (text,)).fetchone()
         if row is None:
             raise JobNotFound(text)
         return JobRecord.from_row(row)
+
+    def job_refs(self, limit: int = 500) -> list[tuple[int, str]]:
+        """(id, name) of the newest jobs, newest first: what a shell completion offers."""
+        rows = self._exec("SELECT id, name FROM jobs ORDER BY id DESC LIMIT ?", (limit,))
+        return [(int(r["id"]), str(r["name"])) for r in rows]
 
     def jobs(self) -> list[JobRecord]:
         return [JobRecord.from_row(r) for r in self._exec("SELECT * FROM jobs ORDER BY id")]
@@ -144,6 +175,8 @@ class Store(SampleMethods):
             row = self._exec(
                 "SELECT * FROM runs WHERE job_id = ? ORDER BY n DESC LIMIT 1", (job_id,)
             ).fetchone()
+        elif not 0 < n <= _MAX_ID:
+            row = None
         else:
             row = self._exec("SELECT * FROM runs WHERE job_id = ? AND n = ?", (job_id, n)).fetchone()
         if row is None:
@@ -392,6 +425,16 @@ class Store(SampleMethods):
         """GPU index -> (job id, run) of every claim on record."""
         rows = self._exec("SELECT gpu_index, job_id, run FROM gpu_claims")
         return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
+
+
+def _path_value(path: str) -> str | bytes:
+    """A path as SQLite can hold it: text, or its raw bytes where it is not UTF-8 (a directory name from
+    another locale reaches Python as lone surrogates, which SQLite's text refuses)."""
+    try:
+        path.encode()
+    except UnicodeEncodeError:
+        return os.fsencode(path)
+    return path
 
 
 def _ranks_row(ranks: Ranks | None) -> tuple[int | None, int | None, int | None]:
