@@ -290,3 +290,13 @@ def test_ps_fits_the_terminal_width(jw: Jobwarden) -> None:
     lines = jw("ps", "--all", check=True).stdout.splitlines()
     assert len(lines) == 2 and all(len(line) <= 72 for line in lines)
     assert lines[1].endswith("…")
+
+
+def test_verbose_says_what_run_and_stop_do(jw: Jobwarden, tmp_path: Path) -> None:
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
+    started = jw("-v", "run", "--", sys.executable, TICKER, str(ready), str(go), "1", check=True)
+    assert "recorded (starting); handing it to supervisor pid" in started.stderr
+    read_fifo(ready)
+    stopped = jw("-vv", "stop", started.stdout.strip(), check=True)
+    assert "store: " in stopped.stderr and "to stop job" in stopped.stderr
+    assert jw("run", "--wait", "--", "true").stderr == ""  # silent without -v

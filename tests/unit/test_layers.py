@@ -26,7 +26,7 @@ SRC = Path(jobwarden.__file__).resolve().parent
 # Bottom to top. Packages of one layer may import each other.
 LAYERS: list[set[str]] = [
     {"model", "observations", "errors"},
-    {"config", "clock", "paths"},
+    {"config", "clock", "paths", "trace"},
     {"osapi"},
     {"probes", "store", "rules", "hooks"},
     {"control", "shim"},

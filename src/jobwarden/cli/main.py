@@ -1,8 +1,8 @@
 """Argument parsing and the one error funnel. Each subcommand has one handler in `handlers`.
 
 `run` sits on the latency budget of every job start, so this module imports only what parsing needs:
-`logging` only with -v, and for a known subcommand only that subcommand's parser is built (argparse looks
-up translations for every help string, a few stat calls each, which adds up over ten parsers).
+nothing for -v but `trace`, and for a known subcommand only that subcommand's parser is built (argparse
+looks up translations for every help string, a few stat calls each, which adds up over ten parsers).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from jobwarden import __version__, config
+from jobwarden import __version__, config, trace
 from jobwarden.cli.term import terminal_width
 from jobwarden.errors import JobwardenError
 
@@ -241,13 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     first = argv[0] if argv else None
     args = build_parser(first if first in _SUBCOMMANDS else None).parse_args(argv)
-    if args.verbose:
-        import logging
-
-        logging.basicConfig(
-            level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
-            format="jobwarden: %(message)s",
-        )
+    trace.set_level(args.verbose)
     from jobwarden.cli import handlers
 
     try:
@@ -261,6 +255,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 141
+    except Exception as err:  # a bug of ours: one clear line, the traceback only when asked for
+        return _internal_error(err)
+
+
+def _internal_error(err: Exception) -> int:
+    print(f"jobwarden: internal error: {type(err).__name__}: {err}", file=sys.stderr)
+    if trace.enabled(2):
+        import traceback
+
+        traceback.print_exc()
+    else:
+        print("  a bug in jobwarden: rerun with -vv for its traceback, and report it", file=sys.stderr)
+    return 70  # EX_SOFTWARE
 
 
 def console_entry() -> None:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jobwarden import trace
 from jobwarden.errors import JobNotFound
 from jobwarden.model import UNFINISHED_STATES, Finding, JobSpec, JobState, ProcessEnd, ProcessSnapshot, Ranks
 from jobwarden.paths import Layout, ensure_private_dir
@@ -56,6 +57,7 @@ _MAX_ID = (1 << 63) - 1  # SQLite's INTEGER: a larger number names no job and no
 class Store(SampleMethods, ListQueries):
     def __init__(self, home: Path) -> None:
         self.layout = Layout(ensure_private_dir(home))
+        trace.debug(f"store: {self.layout.database}")
         self._conn = connect(self.layout.database)
 
     def close(self) -> None:
