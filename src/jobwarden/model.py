@@ -202,6 +202,7 @@ ROOT_CAUSE_ORDER = (
     "killed-externally",
     "exit-code",
     "gpu-idle",
+    "disk-full",
     "orphans-left",
     "supervisor-lost",
 )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -10,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Jobwarden
+from tests.conftest import Jobwarden, make_fifo, read_fifo, wait_pid_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_root]
+TICKER = str(Path(__file__).parent / "jobs" / "ticker.py")
 
 # The job fills the disk through its own output, keeps it full for a few of the shim's 1 s ticks (the
 # job's sleep, not the test's), frees it, writes once more and exits 0.
@@ -66,3 +69,34 @@ def test_full_log_disk_is_recorded_and_the_job_finishes(jw: Jobwarden, small_hom
     assert b"No space left on device" in log
     text = jw("status", job_id).stdout
     assert "the disk holding the log filled up" in text
+    (finding,) = [f for f in jw.json("explain", job_id)["findings"] if f["rule"] == "disk-full"]
+    assert finding["title"].endswith("output was dropped") and str(jw.home) in finding["summary"]
+
+
+def test_ps_says_the_disk_is_full_and_which_end_waits_to_be_recorded(
+    jw: Jobwarden, small_home: Path, tmp_path: Path
+) -> None:
+    jw.home = small_home / "home"
+    jw.env["JOBWARDEN_HOME"] = str(jw.home)
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")  # off the small disk
+    job = jw.start(sys.executable, TICKER, str(ready), str(go), "1")
+    read_fifo(ready)
+    ballast = small_home / "ballast"
+    with ballast.open("wb") as fh, contextlib.suppress(OSError):
+        while True:  # fill the disk to its last byte
+            fh.write(b"\0" * 65536)
+            fh.flush()
+    try:
+        fd = os.pidfd_open(job["pid"])
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        finally:
+            os.close(fd)
+        wait_pid_gone(job["pid"])
+        listed = jw("ps")
+        assert "WARNING: the disk holding" in listed.stderr and "is full" in listed.stderr
+        assert "running (ended, not yet recorded)" in listed.stdout
+    finally:
+        ballast.unlink()
+    assert jw("wait", str(job["id"])).returncode == 128 + signal.SIGKILL  # recorded once there was room
+    assert jw("ps", "--all").stderr == ""

@@ -149,7 +149,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 def cmd_ps(args: argparse.Namespace) -> int:
     from jobwarden.cli import render
-    from jobwarden.control.views import job_views
+    from jobwarden.control.views import home_disk_full, job_views
     from jobwarden.store import Store
 
     last = None if args.last is None else config.parse_count(args.last, "--last")
@@ -157,6 +157,13 @@ def cmd_ps(args: argparse.Namespace) -> int:
         raise UsageError("bad --last '0': must be 1 or more", "e.g. jobwarden ps --all --last 50")
     with Store(_home()) as store:
         views = job_views(store, _procfs(), include_ended=args.all, limit=last)
+        full = home_disk_full(store)
+    if full is not None:
+        print(
+            f"jobwarden: WARNING: the disk holding {_home()} is full ({full} bytes free): no job's end or "
+            "finding can be recorded, and output written now is lost",
+            file=sys.stderr,
+        )
     if args.json:
         _print_json([v.summary_json() for v in views])
     else:

@@ -91,6 +91,8 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
         state = str(v.run.state)
         if v.run.state.is_ended and (v.run.signal or v.run.exit_code):
             state += f" ({v.run.signal or v.run.exit_code})"
+        if v.end_unrecorded:
+            state += " (ended, not yet recorded)"
         if v.finding:
             state += f" [{v.finding}]"
         cpu = f"{v.cpu_percent:.0f}%" if v.cpu_percent is not None else "-"

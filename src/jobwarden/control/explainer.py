@@ -53,6 +53,7 @@ def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event])
         survivors=[s._asdict() for s in run.survivors],
         log_tail=tail,
         events=tuple(e.kind for e in events),
+        disk_full=tuple(str(e.data.get("path")) for e in events if e.kind == "disk-full"),
         stopping_at=next((e.at for e in events if e.kind == "stopping"), None),
         deaths=_deaths(store, job, run),
         exceptions=read_exceptions(store.layout.py_dir(job.id, run.n)),

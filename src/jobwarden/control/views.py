@@ -4,6 +4,7 @@ the one write a reader may make: marking a run `lost` when its shim is found dea
 
 from __future__ import annotations
 
+import os
 from typing import Any, NamedTuple
 
 from jobwarden import config
@@ -93,6 +94,9 @@ class JobView(NamedTuple):
     cpu_percent: float | None
     rss_bytes: int | None
     finding: str | None = None  # the rule id of the most likely root cause the shim recorded
+    # running, but its main process is gone: the shim has not recorded the end yet (for a moment, or for
+    # as long as the disk holding the store is full)
+    end_unrecorded: bool = False
 
     def summary_json(self) -> dict[str, Any]:
         r = self.run
@@ -110,6 +114,7 @@ class JobView(NamedTuple):
             "cpu_percent": self.cpu_percent,
             "rss_bytes": self.rss_bytes,
             "command": list(self.job.command),
+            "end_unrecorded": self.end_unrecorded,
         }
 
 
@@ -131,8 +136,25 @@ def job_views(
             sample = store.latest_sample(job.id, run.n)
             if sample is not None:
                 cpu, rss = sample["cpu_percent"], sample["rss_bytes"]
-        views.append(JobView(job, run, cpu, rss))
+        views.append(JobView(job, run, cpu, rss, end_unrecorded=_main_gone(procfs, run)))
     return _with_top_findings(store, views)
+
+
+def _main_gone(procfs: ProcFS, run: RunRecord) -> bool:
+    if run.state != JobState.RUNNING or not run.pid or not run.pid_start:
+        return False
+    return not procfs.identity_matches(run.pid, run.pid_start)
+
+
+def home_disk_full(store: Store) -> int | None:
+    """The free bytes of the filesystem holding the store when it is (nearly) full, else None. Then no
+    shim can record anything (a run's end waits in its memory) and the jobs' output is being dropped."""
+    try:
+        st = os.statvfs(store.layout.home)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    return free if free < config.LOW_DISK_BYTES else None
 
 
 def _with_top_findings(store: Store, views: list[JobView]) -> list[JobView]:

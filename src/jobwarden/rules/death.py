@@ -1,7 +1,7 @@
 """Why a run ended: findings from its exit status, how it was ended, and the tail of its output.
 
 One root cause among the exit-status rules (`exit_finding`), then what happened around the end
-(`aftermath_findings`: orphans-left, supervisor-lost). Rule ids are stable (DESIGN.md).
+(`aftermath_findings`: disk-full, orphans-left, supervisor-lost). Rule ids are stable (DESIGN.md).
 """
 
 from __future__ import annotations
@@ -97,7 +97,23 @@ def process_finding(ev: RunEvidence, who: Subject, log_tail: Sequence[str]) -> F
 
 
 def aftermath_findings(ev: RunEvidence) -> list[Finding]:
-    return [f for f in (_orphans_left(ev), _supervisor_lost(ev)) if f]
+    return [f for f in (_disk_full(ev), _orphans_left(ev), _supervisor_lost(ev)) if f]
+
+
+def _disk_full(ev: RunEvidence) -> Finding | None:
+    if not ev.disk_full:
+        return None
+    where = ", ".join(sorted(set(ev.disk_full)))
+    return Finding(
+        "disk-full",
+        "The disk holding the job's log filled up: output was dropped",
+        f"The filesystem of {where} ran out of space while the job ran. What the job wrote to its output "
+        "then is lost, and jobwarden could record nothing until space came back; the job itself ran on.",
+        "warning",
+        (f"disk full under {where}", "see the disk-full and disk-ok events: jobwarden status --json"),
+        f"free space there (df -h {where}), or keep JOBWARDEN_HOME on a disk with room for the logs",
+        _pids(ev),
+    )
 
 
 def _pids(ev: RunEvidence) -> tuple[int, ...]:

@@ -34,6 +34,7 @@ class RunEvidence:
     survivors: Sequence[dict[str, Any]] = ()
     log_tail: Sequence[str] = ()
     events: Sequence[str] = ()  # event kinds, oldest first
+    disk_full: Sequence[str] = ()  # the folders whose disk filled up during the run (disk-full events)
     stopping_at: float | None = None  # when jobwarden began to end the run (stop, --timeout, a hang...)
     exceptions: Sequence[UncaughtException] = ()  # uncaught, per Python process, as the hooks recorded them
     # the last stack stored of each process (a dump, a hang): what a worker was doing before it died
