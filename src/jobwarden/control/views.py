@@ -114,7 +114,6 @@ class JobView(NamedTuple):
             "cpu_percent": self.cpu_percent,
             "rss_bytes": self.rss_bytes,
             "command": list(self.job.command),
-            "end_unrecorded": self.end_unrecorded,
         }
 
 
