@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
+from tests.conftest import Jobwarden, alive, kill_shim, make_fifo, read_fifo, start_time, write_fifo
 
 pytestmark = pytest.mark.integration
 TICKER = str(Path(__file__).parent / "jobs" / "ticker.py")
@@ -300,3 +300,38 @@ def test_verbose_says_what_run_and_stop_do(jw: Jobwarden, tmp_path: Path) -> Non
     stopped = jw("-vv", "stop", started.stdout.strip(), check=True)
     assert "store: " in stopped.stderr and "to stop job" in stopped.stderr
     assert jw("run", "--wait", "--", "true").stderr == ""  # silent without -v
+
+
+def test_stop_never_says_success_over_a_job_whose_supervisor_died_mid_stop(
+    jw: Jobwarden, tmp_path: Path
+) -> None:
+    ready = make_fifo(tmp_path / "ready")
+    job = jw.start("sh", "-c", f'trap "" TERM; echo up > {ready}; while :; do sleep 0.2; done')
+    read_fifo(ready)
+    job_start = start_time(job["pid"])
+    assert job_start is not None
+    patient = subprocess.Popen(
+        [sys.executable, "-m", "jobwarden", "stop", "--grace", "1h", str(job["id"])],
+        env=jw.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while jw.status(job["id"])["state"] != "stopping":
+            assert time.monotonic() < deadline, "the stop never began"
+        first_shim = kill_shim(jw, job["id"])  # its supervisor dies while waiting out the grace
+        while True:  # the stop takes the job over with a new supervisor and asks again
+            status = jw.status(job["id"])
+            if status["shim_pid"] != first_shim and status["state"] == "stopping":
+                break
+            assert time.monotonic() < deadline, f"never stopped again: {status}"
+        assert alive(job["pid"], job_start)
+        assert jw("stop", "--force", str(job["id"])).returncode == 0
+        _, err = patient.communicate(timeout=60)
+        assert patient.returncode == 0, err
+        assert not alive(job["pid"], job_start)  # success, and it is true
+    finally:
+        patient.kill()
+        patient.wait()

@@ -67,7 +67,7 @@ def wait_job(home: Path, procfs: ProcFS, job_ref: str, timeout_s: float | None =
         return refresh(store, procfs, job, store.run(job.id))  # the last attempt: one shim runs them all
 
 
-def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None) -> StopResult:
+def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None, again: bool = True) -> StopResult:
     with Store(home) as store:
         job = store.job(job_ref)
         run = refresh(store, procfs, job, store.run(job.id))
@@ -108,7 +108,14 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None) -> Sto
         )
     with Store(home) as store:
         final = refresh(store, procfs, job, store.run(job.id, run.n))
-    return StopResult(final, False, final.survivors)
+        alive = live_processes(store, procfs, job, final) if final.state == JobState.LOST else []
+    if alive and again:
+        # its supervisor died while stopping it (killed, OOM): a job that ignores SIGTERM lives on, so a
+        # new supervisor takes it over and stops it, rather than a success printed over a live job
+        trace.info(f"the supervisor of job {job.id} died while stopping it; stopping it again")
+        return stop(home, procfs, job_ref, grace_s, again=False)
+    survivors = [Survivor(p.pid, p.cmdline, "its supervisor died while stopping it") for p in alive]
+    return StopResult(final, False, final.survivors + survivors)
 
 
 def _wait_for_shim_record(home: Path, procfs: ProcFS, job: JobRecord, run: RunRecord) -> RunRecord:
