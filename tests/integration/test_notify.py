@@ -290,6 +290,10 @@ def test_a_hook_still_running_when_the_notifier_gives_up_is_killed(tmp_path: Pat
     )
     notifier.deliver(EVENT)
     read_fifo(ready)
+    deadline = time.monotonic() + 60
+    while not notifier.helper_pids():  # the hook may say "up" before the notifier's thread records its pid
+        assert time.monotonic() < deadline, "the hook's pid was never recorded"
+        time.sleep(0.01)
     (hook,) = notifier.helper_pids()
     started = time.monotonic()
     notifier.close(0.2)  # the shim exits: nothing of its hooks may outlive it
