@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
-from jobwarden.model import JobState, Ranks
+from jobwarden.model import ENDED_STATES, JobState, Ranks
 
 if TYPE_CHECKING:  # kept off the import paths of `run` and `ps`, which a user waits for
     from jobwarden.control.dump import DumpResult
@@ -34,13 +34,12 @@ _COLORS = {
 }
 
 
-def _color(text: str, state: str, colored: bool | None = None) -> str:
-    """`colored`: whether to color at all, when the caller asked once for many lines."""
-    if colored is None:
-        colored = _use_color()
-    if not colored or state not in _COLORS:
-        return text
-    return f"\033[{_COLORS[state]}m{text}\033[0m"
+def _color(text: str, state: str) -> str:
+    return _paint(text, state) if _use_color() else text
+
+
+def _paint(text: str, state: str) -> str:
+    return f"\033[{_COLORS[state]}m{text}\033[0m" if state in _COLORS else text
 
 
 def _use_color() -> bool:
@@ -92,9 +91,10 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
         return
     rows = [("ID", "NAME", "STATE", "RUN", "PID", "TIME", "CPU", "MEM", "COMMAND")]
     for v in views:
-        state = str(v.run.state)
-        if v.run.state.is_ended and (v.run.signal or v.run.exit_code):
-            state += f" ({v.run.signal or v.run.exit_code})"
+        run = v.run
+        state = run.state.value
+        if run.state in ENDED_STATES and (run.signal or run.exit_code):
+            state += f" ({run.signal or run.exit_code})"
         if v.finding:
             state += f" [{v.finding}]"
         cpu = f"{v.cpu_percent:.0f}%" if v.cpu_percent is not None else "-"
@@ -103,20 +103,24 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
                 str(v.job.id),
                 v.job.name,
                 state,
-                str(v.run.n),
-                str(v.run.pid or "-"),
+                str(run.n),
+                str(run.pid or "-"),
                 _runtime(v, now),
                 cpu,
                 format_size(v.rss_bytes),
                 shlex.join(v.job.command)[:60],
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    colored = _use_color()  # asked once: `ps --all` may print 10,000 lines
+    # `ps --all` may print 10,000 lines: one format string for all, the terminal asked about once
+    widths = [max(map(len, column)) for column in list(zip(*rows, strict=True))[:-1]]
+    if not _use_color():
+        line = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"
+        yield from (line.format(*row) for row in rows)
+        return
     for i, row in enumerate(rows):
         cells = [c.ljust(w) for c, w in zip(row, widths, strict=False)]
         if i:
-            cells[2] = _color(cells[2], views[i - 1].run.state.value, colored)
+            cells[2] = _paint(cells[2], views[i - 1].run.state.value)
         yield "  ".join([*cells, row[-1]])
 
 
