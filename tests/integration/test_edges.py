@@ -251,3 +251,52 @@ def test_stop_of_a_job_still_starting_stops_it(jw: Jobwarden) -> None:
         assert stopped.returncode == 0, stopped.stderr
         cli.communicate(timeout=60)
         assert jw.status(job_id)["state"] in ("stopped", "failed")
+
+
+def test_a_second_stop_with_force_cuts_a_long_grace_short(jw: Jobwarden, tmp_path: Path) -> None:
+    ready = make_fifo(tmp_path / "ready")
+    job = jw.start("sh", "-c", f'trap "" TERM; echo up > {ready}; while :; do sleep 0.2; done')
+    read_fifo(ready)
+    patient = subprocess.Popen(
+        [sys.executable, "-m", "jobwarden", "stop", "--grace", "1h", str(job["id"])],
+        env=jw.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while jw.status(job["id"])["state"] != "stopping":  # the first stop is waiting out its grace
+            assert time.monotonic() < deadline, "the first stop never began"
+        forced = jw("stop", "--force", str(job["id"]), timeout=60)
+        assert forced.returncode == 0, forced.stderr
+        status = jw.status(job["id"])
+        assert (status["state"], status["signal"]) == ("stopped", "SIGKILL")
+        _, err = patient.communicate(timeout=60)
+        assert patient.returncode == 0 and "Traceback" not in err
+    finally:
+        patient.kill()
+        patient.wait()
+
+
+def test_force_and_grace_exclude_each_other(jw: Jobwarden) -> None:
+    result = jw("stop", "--force", "--grace", "5s", "1")
+    assert result.returncode == 2 and "--force and --grace exclude each other" in result.stderr
+
+
+def test_ps_fits_the_terminal_width(jw: Jobwarden) -> None:
+    jw("run", "--wait", "--", "sh", "-c", "true " + "padding " * 40, check=True)
+    jw.env["COLUMNS"] = "72"
+    lines = jw("ps", "--all", check=True).stdout.splitlines()
+    assert len(lines) == 2 and all(len(line) <= 72 for line in lines)
+    assert lines[1].endswith("…")
+
+
+def test_verbose_says_what_run_and_stop_do(jw: Jobwarden, tmp_path: Path) -> None:
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
+    started = jw("-v", "run", "--", sys.executable, TICKER, str(ready), str(go), "1", check=True)
+    assert "recorded (starting); handing it to supervisor pid" in started.stderr
+    read_fifo(ready)
+    stopped = jw("-vv", "stop", started.stdout.strip(), check=True)
+    assert "store: " in stopped.stderr and "to stop job" in stopped.stderr
+    assert jw("run", "--wait", "--", "true").stderr == ""  # silent without -v

@@ -4,10 +4,13 @@ bytes and memory from /proc, and the commands read them back."""
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from jobwarden.probes import fakenvml
 from tests.conftest import Jobwarden, processes_under
 
 pytestmark = pytest.mark.integration
@@ -76,3 +79,39 @@ def test_metrics_since_of_a_bad_duration_names_the_option(ended_job: tuple[Jobwa
     assert "Traceback" not in bad.stderr
     recent = jw.json("metrics", job, "--since", "1h")
     assert recent and len(recent) <= len(jw.json("metrics", job))
+
+
+# Takes memory on two fake GPUs, then waits for the test's word (a file appearing).
+GPU_JOB = """
+import os, sys, time
+from jobwarden.probes import fakenvml
+state = os.environ[fakenvml.FAKE_NVML_ENV]
+fakenvml.hold(state, 0, os.getpid(), 2 << 30)
+fakenvml.hold(state, 1, os.getpid(), 1 << 30)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+"""
+
+
+def test_gpu_use_per_gpu_reaches_metrics_through_the_shim(jw: Jobwarden, tmp_path: Path) -> None:
+    state, done = tmp_path / "nvml.json", tmp_path / "done"
+    fakenvml.write_state(state, {"devices": [fakenvml.device(i, utilization=60 + 20 * i) for i in range(3)]})
+    jw.env[fakenvml.FAKE_NVML_ENV] = str(state)
+    job = str(jw.start(sys.executable, "-c", GPU_JOB, str(done))["id"])
+    deadline = time.monotonic() + 90
+    try:
+        while not any(len(s["gpus"]) == 2 for s in jw.json("metrics", job)):
+            assert time.monotonic() < deadline, "the shim never sampled the job's GPUs"
+            time.sleep(0.5)
+    finally:
+        done.touch()
+    assert jw("wait", job).returncode == 0
+    seen = [s for s in jw.json("metrics", job) if s["gpus"]]
+    assert seen[-1]["gpus"] == [
+        {"index": 0, "util": 60.0, "memory_bytes": 2 << 30},
+        {"index": 1, "util": 80.0, "memory_bytes": 1 << 30},
+    ]
+    assert (seen[-1]["gpu_util"], seen[-1]["gpu_memory_bytes"]) == (70.0, 3 << 30)
+    jw.env["COLUMNS"] = "120"
+    shown = jw("metrics", job, check=True).stdout
+    assert "GPU 0 util" in shown and "GPU 1 mem" in shown and "3.0G" in shown

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Jobwarden, kill_shim, make_fifo, read_fifo, wait_pid_gone, write_fifo
+from tests.conftest import (
+    Jobwarden,
+    kill_shim,
+    make_fifo,
+    processes_under,
+    read_fifo,
+    wait_pid_gone,
+    write_fifo,
+)
 
 pytestmark = pytest.mark.integration
 TICKER = str(Path(__file__).parent / "jobs" / "ticker.py")
@@ -73,3 +82,32 @@ def test_stop_on_a_lost_job_ends_its_processes(jw: Jobwarden, tmp_path: Path) ->
     assert result["state"] == "stopped"
     assert result["survivors"] == []
     wait_pid_gone(job["pid"], timeout_s=5)
+
+
+def test_concurrent_adopts_start_one_supervisor(jw: Jobwarden, tmp_path: Path) -> None:
+    job, go = _start_ticker(jw, tmp_path)
+    kill_shim(jw, job["id"])
+    adopts = [
+        subprocess.Popen(
+            [sys.executable, "-m", "jobwarden", "adopt", str(job["id"])],
+            env=jw.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    results = [(p.wait(timeout=90), *p.communicate()) for p in adopts]
+    assert sorted(code for code, _, _ in results) == [0, 1, 1], results
+    for code, _, err in results:
+        if code:
+            assert "being adopted by another" in err or "only a lost job" in err, err
+            assert "Traceback" not in err
+    shims = [
+        pid
+        for pid in processes_under(jw.home)
+        if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"jobwarden shim")
+    ]
+    assert len(shims) == 1
+    write_fifo(go, "0 0\n")
+    assert jw("wait", str(job["id"])).returncode == 0

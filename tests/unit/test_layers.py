@@ -1,6 +1,6 @@
 """The layering of STYLE.md, enforced: each module imports only from its own layer or those below.
 
-    cli                      frontends: parse, render; act only through control
+    cli | tui | web          frontends: parse, render; act only through control
     control | shim           what a user asks for; the per-job supervising loop
     probes | store | rules   observe | persist | judge
     osapi                    the only code that forks, execs, signals, waits
@@ -26,11 +26,11 @@ SRC = Path(jobwarden.__file__).resolve().parent
 # Bottom to top. Packages of one layer may import each other.
 LAYERS: list[set[str]] = [
     {"model", "observations", "errors"},
-    {"config", "clock", "paths"},
+    {"config", "clock", "paths", "trace"},
     {"osapi"},
     {"probes", "store", "rules", "hooks"},
     {"control", "shim"},
-    {"cli"},
+    {"cli", "tui", "web"},
 ]
 RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in layer}
 EXEMPT = {"jobwarden", "jobwarden.__main__"}  # the package root and the `python -m` entry point

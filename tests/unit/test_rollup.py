@@ -13,6 +13,7 @@ from jobwarden.store.rollup import (
     RETENTION_S,
     TIERS,
     Bucket,
+    Fetch,
     Gauge,
     GpuReading,
     Reading,
@@ -191,6 +192,18 @@ def _points(tier: int, start: float, end: float) -> list[Bucket]:
     return out
 
 
+def fetch_from(sources: dict[int, list[Bucket]], asked: list[int] | None = None) -> Fetch:
+    """The store's reads over in-memory tiers: points with lo <= at and end <= hi."""
+
+    def fetch(tier: int, lo: float, hi: float) -> list[Bucket]:
+        found = [b for b in sources.get(tier, []) if lo <= b.at and b.end <= hi]
+        if asked is not None:
+            asked.append(len(found))
+        return found
+
+    return fetch
+
+
 def test_stitch_covers_the_whole_run_from_the_tiers_that_still_hold_each_part() -> None:
     now = T0 + 30 * 86400  # 30 days on: each tier holds its retention, the newest not yet rolled up
     sources = {
@@ -200,17 +213,25 @@ def test_stitch_covers_the_whole_run_from_the_tiers_that_still_hold_each_part() 
         600: _points(600, T0, now - 600),
     }
     for preferred in (RAW, 10, 60, 600):
-        history = stitch(sources, preferred)
+        history = stitch(fetch_from(sources), preferred)
         starts = [b.at for b in history]
         assert starts == sorted(starts) and len(set(starts)) == len(starts)
         assert history[0].at == T0 and history[-1].at == now - 1
         assert all(a.end <= b.at for a, b in itertools.pairwise(history))  # no overlap
-    assert {b.tier for b in stitch(sources, 600)} == {600, 60, 10, RAW}  # the newest from finer tiers
+    asked: list[int] = []
+    assert {b.tier for b in stitch(fetch_from(sources, asked), 600)} == {600, 60, 10, RAW}
+    assert asked == [4319, 9, 5, 10]  # 30 days of 10 min points, then only the stretch each finer fills
+
+
+def test_stitch_from_a_time_starts_with_the_point_holding_it() -> None:
+    sources = {RAW: _points(RAW, T0 + 600, T0 + 700), 10: _points(10, T0, T0 + 600), 600: []}
+    history = stitch(fetch_from(sources), 10, since=T0 + 333)
+    assert history[0].at == T0 + 330 and history[-1].at == T0 + 699
 
 
 def test_stitch_of_a_run_shorter_than_any_point_is_its_raw_readings() -> None:
     raw = _points(RAW, T0, T0 + 7)
-    assert stitch({RAW: raw, 10: [], 60: [], 600: []}, 600) == raw
+    assert stitch(fetch_from({RAW: raw}), 600) == raw
 
 
 def test_thin_merges_neighbours_keeping_weights_and_peaks() -> None:

@@ -334,3 +334,33 @@ def test_torchruns_agent_ended_by_sighup_is_a_terminal_hangup_on_the_real_output
     )
     findings = explain(ev)
     assert (findings[0].rule, findings[0].pids) == ("terminal-hangup", (MAIN,))
+
+
+def test_a_childs_bare_exit_code_that_its_shell_handled_is_not_the_root_cause() -> None:
+    # pyenv's `python3` shim is a bash script: `readlink` in it exits 1 and the script goes on, then
+    # python raises; the ValueError is the root cause, not the readlink
+    ev = failed(
+        log_tail=(
+            "Traceback (most recent call last):",
+            '  File "/srv/train.py", line 3, in <module>',
+            "ValueError: bad learning rate",
+        ),
+        deaths=(
+            ProcessDeath(812, MAIN, "/usr/bin/readlink conda.bash", T + 0.01, 1, None),
+            main_death(T + 0.5),
+        ),
+        exceptions=(UncaughtException(MAIN, T + 0.49, "ValueError", "bad learning rate"),),
+    )
+    first = explain(ev)[0]
+    assert (first.rule, first.pids) == ("python-exception", (MAIN,))
+
+
+def test_a_childs_bare_exit_still_leads_when_the_main_process_only_reported_it() -> None:
+    # a rank that called sys.exit(1): no exception of its own, torchrun's ChildFailedError reports it
+    ev = failed(
+        log_tail=TORCHRUN_TAIL,
+        deaths=(rank_death(RANK1, 1, T + 0.1, 1, None), main_death(T + 0.4)),
+        exceptions=(UncaughtException(MAIN, T + 0.39, CHILD_FAILED, "train.py FAILED"),),
+    )
+    first = explain(ev)[0]
+    assert (first.pids[0], first.rank) == (RANK1, 1)

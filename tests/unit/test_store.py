@@ -20,6 +20,7 @@ from jobwarden.errors import JobNotFound, StoreCorrupt, StoreError
 from jobwarden.model import Finding, JobSpec, JobState, ProcessEnd, ProcessSnapshot, Ranks, Survivor
 from jobwarden.observations import Frame, ProcessStack, ThreadStack
 from jobwarden.store import Store
+from jobwarden.store.db import translate
 from jobwarden.store.schema import LATEST
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -713,3 +714,38 @@ def test_claims_of_ended_runs_are_dropped_at_the_next_claim(store: Store) -> Non
     assert store.claim_gpus(b, 1, [0], 1, NOW) == [0]
     store.release_gpus(b, 1)
     assert store.gpu_claims() == {}
+
+
+def _sqlite_error(path: Path, action: str) -> sqlite3.Error:
+    """A real error from SQLite itself, for each kind translate() tells apart."""
+    try:
+        if action == "corrupt":
+            path.write_bytes(b"this is no database at all, just text" * 200)
+            sqlite3.connect(path).execute("SELECT * FROM sqlite_master").fetchall()
+        elif action == "readonly":
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            conn.execute("CREATE TABLE t (x)")
+        elif action == "cantopen":
+            sqlite3.connect(f"file:{path / 'missing' / 'x.db'}?mode=rw", uri=True)
+    except sqlite3.Error as err:
+        return err
+    raise AssertionError(f"SQLite raised nothing for {action}")
+
+
+@pytest.mark.parametrize(
+    ("action", "kind", "says"),
+    [
+        ("corrupt", StoreCorrupt, "is corrupt"),
+        ("readonly", StoreError, "cannot open"),
+        ("cantopen", StoreError, "cannot open"),
+    ],
+)
+def test_sqlite_errors_are_told_apart_by_their_result_code(
+    tmp_path: Path, action: str, kind: type[StoreError], says: str
+) -> None:
+    db = tmp_path / "x.db"
+    if action == "readonly":
+        sqlite3.connect(db).close()
+    err = _sqlite_error(db, action)
+    translated = translate(err, db)
+    assert type(translated) is kind and says in translated.message

@@ -260,19 +260,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from jobwarden.cli import render
     from jobwarden.control.lifecycle import stop
 
-    result = stop(_home(), _procfs(), args.job, _duration(args.grace, "--grace"))
+    if args.force and args.grace is not None:
+        raise UsageError("--force and --grace exclude each other", "--force is --grace 0: SIGKILL now")
+    grace = 0.0 if args.force else _duration(args.grace, "--grace")
+    result = stop(_home(), _procfs(), args.job, grace)
     if args.json:
-        _print_json(
-            {
-                "id": result.run.job_id,
-                "run": result.run.n,
-                "state": str(result.run.state),
-                "already_ended": result.already_ended,
-                "exit_code": result.run.exit_code,
-                "signal": result.run.signal,
-                "survivors": [s._asdict() for s in result.survivors],
-            }
-        )
+        _print_json(result.to_json())
     else:
         _print_lines(render.stop_report(result))
     return 1 if result.survivors else 0
@@ -359,6 +352,35 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 1
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from jobwarden.cli.completion import script
+    from jobwarden.cli.main import build_parser
+
+    sys.stdout.write(script(args.shell, build_parser()))
+    return 0
+
+
+def cmd_jobs_to_complete(args: argparse.Namespace) -> int:
+    from jobwarden.store import Store
+
+    with Store(_home()) as store:
+        _print_lines(str(ref) for pair in store.job_refs() for ref in pair)
+    return 0
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from jobwarden.tui.command import top  # textual and rich load here, never on other commands' path
+
+    return top(_home(), args.interval, args.all, args.read_only)
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    from jobwarden.web import serve  # http.server and friends: only for this command
+
+    socket_path = Path(args.socket).absolute() if args.socket else None
+    return serve(_home(), args.host, args.port, socket_path, args.read_only, args.allow_host)
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "ps": cmd_ps,
@@ -373,4 +395,8 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "rm": cmd_rm,
     "orphans": cmd_orphans,
     "doctor": cmd_doctor,
+    "completion": cmd_completion,
+    "_jobs": cmd_jobs_to_complete,
+    "top": cmd_top,
+    "web": cmd_web,
 }

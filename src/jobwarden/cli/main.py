@@ -1,8 +1,8 @@
 """Argument parsing and the one error funnel. Each subcommand has one handler in `handlers`.
 
 `run` sits on the latency budget of every job start, so this module imports only what parsing needs:
-`logging` only with -v, and for a known subcommand only that subcommand's parser is built (argparse looks
-up translations for every help string, a few stat calls each, which adds up over ten parsers).
+nothing for -v but `trace`, and for a known subcommand only that subcommand's parser is built (argparse
+looks up translations for every help string, a few stat calls each, which adds up over ten parsers).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from jobwarden import __version__, config
+from jobwarden import __version__, config, trace
+from jobwarden.cli.term import terminal_width
 from jobwarden.errors import JobwardenError
 
 
@@ -24,18 +25,7 @@ class _HelpFormatter(argparse.HelpFormatter):
     def __init__(
         self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
     ) -> None:
-        super().__init__(prog, indent_increment, max_help_position, width or _terminal_width() - 2)
-
-
-def _terminal_width() -> int:
-    """What shutil.get_terminal_size() answers: $COLUMNS, else the terminal on stdout, else 80."""
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        return int(columns)
-    try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
-    except (AttributeError, ValueError, OSError):
-        return 80
+        super().__init__(prog, indent_increment, max_help_position, width or terminal_width() - 2)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -50,7 +40,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (help_text, add_arguments) in _SUBCOMMANDS.items():
         if only is None or only == name:
-            add_arguments(sub.add_parser(name, help=help_text, formatter_class=_HelpFormatter))
+            if help_text:
+                parser = sub.add_parser(name, help=help_text, formatter_class=_HelpFormatter)
+            else:  # no help: left out of the command list
+                parser = sub.add_parser(name, formatter_class=_HelpFormatter)
+            add_arguments(parser)
     return p
 
 
@@ -157,6 +151,9 @@ def _logs_arguments(logs: argparse.ArgumentParser) -> None:
 def _stop_arguments(stop: argparse.ArgumentParser) -> None:
     stop.add_argument("job", metavar="JOB")
     stop.add_argument("--grace", metavar="DUR", help="SIGTERM -> SIGKILL delay (default: the job's, 10s)")
+    stop.add_argument(
+        "--force", action="store_true", help="SIGKILL what is left now; cuts short a stop already waiting"
+    )
     stop.add_argument("--json", action="store_true")
 
 
@@ -184,6 +181,10 @@ def _dump_arguments(dump: argparse.ArgumentParser) -> None:
     dump.add_argument("--json", action="store_true")
 
 
+def _completion_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("shell", metavar="SHELL", help="bash, zsh or fish")
+
+
 def _orphans_arguments(orphans: argparse.ArgumentParser) -> None:
     orphans.add_argument("--kill", action="store_true", help="end them (SIGTERM, grace, SIGKILL)")
     orphans.add_argument("--grace", metavar="DUR", help="with --kill: SIGTERM -> SIGKILL delay (default 10s)")
@@ -197,6 +198,26 @@ def _metrics_arguments(metrics: argparse.ArgumentParser) -> None:
     metrics.add_argument("--json", action="store_true", help="the samples as a JSON list, oldest first")
     metrics.add_argument(
         "--prometheus", action="store_true", help="the Prometheus text exposition, as /metrics serves it"
+    )
+
+
+def _top_arguments(top: argparse.ArgumentParser) -> None:
+    top.add_argument("--interval", default="2", metavar="DUR", help="refresh every DUR (default 2s)")
+    top.add_argument("-a", "--all", action="store_true", help="include ended jobs (key a toggles)")
+    top.add_argument("--read-only", action="store_true", help="no stop or dump keys: look, never touch")
+
+
+def _web_arguments(web: argparse.ArgumentParser) -> None:
+    web.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    web.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any free port)")
+    web.add_argument("--socket", metavar="PATH", help="listen on this Unix socket (0600) instead")
+    web.add_argument("--read-only", action="store_true", help="no stop or dump buttons, no POST at all")
+    web.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="H",
+        help="also answer requests for this Host name (e.g. behind a proxy); repeatable",
     )
 
 
@@ -221,6 +242,13 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
         _orphans_arguments,
     ),
     "doctor": ("check what jobwarden can do on this machine, and how to fix it", _json_only),
+    "completion": ("print a shell completion script (bash, zsh or fish)", _completion_arguments),
+    "_jobs": ("", lambda parser: None),  # hidden: the ids and names a completion offers
+    "top": (
+        "a live view of the jobs in the terminal; stop, dump, explain (needs jobwarden[tui])",
+        _top_arguments,
+    ),
+    "web": ("serve a dashboard and a JSON API of the jobs (127.0.0.1, with a token)", _web_arguments),
 }
 
 
@@ -228,13 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     first = argv[0] if argv else None
     args = build_parser(first if first in _SUBCOMMANDS else None).parse_args(argv)
-    if args.verbose:
-        import logging
-
-        logging.basicConfig(
-            level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
-            format="jobwarden: %(message)s",
-        )
+    trace.set_level(args.verbose)
     from jobwarden.cli import handlers
 
     try:
@@ -248,6 +270,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 141
+    except Exception as err:  # a bug of ours: one clear line, the traceback only when asked for
+        return _internal_error(err)
+
+
+def _internal_error(err: Exception) -> int:
+    print(f"jobwarden: internal error: {type(err).__name__}: {err}", file=sys.stderr)
+    if trace.enabled(2):
+        import traceback
+
+        traceback.print_exc()
+    else:
+        print("  a bug in jobwarden: rerun with -vv for its traceback, and report it", file=sys.stderr)
+    return 70  # EX_SOFTWARE
 
 
 def console_entry() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from jobwarden import config
-from jobwarden.cli.main import _terminal_width
 from jobwarden.cli.metricsview import metrics_report, spark_width
+from jobwarden.cli.term import terminal_width
 from jobwarden.clock import SystemClock
 from jobwarden.control.metrics import job_samples
 from jobwarden.errors import UsageError
@@ -25,7 +25,7 @@ STATUS_WINDOW_S = 600.0  # the last minutes `status` draws
 def metrics(home: Path, args: argparse.Namespace) -> int:
     now = SystemClock().wall()
     since = now - option_duration("--since", args.since) if args.since is not None else None
-    width = _terminal_width()
+    width = terminal_width()
     with Store(home) as store:
         job = store.job(args.job)
         run = store.run(job.id, args.run)
@@ -61,7 +61,7 @@ def status_sparklines(home: Path, status: JobStatus) -> list[str]:
     """CPU and RSS over the last minutes, for `status` in a terminal."""
     from jobwarden.cli.metricsview import status_sparklines as lines
 
-    now, width = SystemClock().wall(), _terminal_width()
+    now, width = SystemClock().wall(), terminal_width()
     end = status.run.ended_at or now  # an ended run: its last minutes
     with Store(home) as store:
         samples = job_samples(

@@ -3,11 +3,10 @@ as a sparkline, then its current and largest value."""
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
+from jobwarden.cli.term import colour_wanted
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
 from jobwarden.control.metrics import Sample, per_second, sparkline
@@ -57,8 +56,8 @@ def series(samples: Sequence[Sample]) -> list[Series]:
         Series("processes", [_f(s.nprocs) for s in samples], _count),
     ]
     if any(s.io_read_bytes is not None for s in samples):
-        out.append(Series("I/O read", per_second(samples, "io_read_bytes"), _rate))
-        out.append(Series("I/O write", per_second(samples, "io_write_bytes"), _rate))
+        out.append(Series("I/O read/s", per_second(samples, "io_read_bytes"), _rate))
+        out.append(Series("I/O write/s", per_second(samples, "io_write_bytes"), _rate))
     gpus = sorted({g.index for s in samples for g in s.gpus})
     if gpus:
         out.append(Series("GPU util", [s.gpu_util for s in samples], _percent))
@@ -117,9 +116,7 @@ def status_sparklines(samples: Sequence[Sample], width: int) -> Iterator[str]:
 
 def _paint(text: str) -> str:
     """Sparklines in cyan on a terminal, plain with NO_COLOR or into a pipe."""
-    if os.environ.get("NO_COLOR") or not sys.stdout.isatty():
-        return text
-    return f"\033[36m{text}\033[0m"
+    return f"\033[36m{text}\033[0m" if colour_wanted() else text
 
 
 def _f(value: int | None) -> float | None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from jobwarden.cli.term import colour_wanted, table
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
 from jobwarden.model import ENDED_STATES, JobState, Ranks
@@ -34,16 +34,13 @@ _COLORS = {
 }
 
 
-def _color(text: str, state: str) -> str:
-    return _paint(text, state) if _use_color() else text
-
-
-def _paint(text: str, state: str) -> str:
-    return f"\033[{_COLORS[state]}m{text}\033[0m" if state in _COLORS else text
-
-
-def _use_color() -> bool:
-    return not os.environ.get("NO_COLOR") and sys.stdout.isatty()
+def _color(text: str, state: str, colored: bool | None = None) -> str:
+    """`colored`: whether to color at all, when the caller asked once for many lines."""
+    if colored is None:
+        colored = colour_wanted()
+    if not colored or state not in _COLORS:
+        return text
+    return f"\033[{_COLORS[state]}m{text}\033[0m"
 
 
 def exit_status(run: RunRecord) -> int:
@@ -75,6 +72,8 @@ def how_it_ended(run: RunRecord) -> str:
 
 def one_line(text: str) -> str:
     """Command lines and log lines may hold newlines and escapes: never let them break the layout."""
+    if text.isprintable():  # nearly always: one C call instead of a Python step per character
+        return text
     return "".join(c if c.isprintable() else " " for c in text)
 
 
@@ -101,27 +100,21 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
         rows.append(
             (
                 str(v.job.id),
-                v.job.name,
+                one_line(v.job.name),
                 state,
                 str(run.n),
                 str(run.pid or "-"),
                 _runtime(v, now),
                 cpu,
                 format_size(v.rss_bytes),
-                shlex.join(v.job.command)[:60],
+                one_line(shlex.join(v.job.command)),
             )
         )
-    # `ps --all` may print 10,000 lines: one format string for all, the terminal asked about once
-    widths = [max(map(len, column)) for column in list(zip(*rows, strict=True))[:-1]]
-    if not _use_color():
-        line = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"
-        yield from (line.format(*row) for row in rows)
-        return
-    for i, row in enumerate(rows):
-        cells = [c.ljust(w) for c, w in zip(row, widths, strict=False)]
+    colored = colour_wanted()  # asked once: `ps --all` may print 10,000 lines
+    for i, cells in enumerate(table(rows)):
         if i:
-            cells[2] = _paint(cells[2], views[i - 1].run.state.value)
-        yield "  ".join([*cells, row[-1]])
+            cells[2] = _color(cells[2], views[i - 1].run.state.value, colored)
+        yield "  ".join(cells).rstrip()
 
 
 def status_report(status: JobStatus, now: float) -> Iterator[str]:
@@ -363,12 +356,11 @@ def orphans_table(strays: list[dict[str, Any]]) -> Iterator[str]:
                 format_size(d.get("gpu_memory_bytes")),
                 _job_cell(d),
                 one_line(str(d["reason"])),
-                one_line(str(d["command"]))[:60],
+                one_line(str(d["command"])),
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        yield "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]])
+    for cells in table(rows):
+        yield "  ".join(cells).rstrip()
     yield ""
     lost = sorted({d["job"] for d in strays if str(d["reason"]).startswith("supervisor of job")})
     for job in lost:
@@ -406,7 +398,7 @@ def doctor_report(report: dict[str, Any]) -> Iterator[str]:
     width = max(len(c["name"]) for c in checks)
     for c in checks:
         status = c["status"].ljust(4)
-        if not os.environ.get("NO_COLOR") and sys.stdout.isatty():
+        if colour_wanted():
             status = f"\033[{_STATUS_COLORS.get(c['status'], '0')}m{status}\033[0m"
         yield f"{status}  {c['name'].ljust(width)}  {c['message']}"
         if c["fix"] and c["status"] != "ok":

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from jobwarden import config
+from jobwarden import config, trace
 from jobwarden.clock import SystemClock
 from jobwarden.errors import CommandNotExecutable, CommandNotFound, Interrupted, ShimExited, UsageError
 from jobwarden.model import EndReason, JobSpec, JobState
@@ -220,6 +220,7 @@ def launch(home: Path, spec: JobSpec, options: dict[str, Any]) -> Launched:
         # a job that asks for GPUs waits in `queued` until its shim has claimed them
         state = JobState.QUEUED if wants_gpus(options) else JobState.STARTING
         job_id, run = store.create_job(spec, options, SystemClock().wall(), state)
+        trace.info(f"job {job_id} recorded ({state}); handing it to supervisor pid {shim.pid}")
         try:
             report = shim.start(job_id, run)
         except KeyboardInterrupt:
@@ -239,6 +240,7 @@ def launch(home: Path, spec: JobSpec, options: dict[str, Any]) -> Launched:
                 store.add_event(job_id, run, "supervisor-failed", now, error=err.message)
             raise
     shim_pid = shim.pid
+    trace.info(f"supervisor {shim_pid} reported: {report}")
     if "error" in report:
         code = int(report.get("exit_code", 1))
         error_cls = CommandNotFound if code == 127 else CommandNotExecutable if code == 126 else UsageError

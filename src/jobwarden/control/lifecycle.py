@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from jobwarden import config
+from jobwarden import config, trace
 from jobwarden.clock import SystemClock
 from jobwarden.control.shimproc import fork_shim, shim_alive
 from jobwarden.control.views import live_processes, refresh
@@ -21,6 +24,18 @@ class StopResult(NamedTuple):
     run: RunRecord
     already_ended: bool
     survivors: list[Survivor]
+
+    def to_json(self) -> dict[str, object]:
+        """`stop --json`, and the web's answer to a stop."""
+        return {
+            "id": self.run.job_id,
+            "run": self.run.n,
+            "state": str(self.run.state),
+            "already_ended": self.already_ended,
+            "exit_code": self.run.exit_code,
+            "signal": self.run.signal,
+            "survivors": [s._asdict() for s in self.survivors],
+        }
 
 
 def wait_for_shim(procfs: ProcFS, run: RunRecord, timeout_s: float | None) -> bool:
@@ -45,6 +60,7 @@ def wait_job(home: Path, procfs: ProcFS, job_ref: str, timeout_s: float | None =
     with Store(home) as store:
         job = store.job(job_ref)
         run = store.run(job.id)
+    trace.info(f"waiting for supervisor {run.shim_pid} of job {job.id} ({run.state})")
     if not wait_for_shim(procfs, run, timeout_s):
         raise JobwardenError(f"job {job.id} is still {run.state} after the timeout")
     with Store(home) as store:
@@ -72,11 +88,19 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None) -> Sto
         store.update_run(
             job.id,
             run.n,
-            only_if_state=(JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING),
+            # stopping too: a second stop with a shorter grace (--force) cuts the first one's short
+            only_if_state=(
+                JobState.QUEUED,
+                JobState.STARTING,
+                JobState.RUNNING,
+                JobState.RESTARTING,
+                JobState.STOPPING,
+            ),
             stop_requested_at=SystemClock().wall(),
             stop_grace=grace,
         )
     _signal_shim(procfs, run)
+    trace.info(f"asked supervisor {run.shim_pid} to stop job {job.id} (grace {grace:g}s); waiting for it")
     if not wait_for_shim(procfs, run, grace + 30):
         raise JobwardenError(
             f"the supervisor of job {job.id} did not finish stopping it in {grace + 30:.0f}s",
@@ -128,6 +152,31 @@ def _signal_shim(procfs: ProcFS, run: RunRecord) -> None:
 def adopt(home: Path, procfs: ProcFS, job_ref: str | int) -> dict[str, object]:
     with Store(home) as store:
         job = store.job(job_ref)
+        lock = store.layout.run_dir(job.id, store.run(job.id).n) / "adopt.lock"
+    # Two adopts at once would start two supervisors of one job (and a later stop by one of them read
+    # as an outside kill by the other): one at a time, and the second finds the job no longer lost.
+    with _exclusive(lock, f"job {job.id} is being adopted by another jobwarden adopt"):
+        return _adopt(home, procfs, job_ref)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path, busy: str) -> Iterator[None]:
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise JobwardenError(busy, "wait for it to finish, then see jobwarden status") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _adopt(home: Path, procfs: ProcFS, job_ref: str | int) -> dict[str, object]:
+    with Store(home) as store:
+        job = store.job(job_ref)
         run = refresh(store, procfs, job, store.run(job.id))
         if run.state != JobState.LOST:
             raise JobwardenError(
@@ -139,6 +188,7 @@ def adopt(home: Path, procfs: ProcFS, job_ref: str | int) -> dict[str, object]:
                 "nothing to adopt; `jobwarden rm` removes it",
             )
     with fork_shim(home, "adopt") as shim:
+        trace.info(f"adopting job {job.id} run {run.n} with a new supervisor, pid {shim.pid}")
         report = shim.start(job.id, run.n)
     if "error" in report:
         raise JobwardenError(f"cannot adopt job {job.id}: {report['error']}")

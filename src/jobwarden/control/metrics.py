@@ -7,6 +7,7 @@ the whole run, oldest first, at about the resolution asked for; `sparkline` draw
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -95,15 +96,25 @@ def job_samples(
     history from coarser tiers, the newest from finer ones; at most `points` points."""
     record = store.run(job_id, run)
     end = record.ended_at or (time.time() if now is None else now)
-    sources = {RAW: [Bucket.of(r) for r in store.readings(job_id, run, since)]}
-    for tier in TIERS:
-        sources[tier] = store.rollups(job_id, run, tier, since)
-    first = record.started_at or min((s[0].at for s in sources.values() if s), default=end)
+
+    def fetch(tier: int, lo: float, hi: float) -> list[Bucket]:
+        if tier == RAW:
+            return [Bucket.of(r) for r in store.readings(job_id, run, lo, hi)]
+        return store.rollups(job_id, run, tier, lo, hi)
+
+    first = record.started_at or _first_sample(store, job_id, run) or end
     start = first if since is None else max(since, first)
-    history = stitch(sources, choose_tier(end - start, points))
+    history = stitch(fetch, choose_tier(end - start, points), -math.inf if since is None else since)
     if points:
         history = thin(history, start, end, points)
     return [Sample.of(point) for point in history]
+
+
+def _first_sample(store: Store, job_id: int, run: int) -> float | None:
+    """When the run's history begins, for a run with no start on record (an old, adopted one)."""
+    firsts = [r.at for r in store.readings(job_id, run)[:1]]
+    firsts += [b.at for tier in TIERS for b in store.rollups(job_id, run, tier)[:1]]
+    return min(firsts, default=None)
 
 
 def per_second(samples: Sequence[Sample], counter: str) -> list[float | None]:

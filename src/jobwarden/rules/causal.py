@@ -131,6 +131,10 @@ def _incident(d: ProcessDeath, exc: UncaughtException | None, oom: bool, ev: Run
         return Incident(d, REPORT, exc, report)
     if d.is_main and exc is None and exits.parse_traceback(ev.log_tail) is None:
         return Incident(d, TEARDOWN, exc)  # a bare exit code: a shell script passing a failure on
+    if not d.is_main and exc is None:
+        # A child's bare exit code is an answer its parent may well have taken (`readlink` in a shell
+        # script, `grep` finding nothing): it leads only when nothing stronger failed, as a teardown does.
+        return Incident(d, TEARDOWN, exc)
     return Incident(d, CAUSE, exc)
 
 

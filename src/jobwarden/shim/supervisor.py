@@ -411,7 +411,8 @@ class Supervisor:
                 log(f"cannot read the stop request: {err}")
                 return
             if record.stop_requested_at:
-                self.stop = StopRequest(EndReason.STOPPED, record.stop_grace or grace)
+                given = record.stop_grace
+                self.stop = StopRequest(EndReason.STOPPED, given if given is not None else grace)
         if received & {signal.SIGTERM, signal.SIGINT}:
             log("shim received SIGTERM/SIGINT: stopping the job")
             self.stop = StopRequest(EndReason.STOPPED, grace)
@@ -561,7 +562,8 @@ class Supervisor:
         self._signal_all(signal.SIGTERM)
         deadline = self.clock.monotonic() + grace_s
         while self.tree.members and self.clock.monotonic() < deadline:
-            self._wait_members(min(0.2, deadline - self.clock.monotonic()))
+            if signal.SIGUSR1 in self._wait_members(min(0.2, deadline - self.clock.monotonic())):
+                deadline = min(deadline, self._requested_deadline())
             self._signal_all(signal.SIGTERM, only=self.tree.discover())
         for _ in range(10):
             if not self.tree.members or set(self.tree.members) <= set(self.denied):
@@ -574,10 +576,25 @@ class Supervisor:
             self.tree.discover(full=True)
         return [Survivor(m.pid, m.cmdline, self._why_alive(m.pid)) for m in self.tree.members.values()]
 
-    def _wait_members(self, timeout_s: float) -> None:
+    def _requested_deadline(self) -> float:
+        """When the latest `stop` wants the tree gone: a second `stop --force` (or a shorter --grace)
+        cuts a long grace short; a longer one never extends it (the caller keeps the earlier)."""
+        try:
+            record = self.store.run(self.job.id, self.run)
+        except StoreError as err:
+            log(f"cannot read the stop request: {err}")
+            return float("inf")
+        if record.stop_requested_at is None or record.stop_grace is None:
+            return float("inf")
+        left = record.stop_requested_at + record.stop_grace - self.clock.wall()
+        return self.clock.monotonic() + max(0.0, left)
+
+    def _wait_members(self, timeout_s: float) -> set[int]:
+        """Wait for a member to end or a signal, up to `timeout_s`; the signals received."""
         wait_readable([self._wake_r, *(m.pidfd for m in self.tree.members.values())], timeout_s)
-        self._drain_signals()
+        received = self._drain_signals()
         self._collect_exits()
+        return received
 
     def _signal_all(self, sig: int, only: list[Member] | None = None) -> None:
         for member in list(self.tree.members.values()) if only is None else only:

@@ -17,20 +17,31 @@ from jobwarden.store.schema import LATEST, MIGRATIONS
 BUSY_TIMEOUT_S = 60.0
 
 
+# SQLite's primary result codes (https://www.sqlite.org/rescode.html); an extended code keeps its primary
+# code in the low byte (SQLITE_IOERR_WRITE is 778 = 3 << 8 | 10).
+_CORRUPT = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB
+_NO_ROOM = {10, 13}  # SQLITE_IOERR, SQLITE_FULL
+_NO_ACCESS = {3, 8, 14}  # SQLITE_PERM, SQLITE_READONLY, SQLITE_CANTOPEN
+
+
 def translate(err: sqlite3.Error, path: Path) -> StoreError:
+    """The store's error for a user, chosen by SQLite's result code (not by its message, which changes
+    between versions)."""
     text = str(err)
-    if isinstance(err, sqlite3.DatabaseError) and ("not a database" in text or "malformed" in text):
+    code = getattr(err, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    if primary in _CORRUPT:
         return StoreCorrupt(
             f"the jobwarden database {path} is corrupt ({text})",
             f"move it aside (mv {path} {path}.corrupt) and jobwarden starts a new one; running jobs keep "
             "running, and their logs stay under jobs/",
         )
-    if "disk is full" in text or "disk I/O error" in text:
+    if primary in _NO_ROOM:
         return StoreError(
             f"cannot write the jobwarden database {path}: {text}",
             f"free space on the filesystem holding {path.parent}",
         )
-    if "readonly" in text or "unable to open" in text:
+    if primary in _NO_ACCESS:
         return StoreError(
             f"cannot open the jobwarden database {path}: {text}",
             "make it writable, or point JOBWARDEN_HOME at a directory you own",

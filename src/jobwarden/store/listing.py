@@ -99,8 +99,8 @@ class ListQueries:
         rollup = "FROM samples_rollup WHERE job_id = ?1 AND run = ?2 AND tier = "
         row = self._exec(
             "SELECT MAX(v) FROM ("
-            f"SELECT MAX(rss_max) AS v {rollup}?3 "
-            f"UNION ALL SELECT MAX(rss_max) {rollup}?4 AND at >= "
+            f"SELECT MAX(rss_max_mib) * 1048576 AS v {rollup}?3 "
+            f"UNION ALL SELECT MAX(rss_max_mib) * 1048576 {rollup}?4 AND at >= "
             f"(SELECT COALESCE(MAX(at) + ?3, 0) {rollup}?3) "
             "UNION ALL SELECT MAX(rss_bytes) FROM samples WHERE job_id = ?1 AND run = ?2 AND at >= "
             f"(SELECT COALESCE(MAX(at) + ?4, 0) {rollup}?4))",

@@ -74,8 +74,9 @@ def _index_entry(line: bytes) -> tuple[float, int] | None:
     return (at, int(parts[1])) if math.isfinite(at) else None
 
 
-def read_from(path: Path, offset: int, align_to_line: bool = True) -> bytes:
-    """Bytes of `path` from `offset`, starting at a line start when `offset` falls mid-line."""
+def read_from(path: Path, offset: int, align_to_line: bool = True, limit: int = -1) -> bytes:
+    """Bytes of `path` from `offset`, starting at a line start when `offset` falls mid-line; at most
+    `limit` bytes when it is not negative."""
     try:
         with open(path, "rb") as fh:
             if offset > 0 and align_to_line:
@@ -84,7 +85,7 @@ def read_from(path: Path, offset: int, align_to_line: bool = True) -> bytes:
                     fh.readline()
             else:
                 fh.seek(offset)
-            return fh.read()
+            return fh.read(limit)
     except FileNotFoundError:
         return b""
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jobwarden import trace
 from jobwarden.errors import JobNotFound
 from jobwarden.model import UNFINISHED_STATES, Finding, JobSpec, JobState, ProcessEnd, ProcessSnapshot, Ranks
 from jobwarden.paths import Layout, ensure_private_dir
@@ -20,6 +21,7 @@ from jobwarden.store.db import connect, translate, write
 from jobwarden.store.listing import ListQueries
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
 from jobwarden.store.rollup import Bucket, Reading
+from jobwarden.store.samples import SampleMethods
 
 if TYPE_CHECKING:  # diagnosis types: not on the `run` path
     from jobwarden.observations import ProcessStack
@@ -52,9 +54,10 @@ _RUN_COLUMNS = frozenset(
 _MAX_ID = (1 << 63) - 1  # SQLite's INTEGER: a larger number names no job and no run
 
 
-class Store(ListQueries):
+class Store(SampleMethods, ListQueries):
     def __init__(self, home: Path) -> None:
         self.layout = Layout(ensure_private_dir(home))
+        trace.debug(f"store: {self.layout.database}")
         self._conn = connect(self.layout.database)
 
     def close(self) -> None:
@@ -138,6 +141,11 @@ class Store(ListQueries):
         if row is None:
             raise JobNotFound(text)
         return JobRecord.from_row(row)
+
+    def job_refs(self, limit: int = 500) -> list[tuple[int, str]]:
+        """(id, name) of the newest jobs, newest first: what a shell completion offers."""
+        rows = self._exec("SELECT id, name FROM jobs ORDER BY id DESC LIMIT ?", (limit,))
+        return [(int(r["id"]), str(r["name"])) for r in rows]
 
     def jobs(self) -> list[JobRecord]:
         return [JobRecord.from_row(r) for r in self._exec("SELECT * FROM jobs ORDER BY id")]
@@ -353,39 +361,6 @@ class Store(ListQueries):
             "SELECT * FROM samples WHERE job_id = ? AND run = ? ORDER BY at DESC LIMIT 1", (job_id, run)
         ).fetchone()
         return row
-
-    def add_samples(
-        self,
-        job_id: int,
-        run: int,
-        readings: Sequence[Reading] = (),
-        rollups: Sequence[Bucket] = (),
-        prune_at: float | None = None,
-    ) -> None:
-        """Raw samples and downsampled points that closed, in one transaction; with `prune_at` (the
-        time now), also drop what each tier keeps no longer (store/rollup.py)."""
-        try:
-            with write(self._conn):
-                samples.insert_readings(self._conn, job_id, run, readings)
-                samples.insert_buckets(self._conn, job_id, run, rollups)
-                if prune_at is not None:
-                    samples.prune(self._conn, job_id, run, prune_at)
-        except sqlite3.Error as err:
-            raise translate(err, self.layout.database) from err
-
-    def readings(self, job_id: int, run: int, since: float | None = None) -> list[Reading]:
-        """The run's raw samples from `since` on, oldest first."""
-        try:
-            return samples.read_raw(self._conn, job_id, run, since)
-        except sqlite3.Error as err:
-            raise translate(err, self.layout.database) from err
-
-    def rollups(self, job_id: int, run: int, tier: int, since: float | None = None) -> list[Bucket]:
-        """The run's points of one tier ending after `since`, oldest first."""
-        try:
-            return samples.read_tier(self._conn, job_id, run, tier, since)
-        except sqlite3.Error as err:
-            raise translate(err, self.layout.database) from err
 
     # --- findings and stack dumps -----------------------------------------------------------------
 

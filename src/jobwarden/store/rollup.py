@@ -15,7 +15,7 @@ life. A 30-day job then holds ~3,600 + 8,640 + 10,080 + 4,320 rows instead of 2.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 RAW = 0  # the "tier" of raw readings
@@ -206,20 +206,28 @@ def choose_tier(span_s: float, points: int | None) -> int:
     return max((tier for tier in TIERS if tier <= step), default=RAW)
 
 
-def stitch(sources: dict[int, list[Bucket]], preferred: int) -> list[Bucket]:
-    """One history, oldest first, from each tier's points (tier -> points, oldest first): the preferred
-    tier's, then older history that only coarser tiers still hold before it, and the newest, not yet
-    rolled up, from finer tiers after it. A coarse point that overlaps finer ones is left out (it would
-    count their readings twice): the seam may miss at most one coarse interval."""
+# (tier, lo, hi) -> that tier's points with lo <= at and at + tier <= hi, oldest first
+Fetch = Callable[[int, float, float], list[Bucket]]
+
+
+def stitch(fetch: Fetch, preferred: int, since: float = -math.inf) -> list[Bucket]:
+    """One history from `since` on, oldest first: the preferred tier's points, then the older history
+    only coarser tiers still hold before them, and the newest, not rolled up yet, from finer tiers after
+    them. Each tier is asked only for the stretch it fills. A coarse point overlapping finer ones is
+    left out (it would count their readings twice): a seam may miss at most one coarse interval."""
     order = (RAW, *TIERS)
     at = order.index(preferred)
-    points = list(sources.get(preferred, []))
+
+    def first(tier: int) -> float:  # the point that holds `since` counts
+        return since if tier == RAW or since == -math.inf else bucket_start(since, tier)
+
+    points = fetch(preferred, first(preferred), math.inf)
     for tier in order[at + 1 :]:
         start = points[0].at if points else math.inf
-        points = [b for b in sources.get(tier, []) if b.end <= start] + points
+        points = fetch(tier, first(tier), start) + points
     for tier in reversed(order[:at]):
         end = points[-1].end if points else -math.inf
-        points += [b for b in sources.get(tier, []) if b.at >= end]
+        points += fetch(tier, max(end, first(tier)), math.inf)
     return points
 
 

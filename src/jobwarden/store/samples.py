@@ -1,15 +1,67 @@
 """The SQL of samples: raw readings in `samples`, downsampled points in `samples_rollup` (store/rollup.py).
 
-Functions over a connection, called by `Store` inside its transactions."""
+Functions over a connection (`Store.record_tree` calls them inside its transaction), and the methods of
+`Store` that read and write samples alone."""
 
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from jobwarden.paths import Layout
+from jobwarden.store.db import translate, write
 from jobwarden.store.rollup import RAW, Bucket, Gauge, GpuReading, Reading, expiry
+
+MIB = 1 << 20
+
+
+class SampleMethods:
+    """`Store`'s methods for samples (a base class of it, kept here beside their SQL)."""
+
+    _conn: sqlite3.Connection
+    layout: Layout
+
+    def add_samples(
+        self,
+        job_id: int,
+        run: int,
+        readings: Sequence[Reading] = (),
+        rollups: Sequence[Bucket] = (),
+        prune_at: float | None = None,
+    ) -> None:
+        """Raw samples and downsampled points that closed, in one transaction; with `prune_at` (the
+        time now), also drop what each tier keeps no longer (store/rollup.py)."""
+        try:
+            with write(self._conn):
+                insert_readings(self._conn, job_id, run, readings)
+                insert_buckets(self._conn, job_id, run, rollups)
+                if prune_at is not None:
+                    prune(self._conn, job_id, run, prune_at)
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
+
+    def readings(
+        self, job_id: int, run: int, since: float = -math.inf, until: float = math.inf
+    ) -> list[Reading]:
+        """The run's raw samples taken from `since` to `until`, oldest first."""
+        try:
+            return read_raw(self._conn, job_id, run, since, until)
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
+
+    def rollups(
+        self, job_id: int, run: int, tier: int, since: float = -math.inf, until: float = math.inf
+    ) -> list[Bucket]:
+        """The run's points of one tier (store/rollup.py) starting from `since` and ended by `until`,
+        oldest first."""
+        try:
+            return read_tier(self._conn, job_id, run, tier, since, until)
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
+
 
 _RAW_INSERT = (
     "INSERT INTO samples (job_id, run, at, nprocs, cpu_percent, rss_bytes, cpu_time_s, io_bytes, "
@@ -17,8 +69,8 @@ _RAW_INSERT = (
 )
 _ROLLUP_INSERT = (
     "INSERT OR REPLACE INTO samples_rollup (job_id, run, tier, at, n, nprocs_avg, nprocs_max, cpu_avg, "
-    "cpu_max, rss_avg, rss_max, cpu_time_s, io_read_bytes, io_write_bytes, gpu_util_avg, gpu_util_max, "
-    "gpu_mem_avg, gpu_mem_max, gpus) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    "cpu_max, rss_avg_mib, rss_max_mib, cpu_time_s, io_read_bytes, io_write_bytes, gpu_util_avg, "
+    "gpu_util_max, gpu_mem_avg_mib, gpu_mem_max_mib, gpus) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 
 
@@ -43,28 +95,37 @@ def prune(conn: sqlite3.Connection, job_id: int, run: int, now: float) -> None:
             )
 
 
-def read_raw(conn: sqlite3.Connection, job_id: int, run: int, since: float | None) -> list[Reading]:
+def read_raw(
+    conn: sqlite3.Connection, job_id: int, run: int, lo: float = -math.inf, hi: float = math.inf
+) -> list[Reading]:
+    """Raw samples with lo <= at <= hi, oldest first."""
     rows = conn.execute(
-        "SELECT * FROM samples WHERE job_id = ? AND run = ? AND at >= ? ORDER BY at",
-        (job_id, run, -1.0 if since is None else since),
+        "SELECT * FROM samples WHERE job_id = ? AND run = ? AND at >= ? AND at <= ? ORDER BY at",
+        (job_id, run, _finite(lo), _finite(hi)),
     )
     return [_reading(row) for row in rows]
 
 
 def read_tier(
-    conn: sqlite3.Connection, job_id: int, run: int, tier: int, since: float | None
+    conn: sqlite3.Connection, job_id: int, run: int, tier: int, lo: float = -math.inf, hi: float = math.inf
 ) -> list[Bucket]:
-    """The tier's points that end after `since`, oldest first."""
+    """A tier's points with lo <= at and at + tier <= hi, oldest first."""
     rows = conn.execute(
-        "SELECT * FROM samples_rollup WHERE job_id = ? AND run = ? AND tier = ? AND at > ? ORDER BY at",
-        (job_id, run, tier, -1.0 if since is None else since - tier),
+        "SELECT * FROM samples_rollup WHERE job_id = ? AND run = ? AND tier = ? AND at >= ? AND at <= ? "
+        "ORDER BY at",
+        (job_id, run, tier, _finite(lo), _finite(hi - tier)),
     )
     return [_bucket(row) for row in rows]
 
 
+def _finite(bound: float) -> float:
+    """SQLite compares with no infinity: a bound past every time instead."""
+    return max(min(bound, 1e300), -1e300)
+
+
 def _raw_row(job_id: int, run: int, r: Reading) -> tuple[Any, ...]:
     io = None if r.io_read_bytes is None or r.io_write_bytes is None else r.io_read_bytes + r.io_write_bytes
-    gpus = json.dumps([list(g) for g in r.gpus]) if r.gpus else None
+    gpus = json.dumps([list(g) for g in r.gpus], separators=(",", ":")) if r.gpus else None
     return (
         job_id,
         run,
@@ -103,45 +164,45 @@ def _reading(row: sqlite3.Row) -> Reading:
     )
 
 
-def _rounded(value: float | None, digits: int | None = None) -> float | int | None:
-    """Means stored short: bytes and counts as integers, percentages to 0.1 (SQLite stores an integral
-    REAL as an integer, in 1 to 8 bytes instead of 8)."""
+def _rounded(value: float | None) -> int | None:
+    """Means stored short: SQLite stores an integral number in 1 to 6 bytes, any other REAL in 8. A
+    30-day job keeps ~23,000 points (goal: under 3 MiB in all); a chart needs no finer figures."""
+    return None if value is None else round(value)
+
+
+def _mib(value: float | None, peak: bool = False) -> int | None:
+    """Bytes in MiB (2 bytes stored, not 6); a peak rounded up, never below what was seen."""
     if value is None:
         return None
-    return round(value) if digits is None else round(value, digits)
+    return math.ceil(value / MIB) if peak else round(value / MIB)
 
 
 def _rollup_row(job_id: int, run: int, b: Bucket) -> tuple[Any, ...]:
-    gpus = (
-        json.dumps(
-            [
-                [i, _rounded(u.mean, 1), u.peak, _rounded(m.mean), m.peak]
-                for i, (u, m) in sorted(b.gpus.items())
-            ]
-        )
-        if b.gpus
-        else None
-    )
+    # each GPU as [index, mean utilisation %, mean and max memory in MiB]: the spike that ends in a CUDA
+    # out-of-memory error is one GPU's
+    gpus = [
+        [i, _rounded(u.mean), _mib(m.mean), _mib(m.peak, peak=True)] for i, (u, m) in sorted(b.gpus.items())
+    ]
     return (
         job_id,
         run,
         b.tier,
         b.at,
         b.n,
-        _rounded(b.nprocs.mean, 2),
+        _rounded(b.nprocs.mean),
         b.nprocs.peak,
-        _rounded(b.cpu.mean, 1),
-        b.cpu.peak,
-        _rounded(b.rss.mean),
-        b.rss.peak,
-        b.cpu_time_s,
+        _rounded(b.cpu.mean),
+        _rounded(b.cpu.peak),
+        _mib(b.rss.mean),
+        _mib(b.rss.peak, peak=True),
+        _rounded(b.cpu_time_s),  # whole seconds: a rate over 10 s or more needs no finer
         b.io_read,
         b.io_write,
-        _rounded(b.gpu_util.mean, 1),
+        _rounded(b.gpu_util.mean),
         b.gpu_util.peak,
-        _rounded(b.gpu_mem.mean),
-        b.gpu_mem.peak,
-        gpus,
+        _mib(b.gpu_mem.mean),
+        _mib(b.gpu_mem.peak, peak=True),
+        json.dumps(gpus, separators=(",", ":")) if gpus else None,
     )
 
 
@@ -150,11 +211,20 @@ def _bucket(row: sqlite3.Row) -> Bucket:
     n = b.n = row["n"]
     b.nprocs = Gauge.stored(row["nprocs_avg"], row["nprocs_max"], n)
     b.cpu = Gauge.stored(row["cpu_avg"], row["cpu_max"], n)
-    b.rss = Gauge.stored(row["rss_avg"], row["rss_max"], n)
+    b.rss = Gauge.stored(_bytes(row["rss_avg_mib"]), _bytes(row["rss_max_mib"]), n)
     b.gpu_util = Gauge.stored(row["gpu_util_avg"], row["gpu_util_max"], n)
-    b.gpu_mem = Gauge.stored(row["gpu_mem_avg"], row["gpu_mem_max"], n)
+    b.gpu_mem = Gauge.stored(_bytes(row["gpu_mem_avg_mib"]), _bytes(row["gpu_mem_max_mib"]), n)
     b.cpu_time_s, b.io_read, b.io_write = row["cpu_time_s"], row["io_read_bytes"], row["io_write_bytes"]
     if row["gpus"]:
-        for index, util_avg, util_max, mem_avg, mem_max in json.loads(row["gpus"]):
-            b.gpus[index] = (Gauge.stored(util_avg, util_max, n), Gauge.stored(mem_avg, mem_max, n))
+        for entry in json.loads(row["gpus"]):
+            if len(entry) == 5:  # written by migration 5's layout: [index, util, util max, bytes, max bytes]
+                index, util, util_max, mem, mem_max = entry
+            else:
+                (index, util, mem_mib, mem_max_mib), util_max = entry, None
+                mem, mem_max = _bytes(mem_mib), _bytes(mem_max_mib)
+            b.gpus[index] = (Gauge.stored(util, util_max, n), Gauge.stored(mem, mem_max, n))
     return b
+
+
+def _bytes(mib: int | None) -> int | None:
+    return None if mib is None else mib * MIB

@@ -1,0 +1,104 @@
+"""`jobwarden completion bash|zsh|fish`: a script that completes the subcommands, each one's options, and
+job ids and names. The commands and options are read from the parser itself, so a new option completes
+without an edit here; the jobs are asked of `jobwarden _jobs` at each completion (a single cheap query).
+
+Install: `jobwarden completion bash > ~/.local/share/bash-completion/completions/jobwarden`, or
+`source <(jobwarden completion zsh)` in ~/.zshrc, or
+`jobwarden completion fish > ~/.config/fish/completions/jobwarden.fish`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+
+from jobwarden.errors import UsageError
+
+SHELLS = ("bash", "zsh", "fish")
+JOBS_COMMAND = "_jobs"  # hidden: prints the ids and names to complete, one a line
+
+
+class Subcommand:
+    def __init__(self, name: str, parser: argparse.ArgumentParser, help_text: str) -> None:
+        self.name = name
+        self.help = help_text
+        self.options = sorted(
+            opt for action in parser._actions for opt in action.option_strings if opt.startswith("--")
+        )
+        self.takes_job = any(action.dest == "job" for action in parser._actions)
+
+
+def subcommands(parser: argparse.ArgumentParser) -> list[Subcommand]:
+    """The visible subcommands of the whole parser, in their order."""
+    found: list[Subcommand] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+            found.extend(
+                Subcommand(name, sub, helps[name])
+                for name, sub in action.choices.items()
+                if not name.startswith("_")
+            )
+    return found
+
+
+def script(shell: str, parser: argparse.ArgumentParser) -> str:
+    if shell not in SHELLS:
+        raise UsageError(f"completion: unknown shell {shell!r}", f"use one of: {', '.join(SHELLS)}")
+    commands = subcommands(parser)
+    if shell == "fish":
+        return "\n".join(_fish(commands)) + "\n"
+    bash = "\n".join(_bash(commands)) + "\n"
+    if shell == "zsh":  # zsh runs the bash function through its own bashcompinit
+        return "#compdef jobwarden\nautoload -U +X bashcompinit && bashcompinit\n" + bash
+    return bash
+
+
+def _bash(commands: list[Subcommand]) -> Iterator[str]:
+    names = " ".join(c.name for c in commands)
+    with_jobs = "|".join(c.name for c in commands if c.takes_job)
+    yield "# jobwarden completion for bash (jobwarden completion bash)"
+    yield "_jobwarden() {"
+    yield '    local cur="${COMP_WORDS[COMP_CWORD]}" cmd="" i'
+    yield "    for ((i = 1; i < COMP_CWORD; i++)); do"
+    yield '        case "${COMP_WORDS[i]}" in -*) ;; *) cmd="${COMP_WORDS[i]}"; break ;; esac'
+    yield "    done"
+    yield '    if [[ -z "$cmd" ]]; then'
+    yield f'        COMPREPLY=($(compgen -W "{names}" -- "$cur")); return'
+    yield "    fi"
+    yield '    if [[ "$cmd" == run && " ${COMP_WORDS[*]:0:COMP_CWORD} " == *" -- "* ]]; then'
+    yield '        COMPREPLY=($(compgen -c -- "$cur")); return  # the job\'s own command'
+    yield "    fi"
+    yield '    if [[ "$cur" == -* ]]; then'
+    yield '        case "$cmd" in'
+    for c in commands:
+        yield f'            {c.name}) COMPREPLY=($(compgen -W "{" ".join(c.options)}" -- "$cur")) ;;'
+    yield "        esac"
+    yield "        return"
+    yield "    fi"
+    yield '    case "$cmd" in'
+    if with_jobs:
+        jobs = f"$(jobwarden {JOBS_COMMAND} 2>/dev/null)"
+        yield f'        {with_jobs}) COMPREPLY=($(compgen -W "{jobs}" -- "$cur")) ;;'
+    yield f'        completion) COMPREPLY=($(compgen -W "{" ".join(SHELLS)}" -- "$cur")) ;;'
+    yield "    esac"
+    yield "}"
+    yield "complete -F _jobwarden jobwarden"
+
+
+def _fish(commands: list[Subcommand]) -> Iterator[str]:
+    yield "# jobwarden completion for fish (jobwarden completion fish)"
+    yield "complete -c jobwarden -f"
+    for c in commands:
+        yield f"complete -c jobwarden -n __fish_use_subcommand -a {c.name} -d {_fish_quote(c.help)}"
+    for c in commands:
+        seen = f'"__fish_seen_subcommand_from {c.name}"'
+        for option in c.options:
+            yield f"complete -c jobwarden -n {seen} -l {option[2:]}"
+        if c.takes_job:
+            yield f'complete -c jobwarden -n {seen} -a "(jobwarden {JOBS_COMMAND} 2>/dev/null)"'
+    yield f'complete -c jobwarden -n "__fish_seen_subcommand_from completion" -a "{" ".join(SHELLS)}"'
+
+
+def _fish_quote(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -1,0 +1,39 @@
+"""What the terminal allows: its width, and whether to colour. Every table of the CLI fits the width and
+colours only a terminal whose user has not set NO_COLOR (https://no-color.org)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+MIN_LAST_COLUMN = 20  # a table's last column (a command) is cut to fit, but never below this
+
+
+def terminal_width() -> int:
+    """What shutil.get_terminal_size() answers: $COLUMNS, else the terminal on stdout, else 80. Not
+    shutil itself: it imports the compression modules, ~10 ms of every command."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+def colour_wanted() -> bool:
+    return not os.environ.get("NO_COLOR") and sys.stdout.isatty()
+
+
+def table(rows: Sequence[tuple[str, ...]], width: int | None = None) -> list[list[str]]:
+    """Cells padded to their column's width; the last column cut so that a row fits `width` (the
+    terminal's by default). Returned as cells, so that a caller can colour one after padding."""
+    width = terminal_width() if width is None else width
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    room = max(MIN_LAST_COLUMN, width - sum(widths) - 2 * len(widths))
+    return [[*(c.ljust(w) for c, w in zip(row, widths, strict=False)), _cut(row[-1], room)] for row in rows]
+
+
+def _cut(text: str, room: int) -> str:
+    return text if len(text) <= room else text[: room - 1] + "…"

@@ -1,0 +1,243 @@
+"""The `top` application: a live table of jobs, the selected job's detail below it, keys to act.
+
+Reads and actions run in worker threads (textual's `@work(thread=True)`) and hand their results back
+with `call_from_thread`: the screen stays responsive while a store is busy, a stop waits out its grace
+period or a dump attaches py-spy to every process."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.widgets import DataTable, Footer, Log, Static
+
+from jobwarden.cli import render
+from jobwarden.clock import SystemClock
+from jobwarden.errors import JobwardenError
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.tui import cells, data
+from jobwarden.tui.screens import ConfirmScreen, LogScreen, TextScreen
+
+FULL_LOG_LINES = 2000
+_WRITES = frozenset({"stop", "dump"})  # what --read-only takes away
+_ON_THE_LIST = frozenset({"stop", "dump", "explain", "logs", "toggle_all", "help"})
+
+
+class TopApp(App[None]):
+    TITLE = "jobwarden top"
+    ENABLE_COMMAND_PALETTE = False  # every command is one key, listed in the footer and on ?
+    CSS = """
+    #bar { background: $boost; }
+    #jobs { height: auto; max-height: 45%; }
+    #detail { height: 1fr; border-top: solid $primary; }
+    #summary { height: auto; max-height: 12; }
+    #tail { height: 1fr; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("s", "stop", "Stop"),
+        Binding("d", "dump", "Dump"),
+        Binding("e", "explain", "Explain"),
+        Binding("l", "logs", "Logs"),
+        Binding("a", "toggle_all", "All/active"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(self, home: Path, interval: float, include_ended: bool, read_only: bool) -> None:
+        super().__init__()
+        self.home, self.interval, self.read_only = home, interval, read_only
+        self.include_ended = include_ended
+        self.procfs = ProcFS()
+        self.selected: int | None = None
+        self.snapshot: data.Snapshot | None = None
+        self._loading = self._load_again = False
+        self._tail_shown: list[str] = []
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="bar")
+        yield DataTable(id="jobs", cursor_type="row")
+        with Vertical(id="detail"):
+            yield Static(id="summary")
+            yield Log(id="tail")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.columns = self.query_one("#jobs", DataTable).add_columns(*cells.COLUMNS)
+        self.reload()
+        self.set_interval(self.interval, self.reload)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in _ON_THE_LIST and len(self.screen_stack) > 1:
+            return False  # a page is open (explain, dump, log, help): its keys only
+        return not (self.read_only and action in _WRITES)
+
+    # --- reading ------------------------------------------------------------------------------------
+
+    def reload(self) -> None:
+        """Read again, unless a read is under way: then once more right after it."""
+        if self._loading:
+            self._load_again = True
+            return
+        self._loading = True
+        self._load(self.include_ended, self.selected)
+
+    @work(thread=True, group="load")
+    def _load(self, include_ended: bool, selected: int | None) -> None:
+        try:
+            snapshot: data.Snapshot | str = data.load(self.home, self.procfs, include_ended, selected)
+        except Exception as err:  # a store that cannot be opened: say so, keep trying
+            snapshot = " ".join(_failure(err))
+        self.call_from_thread(self._loaded, snapshot)
+
+    def _loaded(self, snapshot: data.Snapshot | str) -> None:
+        self._loading = False
+        if isinstance(snapshot, str):
+            self.query_one("#bar", Static).update(Text(f"jobwarden top: {snapshot}", style="red"))
+        else:
+            self.snapshot = snapshot
+            self._show(snapshot)
+        if self._load_again:
+            self._load_again = False
+            self.reload()
+
+    def _show(self, snapshot: data.Snapshot) -> None:
+        now = SystemClock().wall()
+        self._fill_table(snapshot.rows, now)
+        ids = [r.view.job.id for r in snapshot.rows]
+        count = f"{len(ids)} job{'s' if len(ids) != 1 else ''}"
+        which = "all" if self.include_ended else "active; a: all"
+        clock = time.strftime("%H:%M:%S", time.localtime(now))
+        mode = " — read-only" if self.read_only else ""
+        bar = f"jobwarden top — {count} ({which}) — every {self.interval:g}s — {clock}{mode}   ?: help"
+        self.query_one("#bar", Static).update(Text(bar))
+        self._show_detail(snapshot.detail)
+
+    def _fill_table(self, rows: list[data.JobRow], now: float) -> None:
+        """Same jobs as shown: update the cells in place (the cursor and scroll stay). Otherwise rebuild,
+        and put the cursor back on the selected job."""
+        table = self.query_one("#jobs", DataTable)
+        keys = [str(r.view.job.id) for r in rows]
+        if keys == [k.value for k in table.rows]:
+            for key, row in zip(keys, rows, strict=True):
+                for column, cell in zip(self.columns, cells.row_cells(row, now), strict=True):
+                    table.update_cell(key, column, cell, update_width=True)
+            return
+        keep = str(self.selected)
+        table.clear()
+        for key, row in zip(keys, rows, strict=True):
+            table.add_row(*cells.row_cells(row, now), key=key)
+        if keep in keys:
+            table.move_cursor(row=keys.index(keep), animate=False)
+
+    def _show_detail(self, detail: data.Detail | None) -> None:
+        width = self.size.width
+        self.query_one("#summary", Static).update(cells.detail_text(detail, width))
+        lines = detail.log_tail if detail else []
+        if lines != self._tail_shown:  # rewritten only when it changed: a scrolled tail stays put
+            self._tail_shown = lines
+            tail = self.query_one("#tail", Log)
+            tail.clear()
+            tail.write_lines(lines)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.cursor_row != event.data_table.cursor_row:
+            return  # stale: the table was rebuilt since
+        chosen = int(event.row_key.value) if event.row_key.value else None
+        if chosen != self.selected:
+            self.selected = chosen
+            self.reload()
+
+    # --- actions ------------------------------------------------------------------------------------
+
+    def _selected_row(self) -> data.JobRow | None:
+        rows = self.snapshot.rows if self.snapshot else []
+        return next((r for r in rows if r.view.job.id == self.selected), rows[0] if rows else None)
+
+    def action_toggle_all(self) -> None:
+        self.include_ended = not self.include_ended
+        self.reload()
+
+    def action_help(self) -> None:
+        self.push_screen(TextScreen("help", list(cells.HELP)))
+
+    def action_logs(self) -> None:
+        row = self._selected_row()
+        if row is None:
+            return
+        job, run_n = row.view.job, row.view.run.n
+        title = f"log of job {job.id} ({render.one_line(job.name)}), run {run_n} — q: back"
+        self.push_screen(
+            LogScreen(
+                title, lambda: data.read_job_log(self.home, job.id, run_n, FULL_LOG_LINES), self.interval
+            )
+        )
+
+    def action_explain(self) -> None:
+        row = self._selected_row()
+        if row is not None:
+            self._explain(row.view.job.id)
+
+    @work(thread=True, group="act")
+    def _explain(self, job_id: int) -> None:
+        try:
+            lines = list(render.explain_report(data.load_status(self.home, self.procfs, job_id)))
+        except Exception as err:
+            lines = _failure(err)
+        self.call_from_thread(self.push_screen, TextScreen(f"explain {job_id} — q: back", lines))
+
+    def action_dump(self) -> None:
+        row = self._selected_row()
+        if row is not None:
+            self.notify(f"taking the stacks of job {row.view.job.id}…", markup=False)
+            self._dump(row.view.job.id)
+
+    @work(thread=True, group="act")
+    def _dump(self, job_id: int) -> None:
+        from jobwarden.control.dump import dump_job
+
+        try:
+            lines = list(render.dump_report(dump_job(self.home, self.procfs, str(job_id))))
+        except Exception as err:
+            lines = _failure(err)
+        self.call_from_thread(self.push_screen, TextScreen(f"dump {job_id} — q: back", lines))
+
+    def action_stop(self) -> None:
+        row = self._selected_row()
+        if row is None:
+            return
+        job_id = row.view.job.id
+        question = Text(f"Stop job {job_id} (")
+        question.append(render.one_line(row.view.job.name))
+        question.append(")? It gets SIGTERM, then SIGKILL after its grace period.  y/N")
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.notify(f"stopping job {job_id}…", markup=False)
+                self._stop(job_id)
+
+        self.push_screen(ConfirmScreen(question), answered)
+
+    @work(thread=True, group="act")
+    def _stop(self, job_id: int) -> None:
+        from jobwarden.control.lifecycle import stop
+
+        try:
+            message = " ".join(render.stop_report(stop(self.home, self.procfs, str(job_id), None)))
+        except Exception as err:
+            message = " ".join(_failure(err))
+        self.call_from_thread(self.notify, message, markup=False)
+        self.call_from_thread(self.reload)
+
+
+def _failure(err: Exception) -> list[str]:
+    """What went wrong, as lines for the screen: a worker's exception must never end the UI with a
+    traceback. jobwarden's own errors say what to do; anything else is named by its type."""
+    if isinstance(err, JobwardenError):
+        return [err.message, err.remedy] if err.remedy else [err.message]
+    return [f"{type(err).__name__}: {err}"]

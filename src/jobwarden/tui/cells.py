@@ -1,0 +1,122 @@
+"""`top`'s text: table cells and the detail pane, as rich Text.
+
+Everything a job provides (its name, command, log lines, rule ids such as `[oom-kill]`) goes into
+`Text(...)`, never a plain `str`: textual parses a str as markup, and `failed [oom-kill]` would show as
+`failed`, `[bold]x[/bold]` as a bold x. Colours are styles on the Text; NO_COLOR is textual's to honour
+(it turns every colour monochrome)."""
+
+from __future__ import annotations
+
+import shlex
+
+from rich.text import Text
+
+from jobwarden.cli.render import how_it_ended, one_line
+from jobwarden.config import format_duration, format_size
+from jobwarden.control.views import JobView
+from jobwarden.model import Finding
+from jobwarden.tui.data import Detail, JobRow, sparkline
+
+COLUMNS = ("ID", "NAME", "STATE", "RUN", "PID", "TIME", "CPU", "MEM", "GPU", "FINDING")
+STATE_STYLES = {
+    "running": "green",
+    "succeeded": "green",
+    "failed": "red",
+    "lost": "bold red",
+    "stopped": "yellow",
+    "stopping": "yellow",
+    "starting": "cyan",
+    "queued": "cyan",
+}
+SPARK_WIDTH = 30
+
+
+def state_text(view: JobView) -> Text:
+    run = view.run
+    label = str(run.state)
+    if run.state.is_ended and (run.signal or run.exit_code):
+        label += f" ({run.signal or run.exit_code})"
+    return Text(label, style=STATE_STYLES.get(str(run.state), ""))
+
+
+def row_cells(row: JobRow, now: float) -> tuple[Text, ...]:
+    view, run = row.view, row.view.run
+    runtime = format_duration((run.ended_at or now) - run.started_at) if run.started_at else "-"
+    cpu = f"{view.cpu_percent:.0f}%" if view.cpu_percent is not None else "-"
+    cells = (
+        str(view.job.id),
+        one_line(view.job.name),
+        state_text(view),
+        str(run.n),
+        str(run.pid or "-"),
+        runtime,
+        cpu,
+        format_size(view.rss_bytes),
+        format_size(row.gpu_memory_bytes),
+        f"[{view.finding}]" if view.finding else "",
+    )
+    return tuple(c if isinstance(c, Text) else Text(c) for c in cells)
+
+
+def detail_text(detail: Detail | None, width: int) -> Text:
+    """The selected job: who it is, how it does (sparklines), what is wrong with it and what to do."""
+    if detail is None:
+        return Text("no jobs (press a to show ended ones)")
+    status = detail.status
+    job, run = status.job, status.run
+    text = Text()
+    text.append(f"job {job.id} ", style="bold")
+    text.append(one_line(job.name), style="bold")
+    text.append(" — ")
+    text.append(how_it_ended(run), style=STATE_STYLES.get(str(run.state), ""))
+    text.append(f"   run {run.n}   pid {run.pid or '-'}   {len(status.processes)} process(es) alive\n")
+    text.append(f"  {one_line(shlex.join(job.command))[: max(20, width - 4)]}\n", style="dim")
+    text.append_text(_usage_line(detail))
+    text.append("\n")
+    text.append_text(findings_text(status.findings, width))
+    return text
+
+
+def _usage_line(detail: Detail) -> Text:
+    line = Text("  ")
+    cpu = detail.latest_cpu_percent
+    for label, values, latest in (
+        ("CPU", detail.cpu_percent, f"{cpu:.0f}%" if cpu is not None else "-"),
+        ("RSS", detail.rss_bytes, format_size(detail.latest_rss_bytes)),
+    ):
+        line.append(f"{label} ", style="bold")
+        spark = sparkline(values, SPARK_WIDTH)
+        if spark:
+            line.append(spark, style="cyan")
+            line.append(" ")
+        line.append(f"{latest}   ")
+    return line
+
+
+def findings_text(findings: list[Finding], width: int) -> Text:
+    if not findings:
+        return Text("  no findings")
+    text = Text()
+    for i, f in enumerate(findings):
+        if i:
+            text.append("\n")
+        text.append(f"  [{f.rule}] ", style="bold red" if i == 0 else "bold")
+        text.append(one_line(f.title))
+        if f.remedy:
+            text.append("\n      what to do: ", style="dim")
+            text.append(one_line(f.remedy)[: max(20, width * 2)])
+    return text
+
+
+HELP = (
+    "jobwarden top — keys",
+    "",
+    "  up/down  select a job",
+    "  s        stop the selected job (asks y/N; not with --read-only)",
+    "  d        dump: the stacks of every process of the job, now (not with --read-only)",
+    "  e        explain: why it ended or is stuck, root cause first",
+    "  l        the job's log, full screen",
+    "  a        show ended jobs too / only active ones",
+    "  ?        this help",
+    "  q        quit (in a view: back to the list; Esc too)",
+)

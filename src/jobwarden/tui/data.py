@@ -1,0 +1,95 @@
+"""What `top` shows, read in one pass: the job list and the selected job's whole view.
+
+The app calls these from a worker thread, so a slow disk or a busy store never freezes the screen. Each
+call opens one Store and closes it before returning plain data: no cursor or transaction outlives a
+refresh (a reader holding one would starve the WAL's checkpoints)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+from jobwarden.clock import SystemClock
+from jobwarden.control.jobstatus import JobStatus, job_status
+from jobwarden.control.metrics import job_samples
+from jobwarden.control.metrics import sparkline as metrics_sparkline
+from jobwarden.control.views import JobView, job_views
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.store import Store
+from jobwarden.store.logfiles import tail_lines
+
+SPARK_WINDOW_S = 600.0  # the detail pane's CPU and RSS history: the last ten minutes
+SPARK_POINTS = 60
+LOG_TAIL_LINES = 200  # the detail pane's tail; the full-screen log view reads more
+# a job's GPU memory is its latest sample's; the shim records one at least every 10 s, so older than
+# this means unknown
+_GPU_FRESH_S = 30.0
+
+
+class JobRow(NamedTuple):
+    view: JobView
+    gpu_memory_bytes: int | None
+
+
+class Detail(NamedTuple):
+    status: JobStatus
+    log_tail: list[str]
+    cpu_percent: list[float]  # oldest first; empty when no samples (or no sampling support)
+    rss_bytes: list[float]
+    latest_cpu_percent: float | None  # as the job list shows them
+    latest_rss_bytes: int | None
+
+
+class Snapshot(NamedTuple):
+    rows: list[JobRow]
+    detail: Detail | None  # of the selected job (the first one when none is selected)
+
+
+def load(home: Path, procfs: ProcFS, include_ended: bool, selected: int | None) -> Snapshot:
+    now = SystemClock().wall()
+    with Store(home) as store:
+        views = job_views(store, procfs, include_ended=include_ended)
+        rows = [JobRow(v, _gpu_memory(store, v, now)) for v in views]
+        chosen = next((v for v in views if v.job.id == selected), views[0] if views else None)
+        detail = _detail(store, procfs, chosen, now) if chosen is not None else None
+    return Snapshot(rows, detail)
+
+
+def load_status(home: Path, procfs: ProcFS, job_id: int) -> JobStatus:
+    with Store(home) as store:
+        return job_status(store, procfs, job_id)
+
+
+def read_job_log(home: Path, job_id: int, run: int, lines: int) -> list[str]:
+    with Store(home) as store:
+        path = store.layout.output_log(job_id, run)
+    return read_log(path, lines)
+
+
+def read_log(path: Path, lines: int) -> list[str]:
+    """The last `lines` lines of a log, decoded as the job wrote them (bad bytes replaced)."""
+    return [b.decode("utf-8", "replace").rstrip("\r\n") for b in tail_lines(path, lines)]
+
+
+def _detail(store: Store, procfs: ProcFS, view: JobView, now: float) -> Detail:
+    job_id = view.job.id
+    status = job_status(store, procfs, job_id)
+    cpu: list[float] = []
+    rss: list[float] = []
+    samples = job_samples(store, job_id, status.run.n, since=now - SPARK_WINDOW_S, points=SPARK_POINTS)
+    cpu = [s.cpu_percent for s in samples if s.cpu_percent is not None]
+    rss = [float(s.rss_bytes) for s in samples if s.rss_bytes is not None]
+    tail = read_log(status.log_path, LOG_TAIL_LINES)
+    return Detail(status, tail, cpu, rss, view.cpu_percent, view.rss_bytes)
+
+
+def _gpu_memory(store: Store, view: JobView, now: float) -> int | None:
+    if view.run.state.is_ended:
+        return None
+    samples = job_samples(store, view.job.id, view.run.n, since=now - _GPU_FRESH_S)
+    latest = samples[-1].gpu_memory_bytes if samples else None
+    return int(latest) if latest is not None else None
+
+
+def sparkline(values: list[float], width: int) -> str:
+    return metrics_sparkline(values, width) if values else ""

@@ -1,0 +1,86 @@
+"""`top`'s pop-up views: a text page (explain, dump, help, the full log) and the y/N question before a
+stop. Texts arrive as lines and are shown through textual's Log widget, which never parses markup."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+from rich.text import Text
+from textual import events, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Footer, Log, Static
+
+
+class TextScreen(Screen[None]):
+    """A full-screen page of lines; q or Esc goes back."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q", "app.pop_screen", "Back")]
+    DEFAULT_CSS = """
+    TextScreen #title { background: $boost; text-style: bold; }
+    TextScreen Log { height: 1fr; }
+    """
+
+    def __init__(self, title: str, lines: list[str], follow: bool = False) -> None:
+        super().__init__()
+        self.title_text, self.lines, self.follow = title, lines, follow
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text(self.title_text), id="title")
+        yield Log(auto_scroll=self.follow, id="page")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.show_lines(self.lines)
+
+    def show_lines(self, lines: list[str]) -> None:
+        page = self.query_one("#page", Log)
+        if lines == self.lines and page.line_count:
+            return
+        self.lines = lines
+        page.clear()
+        page.write_lines(lines)
+        if not self.follow:
+            page.scroll_home(animate=False)
+
+
+class LogScreen(TextScreen):
+    """The job's log, full screen, its tail read again every `interval` seconds (in a worker thread)."""
+
+    def __init__(self, title: str, read: Callable[[], list[str]], interval: float) -> None:
+        super().__init__(title, [], follow=True)
+        self.read, self.interval = read, interval
+
+    def on_mount(self) -> None:
+        self.reload()
+        self.set_interval(self.interval, self.reload)
+
+    @work(thread=True, exclusive=True, group="log")
+    def reload(self) -> None:
+        lines = self.read()
+        self.app.call_from_thread(self.show_lines, lines)
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """A y/N question: y answers yes, any other key no."""
+
+    DEFAULT_CSS = """
+    ConfirmScreen { align: center middle; }
+    ConfirmScreen > Vertical { width: 80%; height: auto; border: heavy $warning; padding: 1 2;
+                               background: $surface; }
+    """
+
+    def __init__(self, question: Text) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.question, id="question")
+
+    def on_key(self, event: events.Key) -> None:
+        event.stop()
+        self.dismiss(event.key == "y")

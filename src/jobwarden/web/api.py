@@ -1,0 +1,117 @@
+"""The JSON endpoints: each reads through the control layer and answers what the CLI's `--json` prints
+for the same job (DESIGN.md "Seeing a job"). None of them ever touches the job's environment."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jobwarden import __version__, config
+from jobwarden.clock import SystemClock, iso
+from jobwarden.control.metrics import job_samples
+from jobwarden.control.prometheus import exposition
+from jobwarden.web.app import App
+from jobwarden.web.messages import HTTPProblem, Request, Response, json_response, text_response
+
+STACK_DUMPS_SHOWN = 3  # the job page shows the last dumps; older ones stay in the store
+
+
+def healthz(app: App, req: Request) -> Response:
+    return json_response({"ok": True, "version": __version__, "read_only": app.read_only})
+
+
+def jobs(app: App, req: Request) -> Response:
+    """`ps --all --json`, plus what the list page shows beside it (GPUs, why a queued job waits)."""
+    from jobwarden.control.views import job_views
+
+    with app.store() as store:
+        views = job_views(store, app.procfs, include_ended=True)
+    return json_response(
+        [
+            {**v.summary_json(), "gpu_ids": list(v.run.gpu_ids), "queued_reason": v.run.queued_reason}
+            for v in views
+        ]
+    )
+
+
+def _status(app: App, req: Request, ref: str) -> Any:
+    from jobwarden.control.jobstatus import job_status
+
+    with app.store() as store:
+        return job_status(store, app.procfs, ref, req.int_param("run", minimum=1))
+
+
+def status(app: App, req: Request, ref: str) -> Response:
+    return json_response(_status(app, req, ref).to_json())
+
+
+def explain(app: App, req: Request, ref: str) -> Response:
+    return json_response(_status(app, req, ref).explain_json())
+
+
+def samples(app: App, req: Request, ref: str) -> Response:
+    """`metrics --json`: the run's samples, oldest first."""
+    since, points = req.float_param("since"), req.int_param("points", minimum=2)
+    with app.store() as store:
+        job = store.job(ref)
+        run = store.run(job.id, req.int_param("run", minimum=1))
+        found = job_samples(store, job.id, run.n, since=since, points=points)
+    return json_response([s.to_json() for s in found])
+
+
+def stacks(app: App, req: Request, ref: str) -> Response:
+    """The last stack dumps stored for the run (by `dump` or the hang watchdog), newest last, each with
+    the lines `jobwarden dump` prints for it."""
+    from jobwarden.cli.render import process_stack_lines
+
+    with app.store() as store:
+        job = store.job(ref)
+        run = store.run(job.id, req.int_param("run", minimum=1))
+        dumps = store.stacks(job.id, run.n)[-STACK_DUMPS_SHOWN:]
+    return json_response(
+        [
+            {
+                "at": iso(d.at),
+                "trigger": d.trigger,
+                "processes": [s.to_json() for s in d.stacks],
+                "text": [line for s in d.stacks for line in (*process_stack_lines(s), "")],
+            }
+            for d in dumps
+        ]
+    )
+
+
+def stop(app: App, req: Request, ref: str) -> Response:
+    """`stop --json`. Blocks this request's thread until the job has ended (the grace period at most)."""
+    from jobwarden.control.lifecycle import stop as stop_job
+
+    grace = _body(req).get("grace")
+    grace_s = config.parse_duration(str(grace), "grace") if grace is not None else None
+    return json_response(stop_job(app.home, app.procfs, ref, grace_s).to_json())
+
+
+def dump(app: App, req: Request, ref: str) -> Response:
+    """`dump --json`: the stacks taken now (stored too), or for an ended job the last stored."""
+    from jobwarden.control.dump import dump_job
+
+    native = _body(req).get("native", True) is not False
+    return json_response(dump_job(app.home, app.procfs, ref, native=native).to_json())
+
+
+def _body(req: Request) -> dict[str, Any]:
+    if not req.body.strip():
+        return {}
+    try:
+        body = json.loads(req.body)
+    except (ValueError, UnicodeDecodeError):
+        raise HTTPProblem(400, "the request body is not JSON") from None
+    if not isinstance(body, dict):
+        raise HTTPProblem(400, "the request body must be a JSON object")
+    return body
+
+
+def metrics(app: App, req: Request) -> Response:
+    """Prometheus text exposition of every job."""
+    with app.store() as store:
+        text = exposition(store, app.procfs, SystemClock().wall())
+    return text_response(text, content_type="text/plain; version=0.0.4")

@@ -1,0 +1,207 @@
+"""The dashboard in a real browser (Debian's chromium, driven by selenium through chromedriver): the
+pages draw real jobs, the log follows without a reload, the stop button stops, and a page of another
+origin cannot stop anything."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
+from tests.integration.test_lifecycle import fake_gpus
+from tests.integration.test_web_http import finish, start_ticker
+from tests.integration.webtools import Client, web_server
+
+pytestmark = [pytest.mark.integration, pytest.mark.browser]
+WEB_JOB = str(Path(__file__).parent / "jobs" / "web_job.py")
+WAIT_S = 60  # a loaded 2-core machine: generous, and a deadline all the same
+
+
+@pytest.fixture
+def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.options import Options
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        chromium = None
+    if not (chromium and chromedriver):
+        why = "needs chromium, chromium-driver (apt) and selenium (the dev extra); scripts/test installs them"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    monkeypatch.setenv("SE_OFFLINE", "true")  # Selenium Manager: no download, no usage statistics
+    monkeypatch.setenv("SE_AVOID_STATS", "true")
+    options = Options()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1300,1000"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()  # ends chromium and reaps chromedriver
+
+
+def wait_until(driver: Any, condition: Callable[[Any], Any], what: str) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(condition, f"never: {what}")
+
+
+def text_of(driver: Any, css: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    found = driver.find_elements(By.CSS_SELECTOR, css)
+    return str(found[0].text) if found else ""
+
+
+def test_the_list_shows_a_running_job(jw: Jobwarden, tmp_path: Path, browser: Any) -> None:
+    job_id, go = start_ticker(jw, tmp_path, 1, "--name", "<b>not bold</b>")
+    try:
+        with web_server(jw.home) as served:
+            browser.get(served.url)
+            row = f'tr[data-job="{job_id}"][data-state="running"]'
+            wait_until(browser, lambda d: text_of(d, row), "the running job listed")
+            assert "token" not in browser.current_url  # it went to the cookie
+            assert "<b>not bold</b>" in text_of(browser, row)  # job text is text, never markup
+    finally:
+        finish(jw, job_id, go)
+
+
+def test_a_queued_job_says_who_holds_the_gpus(jw: Jobwarden, tmp_path: Path, browser: Any) -> None:
+    nvml = tmp_path / "nvml.json"
+    fake_gpus(nvml, {i: [os.getpid()] for i in range(4)})  # every GPU busy, held by this test
+    jw.env["JOBWARDEN_FAKE_NVML"] = str(nvml)
+    job_id = jw.start("true", options=("--gpu-ids", "1"))["id"]
+    try:
+        with web_server(jw.home) as served:
+            browser.get(served.url)
+            row = f'tr[data-job="{job_id}"][data-state="queued"]'
+            wait_until(browser, lambda d: f"pid {os.getpid()}" in text_of(d, row), "the reason in the list")
+            browser.get(f"{Client(served).origin}/jobs/{job_id}")
+            wait_until(browser, lambda d: text_of(d, "#queued"), "the reason on the job page")
+            assert text_of(browser, "#queued").startswith("Waiting: ")
+            assert f"pid {os.getpid()}" in text_of(browser, "#queued")
+    finally:
+        jw("stop", str(job_id), check=True)
+
+
+def test_the_job_page_follows_the_log_and_shows_the_findings(
+    jw: Jobwarden, tmp_path: Path, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
+    job_id = jw.start(sys.executable, WEB_JOB, str(ready), str(go))["id"]
+    read_fifo(ready)
+    with web_server(jw.home) as served:
+        browser.get(served.url.replace("/?token=", f"/jobs/{job_id}?token="))
+        wait_until(browser, lambda d: "line before" in text_of(d, "#log"), "the output so far")
+        assert text_of(browser, "#state") == "running"
+        browser.execute_script("window.notReloaded = true")
+        write_fifo(go, "print line after the page opened\n")
+        read_fifo(ready)
+        wait_until(browser, lambda d: "line after the page opened" in text_of(d, "#log"), "the new line")
+        assert browser.execute_script("return window.notReloaded") is True
+        write_fifo(go, "raise\n")
+        wait_until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#log[data-ended]"), "the end event")
+        wait_until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#findings article"), "a finding")
+        assert text_of(browser, "#state") == "failed"
+        finding = text_of(browser, "#findings article")
+        assert jw.json("explain", str(job_id))["findings"][0]["title"] in finding
+        assert "What to do" in finding
+        assert text_of(browser, "#log").splitlines()[-1] == "ValueError: boom from the web test"
+        wait_until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-cpu canvas"), "the CPU chart")
+        for chart in ("cpu", "rss", "nprocs", "io", "gpu_util", "gpu_mem"):
+            size = browser.find_element(By.CSS_SELECTOR, f"#chart-{chart} canvas").size
+            assert size["width"] >= 280 and size["height"] >= 150, (chart, size)
+        errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        assert errors == []
+
+
+def test_the_stop_button_stops_the_job(jw: Jobwarden, tmp_path: Path, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    job_id, _ = start_ticker(jw, tmp_path, 1)  # ended by the button
+    with web_server(jw.home) as served:
+        browser.get(served.url.replace("/?token=", f"/jobs/{job_id}?token="))
+        wait_until(browser, lambda d: text_of(d, "#state") == "running", "the job running")
+        button = browser.find_element(By.ID, "stop")
+        button.click()  # the first click only arms it
+        wait_until(browser, lambda d: "armed" in str(button.get_attribute("class")), "the button armed")
+        assert jw.status(job_id)["state"] == "running"
+        button.click()
+        wait_until(browser, lambda d: text_of(d, "#state") == "stopped", "the job stopped")
+        assert "stopped" in text_of(browser, "#action-result")
+    assert jw.status(job_id)["state"] == "stopped"
+
+
+class _AttackerPage(BaseHTTPRequestHandler):
+    """Another local port's page: a form that posts to the dashboard's stop address, as CSRF would."""
+
+    target = ""
+
+    def do_GET(self) -> None:
+        body = (
+            f'<form id="f" method="POST" action="{self.target}"><input name="x" value="1"></form>'
+            "<p id='ready'>ready</p>"
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_stop_without_the_token_or_from_another_origin_is_refused(
+    jw: Jobwarden, tmp_path: Path, browser: Any
+) -> None:
+    job_id, go = start_ticker(jw, tmp_path, 1)
+    attacker = ThreadingHTTPServer(("127.0.0.1", 0), _AttackerPage)
+    serving = threading.Thread(target=attacker.serve_forever, daemon=True)
+    serving.start()
+    try:
+        with web_server(jw.home) as served:
+            stop = f"{Client(served).origin}/api/v1/jobs/{job_id}/stop"
+            browser.get(served.url.replace("/?token=", f"/jobs/{job_id}?token="))
+            wait_until(browser, lambda d: text_of(d, "#state") == "running", "the job page")
+            statuses = browser.execute_async_script(
+                """const done = arguments[arguments.length - 1];
+                Promise.all([
+                  fetch(arguments[0], {method: "POST", credentials: "omit", headers: {"X-Jobwarden": "1"}}),
+                  fetch(arguments[0], {method: "POST", credentials: "same-origin"}),
+                ]).then((rs) => done(rs.map((r) => r.status)));""",
+                stop,
+            )
+            assert statuses == [401, 403]
+            _AttackerPage.target = stop
+            browser.get(f"http://127.0.0.1:{attacker.server_address[1]}/")
+            sent = browser.execute_async_script(
+                """const done = arguments[arguments.length - 1];
+                fetch(arguments[0], {method: "POST", credentials: "include", headers: {"X-Jobwarden": "1"}})
+                  .then((r) => done("answered " + r.status), () => done("blocked"));""",
+                stop,
+            )
+            assert sent == "blocked"  # the custom header needs a CORS preflight, which we never grant
+            browser.execute_script("document.getElementById('f').submit()")
+            wait_until(browser, lambda d: "X-Jobwarden" in d.page_source, "the form's refusal")
+            assert browser.current_url == stop  # it arrived (with the cookie: same site) and was refused
+            assert jw.status(job_id)["state"] == "running"
+    finally:
+        attacker.shutdown()
+        attacker.server_close()
+        serving.join(10)
+        finish(jw, job_id, go)

@@ -1,0 +1,311 @@
+"""`jobwarden web` over HTTP, against real jobs: who may ask (token, Host, CSRF), what it answers (the
+CLI's --json shapes), the log as text, JSON and a resumable event stream, and never the environment."""
+
+from __future__ import annotations
+
+import json
+import socket
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
+from tests.integration.webtools import Client, EventReader, web_server
+
+pytestmark = pytest.mark.integration
+TICKER = str(Path(__file__).parent / "jobs" / "ticker.py")
+FAILING = ("-c", "print('last words', flush=True); raise ValueError('boom')")
+
+
+def start_ticker(jw: Jobwarden, tmp_path: Path, first: int = 3, *options: str) -> tuple[int, Path]:
+    """A running job that waits on its GO FIFO: write "MORE CODE" there to end it."""
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
+    job = jw.start(sys.executable, TICKER, str(ready), str(go), str(first), options=options)
+    read_fifo(ready)
+    return int(job["id"]), go
+
+
+def finish(jw: Jobwarden, job_id: int, go: Path, more: int = 0, code: int = 0) -> None:
+    write_fifo(go, f"{more} {code}\n")
+    jw("wait", str(job_id))
+
+
+# --- who may ask ------------------------------------------------------------------------------------
+
+
+def test_every_address_but_healthz_needs_the_token(jw: Jobwarden) -> None:
+    jw("run", "--wait", "--", "true", check=True)
+    with web_server(jw.home) as served:
+        client = Client(served)
+        for path in ("/", "/jobs/1", "/static/job.js", "/api/v1/jobs", "/api/v1/jobs/1", "/metrics",
+                     "/api/v1/jobs/1/log", "/api/v1/jobs/1/log/stream"):  # fmt: skip
+            answer = client.request("GET", path)
+            assert answer.status == 401, path
+            assert b"Traceback" not in answer.body
+        assert client.request("GET", "/api/v1/jobs", {"Authorization": "token wrong"}).status == 401
+        assert client.request("GET", "/api/v1/jobs?token=wrong").status == 401
+        assert client.request("GET", "/api/v1/jobs", {"Cookie": "jobwarden_token=wrong"}).status == 401
+        for header in (f"token {client.token}", f"Bearer {client.token}"):
+            assert client.request("GET", "/api/v1/jobs", {"Authorization": header}).status == 200
+        assert client.request("GET", f"/api/v1/jobs?token={client.token}").status == 200
+        healthz = client.request("GET", "/healthz")
+        assert healthz.status == 200 and healthz.json()["ok"] is True
+
+
+def test_a_foreign_host_is_refused_before_anything_else(jw: Jobwarden) -> None:
+    with web_server(jw.home) as served:
+        client = Client(served)
+        for host in ("evil.example", f"evil.example:{client.port}", "127.0.0.1:1"):
+            assert client.request("GET", "/api/v1/jobs", {**client.auth(), "Host": host}).status == 403
+            assert client.request("GET", "/healthz", {"Host": host}).status == 403
+        for host in (f"localhost:{client.port}", f"[::1]:{client.port}", f"127.0.0.1:{client.port}"):
+            assert client.request("GET", "/api/v1/jobs", {**client.auth(), "Host": host}).status == 200
+    with web_server(jw.home, allow_hosts=["gpu-box.internal"]) as served:
+        client = Client(served)
+        answer = client.request("GET", "/api/v1/jobs", {**client.auth(), "Host": "gpu-box.internal:8080"})
+        assert answer.status == 200
+
+
+def test_the_token_in_the_address_becomes_a_cookie(jw: Jobwarden) -> None:
+    jw("run", "--wait", "--", "true", check=True)
+    with web_server(jw.home) as served:
+        client = Client(served)
+        answer = client.request("GET", f"/jobs/1?run=1&token={client.token}")
+        assert answer.status == 303
+        assert answer.headers["Location"] == "/jobs/1?run=1"  # the token leaves the address bar
+        cookie = answer.headers["Set-Cookie"]
+        assert cookie.startswith(f"jobwarden_token={client.token};")
+        assert {"HttpOnly", "SameSite=Strict", "Path=/"} <= {p.strip() for p in cookie.split(";")}
+        page = client.request("GET", "/jobs/1?run=1", {"Cookie": cookie.split(";")[0]})
+        assert page.status == 200 and b'data-job="1"' in page.body
+
+
+def test_security_headers(jw: Jobwarden) -> None:
+    jw("run", "--wait", "--name", "<script>alert(1)</script>", "--", "true", check=True)
+    with web_server(jw.home) as served:
+        client = Client(served)
+        page = client.get("/jobs/1").body
+        assert b"<script>alert" not in page and b"&lt;script&gt;alert(1)&lt;/script&gt;" in page
+        head = client.request("HEAD", "/", client.auth())  # no handler: the base class's answer, as JSON
+        assert head.status == 501 and head.headers["Content-Type"] == "application/json"
+        for path in ("/", "/api/v1/jobs", "/api/v1/jobs/1"):
+            answer = client.get(path)
+            assert answer.headers["Content-Security-Policy"].startswith("default-src 'self'")
+            assert answer.headers["X-Content-Type-Options"] == "nosniff"
+            assert answer.headers["Cache-Control"] == "no-store"
+        assert b"<script>" not in client.get("/").body  # no inline script: the policy would block it
+
+
+def test_a_change_needs_the_header_and_our_origin(jw: Jobwarden, tmp_path: Path) -> None:
+    job_id, _ = start_ticker(jw, tmp_path)  # ended by the stop below
+    with web_server(jw.home) as served:
+        client = Client(served)
+        stop = f"/api/v1/jobs/{job_id}/stop"
+        refused = [
+            client.request("POST", stop, {"X-Jobwarden": "1"}, b"{}"),  # no token
+            client.post(stop, {"X-Jobwarden": ""}),  # what a cross-origin form sends: no custom header
+            client.post(stop, {"Origin": f"http://127.0.0.1:{client.port + 1}"}),  # another local port
+            client.post(stop, {"Origin": "null"}),
+        ]
+        assert [a.status for a in refused] == [401, 403, 403, 403]
+        assert "X-Jobwarden" in refused[1].json()["error"]
+        assert client.get(stop).status == 405  # nothing changes on GET
+        assert jw.status(job_id)["state"] == "running"
+        stopped = client.post(stop)
+        assert stopped.status == 200, stopped.text
+        assert stopped.json() == {**stopped.json(), "id": job_id, "state": "stopped", "already_ended": False}
+    assert jw.status(job_id)["state"] == "stopped"
+
+
+def test_read_only_removes_stop_and_dump(jw: Jobwarden, tmp_path: Path) -> None:
+    job_id, go = start_ticker(jw, tmp_path)
+    try:
+        with web_server(jw.home, read_only=True) as served:
+            client = Client(served)
+            for action in ("stop", "dump"):
+                answer = client.post(f"/api/v1/jobs/{job_id}/{action}")
+                assert answer.status == 403 and "read-only" in answer.json()["error"]
+            assert client.get("/healthz").json()["read_only"] is True
+        assert jw.status(job_id)["state"] == "running"
+    finally:
+        finish(jw, job_id, go)
+
+
+# --- what it answers --------------------------------------------------------------------------------
+
+
+def test_the_api_answers_what_the_cli_prints(jw: Jobwarden, tmp_path: Path) -> None:
+    jw("run", "--wait", "--name", "crash", "--", sys.executable, *FAILING)
+    jw("run", "--wait", "--", "sh", "-c", "echo one; echo two", check=True)
+    with web_server(jw.home) as served:
+        client = Client(served)
+        listed = client.get("/api/v1/jobs").json()
+        cli = jw.json("ps", "--all")
+        assert [{k: j[k] for k in c} for j, c in zip(listed, cli, strict=True)] == cli
+        assert all(j["gpu_ids"] == [] and j["queued_reason"] is None for j in listed)
+        for ref in ("1", "crash", "2"):
+            assert client.get(f"/api/v1/jobs/{ref}").json() == jw.json("status", ref)
+            assert client.get(f"/api/v1/jobs/{ref}?run=1").json() == jw.json("status", ref, "--run", "1")
+            assert client.get(f"/api/v1/jobs/{ref}/explain").json() == jw.json("explain", ref)
+        assert jw.json("explain", "1")["findings"], "a crash has a finding"
+        assert client.get("/api/v1/jobs/2/log?tail=1").text == "two\n"
+        assert client.get("/api/v1/jobs/2/log").text == "one\ntwo\n"
+        assert client.get("/api/v1/jobs/2/log?offset=4").json() == {
+            "offset": 4,
+            "next_offset": 8,
+            "size": 8,
+            "text": "two\n",
+        }
+        samples = client.get("/api/v1/jobs/1/samples")
+        assert samples.status == 200 and isinstance(samples.json(), list)
+        assert client.get("/api/v1/jobs/1/stacks").json() == []
+
+
+def test_errors_are_json_with_a_message(jw: Jobwarden) -> None:
+    jw("run", "--wait", "--", "true", check=True)
+    with web_server(jw.home) as served:
+        client = Client(served)
+        cases = {
+            "/api/v1/jobs/99": 404,
+            "/jobs/99": 404,
+            "/api/v1/jobs/1?run=x": 400,
+            "/api/v1/jobs/1?run=7": 404,
+            "/api/v1/jobs/1/log?offset=-1": 400,
+            "/static/../../auth.py": 404,
+            "/static/app.py": 404,
+            "/nothing": 404,
+        }
+        for path, status in cases.items():
+            answer = client.get(path)
+            assert (answer.status, answer.headers["Content-Type"]) == (status, "application/json"), path
+            assert answer.json()["error"] and b"Traceback" not in answer.body
+        dump = client.post("/api/v1/jobs/1/dump")  # an ended job with no stacks stored
+        assert dump.status == 409 and "no stacks" in dump.json()["error"]
+
+
+def test_a_unix_socket_is_private_and_answers(jw: Jobwarden, tmp_path: Path) -> None:
+    path = tmp_path / "web.sock"
+    with web_server(jw.home, socket_path=path) as served:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(30)
+            sock.connect(str(path))
+            token = served.app.token
+            head = ["GET /api/v1/jobs HTTP/1.1", "Host: localhost", f"Authorization: token {token}"]
+            sock.sendall("\r\n".join([*head, "Connection: close", "", ""]).encode())
+            reply = b""
+            while chunk := sock.recv(65536):
+                reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b"[]")
+
+
+# --- the log stream ---------------------------------------------------------------------------------
+
+
+def test_the_log_streams_resumes_by_offset_and_ends_with_the_run(jw: Jobwarden, tmp_path: Path) -> None:
+    job_id, go = start_ticker(jw, tmp_path, first=3)
+    stream = f"/api/v1/jobs/{job_id}/log/stream"
+    with web_server(jw.home) as served:
+        client = Client(served)
+        with EventReader(client, stream + "?offset=0") as events:
+            text, last_id = events.text_until("line 2\n")
+        assert text == "line 0\nline 1\nline 2\n" and last_id == str(len(text))
+        write_fifo(go, "2 0\n")
+        with EventReader(client, stream, {"Last-Event-ID": str(last_id)}) as events:
+            text, _ = events.text_until("line 4\n")
+            end = events.next()
+            while end.name == ":":
+                end = events.next()
+        assert text == "line 3\nline 4\n"
+        assert end.name == "end" and json.loads(end.data)["state"] == "succeeded"
+        with EventReader(client, stream + "?offset=7") as events:  # an ended run: all of it, then the end
+            text, _ = events.text_until("line 4\n")
+            assert text.startswith("line 1\n") and events.next().name == "end"
+
+
+def test_a_quiet_stream_sends_heartbeats_and_streams_are_capped(jw: Jobwarden, tmp_path: Path) -> None:
+    job_id, go = start_ticker(jw, tmp_path, first=1)
+    try:
+        with web_server(jw.home) as served:
+            served.app.heartbeat_s = 0.2
+            served.app.streams = threading.BoundedSemaphore(1)
+            client = Client(served)
+            stream = f"/api/v1/jobs/{job_id}/log/stream"
+            with EventReader(client, stream) as events:
+                assert events.next().name == "log"
+                assert events.next().name == ":"  # the heartbeat, while the job prints nothing
+                second = client.get(stream)
+                assert second.status == 503 and "too many" in second.json()["error"]
+    finally:
+        finish(jw, job_id, go)
+
+
+# --- never the environment --------------------------------------------------------------------------
+
+
+def test_the_environment_is_served_nowhere(jw: Jobwarden, tmp_path: Path) -> None:
+    marker = "s3cr3t-marker-5d1f"
+    job_id, go = start_ticker(jw, tmp_path, 2, "--env", f"SECRET={marker}", "--name", "secretive")
+    bodies: list[bytes] = []
+    with web_server(jw.home) as served:
+        client = Client(served)
+
+        def everything() -> None:
+            api = f"/api/v1/jobs/{job_id}"
+            for path in ("/", f"/jobs/{job_id}", "/api/v1/jobs", api, "/metrics", f"{api}/explain",
+                         f"{api}/samples", f"{api}/stacks", f"{api}/log", f"{api}/log?tail=5",
+                         f"{api}/log?offset=0"):  # fmt: skip
+                bodies.append(client.get(path).body)
+
+        everything()
+        with EventReader(client, f"/api/v1/jobs/{job_id}/log/stream?offset=0") as events:
+            bodies.append(events.text_until("line 1\n")[0].encode())
+        finish(jw, job_id, go, 1, 3)
+        everything()  # ended, with its findings
+        with EventReader(client, f"/api/v1/jobs/{job_id}/log/stream?offset=0") as events:
+            bodies.append(events.text_until("line 2\n")[0].encode())
+            bodies.append(events.next().data.encode())
+    assert marker.encode() in (jw.home / "jobwarden.db").read_bytes()  # the marker is there to leak
+    assert len(bodies) == 25
+    assert [b for b in bodies if marker.encode() in b] == []
+
+
+# --- the command ------------------------------------------------------------------------------------
+
+
+def test_the_command_prints_its_address_first_and_warns_off_loopback(jw: Jobwarden) -> None:
+    web = subprocess.Popen(
+        [sys.executable, "-m", "jobwarden", "web", "--port", "0", "--host", "0.0.0.0"],
+        env=jw.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert web.stdout is not None and web.stderr is not None
+        url = web.stdout.readline().strip()
+        warning = web.stderr.readline()
+        token = (jw.home / "web.token").read_text().strip()
+        assert url.startswith("http://127.0.0.1:") and url.endswith(f"/?token={token}")
+        assert ":0/" not in url and "WARNING" in warning and "0.0.0.0" in warning
+        assert stat.S_IMODE((jw.home / "web.token").stat().st_mode) == 0o600
+    finally:
+        web.terminate()
+        web.communicate(timeout=30)  # reaps it and closes the pipes
+    assert web.returncode == 0
+    bad = jw("web", "--port", "70000")
+    assert bad.returncode == 2 and bad.stderr.startswith("jobwarden: --port:")
+    assert "Traceback" not in bad.stderr
+
+
+def test_run_does_not_import_the_web_server() -> None:
+    code = (
+        "import sys; from jobwarden.cli import main; main.build_parser('run');"
+        "print(sorted(m for m in ('http.server', 'socketserver', 'jobwarden.web') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
