@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from jobwarden.cli.term import colour_wanted, table
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
-from jobwarden.model import JobState, Ranks
+from jobwarden.model import ENDED_STATES, JobState, Ranks
 
 if TYPE_CHECKING:  # kept off the import paths of `run` and `ps`, which a user waits for
     from jobwarden.control.dump import DumpResult
@@ -72,6 +72,8 @@ def how_it_ended(run: RunRecord) -> str:
 
 def one_line(text: str) -> str:
     """Command lines and log lines may hold newlines and escapes: never let them break the layout."""
+    if text.isprintable():  # nearly always: one C call instead of a Python step per character
+        return text
     return "".join(c if c.isprintable() else " " for c in text)
 
 
@@ -88,9 +90,10 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
         return
     rows = [("ID", "NAME", "STATE", "RUN", "PID", "TIME", "CPU", "MEM", "COMMAND")]
     for v in views:
-        state = str(v.run.state)
-        if v.run.state.is_ended and (v.run.signal or v.run.exit_code):
-            state += f" ({v.run.signal or v.run.exit_code})"
+        run = v.run
+        state = run.state.value
+        if run.state in ENDED_STATES and (run.signal or run.exit_code):
+            state += f" ({run.signal or run.exit_code})"
         if v.end_unrecorded:
             state += " (ended, not yet recorded)"
         if v.finding:
@@ -101,8 +104,8 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
                 str(v.job.id),
                 one_line(v.job.name),
                 state,
-                str(v.run.n),
-                str(v.run.pid or "-"),
+                str(run.n),
+                str(run.pid or "-"),
                 _runtime(v, now),
                 cpu,
                 format_size(v.rss_bytes),

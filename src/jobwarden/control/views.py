@@ -11,7 +11,7 @@ from jobwarden import config
 from jobwarden.clock import SystemClock, iso
 from jobwarden.control.shimproc import shim_alive
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
-from jobwarden.model import ACTIVE_STATES, JobState, ProcessSnapshot, root_cause_rank
+from jobwarden.model import ACTIVE_STATES, ENDED_STATES, JobState, ProcessSnapshot, root_cause_rank
 from jobwarden.osapi.cgroup import cgroup_path, find_job_cgroup
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.markers import find_marked, job_markers
@@ -127,8 +127,11 @@ def job_views(
     listed = store.job_list(unfinished_only=not include_ended, limit=limit, offset=offset)
     views = []
     for job, run in listed:
+        if run.state in ENDED_STATES:  # most of a long list: nothing to refresh, no sample to read
+            views.append(JobView(job, run, None, None))
+            continue
         run = refresh(store, procfs, job, run)
-        if run.state.is_ended and not include_ended:
+        if run.state in ENDED_STATES and not include_ended:
             continue  # it ended between the query and the look at its shim
         cpu = rss = None
         if run.state in _WATCHED:
