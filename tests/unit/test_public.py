@@ -92,7 +92,7 @@ def test_a_subcommand_is_required() -> None:
         ("ps", {"--all", "--json"}),
         ("status", {"--json"}),
         ("explain", {"--json"}),
-        ("web", {"--host", "--port"}),  # DESIGN.md "Seeing a job"
+        ("web", {"--host", "--port"}),  # docs/architecture.md "Frontends"
     ],
 )
 def test_the_contract_options_exist(command: str, contract: set[str]) -> None:

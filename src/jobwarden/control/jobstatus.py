@@ -1,7 +1,7 @@
 """One job as every frontend sees it: `status`, `explain`, the web's job page and `top`'s detail pane all
 read this view, and render or serialise it; none of them assembles a job from the store itself.
 
-The JSON shapes are the contract of DESIGN.md (`status --json`, `explain --json`): the web API serves the
+The JSON of `status --json` and `explain --json` is a contract (docs/architecture.md): the web API serves the
 same dictionaries, so a field added here appears in every frontend at once.
 """
 

@@ -1,6 +1,6 @@
 """Evidence that the kernel OOM killer ended a process of the job, gathered while the run lasts.
 
-Sources, strongest first (research/hang-diagnosis.md §4.1):
+Sources, strongest first (docs/rules.md, "OOM evidence"):
   1. the job's own cgroup: its oom_kill counter moves only for processes inside it;
   2. the enclosing cgroup (the container or Slurm step jobwarden runs in): its limit kills the job even
      when jobwarden has no cgroup of its own;

@@ -1,7 +1,7 @@
 """Why a run ended: findings from its exit status, how it was ended, and the tail of its output.
 
 One root cause among the exit-status rules (`exit_finding`), then what happened around the end
-(`aftermath_findings`: disk-full, orphans-left, supervisor-lost). Rule ids are stable (DESIGN.md).
+(`aftermath_findings`: disk-full, orphans-left, supervisor-lost). Rule ids are stable (docs/rules.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The classification follows OpenPAI's job exit spec (microsoft/pai src/job-exit-spec): a failure that will
 happen again the same way (a command that cannot start, the same exception at the same place, an OOM at
 the same step) is never retried; others are retried up to a budget with backoff, since a restart loop
-that cannot succeed only burns the machine (Ray's "infinite oom retries", research/ml-resiliency.md).
+that cannot succeed only burns the machine (Ray's "infinite oom retries", docs/rules.md "Restarts").
 Like systemd's Restart=on-failure, a run ended by the time limit or the hang watchdog counts as a failure.
 """
 

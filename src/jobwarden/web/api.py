@@ -1,5 +1,5 @@
 """The JSON endpoints: each reads through the control layer and answers what the CLI's `--json` prints
-for the same job (DESIGN.md "Seeing a job"). None of them ever touches the job's environment."""
+for the same job (docs/architecture.md, "Frontends"). None of them ever touches the job's environment."""
 
 from __future__ import annotations
 

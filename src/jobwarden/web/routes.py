@@ -1,4 +1,4 @@
-"""Which address does what. The names under /api/v1 are DESIGN.md's contract: extend, never rename."""
+"""Which address does what. /api/v1 names are a contract (docs/architecture.md): extend, never rename."""
 
 from __future__ import annotations
 
