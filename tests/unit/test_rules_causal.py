@@ -280,6 +280,7 @@ def test_the_dataloaders_most_specific_message_wins(log: str, signal: str) -> No
         ("gpu-cublas", "cuBLAS"),
         ("gpu-illegal-memory-access", "compute-sanitizer"),
         ("gpu-ecc-cuda", "hardware fault"),
+        ("gpu-nccl-duplicate-gpu", "torch.cuda.set_device"),
     ],
 )
 def test_the_gpu_stacks_own_text_sharpens_the_finding(log: str, remedy: str) -> None:

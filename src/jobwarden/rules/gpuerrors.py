@@ -27,6 +27,9 @@ _REMEDIES = {
     "reset the GPU (`nvidia-smi -r`) or have it replaced, and resume from the last checkpoint elsewhere",
     "gpu-off-bus": "the GPU fell off the bus (Xid 79): power, thermal or hardware trouble; the node needs "
     "a reset before any job can use that GPU again",
+    "nccl-duplicate-gpu": "two ranks use the same GPU, which NCCL refuses: give each rank its own "
+    "(torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group), run no more ranks "
+    "per node than GPUs (--nproc_per_node), or use the gloo backend to test on fewer GPUs",
     "xid": "the NVIDIA driver logged an Xid error: look it up in NVIDIA's Xid catalog; resume from the last "
     "checkpoint, and drain the node if it repeats",
 }

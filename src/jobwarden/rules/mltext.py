@@ -385,6 +385,7 @@ _GPU_TEXTS = (  # the first that matches a line names it
     ("cuda-illegal-memory-access", re.compile(r"an illegal memory access was encountered")),
     ("gpu-ecc", re.compile(r"uncorrectable ECC error encountered")),
     ("gpu-off-bus", re.compile(r"fallen off the bus")),
+    ("nccl-duplicate-gpu", re.compile(r"Duplicate GPU detected : rank \d+ and rank \d+ both on CUDA device")),
 )
 _NAMED_RANK = re.compile(r"\[(?:PG [^\]]*?)?[Rr]ank ?(\d+)\]")
 
