@@ -69,7 +69,8 @@ class Response:
 
 
 def json_response(obj: Any, status: int = 200) -> Response:
-    body = json.dumps(obj, indent=1).encode()
+    # compact: with an indent CPython falls back to its pure-Python encoder, 10,000 jobs cost ~100 ms more
+    body = json.dumps(obj, separators=(",", ":")).encode()
     return Response(status, body, "application/json", dict(API_HEADERS))
 
 
