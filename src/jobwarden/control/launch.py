@@ -193,18 +193,23 @@ def _interrupted(store: Store, job_id: int, run: int, state: JobState, handed_ov
             f"interrupted; job {job_id} was handed to its supervisor and runs on",
             f"jobwarden status {job_id}; jobwarden stop {job_id} to end it",
         )
+    _record_unstarted(store, job_id, run, state, "interrupted (Ctrl-C) before it started")
+    return Interrupted(f"interrupted; job {job_id} was not started")
+
+
+def _record_unstarted(store: Store, job_id: int, run: int, state: JobState, error: str) -> None:
+    """starting -> failed: nothing will run it, so say so now, not once the run is found `lost`."""
     now = SystemClock().wall()
-    # starting -> failed: its shim exits without starting it
-    store.update_run(
+    if store.update_run(
         job_id,
         run,
         only_if_state=(state,),
         state=JobState.FAILED,
         end_reason=EndReason.SUPERVISOR_FAILED,
         ended_at=now,
-        error="interrupted (Ctrl-C) before it started",
-    )
-    return Interrupted(f"interrupted; job {job_id} was not started")
+        error=error,
+    ):
+        store.add_event(job_id, run, "supervisor-failed", now, error=error)
 
 
 def launch(home: Path, spec: JobSpec, options: dict[str, Any]) -> Launched:
@@ -226,18 +231,7 @@ def launch(home: Path, spec: JobSpec, options: dict[str, Any]) -> Launched:
         except KeyboardInterrupt:
             raise _interrupted(store, job_id, run, state, shim.handed_over) from None
         except ShimExited as err:
-            # starting -> failed: nothing ran it, so say so now, not once the run is found `lost`
-            now = SystemClock().wall()
-            if store.update_run(
-                job_id,
-                run,
-                only_if_state=(state,),
-                state=JobState.FAILED,
-                end_reason=EndReason.SUPERVISOR_FAILED,
-                ended_at=now,
-                error=err.message,
-            ):
-                store.add_event(job_id, run, "supervisor-failed", now, error=err.message)
+            _record_unstarted(store, job_id, run, state, err.message)
             raise
     shim_pid = shim.pid
     trace.info(f"supervisor {shim_pid} reported: {report}")
