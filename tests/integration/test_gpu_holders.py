@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from jobwarden.control.gpus import describe_wait, gpu_holders, try_admit
 from jobwarden.model import JobSpec, JobState, ProcessSnapshot
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes import fakenvml
 from jobwarden.probes.gpu import GpuProbe, open_gpu_probe
+from jobwarden.shim.gpus import describe_wait, gpu_holders, try_admit
 from jobwarden.store import Store
 from tests.conftest import Jobwarden, make_fifo, read_fifo, start_time, wait_pid_gone, write_fifo
 

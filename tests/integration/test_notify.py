@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from jobwarden.control.notify import Notifier, event_payload
+from jobwarden.shim.notify import Notifier, event_payload
 from tests.conftest import Jobwarden, make_fifo, read_fifo, wait_pid_gone, write_fifo
 
 pytestmark = pytest.mark.integration

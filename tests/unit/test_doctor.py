@@ -258,7 +258,7 @@ def test_doctor_json_parses() -> None:
 
 
 def test_the_text_report_puts_each_fix_under_its_check() -> None:
-    from jobwarden.cli.render import doctor_report
+    from jobwarden.text.render import doctor_report
 
     lines = list(doctor_report(report_json(run_checks(facts(pyspy=None)))))
     at = next(i for i, line in enumerate(lines) if line.startswith("warn  py-spy"))

@@ -8,8 +8,15 @@ from typing import Any
 
 import pytest
 
-from jobwarden.control.gpuholders import gpu_owners
-from jobwarden.control.gpus import (
+from jobwarden.errors import UsageError
+from jobwarden.model import JobSpec, JobState, ProcessSnapshot
+from jobwarden.observations import GpuDevice, GpuProcess
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.probes import fakenvml
+from jobwarden.probes.gpu import GpuProbe, GpuUnavailable, open_gpu_probe
+from jobwarden.rules.gpu import stray_gpu_findings
+from jobwarden.shim.gpuholders import gpu_owners
+from jobwarden.shim.gpus import (
     Admission,
     BusyGpu,
     GpuHolder,
@@ -21,13 +28,6 @@ from jobwarden.control.gpus import (
     live_claims,
     try_admit,
 )
-from jobwarden.errors import UsageError
-from jobwarden.model import JobSpec, JobState, ProcessSnapshot
-from jobwarden.observations import GpuDevice, GpuProcess
-from jobwarden.osapi.procfs import ProcFS
-from jobwarden.probes import fakenvml
-from jobwarden.probes.gpu import GpuProbe, GpuUnavailable, open_gpu_probe
-from jobwarden.rules.gpu import stray_gpu_findings
 from jobwarden.store import Store
 
 GIB = 1 << 30

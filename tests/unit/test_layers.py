@@ -1,10 +1,14 @@
-"""The layering of STYLE.md, enforced: each module imports only from its own layer or those below.
+"""The layering, enforced strictly: a module imports only from its own package or from the layers
+below it; two packages of one layer never import each other.
 
-    cli | tui | web          frontends: parse, render; act only through control
-    control | shim           what a user asks for; the per-job supervising loop
-    probes | store | rules   observe | persist | judge
+    cli                      the command line: parses, dispatches to a frontend, renders
+    tui | web                the other frontends (`top`, `web`): act only through control
+    text                     text of the views that every frontend shares (tables, reports)
+    control                  what a user asks for: views of jobs, run, stop, adopt, dump, orphans
+    shim                     the per-job supervising loop and its services (notify, GPUs, the verdict)
+    probes | store | rules | hooks   observe | persist | judge | the code injected into jobs
     osapi                    the only code that forks, execs, signals, waits
-    config | clock | paths   settings, an injectable clock, file locations
+    config | clock | paths | trace   settings, an injectable clock, file locations, -v output
     model | observations | errors   plain data (core, diagnosis evidence), exceptions: stdlib only
 
 Every import counts, including the lazy ones inside functions and those under `if TYPE_CHECKING:`.
@@ -23,14 +27,17 @@ import jobwarden
 
 SRC = Path(jobwarden.__file__).resolve().parent
 
-# Bottom to top. Packages of one layer may import each other.
+# Bottom to top. Packages of one layer are peers: neither may import the other.
 LAYERS: list[set[str]] = [
     {"model", "observations", "errors"},
     {"config", "clock", "paths", "trace"},
     {"osapi"},
     {"probes", "store", "rules", "hooks"},
-    {"control", "shim"},
-    {"cli", "tui", "web"},
+    {"shim"},
+    {"control"},
+    {"text"},
+    {"tui", "web"},
+    {"cli"},
 ]
 RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in layer}
 EXEMPT = {"jobwarden", "jobwarden.__main__"}  # the package root and the `python -m` entry point
@@ -98,6 +105,8 @@ def violations(module: str, source: str, is_package: bool = False) -> list[str]:
             found.append(
                 f"{module}:{line} imports {target} from a higher layer ({there} above {component(module)})"
             )
+        elif here is not None and RANK[there] == here and there != component(module):
+            found.append(f"{module}:{line} imports {target} from a peer of its layer ({there})")
     return found
 
 
@@ -159,9 +168,22 @@ def test_the_checker_resolves_relative_imports() -> None:
     assert len(violations("jobwarden.store", "from ..shim import tree\n", is_package=True)) == 1
 
 
-def test_the_checker_allows_the_same_layer_and_below() -> None:
+def test_the_checker_allows_its_own_package_and_below() -> None:
     source = "from jobwarden.shim.tree import JobTree\nfrom jobwarden.store import Store\nimport os\n"
     assert violations("jobwarden.control.views", source) == []
+    assert violations("jobwarden.control.views", "from jobwarden.control.jobstatus import job_status\n") == []
+
+
+def test_the_checker_catches_a_peer_of_the_same_layer() -> None:
+    # a rule is a pure function: it never reads the store, though both sit one layer above osapi
+    assert violations("jobwarden.rules.death", "from jobwarden.store import Store\n") == [
+        "jobwarden.rules.death:1 imports jobwarden.store from a peer of its layer (store)"
+    ]
+    assert len(violations("jobwarden.web.api", "from jobwarden.tui import data\n")) == 1
+
+
+def test_the_shim_never_imports_control() -> None:
+    assert len(violations("jobwarden.shim.attempts", "from jobwarden.control.views import refresh\n")) == 1
 
 
 def test_the_checker_flags_an_unknown_package() -> None:

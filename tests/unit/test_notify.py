@@ -8,8 +8,8 @@ import urllib.error
 import pytest
 
 from jobwarden.control.launch import notify_options
-from jobwarden.control.notify import EVENTS, Notifier, describe_error, event_payload, redact
 from jobwarden.errors import UsageError
+from jobwarden.shim.notify import EVENTS, Notifier, describe_error, event_payload, redact
 
 
 def test_the_payload_has_a_slack_text_and_the_structured_fields() -> None:

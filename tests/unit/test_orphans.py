@@ -285,7 +285,7 @@ def test_orphans_options_parse() -> None:
 
 
 def test_the_table_ends_with_what_to_do() -> None:
-    from jobwarden.cli.render import orphans_table
+    from jobwarden.text.render import orphans_table
 
     row = {"pid": 40, "user": "ana", "command": "python\ntrain.py", "reason": "supervisor of job 3 died"}
     lines = list(orphans_table([{**row, "job": 3, "run": 1, "age_s": 7200.0, "rss_bytes": 1 << 20}]))

@@ -3,11 +3,11 @@ idle look-alikes folded, frameless threads on one line."""
 
 from __future__ import annotations
 
-from jobwarden.cli.render import dump_report, process_stack_lines
 from jobwarden.control.dump import DumpResult
 from jobwarden.model import JobState
 from jobwarden.observations import Frame, ProcessStack, ThreadStack
 from jobwarden.store import JobRecord, RunRecord
+from jobwarden.text.render import dump_report, process_stack_lines
 
 AT = 1_700_000_000.0
 JOB = JobRecord(7, "train", ("python", "train.py"), "/srv", AT - 60, {}, {})

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from jobwarden.cli import term
+from jobwarden.text import term
 
 
 def test_the_last_column_is_cut_to_fit_the_width() -> None:

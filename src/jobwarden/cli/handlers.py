@@ -93,10 +93,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
-    from jobwarden.cli import render
     from jobwarden.control.lifecycle import wait_job
     from jobwarden.store import Store
     from jobwarden.store.logfiles import follow
+    from jobwarden.text import render
 
     procfs = _procfs()
     with Store(_home()) as store:
@@ -121,8 +121,8 @@ def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
 
 
 def _wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False) -> int:
-    from jobwarden.cli import render
     from jobwarden.control.lifecycle import wait_job
+    from jobwarden.text import render
 
     run = wait_job(_home(), _procfs(), job_ref, timeout)
     if as_json:
@@ -150,7 +150,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 def cmd_ps(args: argparse.Namespace) -> int:
     import gc
 
-    from jobwarden.cli import render
+    from jobwarden.text import render
 
     # A list of 10,000 jobs is some 100,000 small objects made at once, which the cycle collector would
     # walk again and again (~15 % of `ps --all`); this process makes no cycles worth collecting, and exits.
@@ -186,7 +186,7 @@ def _job_status(job_ref: str, run_n: int | None) -> JobStatus:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from jobwarden.cli import render
+    from jobwarden.text import render
 
     status = _job_status(args.job, args.run)
     if args.json:
@@ -206,7 +206,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from jobwarden.cli import render
+    from jobwarden.text import render
 
     status = _job_status(args.job, args.run)
     if args.json:
@@ -264,8 +264,8 @@ def _follow_from_end(job_id: int, run: Any, path: Path, already_printed: bool) -
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from jobwarden.cli import render
     from jobwarden.control.lifecycle import stop
+    from jobwarden.text import render
 
     if args.force and args.grace is not None:
         raise UsageError("--force and --grace exclude each other", "--force is --grace 0: SIGKILL now")
@@ -291,8 +291,8 @@ def cmd_adopt(args: argparse.Namespace) -> int:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
-    from jobwarden.cli import render
     from jobwarden.control.dump import DEFAULT_TIMEOUT_S, dump_job
+    from jobwarden.text import render
 
     timeout = _duration(args.timeout, "--timeout")
     result = dump_job(
@@ -320,9 +320,9 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_orphans(args: argparse.Namespace) -> int:
-    from jobwarden.cli import render
     from jobwarden.control.orphans import find_strays
     from jobwarden.store import Store
+    from jobwarden.text import render
 
     procfs, now = _procfs(), SystemClock().wall()
     grace = _duration(args.grace, "--grace")
@@ -347,9 +347,9 @@ def cmd_orphans(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from jobwarden.cli import render
     from jobwarden.control.doctor import report_json, run_checks
     from jobwarden.control.hostfacts import gather
+    from jobwarden.text import render
 
     report = report_json(run_checks(gather(_home())))
     if args.json:

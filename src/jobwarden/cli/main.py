@@ -14,8 +14,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from jobwarden import __version__, config, trace
-from jobwarden.cli.term import terminal_width
 from jobwarden.errors import JobwardenError
+from jobwarden.text.term import terminal_width
 
 
 class _HelpFormatter(argparse.HelpFormatter):

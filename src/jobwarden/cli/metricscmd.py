@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 from jobwarden import config
 from jobwarden.cli.metricsview import metrics_report, spark_width
-from jobwarden.cli.term import terminal_width
 from jobwarden.clock import SystemClock
 from jobwarden.control.metrics import job_samples
 from jobwarden.errors import UsageError
 from jobwarden.store import Store
+from jobwarden.text.term import terminal_width
 
 if TYPE_CHECKING:
     from jobwarden.control.jobstatus import JobStatus

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
-from jobwarden.cli.term import colour_wanted
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
 from jobwarden.control.metrics import Sample, per_second, sparkline
+from jobwarden.text.term import colour_wanted
 
 LABEL_WIDTH = 13
 FIGURES_WIDTH = 28  # "  now 100.0%  max 100.0%"

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from jobwarden.clock import iso
-from jobwarden.control.explainer import findings_for
 from jobwarden.control.views import live_processes, refresh
 from jobwarden.model import Finding, ProcessSnapshot, Ranks
 from jobwarden.osapi.procfs import ProcFS
+from jobwarden.shim.explainer import findings_for
 from jobwarden.store import JobRecord, RunRecord, Store
 from jobwarden.store.records import Event
 

@@ -20,7 +20,7 @@ from jobwarden.control.orphans import Stray, user_name
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.procfs import ProcFS, ProcStat, why_still_alive
-from jobwarden.shim.tree import wait_readable
+from jobwarden.osapi.waiting import wait_readable
 
 _POLL_S = 0.2  # how often newcomers in a followed group are looked for during the grace
 _KILL_WAIT_S = 3.0  # SIGKILL takes effect at once unless the process is in D state

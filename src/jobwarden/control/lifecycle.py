@@ -16,7 +16,7 @@ from jobwarden.errors import JobStillRunning, JobwardenError, ProcessGone
 from jobwarden.model import JobState, Survivor
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.shim.tree import wait_readable
+from jobwarden.osapi.waiting import wait_readable
 from jobwarden.store import JobRecord, RunRecord, Store
 
 

@@ -18,8 +18,8 @@ from jobwarden.store import JobRecord, RunRecord, Store
 from jobwarden.store.logfiles import tail_lines
 
 if TYPE_CHECKING:  # loaded once the first attempt runs: `run` waits for nothing it does not need
-    from jobwarden.control.notify import Notifier
     from jobwarden.rules.retry import AttemptOutcome, RestartDecision, RestartPolicy
+    from jobwarden.shim.notify import Notifier
 
 NOTIFY_DRAIN_S = 10.0  # how long the shim waits at exit for notifications still in flight
 
@@ -59,7 +59,7 @@ def supervise_job(
 def _notifier(job: JobRecord) -> Notifier | None:
     if not (job.options.get("notify") or job.options.get("on_event")):
         return None
-    from jobwarden.control.notify import Notifier
+    from jobwarden.shim.notify import Notifier
 
     return Notifier.from_options(job.options, log)
 
@@ -109,8 +109,8 @@ def _conclude(
 
 
 def _payload(event: str, job: JobRecord, record: RunRecord, store: Store) -> dict[str, object]:
-    from jobwarden.control.explainer import findings_for  # the rules, only when someone listens
-    from jobwarden.control.notify import event_payload
+    from jobwarden.shim.explainer import findings_for  # the rules, only when someone listens
+    from jobwarden.shim.notify import event_payload
 
     top = None
     if event != "succeeded":

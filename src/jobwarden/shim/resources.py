@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from jobwarden.clock import Clock
-from jobwarden.control.gpuholders import gpu_owners
-from jobwarden.control.gpus import Admission, GpuRequest, describe_wait, try_admit
 from jobwarden.errors import JobwardenError, StoreError
 from jobwarden.model import JobState
 from jobwarden.observations import GpuProcess, OomEvidence
@@ -16,6 +14,8 @@ from jobwarden.probes.gpu import try_open_gpu_probe
 from jobwarden.probes.memory import MemoryWatchdog, tree_memory
 from jobwarden.probes.oom import OomWatch
 from jobwarden.rules.gpu import stray_gpu_findings
+from jobwarden.shim.gpuholders import gpu_owners
+from jobwarden.shim.gpus import Admission, GpuRequest, describe_wait, try_admit
 from jobwarden.store import JobRecord, Store
 
 

@@ -22,20 +22,21 @@ from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.cgroup import JobCgroup, cgroup_path, create_job_cgroup, find_job_cgroup
 from jobwarden.osapi.process import SpawnError, spawn_job
 from jobwarden.osapi.procfs import ProcFS, why_still_alive
+from jobwarden.osapi.waiting import wait_readable
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, ensure_private_dir
 from jobwarden.shim.exits import ExitCollector
 from jobwarden.shim.recorder import RunRecorder, end_fields, log
 from jobwarden.shim.sampler import Sampler
 from jobwarden.shim.sightings import FIFO_NAME, Sightings, open_fifo
-from jobwarden.shim.tree import JobTree, Member, wait_readable
+from jobwarden.shim.tree import JobTree, Member
 from jobwarden.shim.watchdog import DEFAULT_HANG_TIMEOUT_S
 from jobwarden.store import JobRecord, Store
 from jobwarden.store.logfiles import LogWatcher
 
 if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it loads the diagnosis
-    from jobwarden.control.notify import Notifier
     from jobwarden.observations import OomEvidence
     from jobwarden.shim.diagnosis import Diagnoser, Verdict
+    from jobwarden.shim.notify import Notifier
     from jobwarden.shim.resources import MemoryGuard
 
 ADMIT_RETRY_S = 2.0  # a queued run asks NVML and the store again this often
@@ -231,7 +232,7 @@ class Supervisor:
         """queued -> starting once enough GPUs are free and claimed. The CLI is answered after the first
         try: `running` if it got them at once, else `queued`. Returns (admitted, answered the CLI): not
         admitted when it was stopped, or can never run here."""
-        from jobwarden.control.gpus import GpuRequest
+        from jobwarden.shim.gpus import GpuRequest
         from jobwarden.shim.resources import GpuQueue
 
         request = GpuRequest.from_options(self.job.options)
@@ -503,7 +504,7 @@ class Supervisor:
         rules = [f.rule for f in verdict.findings]
         self.record.event("hung", now, rules=rules, action=action)
         if self.notifier:
-            from jobwarden.control.notify import event_payload
+            from jobwarden.shim.notify import event_payload
 
             top = verdict.findings[0].title if verdict.findings else None
             self.notifier.deliver(

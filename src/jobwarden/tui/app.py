@@ -17,10 +17,10 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.widgets import DataTable, Footer, Log, Static
 
-from jobwarden.cli import render
 from jobwarden.clock import SystemClock
 from jobwarden.errors import JobwardenError
 from jobwarden.osapi.procfs import ProcFS
+from jobwarden.text import render
 from jobwarden.tui import cells, data
 from jobwarden.tui.screens import ConfirmScreen, LogScreen, TextScreen
 

@@ -52,11 +52,11 @@ def top(home: Path, interval_text: str, include_ended: bool, read_only: bool) ->
 
 
 def _print_list_once(home: Path, include_ended: bool) -> None:
-    from jobwarden.cli.render import ps_table
     from jobwarden.clock import SystemClock
     from jobwarden.control.views import job_views
     from jobwarden.osapi.procfs import ProcFS
     from jobwarden.store import Store
+    from jobwarden.text.render import ps_table
 
     with Store(home) as store:
         views = job_views(store, ProcFS(), include_ended=include_ended)

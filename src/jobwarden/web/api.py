@@ -62,7 +62,7 @@ def samples(app: App, req: Request, ref: str) -> Response:
 def stacks(app: App, req: Request, ref: str) -> Response:
     """The last stack dumps stored for the run (by `dump` or the hang watchdog), newest last, each with
     the lines `jobwarden dump` prints for it."""
-    from jobwarden.cli.render import process_stack_lines
+    from jobwarden.text.render import process_stack_lines
 
     with app.store() as store:
         job = store.job(ref)

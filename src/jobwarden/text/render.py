@@ -8,10 +8,10 @@ import shlex
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from jobwarden.cli.term import colour_wanted, table
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
 from jobwarden.model import ENDED_STATES, JobState, Ranks
+from jobwarden.text.term import colour_wanted, table
 
 if TYPE_CHECKING:  # kept off the import paths of `run` and `ps`, which a user waits for
     from jobwarden.control.dump import DumpResult

@@ -12,7 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jobwarden.control.gpuholders import (
+from jobwarden.errors import UsageError
+from jobwarden.observations import GpuDevice, GpuProcess
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.probes.gpu import GpuProbe, GpuProbeError, GpuUnavailable
+from jobwarden.shim.gpuholders import (
     GpuHolder,
     format_gpu_bytes,
     gpu_holders,
@@ -20,10 +24,6 @@ from jobwarden.control.gpuholders import (
     job_name,
     run_is_live,
 )
-from jobwarden.errors import UsageError
-from jobwarden.observations import GpuDevice, GpuProcess
-from jobwarden.osapi.procfs import ProcFS
-from jobwarden.probes.gpu import GpuProbe, GpuProbeError, GpuUnavailable
 from jobwarden.store import Store
 
 __all__ = [
