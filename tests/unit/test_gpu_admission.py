@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from jobwarden.errors import UsageError
+from jobwarden.joboptions import JobOptions
 from jobwarden.model import JobSpec, JobState, ProcessSnapshot
 from jobwarden.observations import GpuDevice, GpuProcess
 from jobwarden.osapi.procfs import ProcFS
@@ -68,9 +69,9 @@ def test_claimed_and_unreadable_gpus_are_not_free() -> None:
 def test_requests_by_count_or_ids() -> None:
     assert GpuRequest.of(count=2) == GpuRequest(2)
     assert GpuRequest.of(ids=[3, 0]) == GpuRequest(2, (3, 0))
-    assert GpuRequest.from_options({"gpus": 2, "gpu_ids": None}) == GpuRequest(2)
-    assert GpuRequest.from_options({"gpus": None, "gpu_ids": [1]}) == GpuRequest(1, (1,))
-    assert GpuRequest.from_options({"timeout_s": None}) is None
+    assert GpuRequest.from_options(JobOptions(gpus=2)) == GpuRequest(2)
+    assert GpuRequest.from_options(JobOptions(gpu_ids=(1,))) == GpuRequest(1, (1,))
+    assert GpuRequest.from_options(JobOptions()) is None
     assert GpuRequest(1).describe() == "1 free GPU"
     assert GpuRequest(2, (0, 3)).describe() == "GPUs 0,3"
 

@@ -75,8 +75,8 @@ def test_bad_values_are_one_line_errors_and_nothing_is_recorded(
 @pytest.mark.parametrize(
     ("argv", "options"),
     [
-        (["--gpus", "2"], {"gpus": 2, "gpu_ids": None}),
-        (["--gpu-ids", "3, 0"], {"gpus": None, "gpu_ids": [3, 0]}),
+        (["--gpus", "2"], (2, None)),
+        (["--gpu-ids", "3, 0"], (None, (3, 0))),
     ],
 )
 def test_a_gpu_job_is_recorded_queued_with_its_request(
@@ -84,13 +84,13 @@ def test_a_gpu_job_is_recorded_queued_with_its_request(
     started: list[Any],
     capsys: pytest.CaptureFixture[str],
     argv: list[str],
-    options: dict[str, Any],
+    options: tuple[int | None, tuple[int, ...] | None],
 ) -> None:
     assert main(["run", *argv, "--json", "--", "true"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "queued"
     with Store(home) as store:
         job = store.job(1)
-        assert {k: job.options[k] for k in ("gpus", "gpu_ids")} == options
+        assert (job.options.gpus, job.options.gpu_ids) == options
         assert store.run(1).state == JobState.QUEUED
     assert started == [(1, 1)]
 
@@ -99,4 +99,4 @@ def test_a_job_without_gpus_starts_as_before(home: Path, started: list[Any]) -> 
     assert main(["run", "--", "true"]) == 0
     with Store(home) as store:
         assert store.run(1).state == JobState.STARTING
-        assert (store.job(1).options["gpus"], store.job(1).options["gpu_ids"]) == (None, None)
+        assert (store.job(1).options.gpus, store.job(1).options.gpu_ids) == (None, None)

@@ -7,8 +7,9 @@ import urllib.error
 
 import pytest
 
-from jobwarden.control.launch import notify_options
+from jobwarden.control.options import notify_options, run_options
 from jobwarden.errors import UsageError
+from jobwarden.joboptions import JobOptions
 from jobwarden.shim.notify import EVENTS, Notifier, describe_error, event_payload, redact
 
 
@@ -118,6 +119,6 @@ def test_run_takes_notify_and_on_event() -> None:
 
 
 def test_a_notifier_is_made_from_the_job_options() -> None:
-    notifier = Notifier.from_options(notify_options("https://x/h", "cat"), print)
+    notifier = Notifier.from_options(run_options(notify="https://x/h", on_event="cat"), print)
     assert (notifier.url, notifier.command, notifier.active) == ("https://x/h", "cat", True)
-    assert not Notifier.from_options({"timeout_s": None}, print).active
+    assert not Notifier.from_options(JobOptions(), print).active

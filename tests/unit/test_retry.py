@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from jobwarden.joboptions import JobOptions
 from jobwarden.rules.retry import AttemptOutcome, RestartDecision, RestartPolicy, decide
 
 OK = AttemptOutcome("succeeded", exit_code=0, end_reason="exited")
@@ -274,14 +275,16 @@ def test_the_mode_table(mode: str, outcome: AttemptOutcome) -> None:
 
 
 def test_the_policy_of_a_jobs_options() -> None:
-    from jobwarden.control.launch import memory_and_restart_options
+    from jobwarden.control.options import run_options
 
-    options = {"timeout_s": None, **memory_and_restart_options(None, "always", "5")}
+    options = run_options(restart="always", max_restarts="5")
     assert RestartPolicy.from_options(options) == RestartPolicy("always", 5, 1.0, 300.0)
+    slow = run_options(restart="on-failure", restart_delay="30s")
+    assert RestartPolicy.from_options(slow) == RestartPolicy("on-failure", 3, 30.0, 300.0)
 
 
 def test_a_job_recorded_before_restarts_existed_never_restarts() -> None:
-    old = RestartPolicy.from_options({"timeout_s": None, "grace_s": 10.0})
+    old = RestartPolicy.from_options(JobOptions.from_json({"timeout_s": None, "grace_s": 10.0}))
     assert old.mode == "no" and decide(old, [EXIT1]).restart is False
 
 

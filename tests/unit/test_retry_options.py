@@ -8,7 +8,7 @@ import pytest
 
 from jobwarden import config
 from jobwarden.cli.main import build_parser, main
-from jobwarden.control.launch import memory_and_restart_options
+from jobwarden.control.options import memory_and_restart_options
 from jobwarden.errors import UsageError
 
 

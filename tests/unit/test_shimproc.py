@@ -14,6 +14,7 @@ import pytest
 from jobwarden.control import shimproc
 from jobwarden.control.launch import launch
 from jobwarden.errors import ShimExited, ShimStartFailed
+from jobwarden.joboptions import JobOptions
 from jobwarden.model import EndReason, JobSpec, JobState
 from jobwarden.store import Store
 
@@ -54,7 +55,7 @@ def test_a_run_whose_shim_died_before_starting_it_is_recorded_failed(
     monkeypatch.setattr(shimproc, "_shim_main", lambda home, mode, job_fd, report_fd: 3)
     home = tmp_path / "home"
     with pytest.raises(ShimExited):
-        launch(home, JobSpec(("true",), str(tmp_path), "t"), {})
+        launch(home, JobSpec(("true",), str(tmp_path), "t"), JobOptions())
     with Store(home) as store:
         run = store.run(1)
     assert (run.state, run.end_reason) == (JobState.FAILED, EndReason.SUPERVISOR_FAILED)

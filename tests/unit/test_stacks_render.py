@@ -4,13 +4,14 @@ idle look-alikes folded, frameless threads on one line."""
 from __future__ import annotations
 
 from jobwarden.control.dump import DumpResult
+from jobwarden.joboptions import JobOptions
 from jobwarden.model import JobState
 from jobwarden.observations import Frame, ProcessStack, ThreadStack
 from jobwarden.store import JobRecord, RunRecord
 from jobwarden.text.render import dump_report, process_stack_lines
 
 AT = 1_700_000_000.0
-JOB = JobRecord(7, "train", ("python", "train.py"), "/srv", AT - 60, {}, {})
+JOB = JobRecord(7, "train", ("python", "train.py"), "/srv", AT - 60, JobOptions(), {})
 LIB = "/usr/lib/python3.11/threading.py"
 IDLE_WORKER = (
     Frame("clock_nanosleep", "/usr/lib/x86_64-linux-gnu/libc.so.6", None, native=True),

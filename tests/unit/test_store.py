@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
+from jobwarden import config
 from jobwarden.errors import JobNotFound, StoreCorrupt, StoreError
+from jobwarden.joboptions import JobOptions
 from jobwarden.model import Finding, JobSpec, JobState, ProcessEnd, ProcessSnapshot, Ranks, Survivor
 from jobwarden.observations import Frame, ProcessStack, ThreadStack
 from jobwarden.store import Store
@@ -191,7 +193,7 @@ def test_a_v1_job_run_and_events_read_back_after_migration(v1_home: Path) -> Non
         job = s.job("train.py")
         assert (job.id, job.command, job.cwd) == (1, ("python", "train.py", "--epochs", "3"), "/home/ana/exp")
         assert job.created_at == 1700000000.0
-        assert job.options == {"timeout_s": None, "grace_s": 10.0}
+        assert job.options == JobOptions(timeout_s=None, grace_s=10.0)  # stored before version 1
         assert job.env == {"HF_TOKEN": "hf_v1_secret_token"}
         run = s.run(job.id)
         assert (run.n, run.state, run.exit_code, run.end_reason) == (1, JobState.FAILED, 1, "exited")
@@ -232,7 +234,7 @@ def test_create_job_records_the_job_its_first_run_and_an_event(store: Store) -> 
         "/home/ana/exp",
         "train.py",
         NOW,
-        {"timeout_s": 60.0},
+        JobOptions(timeout_s=60.0),
     )
     assert store.run(job_id).state == JobState.STARTING
     assert [(e.kind, e.run, e.at) for e in store.events(job_id)] == [("created", 1, NOW)]
@@ -749,3 +751,19 @@ def test_sqlite_errors_are_told_apart_by_their_result_code(
     err = _sqlite_error(db, action)
     translated = translate(err, db)
     assert type(translated) is kind and says in translated.message
+
+
+def test_job_options_are_stored_versioned_and_read_back_typed(store: Store) -> None:
+    from jobwarden.control.options import run_options
+
+    options = run_options(timeout="1h", grace="30s", gpu_ids="1,0", hang_timeout="off", notify="https://x/h")
+    job_id, _ = store.create_job(spec(), options.to_json(), NOW)
+    back = store.job(job_id).options
+    assert back == options
+    assert (back.timeout_s, back.grace_s, back.gpu_ids, back.hang_timeout_s) == (3600.0, 30.0, (1, 0), 0.0)
+    assert options.to_json()["version"] == 1
+
+
+def test_options_of_an_older_job_take_their_defaults_and_ignore_unknown_keys() -> None:
+    old = JobOptions.from_json({"timeout_s": 5.0, "grace_s": 0, "a_flag_from_the_future": True})
+    assert old == JobOptions(timeout_s=5.0) and old.grace_s == config.DEFAULT_GRACE_S

@@ -45,41 +45,32 @@ def _duration(text: str | None, option: str) -> float | None:
     return config.parse_duration(text, option) if text is not None else None
 
 
-def _diagnosis_options(args: argparse.Namespace) -> dict[str, Any]:
-    options: dict[str, Any] = {"on_hang": args.on_hang, "py_hooks": not args.no_py_hooks}
-    if args.hang_timeout is not None:  # "off" is stored as 0: no window
-        off = args.hang_timeout.strip().lower() == "off"
-        options["hang_timeout_s"] = 0 if off else config.parse_duration(args.hang_timeout, "--hang-timeout")
-    if args.mp_start:
-        options["mp_start"] = args.mp_start
-    if args.restart_delay is not None:
-        options["restart_delay_s"] = config.parse_duration(args.restart_delay, "--restart-delay")
-    return options
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    from jobwarden.control.launch import (
-        checked_name,
-        default_name,
-        gpu_options,
-        launch,
-        memory_and_restart_options,
-        notify_options,
-        parse_env,
-    )
+    from jobwarden.control.launch import checked_name, default_name, launch, parse_env
+    from jobwarden.control.options import run_options
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         raise UsageError("no command given", "put it after --, e.g. jobwarden run -- python train.py")
-    timeout, grace = _duration(args.timeout, "--timeout"), _duration(args.grace, "--grace")
+    options = run_options(
+        timeout=args.timeout,
+        grace=args.grace,
+        hang_timeout=args.hang_timeout,
+        on_hang=args.on_hang,
+        py_hooks=not args.no_py_hooks,
+        mp_start=args.mp_start,
+        restart=args.restart,
+        max_restarts=args.max_restarts,
+        restart_delay=args.restart_delay,
+        mem_limit=args.mem_limit,
+        gpus=args.gpus,
+        gpu_ids=args.gpu_ids,
+        notify=args.notify,
+        on_event=args.on_event,
+    )
     env = parse_env(args.env)
     name = checked_name(args.name) if args.name is not None else default_name(argv)
     spec = JobSpec(command=tuple(argv), cwd=args.cwd, name=name, env=env)
-    options: dict[str, Any] = {"timeout_s": timeout, "grace_s": grace or config.DEFAULT_GRACE_S}
-    options.update(_diagnosis_options(args))
-    options.update(memory_and_restart_options(args.mem_limit, args.restart, args.max_restarts))
-    options.update(gpu_options(args.gpus, args.gpu_ids))
-    options.update(notify_options(args.notify, args.on_event))
     launched = launch(_home(), spec, options)
     if args.json:
         _print_json(launched.to_json())

@@ -6,9 +6,10 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from jobwarden import config, trace
+from jobwarden import trace
 from jobwarden.clock import SystemClock
 from jobwarden.errors import CommandNotExecutable, CommandNotFound, Interrupted, ShimExited, UsageError
+from jobwarden.joboptions import JobOptions
 from jobwarden.model import EndReason, JobSpec, JobState
 from jobwarden.store import Store
 
@@ -108,82 +109,6 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def memory_and_restart_options(
-    mem_limit: str | None, restart: str | None, max_restarts: str | None
-) -> dict[str, Any]:
-    """--mem-limit, --restart and --max-restarts as the job's options, checked before anything starts:
-    {"mem_limit_bytes": int | None, "restart": "no" | "on-failure" | "always", "max_restarts": int}.
-    --max-restarts N alone means --restart on-failure; max_restarts is kept under --restart no too, as
-    the budget of --on-hang restart."""
-    mode = config.parse_restart_mode(restart) if restart is not None else None
-    count = config.parse_count(max_restarts, "--max-restarts") if max_restarts is not None else None
-    if mode == "no" and count:
-        raise UsageError(
-            f"--max-restarts {count} with --restart no", "drop one of them, or use --restart on-failure"
-        )
-    if mode is None:
-        mode = "on-failure" if count else "no"
-    return {
-        "mem_limit_bytes": config.parse_mem_limit(mem_limit) if mem_limit is not None else None,
-        "restart": mode,
-        "max_restarts": count if count is not None else config.DEFAULT_MAX_RESTARTS,
-    }
-
-
-def gpu_options(gpus: str | None, gpu_ids: str | None) -> dict[str, Any]:
-    """`--gpus N` / `--gpu-ids I,J` as the job options "gpus" (int) and "gpu_ids" (list), both always
-    present (None when not asked). Bad values are one-line usage errors."""
-    if gpus is not None and gpu_ids is not None:
-        raise UsageError("--gpus and --gpu-ids exclude each other", "give a count or a list of GPU ids")
-    return {
-        "gpus": None if gpus is None else _gpu_count(gpus),
-        "gpu_ids": None if gpu_ids is None else _gpu_ids(gpu_ids),
-    }
-
-
-def _gpu_count(text: str) -> int:
-    value = text.strip()
-    if not (value.isascii() and value.isdigit()) or int(value) < 1:
-        raise UsageError(f"bad --gpus {text!r}: a number of GPUs >= 1", "e.g. --gpus 2")
-    return int(value)
-
-
-def _gpu_ids(text: str) -> list[int]:
-    parts = [p.strip() for p in text.split(",")]
-    if not all(p.isascii() and p.isdigit() for p in parts):
-        raise UsageError(f"bad --gpu-ids {text!r}: GPU indexes >= 0, comma-separated", "e.g. --gpu-ids 0,3")
-    ids = [int(p) for p in parts]
-    if len(set(ids)) != len(ids):
-        raise UsageError(f"bad --gpu-ids {text!r}: a GPU is named twice", "e.g. --gpu-ids 0,3")
-    return ids
-
-
-def wants_gpus(options: dict[str, Any]) -> bool:
-    return bool(options.get("gpus") or options.get("gpu_ids"))
-
-
-def notify_options(url: str | None, command: str | None) -> dict[str, Any]:
-    """The job options of `--notify URL` and `--on-event CMD` (read by the shim), checked up front."""
-    options: dict[str, Any] = {}
-    if url is not None:
-        import urllib.parse  # only with --notify: not on every `run`
-
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise UsageError(
-                f"--notify {url.split('?')[0]!r}: not an http(s) URL",
-                "give the full address, e.g. --notify https://hooks.slack.com/services/...",
-            )
-        options["notify"] = url
-    if command is not None:
-        if not command.strip():
-            raise UsageError(
-                "--on-event needs a command", "e.g. --on-event 'notify-send jobwarden \"$(cat)\"'"
-            )
-        options["on_event"] = command
-    return options
-
-
 def _interrupted(store: Store, job_id: int, run: int, state: JobState, handed_over: bool) -> Interrupted:
     """Ctrl-C while the shim starts the job. Handed over, the job starts anyway: say which it is, so it
     can be found and stopped. Not handed over, nothing will start it: record that now, never a ghost
@@ -212,7 +137,7 @@ def _record_unstarted(store: Store, job_id: int, run: int, state: JobState, erro
         store.add_event(job_id, run, "supervisor-failed", now, error=error)
 
 
-def launch(home: Path, spec: JobSpec, options: dict[str, Any]) -> Launched:
+def launch(home: Path, spec: JobSpec, options: JobOptions) -> Launched:
     from jobwarden.control.shimproc import fork_shim
 
     cwd = os.path.abspath(spec.cwd)
@@ -223,8 +148,8 @@ def launch(home: Path, spec: JobSpec, options: dict[str, Any]) -> Launched:
     # the shim first: it gets ready while the job is recorded (see control.shimproc)
     with fork_shim(home, "launch") as shim, Store(home) as store:
         # a job that asks for GPUs waits in `queued` until its shim has claimed them
-        state = JobState.QUEUED if wants_gpus(options) else JobState.STARTING
-        job_id, run = store.create_job(spec, options, SystemClock().wall(), state)
+        state = JobState.QUEUED if options.wants_gpus else JobState.STARTING
+        job_id, run = store.create_job(spec, options.to_json(), SystemClock().wall(), state)
         trace.info(f"job {job_id} recorded ({state}); handing it to supervisor pid {shim.pid}")
         try:
             report = shim.start(job_id, run)

@@ -79,7 +79,7 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None, again:
             store.close()
             adopt(home, procfs, job.id)  # one code path: a new shim finds the survivors and stops them
             run = store_run(home, job, run.n)
-        grace = grace_s if grace_s is not None else float(job.options.get("grace_s", config.DEFAULT_GRACE_S))
+        grace = grace_s if grace_s is not None else job.options.grace_s
     if run.shim_pid is None:
         run = _wait_for_shim_record(home, procfs, job, run)
         if run.state.is_ended:

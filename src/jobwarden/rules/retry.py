@@ -9,11 +9,11 @@ Like systemd's Restart=on-failure, a run ended by the time limit or the hang wat
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from jobwarden import config
+from jobwarden.joboptions import JobOptions
 
 _SHELL_CANNOT_RUN = {126: "found but not executable", 127: "command not found"}  # POSIX shell statuses
 
@@ -33,13 +33,13 @@ class RestartPolicy:
             raise ValueError("max_restarts, backoff_base_s, cap_s and reset_after_s must not be negative")
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> RestartPolicy:
-        """The policy stored in a job's options ("restart", "max_restarts"; launch.py writes them). Jobs
-        recorded before these options existed never restart."""
+    def from_options(cls, options: JobOptions) -> RestartPolicy:
+        """The policy a job asked for (--restart, --max-restarts, --restart-delay). Jobs recorded before
+        these options existed read as --restart no: they never restart."""
         return cls(
-            str(options.get("restart") or "no"),
-            int(options.get("max_restarts", config.DEFAULT_MAX_RESTARTS)),
-            config.RESTART_BACKOFF_BASE_S,
+            options.restart,
+            options.max_restarts,
+            options.restart_delay_s or config.RESTART_BACKOFF_BASE_S,
             config.RESTART_BACKOFF_CAP_S,
         )
 

@@ -32,11 +32,7 @@ def supervise_job(
     code = sup.adopt(report_fd) if mode == "adopt" else sup.launch(report_fd)
     from jobwarden.rules.retry import RestartPolicy, decide
 
-    policy = RestartPolicy(
-        mode=str(job.options.get("restart") or "no"),
-        max_restarts=int(job.options.get("max_restarts") or 0),
-        backoff_base_s=float(job.options.get("restart_delay_s") or 1.0),
-    )
+    policy = RestartPolicy.from_options(job.options)
     history: list[AttemptOutcome] = []
     while True:
         record = store.run(job.id, sup.run)
@@ -57,7 +53,7 @@ def supervise_job(
 
 
 def _notifier(job: JobRecord) -> Notifier | None:
-    if not (job.options.get("notify") or job.options.get("on_event")):
+    if not (job.options.notify or job.options.on_event):
         return None
     from jobwarden.shim.notify import Notifier
 
@@ -98,7 +94,7 @@ def _conclude(
 ) -> None:
     """The last attempt: say why it was not restarted when a restart was asked for, and notify."""
     failed = record.state == JobState.FAILED
-    hang_restart = record.end_reason == EndReason.HUNG and job.options.get("on_hang") == "restart"
+    hang_restart = record.end_reason == EndReason.HUNG and job.options.on_hang == "restart"
     if failed and (policy.mode != "no" or hang_restart):
         try:
             store.add_event(job.id, record.n, "not-restarted", clock.wall(), reason=decision.reason)

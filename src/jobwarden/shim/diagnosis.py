@@ -189,7 +189,7 @@ class Diagnoser:
             stacks=tuple(stacks),
             forks=tuple(read_forks(self.py_dir)),
             oom=self.oom,
-            mem_limit_bytes=self.job.options.get("mem_limit_bytes"),
+            mem_limit_bytes=self.job.options.mem_limit_bytes,
             gpus=tuple(self.gpu.devices) if self.gpu else (),
             gpu_processes=tuple(self.gpu.processes) if self.gpu else (),
             gpu_idle_for_s=self.gpu.idle_for(now_mono) if self.gpu else None,

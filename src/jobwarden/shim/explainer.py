@@ -48,7 +48,7 @@ def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event])
         end_reason=run.end_reason,
         pid=run.pid,
         error=run.error,
-        timeout_s=job.options.get("timeout_s"),
+        timeout_s=job.options.timeout_s,
         orphans_left=run.orphans_left,
         survivors=[s._asdict() for s in run.survivors],
         log_tail=tail,
@@ -59,7 +59,7 @@ def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event])
         exceptions=read_exceptions(store.layout.py_dir(job.id, run.n)),
         last_stacks={s.pid: s for dump in store.stacks(job.id, run.n) for s in dump.stacks if s.threads},
         oom=oom,
-        mem_limit_bytes=job.options.get("mem_limit_bytes"),
+        mem_limit_bytes=job.options.mem_limit_bytes,
     )
 
 

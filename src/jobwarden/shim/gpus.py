@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from jobwarden.errors import UsageError
+from jobwarden.joboptions import JobOptions
 from jobwarden.observations import GpuDevice, GpuProcess
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.gpu import GpuProbe, GpuProbeError, GpuUnavailable
@@ -113,11 +113,11 @@ class GpuRequest:
         return cls(count)
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> GpuRequest | None:
-        """The request stored in a job's options (keys "gpus", "gpu_ids"), None for a job without GPUs."""
-        if options.get("gpu_ids"):
-            return cls.of(ids=[int(i) for i in options["gpu_ids"]])
-        return cls.of(count=int(options["gpus"])) if options.get("gpus") else None
+    def from_options(cls, options: JobOptions) -> GpuRequest | None:
+        """The request a job asked for (--gpus, --gpu-ids), None for a job without GPUs."""
+        if options.gpu_ids:
+            return cls.of(ids=list(options.gpu_ids))
+        return cls.of(count=options.gpus) if options.gpus else None
 
     def describe(self) -> str:
         if self.ids is not None:

@@ -19,6 +19,7 @@ import threading
 import urllib.parse
 from collections.abc import Callable, Mapping
 
+from jobwarden.joboptions import JobOptions
 from jobwarden.osapi.shell import run_shell
 
 EVENTS = ("failed", "hung", "restarted", "succeeded")
@@ -109,11 +110,10 @@ class Notifier:
         self._cancel: tuple[int, int] | None = None
 
     @classmethod
-    def from_options(cls, options: Mapping[str, object], log: Callable[[str], None]) -> Notifier:
-        """The notifier a job asked for with `run --notify URL --on-event CMD` (job options "notify",
-        "on_event"); inactive when it asked for neither."""
-        url, command = options.get("notify"), options.get("on_event")
-        return cls(url if isinstance(url, str) else None, command if isinstance(command, str) else None, log)
+    def from_options(cls, options: JobOptions, log: Callable[[str], None]) -> Notifier:
+        """The notifier a job asked for with `run --notify URL --on-event CMD`; inactive when it asked for
+        neither."""
+        return cls(options.notify, options.on_event, log)
 
     @property
     def active(self) -> bool:

@@ -99,16 +99,14 @@ class Supervisor:
         if os.environ.get(config.CGROUP_ENV, "auto") != "off":
             self.cgroup = create_job_cgroup(f"jobwarden-{self.pid}")
         self.tree.cgroup = self.cgroup
-        if self.job.options.get(
-            "mem_limit_bytes"
-        ):  # before the job starts: the limit must hold from its start
+        if self.job.options.mem_limit_bytes:  # before the job starts: the limit must hold from its start
             self._guard_memory()
         shim_fields: dict[str, Any] = {
             "shim_pid": self.pid,
             "shim_start": shim_start,
             "containment": self._containment(),
         }
-        if self.job.options.get("gpus") or self.job.options.get("gpu_ids"):
+        if self.job.options.wants_gpus:
             self.store.update_run(self.job.id, self.run, **shim_fields)
             admitted, reported = self._wait_for_gpus(report_fd)
             if not admitted:
@@ -220,10 +218,10 @@ class Supervisor:
         --no-py-hooks): they load in every Python process of the job through PYTHONPATH."""
         base = {**os.environ, **self.job.env}
         heartbeat = self.layout.heartbeat_file(self.job.id, self.run)
-        if self.job.options.get("py_hooks", True):
+        if self.job.options.py_hooks:
             py_dir = ensure_private_dir(self.layout.py_dir(self.job.id, self.run))
             self._fifo = open_fifo(py_dir / FIFO_NAME)  # before the job's first process announces itself
-            extra = hook_env(py_dir, heartbeat, self.pid, self.job.options.get("mp_start"), base)
+            extra = hook_env(py_dir, heartbeat, self.pid, self.job.options.mp_start, base)
         else:
             extra = heartbeat_env(heartbeat)
         return {**base, **extra, **self.gpu_env, **self.markers}
@@ -280,7 +278,7 @@ class Supervisor:
     def _guard_memory(self) -> None:
         from jobwarden.shim.resources import MemoryGuard
 
-        self.memory = MemoryGuard(self.cgroup, self.job.options.get("mem_limit_bytes"), self.procfs, log)
+        self.memory = MemoryGuard(self.cgroup, self.job.options.mem_limit_bytes, self.procfs, log)
 
     def _start_watches(self, main_pid: int | None) -> None:
         """Right after `run` has its answer: OOM counters, the hang watchdog, GPU use. Loading them
@@ -298,7 +296,7 @@ class Supervisor:
         """The kernel's process events, and the hooks' FIFO (opened before the job started; an adopted
         run's already exists). A child that dies before the listener opens is still caught by its exit
         event's parent, or by the Python parent that reaps it."""
-        if self._fifo is None and self.job.options.get("py_hooks", True):
+        if self._fifo is None and self.job.options.py_hooks:
             self._fifo = open_fifo(self.layout.py_dir(self.job.id, self.run) / FIFO_NAME)
         kernel = os.environ.get(config.PROC_EVENTS_ENV, "auto") != "off"
         self.exits.sightings = Sightings.open(self._fifo, kernel)
@@ -309,7 +307,9 @@ class Supervisor:
         from jobwarden.shim.diagnosis import Diagnoser
         from jobwarden.shim.gpuwatch import open_gpu_watch
 
-        window = self.job.options.get("hang_timeout_s", DEFAULT_HANG_TIMEOUT_S)
+        window = self.job.options.hang_timeout_s
+        if window is None:
+            window = DEFAULT_HANG_TIMEOUT_S
         self.diag = Diagnoser(
             self.store, self.job, self.run, self.procfs, self.tree, window or None, self.clock.monotonic()
         )
@@ -344,7 +344,7 @@ class Supervisor:
         return 0
 
     def _arm_timeout(self, since: float | None = None) -> None:
-        timeout = self.job.options.get("timeout_s")
+        timeout = self.job.options.timeout_s
         if timeout:
             elapsed = self.clock.wall() - since if since else 0.0
             self.timeout_at = self.clock.monotonic() + float(timeout) - elapsed
@@ -374,9 +374,7 @@ class Supervisor:
             if not self.main and not self.tree.members:
                 break
             if self.timeout_at is not None and self.clock.monotonic() >= self.timeout_at:
-                self.stop = StopRequest(
-                    EndReason.TIMEOUT, float(self.job.options.get("grace_s", config.DEFAULT_GRACE_S))
-                )
+                self.stop = StopRequest(EndReason.TIMEOUT, self.job.options.grace_s)
                 break
             if self.clock.monotonic() >= next_tick:
                 full = self.clock.monotonic() >= next_full
@@ -404,7 +402,7 @@ class Supervisor:
     def _handle_signals(self, received: set[int]) -> None:
         if self.stop:
             return
-        grace = float(self.job.options.get("grace_s", config.DEFAULT_GRACE_S))
+        grace = self.job.options.grace_s
         if signal.SIGUSR1 in received:
             try:
                 record = self.store.run(self.job.id, self.run)
@@ -500,7 +498,7 @@ class Supervisor:
             self.record.event("finding", now, rule=finding.rule, pids=finding.pids)
         if not verdict.hung:
             return
-        action = self.job.options.get("on_hang", "dump")
+        action = self.job.options.on_hang
         rules = [f.rule for f in verdict.findings]
         self.record.event("hung", now, rules=rules, action=action)
         if self.notifier:
@@ -512,9 +510,7 @@ class Supervisor:
             )
         if action in ("stop", "restart") and not self.stop:
             # running -> stopping: the stacks are stored; end the hung run (and restart it, if asked)
-            self.stop = StopRequest(
-                EndReason.HUNG, float(self.job.options.get("grace_s", config.DEFAULT_GRACE_S))
-            )
+            self.stop = StopRequest(EndReason.HUNG, self.job.options.grace_s)
             self.restart_after_hang = action == "restart"
 
     # --- ending -----------------------------------------------------------------------------------
@@ -530,7 +526,7 @@ class Supervisor:
             self.tree.discover(full=True)
             self._let_trackers_finish()
             orphans = [{"pid": m.pid, "cmdline": m.cmdline} for m in self.tree.members.values()]
-            survivors = self.terminate_tree(float(self.job.options.get("grace_s", config.DEFAULT_GRACE_S)))
+            survivors = self.terminate_tree(self.job.options.grace_s)
         self.logs.index(self.clock.wall())
         with contextlib.suppress(OSError):  # a kill in the last moments (the main process itself) counts too
             self._poll_oom(self.clock.wall())

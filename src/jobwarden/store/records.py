@@ -8,6 +8,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from jobwarden.joboptions import JobOptions
 from jobwarden.model import JobState, Ranks, Survivor
 
 if TYPE_CHECKING:  # diagnosis types: not on the `run` path
@@ -22,7 +23,7 @@ class JobRecord(NamedTuple):
     command: tuple[str, ...]
     cwd: str
     created_at: float
-    options: dict[str, Any]
+    options: JobOptions
     env: dict[str, str]  # never shown (see __repr__): it may hold tokens
 
     def __repr__(self) -> str:
@@ -36,7 +37,7 @@ class JobRecord(NamedTuple):
             command=tuple(json.loads(row["command"])),
             cwd=os.fsdecode(row["cwd"]),  # bytes where it is not UTF-8 (store.repo._path_value)
             created_at=row["created_at"],
-            options=json.loads(row["options"]),
+            options=JobOptions.from_json(json.loads(row["options"])),
             env=json.loads(row["env"]),
         )
 

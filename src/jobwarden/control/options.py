@@ -1,0 +1,121 @@
+"""`run`'s flags parsed in one place into the job's typed options (joboptions.JobOptions). Every value is
+checked before anything starts, and a bad one is a one-line error that names its flag."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobwarden import config
+from jobwarden.errors import UsageError
+from jobwarden.joboptions import JobOptions
+
+
+def run_options(
+    *,
+    timeout: str | None = None,
+    grace: str | None = None,
+    hang_timeout: str | None = None,
+    on_hang: str = "dump",
+    py_hooks: bool = True,
+    mp_start: str | None = None,
+    restart: str | None = None,
+    max_restarts: str | None = None,
+    restart_delay: str | None = None,
+    mem_limit: str | None = None,
+    gpus: str | None = None,
+    gpu_ids: str | None = None,
+    notify: str | None = None,
+    on_event: str | None = None,
+) -> JobOptions:
+    """The job's options from `run`'s flags, as typed (None: the flag was not given)."""
+    options: dict[str, Any] = {
+        "timeout_s": _duration(timeout, "--timeout"),
+        "grace_s": _duration(grace, "--grace"),
+        "on_hang": on_hang,
+        "py_hooks": py_hooks,
+        "mp_start": mp_start,
+        "restart_delay_s": _duration(restart_delay, "--restart-delay"),
+    }
+    if hang_timeout is not None:  # "off" is stored as 0: no window
+        off = hang_timeout.strip().lower() == "off"
+        options["hang_timeout_s"] = 0.0 if off else config.parse_duration(hang_timeout, "--hang-timeout")
+    options.update(memory_and_restart_options(mem_limit, restart, max_restarts))
+    options.update(gpu_options(gpus, gpu_ids))
+    options.update(notify_options(notify, on_event))
+    return JobOptions.from_json(options)
+
+
+def _duration(text: str | None, option: str) -> float | None:
+    return config.parse_duration(text, option) if text is not None else None
+
+
+def memory_and_restart_options(
+    mem_limit: str | None, restart: str | None, max_restarts: str | None
+) -> dict[str, Any]:
+    """--mem-limit, --restart and --max-restarts as the job's options, checked before anything starts:
+    {"mem_limit_bytes": int | None, "restart": "no" | "on-failure" | "always", "max_restarts": int}.
+    --max-restarts N alone means --restart on-failure; max_restarts is kept under --restart no too, as
+    the budget of --on-hang restart."""
+    mode = config.parse_restart_mode(restart) if restart is not None else None
+    count = config.parse_count(max_restarts, "--max-restarts") if max_restarts is not None else None
+    if mode == "no" and count:
+        raise UsageError(
+            f"--max-restarts {count} with --restart no", "drop one of them, or use --restart on-failure"
+        )
+    if mode is None:
+        mode = "on-failure" if count else "no"
+    return {
+        "mem_limit_bytes": config.parse_mem_limit(mem_limit) if mem_limit is not None else None,
+        "restart": mode,
+        "max_restarts": count if count is not None else config.DEFAULT_MAX_RESTARTS,
+    }
+
+
+def gpu_options(gpus: str | None, gpu_ids: str | None) -> dict[str, Any]:
+    """`--gpus N` / `--gpu-ids I,J` as the job options "gpus" (int) and "gpu_ids" (list), both always
+    present (None when not asked). Bad values are one-line usage errors."""
+    if gpus is not None and gpu_ids is not None:
+        raise UsageError("--gpus and --gpu-ids exclude each other", "give a count or a list of GPU ids")
+    return {
+        "gpus": None if gpus is None else _gpu_count(gpus),
+        "gpu_ids": None if gpu_ids is None else _gpu_ids(gpu_ids),
+    }
+
+
+def _gpu_count(text: str) -> int:
+    value = text.strip()
+    if not (value.isascii() and value.isdigit()) or int(value) < 1:
+        raise UsageError(f"bad --gpus {text!r}: a number of GPUs >= 1", "e.g. --gpus 2")
+    return int(value)
+
+
+def _gpu_ids(text: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isascii() and p.isdigit() for p in parts):
+        raise UsageError(f"bad --gpu-ids {text!r}: GPU indexes >= 0, comma-separated", "e.g. --gpu-ids 0,3")
+    ids = [int(p) for p in parts]
+    if len(set(ids)) != len(ids):
+        raise UsageError(f"bad --gpu-ids {text!r}: a GPU is named twice", "e.g. --gpu-ids 0,3")
+    return ids
+
+
+def notify_options(url: str | None, command: str | None) -> dict[str, Any]:
+    """The job options of `--notify URL` and `--on-event CMD` (read by the shim), checked up front."""
+    options: dict[str, Any] = {}
+    if url is not None:
+        import urllib.parse  # only with --notify: not on every `run`
+
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise UsageError(
+                f"--notify {url.split('?')[0]!r}: not an http(s) URL",
+                "give the full address, e.g. --notify https://hooks.slack.com/services/...",
+            )
+        options["notify"] = url
+    if command is not None:
+        if not command.strip():
+            raise UsageError(
+                "--on-event needs a command", "e.g. --on-event 'notify-send jobwarden \"$(cat)\"'"
+            )
+        options["on_event"] = command
+    return options

@@ -1,0 +1,50 @@
+"""What `run` was asked for beyond the command, as one typed record: parsed once (control.options), stored
+as versioned JSON in the job's row, read by the shim and the rules by name.
+
+Version 1 adds the "version" key. A job stored before it (a plain dict of whatever flags were given) reads
+the same: a missing key takes its default, an unknown one is ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from jobwarden.config import DEFAULT_GRACE_S, DEFAULT_MAX_RESTARTS
+
+VERSION = 1
+
+
+class JobOptions(NamedTuple):
+    timeout_s: float | None = None  # --timeout
+    grace_s: float = DEFAULT_GRACE_S  # --grace: SIGTERM -> SIGKILL
+    hang_timeout_s: float | None = None  # --hang-timeout: None the default window, 0 off
+    on_hang: str = "dump"  # dump | stop | restart
+    py_hooks: bool = True  # --no-py-hooks turns it off
+    mp_start: str | None = None  # --mp-start spawn | forkserver
+    restart: str = "no"  # no | on-failure | always
+    max_restarts: int = DEFAULT_MAX_RESTARTS  # also the budget of --on-hang restart
+    restart_delay_s: float | None = None  # the backoff's base; None: the default
+    mem_limit_bytes: int | None = None
+    gpus: int | None = None  # --gpus N
+    gpu_ids: tuple[int, ...] | None = None  # --gpu-ids I,J
+    notify: str | None = None  # --notify URL
+    on_event: str | None = None  # --on-event CMD
+
+    @property
+    def wants_gpus(self) -> bool:
+        return bool(self.gpus or self.gpu_ids)
+
+    def to_json(self) -> dict[str, Any]:
+        stored = self._asdict()
+        stored["gpu_ids"] = list(self.gpu_ids) if self.gpu_ids is not None else None
+        return {"version": VERSION, **stored}
+
+    @classmethod
+    def from_json(cls, stored: Mapping[str, Any]) -> JobOptions:
+        known = {k: v for k, v in stored.items() if k in cls._fields and v is not None}
+        if "gpu_ids" in known:
+            known["gpu_ids"] = tuple(int(i) for i in known["gpu_ids"])
+        if not known.get("grace_s"):  # 0 was never stored for "no grace": it meant the default
+            known.pop("grace_s", None)
+        return cls(**known)
