@@ -365,3 +365,25 @@ def test_a_childs_bare_exit_still_leads_when_the_main_process_only_reported_it()
     )
     first = explain(ev)[0]
     assert (first.pids[0], first.rank) == (RANK1, 1)
+
+
+def test_a_rank_that_raised_and_then_aborted_in_its_teardown_is_named_by_its_exception() -> None:
+    # seen with torch 2.13 and gloo: the rank's ValueError, then SIGABRT from a destructor at shutdown
+    raised = UncaughtException(RANK1, T + 0.100, "ValueError", "bad batch shape", (), rank=1)
+    ev = failed(
+        log_tail=TORCHRUN_TAIL,
+        deaths=(
+            rank_death(RANK1, 1, T + 0.120, None, "SIGABRT"),
+            rank_death(RANK0, 0, T + 0.150, None, "SIGTERM"),
+            main_death(T + 0.300),
+        ),
+        exceptions=(raised, UncaughtException(MAIN, T + 0.290, CHILD_FAILED, "")),
+    )
+    first = explain(ev)[0]
+    assert (first.rule, first.pids[0], first.rank) == ("python-exception", RANK1, 1)
+    assert "then it aborted (SIGABRT) while shutting down" in first.evidence
+
+
+def test_an_abort_without_a_recorded_exception_is_still_a_native_crash() -> None:
+    ev = failed(deaths=(rank_death(RANK1, 1, T + 0.1, None, "SIGABRT"), main_death(T + 0.3)))
+    assert explain(ev)[0].rule == "native-crash"

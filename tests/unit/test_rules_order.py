@@ -131,3 +131,12 @@ def test_recordings_have_the_processes_the_rules_need() -> None:
     assert {d.signal for d in rec.deaths()} == {"SIGKILL"}
     assert recording("fork_os_py38").python.startswith("3.8")
     assert recording("fork_mp_py313").python.startswith("3.13")
+
+
+def test_the_rule_table_is_the_order_ps_ranks_by() -> None:
+    # ps reads model.ROOT_CAUSE_ORDER so as not to load the rules (~50 ms): it must be the table's order
+    from jobwarden.model import ROOT_CAUSE_ORDER
+    from jobwarden.rules.table import RULES
+
+    assert tuple(rule.id for rule in RULES) == ROOT_CAUSE_ORDER == ORDER
+    assert all(rule.judge is not None for rule in RULES if rule.live)

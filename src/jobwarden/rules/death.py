@@ -217,7 +217,10 @@ def parse_fatal_error(lines: Sequence[str]) -> tuple[str, list[str]] | None:
 
 
 def _python_exception(ev: RunEvidence, who: Subject, lines: Sequence[str]) -> Finding | None:
-    if who.exit_code in (None, 0) or who.signal:
+    # A process whose uncaught exception the hooks recorded, and which then aborted, aborted while it shut
+    # down (torch's process group torn down from a destructor): the exception is what went wrong.
+    aborted_after = who.signal == "SIGABRT" and who.exception is not None
+    if (who.exit_code in (None, 0) or who.signal) and not aborted_after:
         return None
     raised = _raised(who, lines)
     if raised is None:
@@ -232,7 +235,12 @@ def _python_exception(ev: RunEvidence, who: Subject, lines: Sequence[str]) -> Fi
         f"Uncaught {exc_type}",
         f"{exc_type}: {message}",
         "error",
-        (*tuple(evidence), f"exit code {who.exit_code}"),
+        (
+            *tuple(evidence),
+            "then it aborted (SIGABRT) while shutting down"
+            if aborted_after
+            else f"exit code {who.exit_code}",
+        ),
         f"fix the error at {frame or 'the innermost frame'}; `jobwarden logs` shows the traceback",
         who.pids,
     )

@@ -1,4 +1,5 @@
-"""Every rule family over one run's evidence, combined into one list: the root cause first.
+"""Every rule family over one run's evidence, combined into one list: the root cause first. The rules and
+their order are one table, rules.table.
 
 The order follows causality, as an incident report is read:
 1. resources that ran out (oom-kill, cuda-oom): they kill workers and processes;
@@ -15,13 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jobwarden.model import ROOT_CAUSE_ORDER, Finding, root_cause_rank
-from jobwarden.rules import causal, death, gpu, hang, memory
+from jobwarden.model import Finding, root_cause_rank
+from jobwarden.rules import causal, death
 from jobwarden.rules.evidence import RunEvidence
+from jobwarden.rules.table import CAUSES, EXPLAINS_A_HANG, ORDER, RULES
 
-ORDER = ROOT_CAUSE_ORDER
-# A hang these explain needs no `no-progress` on top.
-_EXPLAINS_A_HANG = frozenset(ORDER[ORDER.index("pool-worker-lost") : ORDER.index("no-progress")])
+__all__ = ["ORDER", "collect", "explain", "order", "rank"]
 rank = root_cause_rank  # a rule's place in ORDER; strays come last
 
 
@@ -47,22 +47,16 @@ def _with_rank(finding: Finding, ev: RunEvidence) -> Finding:
 
 def collect(ev: RunEvidence) -> list[Finding]:
     """Every family's findings over one run, in no particular order."""
-    causes = [
-        memory.oom_kill(ev),
-        memory.cuda_oom(ev),
-        hang.pool_worker_lost(ev),
-        hang.dataloader_worker_killed(ev),
-        hang.process_stopped(ev),
-        hang.uninterruptible_io(ev),
-        hang.fork_deadlock(ev),
-        hang.collective_hang(ev),
-    ]
-    found = [f for f in causes if f is not None]
-    if not any(f.rule in _EXPLAINS_A_HANG for f in found):
-        found += [f for f in (hang.no_progress(ev),) if f is not None]
+    found: list[Finding] = []
+    for rule in RULES:
+        if rule.judge is None or (rule.if_unexplained and any(f.rule in EXPLAINS_A_HANG for f in found)):
+            continue
+        finding = rule.judge(ev)
+        if finding is not None:
+            found.append(finding)
     ended = death.exit_finding(ev)
-    if ended is not None and not (ended.rule == "exit-code" and ev.signal is None and found):
+    causes = [f for f in found if f.rule in CAUSES]
+    if ended is not None and not (ended.rule == "exit-code" and ev.signal is None and causes):
         found.append(ended)  # a bare "exited with code N" says "no clearer sign why": not when there is one
-    found += [f for f in (gpu.gpu_idle(ev),) if f is not None]
     found += death.aftermath_findings(ev)
     return found

@@ -22,27 +22,13 @@ from jobwarden.probes.pyhooks import read_adverts, read_forks, read_heartbeat
 from jobwarden.probes.stacks import capture_stacks
 from jobwarden.rules import RunEvidence, explain
 from jobwarden.rules.evidence import death_of
+from jobwarden.rules.table import LIVE  # what the shim may conclude while the run is live
 from jobwarden.shim.gpuwatch import GpuWatch
 from jobwarden.shim.tree import JobTree, Member
 from jobwarden.shim.watchdog import Progress, ProgressTracker
 from jobwarden.store import JobRecord, Store
 from jobwarden.store.logfiles import tail_lines
 
-# What the shim may conclude while the run is live; the exit-status rules wait for the end.
-LIVE_RULES = frozenset(
-    {
-        "oom-kill",
-        "cuda-oom",
-        "fork-deadlock",
-        "pool-worker-lost",
-        "dataloader-worker-killed",
-        "collective-hang",
-        "process-stopped",
-        "uninterruptible-io",
-        "no-progress",
-        "gpu-idle",
-    }
-)
 STACK_TIMEOUT_S = 5.0
 LOG_TAIL_LINES = 40
 IO_EVERY_S = 5.0  # /proc/PID/io of every member is read only while the cheaper signs show nothing
@@ -196,7 +182,7 @@ class Diagnoser:
             gpu_idle_window_s=self.tracker.window_s,
         )
         self._oom_judged = self.oom.kills if self.oom else 0
-        new = [f for f in explain(evidence) if f.rule in LIVE_RULES and self._is_new(f)]
+        new = [f for f in explain(evidence) if f.rule in LIVE and self._is_new(f)]
         if not new and not hung:
             return None
         with contextlib.suppress(StoreError):
