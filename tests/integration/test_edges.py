@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -253,10 +254,15 @@ def test_stop_of_a_job_still_starting_stops_it(jw: Jobwarden) -> None:
         assert jw.status(job_id)["state"] in ("stopped", "failed")
 
 
-def test_a_second_stop_with_force_cuts_a_long_grace_short(jw: Jobwarden, tmp_path: Path) -> None:
+def _term_ignoring_job(jw: Jobwarden, tmp_path: Path) -> dict[str, Any]:
     ready = make_fifo(tmp_path / "ready")
     job = jw.start("sh", "-c", f'trap "" TERM; echo up > {ready}; while :; do sleep 0.2; done')
     read_fifo(ready)
+    return job
+
+
+def _patient_stop(jw: Jobwarden, job: dict[str, Any]) -> subprocess.Popen[str]:
+    """`stop --grace 1h` in the background, returned once it is waiting out its grace."""
     patient = subprocess.Popen(
         [sys.executable, "-m", "jobwarden", "stop", "--grace", "1h", str(job["id"])],
         env=jw.env,
@@ -264,10 +270,19 @@ def test_a_second_stop_with_force_cuts_a_long_grace_short(jw: Jobwarden, tmp_pat
         stderr=subprocess.PIPE,
         text=True,
     )
+    deadline = time.monotonic() + 60
+    while jw.status(job["id"])["state"] != "stopping":
+        if time.monotonic() > deadline:
+            patient.kill()
+            patient.wait()
+            raise AssertionError("the stop never began")
+    return patient
+
+
+def test_a_second_stop_with_force_cuts_a_long_grace_short(jw: Jobwarden, tmp_path: Path) -> None:
+    job = _term_ignoring_job(jw, tmp_path)
+    patient = _patient_stop(jw, job)
     try:
-        deadline = time.monotonic() + 60
-        while jw.status(job["id"])["state"] != "stopping":  # the first stop is waiting out its grace
-            assert time.monotonic() < deadline, "the first stop never began"
         forced = jw("stop", "--force", str(job["id"]), timeout=60)
         assert forced.returncode == 0, forced.stderr
         status = jw.status(job["id"])
@@ -305,22 +320,12 @@ def test_verbose_says_what_run_and_stop_do(jw: Jobwarden, tmp_path: Path) -> Non
 def test_stop_never_says_success_over_a_job_whose_supervisor_died_mid_stop(
     jw: Jobwarden, tmp_path: Path
 ) -> None:
-    ready = make_fifo(tmp_path / "ready")
-    job = jw.start("sh", "-c", f'trap "" TERM; echo up > {ready}; while :; do sleep 0.2; done')
-    read_fifo(ready)
+    job = _term_ignoring_job(jw, tmp_path)
     job_start = start_time(job["pid"])
     assert job_start is not None
-    patient = subprocess.Popen(
-        [sys.executable, "-m", "jobwarden", "stop", "--grace", "1h", str(job["id"])],
-        env=jw.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    patient = _patient_stop(jw, job)
     try:
         deadline = time.monotonic() + 60
-        while jw.status(job["id"])["state"] != "stopping":
-            assert time.monotonic() < deadline, "the stop never began"
         first_shim = kill_shim(jw, job["id"])  # its supervisor dies while waiting out the grace
         while True:  # the stop takes the job over with a new supervisor and asks again
             status = jw.status(job["id"])
