@@ -149,15 +149,20 @@ def launch(home: Path, spec: JobSpec, options: JobOptions) -> Launched:
     with fork_shim(home, "launch") as shim, Store(home) as store:
         # a job that asks for GPUs waits in `queued` until its shim has claimed them
         state = JobState.QUEUED if options.wants_gpus else JobState.STARTING
-        job_id, run = store.create_job(spec, options.to_json(), SystemClock().wall(), state)
-        trace.info(f"job {job_id} recorded ({state}); handing it to supervisor pid {shim.pid}")
+        created: tuple[int, int] | None = None  # one name, so that a Ctrl-C finds it whole or not at all
         try:
-            report = shim.start(job_id, run)
+            created = store.create_job(spec, options.to_json(), SystemClock().wall(), state)
+            trace.info(f"job {created[0]} recorded ({state}); handing it to supervisor pid {shim.pid}")
+            report = shim.start(*created)
         except KeyboardInterrupt:
-            raise _interrupted(store, job_id, run, state, shim.handed_over) from None
+            if created is None:
+                raise  # nothing was recorded (create_job removes a job it could not finish)
+            raise _interrupted(store, *created, state, shim.handed_over) from None
         except ShimExited as err:
-            _record_unstarted(store, job_id, run, state, err.message)
+            assert created is not None  # only start() raises it
+            _record_unstarted(store, *created, state, err.message)
             raise
+        job_id, run = created
     shim_pid = shim.pid
     trace.info(f"supervisor {shim_pid} reported: {report}")
     if "error" in report:

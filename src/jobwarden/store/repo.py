@@ -5,6 +5,7 @@ Kept narrow on purpose, so a server database can stand behind it later.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobwarden import trace
-from jobwarden.errors import JobNotFound
+from jobwarden.errors import JobNotFound, StoreError
 from jobwarden.model import UNFINISHED_STATES, Finding, JobSpec, JobState, ProcessEnd, ProcessSnapshot, Ranks
 from jobwarden.paths import Layout, ensure_private_dir
 from jobwarden.store import samples
@@ -80,7 +81,10 @@ class Store(SampleMethods, ListQueries):
     def create_job(
         self, spec: JobSpec, options: dict[str, Any], now: float, state: JobState = JobState.STARTING
     ) -> tuple[int, int]:
-        """A new job with its first run; returns (job id, run number). The run directory is made too."""
+        """A new job with its first run; returns (job id, run number). The run directory is made too. Should
+        anything fail or be interrupted (Ctrl-C) once the rows are written, they are removed: nothing will
+        start the job, and no ghost may be left `starting`."""
+        job_id = 0
         try:
             with write(self._conn):
                 cur = self._conn.execute(
@@ -101,12 +105,13 @@ class Store(SampleMethods, ListQueries):
                 self._conn.execute(
                     "INSERT INTO events (job_id, run, at, kind) VALUES (?, 1, ?, 'created')", (job_id, now)
                 )
-        except sqlite3.Error as err:
-            raise translate(err, self.layout.database) from err
-        try:
             self.make_run_dir(job_id, 1)
-        except BaseException:  # nothing will start it: no ghost job left `starting`
-            self.delete_job(job_id)
+        except BaseException as err:
+            if job_id:
+                with contextlib.suppress(StoreError):  # the first error is the one to report
+                    self.delete_job(job_id)
+            if isinstance(err, sqlite3.Error):
+                raise translate(err, self.layout.database) from err
             raise
         return job_id, 1
 
