@@ -10,24 +10,10 @@ import textwrap
 import pytest
 
 from tests.conftest import Jobwarden
+from tests.unit.test_joblist import SUMMARY_KEYS
 
 pytestmark = pytest.mark.integration
 
-SUMMARY_KEYS = [
-    "id",
-    "name",
-    "state",
-    "run",
-    "pid",
-    "finding",
-    "exit_code",
-    "signal",
-    "started_at",
-    "ended_at",
-    "cpu_percent",
-    "rss_bytes",
-    "command",
-]
 FRONTEND_MODULES = ("textual", "rich", "http.server", "asyncio", "socketserver", "prometheus_client")
 
 

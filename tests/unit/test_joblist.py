@@ -17,6 +17,24 @@ from jobwarden.store.listing import _CHUNK
 NOW = 1_700_000_000.0
 
 
+# `ps --json`: the contract (DESIGN.md) and what the web list serves
+SUMMARY_KEYS = [
+    "id",
+    "name",
+    "state",
+    "run",
+    "pid",
+    "finding",
+    "exit_code",
+    "signal",
+    "started_at",
+    "ended_at",
+    "cpu_percent",
+    "rss_bytes",
+    "command",
+]
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
     with Store(tmp_path / "home") as s:
@@ -121,19 +139,5 @@ def test_job_views_show_each_runs_root_cause_first(store: Store) -> None:
     assert [v.job.id for v in job_views(store, ProcFS(), include_ended=True, limit=2)] == [clean, lost]
     assert [v.job.id for v in job_views(store, ProcFS(), include_ended=True, limit=1, offset=2)] == [hung]
     summary = views[0].summary_json()
-    assert list(summary) == [
-        "id",
-        "name",
-        "state",
-        "run",
-        "pid",
-        "finding",
-        "exit_code",
-        "signal",
-        "started_at",
-        "ended_at",
-        "cpu_percent",
-        "rss_bytes",
-        "command",
-    ]
+    assert list(summary) == SUMMARY_KEYS
     assert summary["finding"] == "pool-worker-lost" and summary["command"] == ["python", "hung.py"]
