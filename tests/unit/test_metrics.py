@@ -16,7 +16,7 @@ from jobwarden.control.metrics import GpuSample, Sample, job_samples, per_second
 from jobwarden.model import JobSpec, JobState
 from jobwarden.store import Store
 from jobwarden.store.rollup import PRUNE_EVERY_S, GpuReading, Reading, Rollup
-from jobwarden.store.schema import LATEST, MIGRATIONS
+from jobwarden.store.schema import LATEST
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 T0 = 1_700_000_400.0
@@ -220,35 +220,6 @@ def test_v4_samples_read_back_after_migration_with_unknown_new_fields(v4_home: P
         assert conn.execute("SELECT COUNT(*) FROM samples_rollup").fetchone()[0] == 0
     finally:
         conn.close()
-
-
-def test_points_written_in_migration_5s_layout_are_converted_by_migration_7(tmp_path: Path) -> None:
-    """Migration 5 stored memory in bytes and each GPU as [index, util, util max, bytes, max bytes]."""
-    home = tmp_path / "home"
-    home.mkdir(mode=0o700)
-    conn = sqlite3.connect(home / "jobwarden.db", isolation_level=None)
-    try:
-        conn.executescript(f"BEGIN; {';'.join(MIGRATIONS[:6])}; PRAGMA user_version = 6; COMMIT;")
-        conn.execute(
-            "INSERT INTO jobs (id, name, command, cwd, created_at) VALUES (1, 'old', '[\"python\"]', '/', ?)",
-            (T0,),
-        )
-        conn.execute("INSERT INTO runs (job_id, n, state, started_at) VALUES (1, 1, 'running', ?)", (T0,))
-        conn.execute(
-            "INSERT INTO samples_rollup (job_id, run, tier, at, n, nprocs_avg, nprocs_max, cpu_avg, "
-            "cpu_max, rss_avg, rss_max, cpu_time_s, io_read_bytes, io_write_bytes, gpu_util_avg, "
-            "gpu_util_max, gpu_mem_avg, gpu_mem_max, gpus) "
-            "VALUES (1, 1, 600, ?, 600, 3.5, 4, 97.25, 180.5, ?, ?, 512.5, 1000, 2000, 70.5, 99.0, ?, ?, ?)",
-            (T0, 300 * MIB + 1234, 900 * MIB + 1, 3 * MIB, 5 * MIB, "[[0, 60.5, 90.0, 1048576, 3145728]]"),
-        )
-    finally:
-        conn.close()
-    with Store(home) as s:
-        (point,) = job_samples(s, 1, 1, now=T0 + 700)
-        assert (point.rss_bytes, point.rss_max_bytes, point.cpu_percent) == (300 * MIB, 901 * MIB, 97.2)
-        assert (point.gpu_memory_bytes, point.io_write_bytes, point.cpu_time_s) == (3 * MIB, 2000, 512.5)
-        assert point.gpus == (GpuSample(0, 60.5, MIB),)
-        assert s.peak_rss(1, 1) == 901 * MIB
 
 
 def test_peak_rss_reads_the_largest_memory_of_every_tier_in_bytes(store: Store) -> None:

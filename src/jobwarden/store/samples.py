@@ -216,13 +216,9 @@ def _bucket(row: sqlite3.Row) -> Bucket:
     b.gpu_mem = Gauge.stored(_bytes(row["gpu_mem_avg_mib"]), _bytes(row["gpu_mem_max_mib"]), n)
     b.cpu_time_s, b.io_read, b.io_write = row["cpu_time_s"], row["io_read_bytes"], row["io_write_bytes"]
     if row["gpus"]:
-        for entry in json.loads(row["gpus"]):
-            if len(entry) == 5:  # written by migration 5's layout: [index, util, util max, bytes, max bytes]
-                index, util, util_max, mem, mem_max = entry
-            else:
-                (index, util, mem_mib, mem_max_mib), util_max = entry, None
-                mem, mem_max = _bytes(mem_mib), _bytes(mem_max_mib)
-            b.gpus[index] = (Gauge.stored(util, util_max, n), Gauge.stored(mem, mem_max, n))
+        for index, util, mem_mib, mem_max_mib in json.loads(row["gpus"]):  # [index, util, MiB, max MiB]
+            mem = Gauge.stored(_bytes(mem_mib), _bytes(mem_max_mib), n)
+            b.gpus[index] = (Gauge.stored(util, None, n), mem)
     return b
 
 

@@ -115,7 +115,9 @@ MIGRATIONS: list[str] = [
     """,
     # 5: samples worth plotting: I/O split into read and write, each GPU's share, and the tiers samples are
     # downsampled into as they age (store/rollup.py): one row per (tier, point), gauges as mean and max,
-    # counters as their last value. WITHOUT ROWID: the key is the row, with no second copy in an index.
+    # counters as their last value. Stored short, for a 30-day job on several GPUs to stay under 3 MiB:
+    # memory in MiB (2 bytes a figure where bytes take 6). WITHOUT ROWID: the key is the row, with no
+    # second copy in an index.
     """
     ALTER TABLE samples ADD COLUMN io_read_bytes INTEGER;
     ALTER TABLE samples ADD COLUMN io_write_bytes INTEGER;
@@ -128,11 +130,11 @@ MIGRATIONS: list[str] = [
         n INTEGER NOT NULL,              -- readings merged: the weight of its means
         nprocs_avg REAL, nprocs_max INTEGER,
         cpu_avg REAL, cpu_max REAL,
-        rss_avg INTEGER, rss_max INTEGER,
+        rss_avg_mib INTEGER, rss_max_mib INTEGER,
         cpu_time_s REAL, io_read_bytes INTEGER, io_write_bytes INTEGER,
         gpu_util_avg REAL, gpu_util_max REAL,
-        gpu_mem_avg INTEGER, gpu_mem_max INTEGER,
-        gpus TEXT,                       -- JSON [[index, util_avg, util_max, mem_avg, mem_max], ...]
+        gpu_mem_avg_mib INTEGER, gpu_mem_max_mib INTEGER,
+        gpus TEXT,                       -- JSON [[index, util_avg, mem_avg_mib, mem_max_mib], ...]
         PRIMARY KEY (job_id, run, tier, at)
     ) WITHOUT ROWID;
     """,
@@ -141,34 +143,6 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX runs_by_state ON runs(state);
     CREATE INDEX runs_by_end ON runs(ended_at);
-    """,
-    # 7: downsampled points stored short, for a 30-day job on several GPUs to stay under 3 MiB: memory in
-    # MiB (2 bytes a figure where bytes take 6), each GPU as [index, util_avg, mem_avg_mib, mem_max_mib]
-    # (points written by 5 keep [index, util_avg, util_max, mem_avg, mem_max] in bytes: store/samples.py
-    # reads both). The figures change units: the table is rebuilt, its points converted.
-    """
-    CREATE TABLE samples_rollup_v7 (
-        job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
-        run INTEGER NOT NULL,
-        tier INTEGER NOT NULL,           -- seconds per point: 10, 60, 600
-        at REAL NOT NULL,                -- start of the point's interval
-        n INTEGER NOT NULL,              -- readings merged: the weight of its means
-        nprocs_avg REAL, nprocs_max INTEGER,
-        cpu_avg REAL, cpu_max REAL,
-        rss_avg_mib INTEGER, rss_max_mib INTEGER,
-        cpu_time_s REAL, io_read_bytes INTEGER, io_write_bytes INTEGER,
-        gpu_util_avg REAL, gpu_util_max REAL,
-        gpu_mem_avg_mib INTEGER, gpu_mem_max_mib INTEGER,
-        gpus TEXT,
-        PRIMARY KEY (job_id, run, tier, at)
-    ) WITHOUT ROWID;
-    INSERT INTO samples_rollup_v7 SELECT job_id, run, tier, at, n, nprocs_avg, nprocs_max, cpu_avg, cpu_max,
-        CAST(round(rss_avg / 1048576.0) AS INTEGER), (rss_max + 1048575) / 1048576,
-        cpu_time_s, io_read_bytes, io_write_bytes, gpu_util_avg, gpu_util_max,
-        CAST(round(gpu_mem_avg / 1048576.0) AS INTEGER), (gpu_mem_max + 1048575) / 1048576, gpus
-        FROM samples_rollup;
-    DROP TABLE samples_rollup;
-    ALTER TABLE samples_rollup_v7 RENAME TO samples_rollup;
     """,
 ]
 
