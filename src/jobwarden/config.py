@@ -80,6 +80,11 @@ def parse_duration(text: str, option: str = "") -> float:
     return value
 
 
+def optional_duration(text: str | None, option: str) -> float | None:
+    """A flag's duration, None when the flag was not given."""
+    return parse_duration(text, option) if text is not None else None
+
+
 def _named(option: str) -> str:
     return f"{option}: " if option else ""
 

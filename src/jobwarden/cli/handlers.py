@@ -41,10 +41,6 @@ def _print_json(obj: object) -> None:
     print(json.dumps(obj, indent=2))
 
 
-def _duration(text: str | None, option: str) -> float | None:
-    return config.parse_duration(text, option) if text is not None else None
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from jobwarden.control.launch import checked_name, default_name, launch, parse_env
     from jobwarden.control.options import run_options
@@ -135,7 +131,7 @@ def _wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    return _wait_exit(args.job, _duration(args.timeout, "--timeout"), args.json)
+    return _wait_exit(args.job, config.optional_duration(args.timeout, "--timeout"), args.json)
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
@@ -260,7 +256,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
     if args.force and args.grace is not None:
         raise UsageError("--force and --grace exclude each other", "--force is --grace 0: SIGKILL now")
-    grace = 0.0 if args.force else _duration(args.grace, "--grace")
+    grace = 0.0 if args.force else config.optional_duration(args.grace, "--grace")
     result = stop(_home(), _procfs(), args.job, grace)
     if args.json:
         _print_json(result.to_json())
@@ -285,7 +281,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     from jobwarden.control.dump import DEFAULT_TIMEOUT_S, dump_job
     from jobwarden.text import render
 
-    timeout = _duration(args.timeout, "--timeout")
+    timeout = config.optional_duration(args.timeout, "--timeout")
     result = dump_job(
         _home(),
         _procfs(),
@@ -316,7 +312,7 @@ def cmd_orphans(args: argparse.Namespace) -> int:
     from jobwarden.text import render
 
     procfs, now = _procfs(), SystemClock().wall()
-    grace = _duration(args.grace, "--grace")
+    grace = config.optional_duration(args.grace, "--grace")
     with Store(_home()) as store:
         strays = find_strays(store, procfs, now)
     listed = [s.to_json(now) for s in strays]

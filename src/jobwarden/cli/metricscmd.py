@@ -12,7 +12,6 @@ from jobwarden import config
 from jobwarden.cli.metricsview import metrics_report, spark_width
 from jobwarden.clock import SystemClock
 from jobwarden.control.metrics import job_samples
-from jobwarden.errors import UsageError
 from jobwarden.store import Store
 from jobwarden.text.term import terminal_width
 
@@ -24,7 +23,7 @@ STATUS_WINDOW_S = 600.0  # the last minutes `status` draws
 
 def metrics(home: Path, args: argparse.Namespace) -> int:
     now = SystemClock().wall()
-    since = now - option_duration("--since", args.since) if args.since is not None else None
+    since = now - config.parse_duration(args.since, "--since") if args.since is not None else None
     width = terminal_width()
     with Store(home) as store:
         job = store.job(args.job)
@@ -47,14 +46,6 @@ def _prometheus(store: Store, job_id: int, run: int) -> str:
     from jobwarden.osapi.procfs import ProcFS
 
     return job_exposition(store, ProcFS(), job_id, run)
-
-
-def option_duration(option: str, text: str) -> float:
-    """A duration option's value; a bad one is an error naming the option."""
-    try:
-        return config.parse_duration(text)
-    except UsageError as err:
-        raise UsageError(f"{option}: {err.message}", err.remedy) from None
 
 
 def status_sparklines(home: Path, status: JobStatus) -> list[str]:

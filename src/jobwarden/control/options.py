@@ -29,12 +29,12 @@ def run_options(
 ) -> JobOptions:
     """The job's options from `run`'s flags, as typed (None: the flag was not given)."""
     options: dict[str, Any] = {
-        "timeout_s": _duration(timeout, "--timeout"),
-        "grace_s": _duration(grace, "--grace"),
+        "timeout_s": config.optional_duration(timeout, "--timeout"),
+        "grace_s": config.optional_duration(grace, "--grace"),
         "on_hang": on_hang,
         "py_hooks": py_hooks,
         "mp_start": mp_start,
-        "restart_delay_s": _duration(restart_delay, "--restart-delay"),
+        "restart_delay_s": config.optional_duration(restart_delay, "--restart-delay"),
     }
     if hang_timeout is not None:  # "off" is stored as 0: no window
         off = hang_timeout.strip().lower() == "off"
@@ -43,10 +43,6 @@ def run_options(
     options.update(gpu_options(gpus, gpu_ids))
     options.update(notify_options(notify, on_event))
     return JobOptions.from_json(options)
-
-
-def _duration(text: str | None, option: str) -> float | None:
-    return config.parse_duration(text, option) if text is not None else None
 
 
 def memory_and_restart_options(
