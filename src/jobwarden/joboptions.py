@@ -30,6 +30,16 @@ class JobOptions(NamedTuple):
     gpu_ids: tuple[int, ...] | None = None  # --gpu-ids I,J
     notify: str | None = None  # --notify URL
     on_event: str | None = None  # --on-event CMD
+    # Inside an engine (Slurm, Ray): `run` stays attached as the engine's task (docs/cluster.md)
+    engine: str | None = None  # "slurm" | "ray"; None: a run on its own, detached
+    engine_budget_s: float | None = None  # the engine's kill budget: Slurm's KillWait, Ray's stop wait
+    group: str | None = None  # --group: the distributed job this run is a part of
+    group_dir: str | None = None  # --group-dir: the group's shared records (default: under the home)
+    rank: int | None = None  # --rank: this run's rank in the group (None: one per process, from RANK)
+    node: str | None = None  # the node this run is on, as the engine names it
+    attempt: int = 0  # the engine's attempt at the whole job (Slurm's SLURM_RESTART_COUNT)
+    requeue_exit: int | None = None  # --requeue-exit: the exit code that asks the engine to requeue
+    max_requeues: int | None = None  # --max-requeues: no requeue code from this attempt on
 
     @property
     def wants_gpus(self) -> bool:

@@ -52,6 +52,7 @@ class EndReason(enum.StrEnum):
     HUNG = "hung"  # ended by --on-hang stop|restart after the stacks were stored
     MEM_LIMIT = "mem-limit"  # ended by jobwarden's memory watchdog (no cgroup could enforce --mem-limit)
     SUPERVISOR_FAILED = "supervisor-failed"  # its shim ended before it started the command
+    ENGINE_STOP = "engine-stop"  # ended by the engine it runs in (scancel, time limit, `ray job stop`)
     UNKNOWN = "unknown"
 
 

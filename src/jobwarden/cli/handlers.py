@@ -43,7 +43,7 @@ def _print_json(obj: object) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from jobwarden.control.launch import checked_name, default_name, launch, parse_env
-    from jobwarden.control.options import run_options
+    from jobwarden.control.options import engine_options, run_options
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
@@ -63,6 +63,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         gpu_ids=args.gpu_ids,
         notify=args.notify,
         on_event=args.on_event,
+        engine=engine_options(
+            os.environ,
+            engine=args.engine,
+            detach=args.detach,
+            group=args.group,
+            group_dir=args.group_dir,
+            rank=args.rank,
+            requeue_exit=args.requeue_exit,
+            max_requeues=args.max_requeues,
+        ),
     )
     env = parse_env(args.env)
     name = checked_name(args.name) if args.name is not None else default_name(argv)
@@ -195,6 +205,10 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from jobwarden.text import render
 
+    if args.group is not None:
+        raise UsageError("explain --group: not built yet")  # TODO(issue 12): the group verdict
+    if args.job is None:
+        raise UsageError("explain needs a JOB (an id or a name), or --group ID")
     status = _job_status(args.job, args.run)
     if args.json:
         _print_json(status.explain_json())

@@ -124,8 +124,41 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
         metavar="CMD",
         help="run CMD through /bin/sh on each event, with the event as JSON on its stdin",
     )
+    _engine_arguments(run)
     run.add_argument("--json", action="store_true")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
+
+
+def _engine_arguments(run: argparse.ArgumentParser) -> None:
+    engine = run.add_argument_group("inside an engine (Slurm, Ray)")
+    engine.add_argument(
+        "--engine",
+        default="auto",
+        metavar="auto|slurm|ray|none",
+        help="run attached as the engine's task: forward its signals, exit with the job's status "
+        "(default auto: Slurm is found by its variables)",
+    )
+    engine.add_argument("--detach", action="store_true", help="inside an engine, detach as on its own")
+    engine.add_argument("--group", metavar="ID", help="the distributed job this run is a part of")
+    engine.add_argument("--group-dir", metavar="DIR", help="shared directory of the group's records")
+    engine.add_argument("--rank", metavar="N", help="this run's rank (default: SLURM_PROCID)")
+    engine.add_argument(
+        "--requeue-exit", metavar="CODE", help="exit with CODE (144-255) when the cause is retryable"
+    )
+    engine.add_argument("--max-requeues", metavar="N", help="no requeue code from attempt N on")
+
+
+def _explain_arguments(explain: argparse.ArgumentParser) -> None:
+    explain.add_argument("job", metavar="JOB", nargs="?")
+    explain.add_argument("--run", type=int, metavar="N")
+    explain.add_argument("--group", metavar="ID", help="one verdict for every rank of a distributed job")
+    explain.add_argument("--attempt", type=int, metavar="K", help="with --group: that attempt (default last)")
+    explain.add_argument(
+        "--exit-status",
+        action="store_true",
+        help="with --group: exit 0 if it succeeded, the requeue code if the cause is retryable, else 1",
+    )
+    explain.add_argument("--json", action="store_true")
 
 
 def _ps_arguments(ps: argparse.ArgumentParser) -> None:
@@ -233,7 +266,7 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
     "stop": ("end a job and everything it started", _stop_arguments),
     "wait": ("block until a job ends; exit with its status", _wait_arguments),
     "adopt": ("supervise again a job whose supervisor died", _job_and_json),
-    "explain": ("why a job died or is stuck", _status_arguments),
+    "explain": ("why a job died or is stuck", _explain_arguments),
     "metrics": ("a job's CPU, memory, I/O and GPU use over time", _metrics_arguments),
     "dump": ("the Python and native stacks of every process of a job, now", _dump_arguments),
     "rm": ("forget an ended job and delete its logs", _job_only),

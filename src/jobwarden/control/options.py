@@ -3,9 +3,11 @@ checked before anything starts, and a bad one is a one-line error that names its
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from jobwarden import config
+from jobwarden.control.engine import detect_engine, engine_place
 from jobwarden.errors import UsageError
 from jobwarden.joboptions import JobOptions
 
@@ -26,6 +28,7 @@ def run_options(
     gpu_ids: str | None = None,
     notify: str | None = None,
     on_event: str | None = None,
+    engine: dict[str, Any] | None = None,
 ) -> JobOptions:
     """The job's options from `run`'s flags, as typed (None: the flag was not given)."""
     options: dict[str, Any] = {
@@ -42,6 +45,7 @@ def run_options(
     options.update(memory_and_restart_options(mem_limit, restart, max_restarts))
     options.update(gpu_options(gpus, gpu_ids))
     options.update(notify_options(notify, on_event))
+    options.update(engine or {})
     return JobOptions.from_json(options)
 
 
@@ -115,3 +119,51 @@ def notify_options(url: str | None, command: str | None) -> dict[str, Any]:
             )
         options["on_event"] = command
     return options
+
+
+# srun reports the highest exit code of its tasks: a requeue code at or below a collateral rank's 143
+# (SIGTERM) would be masked by it; 253 is what srun itself returns for an OOM (docs/cluster.md)
+_REQUEUE_CODES = range(144, 256)
+_SRUN_OOM_CODE = 253
+
+
+def engine_options(
+    env: Mapping[str, str],
+    *,
+    engine: str = "auto",
+    detach: bool = False,
+    group: str | None = None,
+    group_dir: str | None = None,
+    rank: str | None = None,
+    requeue_exit: str | None = None,
+    max_requeues: str | None = None,
+) -> dict[str, Any]:
+    """The job options of --engine, --detach, --group, --group-dir, --rank, --requeue-exit and
+    --max-requeues, with the engine's defaults (control.engine) under them. `--detach` inside an engine
+    runs on its own, as outside one; the group options still apply."""
+    place = engine_place(detect_engine(engine, env), env)
+    if group is not None and (not group.isprintable() or "/" in group or group in ("", ".", "..")):
+        raise UsageError(f"--group {group!r}: a group id is printable text without '/'", "e.g. --group exp-7")
+    options: dict[str, Any] = {
+        "engine": None if detach else place.engine,
+        "group": group if group is not None else place.group,
+        "group_dir": group_dir,
+        "rank": config.parse_count(rank, "--rank") if rank is not None else place.rank,
+        "node": place.node,
+        "attempt": place.attempt,
+        "max_requeues": config.parse_count(max_requeues, "--max-requeues") if max_requeues else None,
+    }
+    if requeue_exit is not None:
+        options["requeue_exit"] = _requeue_code(requeue_exit)
+    return options
+
+
+def _requeue_code(text: str) -> int:
+    code = config.parse_count(text, "--requeue-exit")
+    if code not in _REQUEUE_CODES or code == _SRUN_OOM_CODE:
+        raise UsageError(
+            f"--requeue-exit {code}: must be 144-255 and not 253",
+            "srun exits with its tasks' highest code, so a collateral SIGTERM's 143 would mask a lower one; "
+            "253 is srun's own code for an OOM. e.g. --requeue-exit 200 (and RequeueExit=200 in slurm.conf)",
+        )
+    return code

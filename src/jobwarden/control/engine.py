@@ -1,0 +1,61 @@
+"""Which engine a `run` is inside (Slurm, Ray, none), and what it says about the run's place in a
+distributed job: its group, attempt, rank and node. Read from the environment the engine sets for a task
+(docs/cluster.md); nothing here starts a process."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from jobwarden.errors import UsageError
+
+ENGINES = ("auto", "slurm", "ray", "none")
+
+
+class EnginePlace(NamedTuple):
+    """Where a run sits in its engine; None fields are unknown (or not in an engine at all)."""
+
+    engine: str | None  # "slurm" | "ray" | None
+    group: str | None
+    attempt: int
+    rank: int | None
+    node: str | None
+
+
+def detect_engine(asked: str, env: Mapping[str, str]) -> str | None:
+    """--engine: "auto" finds Slurm by its step variables; Ray sets none that tell (its warden passes
+    --engine ray); "none" forces a plain run."""
+    if asked not in ENGINES:
+        raise UsageError(f"--engine {asked!r}: not one of {', '.join(ENGINES)}", "e.g. --engine slurm")
+    if asked == "auto":
+        return "slurm" if env.get("SLURM_STEP_ID") or env.get("SLURM_JOB_ID") else None
+    return None if asked == "none" else asked
+
+
+def engine_place(engine: str | None, env: Mapping[str, str]) -> EnginePlace:
+    """The defaults an engine gives a run's --group, attempt, --rank and node."""
+    if engine != "slurm":
+        return EnginePlace(engine, None, 0, None, None)
+    return EnginePlace(
+        engine,
+        slurm_group(env),
+        _whole(env.get("SLURM_RESTART_COUNT")) or 0,
+        _whole(env.get("SLURM_PROCID")),
+        env.get("SLURMD_NODENAME") or None,
+    )
+
+
+def slurm_group(env: Mapping[str, str]) -> str | None:
+    """One group per Slurm job (and per task of an array): every rank of every step of it meets there;
+    the cluster's name keeps two clusters sharing one home apart."""
+    job = env.get("SLURM_JOB_ID")
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        job = f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    if not job:
+        return None
+    cluster = env.get("SLURM_CLUSTER_NAME")
+    return f"slurm-{cluster}-{job}" if cluster else f"slurm-{job}"
+
+
+def _whole(text: str | None) -> int | None:
+    return int(text) if text and text.isdecimal() else None
