@@ -298,6 +298,8 @@ class Supervisor:
         self.memory.start()
         sightings = self.exits.sightings or self._listen_for_births()  # adopted: the job runs already
         self.record.event("watching-births", self.clock.wall(), sources=sightings.sources)
+        if self.main is not None and pidfds.has_exited(self.main.pidfd):
+            return  # over already (`true`): nothing live to judge, and `run --wait` waits for no imports
         self._start_diagnosis(main_pid)
 
     def _listen_for_births(self) -> Sightings:
