@@ -45,7 +45,10 @@ class ForkedShim:
     def __init__(self, home: Path, mode: str, attached: bool = False) -> None:
         # Loaded before the fork, not after: a forked child copies every page it writes, and importing
         # writes to many, so the same imports take the child about twice as long.
-        import jobwarden.shim.attempts  # noqa: F401
+        import jobwarden.shim.attempts
+
+        if attached:  # its CLI waits for the run's end, and the end of every attempt decides a restart
+            import jobwarden.rules.retry  # noqa: F401
 
         self.home = home
         self.handed_over = False  # the shim has its job: from now on it starts it, whatever we do
