@@ -24,7 +24,8 @@ def term(*_):
 signal.signal(signal.SIGTERM, term)
 signal.signal(signal.SIGUSR2, lambda *_: print("got SIGUSR2", flush=True))
 print("started", flush=True)
-open(sys.argv[1], "w").write("ready\\n")
+with open(sys.argv[1], "w") as fifo:  # closed here, not by a finalizer, where an exit would be lost
+    fifo.write("ready\\n")
 while True:
     time.sleep(0.05)
 """
