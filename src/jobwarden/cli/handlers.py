@@ -206,7 +206,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from jobwarden.text import render
 
     if args.group is not None:
-        raise UsageError("explain --group: not built yet")  # TODO(issue 12): the group verdict
+        return _explain_group(args)
     if args.job is None:
         raise UsageError("explain needs a JOB (an id or a name), or --group ID")
     status = _job_status(args.job, args.run)
@@ -215,6 +215,23 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:
         _print_lines(render.explain_report(status))
     return 0
+
+
+def _explain_group(args: argparse.Namespace) -> int:
+    from jobwarden.control.groupview import group_view
+    from jobwarden.text.group import group_report
+
+    if args.job is not None:
+        raise UsageError(
+            "explain: give a JOB or --group ID, not both", "e.g. jobwarden explain --group exp-7"
+        )
+    tolerance = config.optional_duration(args.clock_tolerance, "--clock-tolerance")
+    view = group_view(_home(), args.group, args.attempt, args.group_dir, tolerance)
+    if args.json:
+        _print_json(view.to_json())
+    else:
+        _print_lines(group_report(view))
+    return view.exit_status() if args.exit_status else 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
