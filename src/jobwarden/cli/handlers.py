@@ -20,6 +20,7 @@ from jobwarden.paths import home_dir
 
 if TYPE_CHECKING:
     from jobwarden.control.jobstatus import JobStatus
+    from jobwarden.store import RunRecord
 
 
 def _home() -> Path:
@@ -113,7 +114,8 @@ def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
         print(f"\njobwarden: stopped following; job {job.id} keeps running", file=sys.stderr)
         return 130
     if exit_with_status:
-        return render.exit_status(wait_job(_home(), procfs, str(job.id)))
+        ended = wait_job(_home(), procfs, str(job.id))
+        return _requeue_or(ended, render.exit_status(ended))
     return 0
 
 
@@ -137,7 +139,21 @@ def _wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False
             f"jobwarden: job {run.job_id} is lost: its supervisor died, its exit status is unknown",
             file=sys.stderr,
         )
-    return render.exit_status(run)
+    return _requeue_or(run, render.exit_status(run))
+
+
+def _requeue_or(run: RunRecord, status: int) -> int:
+    """--requeue-exit's code when the run's end is retryable (control.requeue), else its own status."""
+    from jobwarden.control.requeue import requeue_code
+
+    code = requeue_code(_home(), run)
+    if code is not None:
+        print(
+            f"jobwarden: job {run.job_id} ended retryably: exit {code} asks the engine to requeue it",
+            file=sys.stderr,
+        )
+        return code
+    return status
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
