@@ -72,9 +72,10 @@ def filesystem_type(path: Path, mountinfo: str | None = None) -> str | None:
             mountinfo = MOUNTINFO.read_text()
         except OSError:
             return None
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    target = str(path.resolve())
+    existing, rest = path.absolute(), Path()
+    while not existing.exists() and existing != existing.parent:  # a home not created yet
+        existing, rest = existing.parent, existing.name / rest
+    target = str(existing.resolve() / rest).rstrip("/") or "/"
     best, fs_type = -1, None
     for line in mountinfo.splitlines():
         fields, _, after = line.partition(" - ")
