@@ -158,3 +158,13 @@ def test_slurm_node_lists_expand() -> None:
         "login",
     ]
     assert expand_nodelist(None) == []
+
+
+def test_a_launcher_nodes_own_file_gives_way_to_its_ranks() -> None:
+    """Before torchrun's workers appear the node writes to node-<host>.jsonl; once ranks speak, they tell."""
+    early = RankStory.of("node-n", [{**record("alive", 1.0), "rank": None}])
+    rank = death(0, 10.0, "b", 10.0, exception="ValueError: x")
+    verdict = merge([early, rank])
+    assert [r.story.label for r in verdict.ranks] == ["rank-0"]
+    alone = merge([RankStory.of("node-m", [{**record("alive", 1.0), "rank": None, "node": "m"}]), rank])
+    assert len(alone.ranks) == 2  # another node whose ranks are unknown stays

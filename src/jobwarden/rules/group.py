@@ -118,6 +118,9 @@ def merge(
     expected_nodes: Iterable[str] = (),
     tolerance_s: float = DEFAULT_CLOCK_TOLERANCE_S,
 ) -> GroupVerdict:
+    ranked = {s.node for s in stories if s.rank is not None}
+    # a launcher's node writes to its node file until its first rank appears: the ranks tell the rest
+    stories = [s for s in stories if s.rank is not None or s.node not in ranked]
     ends = [_float(e.get("wall")) for s in stories if (e := s.first("ended"))]
     latest_end = max((w for w in ends if w is not None), default=None)
     outcomes = {id(s): classify(s, latest_end) for s in stories}
