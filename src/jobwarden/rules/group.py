@@ -196,8 +196,9 @@ def _death(story: RankStory, ended: dict[str, Any], at: float | None, mono: floa
 
 
 def _stops(record: dict[str, Any]) -> bool:
-    """An engine signal that ends the job (SIGUSR1 for a checkpoint does not)."""
-    return str(record.get("signal") or record.get("name")) in ("SIGTERM", "SIGINT", "SIGKILL", "TERM", "INT")
+    """An engine signal that ends the job (shim.enginestop: action "stop"); a forwarded SIGUSR1 (a checkpoint
+    before the time limit) does not."""
+    return record.get("action") == "stop"
 
 
 def _no_end(story: RankStory, latest_end: float | None) -> Outcome:
