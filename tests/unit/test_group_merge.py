@@ -168,3 +168,8 @@ def test_a_launcher_nodes_own_file_gives_way_to_its_ranks() -> None:
     assert [r.story.label for r in verdict.ranks] == ["rank-0"]
     alone = merge([RankStory.of("node-m", [{**record("alive", 1.0), "rank": None, "node": "m"}]), rank])
     assert len(alone.ranks) == 2  # another node whose ranks are unknown stays
+
+
+def test_records_of_another_group_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="those of group g"):
+        group_view(tmp_path, "other", None, str(FIXTURES / "oom-hang"))

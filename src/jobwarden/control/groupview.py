@@ -90,6 +90,12 @@ def group_view(
             f"explain --group {group}: no records of {which} under {root}",
             "check the group id (`ls` that directory), or pass --group-dir where the ranks wrote them",
         )
+    recorded = (records.group or {}).get("group")
+    if recorded is not None and recorded != group:
+        raise UsageError(
+            f"explain --group {group}: the records under {root} are those of group {recorded}",
+            f"jobwarden explain --group {recorded} --group-dir {root}",
+        )
     stories = [RankStory.of(log.name, log.records) for log in records.ranks]
     expected = set(records.nodes) | set(expand_nodelist((records.group or {}).get("nodelist")))
     tolerance = DEFAULT_CLOCK_TOLERANCE_S if tolerance_s is None else tolerance_s
