@@ -147,6 +147,7 @@ def test_an_unwritable_group_dir_never_breaks_the_job(jw: Jobwarden, tmp_path: P
     with Store(jw.home) as store:
         events = [e for e in store.events(job) if e.kind == "group-unwritable"]
     assert len(events) == 1 and str(group_dir) in str(events[0].data["error"])  # said once, not per record
+    assert "group records not written" in jw("status", str(job)).stdout
 
 
 def test_exit_status_and_the_requeue_code(jw: Jobwarden, tmp_path: Path) -> None:
