@@ -115,9 +115,11 @@ class GroupSink:
             "stopping_at": self._stopping_at(),
         }
         lines = [b.decode("utf-8", "replace").rstrip("\n") for b in self._tail(_TRACEBACK_LINES)]
+        hooked = self._hooked_exceptions()
+        launcher = self.fixed_rank is None and bool(self.ranks)
         for target in self._targets():
             data = {**run_data, **self._end_status(target, fields), "output_tail": lines[-TAIL_LINES:]}
-            data["exception"] = _exception(lines, target.rank)
+            data["exception"] = hooked.get(target.pid or -1) or _exception(lines, target.rank, launcher)
             data["torch_error"] = _torch_error(target.error_file)
             self._append(target, "ended", fields["ended_at"], data, at_pid=target.pid)
         self._final_findings(fields["ended_at"])
@@ -286,6 +288,14 @@ class GroupSink:
         for finding in findings[:3]:
             self._append(self._targets()[0], "finding", at, {**_finding_json(finding), "final": True})
 
+    def _hooked_exceptions(self) -> dict[int, str]:
+        """{pid: "Type: message"}: the uncaught exceptions the Python hooks recorded, process by process."""
+        from jobwarden.probes.pyhooks import read_exceptions
+        from jobwarden.rules.death import raised_at
+
+        found = read_exceptions(self.store.layout.py_dir(self.job.id, self.run))
+        return {e.pid: f"{e.type}: {e.message}" + _at(raised_at(e.frames)) for e in found}
+
     def _tail(self, n: int) -> list[bytes]:
         try:
             return tail_lines(self.store.layout.output_log(self.job.id, self.run), n)
@@ -303,14 +313,20 @@ def _finding_json(finding: Finding) -> dict[str, Any]:
     }
 
 
-def _exception(lines: list[str], rank: int | None) -> str | None:
+def _exception(lines: list[str], rank: int | None, shared_output: bool) -> str | None:
+    """The last traceback in the output; under a launcher only a rank's own (torchrun prefixes its lines
+    with `[rankN]:`): the ranks of a node share one output, and a peer's traceback is not this rank's."""
     from jobwarden.rules.death import parse_traceback
 
-    if rank is not None:  # torchrun prefixes a rank's lines with [rankN]: (with --tee / log_line_prefix)
+    if rank is not None:
         own = [line.split(":", 1)[1] for line in lines if line.startswith(f"[rank{rank}]:")]
-        lines = own or lines
+        lines = own or ([] if shared_output else lines)
     parsed = parse_traceback(lines)
-    return f"{parsed[0]}: {parsed[1]}" + (f" @ {parsed[2]}" if parsed[2] else "") if parsed else None
+    return f"{parsed[0]}: {parsed[1]}{_at(parsed[2])}" if parsed else None
+
+
+def _at(where: str | None) -> str:
+    return f" @ {where}" if where else ""
 
 
 def _torch_error(path: str | None) -> dict[str, Any] | None:
