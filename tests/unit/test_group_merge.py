@@ -92,6 +92,7 @@ def test_an_engine_stop_is_the_verdict_only_when_nothing_came_first(tmp_path: Pa
     v = view("engine-stop", tmp_path)
     assert v.verdict.state == "stopped"
     assert v.to_json()["root_cause"]["rule"] == "cancelled-by-engine"
+    assert "stopped by the engine (TIMEOUT)" in verdict_line(v)
     assert v.exit_status() == 1
 
 

@@ -149,7 +149,9 @@ def classify(story: RankStory, latest_end: float | None = None) -> Outcome:
     if ended.get("oom"):
         return Outcome(Cause.OWN, "oom-kill", "was OOM-killed", at, mono)
     if reason == "engine-stop" or any(_stops(r) for r in story.by_kind.get("engine-signal", ())):
-        return Outcome(Cause.ENGINE, "cancelled-by-engine", "was stopped by the engine", at, mono)
+        state = ended.get("engine_state")
+        text = f"was stopped by the engine ({state})" if state else "was stopped by the engine"
+        return Outcome(Cause.ENGINE, "cancelled-by-engine", text, at, mono)
     if hung is not None or reason == "hung":
         op = (hung or {}).get("collective")
         rules = (hung or {}).get("rules") or []

@@ -59,6 +59,7 @@ class GroupSink:
         self.oom_victims: set[int] = set()
         self.oom_seen = False
         self.failed = False
+        self.engine_state: object = None
         self._alive_at = 0.0
         self._main: _Rank | None = None
 
@@ -73,6 +74,8 @@ class GroupSink:
             self._append(self._main, "started", at, self._started_data())
 
     def event(self, kind: str, at: float, data: dict[str, Any]) -> None:
+        if kind == "engine-state":  # Slurm's word on why it ended the job: TIMEOUT, CANCELLED, PREEMPTED...
+            self.engine_state = data.get("state")
         if kind == "oom":
             self.oom_seen = True
             self.oom_victims.update(int(v) for v in data.get("victims") or ())
@@ -113,6 +116,7 @@ class GroupSink:
             "state": str(fields.get("state")),
             "end_reason": str(fields.get("end_reason")),
             "stopping_at": self._stopping_at(),
+            "engine_state": self.engine_state,
         }
         lines = [b.decode("utf-8", "replace").rstrip("\n") for b in self._tail(_TRACEBACK_LINES)]
         hooked = self._hooked_exceptions()
