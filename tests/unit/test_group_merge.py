@@ -174,3 +174,25 @@ def test_a_launcher_nodes_own_file_gives_way_to_its_ranks() -> None:
 def test_records_of_another_group_are_refused(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="those of group g"):
         group_view(tmp_path, "other", None, str(FIXTURES / "oom-hang"))
+
+
+def hung_rank(
+    rank: int, judged: float, last_progress: float | None, op: str | None = "all_reduce"
+) -> RankStory:
+    hung = record(
+        "hung", judged, rank=rank, collective=op, rules=["collective-hang"], last_progress=last_progress
+    )
+    ended = record(
+        "ended", judged + 0.3, rank=rank, died_at=judged + 0.2, end_reason="hung", signal="SIGTERM"
+    )
+    return RankStory.of(f"rank-{rank}", [hung, ended])
+
+
+def test_when_every_rank_waits_in_the_collective_the_one_that_stopped_first_leads() -> None:
+    """All in all_reduce: the rank whose output stopped first (10 s before the others) leads, though its
+    node judged it hung last (its window is longer)."""
+    ranks = [hung_rank(0, 100.0, 80.0), hung_rank(1, 101.0, 70.0), hung_rank(2, 99.0, 80.5)]
+    verdict = merge(ranks)
+    assert verdict.root is not None and verdict.root.story.rank == 1
+    unknown = [hung_rank(0, 100.0, None), hung_rank(1, 103.0, 70.0)]  # no progress known: judged first
+    assert merge(unknown).root is not None and merge(unknown).root.story.rank == 0  # type: ignore[union-attr]

@@ -228,10 +228,8 @@ def _root(
         if not candidates:
             continue
         if cause == Cause.HUNG:
-            # the leader is elsewhere while the others wait in a collective
-            elsewhere = [s for s in candidates if not (s.first("hung") or {}).get("collective")]
-            if elsewhere and len(elsewhere) < len(candidates):
-                candidates = elsewhere
+            first = _hang_leader(candidates, outcomes, tolerance_s)
+            return first, []
         first = _earliest(candidates, outcomes, tolerance_s)
         close = [
             s
@@ -240,6 +238,19 @@ def _root(
         ]
         return first, close
     return None, []
+
+
+def _hang_leader(candidates: list[RankStory], outcomes: dict[int, Outcome], tolerance_s: float) -> RankStory:
+    """The rank that is elsewhere while the others wait in a collective; else the one whose last progress
+    (output, heartbeat) is oldest; else the one judged hung first."""
+    elsewhere = [s for s in candidates if not (s.first("hung") or {}).get("collective")]
+    if elsewhere and len(elsewhere) < len(candidates):
+        candidates = elsewhere
+    progress = {id(s): _float((s.first("hung") or {}).get("last_progress")) for s in candidates}
+    if all(p is not None for p in progress.values()):
+        by_progress = {id(s): Outcome(Cause.HUNG, None, "", progress[id(s)]) for s in candidates}
+        return _earliest(candidates, by_progress, tolerance_s)
+    return _earliest(candidates, outcomes, tolerance_s)
 
 
 def _earliest(candidates: list[RankStory], outcomes: dict[int, Outcome], tolerance_s: float) -> RankStory:

@@ -9,6 +9,7 @@ read-only or full is logged once, recorded on the node-local run as an event, an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Callable, Sequence
@@ -85,7 +86,7 @@ class GroupSink:
         if kind == "finding":
             extra.update(self._finding_text(str(data.get("rule"))))
         elif kind == "hung":
-            extra.update(self._hung_stacks(at))
+            extra.update(self._hung_stacks(at), last_progress=self._last_progress())
         for target in self._targets():
             self._append(target, kind, at, extra)
 
@@ -108,7 +109,8 @@ class GroupSink:
             self._alive_at = at
             rss = sum(s.rss_bytes for s in live)
             for target in self._targets():
-                self._append(target, "alive", at, {"processes": len(live), "rss_bytes": rss})
+                alive = {"processes": len(live), "rss_bytes": rss, "last_progress": self._last_progress()}
+                self._append(target, "alive", at, alive)
 
     def end(self, fields: dict[str, Any]) -> None:
         """Each rank's end: its own process's, or the run's for --rank and a node of unknown ranks."""
@@ -299,6 +301,16 @@ class GroupSink:
 
         found = read_exceptions(self.store.layout.py_dir(self.job.id, self.run))
         return {e.pid: f"{e.type}: {e.message}" + _at(raised_at(e.frames)) for e in found}
+
+    def _last_progress(self) -> float | None:
+        """When the run last wrote output or touched its heartbeat (wall clock): the hang leader across
+        nodes is the rank that stopped first."""
+        layout = self.store.layout
+        times = []
+        for path in (layout.output_log(self.job.id, self.run), layout.heartbeat_file(self.job.id, self.run)):
+            with contextlib.suppress(OSError):
+                times.append(path.stat().st_mtime)
+        return max(times) if times else None
 
     def _tail(self, n: int) -> list[bytes]:
         try:
