@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +197,15 @@ def test_when_every_rank_waits_in_the_collective_the_one_that_stopped_first_lead
     assert verdict.root is not None and verdict.root.story.rank == 1
     unknown = [hung_rank(0, 100.0, None), hung_rank(1, 103.0, 70.0)]  # no progress known: judged first
     assert merge(unknown).root is not None and merge(unknown).root.story.rank == 0  # type: ignore[union-attr]
+
+
+def test_once_the_job_is_over_a_rank_without_an_end_is_lost(tmp_path: Path) -> None:
+    """--exit-status is asked after srun returned: rank 1 never wrote its end, after a moment's wait for
+    the shared file system it counts as a lost node (retryable), not as running."""
+    began = time.monotonic()
+    v = group_view(tmp_path, "g", None, str(FIXTURES / "torn-line"), over=True, settle_s=0.3)
+    assert time.monotonic() - began >= 0.3  # it waited for the missing end
+    assert v.verdict.state == "failed"
+    assert {r.story.rank: r.outcome.rule for r in v.verdict.ranks} == {0: "python-exception", 1: "node-lost"}
+    live = group_view(tmp_path, "g", None, str(FIXTURES / "torn-line"))
+    assert {r.story.rank: r.role for r in live.verdict.ranks} == {0: "root", 1: "unknown"}

@@ -253,7 +253,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _explain_group(args: argparse.Namespace) -> int:
-    from jobwarden.control.groupview import group_view
+    from jobwarden.control.groupview import SETTLE_S, group_view
     from jobwarden.text.group import group_report
 
     if args.job is not None:
@@ -261,7 +261,10 @@ def _explain_group(args: argparse.Namespace) -> int:
             "explain: give a JOB or --group ID, not both", "e.g. jobwarden explain --group exp-7"
         )
     tolerance = config.optional_duration(args.clock_tolerance, "--clock-tolerance")
-    view = group_view(_home(), args.group, args.attempt, args.group_dir, tolerance)
+    # --exit-status is asked once the job is over (after srun, in the batch script): a rank with no end
+    # then is lost, once the shared file system has had a moment to show every node's last lines
+    settle = SETTLE_S if args.exit_status else 0.0
+    view = group_view(_home(), args.group, args.attempt, args.group_dir, tolerance, args.exit_status, settle)
     if args.json:
         _print_json(view.to_json())
     else:

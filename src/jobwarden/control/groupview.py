@@ -3,6 +3,7 @@ verdict (rules.group); the exit status a batch script asks for with --exit-statu
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,9 @@ from jobwarden.clock import iso
 from jobwarden.errors import UsageError
 from jobwarden.rules.group import DEFAULT_CLOCK_TOLERANCE_S, GroupVerdict, RankStory, expand_nodelist, merge
 from jobwarden.store import groupdir
+
+SETTLE_S = 15.0  # --exit-status: how long to wait for records the shared file system has not shown yet
+SETTLE_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,27 @@ def group_view(
     attempt: int | None = None,
     group_dir: str | None = None,
     tolerance_s: float | None = None,
+    over: bool = False,
+    settle_s: float = 0.0,
+) -> GroupView:
+    """The verdict of one attempt. `over`: the job has ended (a batch script asks after srun), so ranks
+    with no end are lost; then wait up to `settle_s` for records a shared file system has not shown yet
+    (nodes missing, ends not written), as submitit waits for its results."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        view = _read_view(home, group, attempt, group_dir, tolerance_s, over)
+        unsettled = view.verdict.missing_nodes or any(not s.first("ended") for s in _stories(view))
+        if not unsettled or time.monotonic() >= deadline:
+            return view
+        time.sleep(SETTLE_POLL_S)
+
+
+def _stories(view: GroupView) -> list[RankStory]:
+    return [r.story for r in view.verdict.ranks]
+
+
+def _read_view(
+    home: Path, group: str, attempt: int | None, group_dir: str | None, tolerance_s: float | None, over: bool
 ) -> GroupView:
     root = groupdir.group_root(home, group, group_dir)
     records = groupdir.read_group(root, attempt)
@@ -99,7 +124,7 @@ def group_view(
     stories = [RankStory.of(log.name, log.records) for log in records.ranks]
     expected = set(records.nodes) | set(expand_nodelist((records.group or {}).get("nodelist")))
     tolerance = DEFAULT_CLOCK_TOLERANCE_S if tolerance_s is None else tolerance_s
-    verdict = merge(stories, expected, tolerance)
+    verdict = merge(stories, expected, tolerance, over)
     settings = _requeue_settings(records.group, stories)
     return GroupView(
         group,

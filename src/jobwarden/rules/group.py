@@ -117,13 +117,16 @@ def merge(
     stories: Sequence[RankStory],
     expected_nodes: Iterable[str] = (),
     tolerance_s: float = DEFAULT_CLOCK_TOLERANCE_S,
+    over: bool = False,
 ) -> GroupVerdict:
+    """`over`: the job is known to have ended (a batch script asks after srun returned), so a rank with
+    no end is lost, not running."""
     ranked = {s.node for s in stories if s.rank is not None}
     # a launcher's node writes to its node file until its first rank appears: the ranks tell the rest
     stories = [s for s in stories if s.rank is not None or s.node not in ranked]
     ends = [_float(e.get("wall")) for s in stories if (e := s.first("ended"))]
     latest_end = max((w for w in ends if w is not None), default=None)
-    outcomes = {id(s): classify(s, latest_end) for s in stories}
+    outcomes = {id(s): classify(s, latest_end, over) for s in stories}
     reporting = {s.node for s in stories if s.node}
     missing = tuple(sorted(set(expected_nodes) - reporting))
     root, simultaneous = _root(stories, outcomes, tolerance_s)
@@ -136,12 +139,12 @@ def merge(
     return GroupVerdict(state, root_verdict, ranks, missing, tolerance_s, together)
 
 
-def classify(story: RankStory, latest_end: float | None = None) -> Outcome:
+def classify(story: RankStory, latest_end: float | None = None, over: bool = False) -> Outcome:
     """One rank's outcome and its causal class, from its own records (and when the last peer ended)."""
     ended = story.first("ended")
     hung = story.first("hung")
     if ended is None:
-        return _no_end(story, latest_end)
+        return _no_end(story, latest_end, over)
     at = _float(ended.get("died_at")) or _float(ended.get("wall"))
     mono = _mono_at(ended, at)
     reason = str(ended.get("end_reason"))
@@ -203,7 +206,7 @@ def _stops(record: dict[str, Any]) -> bool:
     return record.get("action") == "stop"
 
 
-def _no_end(story: RankStory, latest_end: float | None) -> Outcome:
+def _no_end(story: RankStory, latest_end: float | None, over: bool) -> Outcome:
     """No end recorded: still running, its supervisor killed while stopping, or its node gone (silent for
     longer than a node writes `alive`, while its peers have ended)."""
     last = story.last_wall()
@@ -215,7 +218,8 @@ def _no_end(story: RankStory, latest_end: float | None) -> Outcome:
             "lost its supervisor while stopping",
             _float(stopping.get("wall")),
         )
-    if latest_end is not None and (last is None or latest_end - last > NODE_SILENT_S):
+    silent = latest_end is not None and (last is None or latest_end - last > NODE_SILENT_S)
+    if over or silent:
         return Outcome(Cause.OWN, "node-lost", "went silent (no end recorded)", last)
     return Outcome(Cause.RUNNING, None, "running", last)
 
