@@ -75,6 +75,10 @@ def write_document(path: Path, document: dict[str, Any], *, replace: bool = True
             os.link(tmp, path)  # atomic "create if absent": the first shim's group.json stays
         except FileExistsError:
             return False
+        except OSError:  # a file system without hard links (some FUSE, SMB): nearly as good
+            if path.exists():
+                return False
+            os.rename(tmp, path)
         return True
     finally:
         with contextlib.suppress(FileNotFoundError):
