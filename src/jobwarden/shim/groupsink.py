@@ -34,8 +34,9 @@ _FORWARDED = ("finding", "hung", "engine-signal", "stopping")
 
 @dataclass
 class _Rank:
-    """One file's writer: a rank (its process) or the whole node."""
+    """One file's writer: a rank (its process), a Slurm task, or the whole node."""
 
+    label: str  # the file: rank-3, task-1 (a rank only as far as Slurm's SLURM_PROCID says), node-n2
     rank: int | None
     pid: int | None
     start_time: int | None
@@ -56,7 +57,11 @@ class GroupSink:
         self.dir = groupdir.attempt_dir(root, options.attempt)
         self.boot_id = _boot_id()
         self.ranks: dict[int | None, _Rank] = {}
-        self.fixed_rank = options.rank  # --rank: this run is that rank; else ranks come from RANK
+        # --rank N: this run is rank N. Slurm's SLURM_PROCID (the default) is a rank only as long as no
+        # process of the job says otherwise: under `--ntasks-per-node=1 … torchrun` the task is a node and
+        # each worker's RANK names it (research §5.2); its records wait in task-<N>.jsonl meanwhile
+        self.task_rank = options.rank if _is_slurm_task(options.engine, options.rank) else None
+        self.fixed_rank = options.rank if self.task_rank is None else None
         self.oom_victims: set[int] = set()
         self.oom_seen = False
         self.failed = False
@@ -68,11 +73,11 @@ class GroupSink:
 
     def started(self, at: float, pid: int, start_time: int) -> None:
         error_file = self.job.env.get(_ERROR_FILE_ENV) or os.environ.get(_ERROR_FILE_ENV)
-        self._main = _Rank(self.fixed_rank, pid, start_time, error_file=error_file)
+        self._main = self._node_writer(pid, start_time, error_file)
         self._write_group_documents(at, pid)
         if self.fixed_rank is not None:
             self.ranks[self.fixed_rank] = self._main
-            self._append(self._main, "started", at, self._started_data())
+        self._append(self._main, "started", at, self._started_data())
 
     def event(self, kind: str, at: float, data: dict[str, Any]) -> None:
         if kind == "engine-state":  # Slurm's word on why it ended the job: TIMEOUT, CANCELLED, PREEMPTED...
@@ -137,13 +142,21 @@ class GroupSink:
         if self.ranks:
             return list(self.ranks.values())
         if self._main is None:
-            self._main = _Rank(None, None, None)
+            self._main = self._node_writer(None, None, None)
         return [self._main]
+
+    def _node_writer(self, pid: int | None, start_time: int | None, error_file: str | None) -> _Rank:
+        if self.fixed_rank is not None:
+            return _Rank(f"rank-{self.fixed_rank}", self.fixed_rank, pid, start_time, error_file=error_file)
+        if self.task_rank is not None:
+            return _Rank(f"task-{self.task_rank}", self.task_rank, pid, start_time, error_file=error_file)
+        return _Rank(f"node-{self.node}", None, pid, start_time, error_file=error_file)
 
     def _seen(self, rank: int | None, local_rank: int | None, pid: int, start: int, at: float) -> _Rank:
         known = self.ranks.get(rank)
         if known is None:
-            known = self.ranks[rank] = _Rank(rank, pid, start, local_rank, error_file=_error_file(pid))
+            label = f"rank-{rank}" if rank is not None else f"node-{self.node}"
+            known = self.ranks[rank] = _Rank(label, rank, pid, start, local_rank, error_file=_error_file(pid))
             self._append(known, "started", at, self._started_data(local_rank))
         return known
 
@@ -171,6 +184,7 @@ class GroupSink:
             "group": self.job.options.group,
             "attempt": self.job.options.attempt,
             "rank": target.rank,
+            **({"rank_from": "slurm-task"} if target.label.startswith("task-") else {}),
             "node": self.node,
             "pid": at_pid if at_pid is not None else target.pid,
             "start_time": target.start_time,
@@ -179,7 +193,7 @@ class GroupSink:
             "boot_id": self.boot_id,
             **data,
         }
-        path = groupdir.rank_file(self.dir, target.rank, self.node)
+        path = groupdir.records_file(self.dir, target.label)
         self._guarded(lambda: groupdir.append_record(path, record))
 
     def _guarded(self, write: Callable[[], object]) -> None:
@@ -242,8 +256,8 @@ class GroupSink:
         if not dumps:
             return {}
         stacks = dumps[-1].stacks
-        label = f"rank-{self.fixed_rank}" if self.fixed_rank is not None else f"node-{self.node}"
-        path = groupdir.stacks_file(self.dir, label, at)
+        label = self._main.label if self._main and not (self.ranks and self.fixed_rank is None) else None
+        path = groupdir.stacks_file(self.dir, label or f"node-{self.node}", at)
         doc = {"at": dumps[-1].at, "node": self.node, "stacks": [s.to_json() for s in stacks]}
         self._guarded(lambda: groupdir.write_document(path, doc))
         return {"stacks_file": path.name, "collective": collective_of(stacks)}
@@ -366,6 +380,12 @@ def _error_file(pid: int) -> str | None:
         if entry.startswith(_ERROR_FILE_ENV.encode() + b"="):
             return entry.split(b"=", 1)[1].decode(errors="replace")
     return None
+
+
+def _is_slurm_task(engine: str | None, rank: int | None) -> bool:
+    """The rank is Slurm's task number (the default of --rank under Slurm), not one the user gave."""
+    procid = os.environ.get("SLURM_PROCID")
+    return engine == "slurm" and rank is not None and procid is not None and procid == str(rank)
 
 
 def _world_size(env: dict[str, str]) -> int | None:
