@@ -70,6 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             group=args.group,
             group_dir=args.group_dir,
             rank=args.rank,
+            node=args.node,
             requeue_exit=args.requeue_exit,
             max_requeues=args.max_requeues,
         ),
