@@ -75,6 +75,9 @@ def test_a_warden_runs_jobwarden_attached_with_its_node_and_home() -> None:
         "NODE_RANK": "1",
         "NNODES": "2",
         "MASTER_ADDR": "10.0.0.1",
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "1",
+        "PET_MASTER_ADDR": "10.0.0.1",
         "JOBWARDEN_HOME": "/local/abc123/jw",
     }
 

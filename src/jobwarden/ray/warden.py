@@ -60,7 +60,7 @@ def run_on_nodes(
 ) -> list[NodeResult]:
     """Run `command` under jobwarden on every alive node of the connected Ray cluster (ray.init first),
     one supervisor per node; block until all ended. Each node's command gets NODE_RANK, NNODES and
-    MASTER_ADDR (node 0's address). `home` is the node-local JOBWARDEN_HOME ("{node}" is replaced by the
+    MASTER_ADDR (node 0's address), and the same as torchrun's PET_* defaults. `home` is the node-local JOBWARDEN_HOME ("{node}" is replaced by the
     Ray node id), default the node's own; `options` are more `jobwarden run` flags; rank_per_node passes
     `--rank NODE_RANK` (a command that is one rank). Raises NodesFailed if a node failed and check."""
     import ray
@@ -113,6 +113,8 @@ def _env(
     extra: Mapping[str, str] | None, rank: int, nnodes: int, master: str, home: str | None, node: str
 ) -> dict[str, str]:
     env = {**(extra or {}), "NODE_RANK": str(rank), "NNODES": str(nnodes), "MASTER_ADDR": master}
+    # torchrun takes its --nnodes, --node-rank and --master-addr from PET_<NAME> when not given
+    env.update(PET_NNODES=str(nnodes), PET_NODE_RANK=str(rank), PET_MASTER_ADDR=master)
     if home:
         env["JOBWARDEN_HOME"] = home.replace("{node}", node)
     return env

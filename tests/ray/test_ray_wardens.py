@@ -1,0 +1,100 @@
+"""jobwarden.ray on a real two-raylet Ray: one warden actor per node runs the node's rank under an
+attached `jobwarden run`; a failing rank fails the whole run with its node's verdict, and a killed driver
+takes every rank with it, each run ended as an engine stop, never lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import make_fifo, read_fifo
+from tests.ray.conftest import TIMINGS
+from tests.ray.raycluster import RayNamespace
+
+pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.timeout(600)]
+
+RANK = Path(__file__).with_name("jobs") / "rank.py"
+DRIVER = Path(__file__).with_name("driver.py")
+
+
+def marked(mark: str) -> list[int]:
+    """Live processes (host pids) whose environment carries the test's mark: wardens' CLIs, shims, ranks."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if f"RAY_TEST_MARK={mark}".encode() in env and state not in ("Z", "X"):
+            found.append(int(entry))
+    return found
+
+
+def spec(tmp: Path, modes: str, ready: Path | None = None) -> dict[str, Any]:
+    return {"rank": str(RANK), "modes": modes, "home": str(tmp / "home-{node}"), "mark": uuid.uuid4().hex,
+            "ready": str(ready) if ready else None}  # fmt: skip
+
+
+def node_run(ns: RayNamespace, home: Path) -> dict[str, Any]:
+    """The one run in a node's home (job 1), read inside the namespace: its pids are the namespace's."""
+    done = ns.run("jobwarden", "status", "--json", "1", env={"JOBWARDEN_HOME": str(home)}, check=True)
+    return dict(json.loads(done.stdout))
+
+
+def test_a_failing_rank_fails_the_run_with_its_nodes_verdict(ray_ns: RayNamespace, tmp_path: Path) -> None:
+    ray_ns.wait_second_node()
+    job = spec(tmp_path, "exit:0,raise")
+    began = time.monotonic()
+    done = ray_ns.run(sys.executable, str(DRIVER), json.dumps(job), timeout=300, check=True)
+    TIMINGS["two-node wardens run, driver start to results (s)"] = time.monotonic() - began
+    report = json.loads(done.stdout.splitlines()[-1])
+    ok, failed = report["results"]
+    assert (ok["node_rank"], ok["exit_code"]) == (0, 0), report
+    assert (failed["node_rank"], failed["exit_code"]) == (1, 1), report
+    assert ok["node"] != failed["node"], "both wardens on one node: NodeAffinitySchedulingStrategy ignored"
+    assert [f["rule"] for f in failed["verdict"]["findings"]][:1] == ["python-exception"], failed["verdict"]
+    assert report["error"].startswith("1 of 2 nodes failed: node 1 ("), report["error"]
+    assert "python-exception" in report["error"]
+    homes = sorted(tmp_path.glob("home-*"))
+    assert [h.name for h in homes] == sorted(f"home-{r['node']}" for r in (ok, failed))  # node-local homes
+    assert marked(job["mark"]) == []
+
+
+def test_a_killed_driver_leaves_no_rank_running(ray_ns: RayNamespace, tmp_path: Path) -> None:
+    ray_ns.wait_second_node()
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    for rank in (0, 1):
+        make_fifo(ready / f"ready-{rank}")
+    job = spec(tmp_path, "hang", ready)
+    driver = ray_ns.popen(sys.executable, str(DRIVER), json.dumps(job))
+    try:
+        for rank in (0, 1):
+            read_fifo(ready / f"ready-{rank}", timeout_s=180)
+        assert len(marked(job["mark"])) >= 6  # per node: the attached CLI, its shim, the rank
+        # nsenter's child is the driver inside the namespace
+        [inside] = Path(f"/proc/{driver.pid}/task/{driver.pid}/children").read_text().split()
+        killed_at = time.monotonic()
+        os.kill(int(inside), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while left := marked(job["mark"]):
+            assert time.monotonic() < deadline, f"ranks left running after the driver died: {left}"
+            time.sleep(0.1)  # the kernel has no event for "no such process left": poll
+        TIMINGS["driver SIGKILLed -> no rank left (s)"] = time.monotonic() - killed_at
+    finally:
+        driver.kill()
+        driver.communicate()
+    for home in tmp_path.glob("home-*"):
+        run = node_run(ray_ns, home)
+        assert run["state"] != "lost", run
+        assert run["end_reason"] == "engine-stop", run
+        assert [f["rule"] for f in run["findings"]][:1] == ["cancelled-by-engine"], run["findings"]
