@@ -1,4 +1,4 @@
-"""One Ray cluster for all the Ray tests (a head starts in 5-21 s), in its own namespaces: see
+"""One Ray cluster for all the Ray tests (this package) (a head starts in 5-21 s), in its own namespaces: see
 raycluster.py. Without Ray or root the tests skip, and fail in CI, which must run them."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # ends with the last Ray test: idle daemons slow the rest
 def ray_ns() -> Iterator[RayNamespace]:
     why = _missing()
     if why:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from jobwarden.control.engine import detect_engine, engine_place, ray_stop_wait_s, ray_submission_id
+from jobwarden.control.engine import detect_engine, engine_place, ray_submission_id
 from jobwarden.control.options import engine_options
 from jobwarden.errors import UsageError
 from jobwarden.ray.warden import NodeResult, NodesFailed, _argv, _env
@@ -42,18 +42,10 @@ def test_the_submission_id_names_the_group_and_odd_json_names_none() -> None:
         assert ray_submission_id({"RAY_JOB_CONFIG_JSON_ENV_VAR": odd}) is None
 
 
-def test_the_stop_wait_is_the_budget_as_ray_reads_it() -> None:
-    assert ray_stop_wait_s(ENTRYPOINT) == 8.0
-    assert ray_stop_wait_s({}) == 3.0  # Ray's default
-    assert ray_stop_wait_s({"RAY_JOB_STOP_WAIT_TIME_S": "2.5"}) == 3.0  # Ray's int() refuses it too
+def test_an_entrypoint_runs_attached_in_its_group_on_the_node_given() -> None:
     options = engine_options(ENTRYPOINT, node="n7")
-    assert (options["engine"], options["group"], options["node"], options["engine_budget_s"]) == (
-        "ray",
-        "ray-raysubmit_7Tz",
-        "n7",
-        8.0,
-    )
-    assert "engine_budget_s" not in engine_options({})
+    assert (options["engine"], options["group"], options["node"]) == ("ray", "ray-raysubmit_7Tz", "n7")
+    assert engine_options(ENTRYPOINT, detach=True)["engine"] is None
 
 
 @pytest.mark.parametrize("node", ["", "a/b", "..", "n\n1"])

@@ -15,9 +15,6 @@ ENGINES = ("auto", "slurm", "ray", "none")
 # raylet sets RAY_RAYLET_PID for its workers (tasks, actors). Neither sets RAY_JOB_ID for an entrypoint.
 RAY_JOBS_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 RAY_WORKER_VAR = "RAY_RAYLET_PID"
-# Ray's stop wait: `ray job stop` SIGTERMs the entrypoint's whole tree, SIGKILLs it this much later
-RAY_STOP_WAIT_VAR = "RAY_JOB_STOP_WAIT_TIME_S"
-RAY_DEFAULT_STOP_WAIT_S = 3.0
 
 
 class EnginePlace(NamedTuple):
@@ -79,12 +76,6 @@ def ray_submission_id(env: Mapping[str, str]) -> str | None:
     except (ValueError, AttributeError):  # not Ray's JSON: no id rather than a failed run
         return None
     return str(submission) if submission else None
-
-
-def ray_stop_wait_s(env: Mapping[str, str]) -> float:
-    """Ray's stop wait as Ray reads it (whole seconds), the budget of an engine stop under Ray."""
-    text = env.get(RAY_STOP_WAIT_VAR, "")
-    return float(text) if text.strip().isdecimal() else RAY_DEFAULT_STOP_WAIT_S
 
 
 def _whole(text: str | None) -> int | None:

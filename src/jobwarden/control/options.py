@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jobwarden import config
-from jobwarden.control.engine import detect_engine, engine_place, ray_stop_wait_s
+from jobwarden.control.engine import detect_engine, engine_place
 from jobwarden.errors import UsageError
 from jobwarden.joboptions import JobOptions
 
@@ -156,8 +156,6 @@ def engine_options(
     }
     if requeue_exit is not None:
         options["requeue_exit"] = _requeue_code(requeue_exit)
-    if place.engine == "ray":  # Slurm's KillWait is asked of scontrol when the run starts
-        options["engine_budget_s"] = ray_stop_wait_s(env)
     return options
 
 

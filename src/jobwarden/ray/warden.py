@@ -60,9 +60,10 @@ def run_on_nodes(
 ) -> list[NodeResult]:
     """Run `command` under jobwarden on every alive node of the connected Ray cluster (ray.init first),
     one supervisor per node; block until all ended. Each node's command gets NODE_RANK, NNODES and
-    MASTER_ADDR (node 0's address), and the same as torchrun's PET_* defaults. `home` is the node-local JOBWARDEN_HOME ("{node}" is replaced by the
-    Ray node id), default the node's own; `options` are more `jobwarden run` flags; rank_per_node passes
-    `--rank NODE_RANK` (a command that is one rank). Raises NodesFailed if a node failed and check."""
+    MASTER_ADDR (node 0's address), and the same as torchrun's PET_* defaults. `home` is the node-local
+    JOBWARDEN_HOME ("{node}" is replaced by the Ray node id), default the node's own; `options` are more
+    `jobwarden run` flags; rank_per_node passes `--rank NODE_RANK` (a command that is one rank). Raises
+    NodesFailed if a node failed and check."""
     import ray
 
     if not command:
@@ -87,6 +88,7 @@ def default_group() -> str:
     """ray-<the Jobs submission id> when the driver is a Ray Jobs entrypoint, else ray-<Ray's job id>:
     every node's records of one job meet under one group."""
     import ray
+
     from jobwarden.control.engine import ray_submission_id
 
     return f"ray-{ray_submission_id(os.environ) or ray.get_runtime_context().get_job_id()}"
