@@ -70,6 +70,9 @@ class RayNamespace:
                 self._unshare.wait()
             if self._unshare.stdout is not None:
                 self._unshare.stdout.close()
+        if self._node2 is not None:  # ended with the namespace if it was still starting; reap its nsenter
+            self._node2.kill()
+            self._node2.communicate()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def command(self, argv: Sequence[str]) -> list[str]:

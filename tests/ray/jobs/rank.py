@@ -1,6 +1,7 @@
 """A rank of the Ray tests' jobs. Its mode is picked by NODE_RANK (0 outside jobwarden.ray) from a
 comma-separated list: `exit:N` exits N, `raise` raises, `hang` says it is up on READY_DIR/ready-RANK (a
 FIFO) and waits for a signal; a SIGTERM is answered with a line and exit 143, as a checkpointing job would.
+`stubborn` is `hang` ignoring SIGTERM: only a SIGKILL ends it.
 
 usage: rank.py MODES [READY_DIR]
 """
@@ -24,7 +25,7 @@ if mode.startswith("exit:"):
     sys.exit(int(mode[5:]))
 if mode == "raise":
     raise ValueError(f"rank {rank} failed on purpose")
-signal.signal(signal.SIGTERM, on_term)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "stubborn" else on_term)
 with open(os.path.join(sys.argv[2], f"ready-{rank}"), "w") as ready:
     ready.write(f"{os.getpid()}\n")
 while True:
