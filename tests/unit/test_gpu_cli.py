@@ -39,7 +39,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
             calls.append((job_id, run))
             return {"pid": None, "state": "queued"}
 
-    monkeypatch.setattr("jobwarden.control.shimproc.fork_shim", lambda home, mode: FakeShim())
+    monkeypatch.setattr("jobwarden.control.shimproc.fork_shim", lambda home, mode, attached=False: FakeShim())
     return calls
 
 

@@ -20,6 +20,7 @@ from jobwarden.paths import home_dir
 
 if TYPE_CHECKING:
     from jobwarden.control.jobstatus import JobStatus
+    from jobwarden.joboptions import JobOptions
 
 
 def _home() -> Path:
@@ -78,6 +79,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     env = parse_env(args.env)
     name = checked_name(args.name) if args.name is not None else default_name(argv)
     spec = JobSpec(command=tuple(argv), cwd=args.cwd, name=name, env=env)
+    if options.engine is not None:
+        return _run_attached(spec, options)
     launched = launch(_home(), spec, options)
     if args.json:
         _print_json(launched.to_json())
@@ -88,6 +91,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.wait:
         return _wait_exit(str(launched.id))
     return 0
+
+
+def _run_attached(spec: JobSpec, options: JobOptions) -> int:
+    """Inside an engine: the CLI stays its task, relays its signals to the shim, copies the job's output
+    to stdout and exits with the job's status (control.attached)."""
+    from jobwarden.control.attached import SignalRelay, engine_budget_s, follow_attached
+    from jobwarden.control.launch import launch
+
+    relay = SignalRelay()
+    relay.install()  # from here on the engine's signals are the job's, never the death of this process
+    if options.engine_budget_s is None:
+        options = options._replace(engine_budget_s=engine_budget_s(options.engine, os.environ))
+    launched = launch(_home(), spec, options)
+    relay.attach(launched.shim_pid)
+    follow_attached(_home(), launched.id, launched.run, launched.shim_pid)
+    return _wait_exit(str(launched.id))
 
 
 def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:

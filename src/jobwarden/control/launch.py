@@ -146,7 +146,8 @@ def launch(home: Path, spec: JobSpec, options: JobOptions) -> Launched:
     resolve_command(list(spec.command), cwd, {**os.environ, **spec.env})
     spec = spec._replace(cwd=cwd)
     # the shim first: it gets ready while the job is recorded (see control.shimproc)
-    with fork_shim(home, "launch") as shim, Store(home) as store:
+    # inside an engine the shim stays our child: `run` is the engine's task until the job ends
+    with fork_shim(home, "launch", attached=options.engine is not None) as shim, Store(home) as store:
         # a job that asks for GPUs waits in `queued` until its shim has claimed them
         state = JobState.QUEUED if options.wants_gpus else JobState.STARTING
         created: tuple[int, int] | None = None  # one name, so that a Ctrl-C finds it whole or not at all

@@ -46,6 +46,11 @@ def run_options(
     options.update(gpu_options(gpus, gpu_ids))
     options.update(notify_options(notify, on_event))
     options.update(engine or {})
+    if mem_limit is not None and options.get("engine") == "slurm":
+        raise UsageError(
+            "--mem-limit does not apply under Slurm: Slurm limits the job's memory itself",
+            "ask Slurm for it with --mem (sbatch/srun --mem=8G); Slurm then reports an OOM as OUT_OF_MEMORY",
+        )
     return JobOptions.from_json(options)
 
 

@@ -24,6 +24,7 @@ from jobwarden import config
 from jobwarden.clock import SystemClock
 from jobwarden.errors import JobwardenError, ShimExited, ShimStartFailed
 from jobwarden.osapi.process import (
+    fork_attached,
     fork_detached,
     reap,
     redirect_std_streams,
@@ -38,9 +39,10 @@ from jobwarden.store import Store
 class ForkedShim:
     """A shim waiting for its job: `start` hands it over and returns the shim's report; leaving the
     `with` block without `start` (the job was never recorded) makes the shim exit unseen. A shim that
-    exits is reaped here; one that was handed its job outlives the CLI, and init reaps it."""
+    exits is reaped here; one that was handed its job outlives the CLI, and init reaps it. An attached
+    shim (inside an engine, control.attached) stays the CLI's child: the CLI waits for it and reaps it."""
 
-    def __init__(self, home: Path, mode: str) -> None:
+    def __init__(self, home: Path, mode: str, attached: bool = False) -> None:
         # Loaded before the fork, not after: a forked child copies every page it writes, and importing
         # writes to many, so the same imports take the child about twice as long.
         import jobwarden.shim.attempts  # noqa: F401
@@ -50,7 +52,7 @@ class ForkedShim:
         job_r, self._job_w = os.pipe2(os.O_CLOEXEC)
         self._report_r, report_w = os.pipe2(os.O_CLOEXEC)
         self._must_reap = True  # until the shim has its job
-        self.pid = fork_detached()
+        self.pid = fork_attached() if attached else fork_detached()
         if self.pid == 0:  # the shim: never return into the CLI
             _shim_process(home, mode, job_r, report_w, keep=(job_r, report_w))
         os.close(job_r)
@@ -84,10 +86,10 @@ class ForkedShim:
             reap(self.pid)
 
 
-def fork_shim(home: Path, mode: str) -> ForkedShim:
+def fork_shim(home: Path, mode: str, attached: bool = False) -> ForkedShim:
     """Fork the shim of a job yet to be recorded (mode "launch") or of a lost run ("adopt"). The caller
     must hold no open Store (see the module's docstring) and no threads."""
-    return ForkedShim(home, mode)
+    return ForkedShim(home, mode, attached)
 
 
 def _shim_process(home: Path, mode: str, job_fd: int, report_fd: int, keep: tuple[int, int]) -> None:

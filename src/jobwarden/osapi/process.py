@@ -138,6 +138,42 @@ def fork_detached() -> int:
     return pid
 
 
+# What an engine sends the task it runs (Slurm's slurmstepd, Ray's job manager): ended by them, the shim
+# of an attached run would die before its handlers are in; blocked, they wait for the shim's handlers.
+ENGINE_SIGNALS = frozenset(
+    {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGALRM}
+)
+# The CLI relays the engine's SIGUSR1 to an attached shim as this (the shim's own SIGUSR1: `jobwarden stop`)
+RELAYED_USR1 = signal.SIGRTMIN + 1
+_PR_SET_PDEATHSIG = 1
+
+
+def fork_attached() -> int:
+    """Fork the shim of an attached run (inside an engine): it stays our child, in our session, so that the
+    engine's kill of the task's tree finds it, and it gets SIGTERM when we die (PR_SET_PDEATHSIG), so a
+    killed task never leaves the job running. 0 in the child, the child's pid in the parent.
+
+    In the child the engine's signals stay blocked until the shim's handlers are in (the supervisor
+    unblocks them); the parent gets its mask back. Same constraints as fork_detached."""
+    parent = os.getpid()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, ENGINE_SIGNALS)
+    pid = -1
+    try:
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # see fork_detached
+            import ctypes  # here, not in the CLI: only the shim pays for loading it
+
+            if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+                os._exit(70)
+            if os.getppid() != parent:  # the parent died before the prctl: the signal will never come
+                os._exit(70)
+    finally:
+        if pid != 0:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    return pid
+
+
 def reap(pid: int) -> None:
     """Wait for a child known to be exiting. Nothing to wait for when SIGCHLD is ignored (inherited so
     from some daemons and CI runners): the kernel reaps the child itself."""

@@ -13,6 +13,7 @@ from typing import NamedTuple
 from jobwarden.model import Finding
 from jobwarden.observations import Frame, ProcessDeath, UncaughtException
 from jobwarden.rules import mltext
+from jobwarden.rules.engine import engine_stop
 from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.frames import is_library, short_file
 from jobwarden.rules.gpuerrors import gpu_context
@@ -75,7 +76,7 @@ def exit_finding(ev: RunEvidence) -> Finding | None:
     if ev.end_reason in ("hung", "mem-limit", "supervisor-failed"):
         # jobwarden ended it, or never started it: the hang, oom-kill or supervisor-lost finding says why
         return None
-    for rule in (_spawn_failed, _stopped, _timeout):
+    for rule in (_spawn_failed, engine_stop, _stopped, _timeout):
         found = rule(ev)
         if found:
             return found

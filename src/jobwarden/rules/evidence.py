@@ -36,6 +36,14 @@ class RunEvidence:
     events: Sequence[str] = ()  # event kinds, oldest first
     disk_full: Sequence[str] = ()  # the folders whose disk filled up during the run (disk-full events)
     stopping_at: float | None = None  # when jobwarden began to end the run (stop, --timeout, a hang...)
+    # --- inside an engine (Slurm, Ray): its stop signal as the shim recorded it, and its word on why ---
+    engine: str | None = None  # "slurm" | "ray"
+    engine_budget_s: float | None = None  # its kill budget (Slurm's KillWait, Ray's stop wait)
+    engine_signal: str | None = None  # "SIGTERM": the signal that stopped the run
+    engine_signal_at: float | None = None
+    engine_state: str | None = None  # Slurm's job state then: CANCELLED, TIMEOUT, PREEMPTED...
+    engine_reason: str | None = None  # Slurm's Reason=
+    stack_triggers: Sequence[str] = ()  # why each stored dump was taken: "hang", "dump", "engine-stop"...
     exceptions: Sequence[UncaughtException] = ()  # uncaught, per Python process, as the hooks recorded them
     # the last stack stored of each process (a dump, a hang): what a worker was doing before it died
     last_stacks: Mapping[int, ProcessStack] = field(default_factory=dict)

@@ -132,6 +132,8 @@ def decide(policy: RestartPolicy, history: Sequence[AttemptOutcome]) -> RestartD
 
 
 def _never(last: AttemptOutcome) -> str | None:
+    if last.end_reason == "engine-stop":
+        return "ended by the engine it runs in (scancel, a time limit, `ray job stop`): the engine decides"
     if last.stopped_by_user or last.state == "stopped" or last.end_reason == "stopped":
         return "stopped with `jobwarden stop`: a stopped job is never restarted"
     if last.state == "lost":

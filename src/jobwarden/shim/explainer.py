@@ -7,6 +7,8 @@ ended. A rule found live is not repeated; the order is the rules' root-cause-fir
 
 from __future__ import annotations
 
+from typing import Any
+
 from jobwarden.model import Finding, ProcessEnd
 from jobwarden.observations import OomEvidence, ProcessDeath
 from jobwarden.probes.pyhooks import read_exceptions
@@ -41,6 +43,11 @@ def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event])
         for b in tail_lines(store.layout.output_log(job.id, run.n), _TAIL_LINES)
     ]
     oom = next((_oom(e.data) for e in reversed(events) if e.kind == "oom"), None)
+    engine_stop = next(
+        (e for e in events if e.kind == "engine-signal" and e.data.get("action") == "stop"), None
+    )
+    engine_state: dict[str, Any] = next((e.data for e in reversed(events) if e.kind == "engine-state"), {})
+    dumps = store.stacks(job.id, run.n)
     return RunEvidence(
         state=str(run.state),
         exit_code=run.exit_code,
@@ -55,12 +62,23 @@ def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event])
         events=tuple(e.kind for e in events),
         disk_full=tuple(str(e.data.get("path")) for e in events if e.kind == "disk-full"),
         stopping_at=next((e.at for e in events if e.kind == "stopping"), None),
+        engine=job.options.engine,
+        engine_budget_s=job.options.engine_budget_s,
+        engine_signal=str(engine_stop.data.get("signal")) if engine_stop else None,
+        engine_signal_at=engine_stop.at if engine_stop else None,
+        engine_state=_text(engine_state.get("state")),
+        engine_reason=_text(engine_state.get("reason")),
         deaths=_deaths(store, job, run),
         exceptions=read_exceptions(store.layout.py_dir(job.id, run.n)),
-        last_stacks={s.pid: s for dump in store.stacks(job.id, run.n) for s in dump.stacks if s.threads},
+        last_stacks={s.pid: s for dump in dumps for s in dump.stacks if s.threads},
+        stack_triggers=tuple(dump.trigger for dump in dumps),
         oom=oom,
         mem_limit_bytes=job.options.mem_limit_bytes,
     )
+
+
+def _text(value: object) -> str | None:
+    return str(value) if value is not None else None
 
 
 def _deaths(store: Store, job: JobRecord, run: RunRecord) -> tuple[ProcessDeath, ...]:

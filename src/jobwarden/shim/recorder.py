@@ -99,7 +99,9 @@ def end_fields(main_status: int | None, stop_reason: EndReason | None, now: floa
         status = WaitStatus.decode(main_status)
         fields.update(exit_code=status.exit_code, signal=status.signal_name, wait_status=status.raw)
     if stop_reason is not None:
-        state = JobState.STOPPED if stop_reason == EndReason.STOPPED else JobState.FAILED
+        # the engine's stop (scancel, a time limit) is a stop, not a failure of the job
+        stopped = stop_reason in (EndReason.STOPPED, EndReason.ENGINE_STOP)
+        state = JobState.STOPPED if stopped else JobState.FAILED
         return {**fields, "state": state, "end_reason": stop_reason}
     if fields["wait_status"] is None:
         return {

@@ -20,10 +20,11 @@ from jobwarden.hooks import heartbeat_env, hook_env
 from jobwarden.model import UNFINISHED_STATES, EndReason, JobState, ProcessEnd, ProcessSnapshot, Survivor
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.cgroup import JobCgroup, cgroup_path, create_job_cgroup, find_job_cgroup
-from jobwarden.osapi.process import SpawnError, spawn_job
+from jobwarden.osapi.process import ENGINE_SIGNALS, SpawnError, spawn_job
 from jobwarden.osapi.procfs import ProcFS, why_still_alive
 from jobwarden.osapi.waiting import wait_readable
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, ensure_private_dir
+from jobwarden.shim.enginestop import EngineLink, engine_signals
 from jobwarden.shim.exits import ExitCollector
 from jobwarden.shim.recorder import RunRecorder, end_fields, log
 from jobwarden.shim.sampler import Sampler
@@ -88,6 +89,8 @@ class Supervisor:
         self.oom: OomEvidence | None = None
         self.gpu_env: dict[str, str] = {}
         self.spawn_failed = False
+        # attached inside an engine (Slurm, Ray): its signals come relayed by the CLI (shim.enginestop)
+        self.engine = EngineLink(job.options, self.record, clock.monotonic) if job.options.engine else None
 
     # --- starting ---------------------------------------------------------------------------------
 
@@ -96,7 +99,10 @@ class Supervisor:
         child subreaper already (control.shimproc)."""
         self._install_signals()
         shim_start = self.procfs.stat(self.pid).start_time
-        if os.environ.get(config.CGROUP_ENV, "auto") != "off":
+        # Under Slurm no memory cgroup of ours: nested in Slurm's task cgroup it would hide an OOM from
+        # Slurm (FAILED instead of OUT_OF_MEMORY); the OOM evidence comes from the enclosing cgroup
+        nest = self.job.options.engine != "slurm"
+        if nest and os.environ.get(config.CGROUP_ENV, "auto") != "off":
             self.cgroup = create_job_cgroup(f"jobwarden-{self.pid}")
         self.tree.cgroup = self.cgroup
         if self.job.options.mem_limit_bytes:  # before the job starts: the limit must hold from its start
@@ -148,6 +154,7 @@ class Supervisor:
 
     def adopt(self, report_fd: int) -> int:
         """Watch the processes of a run whose shim died: found by marker, held by pidfd."""
+        self.engine = None  # an adopting shim is nobody's task: `jobwarden stop` ends it
         self._install_signals()
         record = self.store.run(self.job.id, self.run)
         self.cgroup = find_job_cgroup(cgroup_path(record.containment))
@@ -260,13 +267,14 @@ class Supervisor:
     def _end_unstarted(self) -> int:
         """A queued run that never started: stopped by the user, or impossible here (not enough GPUs)."""
         now = self.clock.wall()
-        stopped = self.stop is not None and self.stop.reason == EndReason.STOPPED
+        stop = self.stop.reason if self.stop else None
+        stopped = stop in (EndReason.STOPPED, EndReason.ENGINE_STOP)
         # queued -> stopped | failed
         self.store.update_run(
             self.job.id,
             self.run,
             state=JobState.STOPPED if stopped else JobState.FAILED,
-            end_reason=EndReason.STOPPED if stopped else EndReason.SPAWN_FAILED,
+            end_reason=stop if stop and stopped else EndReason.SPAWN_FAILED,
             ended_at=now,
             queued_reason=None,
         )
@@ -351,9 +359,11 @@ class Supervisor:
 
     def _install_signals(self) -> None:
         signal.set_wakeup_fd(self._wake_w)
-        for sig in _HANDLED_SIGNALS:
+        for sig in _HANDLED_SIGNALS + engine_signals(self.engine):
             signal.signal(sig, lambda *_: None)  # the wakeup fd carries the signal number to the loop
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        if self.engine is None:
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, ENGINE_SIGNALS)  # blocked by an attached fork
 
     # --- the loop ---------------------------------------------------------------------------------
 
@@ -403,6 +413,11 @@ class Supervisor:
         if self.stop:
             return
         grace = self.job.options.grace_s
+        if self.engine is not None:
+            if self.engine.on_signals(received, self.main, self.clock.wall()):
+                self.stop = StopRequest(EndReason.ENGINE_STOP, grace)
+                return
+            received = received - {signal.SIGTERM, signal.SIGINT}
         if signal.SIGUSR1 in received:
             try:
                 record = self.store.run(self.job.id, self.run)
@@ -521,7 +536,7 @@ class Supervisor:
             # running -> stopping: signal the whole tree, not only the leader
             self.record.write(self.store.update_run, only_if_state=UNFINISHED_STATES, state=JobState.STOPPING)
             self.record.event("stopping", self.clock.wall(), reason=str(self.stop.reason))
-            survivors = self.terminate_tree(self.stop.grace_s)
+            survivors = self.terminate_tree(self._stop_grace(self.stop))
         else:
             self.tree.discover(full=True)
             self._let_trackers_finish()
@@ -533,6 +548,8 @@ class Supervisor:
         self.sampler.finish(self.clock.wall())
         fields = end_fields(self.main_status, self.stop.reason if self.stop else None, self.clock.wall())
         self.record.end(fields, orphans, survivors)
+        if self.engine and self.stop and self.stop.reason == EndReason.ENGINE_STOP:
+            self.engine.record_engine_state(os.environ, self.clock.wall())
         self.record.write(self.store.release_gpus)
         self._remove_cgroup()
         self.tree.close()
@@ -542,6 +559,16 @@ class Supervisor:
         if self.diag and self.diag.gpu:
             self.diag.gpu.close()
         return 0
+
+    def _stop_grace(self, stop: StopRequest) -> float:
+        """The grace of a stop; an engine's stop first stores a quiet job's stacks, and its grace fits
+        what is left of the engine's budget."""
+        if stop.reason != EndReason.ENGINE_STOP or self.engine is None:
+            return stop.grace_s
+        quiet = self.diag.tracker.quiet_for(self.clock.monotonic()) if self.diag else None
+        pids = sorted(self.tree.members)
+        self.engine.stacks_before_stop(self.store, self.job.id, self.run, pids, quiet, self.clock.wall())
+        return self.engine.grace_s(stop.grace_s)
 
     def _let_trackers_finish(self) -> None:
         """multiprocessing's resource tracker and forkserver (loky's too) end by themselves once the last

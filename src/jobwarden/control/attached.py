@@ -1,0 +1,118 @@
+"""`run` inside an engine (Slurm, Ray): the CLI stays the engine's task until the job ends.
+
+The engine signals its task, and with Slurm's proctrack/cgroup only its task: a CLI that died of the
+signal would let slurmstepd SIGKILL the shim and the job a few milliseconds later, with no grace, no
+stacks and no end recorded (docs/cluster.md). So the CLI catches the engine's signals and relays them to
+its child, the shim (shim.enginestop says what the shim makes of each), copies the job's output to its
+own stdout (the job itself still writes only to its log, never into a pipe), and exits once the shim has,
+with the job's status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType
+
+from jobwarden.osapi.process import ENGINE_SIGNALS, RELAYED_USR1
+from jobwarden.paths import Layout
+from jobwarden.store.logfiles import follow
+
+RAY_STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
+RAY_DEFAULT_STOP_WAIT_S = 3.0  # Ray Jobs: SIGTERM, then SIGKILL this long after (docs/cluster.md)
+UNKNOWN_BUDGET_S = 30.0  # Slurm's default KillWait, when the cluster does not say
+_FOLLOW_POLL_S = 0.1
+# the shim's own SIGUSR1 means `jobwarden stop`: the engine's comes as RELAYED_USR1
+_AS_RELAYED: dict[int, int] = {int(sig): int(sig) for sig in ENGINE_SIGNALS} | {signal.SIGUSR1: RELAYED_USR1}
+
+
+def engine_budget_s(engine: str | None, env: Mapping[str, str]) -> float:
+    """How long the engine waits between its SIGTERM and its SIGKILL: Slurm's KillWait (asked from
+    scontrol), Ray's RAY_JOB_STOP_WAIT_TIME_S (3 s by default); 30 s when unknown."""
+    if engine == "ray":
+        text = env.get(RAY_STOP_WAIT_ENV, "")
+        with contextlib.suppress(ValueError):
+            if float(text) > 0:
+                return float(text)
+        return RAY_DEFAULT_STOP_WAIT_S
+    if engine == "slurm":
+        from jobwarden.probes.slurm import kill_wait_s
+
+        return kill_wait_s(env) or UNKNOWN_BUDGET_S
+    return UNKNOWN_BUDGET_S
+
+
+class SignalRelay:
+    """Catches the engine's signals from before the shim exists (a signal then is held, and relayed once
+    the shim's pid is known) until the CLI exits. SIGCONT (scancel sends it first) keeps its default."""
+
+    def __init__(self) -> None:
+        self.shim_pid: int | None = None
+        self.held: list[int] = []
+
+    def install(self) -> None:
+        for sig in _AS_RELAYED:
+            signal.signal(sig, self._caught)
+
+    def attach(self, shim_pid: int) -> None:
+        self.shim_pid = shim_pid
+        held, self.held = self.held, []
+        for sig in held:
+            self._relay(sig)
+
+    def _caught(self, signum: int, frame: FrameType | None) -> None:
+        if self.shim_pid is None:
+            self.held.append(signum)
+        else:
+            self._relay(signum)
+
+    def _relay(self, signum: int) -> None:
+        assert self.shim_pid is not None
+        # our child, not reaped yet: its pid cannot have been reused
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.shim_pid, _AS_RELAYED[signum])
+
+
+def follow_attached(home: Path, job_id: int, run: int, shim_pid: int) -> None:
+    """Copy the output of each run of the job to stdout until the shim has exited, then reap it. A
+    restart (--restart) is a new run with its own log: followed in turn."""
+    pidfd = os.pidfd_open(shim_pid)
+    layout = Layout(home)
+    out = _Output()
+    try:
+        while True:
+
+            def done(run: int = run) -> bool:
+                exited = bool(select.select([pidfd], [], [], _FOLLOW_POLL_S)[0])
+                return exited or layout.output_log(job_id, run + 1).exists()
+
+            for chunk in follow(layout.output_log(job_id, run), 0, done, poll_s=0):
+                out.write(chunk)
+            if select.select([pidfd], [], [], 0)[0]:
+                break
+            run += 1
+    finally:
+        os.close(pidfd)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(shim_pid, 0)
+
+
+class _Output:
+    """stdout, until it breaks (srun gone, a closed pipe): the CLI must outlive it, for the job's sake."""
+
+    def __init__(self) -> None:
+        self.broken = False
+
+    def write(self, chunk: bytes) -> None:
+        if self.broken:
+            return
+        try:
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+        except (OSError, ValueError):
+            self.broken = True

@@ -1,0 +1,62 @@
+"""What Slurm says about the job a run is part of: its kill budget (KillWait) and, once it stops the job,
+why (the job's state: CANCELLED, TIMEOUT, PREEMPTED...). Asked through `scontrol` with a deadline; every
+answer is optional: a cluster that does not answer costs a default, never the run."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from jobwarden.errors import OsApiError
+from jobwarden.osapi.tool import run_tool
+
+DEFAULT_KILL_WAIT_S = 30.0  # Slurm's own default KillWait
+_KILL_WAIT = re.compile(r"^KillWait\s*=\s*(\d+)\s*sec", re.MULTILINE)
+_FIELD = re.compile(r"(?:^|\s)(JobState|Reason)=(\S+)")
+
+
+class SlurmJobState(NamedTuple):
+    state: str  # "CANCELLED", "TIMEOUT", "PREEMPTED", "RUNNING"...
+    reason: str | None  # Slurm's Reason= ("None" is None)
+
+
+def parse_kill_wait(config_text: str) -> float | None:
+    """KillWait from `scontrol show config` ("KillWait                = 5 sec")."""
+    found = _KILL_WAIT.search(config_text)
+    return float(found.group(1)) if found else None
+
+
+def parse_job_state(job_text: str) -> SlurmJobState | None:
+    """JobState and Reason from `scontrol show job -o ID`."""
+    fields = dict(_FIELD.findall(job_text))
+    if "JobState" not in fields:
+        return None
+    reason = fields.get("Reason")
+    return SlurmJobState(fields["JobState"], None if reason in (None, "None") else reason)
+
+
+def kill_wait_s(env: Mapping[str, str], timeout_s: float = 3.0) -> float | None:
+    """The cluster's KillWait: how long after its SIGTERM Slurm sends SIGKILL. None when scontrol does
+    not answer in time."""
+    text = _scontrol(["show", "config"], env, timeout_s)
+    return parse_kill_wait(text) if text is not None else None
+
+
+def job_state(env: Mapping[str, str], timeout_s: float) -> SlurmJobState | None:
+    """The state of the Slurm job this process runs in ($SLURM_JOB_ID), when scontrol answers in time."""
+    job = env.get("SLURM_JOB_ID")
+    if not job or not job.isdecimal() or timeout_s <= 0:
+        return None
+    text = _scontrol(["show", "job", "-o", job], env, timeout_s)
+    return parse_job_state(text) if text is not None else None
+
+
+def _scontrol(args: list[str], env: Mapping[str, str], timeout_s: float) -> str | None:
+    try:
+        result = run_tool(["scontrol", *args], timeout_s, env=env)
+    except OsApiError:
+        return None
+    if result.returncode != 0:
+        return None
+    return result.stdout.decode("utf-8", "replace")
