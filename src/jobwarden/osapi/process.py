@@ -145,7 +145,6 @@ ENGINE_SIGNALS = frozenset(
 )
 # The CLI relays the engine's SIGUSR1 to an attached shim as this (the shim's own SIGUSR1: `jobwarden stop`)
 RELAYED_USR1 = signal.SIGRTMIN + 1
-_PR_SET_PDEATHSIG = 1
 
 
 def fork_attached() -> int:
