@@ -103,7 +103,9 @@ def write_config(root: Path, kill_wait: int, nodes: Sequence[str] = NODES) -> Pa
     lines.append(f"PartitionName=debug Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP")
     conf = root / "slurm.conf"
     conf.write_text("\n".join(lines) + "\n")
-    (root / "cgroup.conf").write_text("CgroupPlugin=autodetect\nConstrainRAMSpace=yes\nConstrainSwapSpace=no\n")
+    (root / "cgroup.conf").write_text(
+        "CgroupPlugin=autodetect\nConstrainRAMSpace=yes\nConstrainSwapSpace=no\n"
+    )
     return conf
 
 
@@ -159,7 +161,9 @@ class SlurmCluster:
     def logs(self) -> str:
         parts = []
         for path in sorted((self.root / "log").glob("*.log")):
-            parts.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-15:]))
+            parts.append(
+                f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-15:])
+            )
         return "\n".join(parts)
 
     # --- Slurm's commands -------------------------------------------------------------------------
@@ -196,7 +200,9 @@ class SlurmCluster:
             cwd=cwd,
         )
 
-    def sbatch(self, script: str, *args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> int:
+    def sbatch(
+        self, script: str, *args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None
+    ) -> int:
         """Submit `script` (its text); returns the job id."""
         path = Path(tempfile.mkstemp(prefix="job-", suffix=".sh", dir=self.root)[1])
         path.write_text(script)
@@ -232,7 +238,9 @@ class SlurmCluster:
             if len(found) >= ends:
                 return found[-1]
             if time.monotonic() > deadline:
-                raise TimeoutError(f"Slurm job {job_id} did not end {ends}x in {timeout_s}s: {self.job(job_id)}")
+                raise TimeoutError(
+                    f"Slurm job {job_id} did not end {ends}x in {timeout_s}s: {self.job(job_id)}"
+                )
             time.sleep(0.1)
 
     def wait_state(self, job_id: int, states: Sequence[str], timeout_s: float = 60) -> dict[str, str]:
@@ -324,7 +332,9 @@ def keep(root: Path, kill_wait: int, nodes: Sequence[str]) -> int:
         _wait_for(socket_path.exists, 20, "munged")
         daemons.append(_spawn(["slurmctld", "-D", "-i"], root / "log" / "slurmctld-stdout.log", env))
         for name in nodes:
-            daemons.append(_spawn(["slurmd", "-D", "-N", name], root / "log" / f"slurmd-{name}-stdout.log", env))
+            daemons.append(
+                _spawn(["slurmd", "-D", "-N", name], root / "log" / f"slurmd-{name}-stdout.log", env)
+            )
         _wait_for(lambda: _nodes_idle(env, len(nodes)), READY_TIMEOUT_S - 5, "the nodes")
         print("ready", flush=True)
         while True:  # reap whatever ends under us until asked to stop
@@ -388,7 +398,9 @@ def _reap_all(wait_s: float) -> None:
 def main(argv: list[str]) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--kill-wait", type=int, default=5)
     parser.add_argument("--nodes", default=",".join(NODES))
     if argv[:1] == ["keep"]:  # the keeper, started by SlurmCluster.start

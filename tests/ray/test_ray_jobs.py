@@ -24,9 +24,11 @@ RANK = Path(__file__).with_name("jobs") / "rank.py"
 JOBSCTL = Path(__file__).with_name("jobsctl.py")
 
 
-def entrypoint(*args: str) -> str:
-    """What a user types after `ray job submit --`; plain words only (Ray rejoins them for a shell)."""
-    return " ".join(["jobwarden", "run", "--engine", "ray", *args])
+def entrypoint(home: Path, *args: str) -> str:
+    """What a user types after `ray job submit --`; plain words only (Ray rejoins them for a shell). The
+    home is set on the command line, not in Ray's runtime env: that one also reaches Ray's own helper
+    processes of the job (its supervisor's watcher), which must not count as the job's."""
+    return " ".join([f"JOBWARDEN_HOME={home}", "jobwarden", "run", *args])
 
 
 def jobsctl(ns: RayNamespace, spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -42,10 +44,10 @@ def explain(ns: RayNamespace, home: Path, name: str) -> dict[str, Any]:
 
 def test_ray_sees_the_jobs_own_status_and_output(ray_ns: RayNamespace, tmp_path: Path) -> None:
     home, mark = tmp_path / "home", uuid.uuid4().hex
-    env = {"JOBWARDEN_HOME": str(home), "RAY_TEST_MARK": mark}
-    jobs = {
-        f"fails-{mark[:8]}": entrypoint("--name", "fails", "--", "python", str(RANK), "exit:3"),
-        f"works-{mark[:8]}": entrypoint("--name", "works", "--", "python", str(RANK), "exit:0"),
+    env = {"RAY_TEST_MARK": mark}
+    jobs = {  # no --engine: Ray is found by what Ray Jobs sets for its entrypoint
+        f"fails-{mark[:8]}": entrypoint(home, "--name", "fails", "--", "python", str(RANK), "exit:3"),
+        f"works-{mark[:8]}": entrypoint(home, "--name", "works", "--", "python", str(RANK), "exit:0"),
     }
     began = time.monotonic()
     submit = [{"id": job_id, "entrypoint": line, "env": env} for job_id, line in jobs.items()]
@@ -59,6 +61,9 @@ def test_ray_sees_the_jobs_own_status_and_output(ray_ns: RayNamespace, tmp_path:
     assert explain(ray_ns, home, "fails")["exit_code"] == 3
     assert explain(ray_ns, home, "works")["state"] == "succeeded"
     assert processes_under(home) == []
+    with Store(home) as store:
+        options = [store.job(name).options for name in ("fails", "works")]
+    assert [(o.engine, o.group) for o in options] == [("ray", f"ray-{job_id}") for job_id in jobs]
 
 
 @pytest.mark.parametrize("mode", ["hang", "stubborn"])
@@ -71,10 +76,12 @@ def test_ray_job_stop_ends_the_run_inside_the_stop_wait(
     ready.mkdir()
     make_fifo(ready / "ready-0")
     job_id = f"stopped-{uuid.uuid4().hex[:8]}"
-    env = json.dumps({"env_vars": {"JOBWARDEN_HOME": str(home)}})
-    line = entrypoint("--name", "stopped", "--", "python", str(RANK), mode, str(ready))
-    ray_ns.run("ray", "job", "submit", "--no-wait", f"--submission-id={job_id}", f"--runtime-env-json={env}",
-               "--", *line.split(), check=True)  # fmt: skip
+    line = entrypoint(
+        home, "--engine", "ray", "--name", "stopped", "--", "python", str(RANK), mode, str(ready)
+    )
+    ray_ns.run(
+        "ray", "job", "submit", "--no-wait", f"--submission-id={job_id}", "--", *line.split(), check=True
+    )
     read_fifo(ready / "ready-0", timeout_s=180)
 
     stop_at = time.time()
