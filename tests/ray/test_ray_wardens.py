@@ -50,22 +50,31 @@ def node_run(ns: RayNamespace, home: Path) -> dict[str, Any]:
     return dict(json.loads(done.stdout))
 
 
-def test_a_failing_rank_fails_the_run_with_its_nodes_verdict(ray_ns: RayNamespace, tmp_path: Path) -> None:
+def test_a_failing_rank_fails_the_run_and_stops_the_other(ray_ns: RayNamespace, tmp_path: Path) -> None:
+    """Rank 1 raises once rank 0 is up; rank 0 would wait forever (a peer in a collective): its warden is
+    killed a second after the failure, and its jobwarden ends the run as an engine stop."""
     ray_ns.wait_second_node()
-    job = spec(tmp_path, "exit:0,raise")
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    make_fifo(ready / "ready-0")
+    job = {**spec(tmp_path, "hang,raise-after-0", ready), "stop_others_after_s": 1}
     began = time.monotonic()
     done = ray_ns.run(sys.executable, str(DRIVER), json.dumps(job), timeout=300, check=True)
     TIMINGS["two-node wardens run, driver start to results (s)"] = time.monotonic() - began
     report = json.loads(done.stdout.splitlines()[-1])
-    ok, failed = report["results"]
-    assert (ok["node_rank"], ok["exit_code"]) == (0, 0), report
+    stopped, failed = report["results"]
     assert (failed["node_rank"], failed["exit_code"]) == (1, 1), report
-    assert ok["node"] != failed["node"], "both wardens on one node: NodeAffinitySchedulingStrategy ignored"
     assert [f["rule"] for f in failed["verdict"]["findings"]][:1] == ["python-exception"], failed["verdict"]
-    assert report["error"].startswith("1 of 2 nodes failed: node 1 ("), report["error"]
-    assert "python-exception" in report["error"]
+    assert (stopped["node_rank"], stopped["exit_code"]) == (0, None), report
+    assert stopped["error"] == "stopped 1 s after node 1 failed", report
+    assert [f["rule"] for f in stopped["verdict"]["findings"]][:1] == ["cancelled-by-engine"], stopped
+    assert stopped["node"] != failed["node"], (
+        "both wardens on one node: NodeAffinitySchedulingStrategy ignored"
+    )
+    assert report["error"].startswith("2 of 2 nodes failed: node 0 ("), report["error"]
+    assert "node 1 (" in report["error"] and "python-exception" in report["error"]
     homes = sorted(tmp_path.glob("home-*"))
-    assert [h.name for h in homes] == sorted(f"home-{r['node']}" for r in (ok, failed))  # node-local homes
+    assert [h.name for h in homes] == sorted(f"home-{r['node']}" for r in (stopped, failed))  # node-local
     assert marked(job["mark"]) == []
 
 

@@ -76,16 +76,20 @@ def test_a_warden_runs_jobwarden_attached_with_its_node_and_home() -> None:
 
 def test_a_failure_names_each_failed_node_with_its_finding() -> None:
     verdict = {"findings": [{"rule": "python-exception", "title": "ValueError: rank 1 failed"}]}
+    stopped = {"findings": [{"rule": "cancelled-by-engine", "title": "x"}]}
     results = [
         NodeResult(0, "a" * 56, "10.0.0.1", 0, {"findings": []}),
         NodeResult(1, "b" * 56, "10.0.0.2", 1, verdict),
         NodeResult(2, "c" * 56, "10.0.0.3", None, None, "ActorDiedError: the node died"),
+        NodeResult(3, "d" * 56, "10.0.0.4", None, stopped, "stopped 30 s after node 1 failed"),
     ]
-    message = str(NodesFailed(results))
-    assert message.startswith(
-        "2 of 3 nodes failed: node 1 (bbbbbbbbbbbb at 10.0.0.2): exit 1: python-exception"
-    )
-    assert "node 2 (cccccccccccc at 10.0.0.3): supervisor lost: ActorDiedError" in message
+    parts = str(NodesFailed(results)).split("; ")
+    assert parts == [
+        "3 of 4 nodes failed: node 1 (bbbbbbbbbbbb at 10.0.0.2): exit 1: python-exception: ValueError: "
+        "rank 1 failed",
+        "node 2 (cccccccccccc at 10.0.0.3): ActorDiedError: the node died",
+        "node 3 (dddddddddddd at 10.0.0.4): stopped 30 s after node 1 failed: cancelled-by-engine: x",
+    ]
 
 
 def test_importing_the_helper_imports_no_ray() -> None:

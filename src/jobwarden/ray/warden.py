@@ -4,10 +4,12 @@ and reporting the node's exit status with its `explain --json` verdict."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -16,14 +18,15 @@ from jobwarden.errors import UsageError
 
 class NodeResult(NamedTuple):
     """What one node's supervisor reported. exit_code is the job's status as `jobwarden run` exits with
-    it (128+N for a signal); None when the warden itself was lost (its node or worker died)."""
+    it (128+N for a signal); None when the warden was stopped (another node failed) or lost (its node or
+    worker died)."""
 
     node_rank: int
     node: str  # the Ray node id
     address: str  # the node's IP address
     exit_code: int | None
     verdict: dict[str, Any] | None  # `jobwarden explain --json` of the node's run, where it could be read
-    error: str | None = None  # why there is no exit code
+    error: str | None = None  # why there is no exit code: stopped after another node failed, or lost
 
     @property
     def ok(self) -> bool:
@@ -31,11 +34,10 @@ class NodeResult(NamedTuple):
 
     def summary(self) -> str:
         where = f"node {self.node_rank} ({self.node[:12]} at {self.address})"
-        if self.exit_code is None:
-            return f"{where}: supervisor lost: {self.error}"
+        status = f"exit {self.exit_code}" if self.exit_code is not None else self.error
         findings = (self.verdict or {}).get("findings") or []
         finding = f": {findings[0].get('rule')}: {findings[0].get('title')}" if findings else ""
-        return f"{where}: exit {self.exit_code}{finding}"
+        return f"{where}: {status}{finding}"
 
 
 class NodesFailed(RuntimeError):
@@ -56,29 +58,39 @@ def run_on_nodes(
     options: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     rank_per_node: bool = False,
+    stop_others_after_s: float | None = 30.0,
     check: bool = True,
 ) -> list[NodeResult]:
     """Run `command` under jobwarden on every alive node of the connected Ray cluster (ray.init first),
     one supervisor per node; block until all ended. Each node's command gets NODE_RANK, NNODES and
     MASTER_ADDR (node 0's address), and the same as torchrun's PET_* defaults. `home` is the node-local
     JOBWARDEN_HOME ("{node}" is replaced by the Ray node id), default the node's own; `options` are more
-    `jobwarden run` flags; rank_per_node passes `--rank NODE_RANK` (a command that is one rank). Raises
-    NodesFailed if a node failed and check."""
+    `jobwarden run` flags; rank_per_node passes `--rank NODE_RANK` (a command that is one rank).
+
+    When a node fails, the others get stop_others_after_s to end on their own (their peers' failure often
+    ends them), then their wardens are killed: each node's jobwarden ends its run as an engine stop
+    (`cancelled-by-engine`) instead of waiting in a collective that will never complete (None: wait for
+    every node). Raises NodesFailed if a node failed and check."""
     import ray
 
     if not command:
         raise UsageError("run_on_nodes: no command given", "e.g. run_on_nodes(['python', 'train.py'])")
     nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: str(n["NodeID"]))
     group = group or default_group()
-    wardens = [_start_warden(n["NodeID"]) for n in nodes]
-    pending = {
-        warden.supervise.remote(
+    if not nodes:
+        raise UsageError(
+            "run_on_nodes: the Ray cluster has no alive node", "ray.init() a running cluster first"
+        )
+    runs = [
+        _NodeRun(
+            rank,
+            n,
             _argv(command, group, n["NodeID"], rank, home, group_dir, options, rank_per_node),
             _env(env, rank, len(nodes), str(nodes[0]["NodeManagerAddress"]), home, n["NodeID"]),
-        ): rank
-        for rank, (warden, n) in enumerate(zip(wardens, nodes, strict=True))
-    }
-    results = [_result(ref, rank, nodes[rank]) for ref, rank in pending.items()]
+        )
+        for rank, n in enumerate(nodes)
+    ]
+    results = _gather(runs, stop_others_after_s)
     if check and not all(r.ok for r in results):
         raise NodesFailed(results)
     return results
@@ -122,21 +134,58 @@ def _env(
     return env
 
 
-def _start_warden(node_id: str) -> Any:
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+class _NodeRun:
+    """One node's part: its warden and the call that runs the node's command."""
 
-    return Warden.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+    def __init__(self, rank: int, node: Mapping[str, Any], argv: list[str], env: dict[str, str]) -> None:
+        self.rank, self.node_id, self.address = rank, str(node["NodeID"]), str(node["NodeManagerAddress"])
+        self.name, self.env = argv[argv.index("--name") + 1], env
+        self.warden = _remote(_Warden).options(scheduling_strategy=self.pinned()).remote()
+        self.call = self.warden.supervise.remote(argv, env)
+        self.stopped: str | None = None  # why the warden was killed, if it was
+
+    def pinned(self) -> Any:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        return NodeAffinitySchedulingStrategy(self.node_id, soft=False)
+
+    def result(self) -> NodeResult:
+        import ray
+
+        where = (self.rank, self.node_id, self.address)
+        try:
+            exit_code, verdict = ray.get(self.call)
+        except ray.exceptions.RayError as e:  # killed by us, or its worker or node died
+            if self.stopped:  # its jobwarden ended the run as an engine stop: read how, on its node
+                reader = _remote(_verdict).options(scheduling_strategy=self.pinned(), num_cpus=0)
+                return NodeResult(*where, None, ray.get(reader.remote(self.name, self.env)), self.stopped)
+            return NodeResult(*where, None, None, f"{type(e).__name__}: {str(e).splitlines()[0]}")
+        return NodeResult(*where, exit_code, verdict)
 
 
-def _result(ref: Any, rank: int, node: Mapping[str, Any]) -> NodeResult:
+def _gather(runs: list[_NodeRun], stop_others_after_s: float | None) -> list[NodeResult]:
+    """Every node's result, in rank order; the wardens still running stop_others_after_s after the first
+    failure are killed (each node's jobwarden then stops its run, as it would for `ray job stop`)."""
     import ray
 
-    where = (rank, str(node["NodeID"]), str(node["NodeManagerAddress"]))
-    try:
-        exit_code, verdict = ray.get(ref)
-    except ray.exceptions.RayError as e:  # the actor, its worker or its node died
-        return NodeResult(*where, None, None, f"{type(e).__name__}: {str(e).splitlines()[0]}")
-    return NodeResult(*where, exit_code, verdict)
+    results: dict[int, NodeResult] = {}
+    pending = {run.call: run for run in runs}
+    deadline: float | None = None
+    while pending:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=timeout)
+        if not ready:  # the others had their time after a node failed
+            failed = ", ".join(str(r.node_rank) for r in results.values() if not r.ok)
+            for run in pending.values():
+                run.stopped = f"stopped {stop_others_after_s:g} s after node {failed} failed"
+                ray.kill(run.warden, no_restart=True)
+            deadline = None
+            continue
+        result = pending.pop(ready[0]).result()
+        results[result.node_rank] = result
+        if not result.ok and stop_others_after_s is not None and deadline is None and pending:
+            deadline = time.monotonic() + stop_others_after_s
+    return [results[rank] for rank in sorted(results)]
 
 
 class _Warden:
@@ -154,12 +203,22 @@ class _Warden:
                                 preexec_fn=lambda: die_with_parent(parent))  # fmt: skip
         code = proc.wait()
         name = argv[argv.index("--name") + 1]
-        return (code if code >= 0 else 128 - code), _verdict(name, full_env)
+        return (code if code >= 0 else 128 - code), _verdict(name, env)
+
+
+# how long a stopped node's jobwarden may take to end its run: Ray's stop wait is seconds, plus slack
+_VERDICT_WAIT_S = 120
 
 
 def _verdict(name: str, env: dict[str, str]) -> dict[str, Any] | None:
-    explain = [sys.executable, "-m", "jobwarden", "explain", "--json", name]
-    done = subprocess.run(explain, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    """`explain --json` of the node's run once it has ended (`wait` first: a stopped run is still
+    ending), read on the node from its node-local home."""
+    jobwarden, full_env = [sys.executable, "-m", "jobwarden"], {**os.environ, **env}
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run([*jobwarden, "wait", name], env=full_env, capture_output=True, timeout=_VERDICT_WAIT_S)
+    done = subprocess.run(
+        [*jobwarden, "explain", "--json", name], env=full_env, capture_output=True, text=True
+    )
     try:
         verdict: dict[str, Any] = json.loads(done.stdout)
     except ValueError:
@@ -167,21 +226,14 @@ def _verdict(name: str, env: dict[str, str]) -> dict[str, Any] | None:
     return verdict
 
 
-def _remote_warden() -> Any:
+_REMOTE: dict[object, Any] = {}
+
+
+def _remote(what: object) -> Any:
+    """The warden actor class or the verdict task, made on first use: importing this module must not
+    import Ray. Zero CPUs: a supervisor must never take a slot from the training it watches."""
     import ray
 
-    return ray.remote(num_cpus=0, max_restarts=0)(_Warden)
-
-
-class _LazyWarden:
-    """The actor class, made on first use: importing this module must not import Ray."""
-
-    _cls: Any = None
-
-    def options(self, **kwargs: Any) -> Any:
-        if _LazyWarden._cls is None:
-            _LazyWarden._cls = _remote_warden()
-        return _LazyWarden._cls.options(**kwargs)
-
-
-Warden = _LazyWarden()
+    if what not in _REMOTE:
+        _REMOTE[what] = ray.remote(num_cpus=0, max_restarts=0)(what) if what is _Warden else ray.remote(what)
+    return _REMOTE[what]
