@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
+from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 from jobwarden.errors import StoreError
 
 HOME_ENV = "JOBWARDEN_HOME"
 JOB_ID_ENV = "JOBWARDEN_JOB_ID"
 RUN_ENV = "JOBWARDEN_RUN"
+LOCAL_DIR_ENV = "JOBWARDEN_LOCAL_DIR"  # where the database goes when the home is on a network file system
+# File systems where SQLite's WAL does not work ("WAL does not work over a network filesystem",
+# sqlite.org/wal.html): cluster homes are usually one of these.
+NETWORK_FS = ("nfs", "lustre", "gpfs", "beegfs", "cifs", "smb3", "fuse.")
+MOUNTINFO = Path("/proc/self/mountinfo")
 
 
 def home_dir(environ: dict[str, str] | None = None) -> Path:
@@ -46,6 +54,61 @@ def ensure_private_dir(path: Path) -> Path:
     return path
 
 
+class DatabasePlace(NamedTuple):
+    path: Path
+    fs_type: str | None  # the home's file system type, as the kernel names it
+    moved: bool  # True: the home is on a network file system, the database is on local disk
+
+
+def is_network_fs(fs_type: str | None) -> bool:
+    return fs_type is not None and fs_type.startswith(NETWORK_FS)
+
+
+def filesystem_type(path: Path, mountinfo: str | None = None) -> str | None:
+    """The type of the file system `path` (or its nearest existing parent) is on: the mount with the
+    longest mount point that contains it, from /proc/self/mountinfo."""
+    if mountinfo is None:
+        try:
+            mountinfo = MOUNTINFO.read_text()
+        except OSError:
+            return None
+    existing, rest = path.absolute(), Path()
+    while not existing.exists() and existing != existing.parent:  # a home not created yet
+        existing, rest = existing.parent, existing.name / rest
+    target = str(existing.resolve() / rest).rstrip("/") or "/"
+    best, fs_type = -1, None
+    for line in mountinfo.splitlines():
+        fields, _, after = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not after:
+            continue
+        point = parts[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best:
+            best, fs_type = len(point), after.split()[0]
+    return fs_type
+
+
+def database_place(
+    home: Path, environ: dict[str, str] | None = None, mountinfo: str | None = None
+) -> DatabasePlace:
+    """The database stays in the home unless the home is on a network file system: then it goes to local
+    disk (JOBWARDEN_LOCAL_DIR, default /var/tmp/jobwarden-<uid>), one directory per home, while the logs
+    and group records stay in the home (a group's records must be on the shared file system)."""
+    fs_type = filesystem_type(home, mountinfo)
+    if not is_network_fs(fs_type):
+        return DatabasePlace(home / "jobwarden.db", fs_type, False)
+    env = os.environ if environ is None else environ
+    local = Path(env.get(LOCAL_DIR_ENV) or f"/var/tmp/jobwarden-{os.geteuid()}")
+    tag = hashlib.sha256(str(home).encode()).hexdigest()[:12]
+    return DatabasePlace(local / f"home-{tag}" / "jobwarden.db", fs_type, True)
+
+
+@lru_cache(maxsize=8)
+def _database_of(home: Path) -> DatabasePlace:
+    return database_place(home)
+
+
 class Layout:
     """File locations under one home."""
 
@@ -54,7 +117,11 @@ class Layout:
 
     @property
     def database(self) -> Path:
-        return self.home / "jobwarden.db"
+        return _database_of(self.home).path
+
+    @property
+    def database_place(self) -> DatabasePlace:
+        return _database_of(self.home)
 
     @property
     def jobs_dir(self) -> Path:

@@ -222,7 +222,7 @@ def test_a_healthy_machine_passes_every_check() -> None:
     checks = run_checks(facts())
     assert [c.status for c in checks] == [OK] * len(checks)
     assert report_json(checks)["ok"] is True
-    assert len({c.name for c in checks}) == len(checks) == 12
+    assert len({c.name for c in checks}) == len(checks) == 13
 
 
 def test_warnings_do_not_fail_the_report_but_a_failure_does() -> None:
@@ -245,6 +245,7 @@ def test_every_check_has_a_stable_name() -> None:
         "short-lived processes",
         "Python fork-lock",
         "store",
+        "store location",
         "home",
         "disk space",
     ]
@@ -284,3 +285,10 @@ def test_without_kernel_process_events_short_lives_rest_on_the_hooks() -> None:
     assert "Python hooks" in check.message and "not the initial pid namespace" in check.message
     off = next(c for c in run_checks(facts(proc_events_disabled=True)) if "short" in c.name)
     assert off.status == WARN and "JOBWARDEN_PROC_EVENTS=off" in off.message
+
+
+def test_the_store_location_says_why_the_database_left_a_network_home() -> None:
+    moved = run_checks(facts(home=Path("/home/u/jw"), database_fs="nfs4", database_moved=True))
+    place = next(c for c in moved if c.name == "store location")
+    assert place.status == OK
+    assert "local disk" in place.message and "nfs4" in place.message and "/home/u/jw" in place.message

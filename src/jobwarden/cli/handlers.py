@@ -21,6 +21,7 @@ from jobwarden.paths import home_dir
 if TYPE_CHECKING:
     from jobwarden.control.jobstatus import JobStatus
     from jobwarden.joboptions import JobOptions
+    from jobwarden.store import RunRecord
 
 
 def _home() -> Path:
@@ -133,7 +134,8 @@ def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
         print(f"\njobwarden: stopped following; job {job.id} keeps running", file=sys.stderr)
         return 130
     if exit_with_status:
-        return render.exit_status(wait_job(_home(), procfs, str(job.id)))
+        ended = wait_job(_home(), procfs, str(job.id))
+        return _requeue_or(ended, render.exit_status(ended))
     return 0
 
 
@@ -157,7 +159,21 @@ def _wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False
             f"jobwarden: job {run.job_id} is lost: its supervisor died, its exit status is unknown",
             file=sys.stderr,
         )
-    return render.exit_status(run)
+    return _requeue_or(run, render.exit_status(run))
+
+
+def _requeue_or(run: RunRecord, status: int) -> int:
+    """--requeue-exit's code when the run's end is retryable (control.requeue), else its own status."""
+    from jobwarden.control.requeue import requeue_code
+
+    code = requeue_code(_home(), run)
+    if code is not None:
+        print(
+            f"jobwarden: job {run.job_id} ended retryably: exit {code} asks the engine to requeue it",
+            file=sys.stderr,
+        )
+        return code
+    return status
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
@@ -226,7 +242,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from jobwarden.text import render
 
     if args.group is not None:
-        raise UsageError("explain --group: not built yet")  # TODO(issue 12): the group verdict
+        return _explain_group(args)
     if args.job is None:
         raise UsageError("explain needs a JOB (an id or a name), or --group ID")
     status = _job_status(args.job, args.run)
@@ -235,6 +251,26 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:
         _print_lines(render.explain_report(status))
     return 0
+
+
+def _explain_group(args: argparse.Namespace) -> int:
+    from jobwarden.control.groupview import SETTLE_S, group_view
+    from jobwarden.text.group import group_report
+
+    if args.job is not None:
+        raise UsageError(
+            "explain: give a JOB or --group ID, not both", "e.g. jobwarden explain --group exp-7"
+        )
+    tolerance = config.optional_duration(args.clock_tolerance, "--clock-tolerance")
+    # --exit-status is asked once the job is over (after srun, in the batch script): a rank with no end
+    # then is lost, once the shared file system has had a moment to show every node's last lines
+    settle = SETTLE_S if args.exit_status else 0.0
+    view = group_view(_home(), args.group, args.attempt, args.group_dir, tolerance, args.exit_status, settle)
+    if args.json:
+        _print_json(view.to_json())
+    else:
+        _print_lines(group_report(view))
+    return view.exit_status() if args.exit_status else 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

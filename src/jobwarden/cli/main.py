@@ -161,6 +161,12 @@ def _explain_arguments(explain: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --group: exit 0 if it succeeded, the requeue code if the cause is retryable, else 1",
     )
+    explain.add_argument("--group-dir", metavar="DIR", help="with --group: where the ranks wrote the records")
+    explain.add_argument(
+        "--clock-tolerance",
+        metavar="DUR",
+        help="with --group: clocks closer than this tie (default 2s)",
+    )
     explain.add_argument("--json", action="store_true")
 
 

@@ -73,6 +73,8 @@ class HostFacts:
     home_mode: int | None  # None: the home does not exist yet
     home_uid: int | None
     free_bytes: int | None
+    database_fs: str | None = None  # the home's file system type
+    database_moved: bool = False  # the home is on a network file system: the database is on local disk
 
 
 # --- ptrace -----------------------------------------------------------------------------------------
@@ -321,6 +323,19 @@ def check_store(store: StoreFacts) -> Check:
     return Check(name, OK, f"{db}: integrity ok, schema {schema}")
 
 
+def check_store_place(home: Path, database: Path, fs_type: str | None, moved: bool) -> Check:
+    """Where the database is, and why: SQLite's WAL needs every user of a database on one host."""
+    name = "store location"
+    if moved:
+        return Check(
+            name,
+            OK,
+            f"database on local disk at {database}: {home} is on {fs_type} (no SQLite WAL there); "
+            f"logs and group records stay under {home}",
+        )
+    return Check(name, OK, f"database in {home} ({fs_type or 'file system type unknown'}, local)")
+
+
 def check_home(home: Path, mode: int | None, uid: int | None, euid: int) -> Check:
     name = "home"
     if mode is None:
@@ -372,6 +387,7 @@ def run_checks(facts: HostFacts) -> list[Check]:
         check_short_lives(facts.proc_events, facts.proc_events_disabled),
         check_interpreters(facts.interpreters),
         check_store(facts.store),
+        check_store_place(facts.home, facts.store.database, facts.database_fs, facts.database_moved),
         check_home(facts.home, facts.home_mode, facts.home_uid, facts.euid),
         check_disk(facts.home, facts.free_bytes),
     ]

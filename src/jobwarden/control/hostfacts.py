@@ -50,6 +50,8 @@ def gather(home: Path) -> HostFacts:
         proc_events_disabled=os.environ.get(config.PROC_EVENTS_ENV, "auto") == "off",
         interpreters=tuple(find_interpreters()),
         store=store_facts(Layout(home).database),
+        database_fs=Layout(home).database_place.fs_type,
+        database_moved=Layout(home).database_place.moved,
         home=home,
         home_mode=mode,
         home_uid=uid,

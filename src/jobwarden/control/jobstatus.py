@@ -61,6 +61,11 @@ class JobStatus(NamedTuple):
         """Files the shim could not write because the disk was full (output may have been lost)."""
         return [str(e.data.get("path")) for e in self.events if e.kind == "disk-full"]
 
+    @property
+    def group_errors(self) -> list[str]:
+        """Why a --group run's shared records were not written (its group directory is unwritable)."""
+        return [str(e.data.get("error")) for e in self.events if e.kind == "group-unwritable"]
+
     def to_json(self) -> dict[str, Any]:
         """`status --json`. Never the job's environment: `job.env` holds `--env` values (tokens)."""
         job, run = self.job, self.run

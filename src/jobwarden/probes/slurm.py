@@ -17,8 +17,19 @@ _FIELD = re.compile(r"(?:^|\s)(JobState|Reason)=(\S+)")
 
 
 class SlurmJobState(NamedTuple):
-    state: str  # "CANCELLED", "TIMEOUT", "PREEMPTED", "RUNNING"...
+    state: str  # why it ends: "CANCELLED", "TIMEOUT", "PREEMPTED"... (or "RUNNING": it does not)
     reason: str | None  # Slurm's Reason= ("None" is None)
+    shown: str  # JobState= as scontrol showed it: "COMPLETING" while the job's processes end
+
+
+# While its processes end, a stopped job shows JobState=COMPLETING (22.05), its end state hidden until
+# then; the Reason tells a time limit (Reason=TimeLimit, observed) from a scancel (Reason=None, observed).
+_ENDED_BY_REASON = {
+    "TimeLimit": "TIMEOUT",
+    "Deadline": "DEADLINE",
+    "NodeDown": "NODE_FAIL",
+    "Preemption": "PREEMPTED",  # not verified here: no preemption in the test cluster
+}
 
 
 def parse_kill_wait(config_text: str) -> float | None:
@@ -28,12 +39,16 @@ def parse_kill_wait(config_text: str) -> float | None:
 
 
 def parse_job_state(job_text: str) -> SlurmJobState | None:
-    """JobState and Reason from `scontrol show job -o ID`."""
+    """Why the job ends, from JobState and Reason of `scontrol show job -o ID`."""
     fields = dict(_FIELD.findall(job_text))
     if "JobState" not in fields:
         return None
-    reason = fields.get("Reason")
-    return SlurmJobState(fields["JobState"], None if reason in (None, "None") else reason)
+    shown, reason = fields["JobState"], fields.get("Reason")
+    reason = None if reason in (None, "None") else reason
+    state = shown
+    if shown == "COMPLETING":
+        state = _ENDED_BY_REASON.get(reason or "", "CANCELLED")
+    return SlurmJobState(state, reason, shown)
 
 
 def kill_wait_s(env: Mapping[str, str], timeout_s: float = 3.0) -> float | None:

@@ -126,4 +126,6 @@ class EngineLink:
         left = self.budget_s - self.elapsed_s() - 0.5
         found = job_state(env, min(2.0, left))
         if found is not None:
-            self.record.event("engine-state", now, engine="slurm", state=found.state, reason=found.reason)
+            self.record.event(
+                "engine-state", now, engine="slurm", state=found.state, reason=found.reason, shown=found.shown
+            )

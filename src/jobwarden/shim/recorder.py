@@ -11,15 +11,18 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobwarden import config
 from jobwarden.clock import Clock
 from jobwarden.errors import StoreError
 from jobwarden.model import EndReason, JobState, Survivor
 from jobwarden.osapi.process import WaitStatus
-from jobwarden.store import Store
+from jobwarden.store import JobRecord, Store
 from jobwarden.store.logfiles import LogWatcher
+
+if TYPE_CHECKING:
+    from jobwarden.shim.groupsink import GroupSink
 
 END_RETRY_S = 5.0  # how often the end of a run is offered again to a store that refuses it
 
@@ -36,17 +39,32 @@ class RunRecorder:
         self.store, self.job_id, self.run, self.logs, self.clock = store, job_id, run, logs, clock
         self._disk_full = False
         self._pending: list[tuple[str, float, dict[str, Any]]] = []
+        self.group: GroupSink | None = None  # a --group run's shared records: fed from what is recorded here
+
+    def open_group(self, job: JobRecord) -> None:
+        if job.options.group:
+            from jobwarden.shim.groupsink import GroupSink
+
+            self.group = GroupSink(self.store, job, self.run, self.clock, log)
+
+    def started(self, at: float, pid: int, start_time: int) -> None:
+        """The job's main process exists (the store has it already, with the run's new state)."""
+        self._to_group(lambda group: group.started(at, pid, start_time))
 
     def write(self, method: Callable[..., object], *args: Any, **kwargs: Any) -> bool:
         """`method(job_id, run, *args, **kwargs)`, a Store method; False when the store refused it."""
         try:
             method(self.job_id, self.run, *args, **kwargs)
-            return True
         except StoreError as err:
             log(f"store write failed: {err}")
             return False
+        finally:
+            if method == self.store.record_tree:  # (now, live, ended, ...): ranks come and go
+                self._to_group(lambda group: group.tree(args[0], args[1], args[2]))
+        return True
 
     def event(self, kind: str, at: float, **data: Any) -> bool:
+        self._to_group(lambda group: group.event(kind, at, data))
         return self.write(self.store.add_event, kind, at, **data)
 
     def check_disk(self, now: float) -> None:
@@ -84,11 +102,21 @@ class RunRecorder:
                     orphans=len(orphans),
                     survivors=len(survivors),
                 )
-                return
+                break
             except StoreError as err:
                 if attempt == 0:
                     log(f"cannot record the end of the run yet, retrying every {END_RETRY_S:g}s: {err}")
                 time.sleep(END_RETRY_S)
+        self._to_group(lambda group: group.end(fields))
+
+    def _to_group(self, feed: Callable[[GroupSink], object]) -> None:
+        """The group records are a copy for `explain --group`: no fault of theirs may reach the job."""
+        if self.group is None:
+            return
+        try:
+            feed(self.group)
+        except Exception as err:
+            log(f"group records: {type(err).__name__}: {err}")
 
 
 def end_fields(main_status: int | None, stop_reason: EndReason | None, now: float) -> dict[str, Any]:

@@ -79,6 +79,7 @@ class Supervisor:
         self.logs = LogWatcher(self.layout.output_log(job.id, run), self.layout.output_index(job.id, run))
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.record = RunRecorder(store, job.id, run, self.logs, clock)
+        self.record.open_group(job)
         self.sampler = Sampler(procfs, self.record)
         self.diag: Diagnoser | None = None
         self.restart_after_hang = False
@@ -148,6 +149,7 @@ class Supervisor:
             **shim_fields,
         )
         _report(report_fd, {"pid": pid, "state": "running"})
+        self.record.started(now, pid, self.main.ident.start_time)
         self._start_watches(pid)
         self._arm_timeout()
         return self._supervise()

@@ -58,6 +58,9 @@ _MAX_ID = (1 << 63) - 1  # SQLite's INTEGER: a larger number names no job and no
 class Store(SampleMethods, ListQueries):
     def __init__(self, home: Path) -> None:
         self.layout = Layout(ensure_private_dir(home))
+        if self.layout.database_place.moved:  # the home is on a network file system: WAL needs local disk
+            ensure_private_dir(self.layout.database.parent.parent)
+            ensure_private_dir(self.layout.database.parent)
         trace.debug(f"store: {self.layout.database}")
         self._conn = connect(self.layout.database)
 

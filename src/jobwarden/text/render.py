@@ -140,6 +140,8 @@ def status_report(status: JobStatus, now: float) -> Iterator[str]:
     yield f"  log          {status.log_path}"
     for path in status.disk_full_paths:
         yield f"  WARNING      the disk holding the log filled up ({path}); output may be lost"
+    for error in status.group_errors:
+        yield f"  WARNING      {error} (the job ran on; `explain --group` lacks this run)"
     yield from _process_table(status.processes)
     if run.orphans_left:
         yield ""

@@ -9,6 +9,7 @@ watchdog's verdict that a collective timed out.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from jobwarden.model import Finding
@@ -58,6 +59,12 @@ def collective_hang(ev: RunEvidence) -> Finding | None:
         # the rank that is elsewhere first: it is the one the finding is about
         tuple(dict.fromkeys([*(s.pid for s in elsewhere), *(c.stack.pid for c in waiting)])),
     )
+
+
+def collective_of(stacks: Sequence[ProcessStack]) -> str | None:
+    """The collective the first waiting process sits in ("all_reduce"), for a rank's group record."""
+    waiting = next((c for s in stacks if (c := _in_collective(s)) is not None), None)
+    return frames.name(waiting.op) if waiting else None
 
 
 def _in_collective(stack: ProcessStack) -> InCollective | None:

@@ -1,0 +1,391 @@
+"""The group records of a run that is one part of a distributed job (`--group`): what RunRecorder records
+about the run, appended to the group's shared directory for `explain --group` (store.groupdir).
+
+A run is one rank (`--rank`, Slurm's SLURM_PROCID), or a node whose launcher (torchrun) starts the ranks:
+then each process that a RANK variable names gets its own file and its own end, and the node's file holds
+the run when no rank is ever seen. Nothing here may hurt the job: a group directory that is missing,
+read-only or full is logged once, recorded on the node-local run as an event, and left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jobwarden import __version__
+from jobwarden.clock import Clock
+from jobwarden.model import Finding, ProcessEnd, ProcessSnapshot
+from jobwarden.osapi.process import WaitStatus
+from jobwarden.store import JobRecord, Store, groupdir
+from jobwarden.store.logfiles import tail_lines
+
+ALIVE_EVERY_S = 60.0
+TAIL_LINES = 20
+_TRACEBACK_LINES = 400  # a rank's traceback above torchrun's report
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+_ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+_FORWARDED = ("finding", "hung", "engine-signal", "stopping")
+
+
+@dataclass
+class _Rank:
+    """One file's writer: a rank (its process) or the whole node."""
+
+    rank: int | None
+    pid: int | None
+    start_time: int | None
+    local_rank: int | None = None
+    end: ProcessEnd | None = None
+    error_file: str | None = None
+
+
+class GroupSink:
+    def __init__(
+        self, store: Store, job: JobRecord, run: int, clock: Clock, log: Callable[[str], None]
+    ) -> None:
+        options = job.options
+        assert options.group is not None
+        self.store, self.job, self.run, self.clock, self.log = store, job, run, clock, log
+        self.node = options.node or socket.gethostname().split(".")[0]
+        root = groupdir.group_root(store.layout.home, options.group, options.group_dir)
+        self.dir = groupdir.attempt_dir(root, options.attempt)
+        self.boot_id = _boot_id()
+        self.ranks: dict[int | None, _Rank] = {}
+        self.fixed_rank = options.rank  # --rank: this run is that rank; else ranks come from RANK
+        self.oom_victims: set[int] = set()
+        self.oom_seen = False
+        self.failed = False
+        self.engine_state: object = None
+        self._alive_at = 0.0
+        self._main: _Rank | None = None
+
+    # --- what RunRecorder tells ---------------------------------------------------------------------
+
+    def started(self, at: float, pid: int, start_time: int) -> None:
+        error_file = self.job.env.get(_ERROR_FILE_ENV) or os.environ.get(_ERROR_FILE_ENV)
+        self._main = _Rank(self.fixed_rank, pid, start_time, error_file=error_file)
+        self._write_group_documents(at, pid)
+        if self.fixed_rank is not None:
+            self.ranks[self.fixed_rank] = self._main
+            self._append(self._main, "started", at, self._started_data())
+
+    def event(self, kind: str, at: float, data: dict[str, Any]) -> None:
+        if kind == "engine-state":  # Slurm's word on why it ended the job: TIMEOUT, CANCELLED, PREEMPTED...
+            self.engine_state = data.get("state")
+        if kind == "oom":
+            self.oom_seen = True
+            self.oom_victims.update(int(v) for v in data.get("victims") or ())
+        if kind not in _FORWARDED:
+            return
+        extra = dict(data)
+        if kind == "finding":
+            extra.update(self._finding_text(str(data.get("rule"))))
+        elif kind == "hung":
+            extra.update(self._hung_stacks(at), last_progress=self._last_progress())
+        for target in self._targets():
+            self._append(target, kind, at, extra)
+
+    def tree(self, at: float, live: Sequence[ProcessSnapshot], ended: Sequence[ProcessEnd]) -> None:
+        """The processes as the shim recorded them: ranks as they appear and end, and `alive`."""
+        if self.fixed_rank is None:
+            by_pid = {s.pid: s for s in live}
+            for snap in live:
+                parent = by_pid.get(snap.ppid)
+                if snap.ranks is not None and (parent is None or parent.ranks != snap.ranks):
+                    self._seen(snap.ranks.rank, snap.ranks.local_rank, snap.pid, snap.start_time, at)
+            for end in ended:
+                if end.ranks is not None:
+                    known = self.ranks.get(end.ranks.rank)
+                    if known is None:
+                        known = self._seen(end.ranks.rank, end.ranks.local_rank, end.pid, end.start_time, at)
+                    if known.pid == end.pid and known.end is None:
+                        known.end = end
+        if live and at - self._alive_at >= ALIVE_EVERY_S:
+            self._alive_at = at
+            rss = sum(s.rss_bytes for s in live)
+            for target in self._targets():
+                alive = {"processes": len(live), "rss_bytes": rss, "last_progress": self._last_progress()}
+                self._append(target, "alive", at, alive)
+
+    def end(self, fields: dict[str, Any]) -> None:
+        """Each rank's end: its own process's, or the run's for --rank and a node of unknown ranks."""
+        run_data = {
+            "state": str(fields.get("state")),
+            "end_reason": str(fields.get("end_reason")),
+            "stopping_at": self._stopping_at(),
+            "engine_state": self.engine_state,
+        }
+        lines = [b.decode("utf-8", "replace").rstrip("\n") for b in self._tail(_TRACEBACK_LINES)]
+        hooked = self._hooked_exceptions()
+        launcher = self.fixed_rank is None and bool(self.ranks)
+        for target in self._targets():
+            data = {**run_data, **self._end_status(target, fields), "output_tail": lines[-TAIL_LINES:]}
+            data["exception"] = hooked.get(target.pid or -1) or _exception(lines, target.rank, launcher)
+            data["torch_error"] = _torch_error(target.error_file)
+            self._append(target, "ended", fields["ended_at"], data, at_pid=target.pid)
+        self._final_findings(fields["ended_at"])
+
+    # --- records --------------------------------------------------------------------------------------
+
+    def _targets(self) -> list[_Rank]:
+        """The files a record of the whole run goes to: every rank seen, else the node's."""
+        if self.ranks:
+            return list(self.ranks.values())
+        if self._main is None:
+            self._main = _Rank(None, None, None)
+        return [self._main]
+
+    def _seen(self, rank: int | None, local_rank: int | None, pid: int, start: int, at: float) -> _Rank:
+        known = self.ranks.get(rank)
+        if known is None:
+            known = self.ranks[rank] = _Rank(rank, pid, start, local_rank, error_file=_error_file(pid))
+            self._append(known, "started", at, self._started_data(local_rank))
+        return known
+
+    def _started_data(self, local_rank: int | None = None) -> dict[str, Any]:
+        options = self.job.options
+        return {
+            "local_rank": local_rank,
+            "world_size": _world_size(self.job.env),
+            "cmdline": " ".join(self.job.command),
+            "job_id": self.job.id,
+            "run": self.run,
+            "requeue_exit": options.requeue_exit,
+            "max_requeues": options.max_requeues,
+            "engine": options.engine,
+        }
+
+    def _append(
+        self, target: _Rank, kind: str, at: float, data: dict[str, Any], at_pid: int | None = None
+    ) -> None:
+        if self.failed:
+            return
+        record = {
+            "v": groupdir.FORMAT_VERSION,
+            "kind": kind,
+            "group": self.job.options.group,
+            "attempt": self.job.options.attempt,
+            "rank": target.rank,
+            "node": self.node,
+            "pid": at_pid if at_pid is not None else target.pid,
+            "start_time": target.start_time,
+            "wall": at,
+            "mono": self.clock.monotonic(),
+            "boot_id": self.boot_id,
+            **data,
+        }
+        path = groupdir.rank_file(self.dir, target.rank, self.node)
+        self._guarded(lambda: groupdir.append_record(path, record))
+
+    def _guarded(self, write: Callable[[], object]) -> None:
+        """Never fatal: the first failure is logged and recorded on the run, later writes are skipped."""
+        if self.failed:
+            return
+        try:
+            write()
+        except OSError as err:
+            self.failed = True
+            message = f"group records not written to {self.dir}: {err.strerror or err}"
+            self.log(message)
+            try:
+                self.store.add_event(
+                    self.job.id, self.run, "group-unwritable", self.clock.wall(), error=message
+                )
+            except Exception as store_err:  # the run goes on whatever the store says
+                self.log(f"cannot record it either: {store_err}")
+
+    def _write_group_documents(self, at: float, pid: int) -> None:
+        options = self.job.options
+        group_doc = {
+            "v": groupdir.FORMAT_VERSION,
+            "group": options.group,
+            "attempt": options.attempt,
+            "engine": options.engine,
+            "created": at,
+            "nodelist": _nodelist(),
+            "requeue_exit": options.requeue_exit,
+            "max_requeues": options.max_requeues,
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        }
+        self._guarded(lambda: groupdir.write_document(self.dir / "group.json", group_doc, replace=False))
+        node_doc = {
+            "v": groupdir.FORMAT_VERSION,
+            "node": self.node,
+            "shim_pid": os.getpid(),
+            "version": __version__,
+            "boot_id": self.boot_id,
+            "wall": at,
+            "mono": self.clock.monotonic(),
+            "job_id": self.job.id,
+            "run": self.run,
+            "pid": pid,
+        }
+        self._guarded(lambda: groupdir.write_document(groupdir.node_file(self.dir, self.node), node_doc))
+
+    # --- evidence ------------------------------------------------------------------------------------
+
+    def _finding_text(self, rule: str) -> dict[str, Any]:
+        found = [f for _, f in self._store_read(lambda: self.store.findings(self.job.id, self.run), [])]
+        latest = next((f for f in reversed(found) if f.rule == rule), None)
+        return _finding_json(latest) if latest else {}
+
+    def _hung_stacks(self, at: float) -> dict[str, Any]:
+        """The stacks the watchdog took, as a document of their own, and the collective they wait in."""
+        from jobwarden.rules.hang.collective import collective_of
+
+        dumps = self._store_read(lambda: self.store.stacks(self.job.id, self.run), [])
+        if not dumps:
+            return {}
+        stacks = dumps[-1].stacks
+        label = f"rank-{self.fixed_rank}" if self.fixed_rank is not None else f"node-{self.node}"
+        path = groupdir.stacks_file(self.dir, label, at)
+        doc = {"at": dumps[-1].at, "node": self.node, "stacks": [s.to_json() for s in stacks]}
+        self._guarded(lambda: groupdir.write_document(path, doc))
+        return {"stacks_file": path.name, "collective": collective_of(stacks)}
+
+    def _store_read(self, read: Callable[[], Any], default: Any) -> Any:
+        try:
+            return read()
+        except Exception as err:  # a locked or full store costs the detail, never the record
+            self.log(f"group records: cannot read the store: {err}")
+            return default
+
+    def _stopping_at(self) -> float | None:
+        events = self._store_read(lambda: self.store.events(self.job.id, self.run), [])
+        return next((e.at for e in events if e.kind == "stopping"), None)
+
+    def _end_status(self, target: _Rank, fields: dict[str, Any]) -> dict[str, Any]:
+        if target is self._main or target.pid == (self._main.pid if self._main else None):
+            raw, at = fields.get("wait_status"), fields["ended_at"]
+        elif target.end is not None:
+            raw, at = target.end.status, target.end.at
+        else:  # a rank the shim saw start and never saw end: it ended with the tree
+            raw, at = None, fields["ended_at"]
+        status = WaitStatus.decode(raw) if raw is not None and raw >= 0 else None
+        oom = target.pid in self.oom_victims or (
+            self.oom_seen and (status is None or status.signal_name == "SIGKILL") and not self.oom_victims
+        )
+        if fields.get("end_reason") is not None and str(fields["end_reason"]) == "mem-limit":
+            oom = True
+        return {
+            "wait_status": raw,
+            "exit_code": status.exit_code if status else None,
+            "signal": status.signal_name if status else None,
+            "oom": oom,
+            "died_at": at,
+        }
+
+    def _final_findings(self, at: float) -> None:
+        """The run's verdict, as `explain` gives it, for the ranks whose end is the run's own."""
+        from jobwarden.shim.explainer import findings_for
+
+        if self.fixed_rank is None and self.ranks:
+            return  # a launcher's node: each rank's own end speaks for it
+        try:
+            findings = findings_for(self.store, self.job, self.store.run(self.job.id, self.run))
+        except Exception as err:  # the verdict is a convenience; the raw end is recorded already
+            self.log(f"group records: no verdict for the end record: {err}")
+            return
+        for finding in findings[:3]:
+            self._append(self._targets()[0], "finding", at, {**_finding_json(finding), "final": True})
+
+    def _hooked_exceptions(self) -> dict[int, str]:
+        """{pid: "Type: message"}: the uncaught exceptions the Python hooks recorded, process by process."""
+        from jobwarden.probes.pyhooks import read_exceptions
+        from jobwarden.rules.death import raised_at
+
+        found = read_exceptions(self.store.layout.py_dir(self.job.id, self.run))
+        return {e.pid: f"{e.type}: {e.message}" + _at(raised_at(e.frames)) for e in found}
+
+    def _last_progress(self) -> float | None:
+        """When the run last wrote output or touched its heartbeat (wall clock): the hang leader across
+        nodes is the rank that stopped first."""
+        layout = self.store.layout
+        times = []
+        for path in (layout.output_log(self.job.id, self.run), layout.heartbeat_file(self.job.id, self.run)):
+            with contextlib.suppress(OSError):
+                times.append(path.stat().st_mtime)
+        return max(times) if times else None
+
+    def _tail(self, n: int) -> list[bytes]:
+        try:
+            return tail_lines(self.store.layout.output_log(self.job.id, self.run), n)
+        except OSError:
+            return []
+
+
+def _finding_json(finding: Finding) -> dict[str, Any]:
+    return {
+        "rule": finding.rule,
+        "title": finding.title,
+        "summary": finding.summary,
+        "evidence": list(finding.evidence[:8]),
+        "pids": list(finding.pids),
+    }
+
+
+def _exception(lines: list[str], rank: int | None, shared_output: bool) -> str | None:
+    """The last traceback in the output; under a launcher only a rank's own (torchrun prefixes its lines
+    with `[rankN]:`): the ranks of a node share one output, and a peer's traceback is not this rank's."""
+    from jobwarden.rules.death import parse_traceback
+
+    if rank is not None:
+        own = [line.split(":", 1)[1] for line in lines if line.startswith(f"[rank{rank}]:")]
+        lines = own or ([] if shared_output else lines)
+    parsed = parse_traceback(lines)
+    return f"{parsed[0]}: {parsed[1]}{_at(parsed[2])}" if parsed else None
+
+
+def _at(where: str | None) -> str:
+    return f" @ {where}" if where else ""
+
+
+def _torch_error(path: str | None) -> dict[str, Any] | None:
+    """The summary of torchelastic's error file (TORCHELASTIC_ERROR_FILE), when the rank wrote one."""
+    doc = groupdir.read_document(Path(path)) if path else None
+    if not doc:
+        return None
+    message = doc.get("message")
+    if isinstance(message, dict):
+        extra = message.get("extraInfo") or {}
+        return {"message": message.get("message"), "timestamp": extra.get("timestamp")}
+    return {"message": message}
+
+
+def _error_file(pid: int) -> str | None:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    for entry in environ.split(b"\0"):
+        if entry.startswith(_ERROR_FILE_ENV.encode() + b"="):
+            return entry.split(b"=", 1)[1].decode(errors="replace")
+    return None
+
+
+def _world_size(env: dict[str, str]) -> int | None:
+    text = env.get("WORLD_SIZE") or os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS")
+    return int(text) if text and text.isdecimal() else None
+
+
+def _nodelist() -> str | None:
+    return os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+
+
+def _boot_id() -> str | None:
+    try:
+        return _BOOT_ID.read_text().strip()
+    except OSError:
+        return None
+
+
+def open_group_sink(
+    store: Store, job: JobRecord, run: int, clock: Clock, log: Callable[[str], None]
+) -> GroupSink | None:
+    """The sink of a run with --group, None for a plain run."""
+    return GroupSink(store, job, run, clock, log) if job.options.group else None

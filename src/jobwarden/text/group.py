@@ -1,0 +1,90 @@
+"""The text of `explain --group`: the verdict in one line, then one line per rank."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jobwarden.control.groupview import GroupView
+    from jobwarden.rules.group import RankVerdict
+
+
+def group_report(view: GroupView) -> Iterator[str]:
+    v = view.verdict
+    yield verdict_line(view)
+    for r in v.ranks:
+        at = f" at {clock_time(r.outcome.at)}" if r.outcome.at is not None else ""
+        rule = f" [{r.outcome.rule}]" if r.outcome.rule else ""
+        yield f"  {who(r)}: {r.outcome.text}{at}{rule}: {r.role}"
+    if v.missing_nodes:
+        yield f"  never reported: {', '.join(v.missing_nodes)} (no records from these nodes)"
+    if view.torn_lines:
+        yield f"  skipped {view.torn_lines} torn line(s) (a writer died mid-record, or it is still arriving)"
+    code = view.requeue_code()
+    if code is not None:
+        yield f"  retryable: --exit-status gives the requeue code {code}"
+    yield f"  (records: {view.root}; clock tolerance {v.clock_tolerance_s:g}s)"
+
+
+def verdict_line(view: GroupView) -> str:
+    """'rank 3 on node n2 was OOM-killed at 12:03:07; ranks 0–2 then hung in all_reduce: collateral'."""
+    v = view.verdict
+    head = f"group {view.group} attempt {view.attempt}: "
+    if v.root is None:
+        return head + {"succeeded": "every rank succeeded", "running": "running, no failure yet"}.get(
+            v.state, v.state
+        )
+    root = v.root
+    at = f" at {clock_time(root.outcome.at)}" if root.outcome.at is not None else ""
+    line = f"{who(root)} {root.outcome.text}{at}"
+    if v.simultaneous:
+        line += f" (at about the same time: {', '.join(who(r) for r in v.simultaneous)})"
+    collateral: dict[str, list[RankVerdict]] = {}
+    for r in v.ranks:
+        if r.role == "collateral":
+            collateral.setdefault(r.outcome.text, []).append(r)
+    for text, ranks in collateral.items():
+        line += f"; {_ranks_text(ranks)} then {text}: collateral"
+    return line
+
+
+def who(r: RankVerdict) -> str:
+    story = r.story
+    node = f" on node {story.node}" if story.node else ""
+    return (f"rank {story.rank}" if story.rank is not None else "the job") + node
+
+
+def _ranks_text(ranks: Sequence[RankVerdict]) -> str:
+    numbers = sorted(r.story.rank for r in ranks if r.story.rank is not None)
+    unnamed = len(ranks) - len(numbers)
+    parts = [_span(a, b) for a, b in _runs(numbers)]
+    if unnamed:
+        parts.append(f"{unnamed} node(s) of unknown ranks")
+    label = "rank" if len(numbers) == 1 and not unnamed else "ranks"
+    return f"{label} {', '.join(parts)}" if numbers else parts[0]
+
+
+def _runs(numbers: list[int]) -> Iterator[tuple[int, int]]:
+    start = prev = None
+    for n in numbers:
+        if start is None:
+            start = prev = n
+        elif n == prev + 1:  # type: ignore[operator]
+            prev = n
+        else:
+            yield start, prev  # type: ignore[misc]
+            start = prev = n
+    if start is not None:
+        yield start, prev  # type: ignore[misc]
+
+
+def _span(a: int, b: int) -> str:
+    return str(a) if a == b else f"{a}–{b}" if b > a + 1 else f"{a}, {b}"
+
+
+def clock_time(at: float | None) -> str:
+    if at is None:
+        return "?"
+    return time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 1000):03d}"

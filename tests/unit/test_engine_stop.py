@@ -1,0 +1,128 @@
+"""The logic of an attached run (inside Slurm or Ray): the engine-stop budget arithmetic, what scontrol's
+answers mean, the CLI's signal relay, the rule `cancelled-by-engine`, and the options it refuses."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from jobwarden.control import attached
+from jobwarden.control.options import engine_options, run_options
+from jobwarden.errors import UsageError
+from jobwarden.osapi.process import RELAYED_USR1
+from jobwarden.probes.slurm import parse_job_state, parse_kill_wait
+from jobwarden.rules import RunEvidence, explain
+from jobwarden.rules.retry import AttemptOutcome, RestartPolicy, decide
+from jobwarden.shim.enginestop import grace_within, margin_s, stacks_cap_s
+
+
+@pytest.mark.parametrize(
+    ("budget", "cap", "margin"), [(5, 1.25, 2.5), (30, 5.0, 3.0), (3, 0.75, 1.5), (120, 5, 3)]
+)
+def test_stacks_take_a_quarter_of_the_budget_at_most_5s_and_a_margin_is_kept(
+    budget: float, cap: float, margin: float
+) -> None:
+    assert stacks_cap_s(budget) == cap
+    assert margin_s(budget) == margin
+
+
+def test_the_grace_fits_what_is_left_of_the_budget() -> None:
+    # KillWait=5, 1 s spent on stacks: 5 - 1 - 2.5 leaves 1.5 s of the asked 10 s
+    assert grace_within(5, 10, 1.0) == 1.5
+    assert grace_within(30, 10, 1.0) == 10  # a long KillWait: the asked grace
+    assert grace_within(3, 10, 0.5) == 1.0  # Ray's 3 s
+    assert grace_within(5, 10, 4.0) == 0.0  # nothing left: SIGKILL at once, never a negative wait
+
+
+def test_kill_wait_from_scontrol_show_config() -> None:
+    text = "JobCompType             = jobcomp/filetxt\nKillWait                = 5 sec\nMinJobAge = 300 sec\n"
+    assert parse_kill_wait(text) == 5.0
+    assert parse_kill_wait("SlurmctldPort = 6817\n") is None
+
+
+@pytest.mark.parametrize(
+    ("line", "state"),
+    [
+        ("JobId=7 JobName=x JobState=COMPLETING Reason=None Dependency=(null)", "CANCELLED"),  # scancel
+        ("JobId=7 JobName=x JobState=COMPLETING Reason=TimeLimit Dependency=(null)", "TIMEOUT"),
+        ("JobId=7 JobName=x JobState=RUNNING Reason=None", "RUNNING"),
+        ("JobId=7 JobName=x JobState=CANCELLED Reason=None", "CANCELLED"),
+    ],
+)
+def test_why_slurm_ends_the_job_from_scontrol_show_job(line: str, state: str) -> None:
+    found = parse_job_state(line)
+    assert found is not None and found.state == state
+    assert parse_job_state("slurm_load_jobs error: Invalid job id specified") is None
+
+
+def test_the_engine_budget_of_ray_is_its_stop_wait() -> None:
+    assert attached.engine_budget_s("ray", {}) == 3.0
+    assert attached.engine_budget_s("ray", {"RAY_JOB_STOP_WAIT_TIME_S": "20"}) == 20.0
+    assert attached.engine_budget_s("ray", {"RAY_JOB_STOP_WAIT_TIME_S": "soon"}) == 3.0
+
+
+def test_slurm_that_does_not_answer_gives_the_default_budget() -> None:
+    assert attached.engine_budget_s("slurm", {"PATH": "/nonexistent"}) == 30.0
+
+
+def test_the_relay_holds_signals_until_the_shim_exists(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(attached.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    relay = attached.SignalRelay()
+    relay._caught(signal.SIGTERM, None)
+    assert sent == []
+    relay.attach(4242)
+    relay._caught(signal.SIGUSR1, None)  # the shim's own SIGUSR1 means `jobwarden stop`: relayed apart
+    relay._caught(signal.SIGHUP, None)
+    assert sent == [(4242, signal.SIGTERM), (4242, RELAYED_USR1), (4242, signal.SIGHUP)]
+
+
+def _engine_ended(**fields: object) -> RunEvidence:
+    base: dict[str, object] = {
+        "state": "stopped",
+        "exit_code": 143,
+        "signal": None,
+        "end_reason": "engine-stop",
+        "pid": 99,
+        "engine": "slurm",
+        "engine_budget_s": 5.0,
+        "engine_signal": "SIGTERM",
+        "engine_signal_at": 1_800_000_000.0,
+    }
+    return RunEvidence(**{**base, **fields})  # type: ignore[arg-type]
+
+
+def test_a_time_limit_names_the_checkpoint_signal_or_a_longer_time() -> None:
+    (finding,) = explain(_engine_ended(engine_state="TIMEOUT", engine_reason="TimeLimit"))
+    assert finding.rule == "cancelled-by-engine"
+    assert finding.title == "Ended by Slurm at the job's time limit"
+    assert "--signal=USR1@" in finding.remedy and "--time" in finding.remedy
+    assert any("TIMEOUT" in line for line in finding.evidence)
+
+
+def test_a_job_that_outlived_the_grace_says_what_budget_to_raise() -> None:
+    (finding,) = explain(_engine_ended(engine_state="CANCELLED", signal="SIGKILL", exit_code=None))
+    assert finding.title == "Cancelled by Slurm (scancel)"
+    assert "KillWait" in finding.remedy
+    (ray,) = explain(_engine_ended(engine="ray", engine_budget_s=3.0, signal="SIGKILL", exit_code=None))
+    assert "RAY_JOB_STOP_WAIT_TIME_S" in ray.remedy
+
+
+def test_an_engine_stop_is_never_the_users_stop_nor_an_outside_kill() -> None:
+    rules = [f.rule for f in explain(_engine_ended(signal="SIGTERM", exit_code=None))]
+    assert rules == ["cancelled-by-engine"]
+
+
+def test_an_engine_stop_is_never_restarted_by_jobwarden() -> None:
+    outcome = AttemptOutcome(state="stopped", signal="SIGTERM", end_reason="engine-stop")
+    decision = decide(RestartPolicy("always", 3), [outcome])
+    assert not decision.restart and "engine" in decision.reason
+
+
+def test_mem_limit_under_slurm_says_mem_is_the_tool() -> None:
+    engine = engine_options({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0"})
+    with pytest.raises(UsageError) as raised:
+        run_options(mem_limit="8G", engine=engine)
+    assert "--mem-limit" in raised.value.message and "--mem=" in (raised.value.remedy or "")
+    assert run_options(mem_limit="8G", engine=engine_options({})).mem_limit_bytes == 8 << 30

@@ -1,0 +1,61 @@
+"""The group directory's files: appended lines, documents written whole, the first group.json kept."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from jobwarden.store import groupdir
+
+
+def test_the_first_group_json_stays(tmp_path: Path) -> None:
+    path = tmp_path / "attempt-0" / "group.json"
+    assert groupdir.write_document(path, {"group": "g", "by": "first"}, replace=False)
+    assert not groupdir.write_document(path, {"group": "g", "by": "second"}, replace=False)
+    assert groupdir.read_document(path) == {"group": "g", "by": "first"}
+    assert [p.name for p in path.parent.iterdir()] == ["group.json"]  # no temporary file left
+
+
+def test_without_hard_links_the_first_writer_still_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_links(src: object, dst: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    path = tmp_path / "group.json"
+    assert groupdir.write_document(path, {"by": "first"}, replace=False)
+    assert not groupdir.write_document(path, {"by": "second"}, replace=False)
+    assert groupdir.read_document(path) == {"by": "first"}
+
+
+def test_records_append_and_a_torn_line_is_counted_not_read(tmp_path: Path) -> None:
+    path = groupdir.rank_file(tmp_path, 3, "n2")
+    groupdir.append_record(path, {"kind": "started", "rank": 3})
+    groupdir.append_record(path, {"kind": "ended", "rank": 3})
+    with open(path, "a") as fh:
+        fh.write('{"kind": "al')
+    log = groupdir.read_rank_log(path)
+    assert (log.name, [r["kind"] for r in log.records], log.torn) == ("rank-3", ["started", "ended"], 1)
+    assert groupdir.rank_file(tmp_path, None, "gpu/a 1").name == "node-gpu_a_1.jsonl"
+
+
+def test_a_planted_symlink_is_not_followed(tmp_path: Path) -> None:
+    target = tmp_path / "victim"
+    target.write_text("keep\n")
+    path = groupdir.rank_file(tmp_path, 0, "n")
+    path.parent.mkdir(parents=True)
+    path.symlink_to(target)
+    with pytest.raises(OSError):
+        groupdir.append_record(path, {"kind": "started"})
+    assert target.read_text() == "keep\n"
+
+
+def test_the_latest_attempt_is_read_by_default(tmp_path: Path) -> None:
+    for k in (0, 2, 1):
+        groupdir.append_record(groupdir.rank_file(groupdir.attempt_dir(tmp_path, k), 0, "n"), {"attempt": k})
+    records = groupdir.read_group(tmp_path)
+    assert records is not None and records.attempt == 2
+    assert groupdir.read_group(tmp_path / "none") is None
