@@ -11,6 +11,6 @@ driver or actor takes its ranks with it (docs/cluster.md, README "With Ray").
 A frontend like the CLI: imported only by a Ray driver, never on the path of `jobwarden run`; Ray itself
 is imported inside the functions that need it."""
 
-from jobwarden.ray.warden import NodeResult, NodesFailed, run_on_nodes
+from jobwarden.ray.warden import NodeResult, NodesFailed, explain_group, run_on_nodes
 
-__all__ = ["NodeResult", "NodesFailed", "run_on_nodes"]
+__all__ = ["NodeResult", "NodesFailed", "explain_group", "run_on_nodes"]

@@ -41,10 +41,11 @@ class NodeResult(NamedTuple):
 
 
 class NodesFailed(RuntimeError):
-    """Raised by run_on_nodes(check=True) when a node's job failed; .results has every node's result."""
+    """Raised by run_on_nodes(check=True) when a node's job failed; .results has every node's result,
+    .group the group whose records `explain_group` merges into one verdict."""
 
-    def __init__(self, results: Sequence[NodeResult]) -> None:
-        self.results = list(results)
+    def __init__(self, results: Sequence[NodeResult], group: str = "") -> None:
+        self.results, self.group = list(results), group
         failed = [r.summary() for r in self.results if not r.ok]
         super().__init__(f"{len(failed)} of {len(self.results)} nodes failed: " + "; ".join(failed))
 
@@ -92,8 +93,18 @@ def run_on_nodes(
     ]
     results = _gather(runs, stop_others_after_s)
     if check and not all(r.ok for r in results):
-        raise NodesFailed(results)
+        raise NodesFailed(results, group)
     return results
+
+
+def explain_group(group: str, group_dir: str | None = None) -> dict[str, Any]:
+    """`jobwarden explain --group --json`: one verdict for every node's ranks (root cause, collateral),
+    from the records they wrote to the shared group directory (run_on_nodes' group_dir)."""
+    argv = [sys.executable, "-m", "jobwarden", "explain", "--group", group, "--json"]
+    argv += ["--group-dir", group_dir] if group_dir else []
+    done = subprocess.run(argv, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
+    verdict: dict[str, Any] = json.loads(done.stdout)
+    return verdict
 
 
 def default_group() -> str:
