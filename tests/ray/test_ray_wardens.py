@@ -57,7 +57,7 @@ def test_a_failing_rank_fails_the_run_and_stops_the_other(ray_ns: RayNamespace, 
     ready = tmp_path / "ready"
     ready.mkdir()
     make_fifo(ready / "ready-0")
-    groups = tmp_path / "groups"  # shared by the two "nodes", as on a cluster's shared file system
+    groups = tmp_path / "groups" / "{group}"  # shared by the two "nodes", as a cluster's shared file system
     job = {**spec(tmp_path, "hang,raise-after-0", ready), "stop_others_after_s": 1, "group_dir": str(groups)}
     began = time.monotonic()
     done = ray_ns.run(sys.executable, str(DRIVER), json.dumps(job), timeout=300, check=True)
@@ -80,6 +80,7 @@ def test_a_failing_rank_fails_the_run_and_stops_the_other(ray_ns: RayNamespace, 
     group = report["group"]  # one verdict: rank 1's exception is the root, rank 0 was stopped for it
     assert (group["root_cause"]["rank"], group["root_cause"]["rule"]) == (1, "python-exception"), group
     assert {r["rank"]: r["role"] for r in group["ranks"]} == {0: "collateral", 1: "root"}, group
+    assert [p.name for p in (tmp_path / "groups").iterdir()] == [group["group"]]
 
 
 def test_a_killed_driver_leaves_no_rank_running(ray_ns: RayNamespace, tmp_path: Path) -> None:

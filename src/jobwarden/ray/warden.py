@@ -65,7 +65,9 @@ def run_on_nodes(
     """Run `command` under jobwarden on every alive node of the connected Ray cluster (ray.init first),
     one supervisor per node; block until all ended. Each node's command gets NODE_RANK, NNODES and
     MASTER_ADDR (node 0's address), and the same as torchrun's PET_* defaults. `home` is the node-local
-    JOBWARDEN_HOME ("{node}" is replaced by the Ray node id), default the node's own; `options` are more
+    JOBWARDEN_HOME ("{node}" is replaced by the Ray node id), default the node's own; `group_dir` the
+    group's directory on a file system every node shares ("{group}" is replaced by the group id), default
+    each node's home/groups/<group> (node-local: no verdict across nodes); `options` are more
     `jobwarden run` flags; rank_per_node passes `--rank NODE_RANK` (a command that is one rank).
 
     When a node fails, the others get stop_others_after_s to end on their own (their peers' failure often
@@ -78,6 +80,7 @@ def run_on_nodes(
         raise UsageError("run_on_nodes: no command given", "e.g. run_on_nodes(['python', 'train.py'])")
     nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: str(n["NodeID"]))
     group = group or default_group()
+    group_dir = group_dir.replace("{group}", group) if group_dir else None
     if not nodes:
         raise UsageError(
             "run_on_nodes: the Ray cluster has no alive node", "ray.init() a running cluster first"
@@ -101,7 +104,7 @@ def explain_group(group: str, group_dir: str | None = None) -> dict[str, Any]:
     """`jobwarden explain --group --json`: one verdict for every node's ranks (root cause, collateral),
     from the records they wrote to the shared group directory (run_on_nodes' group_dir)."""
     argv = [sys.executable, "-m", "jobwarden", "explain", "--group", group, "--json"]
-    argv += ["--group-dir", group_dir] if group_dir else []
+    argv += ["--group-dir", group_dir.replace("{group}", group)] if group_dir else []
     done = subprocess.run(argv, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
     verdict: dict[str, Any] = json.loads(done.stdout)
     return verdict
