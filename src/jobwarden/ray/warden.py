@@ -79,12 +79,12 @@ def run_on_nodes(
     if not command:
         raise UsageError("run_on_nodes: no command given", "e.g. run_on_nodes(['python', 'train.py'])")
     nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: str(n["NodeID"]))
-    group = group or default_group()
-    group_dir = group_dir.replace("{group}", group) if group_dir else None
     if not nodes:
         raise UsageError(
             "run_on_nodes: the Ray cluster has no alive node", "ray.init() a running cluster first"
         )
+    group = group or default_group()
+    group_dir = group_dir.replace("{group}", group) if group_dir else None
     runs = [
         _NodeRun(
             rank,
@@ -185,6 +185,7 @@ def _gather(runs: list[_NodeRun], stop_others_after_s: float | None) -> list[Nod
     results: dict[int, NodeResult] = {}
     pending = {run.call: run for run in runs}
     deadline: float | None = None
+    armed = stop_others_after_s is None  # once: the nodes it stops fail too, and must not re-arm it
     while pending:
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=timeout)
@@ -197,8 +198,8 @@ def _gather(runs: list[_NodeRun], stop_others_after_s: float | None) -> list[Nod
             continue
         result = pending.pop(ready[0]).result()
         results[result.node_rank] = result
-        if not result.ok and stop_others_after_s is not None and deadline is None and pending:
-            deadline = time.monotonic() + stop_others_after_s
+        if not result.ok and not armed and stop_others_after_s is not None:
+            armed, deadline = True, time.monotonic() + stop_others_after_s
     return [results[rank] for rank in sorted(results)]
 
 
