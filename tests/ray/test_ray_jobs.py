@@ -105,3 +105,28 @@ def test_ray_job_stop_ends_the_run_inside_the_stop_wait(
     TIMINGS[f"{mode} job: ray job stop -> end recorded (s)"] = ended - stop_at
     TIMINGS[f"{mode} job: engine signal -> end recorded (s)"] = ended - signalled
     assert ended - signalled < STOP_WAIT_S
+
+
+def test_a_killed_job_supervisor_leaves_nothing_running(ray_ns: RayNamespace, tmp_path: Path) -> None:
+    """Ray's supervisor actor of a job dies (killed here, or crashed): Ray kills the entrypoint's shell
+    but signals nothing else, and its own clean-up misses the rest. The attached run dies with its parent
+    and ends as an engine stop."""
+    home, ready = tmp_path / "home", tmp_path / "ready"
+    ready.mkdir()
+    make_fifo(ready / "ready-0")
+    job_id = f"orphaned-{uuid.uuid4().hex[:8]}"
+    line = entrypoint(home, "--name", "orphaned", "--", "python", str(RANK), "hang", str(ready))
+    ray_ns.run(
+        "ray", "job", "submit", "--no-wait", f"--submission-id={job_id}", "--", *line.split(), check=True
+    )
+    read_fifo(ready / "ready-0", timeout_s=180)
+    supervisor = f"'_ray_internal_job_actor_{job_id}', namespace='SUPERVISOR_ACTOR_RAY_NAMESPACE'"
+    kill = f"import ray; ray.init(address='127.0.0.1:6379'); ray.kill(ray.get_actor({supervisor}))"
+    ray_ns.run(sys.executable, "-c", kill, check=True)
+    deadline = time.monotonic() + 60
+    while left := processes_under(home):
+        assert time.monotonic() < deadline, f"the job ran on after Ray's supervisor died: {left}"
+        time.sleep(0.1)  # the kernel has no event for "no such process left": poll
+    run = explain(ray_ns, home, "orphaned")
+    assert (run["state"], run["end_reason"]) == ("stopped", "engine-stop"), run
+    assert [f["rule"] for f in run["findings"]][:1] == ["cancelled-by-engine"], run["findings"]
