@@ -113,7 +113,14 @@ def _run_attached(spec: JobSpec, options: JobOptions) -> int:
     launched = launch(_home(), spec, options)
     relay.attach(launched.shim_pid)
     follow_attached(_home(), launched.id, launched.run, launched.shim_pid)
-    return _wait_exit(str(launched.id))
+    from jobwarden.store import Store
+    from jobwarden.text import render
+
+    with Store(_home()) as store:
+        run = store.run(launched.id)  # the last attempt: one shim runs them all
+    if run.state.is_ended:
+        return render.exit_status(run)
+    return _wait_exit(str(launched.id))  # its shim died before it recorded the end: found `lost` there
 
 
 def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:

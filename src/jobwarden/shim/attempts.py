@@ -123,14 +123,17 @@ def _payload(event: str, job: JobRecord, record: RunRecord, store: Store) -> dic
 def outcome_of(store: Store, job: JobRecord, record: RunRecord, hung_restart: bool) -> AttemptOutcome:
     """How an attempt ended, as the restart policy sees it: the exception and its place, OOM, the last
     line of output (a stand-in for the step it reached)."""
-    from jobwarden.rules.death import parse_traceback
     from jobwarden.rules.retry import AttemptOutcome
 
     lines = [
         b.decode("utf-8", "replace").rstrip("\n")
         for b in tail_lines(store.layout.output_log(job.id, record.n), 60)
     ]
-    parsed = parse_traceback(lines) if record.exit_code not in (None, 0) else None
+    parsed = None
+    if record.exit_code not in (None, 0):  # loaded only then: a clean end waits for no parser
+        from jobwarden.rules.death import parse_traceback
+
+        parsed = parse_traceback(lines)
     exception = f"{parsed[0]}: {parsed[1]} @ {parsed[2]}" if parsed else None
     events = store.events(job.id, record.n)
     oom = record.end_reason == EndReason.MEM_LIMIT or (

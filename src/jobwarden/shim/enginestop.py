@@ -16,6 +16,7 @@ before the engine's SIGKILL would take the shim with the job.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
 
@@ -24,13 +25,14 @@ from jobwarden.joboptions import JobOptions
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.process import ENGINE_SIGNALS, RELAYED_USR1, signal_name
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.shim.recorder import RunRecorder
+from jobwarden.shim.recorder import RunRecorder, log
 from jobwarden.shim.tree import Member
 from jobwarden.store import Store
 
 DEFAULT_BUDGET_S = 30.0  # Slurm's default KillWait: the budget when the engine's is unknown
 STACKS_CAP_S = 5.0
 QUIET_S = 2.0  # no sign of progress for this long: the stacks say where the job waits
+SILENT_S = 60.0  # or no output nor heartbeat for this long, whatever the CPU does
 _STOP = frozenset({signal.SIGTERM, signal.SIGINT})
 _FORWARD = frozenset({signal.SIGUSR2, signal.SIGHUP, signal.SIGALRM, RELAYED_USR1})
 HANDLED = frozenset(ENGINE_SIGNALS - {signal.SIGUSR1}) | {RELAYED_USR1}
@@ -102,14 +104,21 @@ class EngineLink:
     def stacks_before_stop(
         self, store: Store, job_id: int, run: int, pids: Sequence[int], quiet_for_s: float | None, now: float
     ) -> None:
-        """A quiet job's stacks, stored before it is ended: where it waited when the engine stopped it."""
+        """A quiet job's stacks, stored before it is ended: where it waited when the engine stopped it.
+        Quiet is no sign of progress for QUIET_S, or no output nor heartbeat for SILENT_S: a rank that
+        busy-waits in a collective (NCCL spins) burns CPU and says nothing."""
         cap = min(stacks_cap_s(self.budget_s), self.budget_s - self.elapsed_s() - margin_s(self.budget_s))
-        if not pids or quiet_for_s is None or quiet_for_s < QUIET_S or cap <= 0.2:
+        silent = _silent_for(store, job_id, run, now)
+        quiet = (quiet_for_s is not None and quiet_for_s >= QUIET_S) or silent >= SILENT_S
+        if not pids or not quiet or cap <= 0.2:
             return
         from jobwarden.probes.stacks import capture_stacks
 
         py_dir = store.layout.py_dir(job_id, run)
+        began = self.monotonic()
         stacks = capture_stacks(pids, procfs=ProcFS(), py_dir=py_dir, timeout_s=cap)
+        took = self.monotonic() - began
+        log(f"engine stop: stacks of {len(stacks)} process(es) in {took:.2f}s (cap {cap:.2f}s)")
         if stacks:
             with contextlib.suppress(StoreError):
                 store.add_stacks(job_id, run, now, "engine-stop", stacks)
@@ -129,3 +138,12 @@ class EngineLink:
             self.record.event(
                 "engine-state", now, engine="slurm", state=found.state, reason=found.reason, shown=found.shown
             )
+
+
+def _silent_for(store: Store, job_id: int, run: int, now: float) -> float:
+    """Seconds since the job last wrote output or touched its heartbeat (0 when unknown)."""
+    latest = 0.0
+    for path in (store.layout.output_log(job_id, run), store.layout.heartbeat_file(job_id, run)):
+        with contextlib.suppress(OSError):
+            latest = max(latest, os.stat(path).st_mtime)
+    return now - latest if latest else 0.0

@@ -294,13 +294,17 @@ class Supervisor:
         """Right after `run` has its answer: OOM counters, the hang watchdog, GPU use. Loading them
         before would make every `run` wait for modules it does not need to return. A kill in these
         first milliseconds is still counted: a new cgroup starts at zero, and exits are collected."""
-        if self.memory is None:
-            self._guard_memory()
-        assert self.memory is not None
-        self.memory.start()
         sightings = self.exits.sightings or self._listen_for_births()  # adopted: the job runs already
         self.record.event("watching-births", self.clock.wall(), sources=sightings.sources)
-        self._start_diagnosis(main_pid)
+        # Over already (`true`): no OOM to count in its first millisecond (unless --mem-limit watches it
+        # from its start), nothing live to judge, and `run --wait` (attached runs) waits for no imports
+        over = self.main is not None and pidfds.has_exited(self.main.pidfd)
+        if self.memory is None and not over:
+            self._guard_memory()
+        if self.memory is not None:
+            self.memory.start()
+        if not over:
+            self._start_diagnosis(main_pid)
 
     def _listen_for_births(self) -> Sightings:
         """The kernel's process events, and the hooks' FIFO (opened before the job started; an adopted

@@ -130,6 +130,7 @@ def test_scancel_usr1_reaches_the_job_which_runs_on(
         assert forwarded == [{"signal": "SIGUSR1", "action": "forwarded", "pid": job["pid"]}]
 
 
+@pytest.mark.timeout(180)  # Slurm may send the signal up to 60 s late
 def test_signal_usr1_before_the_time_limit_reaches_the_job(
     slurm_cluster: SlurmCluster, jw: Jobwarden, tmp_path: Path
 ) -> None:
