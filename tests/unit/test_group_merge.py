@@ -209,3 +209,19 @@ def test_once_the_job_is_over_a_rank_without_an_end_is_lost(tmp_path: Path) -> N
     assert {r.story.rank: r.outcome.rule for r in v.verdict.ranks} == {0: "python-exception", 1: "node-lost"}
     live = group_view(tmp_path, "g", None, str(FIXTURES / "torn-line"))
     assert {r.story.rank: r.role for r in live.verdict.ranks} == {0: "root", 1: "unknown"}
+
+
+def test_a_slurm_tasks_file_gives_way_to_its_launchers_ranks() -> None:
+    """`srun --ntasks-per-node=1 jobwarden run -- torchrun …`: SLURM_PROCID 1 is a node, not rank 1."""
+    task = RankStory.of(
+        "task-1", [{**record("started", 1.0, rank=1), "rank_from": "slurm-task", "node": "n2"}]
+    )
+    worker = RankStory.of(
+        "rank-1", [{**record("ended", 9.0, rank=1), "node": "n1", "died_at": 9.0, "exit_code": 1}]
+    )
+    other = RankStory.of(
+        "rank-3", [{**record("ended", 9.0, rank=3), "node": "n2", "died_at": 9.0, "exit_code": 0}]
+    )
+    assert [r.story.label for r in merge([task, worker, other]).ranks] == ["rank-1", "rank-3"]
+    alone = merge([task])  # `srun -n 2 jobwarden run -- python train.py`: the task is the rank
+    assert [(r.story.rank, r.story.node) for r in alone.ranks] == [(1, "n2")]

@@ -83,6 +83,11 @@ class RankStory:
         story.pid = _int((ended or started or {}).get("pid"), None)
         return story
 
+    @property
+    def provisional(self) -> bool:
+        """A node's records before its launcher's ranks appeared: no rank, or only Slurm's task number."""
+        return self.rank is None or any(r.get("rank_from") == "slurm-task" for r in self.records)
+
     def first(self, kind: str) -> dict[str, Any] | None:
         found = self.by_kind.get(kind)
         return found[0] if found else None
@@ -121,9 +126,10 @@ def merge(
 ) -> GroupVerdict:
     """`over`: the job is known to have ended (a batch script asks after srun returned), so a rank with
     no end is lost, not running."""
-    ranked = {s.node for s in stories if s.rank is not None}
-    # a launcher's node writes to its node file until its first rank appears: the ranks tell the rest
-    stories = [s for s in stories if s.rank is not None or s.node not in ranked]
+    ranked = {s.node for s in stories if not s.provisional}
+    # a launcher's node writes to its node (or Slurm task) file until its first rank appears: then the
+    # ranks tell the rest
+    stories = [s for s in stories if not s.provisional or s.node not in ranked]
     ends = [_float(e.get("wall")) for s in stories if (e := s.first("ended"))]
     latest_end = max((w for w in ends if w is not None), default=None)
     outcomes = {id(s): classify(s, latest_end, over) for s in stories}

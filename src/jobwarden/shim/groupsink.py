@@ -14,28 +14,38 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from jobwarden import __version__
 from jobwarden.clock import Clock
-from jobwarden.model import Finding, ProcessEnd, ProcessSnapshot
+from jobwarden.model import ProcessEnd, ProcessSnapshot
 from jobwarden.osapi.process import WaitStatus
+from jobwarden.shim.groupfacts import (
+    ERROR_FILE_ENV,
+    at_where,
+    boot_id,
+    error_file,
+    exception_of,
+    finding_json,
+    is_slurm_task,
+    nodelist,
+    torch_error,
+    world_size,
+)
 from jobwarden.store import JobRecord, Store, groupdir
 from jobwarden.store.logfiles import tail_lines
 
 ALIVE_EVERY_S = 60.0
 TAIL_LINES = 20
 _TRACEBACK_LINES = 400  # a rank's traceback above torchrun's report
-_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
-_ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 _FORWARDED = ("finding", "hung", "engine-signal", "stopping")
 
 
 @dataclass
 class _Rank:
-    """One file's writer: a rank (its process) or the whole node."""
+    """One file's writer: a rank (its process), a Slurm task, or the whole node."""
 
+    label: str  # the file: rank-3, task-1 (a rank only as far as Slurm's SLURM_PROCID says), node-n2
     rank: int | None
     pid: int | None
     start_time: int | None
@@ -54,9 +64,13 @@ class GroupSink:
         self.node = options.node or socket.gethostname().split(".")[0]
         root = groupdir.group_root(store.layout.home, options.group, options.group_dir)
         self.dir = groupdir.attempt_dir(root, options.attempt)
-        self.boot_id = _boot_id()
+        self.boot_id = boot_id()
         self.ranks: dict[int | None, _Rank] = {}
-        self.fixed_rank = options.rank  # --rank: this run is that rank; else ranks come from RANK
+        # --rank N: this run is rank N. Slurm's SLURM_PROCID (the default) is a rank only as long as no
+        # process of the job says otherwise: under `--ntasks-per-node=1 … torchrun` the task is a node and
+        # each worker's RANK names it (research §5.2); its records wait in task-<N>.jsonl meanwhile
+        self.task_rank = options.rank if is_slurm_task(options.engine, options.rank) else None
+        self.fixed_rank = options.rank if self.task_rank is None else None
         self.oom_victims: set[int] = set()
         self.oom_seen = False
         self.failed = False
@@ -67,12 +81,12 @@ class GroupSink:
     # --- what RunRecorder tells ---------------------------------------------------------------------
 
     def started(self, at: float, pid: int, start_time: int) -> None:
-        error_file = self.job.env.get(_ERROR_FILE_ENV) or os.environ.get(_ERROR_FILE_ENV)
-        self._main = _Rank(self.fixed_rank, pid, start_time, error_file=error_file)
+        error_path = self.job.env.get(ERROR_FILE_ENV) or os.environ.get(ERROR_FILE_ENV)
+        self._main = self._node_writer(pid, start_time, error_path)
         self._write_group_documents(at, pid)
         if self.fixed_rank is not None:
             self.ranks[self.fixed_rank] = self._main
-            self._append(self._main, "started", at, self._started_data())
+        self._append(self._main, "started", at, self._started_data())
 
     def event(self, kind: str, at: float, data: dict[str, Any]) -> None:
         if kind == "engine-state":  # Slurm's word on why it ended the job: TIMEOUT, CANCELLED, PREEMPTED...
@@ -125,8 +139,8 @@ class GroupSink:
         launcher = self.fixed_rank is None and bool(self.ranks)
         for target in self._targets():
             data = {**run_data, **self._end_status(target, fields), "output_tail": lines[-TAIL_LINES:]}
-            data["exception"] = hooked.get(target.pid or -1) or _exception(lines, target.rank, launcher)
-            data["torch_error"] = _torch_error(target.error_file)
+            data["exception"] = hooked.get(target.pid or -1) or exception_of(lines, target.rank, launcher)
+            data["torch_error"] = torch_error(target.error_file)
             self._append(target, "ended", fields["ended_at"], data, at_pid=target.pid)
         self._final_findings(fields["ended_at"])
 
@@ -137,13 +151,21 @@ class GroupSink:
         if self.ranks:
             return list(self.ranks.values())
         if self._main is None:
-            self._main = _Rank(None, None, None)
+            self._main = self._node_writer(None, None, None)
         return [self._main]
+
+    def _node_writer(self, pid: int | None, start_time: int | None, error_path: str | None) -> _Rank:
+        if self.fixed_rank is not None:
+            return _Rank(f"rank-{self.fixed_rank}", self.fixed_rank, pid, start_time, error_file=error_path)
+        if self.task_rank is not None:
+            return _Rank(f"task-{self.task_rank}", self.task_rank, pid, start_time, error_file=error_path)
+        return _Rank(f"node-{self.node}", None, pid, start_time, error_file=error_path)
 
     def _seen(self, rank: int | None, local_rank: int | None, pid: int, start: int, at: float) -> _Rank:
         known = self.ranks.get(rank)
         if known is None:
-            known = self.ranks[rank] = _Rank(rank, pid, start, local_rank, error_file=_error_file(pid))
+            label = f"rank-{rank}" if rank is not None else f"node-{self.node}"
+            known = self.ranks[rank] = _Rank(label, rank, pid, start, local_rank, error_file=error_file(pid))
             self._append(known, "started", at, self._started_data(local_rank))
         return known
 
@@ -151,7 +173,7 @@ class GroupSink:
         options = self.job.options
         return {
             "local_rank": local_rank,
-            "world_size": _world_size(self.job.env),
+            "world_size": world_size(self.job.env),
             "cmdline": " ".join(self.job.command),
             "job_id": self.job.id,
             "run": self.run,
@@ -171,6 +193,7 @@ class GroupSink:
             "group": self.job.options.group,
             "attempt": self.job.options.attempt,
             "rank": target.rank,
+            **({"rank_from": "slurm-task"} if target.label.startswith("task-") else {}),
             "node": self.node,
             "pid": at_pid if at_pid is not None else target.pid,
             "start_time": target.start_time,
@@ -179,7 +202,7 @@ class GroupSink:
             "boot_id": self.boot_id,
             **data,
         }
-        path = groupdir.rank_file(self.dir, target.rank, self.node)
+        path = groupdir.records_file(self.dir, target.label)
         self._guarded(lambda: groupdir.append_record(path, record))
 
     def _guarded(self, write: Callable[[], object]) -> None:
@@ -207,7 +230,7 @@ class GroupSink:
             "attempt": options.attempt,
             "engine": options.engine,
             "created": at,
-            "nodelist": _nodelist(),
+            "nodelist": nodelist(),
             "requeue_exit": options.requeue_exit,
             "max_requeues": options.max_requeues,
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
@@ -232,7 +255,7 @@ class GroupSink:
     def _finding_text(self, rule: str) -> dict[str, Any]:
         found = [f for _, f in self._store_read(lambda: self.store.findings(self.job.id, self.run), [])]
         latest = next((f for f in reversed(found) if f.rule == rule), None)
-        return _finding_json(latest) if latest else {}
+        return finding_json(latest) if latest else {}
 
     def _hung_stacks(self, at: float) -> dict[str, Any]:
         """The stacks the watchdog took, as a document of their own, and the collective they wait in."""
@@ -242,8 +265,8 @@ class GroupSink:
         if not dumps:
             return {}
         stacks = dumps[-1].stacks
-        label = f"rank-{self.fixed_rank}" if self.fixed_rank is not None else f"node-{self.node}"
-        path = groupdir.stacks_file(self.dir, label, at)
+        label = self._main.label if self._main and not (self.ranks and self.fixed_rank is None) else None
+        path = groupdir.stacks_file(self.dir, label or f"node-{self.node}", at)
         doc = {"at": dumps[-1].at, "node": self.node, "stacks": [s.to_json() for s in stacks]}
         self._guarded(lambda: groupdir.write_document(path, doc))
         return {"stacks_file": path.name, "collective": collective_of(stacks)}
@@ -292,7 +315,7 @@ class GroupSink:
             self.log(f"group records: no verdict for the end record: {err}")
             return
         for finding in findings[:3]:
-            self._append(self._targets()[0], "finding", at, {**_finding_json(finding), "final": True})
+            self._append(self._targets()[0], "finding", at, {**finding_json(finding), "final": True})
 
     def _hooked_exceptions(self) -> dict[int, str]:
         """{pid: "Type: message"}: the uncaught exceptions the Python hooks recorded, process by process."""
@@ -300,7 +323,7 @@ class GroupSink:
         from jobwarden.rules.death import raised_at
 
         found = read_exceptions(self.store.layout.py_dir(self.job.id, self.run))
-        return {e.pid: f"{e.type}: {e.message}" + _at(raised_at(e.frames)) for e in found}
+        return {e.pid: f"{e.type}: {e.message}" + at_where(raised_at(e.frames)) for e in found}
 
     def _last_progress(self) -> float | None:
         """When the run last wrote output or touched its heartbeat (wall clock): the hang leader across
@@ -317,71 +340,6 @@ class GroupSink:
             return tail_lines(self.store.layout.output_log(self.job.id, self.run), n)
         except OSError:
             return []
-
-
-def _finding_json(finding: Finding) -> dict[str, Any]:
-    return {
-        "rule": finding.rule,
-        "title": finding.title,
-        "summary": finding.summary,
-        "evidence": list(finding.evidence[:8]),
-        "pids": list(finding.pids),
-    }
-
-
-def _exception(lines: list[str], rank: int | None, shared_output: bool) -> str | None:
-    """The last traceback in the output; under a launcher only a rank's own (torchrun prefixes its lines
-    with `[rankN]:`): the ranks of a node share one output, and a peer's traceback is not this rank's."""
-    from jobwarden.rules.death import parse_traceback
-
-    if rank is not None:
-        own = [line.split(":", 1)[1] for line in lines if line.startswith(f"[rank{rank}]:")]
-        lines = own or ([] if shared_output else lines)
-    parsed = parse_traceback(lines)
-    return f"{parsed[0]}: {parsed[1]}{_at(parsed[2])}" if parsed else None
-
-
-def _at(where: str | None) -> str:
-    return f" @ {where}" if where else ""
-
-
-def _torch_error(path: str | None) -> dict[str, Any] | None:
-    """The summary of torchelastic's error file (TORCHELASTIC_ERROR_FILE), when the rank wrote one."""
-    doc = groupdir.read_document(Path(path)) if path else None
-    if not doc:
-        return None
-    message = doc.get("message")
-    if isinstance(message, dict):
-        extra = message.get("extraInfo") or {}
-        return {"message": message.get("message"), "timestamp": extra.get("timestamp")}
-    return {"message": message}
-
-
-def _error_file(pid: int) -> str | None:
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    for entry in environ.split(b"\0"):
-        if entry.startswith(_ERROR_FILE_ENV.encode() + b"="):
-            return entry.split(b"=", 1)[1].decode(errors="replace")
-    return None
-
-
-def _world_size(env: dict[str, str]) -> int | None:
-    text = env.get("WORLD_SIZE") or os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS")
-    return int(text) if text and text.isdecimal() else None
-
-
-def _nodelist() -> str | None:
-    return os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
-
-
-def _boot_id() -> str | None:
-    try:
-        return _BOOT_ID.read_text().strip()
-    except OSError:
-        return None
 
 
 def open_group_sink(

@@ -46,8 +46,12 @@ def latest_attempt(root: Path) -> int | None:
 
 
 def rank_file(attempt_root: Path, rank: int | None, node: str) -> Path:
-    name = f"rank-{rank}.jsonl" if rank is not None else f"node-{_safe(node)}.jsonl"
-    return attempt_root / "ranks" / name
+    return records_file(attempt_root, f"rank-{rank}" if rank is not None else f"node-{node}")
+
+
+def records_file(attempt_root: Path, label: str) -> Path:
+    """ranks/<label>.jsonl: rank-3, task-1 (a Slurm task), node-n2 (a node whose ranks are unknown)."""
+    return attempt_root / "ranks" / f"{_safe(label)}.jsonl"
 
 
 def append_record(path: Path, record: dict[str, Any]) -> None:

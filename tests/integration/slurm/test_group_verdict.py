@@ -101,8 +101,9 @@ def test_a_retryable_end_requeues_the_job_with_the_next_attempt(
     for attempt, code in ((0, 200), (1, 1)):
         got, _ = explain(slurm_cluster, tmp_path, shared, "--attempt", str(attempt), "--exit-status")
         assert got == code
-    started = json.loads((shared / "attempt-1" / "ranks" / "rank-0.jsonl").read_text().splitlines()[0])
-    assert (started["kind"], started["attempt"]) == ("started", 1)
+    # srun's one task is rank 0 as far as Slurm says (SLURM_PROCID): no launcher's RANK says otherwise
+    started = json.loads((shared / "attempt-1" / "ranks" / "task-0.jsonl").read_text().splitlines()[0])
+    assert (started["kind"], started["attempt"], started["rank"]) == ("started", 1, 0)
 
 
 def test_a_missing_group_dir_never_breaks_a_slurm_task(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -110,3 +111,88 @@ def test_a_missing_group_dir_never_breaks_a_slurm_task(slurm_cluster: SlurmClust
     run = f"{node_home(tmp_path)} exec {JW} run --group-dir /proc/jobwarden-none -- {job}"
     done = slurm_cluster.srun("-N", "1", "bash", "-c", run)
     assert (done.returncode, done.stdout.strip()) == (0, "42"), done.stderr
+
+
+# research §1.4: one jobwarden per node runs a torchrun-like launcher of 2 ranks (RANK = 2 * node + local);
+# rank 3 allocates past --mem at once; its launcher SIGTERMs rank 2 and exits 1; the ranks on the other
+# node wait in all_reduce (a stand-in torch/distributed/distributed_c10d.py, so their stacks look like
+# torch's) until the watchdog judges them hung and stops them
+LAUNCHER = """
+import os, signal, subprocess, sys
+node = int(os.environ["SLURM_NODEID"])
+procs = [subprocess.Popen([sys.executable, sys.argv[1], sys.argv[2]],
+                          env={**os.environ, "RANK": str(2 * node + local), "LOCAL_RANK": str(local)})
+         for local in range(2)]
+pid, status = os.wait()
+if status != 0:
+    for p in procs:
+        if p.pid != pid and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+for p in procs:
+    p.wait()
+sys.exit(1 if status else 0)
+"""
+TRAIN = """
+import os, sys, time
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch.distributed.distributed_c10d import all_reduce
+rank = int(os.environ["RANK"])
+print(f"rank {rank} step 1", flush=True)
+if rank == 3:
+    keep = []
+    while True:
+        keep.append(b"x" * (1 << 20))
+        time.sleep(0.005)
+all_reduce(sys.argv[1])
+"""
+C10D = """
+import pathlib, time
+def all_reduce(barrier):
+    while not pathlib.Path(barrier).exists():
+        time.sleep(0.2)
+"""
+
+
+def test_one_jobwarden_per_node_the_oom_rank_is_root_and_the_rest_collateral(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    (tmp_path / "launcher.py").write_text(LAUNCHER)
+    (tmp_path / "train.py").write_text(TRAIN)
+    c10d = tmp_path / "torch" / "distributed"
+    c10d.mkdir(parents=True)
+    (tmp_path / "torch" / "__init__.py").write_text("")
+    (c10d / "__init__.py").write_text("")
+    (c10d / "distributed_c10d.py").write_text(C10D)
+    shared = tmp_path / "shared"
+    run = (
+        f"{node_home(tmp_path)} exec {JW} run --hang-timeout 3s --on-hang stop --grace 1s"
+        f" --group-dir {shared} -- {sys.executable} {tmp_path / 'launcher.py'}"
+        f" {tmp_path / 'train.py'} {tmp_path / 'never'}"
+    )
+    done = slurm_cluster.srun("-N", "2", "--ntasks-per-node=1", "--mem=200M", "bash", "-c", run)
+    assert done.returncode == 1, done.stderr
+    # each worker its own file; the tasks' files hold what came before the workers appeared
+    ranks = sorted(p.name for p in (shared / "attempt-0" / "ranks").iterdir())
+    assert ranks == [
+        "rank-0.jsonl",
+        "rank-1.jsonl",
+        "rank-2.jsonl",
+        "rank-3.jsonl",
+        "task-0.jsonl",
+        "task-1.jsonl",
+    ]
+    code, text = explain(slurm_cluster, tmp_path, shared, "--json", "--exit-status")
+    verdict = json.loads(text[: text.rindex("}") + 1])
+    assert code == 1
+    assert (verdict["root_cause"]["rank"], verdict["root_cause"]["node"]) == (3, "n2")
+    assert verdict["root_cause"]["rule"] == "oom-kill"
+    roles = {(r["rank"], r["node"]): r["role"] for r in verdict["ranks"]}
+    assert roles == {
+        (0, "n1"): "collateral",
+        (1, "n1"): "collateral",
+        (2, "n2"): "collateral",
+        (3, "n2"): "root",
+    }
+    _, line = explain(slurm_cluster, tmp_path, shared)
+    assert line.startswith("rank 3 on node n2 was OOM-killed at "), line
+    assert "ranks 0, 1 then hung" in line, line
