@@ -22,6 +22,7 @@ from tests.ray.raycluster import RayNamespace
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.timeout(600)]
 
 RANK = Path(__file__).with_name("jobs") / "rank.py"
+ALLREDUCE = Path(__file__).with_name("jobs") / "allreduce.py"
 DRIVER = Path(__file__).with_name("driver.py")
 
 
@@ -44,6 +45,11 @@ def spec(tmp: Path, modes: str, ready: Path | None = None) -> dict[str, Any]:
             "ready": str(ready) if ready else None}  # fmt: skip
 
 
+def driver_report(stdout: str) -> dict[str, Any]:
+    [line] = [line for line in stdout.splitlines() if line.startswith("REPORT ")]
+    return dict(json.loads(line.removeprefix("REPORT ")))
+
+
 def node_run(ns: RayNamespace, home: Path) -> dict[str, Any]:
     """The one run in a node's home (job 1), read inside the namespace: its pids are the namespace's."""
     done = ns.run("jobwarden", "status", "--json", "1", env={"JOBWARDEN_HOME": str(home)}, check=True)
@@ -62,7 +68,7 @@ def test_a_failing_rank_fails_the_run_and_stops_the_other(ray_ns: RayNamespace, 
     began = time.monotonic()
     done = ray_ns.run(sys.executable, str(DRIVER), json.dumps(job), timeout=300, check=True)
     TIMINGS["two-node wardens run, driver start to results (s)"] = time.monotonic() - began
-    report = json.loads(done.stdout.splitlines()[-1])
+    report = driver_report(done.stdout)
     stopped, failed = report["results"]
     assert (failed["node_rank"], failed["exit_code"]) == (1, 1), report
     assert [f["rule"] for f in failed["verdict"]["findings"]][:1] == ["python-exception"], failed["verdict"]
@@ -81,6 +87,26 @@ def test_a_failing_rank_fails_the_run_and_stops_the_other(ray_ns: RayNamespace, 
     assert (group["root_cause"]["rank"], group["root_cause"]["rule"]) == (1, "python-exception"), group
     assert {r["rank"]: r["role"] for r in group["ranks"]} == {0: "collateral", 1: "root"}, group
     assert [p.name for p in (tmp_path / "groups").iterdir()] == [group["group"]]
+
+
+def test_torchrun_on_two_nodes_as_the_readme_runs_it(ray_ns: RayNamespace, tmp_path: Path) -> None:
+    """torchrun gets --nnodes, --node-rank and --master-addr from the wardens (PET_*); its workers' RANK
+    names the ranks in the group records."""
+    ray_ns.wait_second_node()
+    command = ["torchrun", "--nproc-per-node=1", "--master-port=29500", str(ALLREDUCE)]
+    job = {**spec(tmp_path, "-"), "command": command, "rank_per_node": False}
+    job["group_dir"] = str(tmp_path / "groups" / "{group}")
+    began = time.monotonic()
+    done = ray_ns.run(sys.executable, str(DRIVER), json.dumps(job), timeout=300, check=True)
+    TIMINGS["torchrun on two nodes, driver start to results (s)"] = time.monotonic() - began
+    report = driver_report(done.stdout)
+    assert [(r["node_rank"], r["exit_code"]) for r in report["results"]] == [(0, 0), (1, 0)], report
+    for result in report["results"]:  # each node's output, in its node-local home
+        log = (tmp_path / f"home-{result['node']}" / "jobs" / "1" / "run-1" / "output.log").read_text()
+        assert f"rank {result['node_rank']} of 2: sum 3.0" in log, log
+    group = report["group"]
+    assert (group["state"], [r["rank"] for r in group["ranks"]]) == ("succeeded", [0, 1]), group
+    assert marked(job["mark"]) == []
 
 
 def test_a_killed_driver_leaves_no_rank_running(ray_ns: RayNamespace, tmp_path: Path) -> None:
