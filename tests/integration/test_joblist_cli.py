@@ -14,7 +14,9 @@ from tests.unit.test_joblist import SUMMARY_KEYS
 
 pytestmark = pytest.mark.integration
 
-FRONTEND_MODULES = ("textual", "rich", "http.server", "asyncio", "socketserver", "prometheus_client")
+FRONTEND_MODULES = (
+    "textual", "rich", "http.server", "asyncio", "socketserver", "prometheus_client", "ray", "jobwarden.ray",
+)  # fmt: skip
 
 
 def test_ps_last_lists_the_newest_jobs_oldest_first(jw: Jobwarden) -> None:

@@ -2,7 +2,7 @@
 below it; two packages of one layer never import each other.
 
     cli                      the command line: parses, dispatches to a frontend, renders
-    tui | web                the other frontends (`top`, `web`): act only through control
+    tui | web | ray          the other frontends (`top`, `web`, the Ray warden actors): act through control
     text                     text of the views that every frontend shares (tables, reports)
     control                  what a user asks for: views of jobs, run, stop, adopt, dump, orphans
     shim                     the per-job supervising loop and its services (notify, GPUs, the verdict)
@@ -38,7 +38,7 @@ LAYERS: list[set[str]] = [
     {"shim"},
     {"control"},
     {"text"},
-    {"tui", "web"},
+    {"tui", "web", "ray"},
     {"cli"},
 ]
 RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in layer}

@@ -72,6 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             group=args.group,
             group_dir=args.group_dir,
             rank=args.rank,
+            node=args.node,
             requeue_exit=args.requeue_exit,
             max_requeues=args.max_requeues,
         ),
@@ -101,6 +102,12 @@ def _run_attached(spec: JobSpec, options: JobOptions) -> int:
 
     relay = SignalRelay()
     relay.install()  # from here on the engine's signals are the job's, never the death of this process
+    if options.engine == "ray":
+        # Ray's job supervisor can die without signalling its entrypoint (its actor killed or crashed):
+        # Ray then kills the entrypoint's shell, our parent, and the run must end with it, not run on
+        from jobwarden.osapi.process import die_with_parent
+
+        die_with_parent(os.getppid())
     if options.engine_budget_s is None:
         options = options._replace(engine_budget_s=engine_budget_s(options.engine, os.environ))
     launched = launch(_home(), spec, options)

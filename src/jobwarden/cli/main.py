@@ -143,6 +143,9 @@ def _engine_arguments(run: argparse.ArgumentParser) -> None:
     engine.add_argument("--group-dir", metavar="DIR", help="shared directory of the group's records")
     engine.add_argument("--rank", metavar="N", help="this run's rank (default: SLURM_PROCID)")
     engine.add_argument(
+        "--node", metavar="NAME", help="the node as the engine names it (default: SLURMD_NODENAME)"
+    )
+    engine.add_argument(
         "--requeue-exit", metavar="CODE", help="exit with CODE (144-255) when the cause is retryable"
     )
     engine.add_argument("--max-requeues", metavar="N", help="no requeue code from attempt N on")

@@ -4,12 +4,17 @@ distributed job: its group, attempt, rank and node. Read from the environment th
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import NamedTuple
 
 from jobwarden.errors import UsageError
 
 ENGINES = ("auto", "slurm", "ray", "none")
+# Ray Jobs sets this (runtime env and metadata, the submission id among them) for its entrypoint only; the
+# raylet sets RAY_RAYLET_PID for its workers (tasks, actors). Neither sets RAY_JOB_ID for an entrypoint.
+RAY_JOBS_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+RAY_WORKER_VAR = "RAY_RAYLET_PID"
 
 
 class EnginePlace(NamedTuple):
@@ -23,17 +28,22 @@ class EnginePlace(NamedTuple):
 
 
 def detect_engine(asked: str, env: Mapping[str, str]) -> str | None:
-    """--engine: "auto" finds Slurm by its step variables; Ray sets none that tell (its warden passes
-    --engine ray); "none" forces a plain run."""
+    """--engine: "auto" finds Slurm by its step variables, Ray by what it sets for a Jobs entrypoint or a
+    worker (a driver started by hand has neither: --engine ray); "none" forces a plain run."""
     if asked not in ENGINES:
         raise UsageError(f"--engine {asked!r}: not one of {', '.join(ENGINES)}", "e.g. --engine slurm")
     if asked == "auto":
-        return "slurm" if env.get("SLURM_STEP_ID") or env.get("SLURM_JOB_ID") else None
+        if env.get("SLURM_STEP_ID") or env.get("SLURM_JOB_ID"):
+            return "slurm"
+        return "ray" if env.get(RAY_JOBS_VAR) or env.get(RAY_WORKER_VAR) else None
     return None if asked == "none" else asked
 
 
 def engine_place(engine: str | None, env: Mapping[str, str]) -> EnginePlace:
     """The defaults an engine gives a run's --group, attempt, --rank and node."""
+    if engine == "ray":
+        submission = ray_submission_id(env)
+        return EnginePlace(engine, f"ray-{submission}" if submission else None, 0, None, None)
     if engine != "slurm":
         return EnginePlace(engine, None, 0, None, None)
     return EnginePlace(
@@ -55,6 +65,17 @@ def slurm_group(env: Mapping[str, str]) -> str | None:
         return None
     cluster = env.get("SLURM_CLUSTER_NAME")
     return f"slurm-{cluster}-{job}" if cluster else f"slurm-{job}"
+
+
+def ray_submission_id(env: Mapping[str, str]) -> str | None:
+    """The Ray Jobs submission id (`raysubmit_...`, or the one given to `ray job submit
+    --submission-id`) of the entrypoint whose environment this is; None outside one."""
+    try:
+        config = json.loads(env.get(RAY_JOBS_VAR) or "{}")
+        submission = config.get("metadata", {}).get("job_submission_id")
+    except (ValueError, AttributeError):  # not Ray's JSON: no id rather than a failed run
+        return None
+    return str(submission) if submission else None
 
 
 def _whole(text: str | None) -> int | None:

@@ -140,6 +140,7 @@ def engine_options(
     group: str | None = None,
     group_dir: str | None = None,
     rank: str | None = None,
+    node: str | None = None,
     requeue_exit: str | None = None,
     max_requeues: str | None = None,
 ) -> dict[str, Any]:
@@ -154,13 +155,19 @@ def engine_options(
         "group": group if group is not None else place.group,
         "group_dir": group_dir,
         "rank": config.parse_count(rank, "--rank") if rank is not None else place.rank,
-        "node": place.node,
+        "node": _node_name(node) if node is not None else place.node,
         "attempt": place.attempt,
         "max_requeues": config.parse_count(max_requeues, "--max-requeues") if max_requeues else None,
     }
     if requeue_exit is not None:
         options["requeue_exit"] = _requeue_code(requeue_exit)
     return options
+
+
+def _node_name(node: str) -> str:
+    if not node or not node.isprintable() or "/" in node or node in (".", ".."):
+        raise UsageError(f"--node {node!r}: a node name is printable text without '/'", "e.g. --node n1")
+    return node
 
 
 def _requeue_code(text: str) -> int:

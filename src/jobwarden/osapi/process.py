@@ -21,6 +21,24 @@ def set_child_subreaper() -> None:
         raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(err)}")
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
+    """Have the kernel send `sig` to this process when the thread that forked it exits (prctl(2)): a
+    child of a Ray worker that Ray SIGKILLs still hears of it. Called in the child before exec (a
+    preexec_fn) with the parent's pid taken before the fork: a parent that died in between is seen, and
+    the child exits at once as the signal would have ended it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+    if os.getppid() != parent:
+        os._exit(128 + sig)
+
+
 # /proc/PID/stat fields 48 and 49 (proc(5), Linux >= 3.5), counted from the state field (3) on
 _ARG_START, _ARG_END = 48 - 3, 49 - 3
 
@@ -127,7 +145,6 @@ ENGINE_SIGNALS = frozenset(
 )
 # The CLI relays the engine's SIGUSR1 to an attached shim as this (the shim's own SIGUSR1: `jobwarden stop`)
 RELAYED_USR1 = signal.SIGRTMIN + 1
-_PR_SET_PDEATHSIG = 1
 
 
 def fork_attached() -> int:
