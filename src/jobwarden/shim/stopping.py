@@ -11,6 +11,7 @@ from jobwarden.errors import AccessDenied, StoreError
 from jobwarden.model import UNFINISHED_STATES, JobState, Survivor
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.procfs import why_still_alive
+from jobwarden.osapi.terminate import KillPlan, terminate
 from jobwarden.shim.loop import SupervisorLoop
 from jobwarden.shim.recorder import end_fields, log
 from jobwarden.shim.tree import Member
@@ -63,23 +64,11 @@ class StoppingSupervisor(SupervisorLoop):
             self._wait_members(min(0.1, left))
 
     def terminate_tree(self, grace_s: float) -> list[Survivor]:
-        """SIGTERM every member, wait up to the grace (terminating newcomers too), then SIGKILL the rest."""
+        """SIGTERM every member, wait up to the grace (terminating newcomers too), then SIGKILL the rest
+        (osapi.terminate); a second `stop` may cut the grace short."""
         self.tree.discover(full=True)
-        self._signal_all(signal.SIGTERM)
-        deadline = self.clock.monotonic() + grace_s
-        while self.tree.members and self.clock.monotonic() < deadline:
-            if signal.SIGUSR1 in self._wait_members(min(0.2, deadline - self.clock.monotonic())):
-                deadline = min(deadline, self._requested_deadline())
-            self._signal_all(signal.SIGTERM, only=self.tree.discover())
-        for _ in range(10):
-            if not self.tree.members or set(self.tree.members) <= set(self.denied):
-                break
-            if self.cgroup:
-                with contextlib.suppress(OSError):
-                    self.cgroup.kill_all()
-            self._signal_all(signal.SIGKILL)
-            self._wait_members(0.5)
-            self.tree.discover(full=True)
+        plan = KillPlan(rounds=10, round_wait_s=0.5)
+        terminate(_TreeEnding(self), self.clock, grace_s, plan, self._requested_deadline)
         return [Survivor(m.pid, m.cmdline, self._why_alive(m.pid)) for m in self.tree.members.values()]
 
     def _requested_deadline(self) -> float:
@@ -114,3 +103,29 @@ class StoppingSupervisor(SupervisorLoop):
 
 def _ends_by_itself(cmdline: str) -> bool:
     return any(helper in cmdline for helper in _SELF_ENDING)
+
+
+class _TreeEnding:
+    """The job's tree as osapi.terminate drives it: its members, newcomers found by discovery, the
+    cgroup's kill, and a SIGUSR1 (a new `stop`) while waiting."""
+
+    def __init__(self, sup: StoppingSupervisor) -> None:
+        self.sup = sup
+
+    def alive(self) -> list[int]:
+        return [pid for pid in self.sup.tree.members if pid not in self.sup.denied]
+
+    def signal(self, pids: list[int], sig: int) -> None:
+        members = self.sup.tree.members
+        self.sup._signal_all(sig, only=[members[pid] for pid in pids if pid in members])
+
+    def newcomers(self, full: bool) -> list[int]:
+        return [member.pid for member in self.sup.tree.discover(full=full)]
+
+    def wait(self, timeout_s: float) -> bool:
+        return signal.SIGUSR1 in self.sup._wait_members(timeout_s)
+
+    def kill_all(self) -> None:
+        if self.sup.cgroup:
+            with contextlib.suppress(OSError):
+                self.sup.cgroup.kill_all()
