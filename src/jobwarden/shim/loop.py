@@ -19,12 +19,11 @@ from jobwarden.errors import StoreError
 from jobwarden.model import EndReason, ProcessEnd, ProcessSnapshot
 from jobwarden.osapi.cgroup import JobCgroup
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.osapi.waiting import wait_readable
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV
-from jobwarden.shim.exits import ExitCollector
+from jobwarden.shim.jobos import JobOS, SystemJobOS
 from jobwarden.shim.recorder import RunRecorder, log
 from jobwarden.shim.sampler import Sampler
-from jobwarden.shim.tree import JobTree, Member
+from jobwarden.shim.tree import Member
 from jobwarden.store import JobRecord, Store
 from jobwarden.store.logfiles import LogWatcher
 
@@ -33,8 +32,6 @@ if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it l
     from jobwarden.shim.diagnosis import Diagnoser, Verdict
     from jobwarden.shim.notify import Notifier
     from jobwarden.shim.resources import MemoryGuard
-
-_HANDLED_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 class StopRequest(NamedTuple):
@@ -51,16 +48,18 @@ class SupervisorLoop:
         clock: Clock,
         procfs: ProcFS,
         notifier: Notifier | None = None,
+        jobos: JobOS | None = None,
     ) -> None:
         self.store, self.job, self.run, self.clock, self.procfs = store, job, run, clock, procfs
         self.layout = store.layout
+        self.jobos: JobOS = jobos or SystemJobOS()
         self.pid = os.getpid()
         self.markers = {JOB_ID_ENV: str(job.id), RUN_ENV: str(run), HOME_ENV: str(self.layout.home)}
         self.cgroup: JobCgroup | None = None
-        self.tree = JobTree(procfs, self.pid, self.markers)
+        self.tree = self.jobos.tree(procfs, self.pid, self.markers)
         self.main: Member | None = None
         self.main_status: int | None = None
-        self.exits = ExitCollector(self.tree)
+        self.exits = self.jobos.exits(self.tree)
         self._fifo: int | None = None  # the hooks' announcements: opened before the job starts
         self.denied: dict[int, str] = {}  # pid -> why we may not signal it
         self.stop: StopRequest | None = None
@@ -91,10 +90,7 @@ class SupervisorLoop:
                 os.close(fd)
 
     def _install_signals(self) -> None:
-        signal.set_wakeup_fd(self._wake_w)
-        for sig in _HANDLED_SIGNALS:
-            signal.signal(sig, lambda *_: None)  # the wakeup fd carries the signal number to the loop
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self.jobos.install_signals(self._wake_w)
 
     # --- the loop ---------------------------------------------------------------------------------
 
@@ -108,7 +104,7 @@ class SupervisorLoop:
             # every member's pidfd: a worker's death wakes the loop at once, not at the next tick; a birth
             # or death event too, so that a short-lived process is held (or recorded) as it happens
             fds = [self._wake_r, *self.exits.fds(), *(m.pidfd for m in self.tree.members.values())]
-            wait_readable(fds, deadline - now)
+            self.jobos.wait(fds, deadline - now)
             self._handle_signals(self._drain_signals())
             self._collect_exits()
             if self.stop or self.main_status is not None:
@@ -256,7 +252,7 @@ class SupervisorLoop:
 
     def _wait_members(self, timeout_s: float) -> set[int]:
         """Wait for a member to end or a signal, up to `timeout_s`; the signals received."""
-        wait_readable([self._wake_r, *(m.pidfd for m in self.tree.members.values())], timeout_s)
+        self.jobos.wait([self._wake_r, *(m.pidfd for m in self.tree.members.values())], timeout_s)
         received = self._drain_signals()
         self._collect_exits()
         return received

@@ -9,7 +9,6 @@ from typing import Any
 
 from jobwarden.errors import AccessDenied, StoreError
 from jobwarden.model import UNFINISHED_STATES, JobState, Survivor
-from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.procfs import why_still_alive
 from jobwarden.osapi.terminate import KillPlan, terminate
 from jobwarden.shim.loop import SupervisorLoop
@@ -87,7 +86,7 @@ class StoppingSupervisor(SupervisorLoop):
     def _signal_all(self, sig: int, only: list[Member] | None = None) -> None:
         for member in list(self.tree.members.values()) if only is None else only:
             try:
-                pidfds.send_signal(member.pidfd, member.pid, sig)
+                self.jobos.send_signal(member, sig)
             except AccessDenied as err:
                 self.denied[member.pid] = f"{err.message}: {err.remedy}"
 
@@ -128,4 +127,4 @@ class _TreeEnding:
     def kill_all(self) -> None:
         if self.sup.cgroup:
             with contextlib.suppress(OSError):
-                self.sup.cgroup.kill_all()
+                self.sup.jobos.kill_cgroup(self.sup.cgroup)

@@ -18,12 +18,9 @@ from typing import Any
 from jobwarden import config
 from jobwarden.hooks import heartbeat_env, hook_env
 from jobwarden.model import UNFINISHED_STATES, EndReason, JobState
-from jobwarden.osapi.cgroup import cgroup_path, create_job_cgroup, find_job_cgroup
-from jobwarden.osapi.process import SpawnError, spawn_job
-from jobwarden.osapi.waiting import wait_readable
+from jobwarden.osapi.process import SpawnError
 from jobwarden.paths import ensure_private_dir
 from jobwarden.shim.loop import StopRequest
-from jobwarden.shim.recorder import log
 from jobwarden.shim.sightings import FIFO_NAME, Sightings, open_fifo
 from jobwarden.shim.stopping import TRACKER_GRACE_S, StoppingSupervisor
 from jobwarden.shim.watchdog import DEFAULT_HANG_TIMEOUT_S
@@ -41,7 +38,7 @@ class Supervisor(StoppingSupervisor):
         self._install_signals()
         shim_start = self.procfs.stat(self.pid).start_time
         if os.environ.get(config.CGROUP_ENV, "auto") != "off":
-            self.cgroup = create_job_cgroup(f"jobwarden-{self.pid}")
+            self.cgroup = self.jobos.create_cgroup(f"jobwarden-{self.pid}")
         self.tree.cgroup = self.cgroup
         if self.job.options.mem_limit_bytes:  # before the job starts: the limit must hold from its start
             self._guard_memory()
@@ -60,7 +57,7 @@ class Supervisor(StoppingSupervisor):
         env = self._job_env()
         self._listen_for_births()  # before the job exists: its first child may live a millisecond
         try:
-            pid = spawn_job(
+            pid = self.jobos.spawn(
                 list(self.job.command),
                 self.job.cwd,
                 env,
@@ -94,7 +91,7 @@ class Supervisor(StoppingSupervisor):
         """Watch the processes of a run whose shim died: found by marker, held by pidfd."""
         self._install_signals()
         record = self.store.run(self.job.id, self.run)
-        self.cgroup = find_job_cgroup(cgroup_path(record.containment))
+        self.cgroup = self.jobos.find_cgroup(record.containment)
         self.tree.cgroup = self.cgroup
         if record.pid and record.pid_start and self.procfs.identity_matches(record.pid, record.pid_start):
             self.main = self.tree.seed(record.pid, session_leader=True)
@@ -136,7 +133,7 @@ class Supervisor(StoppingSupervisor):
         self._install_signals()
         deadline = self.clock.monotonic() + delay_s
         while self.clock.monotonic() < deadline:
-            wait_readable([self._wake_r], deadline - self.clock.monotonic())
+            self.jobos.wait([self._wake_r], deadline - self.clock.monotonic())
             self._handle_signals(self._drain_signals())
             if self.stop:
                 return False
@@ -185,7 +182,7 @@ class Supervisor(StoppingSupervisor):
             if not reported:
                 _report(report_fd, {"pid": None, "state": "queued"})
                 reported = True
-            wait_readable([self._wake_r], ADMIT_RETRY_S)
+            self.jobos.wait([self._wake_r], ADMIT_RETRY_S)
             self._handle_signals(self._drain_signals())
             if self.stop:
                 return False, reported
@@ -209,9 +206,7 @@ class Supervisor(StoppingSupervisor):
         return 0
 
     def _guard_memory(self) -> None:
-        from jobwarden.shim.resources import MemoryGuard
-
-        self.memory = MemoryGuard(self.cgroup, self.job.options.mem_limit_bytes, self.procfs, log)
+        self.memory = self.jobos.memory_guard(self.cgroup, self.job.options.mem_limit_bytes, self.procfs)
 
     def _start_watches(self, main_pid: int | None) -> None:
         """Right after `run` has its answer: OOM counters, the hang watchdog, GPU use. Loading them
@@ -232,22 +227,20 @@ class Supervisor(StoppingSupervisor):
         if self._fifo is None and self.job.options.py_hooks:
             self._fifo = open_fifo(self.layout.py_dir(self.job.id, self.run) / FIFO_NAME)
         kernel = os.environ.get(config.PROC_EVENTS_ENV, "auto") != "off"
-        self.exits.sightings = Sightings.open(self._fifo, kernel)
+        self.exits.sightings = self.jobos.listen(self._fifo, kernel)
         self._fifo = None  # the sightings own it now
         return self.exits.sightings
 
     def _start_diagnosis(self, main_pid: int | None) -> None:
-        from jobwarden.shim.diagnosis import Diagnoser
-        from jobwarden.shim.gpuwatch import open_gpu_watch
-
         window = self.job.options.hang_timeout_s
         if window is None:
             window = DEFAULT_HANG_TIMEOUT_S
-        self.diag = Diagnoser(
-            self.store, self.job, self.run, self.procfs, self.tree, window or None, self.clock.monotonic()
+        now = self.clock.monotonic()
+        claimed = bool(self.gpu_env)
+        self.diag = self.jobos.diagnoser(
+            self.store, self.job, self.run, self.procfs, self.tree, window or None, now, claimed
         )
         self.diag.main_pid = main_pid
-        self.diag.gpu = open_gpu_watch(claimed=bool(self.gpu_env))
 
     def _containment(self) -> str:
         if self.cgroup:
