@@ -340,3 +340,17 @@ def test_stop_never_says_success_over_a_job_whose_supervisor_died_mid_stop(
     finally:
         patient.kill()
         patient.wait()
+
+
+def test_stop_resumes_a_stopped_supervisor_and_says_so(jw: Jobwarden, tmp_path: Path) -> None:
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
+    job = jw.start(sys.executable, TICKER, str(ready), str(go), "1")
+    read_fifo(ready)
+    shim = jw.status(job["id"])["shim_pid"]
+    os.kill(shim, signal.SIGSTOP)  # Ctrl-Z, or a debugger's stop: it cannot act on a request
+    begun = time.monotonic()
+    stopped = jw("stop", "--grace", "5s", str(job["id"]), timeout=25)
+    assert stopped.returncode == 0, stopped.stderr
+    assert "was stopped (SIGSTOP): resumed it with SIGCONT" in stopped.stdout
+    assert time.monotonic() - begun < 20  # within the grace and its margin, not after 35 s
+    assert jw.status(job["id"])["state"] == "stopped"
