@@ -379,3 +379,14 @@ def find_strays(
     holders = gpu_processes() if gpu is None else gpu
     finder = StrayFinder(store, procfs, now, self_and_ancestors(procfs), in_initial_pid_namespace())
     return finder.find(holders)
+
+
+def release_dead_cgroups() -> list[str]:
+    """The empty cgroups of supervisors killed before their end (one that ends removes its own)."""
+    from jobwarden import trace
+    from jobwarden.osapi.cgroup import remove_dead_shims_cgroups
+
+    removed = [str(path) for path in remove_dead_shims_cgroups()]
+    for path in removed:
+        trace.info(f"removed {path}: the empty cgroup of a supervisor that is dead")
+    return removed

@@ -9,6 +9,7 @@ from typing import Any
 
 from jobwarden.errors import AccessDenied, StoreError
 from jobwarden.model import UNFINISHED_STATES, JobState, Survivor
+from jobwarden.osapi.cgroup import remove_dead_shims_cgroups
 from jobwarden.osapi.procfs import why_still_alive
 from jobwarden.osapi.terminate import KillPlan, terminate
 from jobwarden.shim.loop import SupervisorLoop
@@ -98,6 +99,7 @@ class StoppingSupervisor(SupervisorLoop):
     def _remove_cgroup(self) -> None:
         if self.cgroup:
             self.cgroup.remove()
+            remove_dead_shims_cgroups()  # and those of shims killed before their end, if any
 
 
 def _ends_by_itself(cmdline: str) -> bool:
