@@ -11,6 +11,7 @@ from jobwarden.errors import StoreError
 HOME_ENV = "JOBWARDEN_HOME"
 JOB_ID_ENV = "JOBWARDEN_JOB_ID"
 RUN_ENV = "JOBWARDEN_RUN"
+STORE_ENV = "JOBWARDEN_STORE"  # the database's own id (Store.store_id): job ids start over in a new one
 
 
 def home_dir(environ: dict[str, str] | None = None) -> Path:

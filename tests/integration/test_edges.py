@@ -13,7 +13,16 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Jobwarden, alive, kill_shim, make_fifo, read_fifo, start_time, write_fifo
+from tests.conftest import (
+    Jobwarden,
+    alive,
+    kill_shim,
+    make_fifo,
+    read_fifo,
+    start_time,
+    wait_pid_gone,
+    write_fifo,
+)
 
 pytestmark = pytest.mark.integration
 TICKER = str(Path(__file__).parent / "jobs" / "ticker.py")
@@ -354,3 +363,24 @@ def test_stop_resumes_a_stopped_supervisor_and_says_so(jw: Jobwarden, tmp_path: 
     assert "was stopped (SIGSTOP): resumed it with SIGCONT" in stopped.stdout
     assert time.monotonic() - begun < 20  # within the grace and its margin, not after 35 s
     assert jw.status(job["id"])["state"] == "stopped"
+
+
+def test_a_shim_of_a_database_moved_aside_never_takes_the_new_databases_job(
+    jw: Jobwarden, tmp_path: Path
+) -> None:
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
+    old = jw.start(sys.executable, TICKER, str(ready), str(go), "1")
+    read_fifo(ready)
+    old_shim = jw.status(old["id"])["shim_pid"]
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for name in ("jobwarden.db", "jobwarden.db-wal", "jobwarden.db-shm", "jobs"):
+        if (jw.home / name).exists():  # everything of the old database: job ids start over
+            (jw.home / name).rename(aside / name)
+    new = jw.start("sleep", "300")
+    assert (new["id"], new["pid"]) == (old["id"], new["pid"])  # the same job id and run: the same marks
+    new_start = start_time(new["pid"])
+    write_fifo(go, "0 0\n")  # the old job ends: its shim ends what it finds of its tree, marks included
+    wait_pid_gone(old_shim)
+    assert alive(new["pid"], new_start), "the old database's shim ended the new database's job"
+    assert jw.json("stop", str(new["id"]))["state"] == "stopped"

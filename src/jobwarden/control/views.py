@@ -45,7 +45,7 @@ def lost_at_start(store: Store, procfs: ProcFS, job: JobRecord, n: int) -> int |
     """The shim died before it answered `run` (a job whose first act is to kill it): if the job runs,
     its processes carry the run's markers, and the record says so: started, its pid, `lost` with
     `supervisor-lost` (adoptable), never "not started". Returns the job's pid; None when nothing runs."""
-    marked = find_marked(procfs, job_markers(str(store.layout.home), job.id, n))
+    marked = find_marked(procfs, job_markers(str(store.layout.home), job.id, n), store=store.store_id)
     if not marked:
         return None
     run = store.run(job.id, n)
@@ -86,7 +86,8 @@ def live_processes(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord)
         return []
     recorded = {(p.pid, p.start_time): p for p in store.processes(job.id, run.n, live_only=True)}
     if run.state == JobState.LOST:
-        stats = find_marked(procfs, job_markers(str(store.layout.home), job.id, run.n))
+        markers = job_markers(str(store.layout.home), job.id, run.n)
+        stats = find_marked(procfs, markers, store=store.store_id)
     else:
         stats = []
         for pid, start in recorded:

@@ -19,7 +19,7 @@ from jobwarden.errors import StoreError
 from jobwarden.model import EndReason, ProcessEnd, ProcessSnapshot
 from jobwarden.osapi.cgroup import JobCgroup
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV
+from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, STORE_ENV
 from jobwarden.shim.jobos import JobOS, SystemJobOS
 from jobwarden.shim.recorder import RunRecorder, log
 from jobwarden.shim.sampler import Sampler
@@ -54,7 +54,8 @@ class SupervisorLoop:
         self.layout = store.layout
         self.jobos: JobOS = jobos or SystemJobOS()
         self.pid = os.getpid()
-        self.markers = {JOB_ID_ENV: str(job.id), RUN_ENV: str(run), HOME_ENV: str(self.layout.home)}
+        home = str(self.layout.home)
+        self.markers = {JOB_ID_ENV: str(job.id), RUN_ENV: str(run), HOME_ENV: home, STORE_ENV: store.store_id}
         self.cgroup: JobCgroup | None = None
         self.tree = self.jobos.tree(procfs, self.pid, self.markers)
         self.main: Member | None = None

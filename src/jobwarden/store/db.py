@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -100,10 +101,31 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
     with write(conn):
         # re-read under the write lock: a concurrent process may have migrated meanwhile
         version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version == 0:  # a new database: its identity, once (see store_id)
+            conn.execute(f"PRAGMA application_id = {_new_store_id()}")
         for number in range(version + 1, LATEST + 1):
             for statement in _statements(MIGRATIONS[number - 1]):
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {number}")
+
+
+def store_id(conn: sqlite3.Connection) -> str:
+    """The database's own identity: a random number in its header (PRAGMA application_id), set once. A
+    job's processes carry it (JOBWARDEN_STORE): after the database is emptied or moved aside, job ids
+    start over, and a still-running shim of the old one must never take a new job's processes, marked with
+    the same job id, for its own. A database from before the identity gets one at its first use."""
+    value = int(conn.execute("PRAGMA application_id").fetchone()[0])
+    if value == 0:
+        with write(conn):
+            value = int(conn.execute("PRAGMA application_id").fetchone()[0])  # another process's, if first
+            if value == 0:
+                value = _new_store_id()
+                conn.execute(f"PRAGMA application_id = {value}")
+    return f"{value & 0xFFFFFFFF:08x}"
+
+
+def _new_store_id() -> int:
+    return secrets.randbits(31) or 1  # a signed 32-bit field; 0 means none
 
 
 def _statements(script: str) -> Iterator[str]:

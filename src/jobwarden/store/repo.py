@@ -18,7 +18,7 @@ from jobwarden.errors import JobNotFound, StoreError
 from jobwarden.model import UNFINISHED_STATES, Finding, JobSpec, JobState, ProcessEnd, ProcessSnapshot, Ranks
 from jobwarden.paths import Layout, ensure_private_dir
 from jobwarden.store import samples
-from jobwarden.store.db import connect, translate, write
+from jobwarden.store.db import connect, store_id, translate, write
 from jobwarden.store.listing import ListQueries
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
 from jobwarden.store.rollup import Bucket, Reading
@@ -60,9 +60,20 @@ class Store(SampleMethods, ListQueries):
         self.layout = Layout(ensure_private_dir(home))
         trace.debug(f"store: {self.layout.database}")
         self._conn = connect(self.layout.database)
+        self._store_id: str | None = None
 
     def close(self) -> None:
         self._conn.close()
+
+    @property
+    def store_id(self) -> str:
+        """This database's identity (store.db.store_id), read once."""
+        if self._store_id is None:
+            try:
+                self._store_id = store_id(self._conn)
+            except sqlite3.Error as err:
+                raise translate(err, self.layout.database) from err
+        return self._store_id
 
     def __enter__(self) -> Store:
         return self
