@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from jobwarden.store import Store
 from tests.conftest import (
     Jobwarden,
     alive,
@@ -384,3 +386,24 @@ def test_a_shim_of_a_database_moved_aside_never_takes_the_new_databases_job(
     wait_pid_gone(old_shim)
     assert alive(new["pid"], new_start), "the old database's shim ended the new database's job"
     assert jw.json("stop", str(new["id"]))["state"] == "stopped"
+
+
+def test_deleting_the_write_ahead_log_while_a_supervisor_runs_loses_no_record(
+    jw: Jobwarden, tmp_path: Path
+) -> None:
+    ended = jw.start("true")["id"]
+    assert jw("wait", str(ended)).returncode == 0  # its records sit in the log, not checkpointed yet
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
+    live = jw.start(sys.executable, TICKER, str(ready), str(go), "1")
+    read_fifo(ready)
+    (jw.home / "jobwarden.db-wal").unlink()
+    listed = jw("ps", "--all", "--json")  # waits for the supervisor to let go of the deleted log
+    assert listed.returncode == 0, listed.stderr
+    jobs = {j["id"]: j["state"] for j in json.loads(listed.stdout)}
+    assert jobs == {ended: "succeeded", live["id"]: "running"}
+    write_fifo(go, "0 0\n")
+    assert jw("wait", str(live["id"])).returncode == 0
+    assert jw.status(live["id"])["state"] == "succeeded"
+    with Store(jw.home) as store:
+        kinds = [e.kind for e in store.events(live["id"], 1)]
+    assert "store-reopened" in kinds and "ended" in kinds

@@ -171,6 +171,9 @@ class SupervisorLoop:
         return ends
 
     def _tick(self, full: bool) -> None:
+        if self.store.reopen_if_wal_replaced():  # someone deleted jobwarden.db-wal: its records come back
+            log("the database's write-ahead log was deleted or replaced: reopened the database")
+            self.record.event("store-reopened", self.clock.wall(), reason="write-ahead log deleted")
         self.tree.discover(full=full)
         now = self.clock.wall()
         snaps = self._with_gpu_memory(self.tree.sample(now))
