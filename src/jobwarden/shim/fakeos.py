@@ -100,6 +100,9 @@ class FakeJobOS:
     def install_signals(self, wake_fd: int) -> None:
         self._wake_fd = wake_fd
 
+    def uninstall_signals(self, wake_fd: int) -> None:
+        self._wake_fd = None
+
     def create_cgroup(self, name: str) -> JobCgroup | None:
         return None
 

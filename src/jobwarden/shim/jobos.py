@@ -8,6 +8,7 @@ signalling and waiting, the cgroup's kill, and the watches that read the machine
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from typing import TYPE_CHECKING, Protocol
 
@@ -31,6 +32,8 @@ HANDLED_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1
 
 class JobOS(Protocol):
     def install_signals(self, wake_fd: int) -> None: ...  # HANDLED_SIGNALS arrive as bytes on wake_fd
+
+    def uninstall_signals(self, wake_fd: int) -> None: ...  # before wake_fd is closed
 
     def create_cgroup(self, name: str) -> JobCgroup | None: ...
 
@@ -75,6 +78,12 @@ class SystemJobOS:
         for sig in HANDLED_SIGNALS:
             signal.signal(sig, lambda *_: None)  # the wakeup fd carries the signal number to the loop
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    def uninstall_signals(self, wake_fd: int) -> None:
+        with contextlib.suppress(ValueError):  # not the main thread: it never installed the fd
+            previous = signal.set_wakeup_fd(-1)
+            if previous not in (-1, wake_fd):
+                signal.set_wakeup_fd(previous)  # someone else's: put it back
 
     def create_cgroup(self, name: str) -> JobCgroup | None:
         return create_job_cgroup(name)

@@ -82,10 +82,7 @@ class SupervisorLoop:
     def close(self) -> None:
         # unhooked first: a signal after the close (SIGCHLD of an --on-event command still being
         # delivered) made CPython write to a closed fd: "Exception ignored ... signal wakeup fd"
-        with contextlib.suppress(ValueError):  # not the main thread: it never installed the fd
-            previous = signal.set_wakeup_fd(-1)
-            if previous not in (-1, self._wake_w):
-                signal.set_wakeup_fd(previous)  # someone else's: put it back
+        self.jobos.uninstall_signals(self._wake_w)
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
