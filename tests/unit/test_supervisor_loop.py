@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -66,6 +67,18 @@ class Rig:
             self.os.signal_shim(signal.SIGUSR1)
 
         self.os.at(seconds, stop)
+
+
+@pytest.fixture(autouse=True)
+def no_process_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests start nothing: a fork or spawn anywhere under the supervisor fails them."""
+
+    def refused(*args: object, **kwargs: object) -> NoReturn:
+        raise AssertionError("a unit test of the loop started a process")
+
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "execv", "execve"):
+        monkeypatch.setattr(os, name, refused)
+    monkeypatch.setattr(subprocess, "Popen", refused)
 
 
 @pytest.fixture
