@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import sqlite3
 import struct
 import time
@@ -191,7 +190,9 @@ def store_id(conn: sqlite3.Connection) -> str:
 
 
 def _new_store_id() -> int:
-    return secrets.randbits(31) or 1  # a signed 32-bit field; 0 means none
+    # a signed 32-bit field; 0 means none. os.urandom, not `secrets`: that would load hashlib and random
+    # into every command
+    return int.from_bytes(os.urandom(4), "big") >> 1 or 1
 
 
 def _statements(script: str) -> Iterator[str]:
