@@ -42,9 +42,9 @@ class Rig:
         (proc / "stat").write_text(CAPTURED_PROC_STAT)
         add_process(proc, os.getpid(), stat_line(os.getpid(), "jobwarden"))
         self.clock = FakeClock()
-        self.os = FakeJobOS(self.clock)
+        self.fake = FakeJobOS(self.clock)
         job = self.store.job(self.job_id)
-        self.sup = Supervisor(self.store, job, self.run_n, self.clock, ProcFS(proc), jobos=self.os)
+        self.sup = Supervisor(self.store, job, self.run_n, self.clock, ProcFS(proc), jobos=self.fake)
 
     def launch(self) -> RunRecord:
         try:
@@ -55,7 +55,7 @@ class Rig:
 
     @property
     def main(self) -> int:
-        return next(iter(self.os.processes))  # the spawned job: the first fake process
+        return next(iter(self.fake.processes))  # the spawned job: the first fake process
 
     def stop_at(self, seconds: float, grace_s: float) -> None:
         """`jobwarden stop --grace`: the request in the store, then SIGUSR1 to the shim."""
@@ -64,9 +64,9 @@ class Rig:
             self.store.update_run(
                 self.job_id, self.run_n, stop_requested_at=self.clock.wall(), stop_grace=grace_s
             )
-            self.os.signal_shim(signal.SIGUSR1)
+            self.fake.signal_shim(signal.SIGUSR1)
 
-        self.os.at(seconds, stop)
+        self.fake.at(seconds, stop)
 
 
 @pytest.fixture(autouse=True)
@@ -91,51 +91,51 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
 def test_stop_sends_sigterm_and_the_job_ends_within_the_grace(rig: Rig) -> None:
     rig.stop_at(5, grace_s=10)
     run = rig.launch()
-    assert rig.os.signals_to(rig.main) == [(5.0, "SIGTERM")]
+    assert rig.fake.signals_to(rig.main) == [(5.0, "SIGTERM")]
     assert (run.state, run.end_reason, run.signal) == (JobState.STOPPED, EndReason.STOPPED, "SIGTERM")
 
 
 def test_a_job_that_ignores_sigterm_is_killed_when_the_grace_ends(rig: Rig) -> None:
-    rig.os.main_ignores = frozenset({SIGTERM})
+    rig.fake.main_ignores = frozenset({SIGTERM})
     rig.stop_at(5, grace_s=10)
     run = rig.launch()
-    (term_at, term), (kill_at, kill) = rig.os.signals_to(rig.main)
+    (term_at, term), (kill_at, kill) = rig.fake.signals_to(rig.main)
     assert (term, kill) == ("SIGTERM", "SIGKILL")
     assert term_at == 5.0 and 15.0 <= kill_at < 15.5  # the whole grace, and not much more
     assert (run.state, run.signal, run.survivors) == (JobState.STOPPED, "SIGKILL", [])
 
 
 def test_a_second_stop_with_force_cuts_a_long_grace_short(rig: Rig) -> None:
-    rig.os.main_ignores = frozenset({SIGTERM})
+    rig.fake.main_ignores = frozenset({SIGTERM})
     rig.stop_at(5, grace_s=3600)
     rig.stop_at(8, grace_s=0)  # stop --force
     rig.launch()
-    (term_at, _), (kill_at, kill) = rig.os.signals_to(rig.main)
+    (term_at, _), (kill_at, kill) = rig.fake.signals_to(rig.main)
     assert term_at == 5.0 and kill == "SIGKILL" and 8.0 <= kill_at < 8.5
 
 
 def test_a_later_stop_with_a_longer_grace_never_extends_the_first(rig: Rig) -> None:
-    rig.os.main_ignores = frozenset({SIGTERM})
+    rig.fake.main_ignores = frozenset({SIGTERM})
     rig.stop_at(5, grace_s=10)
     rig.stop_at(8, grace_s=3600)
     rig.launch()
-    assert 15.0 <= rig.os.signals_to(rig.main)[-1][0] < 15.5
+    assert 15.0 <= rig.fake.signals_to(rig.main)[-1][0] < 15.5
 
 
 def test_a_newcomer_forked_during_the_grace_is_terminated_too(rig: Rig) -> None:
-    rig.os.main_ignores = frozenset({SIGTERM})
+    rig.fake.main_ignores = frozenset({SIGTERM})
     rig.stop_at(5, grace_s=10)
-    rig.os.at(7, lambda: rig.os.fork(rig.main, "python worker.py", ignores=[SIGTERM]))
+    rig.fake.at(7, lambda: rig.fake.fork(rig.main, "python worker.py", ignores=[SIGTERM]))
     rig.launch()
-    worker = max(rig.os.processes)
-    assert [name for _, name in rig.os.signals_to(worker)] == ["SIGTERM", "SIGKILL"]
-    assert not rig.os.processes[worker].alive
+    worker = max(rig.fake.processes)
+    assert [name for _, name in rig.fake.signals_to(worker)] == ["SIGTERM", "SIGKILL"]
+    assert not rig.fake.processes[worker].alive
 
 
 def test_timeout_ends_the_run_as_failed(tmp_path: Path) -> None:
     rig = Rig(tmp_path, timeout_s=30.0)
     run = rig.launch()
-    assert rig.os.signals_to(rig.main) == [(30.0, "SIGTERM")]
+    assert rig.fake.signals_to(rig.main) == [(30.0, "SIGTERM")]
     assert (run.state, run.end_reason) == (JobState.FAILED, EndReason.TIMEOUT)
     rig.store.close()
 
@@ -145,9 +145,9 @@ def test_a_hang_ends_the_run_and_asks_for_a_restart_only_with_on_hang_restart(
     tmp_path: Path, on_hang: str, restart: bool
 ) -> None:
     rig = Rig(tmp_path, on_hang=on_hang)
-    rig.os.verdict_at(20, Verdict("hang", ()))
+    rig.fake.verdict_at(20, Verdict("hang", ()))
     run = rig.launch()
-    [(at, name)] = rig.os.signals_to(rig.main)
+    [(at, name)] = rig.fake.signals_to(rig.main)
     assert name == "SIGTERM" and 20.0 <= at < 21.5  # judged at the first tick past its moment
     assert (run.state, run.end_reason, rig.sup.restart_after_hang) == (
         JobState.FAILED,
@@ -160,23 +160,23 @@ def test_a_hang_ends_the_run_and_asks_for_a_restart_only_with_on_hang_restart(
 
 def test_a_hang_with_on_hang_dump_leaves_the_job_running(tmp_path: Path) -> None:
     rig = Rig(tmp_path, on_hang="dump")
-    rig.os.verdict_at(20, Verdict("hang", ()))
-    rig.os.at(60, lambda: rig.os.exit(rig.main, 0))
+    rig.fake.verdict_at(20, Verdict("hang", ()))
+    rig.fake.at(60, lambda: rig.fake.exit(rig.main, 0))
     run = rig.launch()
-    assert rig.os.sent == []
+    assert rig.fake.sent == []
     assert (run.state, run.exit_code) == (JobState.SUCCEEDED, 0)
     rig.store.close()
 
 
 def test_a_worker_death_is_judged_and_supervision_goes_on_while_main_lives(rig: Rig) -> None:
     worker: list[int] = []
-    rig.os.at(2, lambda: worker.append(rig.os.fork(rig.main, "python -c worker")))
-    rig.os.at(5, lambda: setattr(rig.os.processes[worker[0]], "status", SIGKILL))
-    rig.os.at(10, lambda: rig.os.exit(rig.main, 0))
+    rig.fake.at(2, lambda: worker.append(rig.fake.fork(rig.main, "python -c worker")))
+    rig.fake.at(5, lambda: setattr(rig.fake.processes[worker[0]], "status", SIGKILL))
+    rig.fake.at(10, lambda: rig.fake.exit(rig.main, 0))
     run = rig.launch()
-    [death] = rig.os.deaths_judged[:1]
+    [death] = rig.fake.deaths_judged[:1]
     assert (death.pid, death.status) == (worker[0], SIGKILL)
-    assert rig.os.sent == []  # a worker's death ends nothing by itself
+    assert rig.fake.sent == []  # a worker's death ends nothing by itself
     assert run.ended_at is not None and run.started_at is not None
     assert run.ended_at - run.started_at == pytest.approx(10, abs=1)
     assert (run.state, run.exit_code) == (JobState.SUCCEEDED, 0)
@@ -184,22 +184,22 @@ def test_a_worker_death_is_judged_and_supervision_goes_on_while_main_lives(rig: 
 
 def test_main_ending_with_orphans_left_records_and_terminates_them(rig: Rig) -> None:
     orphan: list[int] = []
-    rig.os.at(1, lambda: orphan.append(rig.os.fork(rig.main, "python data_server.py")))
-    rig.os.at(3, lambda: rig.os.exit(rig.main, 0))
+    rig.fake.at(1, lambda: orphan.append(rig.fake.fork(rig.main, "python data_server.py")))
+    rig.fake.at(3, lambda: rig.fake.exit(rig.main, 0))
     run = rig.launch()
     assert run.orphans_left == [{"pid": orphan[0], "cmdline": "python data_server.py"}]
-    assert [name for _, name in rig.os.signals_to(orphan[0])] == ["SIGTERM"]
+    assert [name for _, name in rig.fake.signals_to(orphan[0])] == ["SIGTERM"]
     assert (run.state, run.exit_code, run.survivors) == (JobState.SUCCEEDED, 0, [])
 
 
 def test_multiprocessing_helpers_get_time_to_end_by_themselves(rig: Rig) -> None:
     tracker: list[int] = []
     cmd = "python -c from multiprocessing.resource_tracker import main;main(5)"
-    rig.os.at(1, lambda: tracker.append(rig.os.fork(rig.main, cmd)))
-    rig.os.at(3, lambda: rig.os.exit(rig.main, 0))
-    rig.os.at(3.5, lambda: rig.os.exit(tracker[0], 0))  # its pipe closed: it ends on its own
+    rig.fake.at(1, lambda: tracker.append(rig.fake.fork(rig.main, cmd)))
+    rig.fake.at(3, lambda: rig.fake.exit(rig.main, 0))
+    rig.fake.at(3.5, lambda: rig.fake.exit(tracker[0], 0))  # its pipe closed: it ends on its own
     run = rig.launch()
-    assert run.orphans_left == [] and rig.os.sent == []
+    assert run.orphans_left == [] and rig.fake.sent == []
 
 
 def test_a_lost_store_while_reading_the_stop_request_does_not_end_supervision(
@@ -210,47 +210,49 @@ def test_a_lost_store_while_reading_the_stop_request_does_not_end_supervision(
     def lost(*args: Any, **kwargs: Any) -> RunRecord:
         raise StoreError("database disk image is malformed")
 
-    rig.os.at(5, lambda: (monkeypatch.setattr(rig.store, "run", lost), rig.os.signal_shim(signal.SIGUSR1)))
-    rig.os.at(8, lambda: monkeypatch.setattr(rig.store, "run", real_run))
-    rig.os.at(20, lambda: rig.os.exit(rig.main, 0))
+    rig.fake.at(
+        5, lambda: (monkeypatch.setattr(rig.store, "run", lost), rig.fake.signal_shim(signal.SIGUSR1))
+    )
+    rig.fake.at(8, lambda: monkeypatch.setattr(rig.store, "run", real_run))
+    rig.fake.at(20, lambda: rig.fake.exit(rig.main, 0))
     run = rig.launch()
-    assert rig.os.sent == []
+    assert rig.fake.sent == []
     assert (run.state, run.exit_code) == (JobState.SUCCEEDED, 0)
     assert run.ended_at is not None and run.started_at is not None
     assert run.ended_at - run.started_at == pytest.approx(20, abs=1)
 
 
 def test_sigterm_to_the_shim_stops_the_job(rig: Rig) -> None:
-    rig.os.at(4, lambda: rig.os.signal_shim(SIGTERM))
+    rig.fake.at(4, lambda: rig.fake.signal_shim(SIGTERM))
     run = rig.launch()
-    assert rig.os.signals_to(rig.main) == [(4.0, "SIGTERM")]
+    assert rig.fake.signals_to(rig.main) == [(4.0, "SIGTERM")]
     assert (run.state, run.end_reason) == (JobState.STOPPED, EndReason.STOPPED)
 
 
 def test_a_process_the_shim_may_not_signal_is_reported_as_a_survivor(rig: Rig) -> None:
     rig.stop_at(5, grace_s=10)
-    rig.os.at(1, lambda: rig.os.fork(rig.main, "sudo helper"))
-    rig.os.at(2, lambda: setattr(rig.os.processes[max(rig.os.processes)], "denied", True))
+    rig.fake.at(1, lambda: rig.fake.fork(rig.main, "sudo helper"))
+    rig.fake.at(2, lambda: setattr(rig.fake.processes[max(rig.fake.processes)], "denied", True))
     run = rig.launch()
     [survivor] = run.survivors
-    assert survivor.pid == max(rig.os.processes) and "another user" in survivor.reason
+    assert survivor.pid == max(rig.fake.processes) and "another user" in survivor.reason
 
 
 def test_on_hang_restart_starts_a_new_attempt_that_runs_to_its_end(tmp_path: Path) -> None:
     rig = Rig(tmp_path, on_hang="restart", restart_delay_s=5.0)
-    rig.os.verdict_at(20, Verdict("hang", ()))
+    rig.fake.verdict_at(20, Verdict("hang", ()))
 
     def second_attempt_succeeds() -> None:
-        if len(rig.os.spawned) == 2:
-            rig.os.exit(max(rig.os.processes), 0)
+        if len(rig.fake.spawned) == 2:
+            rig.fake.exit(max(rig.fake.processes), 0)
 
     for t in range(30, 60):
-        rig.os.at(t, second_attempt_succeeds)
+        rig.fake.at(t, second_attempt_succeeds)
     rig.sup.close()  # supervise_job makes its own, one per attempt
     job = rig.store.job(rig.job_id)
-    supervise_job(rig.store, job, rig.run_n, rig.clock, rig.sup.procfs, -1, "launch", rig.os)
+    supervise_job(rig.store, job, rig.run_n, rig.clock, rig.sup.procfs, -1, "launch", rig.fake)
     first, second = rig.store.run(rig.job_id, 1), rig.store.run(rig.job_id, 2)
     assert (first.state, first.end_reason) == (JobState.FAILED, EndReason.HUNG)
     assert (second.state, second.exit_code) == (JobState.SUCCEEDED, 0)
-    assert len(rig.os.spawned) == 2
+    assert len(rig.fake.spawned) == 2
     rig.store.close()
