@@ -19,6 +19,7 @@ LOCAL_DIR_ENV = "JOBWARDEN_LOCAL_DIR"  # where the database goes when the home i
 # sqlite.org/wal.html): cluster homes are usually one of these.
 NETWORK_FS = ("nfs", "lustre", "gpfs", "beegfs", "cifs", "smb3", "fuse.")
 MOUNTINFO = Path("/proc/self/mountinfo")
+STORE_ENV = "JOBWARDEN_STORE"  # the database's own id (Store.store_id): job ids start over in a new one
 
 
 def home_dir(environ: dict[str, str] | None = None) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +14,17 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Jobwarden, alive, kill_shim, make_fifo, read_fifo, start_time, write_fifo
+from jobwarden.store import Store
+from tests.conftest import (
+    Jobwarden,
+    alive,
+    kill_shim,
+    make_fifo,
+    read_fifo,
+    start_time,
+    wait_pid_gone,
+    write_fifo,
+)
 
 pytestmark = pytest.mark.integration
 TICKER = str(Path(__file__).parent / "jobs" / "ticker.py")
@@ -340,3 +351,59 @@ def test_stop_never_says_success_over_a_job_whose_supervisor_died_mid_stop(
     finally:
         patient.kill()
         patient.wait()
+
+
+def test_stop_resumes_a_stopped_supervisor_and_says_so(jw: Jobwarden, tmp_path: Path) -> None:
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
+    job = jw.start(sys.executable, TICKER, str(ready), str(go), "1")
+    read_fifo(ready)
+    shim = jw.status(job["id"])["shim_pid"]
+    os.kill(shim, signal.SIGSTOP)  # Ctrl-Z, or a debugger's stop: it cannot act on a request
+    begun = time.monotonic()
+    stopped = jw("stop", "--grace", "5s", str(job["id"]), timeout=25)
+    assert stopped.returncode == 0, stopped.stderr
+    assert "was stopped (SIGSTOP): resumed it with SIGCONT" in stopped.stdout
+    assert time.monotonic() - begun < 20  # within the grace and its margin, not after 35 s
+    assert jw.status(job["id"])["state"] == "stopped"
+
+
+def test_a_shim_of_a_database_moved_aside_never_takes_the_new_databases_job(
+    jw: Jobwarden, tmp_path: Path
+) -> None:
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
+    old = jw.start(sys.executable, TICKER, str(ready), str(go), "1")
+    read_fifo(ready)
+    old_shim = jw.status(old["id"])["shim_pid"]
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for name in ("jobwarden.db", "jobwarden.db-wal", "jobwarden.db-shm", "jobs"):
+        if (jw.home / name).exists():  # everything of the old database: job ids start over
+            (jw.home / name).rename(aside / name)
+    new = jw.start("sleep", "300")
+    assert (new["id"], new["pid"]) == (old["id"], new["pid"])  # the same job id and run: the same marks
+    new_start = start_time(new["pid"])
+    write_fifo(go, "0 0\n")  # the old job ends: its shim ends what it finds of its tree, marks included
+    wait_pid_gone(old_shim)
+    assert alive(new["pid"], new_start), "the old database's shim ended the new database's job"
+    assert jw.json("stop", str(new["id"]))["state"] == "stopped"
+
+
+def test_deleting_the_write_ahead_log_while_a_supervisor_runs_loses_no_record(
+    jw: Jobwarden, tmp_path: Path
+) -> None:
+    ended = jw.start("true")["id"]
+    assert jw("wait", str(ended)).returncode == 0  # its records sit in the log, not checkpointed yet
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
+    live = jw.start(sys.executable, TICKER, str(ready), str(go), "1")
+    read_fifo(ready)
+    (jw.home / "jobwarden.db-wal").unlink()
+    listed = jw("ps", "--all", "--json")  # waits for the supervisor to let go of the deleted log
+    assert listed.returncode == 0, listed.stderr
+    jobs = {j["id"]: j["state"] for j in json.loads(listed.stdout)}
+    assert jobs == {ended: "succeeded", live["id"]: "running"}
+    write_fifo(go, "0 0\n")
+    assert jw("wait", str(live["id"])).returncode == 0
+    assert jw.status(live["id"])["state"] == "succeeded"
+    with Store(jw.home) as store:
+        kinds = [e.kind for e in store.events(live["id"], 1)]
+    assert "store-reopened" in kinds and "ended" in kinds

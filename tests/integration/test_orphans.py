@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from jobwarden.osapi.cgroup import create_job_cgroup
 from tests.conftest import (
     Jobwarden,
     alive,
@@ -279,3 +280,26 @@ def test_a_gpu_holder_whose_parent_died_is_listed_and_killed(jw: Jobwarden, tmp_
         assert (outcome["pid"], outcome["ended_by"]) == (orphan, "SIGTERM")
         wait_pid_gone(orphan, timeout_s=10)
         assert owned.poll() is None and alive(desktop, start_time(desktop) or -1)
+
+
+def test_orphans_removes_the_empty_cgroups_of_dead_supervisors_and_nothing_else(jw: Jobwarden) -> None:
+    gone = [subprocess.Popen(["true"]) for _ in range(2)]
+    for proc in gone:
+        proc.wait()  # pids no supervisor runs as: the shims named by these cgroups were killed
+    stale = create_job_cgroup(f"jobwarden-{gone[0].pid}")
+    busy = create_job_cgroup(f"jobwarden-{gone[1].pid}")
+    if stale is None or busy is None:
+        pytest.skip("no writable cgroup on this machine")
+    with sleeper() as inside:  # a process of a lost job, still in its dead supervisor's cgroup
+        busy.procs_file.write_text(str(inside.pid))
+        try:
+            assert jw("orphans").returncode == 0
+            assert not stale.path.exists()
+            assert busy.path.exists()  # never a populated one
+        finally:
+            inside.kill()
+            inside.wait()
+            with contextlib.suppress(OSError):
+                busy.path.rmdir()
+            with contextlib.suppress(OSError):
+                stale.path.rmdir()

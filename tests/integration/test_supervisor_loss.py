@@ -5,10 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from jobwarden.control.views import lost_at_start
+from jobwarden.model import JobSpec, JobState
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV
+from jobwarden.store import Store
 from tests.conftest import (
     Jobwarden,
     kill_shim,
@@ -111,3 +117,39 @@ def test_concurrent_adopts_start_one_supervisor(jw: Jobwarden, tmp_path: Path) -
     assert len(shims) == 1
     write_fifo(go, "0 0\n")
     assert jw("wait", str(job["id"])).returncode == 0
+
+
+def test_a_job_that_kills_its_shim_at_once_is_recorded_as_started_and_lost(
+    jw: Jobwarden, tmp_path: Path
+) -> None:
+    # its first act: before the shim has recorded the start (or answered `run`), it is gone
+    ready = make_fifo(tmp_path / "ready")
+    script = f'kill -9 "$JOBWARDEN_SHIM_PID"; echo $$ > {ready}; exec sleep 300'
+    run = jw("run", "--", "sh", "-c", script)
+    pid = int(read_fifo(ready))
+    assert "Traceback" not in run.stderr
+    assert "never" not in run.stderr and "before starting it" not in run.stderr, run.stderr
+    status = jw.status("1")
+    assert (status["state"], status["pid"]) == ("lost", pid), status
+    assert status["started_at"] is not None
+    assert any(f["rule"] == "supervisor-lost" for f in status["findings"])
+    assert jw.json("adopt", "1")["pids"] == [pid]
+    assert jw.json("stop", "1", "--grace", "5s")["state"] == "stopped"
+    wait_pid_gone(pid, timeout_s=5)
+
+
+def test_a_run_whose_shim_died_unrecorded_is_found_by_its_markers(jw: Jobwarden) -> None:
+    # the same, without the race: the shim died before it recorded anything, and the job runs
+    with Store(jw.home) as store:
+        job_id, n = store.create_job(JobSpec(("sleep", "300"), "/", "sleeper"), {}, time.time())
+        markers = {HOME_ENV: str(jw.home), JOB_ID_ENV: str(job_id), RUN_ENV: str(n)}
+        job = subprocess.Popen(["sleep", "300"], env={**os.environ, **markers}, start_new_session=True)
+        try:
+            assert lost_at_start(store, ProcFS(), store.job(job_id), n) == job.pid
+            run = store.run(job_id, n)
+            assert (run.state, run.pid) == (JobState.LOST, job.pid)
+            assert run.started_at is not None and abs(run.started_at - time.time()) < 60
+            assert [e.kind for e in store.events(job_id, n)][-2:] == ["started", "supervisor-lost"]
+        finally:
+            job.kill()
+            job.wait()

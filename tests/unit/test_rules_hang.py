@@ -324,7 +324,7 @@ def test_dataloader_bus_error_points_at_shared_memory() -> None:
 
 
 def test_dataloader_worker_exited_unexpectedly() -> None:
-    # measured in hang-diagnosis.md §2c1 (torch 2.13, SIGKILL of a worker)
+    # measured in docs/measurements.md, "DataLoader worker killed" (torch 2.13, SIGKILL of a worker)
     ev = dataloader_failure("RuntimeError: DataLoader worker (pid(s) 30034) exited unexpectedly")
     dl = explain(ev)[0]
     assert dl.rule == "dataloader-worker-killed"
@@ -360,7 +360,7 @@ def test_dataloader_worker_death_seen_from_the_stacks() -> None:
     assert any("waits in _MultiProcessingDataLoaderIter._try_get_data" in e for e in dl.evidence)
 
 
-# --- collective-hang: ranks transcribed from hang-diagnosis.md §2c2 (torch 2.13 + gloo, no GPU here) ------
+# --- collective-hang: ranks from docs/measurements.md, "Collective hang" (torch 2.13 + gloo, no GPU) ---
 
 C10D = f"{TORCH}/distributed/distributed_c10d.py"
 RANK0 = ThreadStack(
@@ -550,7 +550,7 @@ def test_no_progress_without_a_lock_hint_for_a_single_waiting_thread() -> None:
 
 
 def test_no_progress_points_at_a_thread_holding_the_gil_in_native_code() -> None:
-    # hang-diagnosis §2c6: a C extension deadlocked while holding the GIL
+    # docs/measurements.md, "GIL held by a C extension": a C extension deadlocked while holding the GIL
     holder = ThreadStack(
         19177,
         "MainThread",

@@ -16,7 +16,7 @@ from .test_rules import assert_well_formed, rules_of
 
 MiB = 1 << 20
 WORKER = ProcessDeath(4702, 4665, "python train.py", 1_700_000_100.0, None, "SIGKILL")
-# Kernel lines of the cgroup OOM kill measured in hang-diagnosis.md §2b (pid changed to the worker's).
+# Kernel lines of a measured cgroup OOM kill (docs/measurements.md, "OOM evidence"), the worker's pid.
 KERNEL_LINES = (
     "Memory cgroup out of memory: Killed process 4702 (python3) total-vm:1067156kB, anon-rss:301864kB, "
     "file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:700kB oom_score_adj:0",
@@ -72,7 +72,8 @@ def test_a_worker_named_by_the_kernel_log() -> None:
 
 
 def test_a_victim_named_by_the_kernel_that_jobwarden_never_saw() -> None:
-    # Born and OOM-killed between two scans (hang-diagnosis §3, "Race"): the cgroup is the job's: it counts.
+    # Born and OOM-killed between two scans (docs/measurements.md, "Exit status of a process that is not
+    # our child"): the cgroup is the job's: it counts.
     ev = evidence(state="running", signal=None, end_reason=None, oom=CGROUP_OOM)
     f = only(explain(ev), "oom-kill")
     assert "pid 4702: named by the kernel, not seen by jobwarden" in f.evidence

@@ -390,7 +390,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_orphans(args: argparse.Namespace) -> int:
-    from jobwarden.control.orphans import find_strays
+    from jobwarden.control.orphans import find_strays, release_dead_cgroups
     from jobwarden.store import Store
     from jobwarden.text import render
 
@@ -398,6 +398,7 @@ def cmd_orphans(args: argparse.Namespace) -> int:
     grace = config.optional_duration(args.grace, "--grace")
     with Store(_home()) as store:
         strays = find_strays(store, procfs, now)
+    release_dead_cgroups()
     listed = [s.to_json(now) for s in strays]
     if not args.kill:
         if args.json:

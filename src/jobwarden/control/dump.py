@@ -72,7 +72,7 @@ def _live_pids(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord) -> 
     found = {p.pid: p.start_time for p in live_processes(store, procfs, job, run)}
     exclude = {run.shim_pid} if run.shim_pid else set()
     markers = job_markers(str(store.layout.home), job.id, run.n)
-    for st in find_marked(procfs, markers, exclude=exclude):
+    for st in find_marked(procfs, markers, exclude=exclude, store=store.store_id):
         found.setdefault(st.pid, st.start_time)
     found.pop(run.shim_pid or -1, None)
     return sorted(found, key=lambda pid: (pid != run.pid, found[pid], pid))

@@ -1,5 +1,5 @@
 """End a set of processes we did not start: SIGTERM, a grace period, SIGKILL, and a reason for each one
-that could not be ended.
+that could not be ended. The order of signals and waits is osapi.terminate's, shared with the shim.
 
 Every signal goes through a pidfd opened *before* the identity check (pid + start time): once the check
 passes, the pidfd names that very process, so a pid reused meanwhile is never signalled. Another user's
@@ -20,9 +20,9 @@ from jobwarden.control.orphans import Stray, user_name
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.procfs import ProcFS, ProcStat, why_still_alive
+from jobwarden.osapi.terminate import KillPlan, terminate
 from jobwarden.osapi.waiting import wait_readable
 
-_POLL_S = 0.2  # how often newcomers in a followed group are looked for during the grace
 _KILL_WAIT_S = 3.0  # SIGKILL takes effect at once unless the process is in D state
 
 
@@ -107,30 +107,16 @@ class Killer:
         self.euid = os.geteuid() if euid is None else euid
         self._held: dict[int, _Held] = {}
         self._results: dict[int, KillResult] = {}
+        self._groups: set[int] = set()
 
     def terminate(self, targets: Sequence[Target], grace_s: float) -> list[KillResult]:
         """SIGTERM every target, wait up to `grace_s`, SIGKILL the rest; one result per process."""
         self._held, self._results = {}, {}
-        groups = self._groups_of_targets_only(targets)
+        self._groups = self._groups_of_targets_only(targets)
         try:
             for target in targets:
                 self._take(target)
-            # alive -> terminating: SIGTERM first, so a job can write its checkpoint
-            self._signal_held(signal.SIGTERM)
-            deadline = self.clock.monotonic() + grace_s
-            while self._held and self.clock.monotonic() < deadline:
-                self._wait(min(_POLL_S, deadline - self.clock.monotonic()))
-                self._follow_groups(groups, signal.SIGTERM)
-            self._follow_groups(groups, signal.SIGTERM)  # a last fork just before the last target died
-            # terminating -> killed: SIGKILL what is left, and what the groups forked meanwhile
-            for _ in range(3):
-                if not self._held:
-                    break
-                self._signal_held(signal.SIGKILL)
-                kill_deadline = self.clock.monotonic() + _KILL_WAIT_S
-                while self._held and self.clock.monotonic() < kill_deadline:
-                    self._wait(min(_POLL_S, kill_deadline - self.clock.monotonic()))
-                self._follow_groups(groups, signal.SIGKILL)
+            terminate(self, self.clock, grace_s, KillPlan(rounds=3, round_wait_s=_KILL_WAIT_S))
             for held in list(self._held.values()):
                 self._settle(held, _result(held.target, None, self._why_alive(held)))
         finally:
@@ -138,6 +124,28 @@ class Killer:
                 self.handles.close(held.handle)
         order = {t.pid: i for i, t in enumerate(targets)}
         return sorted(self._results.values(), key=lambda r: order.get(r.pid, len(order)))
+
+    # --- the Ending that osapi.terminate drives -----------------------------------------------------
+
+    def alive(self) -> list[int]:
+        return list(self._held)
+
+    def signal(self, pids: list[int], sig: int) -> None:
+        for pid in pids:
+            held = self._held.get(pid)
+            if held is not None:
+                self._signal(held, sig)
+
+    def newcomers(self, full: bool) -> list[int]:
+        """What the followed groups forked since we looked (children of targets), taken."""
+        return self._follow_groups(self._groups)
+
+    def wait(self, timeout_s: float) -> bool:
+        self._wait(timeout_s)
+        return False  # no request reaches the killer while it works
+
+    def kill_all(self) -> None:
+        pass  # strays have no cgroup of ours: each is signalled by its pidfd
 
     # --- taking hold ------------------------------------------------------------------------------
 
@@ -169,18 +177,19 @@ class Killer:
                 members.setdefault(st.pgid, set()).add(st.pid)
         return {t.pgid for t in targets if t.pgid > 1 and members.get(t.pgid, set()) <= pids}
 
-    def _follow_groups(self, groups: set[int], sig: int) -> None:
-        """Take and signal what the followed groups forked since we looked (children of targets)."""
+    def _follow_groups(self, groups: set[int]) -> list[int]:
+        """Take what the followed groups forked since we looked; the pids taken."""
         if not groups:
-            return
+            return []
+        taken = []
         for st in self.procfs.iter_stats():
             if st.pgid in groups and st.state not in ("Z", "X") and st.pid not in self._held:
                 if st.pid in self._results:
                     continue
                 self._take(self._target_of(st))
-                held = self._held.get(st.pid)
-                if held:
-                    self._signal(held, sig)
+                if st.pid in self._held:
+                    taken.append(st.pid)
+        return taken
 
     def _target_of(self, st: ProcStat) -> Target:
         try:
@@ -191,10 +200,6 @@ class Killer:
         return Target(st.pid, st.start_time, uid, st.pgid, command)
 
     # --- signalling and waiting -------------------------------------------------------------------
-
-    def _signal_held(self, sig: int) -> None:
-        for held in list(self._held.values()):
-            self._signal(held, sig)
 
     def _signal(self, held: _Held, sig: int) -> None:
         name = signal.Signals(sig).name

@@ -8,7 +8,14 @@ from typing import Any, NamedTuple
 
 from jobwarden import trace
 from jobwarden.clock import SystemClock
-from jobwarden.errors import CommandNotExecutable, CommandNotFound, Interrupted, ShimExited, UsageError
+from jobwarden.errors import (
+    CommandNotExecutable,
+    CommandNotFound,
+    Interrupted,
+    JobwardenError,
+    ShimExited,
+    UsageError,
+)
 from jobwarden.joboptions import JobOptions
 from jobwarden.model import EndReason, JobSpec, JobState
 from jobwarden.store import Store
@@ -137,6 +144,21 @@ def _record_unstarted(store: Store, job_id: int, run: int, state: JobState, erro
         store.add_event(job_id, run, "supervisor-failed", now, error=error)
 
 
+def _shim_died(store: Store, job_id: int, run: int, shim_pid: int) -> None:
+    """The shim ended without a word. If the job runs anyway (it killed its shim as it started), that
+    is what is recorded and said: never "not started" over a live job."""
+    from jobwarden.control.views import lost_at_start
+    from jobwarden.osapi.procfs import ProcFS
+
+    pid = lost_at_start(store, ProcFS(), store.job(job_id), run)
+    if pid is not None:
+        raise JobwardenError(
+            f"the supervisor of job {job_id} (pid {shim_pid}) died as the job started: job {job_id} runs "
+            f"on unsupervised as pid {pid}, lost",
+            f"jobwarden adopt {job_id} to supervise it again; jobwarden stop {job_id} to end it",
+        )
+
+
 def launch(home: Path, spec: JobSpec, options: JobOptions) -> Launched:
     from jobwarden.control.shimproc import fork_shim
 
@@ -161,6 +183,7 @@ def launch(home: Path, spec: JobSpec, options: JobOptions) -> Launched:
             raise _interrupted(store, *created, state, shim.handed_over) from None
         except ShimExited as err:
             assert created is not None  # only start() raises it
+            _shim_died(store, *created, shim.pid)
             _record_unstarted(store, *created, state, err.message)
             raise
         job_id, run = created

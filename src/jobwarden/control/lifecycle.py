@@ -12,7 +12,7 @@ from jobwarden import config, trace
 from jobwarden.clock import SystemClock
 from jobwarden.control.shimproc import fork_shim, shim_alive
 from jobwarden.control.views import live_processes, refresh
-from jobwarden.errors import JobStillRunning, JobwardenError, ProcessGone
+from jobwarden.errors import AccessDenied, JobStillRunning, JobwardenError, ProcessGone
 from jobwarden.model import JobState, Survivor
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.procfs import ProcFS
@@ -24,6 +24,7 @@ class StopResult(NamedTuple):
     run: RunRecord
     already_ended: bool
     survivors: list[Survivor]
+    notes: tuple[str, ...] = ()  # what `stop` had to do besides asking (a stopped supervisor resumed)
 
     def to_json(self) -> dict[str, object]:
         """`stop --json`, and the web's answer to a stop."""
@@ -35,6 +36,7 @@ class StopResult(NamedTuple):
             "exit_code": self.run.exit_code,
             "signal": self.run.signal,
             "survivors": [s._asdict() for s in self.survivors],
+            "notes": list(self.notes),
         }
 
 
@@ -99,9 +101,10 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None, again:
             stop_requested_at=SystemClock().wall(),
             stop_grace=grace,
         )
+    notes = _resume_if_stopped(procfs, run, set())
     _signal_shim(procfs, run)
     trace.info(f"asked supervisor {run.shim_pid} to stop job {job.id} (grace {grace:g}s); waiting for it")
-    if not wait_for_shim(procfs, run, grace + 30):
+    if not _wait_stopping(procfs, run, grace + 30, notes):
         raise JobwardenError(
             f"the supervisor of job {job.id} did not finish stopping it in {grace + 30:.0f}s",
             f"see {home}/jobs/{job.id}/run-{run.n}/shim.log",
@@ -115,7 +118,56 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None, again:
         trace.info(f"the supervisor of job {job.id} died while stopping it; stopping it again")
         return stop(home, procfs, job_ref, grace_s, again=False)
     survivors = [Survivor(p.pid, p.cmdline, "its supervisor died while stopping it") for p in alive]
-    return StopResult(final, False, final.survivors + survivors)
+    return StopResult(final, False, final.survivors + survivors, tuple(sorted(notes)))
+
+
+def _wait_stopping(procfs: ProcFS, run: RunRecord, timeout_s: float, notes: set[str]) -> bool:
+    """Wait for the shim to end the job and exit; a shim stopped meanwhile (SIGSTOP, Ctrl-Z) is resumed
+    within a second, or it would never act on the request. False on timeout."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not wait_for_shim(procfs, run, min(1.0, max(0.0, deadline - time.monotonic()))):
+        if time.monotonic() >= deadline:
+            return False
+        notes |= _resume_if_stopped(procfs, run, notes)
+    return True
+
+
+def _resume_if_stopped(procfs: ProcFS, run: RunRecord, notes: set[str]) -> set[str]:
+    """A stopped supervisor (state T) cannot act on a stop: SIGCONT it (identity-checked, through a
+    pidfd), and say so. A traced one (t) is a debugger's to release: said at once, not after a timeout."""
+    import signal
+
+    assert run.shim_pid is not None
+    try:
+        st = procfs.stat(run.shim_pid)
+    except (ProcessGone, AccessDenied):
+        return notes
+    if st.start_time != run.shim_start:
+        return notes
+    if st.state == "t":
+        raise JobwardenError(
+            f"the supervisor of job {run.job_id} (pid {run.shim_pid}) is held by a debugger (traced)",
+            "detach the debugger from it, then stop the job again",
+        )
+    if st.state != "T":
+        return notes
+    try:
+        fd = pidfds.open_pidfd(run.shim_pid)
+    except ProcessGone:
+        return notes
+    try:
+        if procfs.identity_matches(run.shim_pid, run.shim_start or -1):
+            pidfds.send_signal(fd, run.shim_pid, signal.SIGCONT)
+            trace.info(f"supervisor {run.shim_pid} of job {run.job_id} was stopped: sent it SIGCONT")
+            return {
+                *notes,
+                f"its supervisor (pid {run.shim_pid}) was stopped (SIGSTOP): resumed it with SIGCONT",
+            }
+    finally:
+        pidfds.close(fd)
+    return notes
 
 
 def _wait_for_shim_record(home: Path, procfs: ProcFS, job: JobRecord, run: RunRecord) -> RunRecord:

@@ -181,6 +181,11 @@ class StrayFinder:
                 continue  # another user's environment: found through the store's records instead
             if marker is None or not self._is_our_home(marker.home):
                 continue
+            if marker.store is not None and marker.store != self.store.store_id:
+                stray = self._of_earlier_store(st, marker.job_id, marker.store)
+                if stray:
+                    yield stray
+                continue
             verdict = self._verdict(marker.job_id, marker.run)
             if verdict.reason is None:
                 self._live_marked.add(st.pid)
@@ -190,6 +195,14 @@ class StrayFinder:
             stray = self._stray(st, verdict.reason, marker.job_id, verdict)
             if stray:
                 yield stray
+
+    def _of_earlier_store(self, st: ProcStat, job_id: int, store: str) -> Stray | None:
+        """Marked by another database of this home (emptied or moved aside since): its job id names
+        another job now, so it is nobody's here."""
+        if not self._may_come_from(st, None):
+            return None
+        reason = f"its job {job_id} belongs to an earlier database of this home (store {store})"
+        return self._stray(st, reason, None, None)
 
     def _recorded(self) -> Iterable[Stray]:
         """Processes the shims recorded for runs that are over, still alive with the same start time."""
@@ -379,3 +392,14 @@ def find_strays(
     holders = gpu_processes() if gpu is None else gpu
     finder = StrayFinder(store, procfs, now, self_and_ancestors(procfs), in_initial_pid_namespace())
     return finder.find(holders)
+
+
+def release_dead_cgroups() -> list[str]:
+    """The empty cgroups of supervisors killed before their end (one that ends removes its own)."""
+    from jobwarden import trace
+    from jobwarden.osapi.cgroup import remove_dead_shims_cgroups
+
+    removed = [str(path) for path in remove_dead_shims_cgroups()]
+    for path in removed:
+        trace.info(f"removed {path}: the empty cgroup of a supervisor that is dead")
+    return removed

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import select
+import signal
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -64,9 +65,15 @@ class ForkedShim:
     def start(self, job_id: int, run: int) -> dict[str, Any]:
         # cleared first: a Ctrl-C after the write must not make the CLI wait for the job's end
         self._must_reap = False
-        with contextlib.suppress(BrokenPipeError):  # it died already, so it will not report: said below
-            os.write(self._job_w, f"{job_id} {run}\n".encode())
-            self.handed_over = True
+        # the write and its note as one step: a Ctrl-C landing between them (its KeyboardInterrupt is
+        # raised at the next bytecode) made the CLI say "not started" over a job that ran (seen at 50 ms)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            with contextlib.suppress(BrokenPipeError):  # it died already, so it will not report: said below
+                os.write(self._job_w, f"{job_id} {run}\n".encode())
+                self.handed_over = True
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         report = _read_report(self._report_r, self.home, job_id, run)
         if report is None:
             self._must_reap = True  # its end of the pipe closed: it has exited, or is exiting

@@ -41,6 +41,37 @@ def refresh(store: Store, procfs: ProcFS, job: JobRecord | JobSummary, run: RunR
     return store.run(job.id, run.n)
 
 
+def lost_at_start(store: Store, procfs: ProcFS, job: JobRecord, n: int) -> int | None:
+    """The shim died before it answered `run` (a job whose first act is to kill it): if the job runs,
+    its processes carry the run's markers, and the record says so: started, its pid, `lost` with
+    `supervisor-lost` (adoptable), never "not started". Returns the job's pid; None when nothing runs."""
+    marked = find_marked(procfs, job_markers(str(store.layout.home), job.id, n), store=store.store_id)
+    if not marked:
+        return None
+    run = store.run(job.id, n)
+    if run.pid is not None:  # it had recorded the start: the run is lost like any other
+        refresh(store, procfs, job, run)
+        return run.pid
+    main = next((st for st in marked if st.sid == st.pid), min(marked, key=lambda st: st.start_time))
+    started = procfs.boot_time() + main.start_time / procfs.ticks_per_s
+    now = SystemClock().wall()
+    # starting -> lost: the job was spawned, its supervisor died before it could record that
+    if store.update_run_with_event(
+        job.id,
+        n,
+        "started",
+        started,
+        {"pid": main.pid, "recorded_by": "jobwarden run, after its supervisor died"},
+        only_if_state=(JobState.STARTING, JobState.QUEUED),
+        state=JobState.LOST,
+        pid=main.pid,
+        pid_start=main.start_time,
+        started_at=started,
+    ):
+        store.add_event(job.id, n, "supervisor-lost", now, shim_pid=None)
+    return main.pid
+
+
 def _release_cgroup(run: RunRecord) -> None:
     """A dead shim cannot remove its job's cgroup; rmdir succeeds only once the cgroup is empty, so
     trying on every look at a lost run is safe and cleans up as soon as its last process is gone."""
@@ -55,7 +86,8 @@ def live_processes(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord)
         return []
     recorded = {(p.pid, p.start_time): p for p in store.processes(job.id, run.n, live_only=True)}
     if run.state == JobState.LOST:
-        stats = find_marked(procfs, job_markers(str(store.layout.home), job.id, run.n))
+        markers = job_markers(str(store.layout.home), job.id, run.n)
+        stats = find_marked(procfs, markers, store=store.store_id)
     else:
         stats = []
         for pid, start in recorded:

@@ -213,19 +213,25 @@ def _has_memory(version: int, parent: Path) -> bool:
         return False
 
 
-def create_job_cgroup(name: str, proc_root: str = "/proc") -> JobCgroup | None:
-    """Make a child cgroup of our own, v2 first, then v1 memory; None when neither is writable."""
+def _job_cgroup_parents(proc_root: str) -> list[tuple[int, Path]]:
+    """Where a job's cgroup can be made: under our own, in the v2 hierarchy and the v1 memory one."""
     try:
         mounts = _mounts(Path(proc_root, "self/mountinfo").read_text())
         own = _own_cgroups(Path(proc_root, "self/cgroup").read_text())
     except OSError:
-        return None
+        return []
     candidates: list[tuple[int, Path]] = []
     for mount in mounts:
         if mount.fstype == "cgroup2" and "" in own:
             candidates.append((2, _under(mount, own[""])))
         elif mount.fstype == "cgroup" and "memory" in mount.options and "memory" in own:
             candidates.append((1, _under(mount, own["memory"])))
+    return candidates
+
+
+def create_job_cgroup(name: str, proc_root: str = "/proc") -> JobCgroup | None:
+    """Make a child cgroup of our own, v2 first, then v1 memory; None when neither is writable."""
+    candidates = _job_cgroup_parents(proc_root)
     # Prefer a cgroup that can limit memory (needed for --mem-limit and OOM counters), then v2.
     for version, parent in sorted(candidates, key=lambda c: (not _has_memory(*c), -c[0])):
         path = parent / name
@@ -240,6 +246,35 @@ def create_job_cgroup(name: str, proc_root: str = "/proc") -> JobCgroup | None:
         with contextlib.suppress(OSError):
             path.rmdir()
     return None
+
+
+def remove_dead_shims_cgroups(proc_root: str = "/proc") -> list[Path]:
+    """Remove the empty cgroups that shims killed before their end (SIGKILL, the OOM killer) left behind:
+    `jobwarden-<shim pid>` beside where ours would be. Kept: one whose shim lives (its pid runs a
+    jobwarden program; a reused pid keeps it until the next sweep, no harm), and a populated one (rmdir
+    of a cgroup with a process, or a child cgroup, fails with EBUSY: the kernel checks, atomically).
+    Returns those removed."""
+    removed = []
+    for _, parent in _job_cgroup_parents(proc_root):
+        try:
+            names = [entry.name for entry in os.scandir(parent) if entry.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        for name in names:
+            prefix, _, pid = name.partition("-")
+            if prefix != "jobwarden" or not pid.isdigit() or _runs_jobwarden(proc_root, int(pid)):
+                continue
+            with contextlib.suppress(OSError):
+                (parent / name).rmdir()
+                removed.append(parent / name)
+    return removed
+
+
+def _runs_jobwarden(proc_root: str, pid: int) -> bool:
+    try:
+        return b"jobwarden" in Path(proc_root, str(pid), "cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def cgroup_path(containment: str | None) -> str | None:

@@ -1,7 +1,7 @@
 """Memory ran out: `oom-kill` (the kernel's OOM killer, or jobwarden's memory watchdog, SIGKILLed a process)
 and `cuda-oom` (a GPU allocation failed, from the job's output).
 
-Which SIGKILLs the OOM evidence explains (hang-diagnosis §4):
+Which SIGKILLs the OOM evidence explains (docs/measurements.md, "OOM evidence"):
 - the job's own cgroup counted OOM kills (`cgroup-v1`, `cgroup-v2`) or jobwarden's watchdog killed
   (`watchdog`): every SIGKILL of the run is attributed to it, the kernel-named victims included even when
   jobwarden never saw them (a worker born and killed between two scans);

@@ -12,6 +12,7 @@ from jobwarden.clock import Clock
 from jobwarden.errors import StoreError
 from jobwarden.model import EndReason, JobState
 from jobwarden.osapi.procfs import ProcFS
+from jobwarden.shim.jobos import JobOS
 from jobwarden.shim.recorder import log
 from jobwarden.shim.supervisor import Supervisor
 from jobwarden.store import JobRecord, RunRecord, Store
@@ -25,10 +26,17 @@ NOTIFY_DRAIN_S = 10.0  # how long the shim waits at exit for notifications still
 
 
 def supervise_job(
-    store: Store, job: JobRecord, run: int, clock: Clock, procfs: ProcFS, report_fd: int, mode: str
+    store: Store,
+    job: JobRecord,
+    run: int,
+    clock: Clock,
+    procfs: ProcFS,
+    report_fd: int,
+    mode: str,
+    jobos: JobOS | None = None,
 ) -> int:
     notifier = _notifier(job)
-    sup = Supervisor(store, job, run, clock, procfs, notifier)
+    sup = Supervisor(store, job, run, clock, procfs, notifier, jobos)
     code = sup.adopt(report_fd) if mode == "adopt" else sup.launch(report_fd)
     from jobwarden.rules.retry import RestartPolicy, decide
 
@@ -42,7 +50,7 @@ def supervise_job(
         if not decision.restart:
             _conclude(store, job, record, decision, policy, notifier, clock)
             break
-        sup = _next_attempt(store, job, record, decision, clock, procfs, notifier)
+        sup = _next_attempt(store, job, record, decision, clock, procfs, notifier, jobos)
         if not sup.wait_backoff(decision.delay_s):
             sup.end_before_start()
             break
@@ -68,11 +76,12 @@ def _next_attempt(
     clock: Clock,
     procfs: ProcFS,
     notifier: Notifier | None,
+    jobos: JobOS | None,
 ) -> Supervisor:
     now = clock.wall()
     # failed -> (a new run) restarting: the shim stays, the next attempt waits out its backoff
     n = store.new_run(job.id, JobState.RESTARTING, now)
-    sup = Supervisor(store, job, n, clock, procfs, notifier)
+    sup = Supervisor(store, job, n, clock, procfs, notifier, jobos)
     store.update_run(job.id, n, shim_pid=sup.pid, shim_start=procfs.stat(sup.pid).start_time)
     store.add_event(
         job.id, n, "restarting", now, after_run=ended.n, delay_s=decision.delay_s, reason=decision.reason

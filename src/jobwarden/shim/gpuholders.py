@@ -124,6 +124,7 @@ class _Jobs:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.home = str(store.layout.home)
+        self.store_id = store.store_id
         self.members: dict[tuple[int, int], tuple[int, int]] = {}  # (pid, start) -> (job, run)
         for run in store.latest_runs().values():
             if run.state in _LIVE:
@@ -154,7 +155,8 @@ def _holder(jobs: _Jobs, procfs: ProcFS, proc: GpuProcess) -> GpuHolder:
     marks = None
     with contextlib.suppress(ProcessGone, AccessDenied):  # another user's environment is closed to us
         marks = read_job_marks(procfs, proc.pid)
-    foreign = marks is not None and marks.home != jobs.home and owner is None
+    other_store = marks is not None and marks.store not in (None, jobs.store_id)
+    foreign = marks is not None and (marks.home != jobs.home or other_store) and owner is None
     job_id, run = owner if owner else (marks.job_id, marks.run) if marks else (None, None)
     return dataclasses.replace(
         base,

@@ -22,7 +22,9 @@ from jobwarden.model import RANK_VARIABLES, ProcessId, ProcessSnapshot, Ranks, r
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.cgroup import JobCgroup
 from jobwarden.osapi.procfs import ProcFS, ProcStat, parse_stat
+from jobwarden.paths import STORE_ENV
 
+_STORE_KEY = f"\0{STORE_ENV}=".encode()
 # An unchanged tree is written to the store again after this long anyway, so its latest sample stays recent.
 RECORD_AT_LEAST_EVERY_S = 10.0
 
@@ -83,7 +85,10 @@ class JobTree:
         self._foreign: set[int] = set()  # pids seen and found not ours; re-checked on full scans
         self._unmarked: dict[int, int] = {}  # pid -> start time of a process whose environment lacks markers
         self._proc = str(procfs.root)
-        self._marker_entries = [f"\0{k}={v}\0".encode() for k, v in markers.items()]
+        self._marker_entries = [f"\0{k}={v}\0".encode() for k, v in markers.items() if k != STORE_ENV]
+        # the database's mark: another database's (same job ids, after a reset) is never ours; none at all
+        # predates the mark
+        self._store_mark = f"\0{STORE_ENV}={markers[STORE_ENV]}\0".encode() if STORE_ENV in markers else None
         self._exits = select.poll()  # every member's pidfd, kept registered
         self._recorded: tuple[list[ProcessSnapshot], float] | None = None
         # start time of the job's first process: an older process cannot have inherited its markers
@@ -312,7 +317,9 @@ class JobTree:
         scan meets many new processes, and some environments are large. Unreadable (another user's, a
         kernel thread's, a process gone) counts as unmarked."""
         environ = self._environ(pid)
-        return environ is not None and all(marker in environ for marker in self._marker_entries)
+        if environ is None or not all(marker in environ for marker in self._marker_entries):
+            return False
+        return self._store_mark is None or self._store_mark in environ or _STORE_KEY not in environ
 
     def _ranks(self, pid: int) -> Ranks | None:
         """RANK, LOCAL_RANK, GROUP_RANK from the process's environment, read once as it joins: a launcher

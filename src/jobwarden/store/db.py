@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,9 @@ BUSY_TIMEOUT_S = 60.0
 _CORRUPT = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB
 _NO_ROOM = {10, 13}  # SQLITE_IOERR, SQLITE_FULL
 _NO_ACCESS = {3, 8, 14}  # SQLITE_PERM, SQLITE_READONLY, SQLITE_CANTOPEN
+_IOERR_SHORT_READ = 522  # among others: the WAL index (-shm) names frames the -wal file on disk lacks
+# A new connection waits this long for supervisors to let go of a deleted write-ahead log (see connect).
+WAL_LOST_WAIT_S = 5.0
 
 
 def translate(err: sqlite3.Error, path: Path) -> StoreError:
@@ -36,6 +40,8 @@ def translate(err: sqlite3.Error, path: Path) -> StoreError:
             f"move it aside (mv {path} {path}.corrupt) and jobwarden starts a new one; running jobs keep "
             "running, and their logs stay under jobs/",
         )
+    if code == _IOERR_SHORT_READ and Path(f"{path}-shm").exists():
+        return _wal_lost_error(path)
     if primary in _NO_ROOM:
         return StoreError(
             f"cannot write the jobwarden database {path}: {text}",
@@ -50,7 +56,69 @@ def translate(err: sqlite3.Error, path: Path) -> StoreError:
 
 
 def connect(path: Path) -> sqlite3.Connection:
-    """Open (creating and migrating if needed) the store database."""
+    """Open (creating and migrating if needed) the store database.
+
+    A write-ahead log deleted while supervisors run is still theirs (an open file): they read and write
+    it, and the last of them to close writes it back into the database. Until then every new connection
+    fails (SQLITE_IOERR_SHORT_READ: the index names frames the new, empty log lacks). Each supervisor
+    notices within a tick and reopens (Store.reopen_if_wal_replaced), so that is waited out here, up to
+    WAL_LOST_WAIT_S, and then said as what it is."""
+    deadline = time.monotonic() + WAL_LOST_WAIT_S
+    while _wal_lost(path):
+        if time.monotonic() > deadline:
+            raise _wal_lost_error(path)
+        time.sleep(0.05)  # a poll with a deadline: nothing announces that the last holder let go
+    try:
+        return _open(path)
+    except sqlite3.Error as err:
+        raise translate(err, path) from err
+
+
+def _wal_lost(path: Path) -> bool:
+    """The WAL index (-shm, SQLite's wal-index header: mxFrame at byte 16, the page size at 14, native
+    byte order) names more frames than the -wal file on disk holds: the log was deleted under the
+    processes that still hold it. A healthy log is written before its index, so never shorter."""
+    try:
+        fd = os.open(f"{path}-shm", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        header = os.read(fd, 48)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    if len(header) < 48:
+        return False
+    page_size, max_frame = (int(v) for v in struct.unpack_from("=HI", header, 14))
+    if max_frame == 0:
+        return False
+    page_size = 65536 if page_size == 1 else page_size
+    try:
+        wal_size = os.stat(f"{path}-wal").st_size
+    except OSError:
+        wal_size = 0
+    return wal_size < 32 + max_frame * (24 + page_size)
+
+
+def _wal_lost_error(path: Path) -> StoreError:
+    return StoreError(
+        f"the write-ahead log {path}-wal was deleted while jobwarden supervisors had it open",
+        "they write its records back into the database as they notice it, within seconds: try again; "
+        "never delete jobwarden.db-wal or jobwarden.db-shm while jobs run",
+    )
+
+
+def wal_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the database's write-ahead log; None while there is none."""
+    try:
+        st = os.stat(f"{path}-wal")
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _open(path: Path) -> sqlite3.Connection:
     try:
         if not path.exists():
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -65,8 +133,6 @@ def connect(path: Path) -> sqlite3.Connection:
         except BaseException:
             conn.close()  # an unclosed connection is a ResourceWarning on Python >= 3.13
             raise
-    except sqlite3.Error as err:
-        raise translate(err, path) from err
     except OSError as err:
         raise StoreError(
             f"cannot open the jobwarden database {path}: {err.strerror}",
@@ -100,10 +166,33 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
     with write(conn):
         # re-read under the write lock: a concurrent process may have migrated meanwhile
         version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version == 0:  # a new database: its identity, once (see store_id)
+            conn.execute(f"PRAGMA application_id = {_new_store_id()}")
         for number in range(version + 1, LATEST + 1):
             for statement in _statements(MIGRATIONS[number - 1]):
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {number}")
+
+
+def store_id(conn: sqlite3.Connection) -> str:
+    """The database's own identity: a random number in its header (PRAGMA application_id), set once. A
+    job's processes carry it (JOBWARDEN_STORE): after the database is emptied or moved aside, job ids
+    start over, and a still-running shim of the old one must never take a new job's processes, marked with
+    the same job id, for its own. A database from before the identity gets one at its first use."""
+    value = int(conn.execute("PRAGMA application_id").fetchone()[0])
+    if value == 0:
+        with write(conn):
+            value = int(conn.execute("PRAGMA application_id").fetchone()[0])  # another process's, if first
+            if value == 0:
+                value = _new_store_id()
+                conn.execute(f"PRAGMA application_id = {value}")
+    return f"{value & 0xFFFFFFFF:08x}"
+
+
+def _new_store_id() -> int:
+    # a signed 32-bit field; 0 means none. os.urandom, not `secrets`: that would load hashlib and random
+    # into every command
+    return int.from_bytes(os.urandom(4), "big") >> 1 or 1
 
 
 def _statements(script: str) -> Iterator[str]:

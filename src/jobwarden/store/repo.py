@@ -18,7 +18,7 @@ from jobwarden.errors import JobNotFound, StoreError
 from jobwarden.model import UNFINISHED_STATES, Finding, JobSpec, JobState, ProcessEnd, ProcessSnapshot, Ranks
 from jobwarden.paths import Layout, ensure_private_dir
 from jobwarden.store import samples
-from jobwarden.store.db import connect, translate, write
+from jobwarden.store.db import connect, store_id, translate, wal_identity, write
 from jobwarden.store.listing import ListQueries
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
 from jobwarden.store.rollup import Bucket, Reading
@@ -63,9 +63,34 @@ class Store(SampleMethods, ListQueries):
             ensure_private_dir(self.layout.database.parent)
         trace.debug(f"store: {self.layout.database}")
         self._conn = connect(self.layout.database)
+        self._store_id: str | None = None
+        self._wal = wal_identity(self.layout.database)  # the log this connection writes to
 
     def close(self) -> None:
         self._conn.close()
+
+    def reopen_if_wal_replaced(self) -> bool:
+        """For a long-lived connection (a shim's): True when the write-ahead log it writes to is no longer
+        the one on disk (deleted, or deleted and made again): its writes would reach no other process,
+        and no new connection can open the database while it holds the deleted one. It is closed (the
+        last holder to close writes the log back into the database) and opened again."""
+        now = wal_identity(self.layout.database)
+        if now == self._wal:
+            return False
+        self._conn.close()
+        self._conn = connect(self.layout.database)
+        self._wal = wal_identity(self.layout.database)
+        return True
+
+    @property
+    def store_id(self) -> str:
+        """This database's identity (store.db.store_id), read once."""
+        if self._store_id is None:
+            try:
+                self._store_id = store_id(self._conn)
+            except sqlite3.Error as err:
+                raise translate(err, self.layout.database) from err
+        return self._store_id
 
     def __enter__(self) -> Store:
         return self

@@ -208,6 +208,8 @@ def stop_report(result: StopResult) -> Iterator[str]:
         return
     how = f"killed by {run.signal}" if run.signal else f"exit code {run.exit_code}"
     yield f"stopped job {run.job_id} (main process: {how})"
+    for note in result.notes:
+        yield f"  {note}"
     for s in result.survivors:
         yield f"  still alive: pid {s.pid} ({one_line(s.cmdline)[:60]}): {s.reason}"
 

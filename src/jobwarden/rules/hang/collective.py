@@ -1,7 +1,8 @@
 """`collective-hang`: ranks wait in a collective (all_reduce, barrier...) that a peer never joins.
 
-The signature is that the ranks disagree (hang-diagnosis §2c2): some sit in torch.distributed / c10d /
-NCCL / gloo frames, at least one is elsewhere. That one is the lead: its stack shows what it does instead.
+The signature is that the ranks disagree (docs/measurements.md, "Collective hang"): some sit in
+torch.distributed / c10d / NCCL / gloo frames, at least one is elsewhere. That one is the lead: its stack
+shows what it does instead.
 From stacks it fires only when the watchdog judged the run hung (a collective is also where healthy ranks
 spend their time). PyTorch's own NCCL watchdog messages in the output fire it at any time: they are that
 watchdog's verdict that a collective timed out.

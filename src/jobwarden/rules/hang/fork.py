@@ -1,8 +1,8 @@
 """`fork-deadlock`: a child forked while other threads ran waits on a lock one of them held.
 
 fork() copies memory, locks included, but only the calling thread: a lock another thread held at that
-instant is held forever in the child (hang-diagnosis §2a; CPython gh-74580 for the interpreter's own locks,
-gh-112275 for HEAD_LOCK). The finding needs both halves:
+instant is held forever in the child (docs/measurements.md, "Fork while a lock is held"; CPython gh-74580
+for the interpreter's own locks, gh-112275 for HEAD_LOCK). The finding needs both halves:
 - the process waits on a lock (`locks.lock_wait`);
 - it was forked while other threads ran: a ForkRecord from the fork hook (the threads alive at the fork),
   or, without one, its own stack shows the fork (multiprocessing's `Popen._launch` in popen_fork.py, or the

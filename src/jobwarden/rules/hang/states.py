@@ -17,7 +17,8 @@ from jobwarden.rules import frames
 from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.lookup import Lookup, describe
 
-# py-spy 0.4's blocking dump of a group-stopped process fails and names the stop signal (hang-diagnosis §1.6)
+# py-spy 0.4's blocking dump of a group-stopped process fails and names the stop signal
+# (docs/measurements.md, "Stack capture")
 _PYSPY_STOP = re.compile(r"PtraceEvent\(Pid\(\d+\), (SIG[A-Z]+), 128\)")
 _STOP_CAUSES = {
     "SIGSTOP": "someone sent it SIGSTOP (`kill -STOP`, a debugger, or a scheduler suspending the job)",

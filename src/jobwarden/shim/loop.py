@@ -1,0 +1,268 @@
+"""The shim's loop: watch the whole tree of a running job, sample it, collect every exit, judge, and
+notice when the run must end (a stop request, --timeout, --mem-limit, a hang with --on-hang stop|restart).
+
+The supervisor is built in three parts, one module each: this loop and the state it keeps
+(`SupervisorLoop`), ending the run (shim/stopping.py) and starting or adopting the job
+(shim/supervisor.py, whose `Supervisor` is the whole). State transitions are marked `# a -> b`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from jobwarden import config
+from jobwarden.clock import Clock
+from jobwarden.errors import StoreError
+from jobwarden.model import EndReason, ProcessEnd, ProcessSnapshot
+from jobwarden.osapi.cgroup import JobCgroup
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, STORE_ENV
+from jobwarden.shim.enginestop import EngineLink, engine_signals
+from jobwarden.shim.jobos import JobOS, SystemJobOS
+from jobwarden.shim.recorder import RunRecorder, log
+from jobwarden.shim.sampler import Sampler
+from jobwarden.shim.tree import Member
+from jobwarden.store import JobRecord, Store
+from jobwarden.store.logfiles import LogWatcher
+
+if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it loads the diagnosis
+    from jobwarden.observations import OomEvidence
+    from jobwarden.shim.diagnosis import Diagnoser, Verdict
+    from jobwarden.shim.notify import Notifier
+    from jobwarden.shim.resources import MemoryGuard
+
+
+class StopRequest(NamedTuple):
+    reason: EndReason
+    grace_s: float
+
+
+class SupervisorLoop:
+    def __init__(
+        self,
+        store: Store,
+        job: JobRecord,
+        run: int,
+        clock: Clock,
+        procfs: ProcFS,
+        notifier: Notifier | None = None,
+        jobos: JobOS | None = None,
+    ) -> None:
+        self.store, self.job, self.run, self.clock, self.procfs = store, job, run, clock, procfs
+        self.layout = store.layout
+        self.jobos: JobOS = jobos or SystemJobOS()
+        self.pid = os.getpid()
+        home = str(self.layout.home)
+        self.markers = {JOB_ID_ENV: str(job.id), RUN_ENV: str(run), HOME_ENV: home, STORE_ENV: store.store_id}
+        self.cgroup: JobCgroup | None = None
+        self.tree = self.jobos.tree(procfs, self.pid, self.markers)
+        self.main: Member | None = None
+        self.main_status: int | None = None
+        self.exits = self.jobos.exits(self.tree)
+        self._fifo: int | None = None  # the hooks' announcements: opened before the job starts
+        self.denied: dict[int, str] = {}  # pid -> why we may not signal it
+        self.stop: StopRequest | None = None
+        self.timeout_at: float | None = None
+        self.logs = LogWatcher(self.layout.output_log(job.id, run), self.layout.output_index(job.id, run))
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.record = RunRecorder(store, job.id, run, self.logs, clock)
+        self.record.open_group(job)
+        self.sampler = Sampler(procfs, self.record)
+        self.diag: Diagnoser | None = None
+        self.restart_after_hang = False
+        self.notifier = notifier
+        if notifier is not None:
+            self.tree.helpers = notifier.helper_pids
+        self.memory: MemoryGuard | None = None
+        self.oom: OomEvidence | None = None
+        self.gpu_env: dict[str, str] = {}
+        self.spawn_failed = False
+        # attached inside an engine (Slurm, Ray): its signals come relayed by the CLI (shim.enginestop)
+        self.engine = EngineLink(job.options, self.record, clock.monotonic) if job.options.engine else None
+
+    def close(self) -> None:
+        # unhooked first: a signal after the close (SIGCHLD of an --on-event command still being
+        # delivered) made CPython write to a closed fd: "Exception ignored ... signal wakeup fd"
+        self.jobos.uninstall_signals(self._wake_w)
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _install_signals(self) -> None:
+        self.jobos.install_signals(self._wake_w, engine_signals(self.engine))
+
+    # --- the loop ---------------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """Until the main process has ended and the tree is empty, or the run must be stopped."""
+        next_tick = self.clock.monotonic()
+        next_full = next_tick + config.FULL_SCAN_EVERY_S
+        while self.main_status is None and (self.main is not None or self.tree.members):
+            now = self.clock.monotonic()
+            deadline = min(next_tick, self.timeout_at or next_tick)
+            # every member's pidfd: a worker's death wakes the loop at once, not at the next tick; a birth
+            # or death event too, so that a short-lived process is held (or recorded) as it happens
+            fds = [self._wake_r, *self.exits.fds(), *(m.pidfd for m in self.tree.members.values())]
+            self.jobos.wait(fds, deadline - now)
+            self._handle_signals(self._drain_signals())
+            self._collect_exits()
+            if self.stop or self.main_status is not None:
+                break
+            if not self.main and not self.tree.members:
+                break
+            if self.timeout_at is not None and self.clock.monotonic() >= self.timeout_at:
+                self.stop = StopRequest(EndReason.TIMEOUT, self.job.options.grace_s)
+                break
+            if self.clock.monotonic() >= next_tick:
+                full = self.clock.monotonic() >= next_full
+                try:
+                    self._tick(full)
+                except Exception:  # sampling must never end supervision
+                    import traceback  # only for this report: loading it would slow every `run`
+
+                    log(f"tick failed:\n{traceback.format_exc()}")
+                next_tick = self.clock.monotonic() + config.TICK_S
+                due = self.diag.tracker.due_at() if self.diag else None
+                if due is not None:  # judge a hang when its window ends, not up to a tick later
+                    next_tick = min(next_tick, max(due, self.clock.monotonic() + 0.1))
+                if full:
+                    next_full = self.clock.monotonic() + config.FULL_SCAN_EVERY_S
+
+    def _drain_signals(self) -> set[int]:
+        received: set[int] = set()
+        with contextlib.suppress(BlockingIOError):
+            while data := os.read(self._wake_r, 64):
+                received.update(data)
+        return received
+
+    def _handle_signals(self, received: set[int]) -> None:
+        if self.stop:
+            return
+        grace = self.job.options.grace_s
+        if self.engine is not None:
+            if self.engine.on_signals(received, self.main, self.clock.wall()):
+                self.stop = StopRequest(EndReason.ENGINE_STOP, grace)
+                return
+            received = received - {signal.SIGTERM, signal.SIGINT}
+        if signal.SIGUSR1 in received:
+            try:
+                record = self.store.run(self.job.id, self.run)
+            except StoreError as err:
+                log(f"cannot read the stop request: {err}")
+                return
+            if record.stop_requested_at:
+                given = record.stop_grace
+                self.stop = StopRequest(EndReason.STOPPED, given if given is not None else grace)
+        if received & {signal.SIGTERM, signal.SIGINT}:
+            log("shim received SIGTERM/SIGINT: stopping the job")
+            self.stop = StopRequest(EndReason.STOPPED, grace)
+
+    def _collect_exits(self) -> list[ProcessEnd]:
+        """Record every process that ended (members, and those only an event told of) and judge."""
+        main = self.main
+        ends = self.exits.collect(self.clock.wall(), main)
+        if main is not None and main.pid not in self.tree.members:
+            status = next((e.status for e in ends if e.pid == main.pid), None)
+            self.main_status = status if status is not None else -1
+            self.main = None
+        if ends:
+            self.record.write(self.store.record_tree, self.clock.wall(), [], ends)
+        if ends and self.diag and not self.stop:
+            if any(end.status != 0 for end in ends):
+                self._poll_oom(self.clock.wall())  # a worker's death may be the OOM killer's: know it first
+            self._act_on(self.diag.on_exits(ends, self.clock.wall(), self.clock.monotonic(), self.main))
+        return ends
+
+    def _tick(self, full: bool) -> None:
+        if self.store.reopen_if_wal_replaced():  # someone deleted jobwarden.db-wal: its records come back
+            log("the database's write-ahead log was deleted or replaced: reopened the database")
+            self.record.event("store-reopened", self.clock.wall(), reason="write-ahead log deleted")
+        self.tree.discover(full=full)
+        now = self.clock.wall()
+        snaps = self._with_gpu_memory(self.tree.sample(now))
+        gpu = self.diag.gpu if self.diag else None
+        reading = self.sampler.reading(now, snaps, self.tree.members.values(), gpu)
+        self.logs.index(now)
+        self.record.check_disk(now)
+        # an idle tree is not rewritten every second
+        if self.tree.worth_recording(snaps, now) and self.sampler.write(now, snaps, reading):
+            self.tree.recorded(snaps, now)
+        self.sampler.keep_up(now)
+        self._watch_memory(snaps, now)
+        if self.diag:
+            self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic()))
+
+    def _with_gpu_memory(self, snaps: list[ProcessSnapshot]) -> list[ProcessSnapshot]:
+        """Each process's GPU memory (NVML, sampled every few seconds) for `status` and the store."""
+        gpu = self.diag.gpu if self.diag else None
+        usage = gpu.sample(self.clock.monotonic(), [s.pid for s in snaps]) if gpu else None
+        if usage is None:
+            return snaps
+        return [s._replace(gpu_memory_bytes=usage.bytes_by_pid.get(s.pid)) for s in snaps]
+
+    def _watch_memory(self, snaps: list[Any], now: float) -> None:
+        """OOM kills (counters, kernel log) and, without a cgroup limit, the --mem-limit watchdog."""
+        self._poll_oom(now)
+        if self.memory is None or self.stop:
+            return
+        over = self.memory.over_limit([s.pid for s in snaps], list(self.tree.members))
+        if over:
+            log(f"--mem-limit: the tree uses {over.peak_bytes} bytes, over {over.limit_bytes}: ending it")
+            self._record_oom(over, now)
+            # running -> stopping: SIGKILL at once, as the kernel's OOM killer would
+            self.stop = StopRequest(EndReason.MEM_LIMIT, 0.0)
+
+    def _poll_oom(self, now: float) -> None:
+        found = self.memory.poll(sorted(self.tree.every_pid())) if self.memory else None
+        if found is not None:
+            self._record_oom(found, now)
+
+    def _record_oom(self, oom: OomEvidence, now: float) -> None:
+        self.oom = oom
+        if self.diag:
+            self.diag.oom = oom
+        self.record.event(
+            "oom",
+            now,
+            mechanism=oom.mechanism,
+            kills=oom.kills,
+            limit_bytes=oom.limit_bytes,
+            peak_bytes=oom.peak_bytes,
+            victims=list(oom.victims),
+            kernel_lines=list(oom.kernel_lines),
+        )
+
+    def _act_on(self, verdict: Verdict | None) -> None:
+        """Record what the diagnosis found; on a hang, apply --on-hang (dump: keep the job as it is)."""
+        if verdict is None:
+            return
+        now = self.clock.wall()
+        for finding in verdict.findings:
+            log(f"finding {finding.rule}: {finding.summary}")
+            self.record.event("finding", now, rule=finding.rule, pids=finding.pids)
+        if not verdict.hung:
+            return
+        action = self.job.options.on_hang
+        rules = [f.rule for f in verdict.findings]
+        self.record.event("hung", now, rules=rules, action=action)
+        if self.notifier:
+            from jobwarden.shim.notify import event_payload
+
+            top = verdict.findings[0].title if verdict.findings else None
+            self.notifier.deliver(
+                event_payload("hung", self.job.id, self.job.name, self.run, "running", finding=top)
+            )
+        if action in ("stop", "restart") and not self.stop:
+            # running -> stopping: the stacks are stored; end the hung run (and restart it, if asked)
+            self.stop = StopRequest(EndReason.HUNG, self.job.options.grace_s)
+            self.restart_after_hang = action == "restart"
+
+    def _wait_members(self, timeout_s: float) -> set[int]:
+        """Wait for a member to end or a signal, up to `timeout_s`; the signals received."""
+        self.jobos.wait([self._wake_r, *(m.pidfd for m in self.tree.members.values())], timeout_s)
+        received = self._drain_signals()
+        self._collect_exits()
+        return received

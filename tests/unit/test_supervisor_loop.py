@@ -1,0 +1,258 @@
+"""The supervising loop's decisions on a fake OS (shim/fakeos.py) and a fake clock: when it signals what,
+how a run ends, what it records. No process is started; a real store in a temporary home records it all.
+Times below are seconds since the job started, as the fake clock counts them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+
+from jobwarden.clock import FakeClock
+from jobwarden.errors import StoreError
+from jobwarden.joboptions import JobOptions
+from jobwarden.model import EndReason, JobSpec, JobState
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.shim.attempts import supervise_job
+from jobwarden.shim.diagnosis import Verdict
+from jobwarden.shim.fakeos import FakeJobOS
+from jobwarden.shim.supervisor import Supervisor
+from jobwarden.store import RunRecord, Store
+from tests.unit.test_procfs import CAPTURED_PROC_STAT, add_process, stat_line
+
+SIGKILL, SIGTERM = signal.SIGKILL, signal.SIGTERM
+
+
+class Rig:
+    """One job, its store, the fake OS and a supervisor over them."""
+
+    def __init__(self, tmp_path: Path, **options: Any) -> None:
+        self.store = Store(tmp_path / "home")
+        opts = JobOptions(py_hooks=False, hang_timeout_s=0, **options)
+        self.job_id, self.run_n = self.store.create_job(
+            JobSpec(("python", "train.py"), "/", "train"), opts.to_json(), 1_700_000_000.0
+        )
+        proc = tmp_path / "proc"  # the shim's own /proc entry: its start time goes on record
+        proc.mkdir()
+        (proc / "stat").write_text(CAPTURED_PROC_STAT)
+        add_process(proc, os.getpid(), stat_line(os.getpid(), "jobwarden"))
+        self.clock = FakeClock()
+        self.fake = FakeJobOS(self.clock)
+        job = self.store.job(self.job_id)
+        self.sup = Supervisor(self.store, job, self.run_n, self.clock, ProcFS(proc), jobos=self.fake)
+
+    def launch(self) -> RunRecord:
+        try:
+            assert self.sup.launch(-1) == 0
+        finally:
+            self.sup.close()
+        return self.store.run(self.job_id, self.run_n)
+
+    @property
+    def main(self) -> int:
+        return next(iter(self.fake.processes))  # the spawned job: the first fake process
+
+    def stop_at(self, seconds: float, grace_s: float) -> None:
+        """`jobwarden stop --grace`: the request in the store, then SIGUSR1 to the shim."""
+
+        def stop() -> None:
+            self.store.update_run(
+                self.job_id, self.run_n, stop_requested_at=self.clock.wall(), stop_grace=grace_s
+            )
+            self.fake.signal_shim(signal.SIGUSR1)
+
+        self.fake.at(seconds, stop)
+
+
+@pytest.fixture(autouse=True)
+def no_process_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests start nothing: a fork or spawn anywhere under the supervisor fails them."""
+
+    def refused(*args: object, **kwargs: object) -> NoReturn:
+        raise AssertionError("a unit test of the loop started a process")
+
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "execv", "execve"):
+        monkeypatch.setattr(os, name, refused)
+    monkeypatch.setattr(subprocess, "Popen", refused)
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    rig = Rig(tmp_path)
+    yield rig
+    rig.store.close()
+
+
+def test_stop_sends_sigterm_and_the_job_ends_within_the_grace(rig: Rig) -> None:
+    rig.stop_at(5, grace_s=10)
+    run = rig.launch()
+    assert rig.fake.signals_to(rig.main) == [(5.0, "SIGTERM")]
+    assert (run.state, run.end_reason, run.signal) == (JobState.STOPPED, EndReason.STOPPED, "SIGTERM")
+
+
+def test_a_job_that_ignores_sigterm_is_killed_when_the_grace_ends(rig: Rig) -> None:
+    rig.fake.main_ignores = frozenset({SIGTERM})
+    rig.stop_at(5, grace_s=10)
+    run = rig.launch()
+    (term_at, term), (kill_at, kill) = rig.fake.signals_to(rig.main)
+    assert (term, kill) == ("SIGTERM", "SIGKILL")
+    assert term_at == 5.0 and 15.0 <= kill_at < 15.5  # the whole grace, and not much more
+    assert (run.state, run.signal, run.survivors) == (JobState.STOPPED, "SIGKILL", [])
+
+
+def test_a_second_stop_with_force_cuts_a_long_grace_short(rig: Rig) -> None:
+    rig.fake.main_ignores = frozenset({SIGTERM})
+    rig.stop_at(5, grace_s=3600)
+    rig.stop_at(8, grace_s=0)  # stop --force
+    rig.launch()
+    (term_at, _), (kill_at, kill) = rig.fake.signals_to(rig.main)
+    assert term_at == 5.0 and kill == "SIGKILL" and 8.0 <= kill_at < 8.5
+
+
+def test_a_later_stop_with_a_longer_grace_never_extends_the_first(rig: Rig) -> None:
+    rig.fake.main_ignores = frozenset({SIGTERM})
+    rig.stop_at(5, grace_s=10)
+    rig.stop_at(8, grace_s=3600)
+    rig.launch()
+    assert 15.0 <= rig.fake.signals_to(rig.main)[-1][0] < 15.5
+
+
+def test_a_newcomer_forked_during_the_grace_is_terminated_too(rig: Rig) -> None:
+    rig.fake.main_ignores = frozenset({SIGTERM})
+    rig.stop_at(5, grace_s=10)
+    rig.fake.at(7, lambda: rig.fake.fork(rig.main, "python worker.py", ignores=[SIGTERM]))
+    rig.launch()
+    worker = max(rig.fake.processes)
+    assert [name for _, name in rig.fake.signals_to(worker)] == ["SIGTERM", "SIGKILL"]
+    assert not rig.fake.processes[worker].alive
+
+
+def test_timeout_ends_the_run_as_failed(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, timeout_s=30.0)
+    run = rig.launch()
+    assert rig.fake.signals_to(rig.main) == [(30.0, "SIGTERM")]
+    assert (run.state, run.end_reason) == (JobState.FAILED, EndReason.TIMEOUT)
+    rig.store.close()
+
+
+@pytest.mark.parametrize(("on_hang", "restart"), [("restart", True), ("stop", False)])
+def test_a_hang_ends_the_run_and_asks_for_a_restart_only_with_on_hang_restart(
+    tmp_path: Path, on_hang: str, restart: bool
+) -> None:
+    rig = Rig(tmp_path, on_hang=on_hang)
+    rig.fake.verdict_at(20, Verdict("hang", ()))
+    run = rig.launch()
+    [(at, name)] = rig.fake.signals_to(rig.main)
+    assert name == "SIGTERM" and 20.0 <= at < 21.5  # judged at the first tick past its moment
+    assert (run.state, run.end_reason, rig.sup.restart_after_hang) == (
+        JobState.FAILED,
+        EndReason.HUNG,
+        restart,
+    )
+    assert [e.kind for e in rig.store.events(rig.job_id, rig.run_n) if e.kind == "hung"] == ["hung"]
+    rig.store.close()
+
+
+def test_a_hang_with_on_hang_dump_leaves_the_job_running(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, on_hang="dump")
+    rig.fake.verdict_at(20, Verdict("hang", ()))
+    rig.fake.at(60, lambda: rig.fake.exit(rig.main, 0))
+    run = rig.launch()
+    assert rig.fake.sent == []
+    assert (run.state, run.exit_code) == (JobState.SUCCEEDED, 0)
+    rig.store.close()
+
+
+def test_a_worker_death_is_judged_and_supervision_goes_on_while_main_lives(rig: Rig) -> None:
+    worker: list[int] = []
+    rig.fake.at(2, lambda: worker.append(rig.fake.fork(rig.main, "python -c worker")))
+    rig.fake.at(5, lambda: setattr(rig.fake.processes[worker[0]], "status", SIGKILL))
+    rig.fake.at(10, lambda: rig.fake.exit(rig.main, 0))
+    run = rig.launch()
+    [death] = rig.fake.deaths_judged[:1]
+    assert (death.pid, death.status) == (worker[0], SIGKILL)
+    assert rig.fake.sent == []  # a worker's death ends nothing by itself
+    assert run.ended_at is not None and run.started_at is not None
+    assert run.ended_at - run.started_at == pytest.approx(10, abs=1)
+    assert (run.state, run.exit_code) == (JobState.SUCCEEDED, 0)
+
+
+def test_main_ending_with_orphans_left_records_and_terminates_them(rig: Rig) -> None:
+    orphan: list[int] = []
+    rig.fake.at(1, lambda: orphan.append(rig.fake.fork(rig.main, "python data_server.py")))
+    rig.fake.at(3, lambda: rig.fake.exit(rig.main, 0))
+    run = rig.launch()
+    assert run.orphans_left == [{"pid": orphan[0], "cmdline": "python data_server.py"}]
+    assert [name for _, name in rig.fake.signals_to(orphan[0])] == ["SIGTERM"]
+    assert (run.state, run.exit_code, run.survivors) == (JobState.SUCCEEDED, 0, [])
+
+
+def test_multiprocessing_helpers_get_time_to_end_by_themselves(rig: Rig) -> None:
+    tracker: list[int] = []
+    cmd = "python -c from multiprocessing.resource_tracker import main;main(5)"
+    rig.fake.at(1, lambda: tracker.append(rig.fake.fork(rig.main, cmd)))
+    rig.fake.at(3, lambda: rig.fake.exit(rig.main, 0))
+    rig.fake.at(3.5, lambda: rig.fake.exit(tracker[0], 0))  # its pipe closed: it ends on its own
+    run = rig.launch()
+    assert run.orphans_left == [] and rig.fake.sent == []
+
+
+def test_a_lost_store_while_reading_the_stop_request_does_not_end_supervision(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_run = rig.store.run
+
+    def lost(*args: Any, **kwargs: Any) -> RunRecord:
+        raise StoreError("database disk image is malformed")
+
+    rig.fake.at(
+        5, lambda: (monkeypatch.setattr(rig.store, "run", lost), rig.fake.signal_shim(signal.SIGUSR1))
+    )
+    rig.fake.at(8, lambda: monkeypatch.setattr(rig.store, "run", real_run))
+    rig.fake.at(20, lambda: rig.fake.exit(rig.main, 0))
+    run = rig.launch()
+    assert rig.fake.sent == []
+    assert (run.state, run.exit_code) == (JobState.SUCCEEDED, 0)
+    assert run.ended_at is not None and run.started_at is not None
+    assert run.ended_at - run.started_at == pytest.approx(20, abs=1)
+
+
+def test_sigterm_to_the_shim_stops_the_job(rig: Rig) -> None:
+    rig.fake.at(4, lambda: rig.fake.signal_shim(SIGTERM))
+    run = rig.launch()
+    assert rig.fake.signals_to(rig.main) == [(4.0, "SIGTERM")]
+    assert (run.state, run.end_reason) == (JobState.STOPPED, EndReason.STOPPED)
+
+
+def test_a_process_the_shim_may_not_signal_is_reported_as_a_survivor(rig: Rig) -> None:
+    rig.stop_at(5, grace_s=10)
+    rig.fake.at(1, lambda: rig.fake.fork(rig.main, "sudo helper"))
+    rig.fake.at(2, lambda: setattr(rig.fake.processes[max(rig.fake.processes)], "denied", True))
+    run = rig.launch()
+    [survivor] = run.survivors
+    assert survivor.pid == max(rig.fake.processes) and "another user" in survivor.reason
+
+
+def test_on_hang_restart_starts_a_new_attempt_that_runs_to_its_end(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, on_hang="restart", restart_delay_s=5.0)
+    rig.fake.verdict_at(20, Verdict("hang", ()))
+
+    def second_attempt_succeeds() -> None:
+        if len(rig.fake.spawned) == 2:
+            rig.fake.exit(max(rig.fake.processes), 0)
+
+    for t in range(30, 60):
+        rig.fake.at(t, second_attempt_succeeds)
+    rig.sup.close()  # supervise_job makes its own, one per attempt
+    job = rig.store.job(rig.job_id)
+    supervise_job(rig.store, job, rig.run_n, rig.clock, rig.sup.procfs, -1, "launch", rig.fake)
+    first, second = rig.store.run(rig.job_id, 1), rig.store.run(rig.job_id, 2)
+    assert (first.state, first.end_reason) == (JobState.FAILED, EndReason.HUNG)
+    assert (second.state, second.exit_code) == (JobState.SUCCEEDED, 0)
+    assert len(rig.fake.spawned) == 2
+    rig.store.close()
