@@ -4,6 +4,7 @@ answers mean, the CLI's signal relay, the rule `cancelled-by-engine`, and the op
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +12,7 @@ from jobwarden.control import attached
 from jobwarden.control.options import engine_options, run_options
 from jobwarden.errors import UsageError
 from jobwarden.osapi.process import RELAYED_USR1
-from jobwarden.probes.slurm import parse_job_state, parse_kill_wait
+from jobwarden.probes.slurm import config_kill_wait, kill_wait_s, parse_job_state, parse_kill_wait
 from jobwarden.rules import RunEvidence, explain
 from jobwarden.rules.retry import AttemptOutcome, RestartPolicy, decide
 from jobwarden.shim.enginestop import grace_within, margin_s, stacks_cap_s
@@ -39,6 +40,14 @@ def test_kill_wait_from_scontrol_show_config() -> None:
     text = "JobCompType             = jobcomp/filetxt\nKillWait                = 5 sec\nMinJobAge = 300 sec\n"
     assert parse_kill_wait(text) == 5.0
     assert parse_kill_wait("SlurmctldPort = 6817\n") is None
+
+
+def test_kill_wait_from_slurm_conf_without_asking_scontrol(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=lab\n# KillWait=99 (a comment)\nkillwait = 7\nNodeName=n1 CPUs=2\n")
+    assert kill_wait_s({"SLURM_CONF": str(conf), "PATH": ""}) == 7.0  # no scontrol on this PATH
+    assert config_kill_wait("ClusterName=lab\n") == 30.0  # Slurm's default when unset
+    assert config_kill_wait("KillWait=5\nInclude /etc/slurm/nodes.conf\n") is None  # it may be set there
 
 
 @pytest.mark.parametrize(
