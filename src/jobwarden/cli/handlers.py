@@ -119,7 +119,8 @@ def _run_attached(spec: JobSpec, options: JobOptions) -> int:
     with Store(_home()) as store:
         run = store.run(launched.id)  # the last attempt: one shim runs them all
     if run.state.is_ended:
-        return _requeue_or(run, render.exit_status(run))
+        status = render.exit_status(run)
+        return status if options.requeue_exit is None else _requeue_or(run, status)
     return _wait_exit(str(launched.id))  # its shim died before it recorded the end: found `lost` there
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from jobwarden.errors import JobwardenError
 from jobwarden.model import JobState
-from jobwarden.rules.group import RETRYABLE_RULES
 from jobwarden.store import RunRecord, Store
 
 _NEVER = ("oom-kill", "cuda-oom", "python-exception")
@@ -28,6 +27,7 @@ def requeue_code(home: Path, run: RunRecord) -> int | None:
             return None
         if options.max_requeues is not None and options.attempt >= options.max_requeues:
             return None
+        from jobwarden.rules.group import RETRYABLE_RULES
         from jobwarden.shim.explainer import findings_for
 
         rules = [f.rule for f in findings_for(store, job, run)]
