@@ -26,10 +26,11 @@ def checks(jw: Jobwarden) -> dict[str, dict[str, str]]:
 
 def test_doctor_on_a_fresh_home_fails_nothing_and_creates_nothing(jw: Jobwarden) -> None:
     found = checks(jw)
-    assert len(found) == 12
+    assert len(found) == 13
     assert all(c["status"] in ("ok", "warn") for c in found.values())
     assert all(c["fix"] for c in found.values() if c["status"] == "warn")
     assert found["store"]["message"].startswith("no database yet")
+    assert found["store location"]["status"] == "ok"  # a home on local disk keeps its database
     assert not jw.home.exists()  # doctor never creates the store
     text = jw("doctor", check=True).stdout
     assert text.splitlines()[0].split()[1:3] == ["ptrace", "scope"]

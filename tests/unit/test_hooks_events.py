@@ -93,17 +93,19 @@ def test_a_reaped_child_is_reported_with_its_wait_status(
 def test_the_wrapped_waits_raise_as_the_originals() -> None:
     originals = (os.waitpid, os.wait, os.wait3, os.wait4, os.waitid)
     injected._wrap_waits()
+    pid = None
     try:
-        with pytest.raises(ChildProcessError):
-            os.waitpid(-1, os.WNOHANG)
+        with pytest.raises(ChildProcessError):  # our own pid is never our child (any pid: the session's
+            os.waitpid(os.getpid(), os.WNOHANG)  # Slurm and Ray fixtures are children of this process)
         pid = os.fork()
         if pid == 0:
             os._exit(3)
         assert os.waitpid(pid, os.WNOHANG) in ((0, 0), (pid, 3 << 8))  # WNOHANG's (0, 0) passes through
     finally:
         os.waitpid, os.wait, os.wait3, os.wait4, os.waitid = originals
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+        if pid is not None:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
 
 @pytest.mark.parametrize(
