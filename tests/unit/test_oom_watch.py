@@ -139,6 +139,19 @@ def test_kills_accumulate_since_the_baseline(host: Machine) -> None:
     assert watch.poll([101, 102]) == evidence  # the same answer until something changes
 
 
+def test_a_kill_before_the_baseline_counts_in_a_cgroup_made_for_the_job(host: Machine) -> None:
+    # the watches start once `run` has its answer: a job that allocates at once may be killed before
+    job = host.cgroup("ctr/jobwarden-1", limit=64 << 20)
+    host.kill(101, cgroup=job, counted=job)
+    watch = host.watch(job._replace(fresh=True))
+    watch.baseline(fresh_cgroup=True)
+    evidence = watch.poll([101])
+    assert evidence is not None and evidence.kills == 1
+    late = host.watch(job)
+    late.baseline()  # a reused cgroup: what it counted before is not this run's
+    assert late.poll([101]) is None
+
+
 def test_a_kill_elsewhere_on_the_host_is_not_the_jobs(host: Machine) -> None:
     job = host.cgroup("ctr/jobwarden-1", limit=64 << 20)
     other = host.cgroup("other")

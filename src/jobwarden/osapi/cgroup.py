@@ -89,6 +89,7 @@ def _keyed(text: str | None, key: str) -> int | None:
 class JobCgroup(NamedTuple):
     path: Path
     version: int
+    fresh: bool = False  # made by us just now: its counters (OOM kills) start at zero
 
     @property
     def procs_file(self) -> Path:
@@ -235,14 +236,15 @@ def create_job_cgroup(name: str, proc_root: str = "/proc") -> JobCgroup | None:
     # Prefer a cgroup that can limit memory (needed for --mem-limit and OOM counters), then v2.
     for version, parent in sorted(candidates, key=lambda c: (not _has_memory(*c), -c[0])):
         path = parent / name
+        fresh = True
         try:
             path.mkdir(mode=0o755)
         except FileExistsError:
-            pass
+            fresh = False  # a dead shim's of the same pid, still populated: counts of its own
         except OSError:
             continue
         if os.access(path / "cgroup.procs", os.W_OK):
-            return JobCgroup(path, 2 if version == 2 else 1)
+            return JobCgroup(path, 2 if version == 2 else 1, fresh)
         with contextlib.suppress(OSError):
             path.rmdir()
     return None

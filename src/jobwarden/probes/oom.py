@@ -105,10 +105,14 @@ class OomWatch:
         (container, host) is mistaken for the job's."""
         return self.cgroup is not None and self._base.cgroup_kills is not None
 
-    def baseline(self) -> OomBaseline:
+    def baseline(self, fresh_cgroup: bool = False) -> OomBaseline:
+        """Counters and kernel log from now on; the job's own cgroup from zero when it was made for this
+        run (`fresh_cgroup`): a kill before this call is the job's, and must count."""
         self.kernel_log.open_at_end()
         seq = self.kernel_log.last_seq
         counted = self.cgroup.oom_kills() if self.cgroup else None
+        if counted is not None and fresh_cgroup:
+            counted = 0
         if counted is not None:
             self._base = OomBaseline(counted, None, None, seq)
         else:

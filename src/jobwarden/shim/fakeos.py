@@ -244,7 +244,7 @@ class FakeExits(ExitCollector):
 
 
 class FakeMemoryGuard(MemoryGuard):
-    def start(self) -> None:
+    def start(self, fresh_cgroup: bool = False) -> None:
         pass
 
 

@@ -41,10 +41,12 @@ class MemoryGuard:
                 log(f"cannot set the cgroup memory limit ({err.message}); watching the tree instead")
         self.watchdog = MemoryWatchdog(limit_bytes)
 
-    def start(self) -> None:
-        """Just before the job starts: the counters' baseline, so only this run's kills count."""
+    def start(self, fresh_cgroup: bool = False) -> None:
+        """The counters' baseline, so only this run's kills count. Taken once `run` has its answer, a
+        few milliseconds after the job started: a cgroup made for the job counts from zero, so a kill
+        in those milliseconds still counts."""
         self.oom_watch = OomWatch(self.cgroup)
-        self.oom_watch.baseline()
+        self.oom_watch.baseline(fresh_cgroup=fresh_cgroup)
 
     def poll(self, pids: Sequence[int] | None = None) -> OomEvidence | None:
         """New OOM evidence since the last call (counters, kernel log), else None."""

@@ -228,7 +228,7 @@ class Supervisor(StoppingSupervisor):
         if self.memory is None and not over:
             self._guard_memory()
         if self.memory is not None:
-            self.memory.start()
+            self.memory.start(fresh_cgroup=bool(self.cgroup and self.cgroup.fresh))
         if not over:
             self._start_diagnosis(main_pid)
 
