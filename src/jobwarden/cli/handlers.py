@@ -114,12 +114,11 @@ def _run_attached(spec: JobSpec, options: JobOptions) -> int:
     relay.attach(launched.shim_pid)
     follow_attached(_home(), launched.id, launched.run, launched.shim_pid)
     from jobwarden.store import Store
-    from jobwarden.text import render
 
     with Store(_home()) as store:
         run = store.run(launched.id)  # the last attempt: one shim runs them all
     if run.state.is_ended:
-        status = render.exit_status(run)
+        status = run.exit_status
         return status if options.requeue_exit is None else _requeue_or(run, status)
     return _wait_exit(str(launched.id))  # its shim died before it recorded the end: found `lost` there
 
@@ -128,7 +127,6 @@ def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
     from jobwarden.control.lifecycle import wait_job
     from jobwarden.store import Store
     from jobwarden.store.logfiles import follow
-    from jobwarden.text import render
 
     procfs = _procfs()
     with Store(_home()) as store:
@@ -149,13 +147,12 @@ def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
         return 130
     if exit_with_status:
         ended = wait_job(_home(), procfs, str(job.id))
-        return _requeue_or(ended, render.exit_status(ended))
+        return _requeue_or(ended, ended.exit_status)
     return 0
 
 
 def _wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False) -> int:
     from jobwarden.control.lifecycle import wait_job
-    from jobwarden.text import render
 
     run = wait_job(_home(), _procfs(), job_ref, timeout)
     if as_json:
@@ -173,7 +170,7 @@ def _wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False
             f"jobwarden: job {run.job_id} is lost: its supervisor died, its exit status is unknown",
             file=sys.stderr,
         )
-    return _requeue_or(run, render.exit_status(run))
+    return _requeue_or(run, run.exit_status)
 
 
 def _requeue_or(run: RunRecord, status: int) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 from jobwarden import __version__
 from jobwarden.clock import Clock
-from jobwarden.model import ProcessEnd, ProcessSnapshot
+from jobwarden.model import JobState, ProcessEnd, ProcessSnapshot
 from jobwarden.osapi.process import WaitStatus
 from jobwarden.shim.groupfacts import (
     ERROR_FILE_ENV,
@@ -135,14 +135,22 @@ class GroupSink:
             "engine_state": self.engine_state,
         }
         lines = [b.decode("utf-8", "replace").rstrip("\n") for b in self._tail(_TRACEBACK_LINES)]
-        hooked = self._hooked_exceptions()
+        # A run that succeeded has no cause to look for: no exception, no verdict (and a short attached
+        # srun step waits for none of the rules' imports)
+        succeeded = run_data["state"] == JobState.SUCCEEDED
+        hooked = {} if succeeded else self._hooked_exceptions()
         launcher = self.fixed_rank is None and bool(self.ranks)
         for target in self._targets():
             data = {**run_data, **self._end_status(target, fields), "output_tail": lines[-TAIL_LINES:]}
-            data["exception"] = hooked.get(target.pid or -1) or exception_of(lines, target.rank, launcher)
+            data["exception"] = (
+                None
+                if succeeded
+                else hooked.get(target.pid or -1) or exception_of(lines, target.rank, launcher)
+            )
             data["torch_error"] = torch_error(target.error_file)
             self._append(target, "ended", fields["ended_at"], data, at_pid=target.pid)
-        self._final_findings(fields["ended_at"])
+        if not succeeded:
+            self._final_findings(fields["ended_at"])
 
     # --- records --------------------------------------------------------------------------------------
 

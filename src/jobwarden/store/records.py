@@ -76,6 +76,20 @@ class RunRecord(NamedTuple):
     gpu_ids: tuple[int, ...] = ()
     mem_peak_bytes: int | None = None
 
+    @property
+    def exit_status(self) -> int:
+        """The shell-style status of the run: its exit code, or 128+N for signal N."""
+        import signal
+
+        if self.signal:
+            try:
+                return 128 + int(signal.Signals[self.signal])
+            except KeyError:
+                return 1
+        if self.exit_code is not None:
+            return self.exit_code
+        return 0 if self.state == JobState.SUCCEEDED else 1
+
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> RunRecord:
         return cls(

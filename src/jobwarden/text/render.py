@@ -43,20 +43,6 @@ def _color(text: str, state: str, colored: bool | None = None) -> str:
     return f"\033[{_COLORS[state]}m{text}\033[0m"
 
 
-def exit_status(run: RunRecord) -> int:
-    """The shell-style status of a run: exit code, or 128+N for signal N."""
-    import signal
-
-    if run.signal:
-        try:
-            return 128 + int(signal.Signals[run.signal])
-        except KeyError:
-            return 1
-    if run.exit_code is not None:
-        return run.exit_code
-    return 0 if run.state == JobState.SUCCEEDED else 1
-
-
 def how_it_ended(run: RunRecord) -> str:
     state = str(run.state)
     if run.end_reason == "hung":
