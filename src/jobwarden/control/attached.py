@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
+from jobwarden.errors import AccessDenied, ProcessGone
+from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.process import ENGINE_SIGNALS, RELAYED_USR1
 from jobwarden.paths import Layout
 from jobwarden.store.logfiles import follow
@@ -53,6 +55,7 @@ class SignalRelay:
 
     def __init__(self) -> None:
         self.shim_pid: int | None = None
+        self.shim_pidfd: int | None = None
         self.held: list[int] = []
 
     def install(self) -> None:
@@ -60,6 +63,12 @@ class SignalRelay:
             signal.signal(sig, self._caught)
 
     def attach(self, shim_pid: int) -> None:
+        # our child, not reaped yet: the pidfd names it, and keeps naming it after follow_attached has
+        # reaped it, when its pid may be another process's (an engine's signal can come that late)
+        try:
+            self.shim_pidfd = pidfds.open_pidfd(shim_pid)
+        except ProcessGone:
+            return  # it has ended already: nothing to relay to
         self.shim_pid = shim_pid
         held, self.held = self.held, []
         for sig in held:
@@ -72,10 +81,9 @@ class SignalRelay:
             self._relay(signum)
 
     def _relay(self, signum: int) -> None:
-        assert self.shim_pid is not None
-        # our child, not reaped yet: its pid cannot have been reused
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.shim_pid, _AS_RELAYED[signum])
+        assert self.shim_pid is not None and self.shim_pidfd is not None
+        with contextlib.suppress(AccessDenied):  # False (not sent) once the shim has exited
+            pidfds.send_signal(self.shim_pidfd, self.shim_pid, _AS_RELAYED[signum])
 
 
 def follow_attached(home: Path, job_id: int, run: int, shim_pid: int) -> None:
