@@ -158,7 +158,8 @@ def classify(story: RankStory, latest_end: float | None = None, over: bool = Fal
     if ended.get("oom"):
         return Outcome(Cause.OWN, "oom-kill", "was OOM-killed", at, mono)
     if reason == "engine-stop" or any(_stops(r) for r in story.by_kind.get("engine-signal", ())):
-        state = ended.get("engine_state")
+        # the shim asks Slurm why only once the end is recorded: its answer is a record of its own
+        state = ended.get("engine_state") or (story.first("engine-state") or {}).get("state")
         text = f"was stopped by the engine ({state})" if state else "was stopped by the engine"
         return Outcome(Cause.ENGINE, "cancelled-by-engine", text, at, mono)
     if hung is not None or reason == "hung":

@@ -31,7 +31,7 @@ from jobwarden.errors import StoreError
 from jobwarden.paths import ensure_private_dir
 
 FORMAT_VERSION = 1
-RECORD_KINDS = ("started", "alive", "finding", "hung", "engine-signal", "stopping", "ended")
+RECORD_KINDS = ("started", "alive", "finding", "hung", "engine-signal", "stopping", "ended", "engine-state")
 GROUP_DIR_ENV = "JOBWARDEN_GROUP_DIR"
 
 
