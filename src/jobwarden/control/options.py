@@ -3,6 +3,7 @@ checked before anything starts, and a bad one is a one-line error that names its
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -148,20 +149,41 @@ def engine_options(
     --max-requeues, with the engine's defaults (control.engine) under them. `--detach` inside an engine
     runs on its own, as outside one; the group options still apply."""
     place = engine_place(detect_engine(engine, env), env)
-    if group is not None and (not group.isprintable() or "/" in group or group in ("", ".", "..")):
-        raise UsageError(f"--group {group!r}: a group id is printable text without '/'", "e.g. --group exp-7")
     options: dict[str, Any] = {
         "engine": None if detach else place.engine,
-        "group": group if group is not None else place.group,
-        "group_dir": group_dir,
+        "group": group_id(group) if group is not None else place.group,
+        "group_dir": group_directory(group_dir),
         "rank": config.parse_count(rank, "--rank") if rank is not None else place.rank,
         "node": _node_name(node) if node is not None else place.node,
         "attempt": place.attempt,
-        "max_requeues": config.parse_count(max_requeues, "--max-requeues") if max_requeues else None,
+        "max_requeues": config.parse_count(max_requeues, "--max-requeues")
+        if max_requeues is not None
+        else None,
     }
+    if options["group_dir"] is not None and options["group"] is None:
+        raise UsageError("--group-dir needs a group: --group ID (or a Slurm job's own)", "e.g. --group exp-7")
     if requeue_exit is not None:
         options["requeue_exit"] = _requeue_code(requeue_exit)
     return options
+
+
+def group_id(group: str) -> str:
+    """--group: one path component of the group directory."""
+    if not group.isprintable() or "/" in group or group in ("", ".", ".."):
+        raise UsageError(f"--group {group!r}: a group id is printable text without '/'", "e.g. --group exp-7")
+    return group
+
+
+def group_directory(group_dir: str | None) -> str | None:
+    """--group-dir, made absolute here: the shim, an adopting shim and `explain` run from other
+    directories."""
+    if group_dir is None:
+        return None
+    if not group_dir or not group_dir.isprintable():
+        raise UsageError(
+            f"--group-dir {group_dir!r}: not a directory name", "e.g. --group-dir /shared/groups"
+        )
+    return os.path.abspath(group_dir)
 
 
 def _node_name(node: str) -> str:
