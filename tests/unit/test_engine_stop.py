@@ -90,7 +90,7 @@ def test_the_relay_never_signals_a_reaped_shims_pid(monkeypatch: pytest.MonkeyPa
     finally:
         shim.kill()
         shim.wait()
-    monkeypatch.setattr(attached.os, "kill", lambda pid, sig: pytest.fail(f"os.kill({pid}, {sig})"))
+    monkeypatch.setattr(os, "kill", lambda pid, sig: pytest.fail(f"os.kill({pid}, {sig})"))
     relay._caught(signal.SIGTERM, None)  # through the pidfd: not delivered, and no error
     assert relay.shim_pidfd is not None
     os.close(relay.shim_pidfd)

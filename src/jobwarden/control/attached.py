@@ -11,7 +11,6 @@ with the job's status.
 from __future__ import annotations
 
 import contextlib
-import os
 import select
 import signal
 import sys
@@ -21,7 +20,7 @@ from types import FrameType
 
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.osapi import pidfd as pidfds
-from jobwarden.osapi.process import ENGINE_SIGNALS, RELAYED_USR1
+from jobwarden.osapi.process import ENGINE_SIGNALS, RELAYED_USR1, reap
 from jobwarden.paths import Layout
 from jobwarden.store.logfiles import follow
 
@@ -89,7 +88,7 @@ class SignalRelay:
 def follow_attached(home: Path, job_id: int, run: int, shim_pid: int) -> None:
     """Copy the output of each run of the job to stdout until the shim has exited, then reap it. A
     restart (--restart) is a new run with its own log: followed in turn."""
-    pidfd = os.pidfd_open(shim_pid)
+    pidfd = pidfds.open_pidfd(shim_pid)  # our child, not reaped yet: it cannot be gone
     layout = Layout(home)
     out = _Output()
     try:
@@ -105,9 +104,8 @@ def follow_attached(home: Path, job_id: int, run: int, shim_pid: int) -> None:
                 break
             run += 1
     finally:
-        os.close(pidfd)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(shim_pid, 0)
+        pidfds.close(pidfd)
+    reap(shim_pid)
 
 
 class _Output:
