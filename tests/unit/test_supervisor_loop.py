@@ -277,3 +277,32 @@ def test_an_engine_stop_gives_the_group_record_slurms_reason(
     assert run.end_reason == EndReason.ENGINE_STOP
     view = group_view(tmp_path / "home", "g", None, str(groups))
     assert "stopped by the engine (TIMEOUT)" in verdict_line(view)
+
+
+def test_an_engine_stop_as_an_attempt_ends_is_not_lost_to_the_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM from the engine while the shim decides on a restart: the next attempt never starts."""
+    from jobwarden.rules import retry
+
+    rig = Rig(tmp_path, engine="slurm", engine_budget_s=10.0, restart="on-failure", restart_delay_s=5.0)
+    rig.fake.at(3, lambda: rig.fake.exit(rig.main, 1))
+    decide = retry.decide
+
+    def engine_stop_meanwhile(*args: Any) -> Any:
+        rig.fake.signal_shim(SIGTERM)  # relayed by the CLI: in the ended attempt's wakeup fd
+        return decide(*args)
+
+    monkeypatch.setattr(retry, "decide", engine_stop_meanwhile)
+    rig.sup.close()
+    supervise_job(
+        rig.store, rig.store.job(rig.job_id), rig.run_n, rig.clock, rig.sup.procfs, -1, "launch", rig.fake
+    )
+    first, second = rig.store.run(rig.job_id, 1), rig.store.run(rig.job_id, 2)
+    assert (first.state, second.state, second.end_reason) == (
+        JobState.FAILED,
+        JobState.STOPPED,
+        EndReason.ENGINE_STOP,
+    )
+    assert len(rig.fake.spawned) == 1
+    rig.store.close()
