@@ -168,10 +168,8 @@ def engine_options(
 
 
 def group_id(group: str) -> str:
-    """--group: one path component of the group directory."""
-    if not group.isprintable() or "/" in group or group in ("", ".", ".."):
-        raise UsageError(f"--group {group!r}: a group id is printable text without '/'", "e.g. --group exp-7")
-    return group
+    """--group: the group directory's name."""
+    return _path_component(group, "--group", "a group id", "exp-7")
 
 
 def group_directory(group_dir: str | None) -> str | None:
@@ -187,9 +185,14 @@ def group_directory(group_dir: str | None) -> str | None:
 
 
 def _node_name(node: str) -> str:
-    if not node or not node.isprintable() or "/" in node or node in (".", ".."):
-        raise UsageError(f"--node {node!r}: a node name is printable text without '/'", "e.g. --node n1")
-    return node
+    return _path_component(node, "--node", "a node name", "n1")
+
+
+def _path_component(text: str, flag: str, what: str, example: str) -> str:
+    """One file name of the group directory (the group's own, a node's): no '/', not '.' nor '..'."""
+    if not text.isprintable() or "/" in text or text in ("", ".", ".."):
+        raise UsageError(f"{flag} {text!r}: {what} is printable text without '/'", f"e.g. {flag} {example}")
+    return text
 
 
 def _requeue_code(text: str) -> int:
