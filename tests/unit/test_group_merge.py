@@ -252,3 +252,11 @@ def test_explains_group_flags_out_of_place_are_one_line_naming_the_flag(
     assert main(["explain", *argv]) == UsageError.exit_code
     err = capsys.readouterr().err
     assert err.startswith("jobwarden: ") and named in err.splitlines()[0] and "Traceback" not in err
+
+
+def test_a_rank_restarted_by_its_shim_is_judged_by_its_last_run() -> None:
+    first = [record("started", 1.0, run=1), record("ended", 5.0, died_at=5.0, exit_code=1, signal=None)]
+    second = [record("started", 7.0, run=2), record("ended", 9.0, died_at=9.0, exit_code=0, signal=None)]
+    story = RankStory.of("rank-0", first + second)
+    assert classify(story).cause.name == "SUCCEEDED"
+    assert classify(RankStory.of("rank-0", second + first[:1])).cause.name == "RUNNING"

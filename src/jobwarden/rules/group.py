@@ -73,6 +73,10 @@ class RankStory:
 
     @classmethod
     def of(cls, label: str, records: Sequence[dict[str, Any]]) -> RankStory:
+        # a shim that restarts the job (--restart, --on-hang restart) writes each run from its `started`
+        # on, in the same file: the last run is the rank's story, an earlier run's end is not its end
+        starts = [i for i, r in enumerate(records) if r.get("kind") == "started"]
+        records = records[starts[-1] :] if starts else records
         story = cls(label, list(records))
         for record in records:
             story.by_kind.setdefault(str(record.get("kind")), []).append(record)
