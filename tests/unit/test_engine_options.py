@@ -79,3 +79,11 @@ def test_a_relative_group_dir_is_made_absolute_for_the_shim(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     assert engine_options({}, group="g", group_dir="groups")["group_dir"] == str(tmp_path / "groups")
+
+
+def test_mem_limit_is_refused_under_slurm_even_detached() -> None:
+    """A detached shim still lives in Slurm's task cgroup: a memory cgroup of its own would nest there."""
+    for detach in (False, True):
+        with pytest.raises(UsageError, match="--mem-limit"):
+            run_options(mem_limit="1G", engine=engine_options(SLURM_TASK, detach=detach))
+    assert run_options(mem_limit="1G", engine=engine_options({}, detach=True)).mem_limit_bytes

@@ -47,7 +47,7 @@ def run_options(
     options.update(gpu_options(gpus, gpu_ids))
     options.update(notify_options(notify, on_event))
     options.update(engine or {})
-    if mem_limit is not None and options.get("engine") == "slurm":
+    if mem_limit is not None and "slurm" in (options.get("engine"), options.get("inside_engine")):
         raise UsageError(
             "--mem-limit does not apply under Slurm: Slurm limits the job's memory itself",
             "ask Slurm for it with --mem (sbatch/srun --mem=8G); Slurm then reports an OOM as OUT_OF_MEMORY",
@@ -151,6 +151,7 @@ def engine_options(
     place = engine_place(detect_engine(engine, env), env)
     options: dict[str, Any] = {
         "engine": None if detach else place.engine,
+        "inside_engine": place.engine,  # not stored: `--detach` leaves the run inside Slurm's cgroup
         "group": group_id(group) if group is not None else place.group,
         "group_dir": group_directory(group_dir),
         "rank": config.parse_count(rank, "--rank") if rank is not None else place.rank,
