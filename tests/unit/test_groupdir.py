@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,15 @@ def test_a_group_dir_that_is_a_link_to_someone_elses_dir_is_refused(tmp_path: Pa
     root.symlink_to(theirs)
     with pytest.raises(OSError, match="belongs to uid"):
         groupdir.append_record(groupdir.rank_file(groupdir.attempt_dir(root, 0), 0, "n"), {"kind": "x"})
+
+
+def test_a_group_dir_removed_while_the_run_goes_on_is_made_again(tmp_path: Path) -> None:
+    path = groupdir.rank_file(groupdir.attempt_dir(tmp_path / "g", 0), 0, "n")
+    groupdir.append_record(path, {"kind": "started"})
+    shutil.rmtree(tmp_path / "g")
+    groupdir.append_record(path, {"kind": "ended"})
+    assert [r["kind"] for r in groupdir.read_rank_log(path).records] == ["ended"]
+    assert (tmp_path / "g").stat().st_mode & 0o777 == 0o700
+    groupdir.write_document(groupdir.node_file(groupdir.attempt_dir(tmp_path / "g", 0), "n"), {"node": "n"})
+    shutil.rmtree(tmp_path / "g")
+    assert groupdir.write_document(groupdir.node_file(groupdir.attempt_dir(tmp_path / "g", 0), "n"), {})
