@@ -87,3 +87,13 @@ def test_mem_limit_is_refused_under_slurm_even_detached() -> None:
         with pytest.raises(UsageError, match="--mem-limit"):
             run_options(mem_limit="1G", engine=engine_options(SLURM_TASK, detach=detach))
     assert run_options(mem_limit="1G", engine=engine_options({}, detach=True)).mem_limit_bytes
+
+
+def test_jobwarden_group_dir_is_stored_with_a_group_and_ignored_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    env = {"JOBWARDEN_GROUP_DIR": "shared"}
+    assert engine_options(env, group="g")["group_dir"] == str(tmp_path / "shared")
+    assert engine_options(env)["group_dir"] is None
+    assert engine_options(env, group="g", group_dir="/mine")["group_dir"] == "/mine"

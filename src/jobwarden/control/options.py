@@ -11,6 +11,7 @@ from jobwarden import config
 from jobwarden.control.engine import detect_engine, engine_place
 from jobwarden.errors import UsageError
 from jobwarden.joboptions import JobOptions
+from jobwarden.store.groupdir import GROUP_DIR_ENV
 
 
 def run_options(
@@ -161,6 +162,9 @@ def engine_options(
         if max_requeues is not None
         else None,
     }
+    if options["group_dir"] is None and options["group"] is not None and env.get(GROUP_DIR_ENV):
+        # stored with the job: an adopting shim may not have the variable the run had
+        options["group_dir"] = group_directory(env[GROUP_DIR_ENV])
     if options["group_dir"] is not None and options["group"] is None:
         raise UsageError("--group-dir needs a group: --group ID (or a Slurm job's own)", "e.g. --group exp-7")
     if requeue_exit is not None:
