@@ -3,6 +3,8 @@ was not given, and a requeue code that srun would mask is refused."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from jobwarden.control.engine import detect_engine, engine_place, slurm_group
@@ -58,8 +60,40 @@ def test_a_requeue_code_srun_would_mask_is_refused_naming_the_flag(code: str) ->
 
 @pytest.mark.parametrize(
     ("flags", "named"),
-    [({"engine": "k8s"}, "--engine"), ({"group": "a/b"}, "--group"), ({"rank": "-1"}, "--rank")],
+    [
+        ({"engine": "k8s"}, "--engine"),
+        ({"group": "a/b"}, "--group"),
+        ({"rank": "-1"}, "--rank"),
+        ({"max_requeues": ""}, "--max-requeues"),
+        ({"group": "g", "group_dir": ""}, "--group-dir"),
+        ({"group_dir": "/shared/groups"}, "--group-dir"),  # no group to put there, outside Slurm
+    ],
 )
 def test_bad_engine_flags_name_their_flag(flags: dict[str, str], named: str) -> None:
     with pytest.raises(UsageError, match=named):
         engine_options({}, **flags)
+
+
+def test_a_relative_group_dir_is_made_absolute_for_the_shim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert engine_options({}, group="g", group_dir="groups")["group_dir"] == str(tmp_path / "groups")
+
+
+def test_mem_limit_is_refused_under_slurm_even_detached() -> None:
+    """A detached shim still lives in Slurm's task cgroup: a memory cgroup of its own would nest there."""
+    for detach in (False, True):
+        with pytest.raises(UsageError, match="--mem-limit"):
+            run_options(mem_limit="1G", engine=engine_options(SLURM_TASK, detach=detach))
+    assert run_options(mem_limit="1G", engine=engine_options({}, detach=True)).mem_limit_bytes
+
+
+def test_jobwarden_group_dir_is_stored_with_a_group_and_ignored_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    env = {"JOBWARDEN_GROUP_DIR": "shared"}
+    assert engine_options(env, group="g")["group_dir"] == str(tmp_path / "shared")
+    assert engine_options(env)["group_dir"] is None
+    assert engine_options(env, group="g", group_dir="/mine")["group_dir"] == "/mine"

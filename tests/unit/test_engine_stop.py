@@ -3,7 +3,9 @@ answers mean, the CLI's signal relay, the rule `cancelled-by-engine`, and the op
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -77,7 +79,8 @@ def test_slurm_that_does_not_answer_gives_the_default_budget() -> None:
 
 def test_the_relay_holds_signals_until_the_shim_exists(monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[tuple[int, int]] = []
-    monkeypatch.setattr(attached.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    monkeypatch.setattr(attached.pidfds, "open_pidfd", lambda pid: 1000 + pid)
+    monkeypatch.setattr(attached.pidfds, "send_signal", lambda fd, pid, sig: sent.append((fd - 1000, sig)))
     relay = attached.SignalRelay()
     relay._caught(signal.SIGTERM, None)
     assert sent == []
@@ -85,6 +88,21 @@ def test_the_relay_holds_signals_until_the_shim_exists(monkeypatch: pytest.Monke
     relay._caught(signal.SIGUSR1, None)  # the shim's own SIGUSR1 means `jobwarden stop`: relayed apart
     relay._caught(signal.SIGHUP, None)
     assert sent == [(4242, signal.SIGTERM), (4242, RELAYED_USR1), (4242, signal.SIGHUP)]
+
+
+def test_the_relay_never_signals_a_reaped_shims_pid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine's signal after the CLI reaped its shim: the pid may name another process by then."""
+    shim = subprocess.Popen(["sleep", "60"])
+    relay = attached.SignalRelay()
+    try:
+        relay.attach(shim.pid)
+    finally:
+        shim.kill()
+        shim.wait()
+    monkeypatch.setattr(os, "kill", lambda pid, sig: pytest.fail(f"os.kill({pid}, {sig})"))
+    relay._caught(signal.SIGTERM, None)  # through the pidfd: not delivered, and no error
+    assert relay.shim_pidfd is not None
+    os.close(relay.shim_pidfd)
 
 
 def _engine_ended(**fields: object) -> RunEvidence:

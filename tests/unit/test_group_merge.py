@@ -225,3 +225,38 @@ def test_a_slurm_tasks_file_gives_way_to_its_launchers_ranks() -> None:
     assert [r.story.label for r in merge([task, worker, other]).ranks] == ["rank-1", "rank-3"]
     alone = merge([task])  # `srun -n 2 jobwarden run -- python train.py`: the task is the rank
     assert [(r.story.rank, r.story.node) for r in alone.ranks] == [(1, "n2")]
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--group", "../x"], "--group"),
+        (["--group", "x", "--attempt", "-1"], "--attempt"),
+        (["--group", "x", "--group-dir", ""], "--group-dir"),
+        (["--group", "x", "--run", "1"], "--run"),
+        (["--exit-status"], "--exit-status"),
+        (["7", "--attempt", "1"], "--attempt"),
+        (["7", "--clock-tolerance", "3s"], "--clock-tolerance"),
+    ],
+)
+def test_explains_group_flags_out_of_place_are_one_line_naming_the_flag(
+    argv: list[str],
+    named: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from jobwarden.cli.main import main
+
+    monkeypatch.setenv("JOBWARDEN_HOME", str(tmp_path))
+    assert main(["explain", *argv]) == UsageError.exit_code
+    err = capsys.readouterr().err
+    assert err.startswith("jobwarden: ") and named in err.splitlines()[0] and "Traceback" not in err
+
+
+def test_a_rank_restarted_by_its_shim_is_judged_by_its_last_run() -> None:
+    first = [record("started", 1.0, run=1), record("ended", 5.0, died_at=5.0, exit_code=1, signal=None)]
+    second = [record("started", 7.0, run=2), record("ended", 9.0, died_at=9.0, exit_code=0, signal=None)]
+    story = RankStory.of("rank-0", first + second)
+    assert classify(story).cause.name == "SUCCEEDED"
+    assert classify(RankStory.of("rank-0", second + first[:1])).cause.name == "RUNNING"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,50 @@ def test_the_latest_attempt_is_read_by_default(tmp_path: Path) -> None:
     records = groupdir.read_group(tmp_path)
     assert records is not None and records.attempt == 2
     assert groupdir.read_group(tmp_path / "none") is None
+
+
+def test_the_group_dir_and_its_files_are_private(tmp_path: Path) -> None:
+    root = tmp_path / "groups" / "g"
+    attempt = groupdir.attempt_dir(root, 0)
+    groupdir.append_record(groupdir.rank_file(attempt, 0, "n"), {"kind": "started"})
+    groupdir.write_document(attempt / "group.json", {"group": "g"}, replace=False)
+    groupdir.write_document(groupdir.node_file(attempt, "n"), {"node": "n"})
+    for directory in (root, attempt, attempt / "ranks", attempt / "nodes"):
+        assert directory.stat().st_mode & 0o777 == 0o700, directory
+    for path in (attempt / "ranks" / "rank-0.jsonl", attempt / "group.json", attempt / "nodes" / "n.json"):
+        assert path.stat().st_mode & 0o777 == 0o600, path
+
+
+def test_a_planted_temporary_file_link_is_not_written_through(tmp_path: Path) -> None:
+    target = tmp_path / "victim"
+    target.write_text("keep\n")
+    path = groupdir.node_file(groupdir.attempt_dir(tmp_path / "g", 0), "n")
+    path.parent.mkdir(parents=True)
+    (path.parent / f".{path.name}.{os.getpid()}.tmp").symlink_to(target)
+    groupdir.write_document(path, {"node": "n"})
+    assert target.read_text() == "keep\n"
+    assert groupdir.read_document(path) == {"node": "n"}
+
+
+def test_a_group_dir_that_is_a_link_to_someone_elses_dir_is_refused(tmp_path: Path) -> None:
+    theirs = Path("/")  # root's, when we are not root
+    if os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, 65534, 65534)  # nobody's
+    root = tmp_path / "g"
+    root.symlink_to(theirs)
+    with pytest.raises(OSError, match="belongs to uid"):
+        groupdir.append_record(groupdir.rank_file(groupdir.attempt_dir(root, 0), 0, "n"), {"kind": "x"})
+
+
+def test_a_group_dir_removed_while_the_run_goes_on_is_made_again(tmp_path: Path) -> None:
+    path = groupdir.rank_file(groupdir.attempt_dir(tmp_path / "g", 0), 0, "n")
+    groupdir.append_record(path, {"kind": "started"})
+    shutil.rmtree(tmp_path / "g")
+    groupdir.append_record(path, {"kind": "ended"})
+    assert [r["kind"] for r in groupdir.read_rank_log(path).records] == ["ended"]
+    assert (tmp_path / "g").stat().st_mode & 0o777 == 0o700
+    groupdir.write_document(groupdir.node_file(groupdir.attempt_dir(tmp_path / "g", 0), "n"), {"node": "n"})
+    shutil.rmtree(tmp_path / "g")
+    assert groupdir.write_document(groupdir.node_file(groupdir.attempt_dir(tmp_path / "g", 0), "n"), {})

@@ -256,3 +256,53 @@ def test_on_hang_restart_starts_a_new_attempt_that_runs_to_its_end(tmp_path: Pat
     assert (second.state, second.exit_code) == (JobState.SUCCEEDED, 0)
     assert len(rig.fake.spawned) == 2
     rig.store.close()
+
+
+def test_an_engine_stop_gives_the_group_record_slurms_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shim asks Slurm why only after the end is recorded: the group's records still carry it."""
+    from jobwarden.control.groupview import group_view
+    from jobwarden.probes import slurm
+    from jobwarden.text.group import verdict_line
+
+    monkeypatch.setattr(slurm, "job_state", lambda env, t: slurm.SlurmJobState("TIMEOUT", "TimeLimit", "X"))
+    groups = tmp_path / "groups"
+    rig = Rig(tmp_path, engine="slurm", engine_budget_s=10.0, group="g", group_dir=str(groups), rank=0)
+    rig.fake.at(4, lambda: rig.fake.signal_shim(SIGTERM))
+    try:
+        run = rig.launch()
+    finally:
+        rig.store.close()
+    assert run.end_reason == EndReason.ENGINE_STOP
+    view = group_view(tmp_path / "home", "g", None, str(groups))
+    assert "stopped by the engine (TIMEOUT)" in verdict_line(view)
+
+
+def test_an_engine_stop_as_an_attempt_ends_is_not_lost_to_the_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM from the engine while the shim decides on a restart: the next attempt never starts."""
+    from jobwarden.rules import retry
+
+    rig = Rig(tmp_path, engine="slurm", engine_budget_s=10.0, restart="on-failure", restart_delay_s=5.0)
+    rig.fake.at(3, lambda: rig.fake.exit(rig.main, 1))
+    decide = retry.decide
+
+    def engine_stop_meanwhile(*args: Any) -> Any:
+        rig.fake.signal_shim(SIGTERM)  # relayed by the CLI: in the ended attempt's wakeup fd
+        return decide(*args)
+
+    monkeypatch.setattr(retry, "decide", engine_stop_meanwhile)
+    rig.sup.close()
+    supervise_job(
+        rig.store, rig.store.job(rig.job_id), rig.run_n, rig.clock, rig.sup.procfs, -1, "launch", rig.fake
+    )
+    first, second = rig.store.run(rig.job_id, 1), rig.store.run(rig.job_id, 2)
+    assert (first.state, second.state, second.end_reason) == (
+        JobState.FAILED,
+        JobState.STOPPED,
+        EndReason.ENGINE_STOP,
+    )
+    assert len(rig.fake.spawned) == 1
+    rig.store.close()

@@ -254,6 +254,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     if args.group is not None:
         return _explain_group(args)
+    for example, name in _GROUP_ONLY.items():
+        if getattr(args, name) not in (None, False):
+            flag = example.split()[0]
+            raise UsageError(
+                f"explain {flag} goes with --group ID", f"e.g. jobwarden explain --group ID {example}"
+            )
     if args.job is None:
         raise UsageError("explain needs a JOB (an id or a name), or --group ID")
     status = _job_status(args.job, args.run)
@@ -264,14 +270,29 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+_GROUP_ONLY = {  # explain's flags of a group's verdict, as the user types them: the Namespace's names
+    "--attempt 1": "attempt",
+    "--exit-status": "exit_status",
+    "--group-dir DIR": "group_dir",
+    "--clock-tolerance 2s": "clock_tolerance",
+}
+
+
 def _explain_group(args: argparse.Namespace) -> int:
     from jobwarden.control.groupview import SETTLE_S, group_view
+    from jobwarden.control.options import group_directory, group_id
     from jobwarden.text.group import group_report
 
     if args.job is not None:
         raise UsageError(
             "explain: give a JOB or --group ID, not both", "e.g. jobwarden explain --group exp-7"
         )
+    if args.run is not None:
+        raise UsageError("explain --run goes with a JOB, not --group", "e.g. jobwarden explain --group ID")
+    if args.attempt is not None and args.attempt < 0:
+        raise UsageError(f"bad --attempt {args.attempt}: an attempt is 0 or more", "e.g. --attempt 1")
+    group_id(args.group)
+    args.group_dir = group_directory(args.group_dir)
     tolerance = config.optional_duration(args.clock_tolerance, "--clock-tolerance")
     # --exit-status is asked once the job is over (after srun, in the batch script): a rank with no end
     # then is lost, once the shared file system has had a moment to show every node's last lines

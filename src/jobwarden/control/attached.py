@@ -11,7 +11,6 @@ with the job's status.
 from __future__ import annotations
 
 import contextlib
-import os
 import select
 import signal
 import sys
@@ -19,7 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
-from jobwarden.osapi.process import ENGINE_SIGNALS, RELAYED_USR1
+from jobwarden.errors import AccessDenied, ProcessGone
+from jobwarden.osapi import pidfd as pidfds
+from jobwarden.osapi.process import ENGINE_SIGNALS, RELAYED_USR1, reap
 from jobwarden.paths import Layout
 from jobwarden.store.logfiles import follow
 
@@ -53,6 +54,7 @@ class SignalRelay:
 
     def __init__(self) -> None:
         self.shim_pid: int | None = None
+        self.shim_pidfd: int | None = None
         self.held: list[int] = []
 
     def install(self) -> None:
@@ -60,6 +62,12 @@ class SignalRelay:
             signal.signal(sig, self._caught)
 
     def attach(self, shim_pid: int) -> None:
+        # our child, not reaped yet: the pidfd names it, and keeps naming it after follow_attached has
+        # reaped it, when its pid may be another process's (an engine's signal can come that late)
+        try:
+            self.shim_pidfd = pidfds.open_pidfd(shim_pid)
+        except ProcessGone:
+            return  # it has ended already: nothing to relay to
         self.shim_pid = shim_pid
         held, self.held = self.held, []
         for sig in held:
@@ -72,16 +80,15 @@ class SignalRelay:
             self._relay(signum)
 
     def _relay(self, signum: int) -> None:
-        assert self.shim_pid is not None
-        # our child, not reaped yet: its pid cannot have been reused
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.shim_pid, _AS_RELAYED[signum])
+        assert self.shim_pid is not None and self.shim_pidfd is not None
+        with contextlib.suppress(AccessDenied):  # False (not sent) once the shim has exited
+            pidfds.send_signal(self.shim_pidfd, self.shim_pid, _AS_RELAYED[signum])
 
 
 def follow_attached(home: Path, job_id: int, run: int, shim_pid: int) -> None:
     """Copy the output of each run of the job to stdout until the shim has exited, then reap it. A
     restart (--restart) is a new run with its own log: followed in turn."""
-    pidfd = os.pidfd_open(shim_pid)
+    pidfd = pidfds.open_pidfd(shim_pid)  # our child, not reaped yet: it cannot be gone
     layout = Layout(home)
     out = _Output()
     try:
@@ -97,9 +104,8 @@ def follow_attached(home: Path, job_id: int, run: int, shim_pid: int) -> None:
                 break
             run += 1
     finally:
-        os.close(pidfd)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(shim_pid, 0)
+        pidfds.close(pidfd)
+    reap(shim_pid)
 
 
 class _Output:

@@ -3,6 +3,7 @@ checked before anything starts, and a bad one is a one-line error that names its
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,6 +11,7 @@ from jobwarden import config
 from jobwarden.control.engine import detect_engine, engine_place
 from jobwarden.errors import UsageError
 from jobwarden.joboptions import JobOptions
+from jobwarden.store.groupdir import GROUP_DIR_ENV
 
 
 def run_options(
@@ -46,7 +48,7 @@ def run_options(
     options.update(gpu_options(gpus, gpu_ids))
     options.update(notify_options(notify, on_event))
     options.update(engine or {})
-    if mem_limit is not None and options.get("engine") == "slurm":
+    if mem_limit is not None and "slurm" in (options.get("engine"), options.get("inside_engine")):
         raise UsageError(
             "--mem-limit does not apply under Slurm: Slurm limits the job's memory itself",
             "ask Slurm for it with --mem (sbatch/srun --mem=8G); Slurm then reports an OOM as OUT_OF_MEMORY",
@@ -148,26 +150,54 @@ def engine_options(
     --max-requeues, with the engine's defaults (control.engine) under them. `--detach` inside an engine
     runs on its own, as outside one; the group options still apply."""
     place = engine_place(detect_engine(engine, env), env)
-    if group is not None and (not group.isprintable() or "/" in group or group in ("", ".", "..")):
-        raise UsageError(f"--group {group!r}: a group id is printable text without '/'", "e.g. --group exp-7")
     options: dict[str, Any] = {
         "engine": None if detach else place.engine,
-        "group": group if group is not None else place.group,
-        "group_dir": group_dir,
+        "inside_engine": place.engine,  # not stored: `--detach` leaves the run inside Slurm's cgroup
+        "group": group_id(group) if group is not None else place.group,
+        "group_dir": group_directory(group_dir),
         "rank": config.parse_count(rank, "--rank") if rank is not None else place.rank,
         "node": _node_name(node) if node is not None else place.node,
         "attempt": place.attempt,
-        "max_requeues": config.parse_count(max_requeues, "--max-requeues") if max_requeues else None,
+        "max_requeues": config.parse_count(max_requeues, "--max-requeues")
+        if max_requeues is not None
+        else None,
     }
+    if options["group_dir"] is None and options["group"] is not None and env.get(GROUP_DIR_ENV):
+        # stored with the job: an adopting shim may not have the variable the run had
+        options["group_dir"] = group_directory(env[GROUP_DIR_ENV])
+    if options["group_dir"] is not None and options["group"] is None:
+        raise UsageError("--group-dir needs a group: --group ID (or a Slurm job's own)", "e.g. --group exp-7")
     if requeue_exit is not None:
         options["requeue_exit"] = _requeue_code(requeue_exit)
     return options
 
 
+def group_id(group: str) -> str:
+    """--group: the group directory's name."""
+    return _path_component(group, "--group", "a group id", "exp-7")
+
+
+def group_directory(group_dir: str | None) -> str | None:
+    """--group-dir, made absolute here: the shim, an adopting shim and `explain` run from other
+    directories."""
+    if group_dir is None:
+        return None
+    if not group_dir or not group_dir.isprintable():
+        raise UsageError(
+            f"--group-dir {group_dir!r}: not a directory name", "e.g. --group-dir /shared/groups"
+        )
+    return os.path.abspath(group_dir)
+
+
 def _node_name(node: str) -> str:
-    if not node or not node.isprintable() or "/" in node or node in (".", ".."):
-        raise UsageError(f"--node {node!r}: a node name is printable text without '/'", "e.g. --node n1")
-    return node
+    return _path_component(node, "--node", "a node name", "n1")
+
+
+def _path_component(text: str, flag: str, what: str, example: str) -> str:
+    """One file name of the group directory (the group's own, a node's): no '/', not '.' nor '..'."""
+    if not text.isprintable() or "/" in text or text in ("", ".", ".."):
+        raise UsageError(f"{flag} {text!r}: {what} is printable text without '/'", f"e.g. {flag} {example}")
+    return text
 
 
 def _requeue_code(text: str) -> int:

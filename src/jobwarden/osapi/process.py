@@ -25,10 +25,10 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
-    """Have the kernel send `sig` to this process when the thread that forked it exits (prctl(2)): a
-    child of a Ray worker that Ray SIGKILLs still hears of it. Called in the child before exec (a
-    preexec_fn) with the parent's pid taken before the fork: a parent that died in between is seen, and
-    the child exits at once as the signal would have ended it."""
+    """Have the kernel send `sig` to this process when the thread that forked it exits (prctl(2)): an
+    attached CLI whose parent Ray kills, an attached shim whose CLI dies, still hear of it. `parent` is
+    the parent's pid taken before (before the fork, in a child): a parent that died in between is seen,
+    and this process exits at once as the signal would have ended it."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -161,11 +161,9 @@ def fork_attached() -> int:
         pid = os.fork()
         if pid == 0:
             signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # see fork_detached
-            import ctypes  # here, not in the CLI: only the shim pays for loading it
-
-            if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-                os._exit(70)
-            if os.getppid() != parent:  # the parent died before the prctl: the signal will never come
+            try:  # ctypes loads in here, not in the CLI: only the shim pays for it
+                die_with_parent(parent)  # a parent dead before the prctl: exits, the signal would not come
+            except OSError:
                 os._exit(70)
     finally:
         if pid != 0:

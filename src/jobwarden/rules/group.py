@@ -73,6 +73,10 @@ class RankStory:
 
     @classmethod
     def of(cls, label: str, records: Sequence[dict[str, Any]]) -> RankStory:
+        # a shim that restarts the job (--restart, --on-hang restart) writes each run from its `started`
+        # on, in the same file: the last run is the rank's story, an earlier run's end is not its end
+        starts = [i for i, r in enumerate(records) if r.get("kind") == "started"]
+        records = records[starts[-1] :] if starts else records
         story = cls(label, list(records))
         for record in records:
             story.by_kind.setdefault(str(record.get("kind")), []).append(record)
@@ -158,7 +162,8 @@ def classify(story: RankStory, latest_end: float | None = None, over: bool = Fal
     if ended.get("oom"):
         return Outcome(Cause.OWN, "oom-kill", "was OOM-killed", at, mono)
     if reason == "engine-stop" or any(_stops(r) for r in story.by_kind.get("engine-signal", ())):
-        state = ended.get("engine_state")
+        # the shim asks Slurm why only once the end is recorded: its answer is a record of its own
+        state = ended.get("engine_state") or (story.first("engine-state") or {}).get("state")
         text = f"was stopped by the engine ({state})" if state else "was stopped by the engine"
         return Outcome(Cause.ENGINE, "cancelled-by-engine", text, at, mono)
     if hung is not None or reason == "hung":

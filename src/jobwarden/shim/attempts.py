@@ -46,11 +46,12 @@ def supervise_job(
         record = store.run(job.id, sup.run)
         history.append(outcome_of(store, job, record, sup.restart_after_hang))
         decision = decide(policy, history)
-        sup.close()
         if not decision.restart:
+            sup.close()
             _conclude(store, job, record, decision, policy, notifier, clock)
             break
-        sup = _next_attempt(store, job, record, decision, clock, procfs, notifier, jobos)
+        ended, sup = sup, _next_attempt(store, job, record, decision, clock, procfs, notifier, jobos)
+        sup.take_over_signals(ended)  # a signal as the attempt ended is the next attempt's to act on
         if not sup.wait_backoff(decision.delay_s):
             sup.end_before_start()
             break

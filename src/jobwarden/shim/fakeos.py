@@ -101,7 +101,8 @@ class FakeJobOS:
         self._wake_fd = wake_fd
 
     def uninstall_signals(self, wake_fd: int) -> None:
-        self._wake_fd = None
+        if self._wake_fd == wake_fd:  # as signal.set_wakeup_fd: another supervisor's stays
+            self._wake_fd = None
 
     def create_cgroup(self, name: str) -> JobCgroup | None:
         return None

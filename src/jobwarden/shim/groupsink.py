@@ -38,7 +38,8 @@ from jobwarden.store.logfiles import tail_lines
 ALIVE_EVERY_S = 60.0
 TAIL_LINES = 20
 _TRACEBACK_LINES = 400  # a rank's traceback above torchrun's report
-_FORWARDED = ("finding", "hung", "engine-signal", "stopping")
+# engine-state comes after `ended`: Slurm is asked once the end is safe (shim.stopping), so it has a line
+_FORWARDED = ("finding", "hung", "engine-signal", "stopping", "engine-state")
 
 
 @dataclass

@@ -65,6 +65,7 @@ class SupervisorLoop:
         self._fifo: int | None = None  # the hooks' announcements: opened before the job starts
         self.denied: dict[int, str] = {}  # pid -> why we may not signal it
         self.stop: StopRequest | None = None
+        self._carried: set[int] = set()  # signals the previous attempt received and did not act on
         self.timeout_at: float | None = None
         self.logs = LogWatcher(self.layout.output_log(job.id, run), self.layout.output_index(job.id, run))
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

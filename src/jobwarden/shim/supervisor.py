@@ -134,9 +134,21 @@ class Supervisor(StoppingSupervisor):
             return None
         return str(self.cgroup.path / "tasks" if self.cgroup.version == 1 else self.cgroup.procs_file)
 
+    def take_over_signals(self, ended: Supervisor) -> None:
+        """The ended attempt's signals become ours: our wakeup fd in before its goes, and what it
+        received unread handed on. Between the two, a signal (an engine's SIGTERM as the attempt ended)
+        met a no-op handler and no fd, and was lost: the job restarted, to be SIGKILLed by the engine."""
+        self._install_signals()
+        self._carried |= ended._drain_signals()
+        ended.close()
+
     def wait_backoff(self, delay_s: float) -> bool:
         """restarting: wait out the backoff before the next attempt; False if stopped meanwhile."""
         self._install_signals()
+        self._handle_signals(self._carried)
+        self._carried = set()
+        if self.stop:
+            return False
         deadline = self.clock.monotonic() + delay_s
         while self.clock.monotonic() < deadline:
             self.jobos.wait([self._wake_r], deadline - self.clock.monotonic())

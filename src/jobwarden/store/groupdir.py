@@ -11,19 +11,27 @@ Each record is appended with open/append/close, so that a network file system's 
 publishes it; whole documents go through a temporary file and a rename. A reader skips a torn last line
 (its writer died mid-append, or the file server has not shown the rest yet). The SQLite store never lives
 here: WAL does not work over a network file system.
+
+Every directory is made 0700 and every file 0600 (records hold command lines, output tails, stacks), and
+nothing is written through a symlink: an existing directory must be ours (paths.ensure_private_dir), a file
+is opened with O_NOFOLLOW, so a link planted in a shared group directory never redirects a write.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobwarden.errors import StoreError
+from jobwarden.paths import ensure_private_dir
+
 FORMAT_VERSION = 1
-RECORD_KINDS = ("started", "alive", "finding", "hung", "engine-signal", "stopping", "ended")
+RECORD_KINDS = ("started", "alive", "finding", "hung", "engine-signal", "stopping", "ended", "engine-state")
 GROUP_DIR_ENV = "JOBWARDEN_GROUP_DIR"
 
 
@@ -57,8 +65,7 @@ def records_file(attempt_root: Path, label: str) -> Path:
 def append_record(path: Path, record: dict[str, Any]) -> None:
     """One JSON line, opened, appended and closed: raises OSError (the caller decides it is not fatal)."""
     line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    fd = _open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
         os.write(fd, line.encode())
     finally:
@@ -68,9 +75,12 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
 def write_document(path: Path, document: dict[str, Any], *, replace: bool = True) -> bool:
     """A whole JSON document through a temporary file and a rename; readers see all of it or none. With
     replace=False an existing file is kept (the first writer wins): False when it was there already."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(document, indent=1, default=str))
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # a stale one (an earlier process of this pid), or a link planted under its name
+    fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(document, indent=1, default=str))
     try:
         if replace:
             os.rename(tmp, path)
@@ -87,6 +97,37 @@ def write_document(path: Path, document: dict[str, Any], *, replace: bool = True
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def _open_private(path: Path, flags: int) -> int:
+    """Open (create) a file 0600 in private directories, made again if removed since they were checked."""
+    _private_parents(path)
+    try:
+        return os.open(path, flags, 0o600)
+    except FileNotFoundError:
+        _CHECKED.clear()
+        _private_parents(path)
+        return os.open(path, flags, 0o600)
+
+
+def _private_parents(path: Path) -> None:
+    """The group's directory, the attempt's and the file's own (ranks/, nodes/, stacks/; group.json's is
+    the attempt's), each 0700 and
+    ours: raises OSError, as the writers expect of any write here."""
+    attempt = path.parent if _attempt_number(path.parent.name) is not None else path.parent.parent
+    for directory in (attempt.parent, attempt, path.parent):
+        if directory in _CHECKED:
+            continue  # once a process: 0700 and ours, nobody else can swap what is inside it
+        try:
+            ensure_private_dir(directory)
+        except StoreError as err:
+            raise PermissionError(errno.EACCES, err.message) from err
+        _CHECKED.add(directory)
+
+
+# the directories this process made sure of: on a network file system each check is round trips, and the
+# end records are written inside the engine's kill budget
+_CHECKED: set[Path] = set()
 
 
 @dataclass
