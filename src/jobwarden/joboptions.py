@@ -40,6 +40,9 @@ class JobOptions(NamedTuple):
     attempt: int = 0  # the engine's attempt at the whole job (Slurm's SLURM_RESTART_COUNT)
     requeue_exit: int | None = None  # --requeue-exit: the exit code that asks the engine to requeue
     max_requeues: int | None = None  # --max-requeues: no requeue code from this attempt on
+    # False inside Slurm, attached or --detach: a memory cgroup of ours nested in Slurm's task cgroup
+    # would hide an OOM from Slurm (FAILED instead of OUT_OF_MEMORY)
+    own_cgroup: bool = True
 
     @property
     def wants_gpus(self) -> bool:

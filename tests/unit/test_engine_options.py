@@ -43,6 +43,9 @@ def test_given_flags_win_over_the_engine_and_detach_keeps_the_group() -> None:
     options = engine_options(SLURM_TASK, group="mine", rank="0", detach=True)
     assert options["engine"] is None
     assert (options["group"], options["rank"], options["node"]) == ("mine", 0, "n2")
+    # detached, still in Slurm's task cgroup: no memory cgroup of its own to hide an OOM from Slurm
+    assert run_options(engine=options).own_cgroup is False
+    assert run_options(engine=engine_options({})).own_cgroup is True
 
 
 def test_the_options_are_stored_and_read_back() -> None:

@@ -153,6 +153,7 @@ def engine_options(
     options: dict[str, Any] = {
         "engine": None if detach else place.engine,
         "inside_engine": place.engine,  # not stored: `--detach` leaves the run inside Slurm's cgroup
+        "own_cgroup": place.engine != "slurm",
         "group": group_id(group) if group is not None else place.group,
         "group_dir": group_directory(group_dir),
         "rank": config.parse_count(rank, "--rank") if rank is not None else place.rank,

@@ -38,10 +38,9 @@ class Supervisor(StoppingSupervisor):
         child subreaper already (control.shimproc)."""
         self._install_signals()
         shim_start = self.procfs.stat(self.pid).start_time
-        # Under Slurm no memory cgroup of ours: nested in Slurm's task cgroup it would hide an OOM from
-        # Slurm (FAILED instead of OUT_OF_MEMORY); the OOM evidence comes from the enclosing cgroup
-        nest = self.job.options.engine != "slurm"
-        if nest and os.environ.get(config.CGROUP_ENV, "auto") != "off":
+        # Under Slurm no memory cgroup of ours (JobOptions.own_cgroup): the OOM evidence comes from the
+        # enclosing cgroup, Slurm's task cgroup
+        if self.job.options.own_cgroup and os.environ.get(config.CGROUP_ENV, "auto") != "off":
             self.cgroup = self.jobos.create_cgroup(f"jobwarden-{self.pid}")
         self.tree.cgroup = self.cgroup
         if self.job.options.mem_limit_bytes:  # before the job starts: the limit must hold from its start
