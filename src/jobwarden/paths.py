@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from functools import lru_cache
@@ -14,6 +13,7 @@ from jobwarden.errors import StoreError
 HOME_ENV = "JOBWARDEN_HOME"
 JOB_ID_ENV = "JOBWARDEN_JOB_ID"
 RUN_ENV = "JOBWARDEN_RUN"
+GROUP_DIR_ENV = "JOBWARDEN_GROUP_DIR"  # the groups' shared records (default: under the home)
 LOCAL_DIR_ENV = "JOBWARDEN_LOCAL_DIR"  # where the database goes when the home is on a network file system
 # File systems where SQLite's WAL does not work ("WAL does not work over a network filesystem",
 # sqlite.org/wal.html): cluster homes are usually one of these.
@@ -101,6 +101,8 @@ def database_place(
         return DatabasePlace(home / "jobwarden.db", fs_type, False)
     env = os.environ if environ is None else environ
     local = Path(env.get(LOCAL_DIR_ENV) or f"/var/tmp/jobwarden-{os.geteuid()}")
+    import hashlib  # only for a home on a network file system: not on every command's path
+
     tag = hashlib.sha256(str(home).encode()).hexdigest()[:12]
     return DatabasePlace(local / f"home-{tag}" / "jobwarden.db", fs_type, True)
 

@@ -61,3 +61,25 @@ def test_run_and_ps_load_no_frontend_library(jw: Jobwarden) -> None:
         )
         assert "failed" in done.stdout or ps == ["ps"]
         assert done.stderr.splitlines()[-2:] == ["after-run", "after-ps"], done.stderr
+
+
+# Heavy standard modules a detached `run` must not load before it returns (each costs milliseconds of
+# every `run`: dataclasses pulls inspect, ast and tokenize; hashlib its C bindings), and the group and
+# rules modules only a group run or an ended run needs
+NOT_ON_RUNS_PATH = ("dataclasses", "hashlib", "jobwarden.store.groupdir", "jobwarden.rules.verdict")
+
+RUN_IMPORTS = """
+    import sys
+    from jobwarden.cli.main import main
+    code = main(["run", "--name", "x", "--", "true"])
+    print("loaded", *(m for m in {heavy!r} if m in sys.modules), file=sys.stderr)
+"""
+
+
+def test_run_loads_no_heavy_module_before_it_returns(jw: Jobwarden) -> None:
+    code = textwrap.dedent(RUN_IMPORTS.format(heavy=NOT_ON_RUNS_PATH))
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=jw.env, capture_output=True, text=True, timeout=90, check=True
+    )
+    assert done.stderr.splitlines()[-1] == "loaded", done.stderr
+    jw("wait", done.stdout.strip())

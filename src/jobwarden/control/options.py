@@ -11,7 +11,7 @@ from jobwarden import config
 from jobwarden.control.engine import detect_engine, engine_place
 from jobwarden.errors import UsageError
 from jobwarden.joboptions import JobOptions
-from jobwarden.store.groupdir import GROUP_DIR_ENV
+from jobwarden.paths import GROUP_DIR_ENV
 
 
 def run_options(

@@ -28,11 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from jobwarden.errors import StoreError
-from jobwarden.paths import ensure_private_dir
+from jobwarden.paths import GROUP_DIR_ENV, ensure_private_dir
 
 FORMAT_VERSION = 1
 RECORD_KINDS = ("started", "alive", "finding", "hung", "engine-signal", "stopping", "ended", "engine-state")
-GROUP_DIR_ENV = "JOBWARDEN_GROUP_DIR"
 
 
 def group_root(home: Path, group: str, group_dir: str | None, environ: dict[str, str] | None = None) -> Path:
