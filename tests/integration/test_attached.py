@@ -87,3 +87,10 @@ def test_the_clis_death_stops_the_job_through_the_shim(jw: Jobwarden, tmp_path: 
     status = jw.status(job["id"])
     assert (status["state"], status["end_reason"]) == ("stopped", "engine-stop")
     assert start_time(job["pid"]) is None  # the job is gone with it
+
+
+def test_json_is_refused_where_stdout_carries_the_jobs_output(jw: Jobwarden) -> None:
+    result = jw("run", "--json", "--engine", "ray", "--", "true", check=False)
+    assert result.returncode == 2
+    assert result.stderr.startswith("jobwarden: run --json inside ray:"), result.stderr
+    assert jw.json("ps", "--all") == []  # refused before anything was recorded

@@ -81,6 +81,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     name = checked_name(args.name) if args.name is not None else default_name(argv)
     spec = JobSpec(command=tuple(argv), cwd=args.cwd, name=name, env=env)
     if options.engine is not None:
+        if args.json:
+            raise UsageError(
+                f"run --json inside {options.engine}: attached, run's stdout carries the job's output",
+                "drop --json (jobwarden status --json JOB gives the record), or add --detach",
+            )
         return _run_attached(spec, options)
     launched = launch(_home(), spec, options)
     if args.json:
