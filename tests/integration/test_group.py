@@ -42,25 +42,16 @@ def node2(tmp_path: Path) -> Iterator[Jobwarden]:
     assert not leaked, f"the test left processes running: {leaked}"
 
 
+def in_group(group_dir: Path, rank: int | None = 0) -> list[str]:
+    """`run`'s flags of one rank of group G, outside any engine (None: no --rank)."""
+    rank_args = ["--rank", str(rank)] if rank is not None else []
+    return ["--engine", "none", "--group", "G", "--group-dir", str(group_dir), *rank_args]
+
+
 def rank_run(node: Jobwarden, group_dir: Path, rank: int | None, *args: str) -> subprocess.Popen[str]:
     """`jobwarden run --wait` of one rank, started in the background like an srun task."""
-    rank_args = ("--rank", str(rank)) if rank is not None else ()
     return subprocess.Popen(
-        [
-            PY,
-            "-m",
-            "jobwarden",
-            "run",
-            "--wait",
-            "--engine",
-            "none",
-            "--group",
-            "G",
-            "--group-dir",
-            str(group_dir),
-            *rank_args,
-            *args,
-        ],
+        [PY, "-m", "jobwarden", "run", "--wait", *in_group(group_dir, rank), *args],
         env=node.env,
         text=True,
         stdout=subprocess.PIPE,
@@ -125,22 +116,7 @@ def test_an_unwritable_group_dir_never_breaks_the_job(jw: Jobwarden, tmp_path: P
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     group_dir = blocker / "groups" if where == "under-a-file" else Path("/proc/jobwarden-no-such-dir")
-    done = jw(
-        "run",
-        "--wait",
-        "--engine",
-        "none",
-        "--group",
-        "G",
-        "--rank",
-        "0",
-        "--group-dir",
-        str(group_dir),
-        "--",
-        PY,
-        "-c",
-        "print('trained')",
-    )
+    done = jw("run", "--wait", *in_group(group_dir), "--", PY, "-c", "print('trained')")
     assert done.returncode == 0, done.stderr
     job = int(done.stdout.split()[0])
     assert jw.output(job) == "trained\n"
@@ -153,21 +129,7 @@ def test_an_unwritable_group_dir_never_breaks_the_job(jw: Jobwarden, tmp_path: P
 def test_exit_status_and_the_requeue_code(jw: Jobwarden, tmp_path: Path) -> None:
     def run(group: str, *args: str) -> tuple[int, int]:
         shared = tmp_path / group
-        proc = jw(
-            "run",
-            "--wait",
-            "--engine",
-            "none",
-            "--group",
-            "G",
-            "--rank",
-            "0",
-            "--group-dir",
-            str(shared),
-            "--requeue-exit",
-            "200",
-            *args,
-        )
+        proc = jw("run", "--wait", *in_group(shared), "--requeue-exit", "200", *args)
         return proc.returncode, explain(jw, shared, "--exit-status").returncode
 
     assert run("killed", "--max-requeues", "2", "--", "sh", "-c", "kill -9 $$") == (200, 200)
