@@ -6,6 +6,8 @@ import re
 
 from jobwarden.errors import UsageError
 
+# An engine's kill budget (SIGTERM -> its SIGKILL) when it does not say: Slurm's default KillWait
+DEFAULT_ENGINE_BUDGET_S = 30.0
 DEFAULT_GRACE_S = 10.0  # SIGTERM -> SIGKILL, as docker stop: long enough to write a checkpoint
 TICK_S = 1.0  # shim sampling period
 FULL_SCAN_EVERY_S = 10.0  # a complete /proc + marker rescan catches anything an incremental scan missed

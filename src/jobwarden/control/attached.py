@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
+from jobwarden.config import DEFAULT_ENGINE_BUDGET_S
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.process import ENGINE_SIGNALS, RELAYED_USR1, reap
@@ -26,14 +27,13 @@ from jobwarden.store.logfiles import follow
 
 RAY_STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
 RAY_DEFAULT_STOP_WAIT_S = 3.0  # Ray Jobs: SIGTERM, then SIGKILL this long after (docs/cluster.md)
-UNKNOWN_BUDGET_S = 30.0  # Slurm's default KillWait, when the cluster does not say
 _FOLLOW_POLL_S = 0.1
 # the shim's own SIGUSR1 means `jobwarden stop`: the engine's comes as RELAYED_USR1
 _AS_RELAYED: dict[int, int] = {int(sig): int(sig) for sig in ENGINE_SIGNALS} | {signal.SIGUSR1: RELAYED_USR1}
 
 
 def engine_budget_s(engine: str | None, env: Mapping[str, str]) -> float:
-    """How long the engine waits between its SIGTERM and its SIGKILL: Slurm's KillWait (asked from
+    """How long the engine waits between its SIGTERM and its SIGKILL: Slurm's KillWait (slurm.conf, or
     scontrol), Ray's RAY_JOB_STOP_WAIT_TIME_S (3 s by default); 30 s when unknown."""
     if engine == "ray":
         text = env.get(RAY_STOP_WAIT_ENV, "")
@@ -44,8 +44,8 @@ def engine_budget_s(engine: str | None, env: Mapping[str, str]) -> float:
     if engine == "slurm":
         from jobwarden.probes.slurm import kill_wait_s
 
-        return kill_wait_s(env) or UNKNOWN_BUDGET_S
-    return UNKNOWN_BUDGET_S
+        return kill_wait_s(env) or DEFAULT_ENGINE_BUDGET_S
+    return DEFAULT_ENGINE_BUDGET_S
 
 
 class SignalRelay:

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
+from jobwarden.config import DEFAULT_ENGINE_BUDGET_S
 from jobwarden.errors import OsApiError
 from jobwarden.osapi.tool import run_tool
 
-DEFAULT_KILL_WAIT_S = 30.0  # Slurm's own default KillWait
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"  # where Debian's slurm-wlm reads it without SLURM_CONF
 _KILL_WAIT = re.compile(r"^KillWait\s*=\s*(\d+)\s*sec", re.MULTILINE)
 _FIELD = re.compile(r"(?:^|\s)(JobState|Reason)=(\S+)")
@@ -69,7 +69,7 @@ def kill_wait_s(env: Mapping[str, str], timeout_s: float = 3.0) -> float | None:
 def config_kill_wait(conf_text: str) -> float | None:
     """KillWait as slurm.conf sets it (keys are case-insensitive; Slurm's default when unset), or None
     when the file alone cannot say: it includes other files, which may set it."""
-    kill_wait = DEFAULT_KILL_WAIT_S
+    kill_wait = DEFAULT_ENGINE_BUDGET_S  # Slurm's own default KillWait
     for raw in conf_text.splitlines():
         line = raw.split("#", 1)[0].strip()
         key, _, value = line.partition("=")

@@ -20,6 +20,7 @@ import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
 
+from jobwarden.config import DEFAULT_ENGINE_BUDGET_S
 from jobwarden.errors import AccessDenied, StoreError
 from jobwarden.joboptions import JobOptions
 from jobwarden.osapi import pidfd as pidfds
@@ -29,7 +30,6 @@ from jobwarden.shim.recorder import RunRecorder, log
 from jobwarden.shim.tree import Member
 from jobwarden.store import Store
 
-DEFAULT_BUDGET_S = 30.0  # Slurm's default KillWait: the budget when the engine's is unknown
 STACKS_CAP_S = 5.0
 QUIET_S = 2.0  # no sign of progress for this long: the stacks say where the job waits
 SILENT_S = 60.0  # or no output nor heartbeat for this long, whatever the CPU does
@@ -64,7 +64,7 @@ class EngineLink:
 
     def __init__(self, options: JobOptions, record: RunRecorder, monotonic: Callable[[], float]) -> None:
         self.engine = options.engine or "engine"
-        self.budget_s = options.engine_budget_s or DEFAULT_BUDGET_S
+        self.budget_s = options.engine_budget_s or DEFAULT_ENGINE_BUDGET_S
         self.record, self.monotonic = record, monotonic
         self.stop_signal: str | None = None
         self.stop_at: float | None = None  # monotonic: when the engine's stop reached the shim
