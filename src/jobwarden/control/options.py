@@ -48,7 +48,7 @@ def run_options(
     options.update(gpu_options(gpus, gpu_ids))
     options.update(notify_options(notify, on_event))
     options.update(engine or {})
-    if mem_limit is not None and "slurm" in (options.get("engine"), options.get("inside_engine")):
+    if mem_limit is not None and options.get("own_cgroup") is False:  # inside Slurm, attached or not
         raise UsageError(
             "--mem-limit does not apply under Slurm: Slurm limits the job's memory itself",
             "ask Slurm for it with --mem (sbatch/srun --mem=8G); Slurm then reports an OOM as OUT_OF_MEMORY",
@@ -152,7 +152,7 @@ def engine_options(
     place = engine_place(detect_engine(engine, env), env)
     options: dict[str, Any] = {
         "engine": None if detach else place.engine,
-        "inside_engine": place.engine,  # not stored: `--detach` leaves the run inside Slurm's cgroup
+        # `--detach` too leaves the run inside Slurm's task cgroup: no memory cgroup of its own there
         "own_cgroup": place.engine != "slurm",
         "group": group_id(group) if group is not None else place.group,
         "group_dir": group_directory(group_dir),
