@@ -320,11 +320,11 @@ def test_an_unadvertised_process_is_never_signalled(
     py_dir = tmp_path / "py"
     py_dir.mkdir()
     bare, stale = targets.start("plain"), targets.start("plain")
-    start = PROCFS.stat(stale.main).start_time
+    start, exe = PROCFS.stat(stale.main).start_time, os.stat(f"/proc/{stale.main}/exe")
     (py_dir / f"{stale.main}.json").write_text(
         f'{{"pid": {stale.main}, "start_time": {start - 1}, "python": "3", "executable": "python", '
         f'"fault_signal": {int(signal.SIGUSR2)}, "fault_file": "{py_dir}/x.fault", "ptracer": false, '
-        '"mp_start": null}'
+        f'"mp_start": null, "exe": [{exe.st_dev}, {exe.st_ino}]}}'
     )
     stacks = by_pid(capture_stacks([bare.main, stale.main], procfs=PROCFS, py_dir=py_dir, timeout_s=10))
     assert stacks[bare.main].method == "none"

@@ -21,7 +21,8 @@ import jobwarden
 from jobwarden.hooks import FALLBACK_DIR, FAULT_SIGNAL, SITE_DIR, heartbeat_env, hook_env
 from jobwarden.observations import ThreadStack
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.probes.pyhooks import may_signal, read_adverts, read_fault_dump, read_forks, read_heartbeat
+from jobwarden.probes.faultdump import parse_faulthandler
+from jobwarden.probes.pyhooks import may_signal, read_adverts, read_forks, read_heartbeat
 from tests.conftest import start_time
 
 pytestmark = pytest.mark.integration
@@ -123,12 +124,18 @@ def wait_for_dump(path: Path, offset: int, functions: set[str]) -> tuple[ThreadS
     until the dump names every function looked for."""
     deadline = time.monotonic() + TIMEOUT_S
     while True:
-        threads, _ = read_fault_dump(path, offset)
+        threads = read_fault_dump(path, offset)
         if functions <= {f.function for t in threads for f in t.frames}:
             return threads
         if time.monotonic() > deadline:
             raise TimeoutError(f"{path} has no dump naming {functions}: {threads}")
         time.sleep(0.01)
+
+
+def read_fault_dump(path: Path, offset: int = 0) -> tuple[ThreadStack, ...]:
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        return parse_faulthandler(fh.read().decode("utf-8", "replace"))
 
 
 def expected_ptracer() -> bool:
@@ -242,7 +249,7 @@ def test_a_fork_while_a_thread_holds_a_lock_is_recorded(job: Job) -> None:
 
     child = read_adverts(job.py_dir)[said["child"]]
     assert child.fault_file == job.py_dir / f"{said['child']}.stacks"
-    threads, _ = read_fault_dump(child.fault_file)
+    threads = read_fault_dump(child.fault_file)
     assert [f.function for f in threads[0].frames][:2] == ["in_child", "<module>"]
     assert (job.py_dir / f"{parent}.stacks").read_bytes() == b""  # the child did not write to its parent's
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from jobwarden.control import attached
 from jobwarden.control.options import engine_options, run_options
 from jobwarden.errors import UsageError
-from jobwarden.osapi.process import RELAYED_USR1
+from jobwarden.osapi.process import BLOCKED_UNTIL_HANDLED, RELAYED_USR1, fork_attached
 from jobwarden.probes.slurm import config_kill_wait, kill_wait_s, parse_job_state, parse_kill_wait
 from jobwarden.rules import RunEvidence, explain
 from jobwarden.rules.retry import AttemptOutcome, RestartPolicy, decide
@@ -77,17 +78,49 @@ def test_slurm_that_does_not_answer_gives_the_default_budget() -> None:
     assert attached.engine_budget_s("slurm", {"PATH": "/nonexistent"}) == 30.0
 
 
-def test_the_relay_holds_signals_until_the_shim_exists(monkeypatch: pytest.MonkeyPatch) -> None:
-    sent: list[tuple[int, int]] = []
-    monkeypatch.setattr(attached.pidfds, "open_pidfd", lambda pid: 1000 + pid)
-    monkeypatch.setattr(attached.pidfds, "send_signal", lambda fd, pid, sig: sent.append((fd - 1000, sig)))
-    relay = attached.SignalRelay()
-    relay._caught(signal.SIGTERM, None)
-    assert sent == []
-    relay.attach(4242)
-    relay._caught(signal.SIGUSR1, None)  # the shim's own SIGUSR1 means `jobwarden stop`: relayed apart
-    relay._caught(signal.SIGHUP, None)
-    assert sent == [(4242, signal.SIGTERM), (4242, RELAYED_USR1), (4242, signal.SIGHUP)]
+# A stand-in shim: catches what the CLI relays and says which signal came
+CATCHER = f"""
+import signal, sys
+for sig in (signal.SIGTERM, signal.SIGHUP, {int(RELAYED_USR1)}):
+    signal.signal(sig, lambda n, _: print(n, flush=True))
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_relay_holds_signals_until_the_shim_exists() -> None:
+    shim = subprocess.Popen([sys.executable, "-c", CATCHER], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert shim.stdout is not None
+    try:
+        assert shim.stdout.readline() == b"ready\n"
+        relay = attached.SignalRelay()
+        relay._caught(signal.SIGTERM, None)  # held: no shim yet
+        relay.attach(shim.pid)
+        relay._caught(signal.SIGUSR1, None)  # the shim's own SIGUSR1 means `jobwarden stop`: relayed apart
+        relay._caught(signal.SIGHUP, None)
+        got = [int(shim.stdout.readline()) for _ in range(3)]
+        assert got == [signal.SIGTERM, RELAYED_USR1, signal.SIGHUP]
+        assert relay.shim_pidfd is not None
+        os.close(relay.shim_pidfd)
+    finally:
+        shim.kill()
+        shim.communicate()
+
+
+def test_the_relay_never_sends_a_signal_the_shim_would_die_of() -> None:
+    """A process that neither catches nor blocks the relayed real-time signal would be ended by it."""
+    shim = subprocess.Popen(["sleep", "60"])
+    try:
+        relay = attached.SignalRelay()
+        relay.attach(shim.pid)
+        relay._caught(signal.SIGUSR1, None)
+        relay._caught(signal.SIGTERM, None)
+        assert shim.poll() is None
+        assert relay.shim_pidfd is not None
+        os.close(relay.shim_pidfd)
+    finally:
+        shim.kill()
+        shim.wait()
 
 
 def test_the_relay_never_signals_a_reaped_shims_pid(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,3 +186,14 @@ def test_mem_limit_under_slurm_says_mem_is_the_tool() -> None:
         run_options(mem_limit="8G", engine=engine)
     assert "--mem-limit" in raised.value.message and "--mem=" in (raised.value.remedy or "")
     assert run_options(mem_limit="8G", engine=engine_options({})).mem_limit_bytes == 8 << 30
+
+
+def test_an_attached_shim_is_forked_with_what_the_cli_relays_blocked() -> None:
+    """Until its handlers are in, a relayed signal waits: RELAYED_USR1 (real-time) would otherwise end it."""
+    pid = fork_attached()
+    if pid == 0:
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        os._exit(0 if set(blocked) >= BLOCKED_UNTIL_HANDLED and RELAYED_USR1 in blocked else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert RELAYED_USR1 not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # the parent's mask is back

@@ -215,6 +215,7 @@ def test_an_advert_has_the_exact_fields(tmp_path: Path) -> None:
         "fault_file": str(tmp_path / "x.stacks"),
         "ptracer": True,
         "mp_start": None,
+        "exe": [os.stat("/proc/self/exe").st_dev, os.stat("/proc/self/exe").st_ino],  # the interpreter
     }
     assert list(tmp_path.iterdir()) == [tmp_path / f"{os.getpid()}.json"]  # no temporary left behind
 

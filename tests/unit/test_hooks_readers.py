@@ -1,5 +1,6 @@
-"""Reading what the hooks left behind: adverts, fork records, faulthandler dumps, the heartbeat. The files
-are written by processes that may die mid-write: the partial and corrupt cases matter as much as the good."""
+"""Reading what the hooks left behind: adverts, fork records, the heartbeat (faulthandler's dumps are read in
+test_stacks). The files are written by processes that may die mid-write: the partial and corrupt cases
+matter as much as the good."""
 
 from __future__ import annotations
 
@@ -16,9 +17,7 @@ from jobwarden.probes.pyhooks import (
     Heartbeat,
     HookAdvert,
     may_signal,
-    parse_fault_dump,
     read_adverts,
-    read_fault_dump,
     read_forks,
     read_heartbeat,
 )
@@ -34,6 +33,7 @@ def advert(pid: int = 100, **changes: object) -> dict[str, object]:
         "fault_file": f"/run/py/{pid}.stacks",
         "ptracer": True,
         "mp_start": None,
+        "exe": [2049, 77],
         **changes,
     }
 
@@ -45,7 +45,7 @@ def test_an_advert_is_read(tmp_path: Path) -> None:
     (tmp_path / "100.json").write_text(json.dumps(advert(mp_start="spawn")))
     assert read_adverts(tmp_path) == {
         100: HookAdvert(
-            100, 5000, "3.8.18", "/usr/bin/python3", 40, Path("/run/py/100.stacks"), True, "spawn"
+            100, 5000, "3.8.18", "/usr/bin/python3", 40, Path("/run/py/100.stacks"), True, "spawn", (2049, 77)
         )
     }
     assert read_adverts(tmp_path)[100].process == ProcessId(100, 5000)
@@ -62,6 +62,9 @@ def test_an_advert_is_read(tmp_path: Path) -> None:
         json.dumps(advert(101, start_time="5000")),
         json.dumps(advert(101, ptracer=1)),
         json.dumps(advert(101, mp_start=3)),
+        json.dumps(advert(101, exe=[1])),
+        json.dumps(advert(101, exe=[1, True])),
+        json.dumps(advert(101, exe="/usr/bin/python3")),
         json.dumps({k: v for k, v in advert(101).items() if k != "fault_signal"}),
         json.dumps(advert(999)),  # a file that names another process
     ],
@@ -85,33 +88,55 @@ def test_an_advert_without_a_handler_does_not_dump() -> None:
     assert HookAdvert.from_json(advert()).dumps_on_signal
 
 
-def fake_proc(root: Path, pid: int, start_time: int, sig_cgt: str, state: str = "S") -> ProcFS:
+def fake_proc(
+    root: Path, pid: int, start_time: int, sig_cgt: str, state: str = "S", runs: str = "python3"
+) -> ProcFS:
     d = root / str(pid)
     d.mkdir(parents=True)
     fields = [state, "1", "1", "1", "0", "-1", "0", *["0"] * 12, str(start_time), "0", "0"]
     (d / "stat").write_text(f"{pid} (python3) {' '.join(fields)}\n")
     (d / "status").write_text(f"Name:\tpython3\nSigBlk:\t0000000000000000\nSigCgt:\t{sig_cgt}\n")
+    (d / "exe").symlink_to(program_file(root, runs))
     return ProcFS(root)
 
 
+def program_file(root: Path, name: str) -> Path:
+    path = root / "bin" / name
+    path.parent.mkdir(exist_ok=True)
+    path.touch()
+    return path
+
+
+def program_of(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_dev, st.st_ino]
+
+
 @pytest.mark.parametrize(
-    ("start_time", "sig_cgt", "state", "allowed"),
+    ("start_time", "sig_cgt", "state", "runs", "allowed"),
     [
-        (5000, "0000008000000000", "S", True),  # bit 39: signal 40 caught
-        (5000, "0000004000000000", "S", False),  # another signal caught: the process exec()ed
-        (5001, "0000008000000000", "S", False),  # the pid was reused
-        (5000, "0000008000000000", "Z", False),
+        (5000, "0000008000000000", "S", "python3", True),  # bit 39: signal 40 caught
+        (5000, "0000004000000000", "S", "python3", False),  # another signal caught
+        (5000, "0000008000000000", "S", "raylet", False),  # exec()ed into a program that catches it too
+        (5001, "0000008000000000", "S", "python3", False),  # the pid was reused
+        (5000, "0000008000000000", "Z", "python3", False),
     ],
 )
-def test_may_signal_checks_identity_and_the_handler(
-    tmp_path: Path, start_time: int, sig_cgt: str, state: str, allowed: bool
+def test_may_signal_checks_identity_program_and_handler(
+    tmp_path: Path, start_time: int, sig_cgt: str, state: str, runs: str, allowed: bool
 ) -> None:
-    procfs = fake_proc(tmp_path, 100, start_time, sig_cgt, state)
-    assert may_signal(HookAdvert.from_json(advert()), procfs) is allowed
+    procfs = fake_proc(tmp_path, 100, start_time, sig_cgt, state, runs)
+    python = program_of(program_file(tmp_path, "python3"))
+    assert may_signal(HookAdvert.from_json(advert(exe=python)), procfs) is allowed
 
 
 def test_may_signal_a_process_that_is_gone(tmp_path: Path) -> None:
     assert may_signal(HookAdvert.from_json(advert()), ProcFS(tmp_path)) is False
+
+
+def test_an_advert_from_hooks_that_did_not_name_their_program_is_never_signalled(tmp_path: Path) -> None:
+    procfs = fake_proc(tmp_path, 100, 5000, "0000008000000000")
+    assert may_signal(HookAdvert.from_json(advert(exe=None)), procfs) is False
 
 
 # --- fork records -----------------------------------------------------------------------------------
@@ -190,64 +215,6 @@ def test_records_of_several_processes_come_oldest_first(tmp_path: Path) -> None:
         (100, 5.0, None),
     ]
     assert read_forks(tmp_path / "missing") == []
-
-
-# --- faulthandler dumps -----------------------------------------------------------------------------
-
-# As CPython 3.8 and 3.13 write them (the format has not changed), two dumps appended to one file.
-DUMP = """\
-Thread 0x00007f3b8d1fe640 (most recent call first):
-  File "/usr/lib/python3.11/threading.py", line 327 in wait
-  File "/job/train.py", line 12 in park_in_thread
-  File "/usr/lib/python3.11/threading.py", line 975 in run
-
-Current thread 0x00007f3b8e4a9740 (most recent call first):
-  File "/job/train.py", line 20 in wait_for_go
-  File "/job/train.py", line ??? in <module>
-"""
-SECOND = """\
-Thread 0x00007f3b8d1fe640 (most recent call first):
-  <no Python frame>
-
-Current thread 0x00007f3b8e4a9740 (most recent call first):
-  File "/job/train.py", line 21 in wait_for_go
-"""
-
-
-def test_a_faulthandler_dump_is_parsed() -> None:
-    assert parse_fault_dump(DUMP) == (
-        ThreadStack(
-            None,
-            "thread 0x00007f3b8d1fe640",
-            (
-                Frame("wait", "/usr/lib/python3.11/threading.py", 327),
-                Frame("park_in_thread", "/job/train.py", 12),
-                Frame("run", "/usr/lib/python3.11/threading.py", 975),
-            ),
-        ),
-        ThreadStack(
-            None,
-            "current thread",
-            (Frame("wait_for_go", "/job/train.py", 20), Frame("<module>", "/job/train.py")),
-        ),
-    )
-
-
-def test_dumps_are_read_from_an_offset(tmp_path: Path) -> None:
-    stacks = tmp_path / "100.stacks"
-    stacks.write_text(DUMP)
-    first, offset = read_fault_dump(stacks)
-    assert (len(first), offset) == (2, len(DUMP))
-    with open(stacks, "a") as fh:
-        fh.write(SECOND)
-    second, end = read_fault_dump(stacks, offset)
-    assert end == len(DUMP) + len(SECOND)
-    assert [t.frames for t in second] == [(), (Frame("wait_for_go", "/job/train.py", 21),)]
-    assert read_fault_dump(tmp_path / "missing", 7) == ((), 7)
-
-
-def test_garbage_is_not_a_dump() -> None:
-    assert parse_fault_dump('Fatal Python error: Segmentation fault\n  File "x", line 1 in f\n') == ()
 
 
 # --- heartbeat --------------------------------------------------------------------------------------

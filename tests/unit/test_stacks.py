@@ -15,6 +15,7 @@ from jobwarden.observations import Frame
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.osapi.tool import run_tool
 from jobwarden.probes import faultdump, gdb, pyspy
+from jobwarden.probes.pyhooks import read_advert
 from jobwarden.probes.stackbase import Failure, ptrace_denied_help, read_tasks
 from jobwarden.probes.stacks import Tools, capture_stacks
 from tests.unit.test_procfs import add_process, stat_line
@@ -171,6 +172,10 @@ def test_faulthandler_odd_lines_and_a_second_dump() -> None:
     assert bare.frames == ()
     (single,) = faultdump.parse_faulthandler('Stack (most recent call first):\n  File "a.py", line 1 in g\n')
     assert single.frames == (Frame("g", "a.py", 1),)
+    assert (
+        faultdump.parse_faulthandler('Fatal Python error: Segmentation fault\n  File "x", line 1 in f\n')
+        == ()
+    )
 
 
 def advert(pid: int, **changes: Any) -> dict[str, Any]:
@@ -183,6 +188,7 @@ def advert(pid: int, **changes: Any) -> dict[str, Any]:
         "fault_file": "/tmp/f.fault",
         "ptracer": True,
         "mp_start": None,
+        "exe": [2049, 131],
     }
     return {**d, **changes}
 
@@ -193,12 +199,17 @@ def test_adverts_are_read_strictly(tmp_path: Path) -> None:
     (tmp_path / "12.json").write_text("{not json")
     (tmp_path / "13.json").write_text(json.dumps(advert(13, fault_signal=0)))
     (tmp_path / "14.json").write_text(json.dumps({"pid": 14}))
-    got = faultdump.read_advert(tmp_path, 10)
+    (tmp_path / "16.json").write_text(json.dumps({k: v for k, v in advert(16).items() if k != "exe"}))
+    got = read_advert(tmp_path, 10)
     assert got is not None and (got.start_time, got.fault_signal, got.ptracer) == (56071, 12, True)
-    assert got.fault_file == Path("/tmp/f.fault")
-    for pid in (11, 12, 13, 14, 15):
-        assert faultdump.read_advert(tmp_path, pid) is None
-    assert faultdump.read_advert(None, 10) is None
+    assert (got.fault_file, got.program, got.dumps_on_signal) == (Path("/tmp/f.fault"), (2049, 131), True)
+    for pid in (11, 12, 14, 15):
+        assert read_advert(tmp_path, pid) is None
+    assert read_advert(None, 10) is None
+    no_handler, older_hooks = read_advert(tmp_path, 13), read_advert(tmp_path, 16)
+    assert no_handler is not None and not no_handler.dumps_on_signal
+    # hooks that did not say which interpreter they ran in: an exec() since could not be told, so no signal
+    assert older_hooks is not None and older_hooks.program is None and not older_hooks.dumps_on_signal
 
 
 # --- gdb -----------------------------------------------------------------------------------------------

@@ -18,10 +18,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
+from jobwarden import trace
 from jobwarden.config import DEFAULT_ENGINE_BUDGET_S
 from jobwarden.errors import AccessDenied, ProcessGone
+from jobwarden.model import ProcessId
+from jobwarden.osapi import asking
 from jobwarden.osapi import pidfd as pidfds
-from jobwarden.osapi.process import ENGINE_SIGNALS, RELAYED_USR1, reap
+from jobwarden.osapi.process import ENGINE_SIGNALS, RELAYED_USR1, reap, signal_name
+from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import Layout
 from jobwarden.store.logfiles import follow
 
@@ -53,7 +57,8 @@ class SignalRelay:
     the shim's pid is known) until the CLI exits. SIGCONT (scancel sends it first) keeps its default."""
 
     def __init__(self) -> None:
-        self.shim_pid: int | None = None
+        self.procfs = ProcFS()
+        self.shim: ProcessId | None = None
         self.shim_pidfd: int | None = None
         self.held: list[int] = []
 
@@ -66,23 +71,29 @@ class SignalRelay:
         # reaped it, when its pid may be another process's (an engine's signal can come that late)
         try:
             self.shim_pidfd = pidfds.open_pidfd(shim_pid)
-        except ProcessGone:
+            start_time = self.procfs.stat(shim_pid).start_time  # a zombie's too: then nothing is relayed
+        except (ProcessGone, AccessDenied):
             return  # it has ended already: nothing to relay to
-        self.shim_pid = shim_pid
+        self.shim = ProcessId(shim_pid, start_time)
         held, self.held = self.held, []
         for sig in held:
             self._relay(sig)
 
     def _caught(self, signum: int, frame: FrameType | None) -> None:
-        if self.shim_pid is None:
+        if self.shim is None:
             self.held.append(signum)
         else:
             self._relay(signum)
 
     def _relay(self, signum: int) -> None:
-        assert self.shim_pid is not None and self.shim_pidfd is not None
-        with contextlib.suppress(AccessDenied):  # False (not sent) once the shim has exited
-            pidfds.send_signal(self.shim_pidfd, self.shim_pid, _AS_RELAYED[signum])
+        """Only while the shim catches the signal, or still blocks it (its handlers are on their way: it
+        was forked with them blocked): uncaught, the relayed real-time signal would end it."""
+        assert self.shim is not None and self.shim_pidfd is not None
+        relayed = _AS_RELAYED[signum]
+        with contextlib.suppress(AccessDenied):  # GONE (not sent) once the shim has exited
+            answer = asking.ask_through(self.shim_pidfd, self.procfs, self.shim, relayed, blocked_ok=True)
+            if answer is asking.Answer.NOT_CAUGHT:
+                trace.info(f"not relayed {signal_name(relayed)} to the supervisor: {answer.value}")
 
 
 def follow_attached(home: Path, job_id: int, run: int, shim_pid: int) -> None:

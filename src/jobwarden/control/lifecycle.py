@@ -13,7 +13,8 @@ from jobwarden.clock import SystemClock
 from jobwarden.control.shimproc import fork_shim, shim_alive
 from jobwarden.control.views import live_processes, refresh
 from jobwarden.errors import AccessDenied, JobStillRunning, JobwardenError, ProcessGone
-from jobwarden.model import JobState, Survivor
+from jobwarden.model import JobState, ProcessId, Survivor
+from jobwarden.osapi import asking
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.osapi.waiting import wait_readable
@@ -102,7 +103,7 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None, again:
             stop_grace=grace,
         )
     notes = _resume_if_stopped(procfs, run, set())
-    _signal_shim(procfs, run)
+    _signal_shim(procfs, job, run)
     trace.info(f"asked supervisor {run.shim_pid} to stop job {job.id} (grace {grace:g}s); waiting for it")
     if not _wait_stopping(procfs, run, grace + 30, notes):
         raise JobwardenError(
@@ -193,19 +194,20 @@ def store_run(home: Path, job: JobRecord, n: int) -> RunRecord:
         return store.run(job.id, n)
 
 
-def _signal_shim(procfs: ProcFS, run: RunRecord) -> None:
+def _signal_shim(procfs: ProcFS, job: JobRecord, run: RunRecord) -> None:
+    """SIGUSR1 asks the shim to read its stop request. Only while it catches SIGUSR1: uncaught, its default
+    action would end the supervisor and leave the job unwatched."""
     import signal
 
     assert run.shim_pid is not None
-    try:
-        fd = pidfds.open_pidfd(run.shim_pid)
-    except ProcessGone:
-        return
-    try:
-        if procfs.identity_matches(run.shim_pid, run.shim_start or -1):
-            pidfds.send_signal(fd, run.shim_pid, signal.SIGUSR1)
-    finally:
-        pidfds.close(fd)
+    shim = ProcessId(run.shim_pid, run.shim_start if run.shim_start is not None else -1)
+    answer = asking.ask(procfs, shim, signal.SIGUSR1)
+    if answer is asking.Answer.NOT_CAUGHT:
+        raise JobwardenError(
+            f"the supervisor of job {job.id} (pid {run.shim_pid}) was not asked to stop: {answer.value}",
+            f"run `jobwarden stop {job.id}` again in a moment; if this repeats, see its "
+            f"shim.log and `jobwarden status {job.id}`",
+        )
 
 
 def adopt(home: Path, procfs: ProcFS, job_ref: str | int) -> dict[str, object]:

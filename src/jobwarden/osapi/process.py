@@ -145,6 +145,9 @@ ENGINE_SIGNALS = frozenset(
 )
 # The CLI relays the engine's SIGUSR1 to an attached shim as this (the shim's own SIGUSR1: `jobwarden stop`)
 RELAYED_USR1 = signal.SIGRTMIN + 1
+# Blocked in an attached shim from its fork until its handlers are in: what the engine sends it, and what the
+# CLI relays to it (a real-time signal terminates by default too)
+BLOCKED_UNTIL_HANDLED = ENGINE_SIGNALS | {RELAYED_USR1}
 
 
 def fork_attached() -> int:
@@ -152,10 +155,10 @@ def fork_attached() -> int:
     engine's kill of the task's tree finds it, and it gets SIGTERM when we die (PR_SET_PDEATHSIG), so a
     killed task never leaves the job running. 0 in the child, the child's pid in the parent.
 
-    In the child the engine's signals stay blocked until the shim's handlers are in (the supervisor
-    unblocks them); the parent gets its mask back. Same constraints as fork_detached."""
+    In the child the engine's signals, and the ones the CLI relays, stay blocked until the shim's handlers
+    are in (the supervisor unblocks them); the parent gets its mask back. Constraints: see fork_detached."""
     parent = os.getpid()
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, ENGINE_SIGNALS)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED_UNTIL_HANDLED)
     pid = -1
     try:
         pid = os.fork()

@@ -62,6 +62,30 @@ class ProcIO(NamedTuple):
     write_bytes: int
 
 
+class SignalMasks(NamedTuple):
+    """How a process treats each signal, from /proc/PID/status: bit (signum - 1) of each mask."""
+
+    blocked: int  # SigBlk: the main thread's mask
+    ignored: int  # SigIgn
+    caught: int  # SigCgt: a handler is installed
+
+    def catches(self, sig: int) -> bool:
+        return bool(self.caught >> (sig - 1) & 1)
+
+    def blocks(self, sig: int) -> bool:
+        return bool(self.blocked >> (sig - 1) & 1)
+
+
+def parse_signal_masks(text: str) -> SignalMasks:
+    """The SigBlk, SigIgn and SigCgt lines of /proc/PID/status (hexadecimal); a missing line reads 0."""
+    masks = {"SigBlk": 0, "SigIgn": 0, "SigCgt": 0}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name in masks:
+            masks[name] = int(value.strip() or "0", 16)
+    return SignalMasks(masks["SigBlk"], masks["SigIgn"], masks["SigCgt"])
+
+
 def parse_io(raw: bytes) -> ProcIO:
     """Parse /proc/PID/io ("read_bytes: N" lines; a field the kernel lacks counts 0)."""
     fields = dict(line.split(b": ", 1) for line in raw.splitlines() if b": " in line)
@@ -222,6 +246,21 @@ class ProcFS:
             raise ProcessGone(pid) from err
         finally:
             os.close(fd)
+
+    def signal_masks(self, pid: int) -> SignalMasks:
+        return parse_signal_masks(self._read(pid, "status", "read the status of").decode("utf-8", "replace"))
+
+    def program(self, pid: int) -> tuple[int, int] | None:
+        """(device, inode) of the file the process executes: exec() changes it, a renamed or deleted file
+        does not (stat follows the /proc link to the inode itself). None when the kernel does not let us
+        see it (another user's process)."""
+        try:
+            st = os.stat(self.root / str(pid) / "exe")
+        except (FileNotFoundError, ProcessLookupError) as err:
+            raise ProcessGone(pid) from err
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
 
     def exe_name(self, pid: int) -> str | None:
         """The file name the process executes ('python3.11'), None when unreadable."""

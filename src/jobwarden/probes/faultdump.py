@@ -1,29 +1,26 @@
 """The faulthandler fallback: ask a job's Python process to write its own stacks, without ptrace.
 
 jobwarden's Python hook registers `faulthandler` on a signal in every Python process of a job
-(`faulthandler.register(sig, file=..., all_threads=True)`) and advertises it in `<py_dir>/<pid>.json`:
+(`faulthandler.register(sig, file=..., all_threads=True)`) and advertises it in `<py_dir>/<pid>.json`
+(`probes.pyhooks.HookAdvert`). faulthandler's handler is C code that needs neither the GIL nor a healthy
+interpreter, so it answers even when the process is deadlocked in C.
 
-    {"pid": int, "start_time": int, "python": str, "executable": str, "fault_signal": int,
-     "fault_file": str, "ptracer": bool, "mp_start": str | null}
-
-faulthandler's handler is C code that needs neither the GIL nor a healthy interpreter, so it answers even
-when the process is deadlocked in C. The signal is sent only to a process whose advert matches its live
-identity (pid *and* start time): to anything else (a reused pid, a process without the hook) the same
-signal's default action would be death.
+The signal's default action is death, and an advert outlives what it describes: it is sent through
+`osapi.asking`, only while the process is the one that wrote the advert, runs the interpreter that wrote it
+(an exec() into another program keeps the pid and start time but drops the handler), and catches the signal.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.observations import Frame, ThreadStack
-from jobwarden.osapi import pidfd as pidfds
+from jobwarden.osapi import asking
 from jobwarden.osapi.procfs import ProcFS
+from jobwarden.probes.pyhooks import HookAdvert
 from jobwarden.probes.stackbase import CaptureError, Deadline, Failure
 
 _POLL_S = 0.01
@@ -31,45 +28,11 @@ _SETTLED_POLLS = 3  # the handler writes in many small write()s: done once the s
 _MAX_READ = 4 << 20  # 100 threads x 100 frames of long paths stay far below this
 
 
-@dataclass(frozen=True)
-class Advert:
-    pid: int
-    start_time: int
-    python: str
-    executable: str
-    fault_signal: int
-    fault_file: Path
-    ptracer: bool = False
-    mp_start: str | None = None
-
-
-def read_advert(py_dir: Path | None, pid: int) -> Advert | None:
-    """The advert a process left, or None (no hook, unreadable, or not in the expected shape)."""
-    if py_dir is None:
-        return None
-    try:
-        d = json.loads((py_dir / f"{pid}.json").read_text())
-        advert = Advert(
-            pid=int(d["pid"]),
-            start_time=int(d["start_time"]),
-            python=str(d.get("python") or ""),
-            executable=str(d.get("executable") or ""),
-            fault_signal=int(d["fault_signal"]),
-            fault_file=Path(d["fault_file"]),
-            ptracer=bool(d.get("ptracer")),
-            mp_start=d.get("mp_start"),
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return advert if advert.pid == pid and advert.fault_signal > 0 else None
-
-
-def request_dump(advert: Advert, procfs: ProcFS, deadline: Deadline) -> tuple[ThreadStack, ...]:
+def request_dump(advert: HookAdvert, procfs: ProcFS, deadline: Deadline) -> tuple[ThreadStack, ...]:
     """Signal the process to dump and read what it appends to its fault file. Raises CaptureError."""
-    if not procfs.identity_matches(advert.pid, advert.start_time):
+    if not advert.dumps_on_signal or advert.fault_file is None:
         raise CaptureError(
-            Failure.FAILED,
-            "its faulthandler advert belongs to an earlier process with this pid: not signalled",
+            Failure.FAILED, "its hooks did not say which signal dumps its stacks: not signalled"
         )
     before = _size(advert.fault_file)
     _signal(advert, procfs)
@@ -80,21 +43,27 @@ def request_dump(advert: Advert, procfs: ProcFS, deadline: Deadline) -> tuple[Th
     return threads
 
 
-def _signal(advert: Advert, procfs: ProcFS) -> None:
-    """Through a pidfd opened *before* the last identity check: the signal cannot reach a reused pid."""
+def _signal(advert: HookAdvert, procfs: ProcFS) -> None:
     try:
-        fd = pidfds.open_pidfd(advert.pid)
-    except ProcessGone as err:
-        raise CaptureError(Failure.GONE, "the process exited before it could be asked to dump") from err
-    try:
-        if not procfs.identity_matches(advert.pid, advert.start_time):
-            raise CaptureError(Failure.GONE, "the process exited before it could be asked to dump")
-        if not pidfds.send_signal(fd, advert.pid, advert.fault_signal):
-            raise CaptureError(Failure.GONE, "the process exited before it could be asked to dump")
+        answer = asking.ask(procfs, advert.process, advert.fault_signal, advert.program)
     except AccessDenied as err:
         raise CaptureError(Failure.DENIED, f"not allowed to signal it: {err.message}") from err
-    finally:
-        pidfds.close(fd)
+    if answer is asking.Answer.GONE:
+        if _reused(procfs, advert):
+            raise CaptureError(
+                Failure.FAILED,
+                "its faulthandler advert belongs to an earlier process with this pid: not signalled",
+            )
+        raise CaptureError(Failure.GONE, "the process exited before it could be asked to dump")
+    if answer is not asking.Answer.HANDLED:
+        raise CaptureError(Failure.FAILED, f"faulthandler not asked: {answer.value}")
+
+
+def _reused(procfs: ProcFS, advert: HookAdvert) -> bool:
+    try:
+        return procfs.stat(advert.pid).start_time != advert.start_time
+    except (ProcessGone, AccessDenied):
+        return False
 
 
 def _size(path: Path) -> int:

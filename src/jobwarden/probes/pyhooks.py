@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobwarden.errors import AccessDenied, ProcessGone
+from jobwarden.errors import AccessDenied
 from jobwarden.model import ProcessId
 from jobwarden.observations import ForkRecord, Frame, ThreadStack, UncaughtException
+from jobwarden.osapi import asking
 from jobwarden.osapi.procfs import ProcFS
 
 MAX_RECORD_BYTES = 64 << 20  # a runaway file must not exhaust the shim's memory
@@ -34,6 +34,7 @@ class HookAdvert:
     fault_file: Path | None  # where faulthandler appends its dumps
     ptracer: bool  # Yama lets a descendant of the shim (py-spy) attach
     mp_start: str | None  # the start method the job asked for with --mp-start
+    program: tuple[int, int] | None = None  # (device, inode) of the interpreter; None from older hooks
 
     @property
     def process(self) -> ProcessId:
@@ -41,7 +42,8 @@ class HookAdvert:
 
     @property
     def dumps_on_signal(self) -> bool:
-        return self.fault_signal > 0 and self.fault_file is not None
+        # an advert without the program it was written by cannot be told from one an exec() made stale
+        return self.fault_signal > 0 and self.fault_file is not None and self.program is not None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> HookAdvert:
@@ -59,7 +61,21 @@ class HookAdvert:
             fault_file=Path(fault_file) if fault_file else None,
             ptracer=_typed(d, "ptracer", bool),
             mp_start=mp_start,
+            program=_program(d.get("exe")),
         )
+
+
+def _program(value: object) -> tuple[int, int] | None:
+    """The hooks write "exe": [st_dev, st_ino] of /proc/self/exe, or null where they could not stat it."""
+    if value is None:
+        return None
+    if not (isinstance(value, list) and len(value) == 2 and all(_is_int(v) for v in value)):
+        raise ValueError(f"exe: {value!r}")
+    return value[0], value[1]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -85,40 +101,35 @@ def read_adverts(py_dir: Path) -> dict[int, HookAdvert]:
     """Every readable advert, by pid. An advert is only a claim: check it with `may_signal` before sending."""
     adverts = {}
     for path in _files(py_dir, ".json"):
-        try:
-            advert = HookAdvert.from_json(json.loads(_read(path)))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue
-        if str(advert.pid) == path.name.removesuffix(".json"):
+        advert = _advert(path)
+        if advert is not None:
             adverts[advert.pid] = advert
     return adverts
 
 
+def read_advert(py_dir: Path | None, pid: int) -> HookAdvert | None:
+    """The advert process `pid` left, or None (no hook, unreadable, or not in the expected shape)."""
+    return None if py_dir is None else _advert(py_dir / f"{pid}.json")
+
+
+def _advert(path: Path) -> HookAdvert | None:
+    try:
+        advert = HookAdvert.from_json(json.loads(_read(path)))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return advert if str(advert.pid) == path.name.removesuffix(".json") else None
+
+
 def may_signal(advert: HookAdvert, procfs: ProcFS) -> bool:
-    """Is it safe to send the advert's fault signal now? The default action of a real-time signal is to
-    terminate, and an advert outlives what it describes: the pid may be reused, and a process that exec()ed
-    (a subprocess started with preexec_fn, os.execv into a shell) keeps its pid and start time but loses the
-    handler. So: same identity, and the kernel says the signal is caught (SigCgt)."""
-    if not advert.dumps_on_signal or not procfs.identity_matches(advert.pid, advert.start_time):
+    """Would the process handle the advert's fault signal now? (`osapi.asking`: the same process, the same
+    interpreter, and the signal caught.) Only a check: `probes.faultdump` sends it through `asking.ask`."""
+    if not advert.dumps_on_signal:
         return False
     try:
-        return catches_signal(procfs, advert.pid, advert.fault_signal)
-    except (ProcessGone, AccessDenied):
+        answer = asking.will_handle(procfs, advert.process, advert.fault_signal, advert.program)
+    except AccessDenied:
         return False
-
-
-def catches_signal(procfs: ProcFS, pid: int, signum: int) -> bool:
-    """Bit signum-1 of SigCgt in /proc/PID/status: a handler is installed for the signal."""
-    try:
-        status = (procfs.root / str(pid) / "status").read_text()
-    except (FileNotFoundError, ProcessLookupError) as err:
-        raise ProcessGone(pid) from err
-    except PermissionError as err:
-        raise AccessDenied(pid, "read the status of", "it belongs to another user") from err
-    for line in status.splitlines():
-        if line.startswith("SigCgt:"):
-            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    return False
+    return answer is asking.Answer.HANDLED
 
 
 # --- fork records -----------------------------------------------------------------------------------
@@ -212,47 +223,6 @@ def _exception(d: dict[str, Any]) -> UncaughtException:
 
 
 # --- faulthandler dumps -----------------------------------------------------------------------------
-
-_THREAD_HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):$")
-_FRAME_LINE = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$')
-
-
-def read_fault_dump(path: Path, offset: int = 0) -> tuple[tuple[ThreadStack, ...], int]:
-    """The threads of the dump(s) written to `path` after `offset`, and the offset to read from next.
-
-    faulthandler appends each dump with no end marker: note the file's size before sending the signal and
-    read from there once it has grown (the handler writes the whole dump before it returns)."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read(MAX_RECORD_BYTES)
-    except FileNotFoundError:
-        return (), offset
-    return parse_fault_dump(data.decode("utf-8", "replace")), offset + len(data)
-
-
-def parse_fault_dump(text: str) -> tuple[ThreadStack, ...]:
-    """faulthandler's all-threads format: per thread a header, then 'File "f", line n in func' lines,
-    innermost first. Its thread ids are pthread handles, not kernel tids: the current thread is named so."""
-    threads: list[ThreadStack] = []
-    name: str | None = None
-    frames: list[Frame] = []
-    for line in text.splitlines():
-        header = _THREAD_HEADER.match(line)
-        if header:
-            if name is not None:
-                threads.append(ThreadStack(None, name, tuple(frames)))
-            name = "current thread" if header.group(1) == "Current thread" else f"thread {header.group(2)}"
-            frames = []
-            continue
-        frame = _FRAME_LINE.match(line)
-        if frame and name is not None:
-            lineno = frame.group(2)
-            frames.append(Frame(frame.group(3), frame.group(1), int(lineno) if lineno.isdigit() else None))
-    if name is not None:
-        threads.append(ThreadStack(None, name, tuple(frames)))
-    return tuple(threads)
-
 
 # --- heartbeat --------------------------------------------------------------------------------------
 

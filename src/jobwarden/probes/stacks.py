@@ -29,6 +29,7 @@ from jobwarden.observations import ProcessStack, ThreadStack
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes import faultdump, gdb, pyspy
+from jobwarden.probes.pyhooks import HookAdvert, read_advert
 from jobwarden.probes.stackbase import (
     CaptureError,
     Deadline,
@@ -119,7 +120,7 @@ class _Capture:
     def _capture(self, tasks: TaskView) -> ProcessStack:
         if not tasks.may_block:
             self.notes.append(self._why_not_paused(tasks))
-        advert = faultdump.read_advert(self.py_dir, self.pid)
+        advert = read_advert(self.py_dir, self.pid)
         python = advert is not None or looks_like_python(self.procfs, self.pid)
         if self.tools.py_spy is not None:
             got = self._py_spy(tasks, self.tools.py_spy, fallbacks=advert is not None)
@@ -182,7 +183,7 @@ class _Capture:
 
     # --- faulthandler ---------------------------------------------------------------------------------
 
-    def _faulthandler(self, tasks: TaskView, advert: faultdump.Advert) -> ProcessStack | None:
+    def _faulthandler(self, tasks: TaskView, advert: HookAdvert) -> ProcessStack | None:
         if tasks.stopped:
             # The handler cannot run until someone continues the process, and the signal would stay
             # pending and make it dump later: leave it alone.

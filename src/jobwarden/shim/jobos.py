@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.cgroup import JobCgroup, cgroup_path, create_job_cgroup, find_job_cgroup
-from jobwarden.osapi.process import ENGINE_SIGNALS, spawn_job
+from jobwarden.osapi.process import BLOCKED_UNTIL_HANDLED, spawn_job
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.osapi.waiting import wait_readable
 from jobwarden.shim.exits import ExitCollector
@@ -83,7 +83,7 @@ class SystemJobOS:
             signal.signal(sig, lambda *_: None)  # the wakeup fd carries the signal number to the loop
         if signal.SIGHUP not in extra:  # an attached shim relays it to the job
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, ENGINE_SIGNALS)  # blocked by an attached fork
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, BLOCKED_UNTIL_HANDLED)  # blocked by an attached fork
 
     def uninstall_signals(self, wake_fd: int) -> None:
         with contextlib.suppress(ValueError):  # not the main thread: it never installed the fd

@@ -44,6 +44,7 @@ def advertise(py_dir: str) -> None:
         "fault_file": fault_file,
         "ptracer": False,
         "mp_start": None,
+        "exe": [os.stat("/proc/self/exe").st_dev, os.stat("/proc/self/exe").st_ino],
     }
     tmp = os.path.join(py_dir, f".{pid}.json.tmp")
     with open(tmp, "w") as out:

@@ -7,8 +7,8 @@ and calls `main`. In a process of a job (JOBWARDEN_PY_DIR set) it:
   even when the process is deadlocked in C, with no ptrace;
 - declares the shim as allowed tracer (prctl PR_SET_PTRACER) so py-spy, a child of the shim, may attach under
   Yama ptrace_scope=1;
-- advertises the above in `<py_dir>/<pid>.json`, so the shim only sends the signal (whose default action is to
-  terminate) to a process that handles it;
+- advertises the above in `<py_dir>/<pid>.json`, with the interpreter's file, so the shim only sends the
+  signal (whose default action is to terminate) to a process that still runs this interpreter and handles it;
 - records every fork() made while other threads run in `<py_dir>/<pid>.forks.jsonl` (the classic deadlock);
   the child re-does all of the above for itself, since none of it is inherited as it should be;
 - announces the process to its shim on the FIFO `<py_dir>/events.fifo` as it starts and right after each
@@ -440,8 +440,19 @@ def write_advert(job: _Job, pid: int, fault_file: str, ptracer: bool, start_time
         "fault_file": fault_file,
         "ptracer": ptracer,
         "mp_start": job.mp_start,
+        "exe": _program(),
     }
     _write_atomic(job.path(pid, ".json"), dumps(advert))
+
+
+def _program() -> list[int] | None:
+    """(device, inode) of the interpreter this process runs. An exec() keeps the pid and start time and
+    drops the fault handler: the shim compares this with the process's program before it signals."""
+    try:
+        st = os.stat("/proc/self/exe")
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino]
 
 
 def _hook_process(job: _Job, pid: int) -> None:
