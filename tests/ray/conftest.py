@@ -25,13 +25,18 @@ def _missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="package")  # ends with the last Ray test: idle daemons slow the rest
-def ray_ns() -> Iterator[RayNamespace]:
+def require_ray() -> None:
+    """Skip without Ray or root; fail in CI, which must run the Ray tests."""
     why = _missing()
     if why:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run the Ray tests: {why}")
         pytest.skip(why)
+
+
+@pytest.fixture(scope="package")  # ends with the last Ray test: idle daemons slow the rest
+def ray_ns() -> Iterator[RayNamespace]:
+    require_ray()
     ns = RayNamespace(Path(sys.executable).parent)
     try:
         ns.open()
