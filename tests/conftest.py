@@ -16,6 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# Property tests: no per-example deadline (a loaded 2-core machine is slow, and a slow example is not a
+# wrong one) and no example database written into the checkout
+settings.register_profile("jobwarden", deadline=None, database=None)
+settings.load_profile("jobwarden")
 
 CLI_TIMEOUT_S = 90  # generous: a loaded 2-core machine is slow, but a hang still ends the test
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
 from jobwarden.model import ENDED_STATES, JobState, Ranks
+from jobwarden.text.sanitize import one_line
 from jobwarden.text.term import colour_wanted, table
 
 if TYPE_CHECKING:  # kept off the import paths of `run` and `ps`, which a user waits for
@@ -54,13 +55,6 @@ def how_it_ended(run: RunRecord) -> str:
     if run.exit_code is not None and state in ("failed", "succeeded", "stopped"):
         return f"{state}: exit code {run.exit_code}"
     return state
-
-
-def one_line(text: str) -> str:
-    """Command lines and log lines may hold newlines and escapes: never let them break the layout."""
-    if text.isprintable():  # nearly always: one C call instead of a Python step per character
-        return text
-    return "".join(c if c.isprintable() else " " for c in text)
 
 
 def _runtime(view: JobView, now: float) -> str:

@@ -21,6 +21,7 @@ from jobwarden.clock import SystemClock
 from jobwarden.errors import JobwardenError
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.text import render
+from jobwarden.text.sanitize import one_line
 from jobwarden.tui import cells, data
 from jobwarden.tui.screens import ConfirmScreen, LogScreen, TextScreen
 
@@ -171,7 +172,7 @@ class TopApp(App[None]):
         if row is None:
             return
         job, run_n = row.view.job, row.view.run.n
-        title = f"log of job {job.id} ({render.one_line(job.name)}), run {run_n} — q: back"
+        title = f"log of job {job.id} ({one_line(job.name)}), run {run_n} — q: back"
         self.push_screen(
             LogScreen(
                 title, lambda: data.read_job_log(self.home, job.id, run_n, FULL_LOG_LINES), self.interval
@@ -213,7 +214,7 @@ class TopApp(App[None]):
             return
         job_id = row.view.job.id
         question = Text(f"Stop job {job_id} (")
-        question.append(render.one_line(row.view.job.name))
+        question.append(one_line(row.view.job.name))
         question.append(")? It gets SIGTERM, then SIGKILL after its grace period.  y/N")
 
         def answered(yes: bool | None) -> None:

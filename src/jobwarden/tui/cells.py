@@ -14,7 +14,8 @@ from rich.text import Text
 from jobwarden.config import format_duration, format_size
 from jobwarden.control.views import JobView
 from jobwarden.model import Finding
-from jobwarden.text.render import how_it_ended, one_line
+from jobwarden.text.render import how_it_ended
+from jobwarden.text.sanitize import one_line
 from jobwarden.tui.data import Detail, JobRow, sparkline
 
 COLUMNS = ("ID", "NAME", "STATE", "RUN", "PID", "TIME", "CPU", "MEM", "GPU", "FINDING")
