@@ -18,7 +18,7 @@ from jobwarden.errors import AccessDenied, ProcessGone, StoreError
 from jobwarden.model import Finding, ProcessEnd, ProcessSnapshot
 from jobwarden.observations import OomEvidence, ProcessDeath, ProcessFacts
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.probes.pyhooks import read_adverts, read_forks, read_heartbeat
+from jobwarden.probes.pyhooks import read_adverts, read_fork_requests, read_forks, read_heartbeat
 from jobwarden.probes.stacks import capture_stacks
 from jobwarden.rules import RunEvidence, explain
 from jobwarden.rules.evidence import death_of
@@ -165,6 +165,8 @@ class Diagnoser:
             signal=None,
             end_reason=None,
             pid=self.main_pid,
+            job_id=self.job.id,
+            mp_start=self.job.options.mp_start,
             now=now,
             hang_window_s=self.tracker.window_s if hung else None,
             quiet_for_s=self.tracker.quiet_for(now_mono),
@@ -174,6 +176,7 @@ class Diagnoser:
             deaths=tuple(self.deaths),
             stacks=tuple(stacks),
             forks=tuple(read_forks(self.py_dir)),
+            fork_requests=tuple(read_fork_requests(self.py_dir)),
             oom=self.oom,
             mem_limit_bytes=self.job.options.mem_limit_bytes,
             gpus=tuple(self.gpu.devices) if self.gpu else (),

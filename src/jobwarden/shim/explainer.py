@@ -11,7 +11,7 @@ from typing import Any
 
 from jobwarden.model import Finding, ProcessEnd
 from jobwarden.observations import OomEvidence, ProcessDeath
-from jobwarden.probes.pyhooks import read_exceptions
+from jobwarden.probes.pyhooks import read_caught, read_exceptions, read_fork_requests
 from jobwarden.rules import RunEvidence
 from jobwarden.rules.evidence import death_of
 from jobwarden.rules.verdict import collect, order
@@ -48,6 +48,7 @@ def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event])
     )
     engine_state: dict[str, Any] = next((e.data for e in reversed(events) if e.kind == "engine-state"), {})
     dumps = store.stacks(job.id, run.n)
+    py_dir = store.layout.py_dir(job.id, run.n)
     return RunEvidence(
         state=str(run.state),
         exit_code=run.exit_code,
@@ -55,6 +56,8 @@ def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event])
         end_reason=run.end_reason,
         pid=run.pid,
         error=run.error,
+        job_id=job.id,
+        mp_start=job.options.mp_start,
         timeout_s=job.options.timeout_s,
         orphans_left=run.orphans_left,
         survivors=[s._asdict() for s in run.survivors],
@@ -69,7 +72,9 @@ def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event])
         engine_state=_text(engine_state.get("state")),
         engine_reason=_text(engine_state.get("reason")),
         deaths=_deaths(store, job, run),
-        exceptions=read_exceptions(store.layout.py_dir(job.id, run.n)),
+        exceptions=read_exceptions(py_dir),
+        caught=read_caught(py_dir),
+        fork_requests=read_fork_requests(py_dir),
         last_stacks={s.pid: s for dump in dumps for s in dump.stacks if s.threads},
         stack_triggers=tuple(dump.trigger for dump in dumps),
         oom=oom,
