@@ -228,7 +228,9 @@ def read_fork_requests(py_dir: Path) -> list[ForkRequest]:
     for path in _files(py_dir, ".start-method.jsonl"):
         for entry in _json_lines(path):
             try:
-                found.append(ForkRequest(_typed(entry, "pid", int), float(entry["at"]), _frames(entry["stack"])))
+                found.append(
+                    ForkRequest(_typed(entry, "pid", int), float(entry["at"]), _frames(entry["stack"]))
+                )
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue
     return sorted(found, key=lambda r: r.at)

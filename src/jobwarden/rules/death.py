@@ -14,7 +14,7 @@ from jobwarden.model import Finding
 from jobwarden.observations import Frame, ProcessDeath, UncaughtException
 from jobwarden.rules import mltext
 from jobwarden.rules.engine import engine_stop
-from jobwarden.rules.evidence import RunEvidence
+from jobwarden.rules.evidence import RunEvidence, job_ref
 from jobwarden.rules.frames import is_library, short_file
 from jobwarden.rules.gpuerrors import gpu_context
 from jobwarden.rules.memory import oom_killed
@@ -336,8 +336,8 @@ def _signal_death(ev: RunEvidence, who: Subject, lines: Sequence[str]) -> Findin
             "OOM killer (no OOM evidence was collected for this run).",
             "error",
             pid_note + _tail_evidence(lines, 3, who.is_main),
-            "check who sent it (`last`, scheduler logs, `dmesg | grep -i oom`); run with "
-            "--mem-limit to make memory kills explicit",
+            "check who sent it (`last`, scheduler logs, `dmesg | grep -i oom`)"
+            + ("" if ev.mem_limit_bytes else "; run with --mem-limit to make memory kills explicit"),
             who.pids,
         )
     return Finding(
@@ -437,6 +437,6 @@ def _supervisor_lost(ev: RunEvidence) -> Finding | None:
         "may not have been recorded.",
         "warning",
         ("event: supervisor-lost",),
-        "`jobwarden adopt JOB` starts a new supervisor for the surviving processes",
+        f"`jobwarden adopt {job_ref(ev)}` starts a new supervisor for the surviving processes",
         _pids(ev),
     )

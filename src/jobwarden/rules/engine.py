@@ -23,7 +23,7 @@ _REMEDIES = {
     "and resume from the checkpoint in the next job",
     "PREEMPTED": "save a checkpoint on SIGTERM and resubmit with --requeue, so the job resumes when it is "
     "scheduled again",
-    "CANCELLED": "nothing to fix if the cancel was meant (scancel by a user or an admin); `sacct -j JOB "
+    "CANCELLED": "nothing to fix if the cancel was meant (scancel by a user or an admin); `sacct -j {job} "
     "-o JobID,State,Reason` says who",
 }
 
@@ -64,11 +64,13 @@ def _title(engine: str, ev: RunEvidence) -> str:
 
 
 def _remedy(engine: str, ev: RunEvidence) -> str:
-    remedy = _REMEDIES.get(ev.engine_state or "", "")
+    slurm_job = ev.engine_job or "<its Slurm job id>"
+    remedy = _REMEDIES.get(ev.engine_state or "", "").replace("{job}", slurm_job)
     if not remedy:
         remedy = (
-            "nothing to fix if the stop was meant; under Slurm, `sacct -j JOB -o JobID,State,Reason` says "
-            "why (a time limit: --signal=USR1@120 and a checkpoint handler, or a longer --time)"
+            "nothing to fix if the stop was meant; under Slurm, "
+            f"`sacct -j {slurm_job} -o JobID,State,Reason` says why (a time limit: --signal=USR1@120 and "
+            "a checkpoint handler, or a longer --time)"
             if engine != "Ray"
             else "nothing to fix if the stop was meant; give the job longer to stop with a larger "
             "RAY_JOB_STOP_WAIT_TIME_S"

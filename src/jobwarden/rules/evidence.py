@@ -32,6 +32,7 @@ class RunEvidence:
     error: str | None = None
     job_id: int | None = None  # what a remedy's command names (`jobwarden dump 12`), never "JOB"
     mp_start: str | None = None  # the run's --mp-start: a remedy never asks for what is already in force
+    engine_job: str | None = None  # the engine's id of the job (Slurm's job id), for its own commands
     timeout_s: float | None = None
     orphans_left: Sequence[dict[str, Any]] = ()
     survivors: Sequence[dict[str, Any]] = ()
@@ -68,6 +69,11 @@ class RunEvidence:
     gpu_processes: Sequence[GpuProcess] = ()  # of this job's processes
     gpu_idle_for_s: float | None = None  # the job held GPU memory at ~0% utilisation this long
     gpu_idle_window_s: float | None = None  # how long it may last before gpu-idle (else hang_window_s)
+
+
+def job_ref(ev: RunEvidence) -> str:
+    """How a remedy's command names this job: its id (`jobwarden dump 12`)."""
+    return str(ev.job_id) if ev.job_id is not None else "JOB"
 
 
 def death_of(end: ProcessEnd, is_main: bool) -> ProcessDeath:

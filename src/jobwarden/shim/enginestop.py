@@ -136,7 +136,13 @@ class EngineLink:
         found = job_state(env, min(2.0, left))
         if found is not None:
             self.record.event(
-                "engine-state", now, engine="slurm", state=found.state, reason=found.reason, shown=found.shown
+                "engine-state",
+                now,
+                engine="slurm",
+                state=found.state,
+                reason=found.reason,
+                shown=found.shown,
+                job=env.get("SLURM_JOB_ID"),
             )
 
 

@@ -71,6 +71,7 @@ def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event])
         engine_signal_at=engine_stop.at if engine_stop else None,
         engine_state=_text(engine_state.get("state")),
         engine_reason=_text(engine_state.get("reason")),
+        engine_job=_text(engine_state.get("job")),
         deaths=_deaths(store, job, run),
         exceptions=read_exceptions(py_dir),
         caught=read_caught(py_dir),
