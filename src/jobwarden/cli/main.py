@@ -173,6 +173,7 @@ def _explain_arguments(explain: argparse.ArgumentParser) -> None:
 def _ps_arguments(ps: argparse.ArgumentParser) -> None:
     ps.add_argument("-a", "--all", action="store_true", help="include ended jobs")
     ps.add_argument("--last", metavar="N", help="only the N newest of the jobs listed")
+    ps.add_argument("-w", "--wide", action="store_true", help="a VERDICT column: each finding's title")
     ps.add_argument("--json", action="store_true")
 
 

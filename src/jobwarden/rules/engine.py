@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from jobwarden.model import Finding
-from jobwarden.rules.evidence import RunEvidence
+from jobwarden.rules.evidence import RunEvidence, job_ref
 
 _SLURM_TITLES = {
     "CANCELLED": "Cancelled by Slurm (scancel)",
@@ -42,7 +42,7 @@ def engine_stop(ev: RunEvidence) -> Finding | None:
         evidence.append(f"Slurm job state {ev.engine_state}{reason}")
     evidence += [f"main process {ev.pid}: {how}", f"kill budget {budget} (SIGTERM -> SIGKILL)"]
     if "engine-stop" in ev.stack_triggers:
-        evidence.append("the stacks of the quiet job were stored first: jobwarden status --json")
+        evidence.append(f"the job's stacks were stored first: `jobwarden dump {job_ref(ev)}` shows them")
     return Finding(
         "cancelled-by-engine",
         _title(engine, ev),

@@ -2,7 +2,8 @@
 
 Two sources meet here: the findings the shim recorded while the run was live (a hang judged on the stacks
 of that moment, a pool worker lost, a process stopped), and what the rules conclude now from how the run
-ended. A rule found live is not repeated; the order is the rules' root-cause-first order.
+ended. A rule found live is not repeated; the order is the rules' root-cause-first order, and a finding
+that stopped being true (resolved) comes after every current one: it is history, never the root cause.
 """
 
 from __future__ import annotations
@@ -28,13 +29,22 @@ def findings_for(store: Store, job: JobRecord, run: RunRecord) -> list[Finding]:
     events = store.events(job.id, run.n)
     evidence = _evidence(store, job, run, events)
     seen = {f.rule for f in live}
-    merged = live + [f for f in collect(evidence) if f.rule not in seen]
+    merged = [f for f in live if f.current] + [f for f in collect(evidence) if f.rule not in seen]
     ordered = order(merged, evidence)
     refusal = next((e for e in events if e.kind == "not-restarted"), None)
     if refusal and ordered:  # the restart policy's verdict belongs with the root cause it judged
         first = ordered[0]
         ordered[0] = first._replace(evidence=(*first.evidence, str(refusal.data.get("reason"))))
-    return ordered
+    return ordered + [f for f in live if not f.current]
+
+
+def store_verdict(store: Store, job: JobRecord, run_n: int) -> Finding | None:
+    """An ended run's first current finding, kept with the run for the lists (`ps`, the web, `top`)."""
+    run = store.run(job.id, run_n)
+    first = next((f for f in findings_for(store, job, run) if f.current), None)
+    if first is not None:
+        store.update_run(job.id, run_n, verdict_rule=first.rule, verdict_title=first.title)
+    return first
 
 
 def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event]) -> RunEvidence:
