@@ -19,6 +19,7 @@ from jobwarden.rules.causal import (
     CRASH_SIGNALS,
     REPORT,
     TEARDOWN,
+    TEARDOWN_SIGNALS,
     UNKNOWN_PID,
     WEAK,
     WRAPPERS,
@@ -105,7 +106,9 @@ def _with_collateral(
     summary = f"{who[:1].upper()}{who[1:]} {_how(root)} at {clock(root.at)}, first in the job's tree"
     if after:
         summary += f"; then {_then(after[0], ev)}: collateral"
-    pids = (root.pid, *lead.pids) if root.pid != UNKNOWN_PID else lead.pids
+    # a relayed exception of a process nothing names: the finding is about the process that re-raised it
+    first = root.pid if root.pid != UNKNOWN_PID else root.relayed_by
+    pids = (first, *lead.pids) if first is not None else lead.pids
     return lead._replace(
         summary=f"{summary}. {lead.summary}",
         evidence=(*lead.evidence, *lines),
@@ -126,9 +129,12 @@ def _last_stack(pid: int, ev: RunEvidence) -> list[str]:
 def _then(i: Incident, ev: RunEvidence) -> str:
     who = _label(i.pid, ev, i.rank)
     if i.weight == REPORT:
-        return f"{who} {i.why or 'reported it'} ({clock(i.at)})"
+        ended = f", then was torn down by {i.signal}" if i.signal in TEARDOWN_SIGNALS else ""
+        return f"{who} {i.why or 'reported it'}{ended} ({clock(i.at)})"
     if i.weight == TEARDOWN and i.signal:
         return f"{who} was torn down by {i.signal} ({clock(i.at)})"
+    if i.weight == TEARDOWN and i.exception is not None:
+        return f"{who} was interrupted ({exits.short_type(i.exception.type)}) ({clock(i.at)})"
     if i.weight == TEARDOWN:
         return f"{who} {_how(i)}, and its parent carried on ({clock(i.at)})"
     return f"{who} {_how(i)} ({clock(i.at)})"

@@ -68,11 +68,15 @@ class Incident(NamedTuple):
     rank: int | None = None
     is_main: bool = False
     wrapper: str | None = None  # a REPORT's own exception type: "ChildFailedError", "ProcessRaisedException"
+    depth: int = 0  # how many of its ancestors the evidence knows: the main process is 0
 
     @property
-    def order(self) -> tuple[float, int, int]:
-        """Earlier first; at the same moment the stronger evidence, then a death by signal before an exit."""
-        return (self.at, -self.weight, 0 if self.death is not None and self.death.signal else 1)
+    def order(self) -> tuple[float, int, int, int, int]:
+        """Earlier first; at the same moment (one tick noticed both) the stronger evidence, a process before
+        its ancestors (a parent ends after its child), a death by signal before an exit; then by pid, so
+        that the order never depends on the order the evidence arrived in."""
+        signalled = 0 if self.death is not None and self.death.signal else 1
+        return (self.at, -self.weight, -self.depth, signalled, self.pid)
 
     @property
     def signal(self) -> str | None:
@@ -148,20 +152,22 @@ class _Tree:
             exc,
             rank=self._rank(pid, exc),
             is_main=pid == self.main,
+            depth=self.depth(pid),
         )
-        if pid in self.relayed:
-            return base._replace(relayed_by=self.relayed_by.get(pid))
-        if exc is not None:
-            return self._weigh_exception(base, exc)
-        return self._weigh_death(base)
+        if exc is None:
+            return self._weigh_death(base)
+        weighed = self._weigh_exception(base, exc)  # a relayed exception weighs what it says, as any
+        return weighed._replace(relayed_by=self.relayed_by.get(pid)) if pid in self.relayed else weighed
 
     def _weigh_exception(self, i: Incident, exc: UncaughtException) -> Incident:
         kind = relay.short_type(exc.type)
         relayed = self.reporters.get(i.pid)
         if relayed:
             return i._replace(weight=REPORT, why=f"re-raised {relayed}", wrapper=kind)
-        if mltext.signal_exception([f"{exc.type}: {exc.message}"]) is not None:
-            return i  # the launcher turned a signal it received into an exception: a kill of it
+        if kind == "KeyboardInterrupt" or mltext.signal_exception([f"{exc.type}: {exc.message}"]):
+            # a signal turned into an exception (SIGINT, torchrun's SignalException): a kill of the main
+            # process, a teardown of any other
+            return i if i.is_main else i._replace(weight=TEARDOWN)
         wrapper = next((relay.short_type(t) for t in exc.types if relay.short_type(t) in WRAPPERS), None)
         if wrapper is not None or _DATALOADER_REPORT in exc.message:
             return i._replace(
@@ -169,14 +175,14 @@ class _Tree:
             )
         if not self.failed_before(i.pid, exc.at):
             return i
-        words = relay.reports_on(exc)
-        if words is not None:
-            return i._replace(weight=REPORT, why=f"raised {kind} reporting it", wrapper=kind)
         peer = relay.peer_error(exc)
         if peer is not None:
+            said = f" ({peer})" if peer != kind else ""
             return i._replace(
-                weight=REPORT, why=f"failed in turn: {kind}, a peer's communication error ({peer})"
+                weight=REPORT, why=f"failed in turn: {kind}, a peer's communication error{said}"
             )
+        if relay.reports_on(exc) is not None:
+            return i._replace(weight=REPORT, why=f"raised {kind} reporting it", wrapper=kind)
         return i
 
     def _weigh_death(self, i: Incident) -> Incident:
@@ -201,6 +207,17 @@ class _Tree:
             return True
         others = (e for p, e in (*self.own.items(), *self.relayed.items()) if p != pid)
         return any(e.at <= at + TOLERANCE_S for e in others)
+
+    def depth(self, pid: int) -> int:
+        """How many generations below the main process `pid` is, as far as the evidence knows (a process
+        whose parents are unknown counts one more than those it knows)."""
+        if pid == self.main:
+            return 0
+        seen: set[int] = set()
+        while pid != self.main and pid in self.parents and pid not in seen:
+            seen.add(pid)
+            pid = self.parents[pid]
+        return len(seen) if pid == self.main else len(seen) + 1
 
     def descends(self, pid: int, ancestor: int) -> bool:
         seen: set[int] = set()

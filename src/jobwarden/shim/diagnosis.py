@@ -137,6 +137,23 @@ class Diagnoser:
             verdict = dataclasses.replace(verdict or Verdict("resolved", ()), resolved=tuple(resolved))
         return verdict
 
+    def on_end(self, now: float, now_mono: float) -> Verdict | None:
+        """The run's last look: a hung job that printed (or beat) and then ended at once recovered before
+        it ended, though no tick came between its output and its end."""
+        if not self._hung:
+            return None
+        output = None
+        with contextlib.suppress(OSError):
+            output = os.stat(self.layout.output_log(self.job.id, self.run)).st_size
+        beat = read_heartbeat(self.layout.heartbeat_file(self.job.id, self.run))
+        if not self.tracker.observe(
+            now_mono, Progress(output_bytes=output, heartbeat_at=beat.at if beat else None)
+        ):
+            return None
+        self._hung = False
+        resolved = self.live.resolve_rules(ENDS_WITH_THE_HANG, now)
+        return Verdict("resolved", (), tuple(resolved)) if resolved else None
+
     def _resolve_stopped(self, stopped_now: set[int], now: float) -> list[Finding]:
         """A stopped process that runs again (SIGCONT) or is gone: its process-stopped finding is history."""
         return self.live.resolve_where(

@@ -34,6 +34,8 @@ class StoppingSupervisor(SupervisorLoop):
             self.record.event("stopping", self.clock.wall(), reason=str(self.stop.reason))
             survivors = self.terminate_tree(self._stop_grace(self.stop))
         else:
+            if self.diag:  # the main process ended by itself: a hang that it printed its way out of is over
+                self._act_on(self.diag.on_end(self.clock.wall(), self.clock.monotonic()))
             self.tree.discover(full=True)
             self._let_trackers_finish()
             orphans = [{"pid": m.pid, "cmdline": m.cmdline} for m in self.tree.members.values()]

@@ -30,7 +30,8 @@ Healthy, for the findings that must be resolved:
   quiet-then-talk    prints, says nothing for --quiet-s seconds (sleeping: no CPU, no I/O), then prints
                      and exits 0
   fsync-quiet        writes and fsyncs a file at about --rate-mb MiB/s for --seconds, printing nothing
-  ticking            prints a line every --every-s seconds for --seconds (a job a test stops and resumes)
+  ticking            prints a line every --every-s seconds for --seconds, or until --until FILE exists
+                     (a job a test stops and resumes)
 """
 
 from __future__ import annotations
@@ -292,7 +293,7 @@ def run_ticking() -> int:
     announce("ticking")
     end = time.monotonic() + opts().seconds
     n = 0
-    while time.monotonic() < end:
+    while time.monotonic() < end and not (opts().until and os.path.exists(opts().until)):
         say(f"tick {n}")
         n += 1
         time.sleep(opts().every_s)  # the job's own pace
@@ -321,7 +322,9 @@ SCENARIOS: dict[str, Callable[[], int]] = {
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("scenario", choices=sorted(SCENARIOS))
     parser.add_argument("--ready", metavar="FILE", help="append `<pid> <rank or -> <what>` here")
     parser.add_argument("--bound-s", type=float, default=60.0, help="upper bound of every wait")
@@ -331,6 +334,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=10.0, help="fsync-quiet, ticking: how long")
     parser.add_argument("--rate-mb", type=float, default=1.2, help="fsync-quiet: MiB per second")
     parser.add_argument("--every-s", type=float, default=0.5, help="ticking: a line this often")
+    parser.add_argument("--until", metavar="FILE", help="ticking: end once this file exists")
     return parser.parse_args(argv)
 
 
