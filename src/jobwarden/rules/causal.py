@@ -353,7 +353,11 @@ def _reported_deaths(ev: RunEvidence) -> list[ProcessDeath]:
 
 
 def _cutoff(ev: RunEvidence) -> float:
+    """Where the run's story ends: the main process's end, jobwarden's stop, or the main process's uncaught
+    exception (TOLERANCE_S later): what dies after it is its own shutdown (atexit handlers, a framework
+    killing its daemons: Ray's shutdown SIGKILLs its workers seconds after the driver raised)."""
     ends = [d.at for d in ev.deaths if d.is_main]
     if ev.stopping_at is not None:
         ends.append(ev.stopping_at)
+    ends += [e.at + TOLERANCE_S for e in ev.exceptions if e.pid == ev.pid]
     return min(ends, default=float("inf"))
