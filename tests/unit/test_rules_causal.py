@@ -510,6 +510,24 @@ def test_lightning_ddp_rank_1_is_named_with_its_rank() -> None:
     assert (main.weight, main.rank) == (REPORT, 0)  # the [rank0]: traceback is the main process's
 
 
+def test_a_rank_that_raised_and_took_long_to_die_is_still_the_cause() -> None:
+    # seen with Lightning: rank 1's excepthook ran at once, its interpreter ended 5 s later, after the main
+    # process (rank 0) had raised its gloo error: the end of the story is the main process's exception
+    ev = failed(
+        deaths=(
+            ProcessDeath(WORKER, MAIN, "python corpus.py lightning-raises", T + 5.4, 1, None, rank=1),
+            main_death(T + 6.9),
+        ),
+        exceptions=(
+            UncaughtException(WORKER, T, "RuntimeError", "loss is nan at step 2", rank=1),
+            UncaughtException(MAIN, T + 1.5, "RuntimeError", "Connection closed by peer [127.0.0.1]:24716"),
+        ),
+    )
+    first = explain(ev)[0]
+    assert (first.rule, first.pids[0], first.rank) == ("python-exception", WORKER, 1)
+    assert "exit code 1" in first.evidence  # how it ended, though after the main process raised
+
+
 def test_a_dataloader_workers_exception_is_the_workers_at_its_own_line() -> None:
     lines = recorded("corpus-dl-raises")
     inner = Frame("RaisingDataset.__getitem__", "/work/wt-rootcause/tests/integration/jobs/corpus.py", 116)

@@ -124,8 +124,11 @@ class _Tree:
         self.cutoff = _cutoff(ev)
         self.oom = set(oom_killed(ev))
         self.main = ev.pid
-        deaths = [d for d in (*ev.deaths, *_reported_deaths(ev)) if d.at <= self.cutoff]
-        self.deaths = {d.pid: d for d in deaths if d.abnormal}
+        deaths = [*ev.deaths, *_reported_deaths(ev)]
+        # how each process ended, whenever; those that ended badly up to the cutoff are incidents (a
+        # process that raised before it, and took its time to die, still ended as it did)
+        self.ended = {d.pid: d for d in deaths if d.abnormal}
+        self.deaths = {pid: d for pid, d in self.ended.items() if d.at <= self.cutoff}
         self.parents = {p.pid: p.ppid for p in ev.processes}
         self.parents.update({d.pid: d.ppid for d in deaths if d.ppid is not None})
         self.ranks = {d.pid: d.rank for d in deaths if d.rank is not None}
@@ -142,7 +145,7 @@ class _Tree:
     # --- one process's incident ---------------------------------------------------------------------
 
     def incident(self, pid: int) -> Incident:
-        death = self.deaths.get(pid)
+        death = self.ended.get(pid)
         exc = self.relayed.get(pid) or self.own.get(pid)
         base = Incident(
             pid,
@@ -280,7 +283,7 @@ def _main_exception(
     ev: RunEvidence, tree: _Tree, own: dict[int, UncaughtException], by_rank: dict[int, mltext.PyTraceback]
 ) -> None:
     """The main process's exception, from its output: a traceback no other process claims."""
-    main = tree.deaths.get(ev.pid) if ev.pid is not None else None
+    main = tree.ended.get(ev.pid) if ev.pid is not None else None
     if main is None or main.pid in own or main.signal is not None:
         return
     unclaimed = [(r, tb) for r, tb in by_rank.items() if r not in tree.ranks.values()]
@@ -305,7 +308,7 @@ class _Relays(NamedTuple):
 def _relays(ev: RunEvidence, tree: _Tree) -> _Relays:
     found = _Relays({}, {}, {})
     sources = [(pid, list(_messages(exc)), exc.at) for pid, exc in tree.own.items()]
-    main = tree.deaths.get(ev.pid) if ev.pid is not None else None
+    main = tree.ended.get(ev.pid) if ev.pid is not None else None
     if main is not None and not any(e.pid == main.pid for e in ev.exceptions):
         sources.append((main.pid, [], main.at))  # printed only: its relays are read from the output
     for reporter, messages, at in sources:

@@ -8,6 +8,7 @@ that stopped being true (resolved) comes after every current one: it is history,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from jobwarden.model import Finding, ProcessEnd
@@ -38,12 +39,21 @@ def findings_for(store: Store, job: JobRecord, run: RunRecord) -> list[Finding]:
     return ordered + [f for f in live if not f.current]
 
 
-def store_verdict(store: Store, job: JobRecord, run_n: int) -> Finding | None:
-    """An ended run's first current finding, kept with the run for the lists (`ps`, the web, `top`)."""
+def store_verdict(store: Store, job: JobRecord, run_n: int, now: Callable[[], float]) -> Finding | None:
+    """An ended run's first current finding, kept with the run for the lists (`ps`, the web, `top`), and
+    a `verdict` event saying when it was (scripts/bench-rootcause times it from the first failure)."""
     run = store.run(job.id, run_n)
     first = next((f for f in findings_for(store, job, run) if f.current), None)
     if first is not None:
-        store.update_run(job.id, run_n, verdict_rule=first.rule, verdict_title=first.title)
+        store.update_run_with_event(
+            job.id,
+            run_n,
+            "verdict",
+            now(),
+            {"rule": first.rule, "pids": list(first.pids)},
+            verdict_rule=first.rule,
+            verdict_title=first.title,
+        )
     return first
 
 

@@ -71,7 +71,7 @@ class StoppingSupervisor(SupervisorLoop):
                 return  # nothing to judge: no rules loaded (a short attached step waits for none)
             from jobwarden.shim.explainer import store_verdict
 
-            store_verdict(self.store, self.job, self.run)
+            store_verdict(self.store, self.job, self.run, self.clock.wall)
         except Exception as err:  # a full disk, a locked store: the lists judge it themselves then
             log(f"cannot store the verdict: {type(err).__name__}: {err}")
 

@@ -4,7 +4,7 @@ the process that fails first announces itself, so a test knows which pid the ver
 
 usage: python corpus.py SCENARIO [--ready FILE] [options]
 
---ready FILE: the culprit appends `<pid> <rank or -> <what>` just before its fault (and a healthy
+--ready FILE: the culprit appends `<pid> <rank or -> <what> <unix time>` just before its fault (and a healthy
 scenario when it starts its quiet spell). Every wait is bounded by --bound-s.
 
 Scenarios (the culprit, then what follows from it):
@@ -60,13 +60,14 @@ def opts() -> argparse.Namespace:
 
 
 def announce(what: str, rank: object = None) -> None:
-    """Append `<pid> <rank or -> <what>` to --ready: one write below PIPE_BUF, never interleaved."""
+    """Append `<pid> <rank or -> <what> <unix time>` to --ready: one write below PIPE_BUF, never
+    interleaved with another process's line."""
     if not opts().ready:
         return
     label = rank if rank is not None else os.environ.get("RANK", "-")
     fd = os.open(opts().ready, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, f"{os.getpid()} {label} {what}\n".encode())
+        os.write(fd, f"{os.getpid()} {label} {what} {time.time():.6f}\n".encode())
     finally:
         os.close(fd)
 
@@ -326,7 +327,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("scenario", choices=sorted(SCENARIOS))
-    parser.add_argument("--ready", metavar="FILE", help="append `<pid> <rank or -> <what>` here")
+    parser.add_argument("--ready", metavar="FILE", help="append `<pid> <rank or -> <what> <time>` here")
     parser.add_argument("--bound-s", type=float, default=60.0, help="upper bound of every wait")
     parser.add_argument("--port", type=int, default=29500, help="spawn-*: the group's port on 127.0.0.1")
     parser.add_argument("--lines", type=int, default=1000, help="consume: raise at this line")
