@@ -117,7 +117,7 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--notify",
         metavar="URL",
-        help="POST each event (failed, hung, restarted, succeeded) as JSON to this http(s) URL",
+        help="POST each event (failed, hung, recovered, restarted, succeeded) as JSON to this http(s) URL",
     )
     run.add_argument(
         "--on-event",
