@@ -46,11 +46,11 @@ class StoppingSupervisor(SupervisorLoop):
         self.sampler.finish(self.clock.wall())
         fields = end_fields(self.main_status, self.stop.reason if self.stop else None, self.clock.wall())
         self.record.end(fields, orphans, survivors)
-        self._store_verdict()
         if self.engine and self.stop and self.stop.reason == EndReason.ENGINE_STOP:
-            self.engine.record_engine_state(os.environ, self.clock.wall())
+            self.engine.record_engine_state(os.environ, self.clock.wall())  # inside the engine's budget
         self.record.write(self.store.release_gpus)
         self._remove_cgroup()
+        self._store_verdict()  # last: the end, Slurm's word and the GPUs first
         self.tree.close()
         self.exits.close()
         if self.memory:
