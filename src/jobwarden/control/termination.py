@@ -25,14 +25,16 @@ DEFAULT_PATH = "/dev/termination-log"
 def run_verdict(
     home: Path, job_id: int, run: int | None = None
 ) -> tuple[JobRecord, RunRecord, list[Finding]]:
-    """The job, its run (the latest by default) and the findings, root cause first (none for a success)."""
-    from jobwarden.shim.explainer import findings_for
-
+    """The job, its run (the latest by default) and the findings, root cause first (none for a success: a
+    container that ends well waits for no rules)."""
     with Store(home) as store:
         job = store.job(job_id)
         record = store.run(job.id, run)
-        findings = [] if record.state == JobState.SUCCEEDED else findings_for(store, job, record)
-    return job, record, findings
+        if record.state == JobState.SUCCEEDED:
+            return job, record, []
+        from jobwarden.shim.explainer import findings_for
+
+        return job, record, findings_for(store, job, record)
 
 
 def checked_path(path: str) -> str:
