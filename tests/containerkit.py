@@ -40,7 +40,13 @@ RECIPE = (
 )
 STAMP = ".jobwarden-rootfs"
 VENV = "/opt/jw"  # the session's environment, inside every container
-TOOLS = ("podman", "runc", "debootstrap")
+TOOLS = (
+    "podman",
+    "runc",
+    "debootstrap",
+    "catatonit",
+    "tini-static",
+)  # the inits of --init: podman's, Docker's
 PODMAN_TIMEOUT_S = 120.0
 
 
@@ -187,10 +193,11 @@ class Podman:
         options: Sequence[str] = (),
         volumes: Mapping[Path | str, str] | None = None,
         env: Mapping[str, str] | None = None,
-        init: bool = False,
+        init: str | None = None,
         memory: str | None = None,
     ) -> Container:
-        """A container on a fresh overlay of the root file system, no network, the session's /opt/jw."""
+        """A container on a fresh overlay of the root file system, no network, the session's /opt/jw. `init`:
+        "catatonit" (podman's --init) or the path of another init binary (tini, as `docker run --init`)."""
         name = f"{self.prefix}-{len(self.made)}"
         argv = ["create", "--name", name, "--network", "none"]
         if self.venv is not None:
@@ -199,7 +206,8 @@ class Podman:
             argv += ["-v", f"{host}:{inside}"]
         for key, value in (env or {}).items():
             argv += ["-e", f"{key}={value}"]
-        argv += ["--init"] if init else []
+        if init is not None:
+            argv += ["--init"] if init == "catatonit" else ["--init", "--init-path", init]
         argv += ["--memory", memory] if memory else []
         self.made.append(name)
         self.check(*argv, *options, "--rootfs", f"{self.rootfs}:O", *command)

@@ -63,7 +63,7 @@ class Box:
         *command: str,
         options: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
-        init: bool = False,
+        init: str | None = None,
         memory: str | None = None,
         termination_log: Path | None = None,
     ) -> Container:

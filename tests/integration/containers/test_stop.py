@@ -1,7 +1,7 @@
 """`podman stop` (as `docker stop` and the kubelet's pod deletion: SIGTERM to the container's PID 1, SIGKILL
 at the end of the stop timeout) is an engine stop of the job inside the timeout: the job's SIGTERM handler
 runs, a quiet job's stacks are kept, the end is recorded `cancelled-by-engine`, never `lost`; with and
-without a handler, with and without --init (podman's catatonit, as tini)."""
+without a handler, with and without an init (podman's catatonit, and tini as `docker run --init` has it)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from .helpers import add_job, data, ended, events, rules, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.container]
 
+TINI = "/usr/bin/tini-static"  # what docker run --init runs (docker-init is tini, static)
 STOP_TIMEOUT_S = 6  # the runtime's: podman stop -t 6; the container is told with JOBWARDEN_STOP_TIMEOUT
 
 
-def _started(box: Box, mode: str, init: bool = False, hang: str = "2s"):  # type: ignore[no-untyped-def]
+def _started(box: Box, mode: str, init: str | None = None, hang: str = "2s"):  # type: ignore[no-untyped-def]
     """A container whose job waits quietly (waiter.py MODE), started, with the hang judged: quiet, so the
     stop keeps its stacks first."""
     make_fifo(box.tmp / "ready")
@@ -57,8 +58,11 @@ def _stopped_as_engine_stop(box: Box, signal_name: str | None) -> None:
     }
 
 
-@pytest.mark.parametrize("init", [False, True], ids=["pid1", "init"])
-def test_a_stop_runs_the_jobs_handler_inside_the_timeout(box: Box, init: bool) -> None:
+INITS = pytest.mark.parametrize("init", [None, "catatonit", TINI], ids=["pid1", "catatonit", "tini"])
+
+
+@INITS
+def test_a_stop_runs_the_jobs_handler_inside_the_timeout(box: Box, init: str | None) -> None:
     container = _started(box, "exit", init)
     took = container.stop(STOP_TIMEOUT_S)
     assert took < STOP_TIMEOUT_S, f"the runtime had to SIGKILL: {took:.1f}s"
@@ -68,8 +72,8 @@ def test_a_stop_runs_the_jobs_handler_inside_the_timeout(box: Box, init: bool) -
     _stopped_as_engine_stop(box, None)
 
 
-@pytest.mark.parametrize("init", [False, True], ids=["pid1", "init"])
-def test_a_stop_ends_a_job_without_a_handler(box: Box, init: bool) -> None:
+@INITS
+def test_a_stop_ends_a_job_without_a_handler(box: Box, init: str | None) -> None:
     container = _started(box, "none", init)
     took = container.stop(STOP_TIMEOUT_S)
     assert took < STOP_TIMEOUT_S, f"the runtime had to SIGKILL: {took:.1f}s"
