@@ -75,6 +75,8 @@ class RunRecord(NamedTuple):
     queued_reason: str | None = None
     gpu_ids: tuple[int, ...] = ()
     mem_peak_bytes: int | None = None
+    verdict_rule: str | None = None  # an ended run's first finding (its root cause), as the shim stored it
+    verdict_title: str | None = None
 
     @property
     def exit_status(self) -> int:
@@ -117,6 +119,8 @@ class RunRecord(NamedTuple):
             queued_reason=row["queued_reason"],
             gpu_ids=tuple(_json_list(row["gpu_ids"])),
             mem_peak_bytes=row["mem_peak_bytes"],
+            verdict_rule=row["verdict_rule"],
+            verdict_title=row["verdict_title"],
         )
 
 
