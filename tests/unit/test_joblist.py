@@ -115,16 +115,19 @@ def _plan(store: Store, **kwargs: object) -> str:
     return " | ".join(row["detail"] for row in store._conn.execute(f"EXPLAIN QUERY PLAN {sql}"))
 
 
-def test_run_rules_of_many_runs_in_one_read(store: Store) -> None:
+def test_current_findings_of_many_runs_in_one_read(store: Store) -> None:
     ids = [add_job(store, f"j{i}", JobState.FAILED, JobState.FAILED) for i in range(_CHUNK + 5)]
     store.add_finding(ids[0], 2, NOW + 2, finding("exit-code"))
     store.add_finding(ids[0], 2, NOW + 1, finding("no-progress"))
+    stopped = store.add_finding(ids[0], 2, NOW + 1.5, finding("process-stopped"))
+    store.resolve_finding(ids[0], 2, stopped, NOW + 3)  # continued since: history, not current
     store.add_finding(ids[0], 1, NOW, finding("oom-kill"))  # an earlier attempt: not asked for
     store.add_finding(ids[-1], 2, NOW, finding("timeout"))
     for asked in (ids, ids[:1] + ids[-1:]):  # a range read, and a lookup of a few
-        rules = store.run_rules((job_id, 2) for job_id in asked)
+        found = store.current_findings((job_id, 2) for job_id in asked)
+        rules = {run: [rule for rule, _ in pairs] for run, pairs in found.items()}
         assert rules == {(ids[0], 2): ["no-progress", "exit-code"], (ids[-1], 2): ["timeout"]}
-    assert store.run_rules([]) == {}
+    assert store.current_findings([]) == {}
 
 
 def test_job_views_show_each_runs_root_cause_first(store: Store) -> None:

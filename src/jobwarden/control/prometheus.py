@@ -49,7 +49,7 @@ _JOB_FAMILIES = (
         "gauge",
         "When the job last wrote output or a heartbeat (Unix time); alert on time() minus this.",
     ),
-    ("job_findings", "gauge", "Findings recorded for the latest run (hangs, lost workers, ...), by rule."),
+    ("job_findings", "gauge", "Findings of the latest run still true (hangs, lost workers, ...), by rule."),
 )
 _STORE_FAMILIES = (
     ("findings_total", "counter", "Findings recorded over every run in the store, by rule."),
@@ -101,8 +101,8 @@ def _job_families(
         _add(f["job_end_time_seconds"], run.ended_at, job_id)
         _add_resources(f, store, run, job_id)
         _add(f["job_last_progress_timestamp_seconds"], _last_progress(store, job.id, run.n), job_id)
-    for (job_id_n, _), rules in sorted(store.run_rules(runs).items()):
-        for rule, count in sorted(collections.Counter(rules).items()):
+    for (job_id_n, _), found in sorted(store.current_findings(runs).items()):  # resolved ones are history
+        for rule, count in sorted(collections.Counter(rule for rule, _ in found).items()):
             f["job_findings"].add(count, job_id=str(job_id_n), rule=rule)
     return list(f.values())
 

@@ -60,25 +60,6 @@ class ListQueries:
         rows = self._exec(sql, params).fetchall()
         return [_job_and_run(row) for row in reversed(rows)]
 
-    def run_rules(self, runs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], list[str]]:
-        """(job id, run) -> the rules of the findings the shim recorded for that run, oldest first;
-        runs without findings are left out. One query, whatever the number of runs."""
-        wanted = set(runs)
-        job_ids = sorted({job_id for job_id, _ in wanted})
-        if not job_ids:
-            return {}
-        if len(job_ids) > _CHUNK:  # a long list: one pass over the range beats a lookup per job
-            where, params = "job_id BETWEEN ? AND ?", [job_ids[0], job_ids[-1]]
-        else:
-            where, params = f"job_id IN ({', '.join('?' * len(job_ids))})", job_ids
-        found: dict[tuple[int, int], list[str]] = {}
-        for job_id, run, rule in self._exec(
-            f"SELECT job_id, run, rule FROM findings WHERE {where} ORDER BY at, rowid", params
-        ):
-            if (job_id, run) in wanted:
-                found.setdefault((job_id, run), []).append(rule)
-        return found
-
     def current_findings(
         self, runs: Iterable[tuple[int, int]]
     ) -> dict[tuple[int, int], list[tuple[str, str]]]:
