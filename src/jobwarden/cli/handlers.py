@@ -465,8 +465,8 @@ def cmd_completion(args: argparse.Namespace) -> int:
 def cmd_jobs_to_complete(args: argparse.Namespace) -> int:
     from jobwarden.store import Store
 
-    with Store(_home()) as store:
-        _print_lines(str(ref) for pair in store.job_refs() for ref in pair)
+    with Store(_home()) as store:  # one a line: a name that is not printable (an old store's) is left out
+        _print_lines(r for pair in store.job_refs() for ref in pair if (r := str(ref)).isprintable())
     return 0
 
 
