@@ -166,6 +166,8 @@ class Store(SampleMethods, ListQueries):
     def job(self, ref: str | int) -> JobRecord:
         """A job by id, or by name (the newest job of that name)."""
         text = str(ref)
+        if not _encodable(text):  # bytes that are not UTF-8 (os.fsdecode's surrogates): no name holds them
+            raise JobNotFound(text)
         row = None
         if text.isascii() and text.isdigit() and int(text) <= _MAX_ID:  # '²'.isdigit() is True
             row = self._exec("SELECT * FROM jobs WHERE id = ?", (int(text),)).fetchone()
@@ -490,3 +492,11 @@ def _run_update(
         sql += f" AND state IN ({', '.join('?' * len(states))})"
         params += states
     return sql, params
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
