@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 MIN_LAST_COLUMN = 20  # a table's last column (a command) is cut to fit, but never below this
 
@@ -24,6 +24,16 @@ def terminal_width() -> int:
 
 def colour_wanted() -> bool:
     return not os.environ.get("NO_COLOR") and sys.stdout.isatty()
+
+
+def for_terminal(lines: Iterable[str]) -> Iterator[str]:
+    """Report lines as the CLI prints them: each once more through the sanitiser, whatever a formatter
+    forgot to make one line, with our own colours (SGR) kept only where colour is wanted at all."""
+    from jobwarden.text.sanitize import terminal_text  # its patterns: not on the path of `run`
+
+    colours = colour_wanted()
+    for line in lines:
+        yield terminal_text(line, colours=colours)
 
 
 def table(rows: Sequence[tuple[str, ...]], width: int | None = None) -> list[list[str]]:
