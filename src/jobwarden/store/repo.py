@@ -169,7 +169,8 @@ class Store(SampleMethods, ListQueries):
         if not _encodable(text):  # bytes that are not UTF-8 (os.fsdecode's surrogates): no name holds them
             raise JobNotFound(text)
         row = None
-        if text.isascii() and text.isdigit() and int(text) <= _MAX_ID:  # '²'.isdigit() is True
+        # '²'.isdigit() is True; and 5,000 digits are past what int() converts (a ValueError)
+        if text.isascii() and text.isdigit() and len(text) <= len(str(_MAX_ID)) and int(text) <= _MAX_ID:
             row = self._exec("SELECT * FROM jobs WHERE id = ?", (int(text),)).fetchone()
         if row is None:
             row = self._exec("SELECT * FROM jobs WHERE name = ? ORDER BY id DESC LIMIT 1", (text,)).fetchone()

@@ -25,6 +25,10 @@ def group_report(view: GroupView) -> Iterator[str]:
         yield f"  never reported: {missing} (no records from these nodes)"
     if view.torn_lines:
         yield f"  skipped {view.torn_lines} torn line(s) (a writer died mid-record, or it is still arriving)"
+    if view.bad_records:
+        yield f"  skipped {view.bad_records} record(s) jobwarden did not write (a field of the wrong type)"
+    for why in view.refused:
+        yield f"  left out {one_line(why)}"
     code = view.requeue_code()
     if code is not None:
         yield f"  retryable: --exit-status gives the requeue code {code}"
