@@ -35,6 +35,7 @@ def metrics(home: Path, args: argparse.Namespace) -> int:
             return 0
         points = None if args.json else spark_width(width)
         samples = job_samples(store, job.id, run.n, since=since, points=points, now=now)
+        _say_skipped(store.malformed_samples, job.id)
     if args.json:
         print(json.dumps([s.to_json() for s in samples], indent=2))
     else:
@@ -65,4 +66,13 @@ def status_sparklines(home: Path, status: JobStatus) -> list[str]:
             points=spark_width(width, "    "),
             now=now,
         )
+        _say_skipped(store.malformed_samples, status.job.id)
     return list(lines(samples, width))
+
+
+def _say_skipped(count: int, job_id: int) -> None:
+    if count:
+        print(
+            f"jobwarden: skipped {count} malformed sample row(s) of job {job_id} (not as jobwarden writes)",
+            file=sys.stderr,
+        )

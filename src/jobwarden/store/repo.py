@@ -65,6 +65,7 @@ class Store(SampleMethods, ListQueries):
         self._conn = connect(self.layout.database)
         self._store_id: str | None = None
         self._wal = wal_identity(self.layout.database)  # the log this connection writes to
+        self._malformed = set()
 
     def close(self) -> None:
         self._conn.close()
@@ -393,10 +394,17 @@ class Store(SampleMethods, ListQueries):
         ]
 
     def latest_sample(self, job_id: int, run: int) -> sqlite3.Row | None:
-        row: sqlite3.Row | None = self._exec(
-            "SELECT * FROM samples WHERE job_id = ? AND run = ? ORDER BY at DESC LIMIT 1", (job_id, run)
-        ).fetchone()
-        return row
+        """The newest well-formed raw sample (a malformed one is skipped and counted, the one before it
+        read instead: a few at most)."""
+        rows = self._exec(
+            "SELECT * FROM samples WHERE job_id = ? AND run = ? ORDER BY at DESC LIMIT 8", (job_id, run)
+        )
+        for row in rows:
+            try:
+                return samples.checked_sample(row)
+            except samples.Malformed:
+                self._malformed.add(samples.row_key(row))
+        return None
 
     # --- findings and stack dumps -----------------------------------------------------------------
 
