@@ -48,6 +48,10 @@ class StoreCorrupt(StoreError):
     pass
 
 
+class StoreBusy(StoreError):
+    """Another process holds the database's write lock past the time this write would wait."""
+
+
 class JobStillRunning(JobwardenError):
     pass
 

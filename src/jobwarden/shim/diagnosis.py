@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
@@ -59,6 +59,8 @@ class Diagnoser:
     ) -> None:
         self.store, self.job, self.run, self.procfs, self.tree = store, job, run, procfs, tree
         self.layout = store.layout
+        # a Store method's write for this run (shim.recorder's, set by the loop: never held up by a lock)
+        self.write: Callable[..., bool] = self._write_now
         self.py_dir = self.layout.py_dir(job.id, run)
         self.tracker = ProgressTracker(window_s, now_mono)
         self.deaths: list[ProcessDeath] = []
@@ -185,16 +187,22 @@ class Diagnoser:
         new = [f for f in explain(evidence) if f.rule in LIVE and self._is_new(f)]
         if not new and not hung:
             return None
-        with contextlib.suppress(StoreError):
-            if stacks:
-                self.store.add_stacks(self.job.id, self.run, now, trigger, stacks)
-            for finding in new:
-                self.store.add_finding(self.job.id, self.run, now, finding)
+        if stacks:
+            self.write(self.store.add_stacks, now, trigger, stacks)
+        for finding in new:
+            self.write(self.store.add_finding, now, finding)
         return Verdict(trigger, tuple(new))
 
     def _log_tail(self) -> tuple[str, ...]:
         path = self.layout.output_log(self.job.id, self.run)
         return tuple(b.decode("utf-8", "replace").rstrip("\n") for b in tail_lines(path, LOG_TAIL_LINES))
+
+    def _write_now(self, method: Callable[..., object], *args: object) -> bool:
+        try:
+            method(self.job.id, self.run, *args)
+        except StoreError:
+            return False
+        return True
 
     def _is_new(self, finding: Finding) -> bool:
         key = (finding.rule, tuple(sorted(finding.pids)))

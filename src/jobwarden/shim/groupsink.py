@@ -207,7 +207,9 @@ class GroupSink:
             "pid": at_pid if at_pid is not None else target.pid,
             "start_time": target.start_time,
             "wall": at,
-            "mono": self.clock.monotonic(),
+            # the monotonic time of the same moment as `wall`, which may lie in the past (a record
+            # written late, after a locked store let the end through): the pair must agree
+            "mono": self.clock.monotonic() - (self.clock.wall() - at),
             "boot_id": self.boot_id,
             **data,
         }

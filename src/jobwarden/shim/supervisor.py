@@ -264,6 +264,7 @@ class Supervisor(StoppingSupervisor):
             self.store, self.job, self.run, self.procfs, self.tree, window or None, now, claimed
         )
         self.diag.main_pid = main_pid
+        self.diag.write = self.record.write  # kept for later while another process locks the store
 
     def _containment(self) -> str:
         if self.cgroup:

@@ -9,7 +9,7 @@ import contextlib
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,7 @@ from jobwarden.errors import JobNotFound, StoreError
 from jobwarden.model import UNFINISHED_STATES, Finding, JobSpec, JobState, ProcessEnd, ProcessSnapshot, Ranks
 from jobwarden.paths import Layout, ensure_private_dir
 from jobwarden.store import samples
-from jobwarden.store.db import connect, store_id, translate, wal_identity, write
+from jobwarden.store.db import BUSY_TIMEOUT_S, connect, store_id, translate, wal_identity, write
 from jobwarden.store.listing import ListQueries
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
 from jobwarden.store.rollup import Bucket, Reading
@@ -92,6 +92,16 @@ class Store(SampleMethods, ListQueries):
             except sqlite3.Error as err:
                 raise translate(err, self.layout.database) from err
         return self._store_id
+
+    @contextlib.contextmanager
+    def waiting_at_most(self, seconds: float) -> Iterator[None]:
+        """Writes inside wait this long for another process's write lock, then raise StoreBusy (the
+        shim's loop must go on watching: what it cannot write now, it writes later, with its own time)."""
+        self._conn.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
+        try:
+            yield
+        finally:
+            self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
 
     def __enter__(self) -> Store:
         return self
