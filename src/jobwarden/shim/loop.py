@@ -180,6 +180,8 @@ class SupervisorLoop:
         return ends
 
     def _tick(self, full: bool) -> None:
+        if not self.record.reserve.kept:  # an adopted run's, or one the start had no room for
+            self.record.reserve.keep()
         if self.store.reopen_if_wal_replaced():  # someone deleted jobwarden.db-wal: its records come back
             log("the database's write-ahead log was deleted or replaced: reopened the database")
             self.record.event("store-reopened", self.clock.wall(), reason="write-ahead log deleted")

@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from jobwarden import config
 from jobwarden.clock import Clock
-from jobwarden.errors import StoreBusy, StoreError
+from jobwarden.errors import StoreBusy, StoreError, StoreFull
 from jobwarden.model import EndReason, JobState, Survivor
 from jobwarden.osapi.process import WaitStatus
 from jobwarden.store import JobRecord, Store
 from jobwarden.store.logfiles import LogWatcher
+from jobwarden.store.reserve import SpaceReserve, reserve_path
 
 if TYPE_CHECKING:
     from jobwarden.shim.groupsink import GroupSink
@@ -52,6 +53,7 @@ class RunRecorder:
         self._pending: list[tuple[str, float, dict[str, Any]]] = []
         self._deferred: collections.deque[Write] = collections.deque()  # refused by the lock: in order
         self._busy_until = 0.0  # monotonic: the lock refused a write; keep the next ones without asking
+        self.reserve = SpaceReserve(reserve_path(store.layout.database, job_id, run))  # room for the end
         self.group: GroupSink | None = None  # a --group run's shared records: fed from what is recorded here
 
     def open_group(self, job: JobRecord) -> None:
@@ -133,6 +135,9 @@ class RunRecorder:
             path = str(self.logs.output.parent)
             self._pending.append((kind, now, {"free_bytes": free, "path": path}))
             log(f"{kind}: {free} bytes free under {path}")
+        self._flush_pending()
+
+    def _flush_pending(self) -> None:
         while self._pending:
             kind, at, data = self._pending[0]
             if not self.event(kind, at, **data):
@@ -140,10 +145,25 @@ class RunRecorder:
             self._pending.pop(0)
 
     def end(self, fields: dict[str, Any], orphans: list[dict[str, Any]], survivors: list[Survivor]) -> None:
-        """-> succeeded | failed | stopped | lost: retried until it lands, so a full disk loses nothing."""
+        """-> succeeded | failed | stopped | lost: retried until it lands, so a full disk loses nothing. A
+        disk the job filled has room for it: the space reserve is freed for it (store.reserve)."""
         fields = {**fields, "orphans_left": orphans, "survivors": [s._asdict() for s in survivors]}
+        try:
+            self._record_end(fields, orphans, survivors)
+        finally:
+            self.reserve.release()
+        self._to_group(lambda group: group.end(fields))
+
+    def _record_end(
+        self, fields: dict[str, Any], orphans: list[dict[str, Any]], survivors: list[Survivor]
+    ) -> None:
         for attempt in range(100_000):
-            self.check_disk(self.clock.wall())  # flush a disk-full episode first: it explains the run
+            # a disk-full episode first: it explains the run (the disk is looked at once: the room the
+            # reserve frees is no sign that the disk has room again)
+            if attempt == 0:
+                self.check_disk(self.clock.wall())
+            else:
+                self._flush_pending()
             try:
                 if not self.flush(patient=True):  # what waited for the lock goes first, in order
                     raise StoreBusy("the database is still locked", "")
@@ -159,12 +179,19 @@ class RunRecorder:
                     orphans=len(orphans),
                     survivors=len(survivors),
                 )
-                break
+                return
+            except StoreFull as err:
+                if self.reserve.release():
+                    log(f"no room for the end of the run: freed the space kept for it ({err})")
+                    continue  # at once: what was freed is the end's
+                self._wait_to_retry(attempt, err)
             except StoreError as err:
-                if attempt == 0:
-                    log(f"cannot record the end of the run yet, retrying every {END_RETRY_S:g}s: {err}")
-                time.sleep(END_RETRY_S)
-        self._to_group(lambda group: group.end(fields))
+                self._wait_to_retry(attempt, err)
+
+    def _wait_to_retry(self, attempt: int, err: StoreError) -> None:
+        if attempt == 0:
+            log(f"cannot record the end of the run yet, retrying every {END_RETRY_S:g}s: {err}")
+        time.sleep(END_RETRY_S)
 
     def _to_group(self, feed: Callable[[GroupSink], object]) -> None:
         """The group records are a copy for `explain --group`: no fault of theirs may reach the job."""

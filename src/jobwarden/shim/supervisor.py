@@ -58,6 +58,7 @@ class Supervisor(StoppingSupervisor):
             if reported:
                 report_fd = -1  # answered already: the run was queued
         env = self._job_env()
+        self.record.reserve.keep()  # room for the end, before a job can fill the disk (store.reserve)
         self._listen_for_births()  # before the job exists: its first child may live a millisecond
         try:
             pid = self.jobos.spawn(

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from jobwarden.errors import StoreBusy, StoreCorrupt, StoreError
+from jobwarden.errors import StoreBusy, StoreCorrupt, StoreError, StoreFull
 from jobwarden.store.schema import LATEST, MIGRATIONS
 
 # Writers wait up to this long for each other. 100 simultaneous `run`s each hold the write lock for about
@@ -49,7 +49,7 @@ def translate(err: sqlite3.Error, path: Path) -> StoreError:
             "try again; a process that holds it long (an open sqlite3 shell with a transaction) delays all",
         )
     if primary in _NO_ROOM:
-        return StoreError(
+        return StoreFull(
             f"cannot write the jobwarden database {path}: {text}",
             f"free space on the filesystem holding {path.parent}",
         )
