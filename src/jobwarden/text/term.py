@@ -4,6 +4,7 @@ colours only a terminal whose user has not set NO_COLOR (https://no-color.org)."
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -32,8 +33,12 @@ def for_terminal(lines: Iterable[str]) -> Iterator[str]:
     from jobwarden.text.sanitize import terminal_text  # its patterns: not on the path of `run`
 
     colours = colour_wanted()
+    ours = re.compile(r"\x1b\[[0-9;]*m")  # SGR, as render._color writes it
     for line in lines:
-        yield terminal_text(line, colours=colours)
+        if colours and ours.sub("", line).isprintable():
+            yield line  # nothing but colours (ours: every job field was cleaned): `ps --all` of 10,000 rows
+        else:
+            yield terminal_text(line, colours=colours)
 
 
 def table(rows: Sequence[tuple[str, ...]], width: int | None = None) -> list[list[str]]:
