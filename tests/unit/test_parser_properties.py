@@ -238,3 +238,18 @@ def test_a_records_file_of_mixed_lines_keeps_only_records(tmp_path: Path) -> Non
     (folder / "rank-0.jsonl").write_bytes(b"\n".join(lines) + b'\n{"torn')
     log = read_rank_log(folder / "rank-0.jsonl")
     assert (log.records, log.bad, log.torn) == ([{**good, "wall": 9.0}], 2, 1)  # one alive: the newest
+
+
+def test_a_records_file_holds_at_most_its_newest_records_and_one_alive(tmp_path: Path) -> None:
+    from jobwarden.store.groupdir import MAX_RECORDS_PER_FILE, read_rank_log
+
+    folder = tmp_path / "ranks"
+    folder.mkdir(mode=0o700)
+    lines = []
+    for i in range(MAX_RECORDS_PER_FILE + 500):
+        lines.append(_line({"v": 1, "kind": "finding", "rank": 0, "wall": float(i), "rule": "x"}))
+        lines.append(_line({"v": 1, "kind": "alive", "rank": 0, "wall": i + 0.5}))
+    (folder / "rank-0.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    records = read_rank_log(folder / "rank-0.jsonl").records
+    assert len(records) == MAX_RECORDS_PER_FILE + 1
+    assert records[0]["wall"] == 500.0 and records[-1] == {"v": 1, "kind": "alive", "rank": 0, "wall": 5499.5}

@@ -19,6 +19,7 @@ is opened with O_NOFOLLOW, so a link planted in a shared group directory never r
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import json
@@ -158,6 +159,8 @@ MAX_RECORDS_FILE = 64 << 20
 MAX_RECORD_LINE = 1 << 20
 MAX_DOCUMENT = 1 << 20
 MAX_ATTEMPT_DIGITS = 9
+MAX_RECORDS_PER_FILE = 5_000  # records of one rank kept (its newest), `alive` apart
+MAX_GROUP_RECORDS = 100_000  # records of one attempt kept in memory: some 150 MB
 TAIL_LINE_CHARS = 4096  # what a writer keeps of one line of output in a record
 
 
@@ -201,13 +204,21 @@ def _read_attempt(root: Path, attempt: int, where: SharedDir) -> GroupRecords:
             doc = _document(node_dir, name, refused) if node_dir and name.endswith(".json") else None
             if doc is not None:
                 nodes[name[: -len(".json")]] = doc
-    ranks = []
+    ranks: list[RankLog] = []
+    held = 0
     with _subdir(where, "ranks", refused) as rank_dir:
         for name in _visible(rank_dir):
-            if rank_dir and name.endswith(".jsonl"):
-                log = _rank_log(rank_dir, name, refused)
-                if log is not None:
-                    ranks.append(log)
+            if not rank_dir or not name.endswith(".jsonl"):
+                continue
+            if held >= MAX_GROUP_RECORDS:
+                refused.append(
+                    f"{rank_dir.path / name}: past the {MAX_GROUP_RECORDS} records a group may hold"
+                )
+                continue
+            log = _rank_log(rank_dir, name, refused)
+            if log is not None:
+                ranks.append(log)
+                held += len(log.records)
     return GroupRecords(root, attempt, group, nodes, ranks, refused)
 
 
@@ -220,19 +231,22 @@ def _rank_log(directory: SharedDir, name: str, refused: list[str]) -> RankLog | 
         refused.append(_why(directory, name, err))
         return None
     log = RankLog(name[: -len(".jsonl")], bad=read.too_long)
-    alive = None  # only the newest `alive` matters (rules.group: when a rank last spoke); one a minute
-    for line in read.lines:
+    # only the newest `alive` matters (rules.group: when a rank last spoke; one a minute, for weeks), and
+    # of the rest the newest MAX_RECORDS_PER_FILE (a rank's story starts at its last `started`)
+    kept: collections.deque[tuple[int, dict[str, Any]]] = collections.deque(maxlen=MAX_RECORDS_PER_FILE)
+    alive: tuple[int, dict[str, Any]] | None = None
+    for i, line in enumerate(read.lines):
         record = parse_record(line)
         if record is None:
-            log.torn += _torn(line)
-            log.bad += not _torn(line)
+            torn = _torn(line)
+            log.torn += torn
+            log.bad += not torn
         elif record.get("kind") == "alive":
-            if alive is not None:
-                log.records.remove(alive)
-            alive = record
-            log.records.append(record)
+            alive = (i, record)
         else:
-            log.records.append(record)
+            kept.append((i, record))
+    ordered = sorted([*kept, *([alive] if alive else [])], key=lambda pair: pair[0])
+    log.records = [record for _, record in ordered]
     return log
 
 
