@@ -65,6 +65,7 @@ class Store(SampleMethods, ListQueries):
         self._conn = connect(self.layout.database)
         self._store_id: str | None = None
         self._wal = wal_identity(self.layout.database)  # the log this connection writes to
+        self._file = _file_identity(self.layout.database)  # and the database file itself
         self._malformed = set()
 
     def close(self) -> None:
@@ -77,6 +78,10 @@ class Store(SampleMethods, ListQueries):
         last holder to close writes the log back into the database) and opened again."""
         now = wal_identity(self.layout.database)
         if now == self._wal:
+            return False
+        if _file_identity(self.layout.database) != self._file:
+            # the database itself was moved aside (or replaced): a new one there is another store, whose
+            # job ids start over; this connection stays with its own (moved) file, never writes there
             return False
         self._conn.close()
         self._conn = connect(self.layout.database)
@@ -511,6 +516,14 @@ def _run_update(
         sql += f" AND state IN ({', '.join('?' * len(states))})"
         params += states
     return sql, params
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _encodable(text: str) -> bool:
