@@ -245,7 +245,7 @@ def cmd_health(args: argparse.Namespace) -> int:
         _print_json(verdict.to_json())
     else:
         job = f"job {verdict.job_id}: " if verdict.job_id is not None else ""
-        print(f"{verdict.status}: {job}{verdict.reason}")
+        _print_lines([f"{verdict.status}: {job}{verdict.reason}"])  # a reason may quote a job's reference
     return verdict.exit_code
 
 
