@@ -96,7 +96,10 @@ def parse_size(text: str, option: str = "") -> int:
     match = _SIZE.fullmatch(text.strip().lower())
     if not match or match.group(2) not in _SIZE_UNITS:
         raise UsageError(f"{_named(option)}bad size {text!r}", "use bytes or units like 512M, 4G, 1.5GiB")
-    value = int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
+    number = float(match.group(1)) * _SIZE_UNITS[match.group(2)]
+    if number > MAX_SIZE_BYTES:  # and so never int(inf): 400 nines are a float's infinity
+        raise UsageError(f"{_named(option)}size {text!r} is beyond any machine's memory", "e.g. 8G")
+    value = int(number)
     if value <= 0:
         raise UsageError(f"{_named(option)}bad size {text!r}: must be positive", "e.g. 8G")
     if value > MAX_SIZE_BYTES:
@@ -138,11 +141,16 @@ def parse_restart_mode(text: str) -> str:
     return mode
 
 
+MAX_COUNT = (1 << 31) - 1  # restarts, requeues, list lengths: more is a typing mistake
+
+
 def parse_count(text: str, what: str = "count") -> int:
     """A whole number >= 0, e.g. --max-restarts 3."""
     raw = text.strip()
     if not raw.isdecimal():
         raise UsageError(f"bad {what} {text!r}: must be a whole number, 0 or more", f"e.g. {what} 3")
+    if len(raw.lstrip("0")) > len(str(MAX_COUNT)) or int(raw) > MAX_COUNT:
+        raise UsageError(f"bad {what} {text!r}: more than {MAX_COUNT}", f"e.g. {what} 3")
     return int(raw)
 
 

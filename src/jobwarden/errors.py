@@ -48,6 +48,14 @@ class StoreCorrupt(StoreError):
     pass
 
 
+class StoreFull(StoreError):
+    """The file system holding the database has no room for the write."""
+
+
+class StoreBusy(StoreError):
+    """Another process holds the database's write lock past the time this write would wait."""
+
+
 class JobStillRunning(JobwardenError):
     pass
 

@@ -6,11 +6,13 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Jobwarden
+from tests.conftest import Jobwarden, wait_pid_gone
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +38,7 @@ def on_path(jw: Jobwarden, tmp_path: Path) -> Jobwarden:
     return jw
 
 
-def _bash_complete(jw: Jobwarden, words: list[str]) -> list[str]:
+def _bash_complete(jw: Jobwarden, words: list[str], lines: bool = False) -> list[str]:
     script = jw("completion", "bash", check=True).stdout
     program = (
         f"{script}\nCOMP_WORDS=({' '.join(repr(w) for w in words)}); COMP_CWORD={len(words) - 1}; "
@@ -46,7 +48,7 @@ def _bash_complete(jw: Jobwarden, words: list[str]) -> list[str]:
         [_shell("bash"), "-c", program], env=jw.env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
-    return done.stdout.split()
+    return done.stdout.splitlines() if lines else done.stdout.split()
 
 
 def test_bash_completes_subcommands_options_and_jobs(on_path: Jobwarden) -> None:
@@ -99,3 +101,112 @@ def test_the_zsh_script_loads(on_path: Jobwarden, tmp_path: Path) -> None:
 def test_an_unknown_shell_is_a_clear_error(jw: Jobwarden) -> None:
     result = jw("completion", "tcsh")
     assert result.returncode == 2 and "unknown shell 'tcsh'" in result.stderr
+
+
+# --- job names are data, never code (issue 20, item 2) ------------------------------------------------
+
+HOSTILE = ("x$(touch {marker})", "y`touch {marker}`", "my name", "z*")
+DEADLINE_S = 60.0
+
+
+def _hostile_jobs(jw: Jobwarden, marker: Path) -> None:
+    for name in HOSTILE:
+        jw("run", "--name", name.format(marker=marker), "--wait", "--", "true", check=True)
+
+
+@pytest.fixture
+def tmux(tmp_path: Path) -> Iterator[list[str]]:
+    _shell("tmux")
+    command = ["tmux", "-S", str(tmp_path / "tmux.sock")]
+    yield command
+    listed = [*command, "list-panes", "-a", "-F", "#{pid} #{pane_pid}"]
+    pids = subprocess.run(listed, capture_output=True, text=True, timeout=30).stdout.split()
+    subprocess.run([*command, "kill-server"], capture_output=True, timeout=30)
+    for pid in pids:  # the server and its shell: both carry the test's home
+        wait_pid_gone(int(pid))
+
+
+def _typed_then_tab(tmux: list[str], env: dict[str, str], shell: list[str], setup: str, line: str) -> str:
+    """`line` typed into an interactive shell in a real terminal, then Tab: the command line it shows."""
+    subprocess.run(
+        [*tmux, "new-session", "-d", "-s", "sh", "-x", "200", "-y", "20", *shell],
+        env=env,
+        check=True,
+        timeout=30,
+    )
+    subprocess.run(
+        [*tmux, "send-keys", "-t", "sh", f"PS1='ready> '; {setup}; echo loaded", "Enter"], timeout=30
+    )
+    _screen(tmux, lambda s: "\nloaded" in s)
+    subprocess.run([*tmux, "send-keys", "-t", "sh", line, "Tab"], check=True, timeout=30)
+    return _screen(tmux, lambda s: s.rstrip().splitlines()[-1].rstrip() != f"ready> {line}".rstrip())
+
+
+def _screen(tmux: list[str], done: object) -> str:
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        screen = subprocess.run(
+            [*tmux, "capture-pane", "-p", "-t", "sh"], capture_output=True, text=True, timeout=30
+        ).stdout
+        if screen.strip() and done(screen):  # type: ignore[operator]
+            return screen.rstrip().splitlines()[-1]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the terminal never got there:\n{screen}")
+        time.sleep(0.05)  # polling the pane, with the deadline above
+
+
+SHELLS_IN_A_TERMINAL = {
+    "bash": (["--norc", "--noprofile"], "source {script}"),
+    "zsh": (["-f"], "autoload -U compinit && compinit -u; source {script}"),
+}
+
+
+@pytest.mark.parametrize("shell", sorted(SHELLS_IN_A_TERMINAL))
+@pytest.mark.parametrize(
+    ("typed", "completed"),
+    [("x", "x\\$\\(touch\\ {marker}\\)"), ("y", "y\\`touch\\ {marker}\\`"), ("my", "my\\ name")],
+)
+def test_a_job_name_completes_as_one_quoted_word_and_never_runs(
+    on_path: Jobwarden, tmp_path: Path, tmux: list[str], shell: str, typed: str, completed: str
+) -> None:
+    # bash's `compgen -W "$(jobwarden _jobs)"` expanded $(...) and backticks in a name at the next Tab,
+    # and split a name at its spaces
+    marker = tmp_path / "ran"
+    _hostile_jobs(on_path, marker)
+    script = tmp_path / "script"
+    script.write_text(on_path("completion", shell, check=True).stdout)
+    flags, setup = SHELLS_IN_A_TERMINAL[shell]
+    env = {**on_path.env, "TERM": "xterm-256color"}
+    shown = _typed_then_tab(
+        tmux, env, [_shell(shell), *flags], setup.format(script=script), f"jobwarden status {typed}"
+    )
+    assert shown == f"ready> jobwarden status {completed.format(marker=marker)}"
+    assert not marker.exists(), "completing a job name ran the command inside it"
+
+
+def test_bash_replies_each_name_as_one_quoted_word(on_path: Jobwarden, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    _hostile_jobs(on_path, marker)
+    replies = _bash_complete(on_path, ["jobwarden", "logs", ""], lines=True)
+    names = [f"x\\$\\(touch\\ {marker}\\)", f"y\\`touch\\ {marker}\\`", "my\\ name", "z\\*"]
+    assert replies == [x for i in (4, 3, 2, 1) for x in (str(i), names[i - 1])]
+    assert not marker.exists()
+
+
+def test_fish_offers_hostile_names_verbatim_and_runs_none(on_path: Jobwarden, tmp_path: Path) -> None:
+    fish = _shell("fish")
+    marker = tmp_path / "ran"
+    _hostile_jobs(on_path, marker)
+    script = tmp_path / "jobwarden.fish"
+    script.write_text(on_path("completion", "fish", check=True).stdout)
+    done = subprocess.run(
+        [fish, "--no-config", "-c", f"source {script}; complete -C 'jobwarden status '"],
+        env=on_path.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    offered = {row.split("\t")[0] for row in done.stdout.splitlines()}
+    assert {name.format(marker=marker) for name in HOSTILE} <= offered
+    assert not marker.exists()

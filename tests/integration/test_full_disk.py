@@ -100,3 +100,34 @@ def test_ps_says_the_disk_is_full_and_which_end_waits_to_be_recorded(
         ballast.unlink()
     assert jw("wait", str(job["id"])).returncode == 128 + signal.SIGKILL  # recorded once there was room
     assert jw("ps", "--all").stderr == ""
+
+
+# The job fills the disk through its own output and exits, leaving it full: nothing frees any room
+FILL_AND_LEAVE = r"""
+import os
+chunk = b"y" * 65536 + b"\n"
+try:
+    while True:
+        os.write(1, chunk)
+except OSError:
+    pass
+"""
+
+
+def test_a_job_that_leaves_the_disk_full_still_gets_its_end_recorded_and_explained(
+    jw: Jobwarden, small_home: Path
+) -> None:
+    # before: the shim could write nothing any more, and the run stayed `running` for ever with its main
+    # process dead; the space reserve (store.reserve) is freed for the end
+    jw.home = small_home / "home"
+    jw.env["JOBWARDEN_HOME"] = str(jw.home)
+    job = jw.start(sys.executable, "-c", FILL_AND_LEAVE)
+    result = jw("wait", "--timeout", "60s", str(job["id"]))
+    assert result.returncode == 0, result.stderr
+    status = jw.status(job["id"])
+    assert (status["state"], status["exit_code"]) == ("succeeded", 0)
+    log = jw.home / "jobs" / str(job["id"]) / "run-1" / "output.log"
+    assert log.stat().st_size > 4 << 20  # it wrote until the 8 MiB disk had no room left
+    (finding,) = [f for f in jw.json("explain", str(job["id"]))["findings"] if f["rule"] == "disk-full"]
+    assert finding["evidence"][0].startswith("output lost: no space left on device under ")
+    assert not list(jw.home.glob(".jobwarden.db.reserve-*")), "the reserve outlived the run"

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import pwd
+import shlex
 import shutil
 import signal
 import subprocess
@@ -86,20 +87,45 @@ def test_the_processes_of_a_killed_supervisor_are_listed_and_killed(jw: Jobwarde
 
 def test_a_marked_process_of_an_ended_then_removed_job_is_listed_and_killed(jw: Jobwarden) -> None:
     job_id = int(jw("run", "--wait", "--", "true", check=True).stdout.split()[0])
-    with sleeper(marked_env(jw, job_id)) as proc:
+    with orphaned_sleeper(marked_env(jw, job_id)) as pid:  # a leftover: its parent is gone
         (stray,) = jw.json("orphans")
-        assert stray["pid"] == proc.pid and stray["job"] == job_id
+        assert stray["pid"] == pid and stray["job"] == job_id
         assert stray["reason"].startswith(f"job {job_id} run 1 ended ") and stray["reason"].endswith(
             "(succeeded)"
         )
 
         jw("rm", str(job_id), check=True)
         (stray,) = jw.json("orphans")
-        assert (stray["pid"], stray["reason"]) == (proc.pid, f"job {job_id} was removed")
+        assert (stray["pid"], stray["reason"]) == (pid, f"job {job_id} was removed")
 
         (outcome,) = jw.json("orphans", "--kill", "--grace", "5s")
-        assert (outcome["pid"], outcome["ended"], outcome["ended_by"]) == (proc.pid, True, "SIGTERM")
-        assert proc.wait(timeout=10) == -signal.SIGTERM
+        assert (outcome["pid"], outcome["ended"], outcome["ended_by"]) == (pid, True, "SIGTERM")
+        wait_pid_gone(pid, timeout_s=10)
+
+
+@contextlib.contextmanager
+def orphaned_sleeper(env: dict[str, str], command: str = "sleep 3600") -> Iterator[int]:
+    """A `sleep` (or `command`) whose parent exited at once (so init, or a subreaper, adopted it), as a
+    job's leftover is; its pid. Killed (through a pidfd) and waited for on the way out, whatever happened."""
+    started = subprocess.run(
+        ["setsid", "sh", "-c", f"{command} </dev/null >/dev/null 2>&1 & echo $!"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    pid = int(started.stdout)
+    try:
+        yield pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            fd = os.pidfd_open(pid)
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            finally:
+                os.close(fd)
+        wait_pid_gone(pid)
 
 
 def test_unrelated_processes_are_never_listed_nor_killed(jw: Jobwarden, tmp_path: Path) -> None:
@@ -118,25 +144,19 @@ def test_unrelated_processes_are_never_listed_nor_killed(jw: Jobwarden, tmp_path
     assert jw("wait", str(live["id"])).returncode == 0
 
 
-def test_a_survivor_that_ignores_sigterm_is_killed_after_the_grace(jw: Jobwarden) -> None:
+def test_a_survivor_that_ignores_sigterm_is_killed_after_the_grace(jw: Jobwarden, tmp_path: Path) -> None:
     job_id = int(jw("run", "--wait", "--", "true", check=True).stdout.split()[0])
+    ready = make_fifo(tmp_path / "ready")
     script = (
-        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-        "print('ready', flush=True); time.sleep(3600)"
+        "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "open(sys.argv[1], 'w').write('ready\\n'); time.sleep(3600)"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script], env=marked_env(jw, job_id), stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    command = f"{shlex.quote(sys.executable)} -c {shlex.quote(script)} {shlex.quote(str(ready))}"
+    with orphaned_sleeper(marked_env(jw, job_id), command) as pid:
+        read_fifo(ready)
         (outcome,) = jw.json("orphans", "--kill", "--grace", "1s")
-        assert (outcome["pid"], outcome["ended_by"]) == (proc.pid, "SIGKILL")
-        assert proc.wait(timeout=10) == -signal.SIGKILL
-    finally:
-        proc.kill()
-        proc.wait()
-        assert proc.stdout is not None
-        proc.stdout.close()
+        assert (outcome["pid"], outcome["ended_by"]) == (pid, "SIGKILL")
+        wait_pid_gone(pid, timeout_s=10)
 
 
 # --- another user's process --------------------------------------------------------------------------

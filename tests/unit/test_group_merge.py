@@ -18,6 +18,17 @@ from jobwarden.text.group import group_report, verdict_line
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "groups"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _closed_to_others() -> None:
+    """The recorded group folders as writers leave them: a reader refuses a folder or file that others
+    may write to (osapi.sharedfiles), and a checkout made with umask 002 is group-writable (git keeps only
+    the execute bit, so this changes nothing it tracks)."""
+    for path in [FIXTURES, *FIXTURES.rglob("*")]:
+        mode = path.stat().st_mode & 0o7777
+        if mode & 0o022:
+            path.chmod(mode & ~0o022)
+
+
 def view(name: str, tmp_path: Path, tolerance: float | None = None) -> GroupView:
     return group_view(tmp_path, "g", None, str(FIXTURES / name), tolerance)
 

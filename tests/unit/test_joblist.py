@@ -119,8 +119,8 @@ def test_current_findings_of_many_runs_in_one_read(store: Store) -> None:
     ids = [add_job(store, f"j{i}", JobState.FAILED, JobState.FAILED) for i in range(_CHUNK + 5)]
     store.add_finding(ids[0], 2, NOW + 2, finding("exit-code"))
     store.add_finding(ids[0], 2, NOW + 1, finding("no-progress"))
-    stopped = store.add_finding(ids[0], 2, NOW + 1.5, finding("process-stopped"))
-    store.resolve_finding(ids[0], 2, stopped, NOW + 3)  # continued since: history, not current
+    store.add_finding(ids[0], 2, NOW + 1.5, finding("process-stopped"))
+    store.resolve_finding(ids[0], 2, finding("process-stopped")._replace(at=NOW + 1.5), NOW + 3)  # history
     store.add_finding(ids[0], 1, NOW, finding("oom-kill"))  # an earlier attempt: not asked for
     store.add_finding(ids[-1], 2, NOW, finding("timeout"))
     for asked in (ids, ids[:1] + ids[-1:]):  # a range read, and a lookup of a few

@@ -141,6 +141,26 @@ def test_the_old_run_of_a_restarted_job_is_judged_on_its_own(store: Store, root:
     assert find(store, root) == {40: f"job {job_id} run 1 ended 1m00s ago (failed)"}
 
 
+def test_a_marked_process_started_by_a_live_process_outside_the_job_is_not_its(
+    store: Store, root: Path
+) -> None:
+    job_id = new_job(store, JobState.FAILED, ended_at=NOW - 1)
+    proc(root, 30, comm="bash")  # a user's shell: alive, not the job's
+    proc(root, 40, ppid=30, environ=marker(store, job_id))  # it copied the job's variables
+    proc(root, 41, ppid=40, environ=marker(store, job_id))  # and its child inherited them
+    assert find(store, root) == {}
+
+
+def test_a_marked_process_whose_marked_parent_was_adopted_is_the_jobs(store: Store, root: Path) -> None:
+    job_id = new_job(store, JobState.FAILED, ended_at=NOW - 1)
+    proc(root, 40, ppid=1, environ=marker(store, job_id))  # the leftover, adopted by init
+    proc(root, 41, ppid=40, environ=marker(store, job_id))  # its child
+    proc(root, 50, comm="systemd")  # a user's systemd: a subreaper
+    proc(root, 42, ppid=50, environ=marker(store, job_id))
+    reason = f"job {job_id} run 1 ended 1s ago (failed)"
+    assert find(store, root) == {40: reason, 41: reason, 42: reason}
+
+
 def test_unmarked_zombie_and_foreign_processes_are_never_listed(store: Store, root: Path) -> None:
     job_id = new_job(store, JobState.FAILED, ended_at=NOW - 60)
     proc(root, 40)  # no marker

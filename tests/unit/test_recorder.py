@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -115,3 +117,26 @@ def test_the_end_lands_with_its_survivors(store: Store, monkeypatch: pytest.Monk
     assert run.orphans_left == [{"pid": 7, "cmdline": "sleep 9"}]
     assert run.survivors == [survivor]
     assert kinds(store, job_id)[-1] == "ended"
+
+
+def test_writes_the_lock_refuses_wait_in_order_with_their_own_times(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rec, _, job_id = recorder(store, monkeypatch)
+    other = sqlite3.connect(store.layout.database, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        began = time.monotonic()
+        assert rec.event("finding", NOW + 1, rule="first") is True  # kept, not lost
+        assert rec.event("finding", NOW + 2, rule="second") is True
+        assert time.monotonic() - began < 5.0  # the loop was not held up (the store waits 60 s)
+        assert "finding" not in kinds(store, job_id)
+        assert rec.flush() is False  # still locked
+        other.execute("COMMIT")
+    finally:
+        other.close()
+    assert isinstance(rec.clock, FakeClock)
+    rec.clock.advance(1.0)  # past the pause after a refusal, when nothing asks the store again
+    assert rec.flush() is True
+    found = [(e.at, e.data.get("rule")) for e in store.events(job_id, 1) if e.kind == "finding"]
+    assert found == [(NOW + 1, "first"), (NOW + 2, "second")]

@@ -97,3 +97,50 @@ def test_a_stream_cut_anywhere_reads_as_the_whole(text: str, cuts: list[int]) ->
     out.append(stream.feed(data[at:]))
     out.append(stream.close())
     assert "".join(out) == terminal_text(text)
+
+
+# --- the patterns' lookahead changes nothing ------------------------------------------------------------
+
+_NOISY = st.text(
+    st.sampled_from(
+        [
+            "a",
+            " ",
+            "\n",
+            "\r",
+            "\t",
+            "\x1b",
+            "[",
+            "]",
+            "\\",
+            "\x07",
+            "\x9b",
+            "\x9c",
+            "\x9d",
+            "0",
+            ";",
+            "m",
+            "2",
+            "J",
+            "P",
+            "_",
+            "c",
+            "é",
+            "\x00",
+            "\x7f",
+            "\x85",
+        ]
+    )
+)
+
+
+@given(_NOISY, st.booleans(), st.booleans())
+def test_the_lookahead_only_skips_text_faster(text: str, colours: bool, carriage_returns: bool) -> None:
+    import re
+
+    from jobwarden.text import sanitize
+
+    plain = f"{sanitize._SEQUENCE}|{sanitize._CONTROLS}" + ("" if carriage_returns else "|\\r")
+    reference = re.compile(plain, re.DOTALL)
+    expected = reference.sub(lambda m: (m.group("sgr") or "") if colours else "", text)
+    assert sanitize.terminal_text(text, colours, carriage_returns) == expected

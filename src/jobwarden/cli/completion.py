@@ -78,12 +78,34 @@ def _bash(commands: list[Subcommand]) -> Iterator[str]:
     yield "    fi"
     yield '    case "$cmd" in'
     if with_jobs:
-        jobs = f"$(jobwarden {JOBS_COMMAND} 2>/dev/null)"
-        yield f'        {with_jobs}) COMPREPLY=($(compgen -W "{jobs}" -- "$cur")) ;;'
+        yield f'        {with_jobs}) _jobwarden_jobs "$cur" ;;'
     yield f'        completion) COMPREPLY=($(compgen -W "{" ".join(SHELLS)}" -- "$cur")) ;;'
     yield "    esac"
     yield "}"
+    yield from _bash_jobs()
     yield "complete -F _jobwarden jobwarden"
+
+
+def _bash_jobs() -> Iterator[str]:
+    """The job ids and names that start with the word typed, each shell-quoted as one word. Names are data,
+    never code: `compgen -W` would expand `$(...)` and backticks in them (bash(1), "compgen": the word list
+    undergoes expansion) and split a name at its spaces. zsh runs this too, through bashcompinit, which
+    unquotes each reply before it adds it."""
+    yield from _BASH_JOBS.replace("JOBS_COMMAND", JOBS_COMMAND).strip("\n").splitlines()
+
+
+_BASH_JOBS = r"""
+_jobwarden_jobs() {
+    local cur="$1" typed="$1" ref quoted
+    [[ "$typed" == [\"\']* ]] && typed="${typed:1}"  # a word begun with a quote: what follows it
+    while IFS= read -r ref; do
+        printf -v quoted '%q' "$ref"
+        if [[ "$ref" == "$typed"* || "$quoted" == "$cur"* ]]; then
+            COMPREPLY+=("$quoted")
+        fi
+    done < <(jobwarden JOBS_COMMAND 2>/dev/null)
+}
+"""
 
 
 def _fish(commands: list[Subcommand]) -> Iterator[str]:

@@ -35,7 +35,9 @@ def _procfs() -> Any:
 
 
 def _print_lines(lines: Iterable[str]) -> None:
-    for line in lines:
+    from jobwarden.text.term import for_terminal  # the edge: no byte of a job's reaches the terminal raw
+
+    for line in for_terminal(lines):
         print(line)
 
 
@@ -185,10 +187,11 @@ def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
     def done() -> bool:
         return not shim_alive(procfs, run.shim_pid, run.shim_start) if run.shim_pid else True
 
+    out = _JobOutput()
     try:
         for chunk in follow(path, 0, done):
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.buffer.flush()
+            out.write(chunk)
+        out.close()
     except KeyboardInterrupt:
         print(f"\njobwarden: stopped following; job {job.id} keeps running", file=sys.stderr)
         return 130
@@ -242,7 +245,7 @@ def cmd_health(args: argparse.Namespace) -> int:
         _print_json(verdict.to_json())
     else:
         job = f"job {verdict.job_id}: " if verdict.job_id is not None else ""
-        print(f"{verdict.status}: {job}{verdict.reason}")
+        _print_lines([f"{verdict.status}: {job}{verdict.reason}"])  # a reason may quote a job's reference
     return verdict.exit_code
 
 
@@ -366,30 +369,50 @@ def _explain_group(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from jobwarden.store import Store
-    from jobwarden.store.logfiles import read_from, since_offset, tail_lines
+    from jobwarden.store.logfiles import since_offset, stream_from, tail_lines
 
     with Store(_home()) as store:
         job = store.job(args.job)
         run = store.run(job.id, args.run)
         path = store.layout.output_log(job.id, run.n)
         index = store.layout.output_index(job.id, run.n)
-    if args.since:
-        since = config.parse_duration(args.since, "--since")
-        data = read_from(path, since_offset(index, SystemClock().wall() - since))
-        lines = data.splitlines(keepends=True)
-        if args.lines is not None:
-            lines = lines[-args.lines :] if args.lines > 0 else []
-        sys.stdout.buffer.write(b"".join(lines))
-    elif args.lines is not None:
-        sys.stdout.buffer.write(b"".join(tail_lines(path, args.lines)))
-    elif not args.follow:
-        with open(path, "rb") if path.exists() else open(os.devnull, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                sys.stdout.buffer.write(chunk)
-    sys.stdout.buffer.flush()
+    out = _JobOutput()
+    start = 0
+    if args.since:  # streamed: `logs --since 2d` of a 1 GiB log holds a chunk, never the range
+        start = since_offset(index, SystemClock().wall() - config.parse_duration(args.since, "--since"))
+    if args.lines is not None:
+        out.write(b"".join(tail_lines(path, args.lines, start=start)))
+    elif args.since or not args.follow:
+        for chunk in stream_from(path, start):
+            out.write(chunk)
+    out.close()
     if args.follow:
         return _follow_from_end(job.id, run, path, bool(args.lines is not None or args.since))
     return 0
+
+
+class _JobOutput:
+    """The job's bytes on our stdout: exact into a pipe or a file; into a terminal through the sanitiser,
+    with the job's colours kept (as `less -R` does; not with NO_COLOR) and its carriage returns (a
+    progress bar redraws its line), a sequence cut between two reads held back until it is whole."""
+
+    def __init__(self) -> None:
+        from jobwarden.text.sanitize import TerminalStream
+
+        self.stream = None
+        if sys.stdout.isatty():
+            self.stream = TerminalStream(colours=not os.environ.get("NO_COLOR"), carriage_returns=True)
+
+    def write(self, data: bytes) -> None:
+        if self.stream is not None:
+            data = self.stream.feed(data).encode("utf-8", "replace")
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
+    def close(self) -> None:
+        if self.stream is not None:
+            sys.stdout.buffer.write(self.stream.close().encode("utf-8", "replace"))
+        sys.stdout.buffer.flush()
 
 
 def _follow_from_end(job_id: int, run: Any, path: Path, already_printed: bool) -> int:
@@ -402,12 +425,13 @@ def _follow_from_end(job_id: int, run: Any, path: Path, already_printed: bool) -
     def done() -> bool:
         return not shim_alive(procfs, run.shim_pid, run.shim_start)
 
+    out = _JobOutput()
     try:
         for chunk in follow(path, start, done):
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.buffer.flush()
+            out.write(chunk)
     except KeyboardInterrupt:
         return 130
+    out.close()
     return 0
 
 
@@ -434,7 +458,7 @@ def cmd_adopt(args: argparse.Namespace) -> int:
         _print_json(report)
     else:
         pids = [str(p) for p in report.get("pids", [])]  # type: ignore[attr-defined]
-        print(f"adopted job {args.job}: watching {len(pids)} process(es): {' '.join(pids)}")
+        _print_lines([f"adopted job {args.job}: watching {len(pids)} process(es): {' '.join(pids)}"])
     return 0
 
 
@@ -519,8 +543,8 @@ def cmd_completion(args: argparse.Namespace) -> int:
 def cmd_jobs_to_complete(args: argparse.Namespace) -> int:
     from jobwarden.store import Store
 
-    with Store(_home()) as store:
-        _print_lines(str(ref) for pair in store.job_refs() for ref in pair)
+    with Store(_home()) as store:  # one a line: a name that is not printable (an old store's) is left out
+        _print_lines(r for pair in store.job_refs() for ref in pair if (r := str(ref)).isprintable())
     return 0
 
 

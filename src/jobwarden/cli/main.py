@@ -321,10 +321,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return handlers.HANDLERS[args.command](args)
-    except JobwardenError as err:
-        print(f"jobwarden: {err.message}", file=sys.stderr)
+    except JobwardenError as err:  # a message may quote a job's name, command or output: sanitised
+        from jobwarden.text.sanitize import terminal_text
+
+        print(f"jobwarden: {terminal_text(err.message)}", file=sys.stderr)
         if err.remedy:
-            print(f"  {err.remedy}", file=sys.stderr)
+            print(f"  {terminal_text(err.remedy)}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         return 130
@@ -335,7 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _internal_error(err: Exception) -> int:
-    print(f"jobwarden: internal error: {type(err).__name__}: {err}", file=sys.stderr)
+    from jobwarden.text.sanitize import one_line
+
+    print(f"jobwarden: internal error: {type(err).__name__}: {one_line(str(err))}", file=sys.stderr)
     if trace.enabled(2):
         import traceback
 

@@ -13,7 +13,8 @@ from jobwarden.cli.metricsview import metrics_report, spark_width
 from jobwarden.clock import SystemClock
 from jobwarden.control.metrics import job_samples
 from jobwarden.store import Store
-from jobwarden.text.term import terminal_width
+from jobwarden.text.sanitize import terminal_text
+from jobwarden.text.term import for_terminal, terminal_width
 
 if TYPE_CHECKING:
     from jobwarden.control.jobstatus import JobStatus
@@ -29,14 +30,16 @@ def metrics(home: Path, args: argparse.Namespace) -> int:
         job = store.job(args.job)
         run = store.run(job.id, args.run)
         if args.prometheus:
-            sys.stdout.write(_prometheus(store, job.id, run.n))
+            exposition = _prometheus(store, job.id, run.n)  # byte-exact for a scraper, safe for a terminal
+            sys.stdout.write(terminal_text(exposition) if sys.stdout.isatty() else exposition)
             return 0
         points = None if args.json else spark_width(width)
         samples = job_samples(store, job.id, run.n, since=since, points=points, now=now)
+        _say_skipped(store.malformed_samples, job.id)
     if args.json:
         print(json.dumps([s.to_json() for s in samples], indent=2))
     else:
-        for line in metrics_report(job.name, job.id, run.n, samples, width):
+        for line in for_terminal(metrics_report(job.name, job.id, run.n, samples, width)):
             print(line)
     return 0
 
@@ -63,4 +66,13 @@ def status_sparklines(home: Path, status: JobStatus) -> list[str]:
             points=spark_width(width, "    "),
             now=now,
         )
+        _say_skipped(store.malformed_samples, status.job.id)
     return list(lines(samples, width))
+
+
+def _say_skipped(count: int, job_id: int) -> None:
+    if count:
+        print(
+            f"jobwarden: skipped {count} malformed sample row(s) of job {job_id} (not as jobwarden writes)",
+            file=sys.stderr,
+        )

@@ -9,6 +9,7 @@ from typing import NamedTuple
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
 from jobwarden.control.metrics import Sample, per_second, sparkline
+from jobwarden.text.sanitize import one_line
 from jobwarden.text.term import colour_wanted
 
 LABEL_WIDTH = 13
@@ -90,13 +91,13 @@ def metric_lines(samples: Sequence[Sample], width: int, indent: str = "  ") -> I
 
 def metrics_report(name: str, job_id: int, run: int, samples: Sequence[Sample], width: int) -> Iterator[str]:
     if not samples:
-        yield f"job {job_id} ({name}), run {run}: no samples yet"
+        yield f"job {job_id} ({one_line(name)}), run {run}: no samples yet"
         return
     span = samples[-1].at - samples[0].at
     step = max((s.step_s for s in samples), default=0.0)
     resolution = f"points of {format_duration(step)}" if step else "every sample"
     yield (
-        f"job {job_id} ({name}), run {run}: {len(samples)} samples over {format_duration(span)} "
+        f"job {job_id} ({one_line(name)}), run {run}: {len(samples)} samples over {format_duration(span)} "
         f"({resolution}), from {iso(samples[0].at)} to {iso(samples[-1].at)}"
     )
     yield from metric_lines(samples, width)

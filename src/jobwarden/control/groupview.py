@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from jobwarden.clock import iso
-from jobwarden.errors import UsageError
+from jobwarden.errors import JobwardenError, UsageError
 from jobwarden.rules.group import DEFAULT_CLOCK_TOLERANCE_S, GroupVerdict, RankStory, expand_nodelist, merge
 from jobwarden.store import groupdir
 
@@ -26,6 +26,8 @@ class GroupView:
     requeue_exit: int | None
     max_requeues: int | None
     torn_lines: int
+    bad_records: int = 0  # records that were no records (a field of the wrong type), skipped
+    refused: tuple[str, ...] = ()  # files and folders that failed the checks of a shared place, skipped
 
     def exit_status(self) -> int:
         """0 when the group succeeded; the requeue code when the root cause is retryable and the attempts
@@ -76,6 +78,8 @@ class GroupView:
             "retryable": v.retryable,
             "requeue_exit": self.requeue_code(),
             "torn_lines": self.torn_lines,
+            "bad_records": self.bad_records,
+            "refused": list(self.refused),
         }
 
 
@@ -108,11 +112,21 @@ def _read_view(
     home: Path, group: str, attempt: int | None, group_dir: str | None, tolerance_s: float | None, over: bool
 ) -> GroupView:
     root = groupdir.group_root(home, group, group_dir)
-    records = groupdir.read_group(root, attempt)
-    if records is None or not records.ranks:
+    try:
+        records = groupdir.read_group(root, attempt)
+    except OSError as err:  # the group's or the attempt's folder is another user's, or open to others
+        raise JobwardenError(
+            f"explain --group {group}: cannot trust the records under {root}: {err}",
+            "group records are only believed in folders of yours that others cannot write to: run "
+            "as the user who ran the job, or pass --group-dir where its ranks wrote them",
+        ) from err
+    if records is None or not any(log.records for log in records.ranks):
         which = f"attempt {attempt}" if attempt is not None else "any attempt"
+        left_out = (
+            f" ({len(records.refused)} left out: {records.refused[0]})" if records and records.refused else ""
+        )
         raise UsageError(
-            f"explain --group {group}: no records of {which} under {root}",
+            f"explain --group {group}: no records of {which} under {root}{left_out}",
             "check the group id (`ls` that directory), or pass --group-dir where the ranks wrote them",
         )
     recorded = (records.group or {}).get("group")
@@ -121,7 +135,8 @@ def _read_view(
             f"explain --group {group}: the records under {root} are those of group {recorded}",
             f"jobwarden explain --group {recorded} --group-dir {root}",
         )
-    stories = [RankStory.of(log.name, log.records) for log in records.ranks]
+    # a file with no record at all (only torn or bad lines) is no rank
+    stories = [RankStory.of(log.name, log.records) for log in records.ranks if log.records]
     expected = set(records.nodes) | set(expand_nodelist((records.group or {}).get("nodelist")))
     tolerance = DEFAULT_CLOCK_TOLERANCE_S if tolerance_s is None else tolerance_s
     verdict = merge(stories, expected, tolerance, over)
@@ -133,6 +148,8 @@ def _read_view(
         verdict,
         *settings,
         sum(log.torn for log in records.ranks),
+        records.bad_records,
+        tuple(records.refused),
     )
 
 

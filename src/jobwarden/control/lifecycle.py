@@ -19,6 +19,7 @@ from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.osapi.waiting import wait_readable
 from jobwarden.store import JobRecord, RunRecord, Store
+from jobwarden.store.reserve import SpaceReserve, reserve_path
 
 
 class StopResult(NamedTuple):
@@ -263,6 +264,8 @@ def remove(home: Path, procfs: ProcFS, job_ref: str) -> int:
         if run.state.is_active or (run.state == JobState.LOST and live_processes(store, procfs, job, run)):
             raise JobStillRunning(f"job {job.id} is {run.state}", f"stop it first: jobwarden stop {job.id}")
         store.delete_job(job.id)
+        for n in range(1, run.n + 1):  # space reserves a killed shim left (store.reserve)
+            SpaceReserve(reserve_path(store.layout.database, job.id, n)).release()
         import shutil  # here only: with the compression modules it pulls in, ~10 ms of every `wait`
 
         shutil.rmtree(store.layout.job_dir(job.id), ignore_errors=True)

@@ -13,6 +13,7 @@ Nothing here signals anything; `control.killer` ends what the user chooses to en
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 from collections.abc import Iterable, Sequence
@@ -137,6 +138,7 @@ class StrayFinder:
         self._boot: float | None = None
         self._live_marked: set[int] = set()  # pids carrying the marker of a live run
         self._live_idents: set[tuple[int, int]] | None = None
+        self._recorded_by_job: dict[int, set[tuple[int, int]]] = {}
 
     def find(self, gpu_processes: Sequence[GpuProcess] = ()) -> list[Stray]:
         strays: dict[tuple[int, int], Stray] = {}
@@ -190,7 +192,7 @@ class StrayFinder:
             if verdict.reason is None:
                 self._live_marked.add(st.pid)
                 continue
-            if not self._may_come_from(st, verdict.run):
+            if not self._may_come_from(st, verdict.run) or not self._started_by_the_job(st, marker.job_id):
                 continue
             stray = self._stray(st, verdict.reason, marker.job_id, verdict)
             if stray:
@@ -260,6 +262,38 @@ class StrayFinder:
         if started is None or run is None or run.ended_at is None:
             return True
         return started <= run.ended_at + _START_SLACK_S
+
+    def _started_by_the_job(self, st: ProcStat, job_id: int, depth: int = 0) -> bool:
+        """A marked process is the job's only if the job started it: its parent is gone (it was adopted
+        by init or a subreaper), or is itself the job's (marked with the same job, or recorded by its
+        shim). A live parent outside the job (a user's shell, a service) started it with copied
+        variables, perhaps long after the job ended: never the job's leftover, never ended for it."""
+        if st.ppid <= 1 or self._adopter(st.ppid) is not None:
+            return True
+        try:
+            parent = self.procfs.stat(st.ppid)
+        except ProcessGone:
+            return True  # gone since: adopted now
+        except AccessDenied:
+            return False
+        if (parent.pid, parent.start_time) in self._recorded_idents(job_id):
+            return True
+        try:
+            marks = read_job_marks(self.procfs, parent.pid)
+        except (ProcessGone, AccessDenied):
+            return False
+        same_job = marks is not None and self._is_our_home(marks.home) and marks.job_id == job_id
+        return same_job and depth < 64 and self._started_by_the_job(parent, job_id, depth + 1)
+
+    def _recorded_idents(self, job_id: int) -> set[tuple[int, int]]:
+        """(pid, start time) of every process the shims of this job recorded, of all its runs."""
+        if job_id not in self._recorded_by_job:
+            idents: set[tuple[int, int]] = set()
+            with contextlib.suppress(JobNotFound):
+                for run in range(1, self.store.run(job_id).n + 1):
+                    idents.update((p.pid, p.start_time) for p in self.store.processes(job_id, run))
+            self._recorded_by_job[job_id] = idents
+        return self._recorded_by_job[job_id]
 
     def _is_our_home(self, home: str) -> bool:
         return home in self._homes or os.path.realpath(home) in self._homes

@@ -16,6 +16,7 @@ from jobwarden.osapi.cgroup import cgroup_path, find_job_cgroup
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.markers import find_marked, job_markers
 from jobwarden.store import JobRecord, JobSummary, RunRecord, Store
+from jobwarden.store.reserve import SpaceReserve, reserve_path
 
 _WATCHED = ACTIVE_STATES  # a shim should be alive for these
 
@@ -24,6 +25,8 @@ def refresh(store: Store, procfs: ProcFS, job: JobRecord | JobSummary, run: RunR
     """The run as it really is: a watched run whose shim is dead becomes `lost` (recorded once)."""
     if run.state == JobState.LOST:
         _release_cgroup(run)
+        # the dead shim's room for its end: nobody writes that end now (`adopt` keeps a new one)
+        SpaceReserve(reserve_path(store.layout.database, job.id, run.n)).release()
     if run.state not in _WATCHED:
         return run
     if shim_alive(procfs, run.shim_pid, run.shim_start):

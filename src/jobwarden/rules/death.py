@@ -129,7 +129,10 @@ def _disk_full(ev: RunEvidence) -> Finding | None:
         f"The filesystem of {where} ran out of space while the job ran. What the job wrote to its output "
         "then is lost, and jobwarden could record nothing until space came back; the job itself ran on.",
         "warning",
-        (f"disk full under {where}", "see the disk-full and disk-ok events: jobwarden status --json"),
+        (
+            f"output lost: no space left on device under {where}",
+            "see the disk-full and disk-ok events: jobwarden status --json",
+        ),
         f"free space there (df -h {where}), or keep JOBWARDEN_HOME on a disk with room for the logs",
         _pids(ev),
     )

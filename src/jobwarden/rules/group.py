@@ -12,7 +12,7 @@ only when both come from one boot of one machine.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -332,32 +332,53 @@ def _int(value: object, default: int | None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-def expand_nodelist(text: str | None) -> list[str]:
-    """Slurm's compact host list ("n[1-3,7],gpu-a01") as names; what it cannot read, it keeps as is."""
-    if not text:
+MAX_NODES = 65_536  # names one nodelist may expand to (Slurm's own limit on a job's nodes is lower)
+_MAX_INDEX_DIGITS = 9
+
+
+def expand_nodelist(text: object, limit: int = MAX_NODES) -> list[str]:
+    """Slurm's compact host list ("n[1-3,7],gpu-a01") as names; what it cannot read, it keeps as is. At
+    most `limit` names: a list that names more (`n[0-99999999]`, read from a shared file) is cut there,
+    never expanded to gigabytes."""
+    if not isinstance(text, str) or not text:
         return []
     names: list[str] = []
     for part in _split_top(text):
-        head, bracket, rest = part.partition("[")
-        if not bracket or not rest.endswith("]"):
-            names.append(part)
-            continue
-        for piece in rest[:-1].split(","):
-            low, dash, high = piece.partition("-")
-            if dash and low.isdecimal() and high.isdecimal():
-                names += [f"{head}{n:0{len(low)}d}" for n in range(int(low), int(high) + 1)]
-            else:
-                names.append(head + piece)
+        for name in _expand(part):
+            if len(names) >= limit:
+                return names
+            names.append(name)
     return names
 
 
-def _split_top(text: str) -> list[str]:
-    parts, depth, current = [], 0, ""
-    for char in text:
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            parts.append(current)
-            current = ""
+def _expand(part: str) -> Iterator[str]:
+    """One host or one bracketed range of hosts, lazily."""
+    head, bracket, rest = part.partition("[")
+    if not bracket or not rest.endswith("]"):
+        yield part
+        return
+    for piece in rest[:-1].split(","):
+        low, dash, high = piece.partition("-")
+        if dash and _index(low) and _index(high):
+            yield from (f"{head}{n:0{len(low)}d}" for n in range(int(low), int(high) + 1))
         else:
-            current += char
-    return [p for p in [*parts, current] if p]
+            yield head + piece
+
+
+def _index(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= _MAX_INDEX_DIGITS
+
+
+def _split_top(text: str) -> list[str]:
+    """Split at the commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in parts if p]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
@@ -70,6 +70,8 @@ class Diagnoser:
     ) -> None:
         self.store, self.job, self.run, self.procfs, self.tree = store, job, run, procfs, tree
         self.layout = store.layout
+        # a Store method's write for this run (shim.recorder's, set by the loop: never held up by a lock)
+        self.write: Callable[..., bool] = self._write_now
         self.py_dir = self.layout.py_dir(job.id, run)
         self.tracker = ProgressTracker(window_s, now_mono)
         self.deaths: list[ProcessDeath] = []
@@ -77,7 +79,7 @@ class Diagnoser:
         self.main_pid: int | None = None
         self.gpu: GpuWatch | None = None
         self._gpu_idle_reported = False
-        self.live = LiveFindings(store, job.id, run)
+        self.live = LiveFindings(store, lambda *args: self.write(*args))  # whatever writer is set later
         self._hung = False  # a hang was reported and no progress came since
         self._stopped_seen: set[tuple[int, int]] = set()
         self._oom_judged = 0  # OOM kills counted when the rules last looked
@@ -232,9 +234,8 @@ class Diagnoser:
         new = [f for f in explain(evidence) if f.rule in LIVE and self.live.is_new(f)]
         if not new and not hung:
             return None
-        with contextlib.suppress(StoreError):
-            if stacks:
-                self.store.add_stacks(self.job.id, self.run, now, trigger, stacks)
+        if stacks:
+            self.write(self.store.add_stacks, now, trigger, stacks)
         # a hang is true since the run went quiet, not since the window ran out
         since = now - self.tracker.quiet_for(now_mono) if hung else now
         recorded = self.live.record(
@@ -245,6 +246,13 @@ class Diagnoser:
     def _log_tail(self) -> tuple[str, ...]:
         path = self.layout.output_log(self.job.id, self.run)
         return tuple(b.decode("utf-8", "replace").rstrip("\n") for b in tail_lines(path, LOG_TAIL_LINES))
+
+    def _write_now(self, method: Callable[..., object], *args: object) -> bool:
+        try:
+            method(self.job.id, self.run, *args)
+        except StoreError:
+            return False
+        return True
 
     def facts(self, snaps: Sequence[ProcessSnapshot]) -> tuple[ProcessFacts, ...]:
         adverts = read_adverts(self.py_dir)

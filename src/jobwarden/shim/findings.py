@@ -6,14 +6,16 @@ showed progress again, the GPU computes again. `ps`, `top` and the web show only
 The same finding (rule and pids) is not recorded twice while it is current; once resolved, it may come
 back, as a new finding with a moment of its own. Any rule that is judged again and again (the speed rules
 too) resolves its findings the same way: `resolve_where` with what is still true.
+
+Both writes go through the shim's writer (shim.recorder), which keeps them, in order and with their own
+moments, while another process holds the store's lock: a resolution names its finding by the finding
+itself (its moment and body), not by a row id that a deferred insert does not have yet.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable, Sequence
 
-from jobwarden.errors import StoreError
 from jobwarden.model import Finding
 from jobwarden.store import Store
 
@@ -25,11 +27,12 @@ def key_of(finding: Finding) -> Key:
 
 
 class LiveFindings:
-    """The current findings of one run, as recorded in the store (by id, to resolve them)."""
+    """The current findings of one run, as recorded in the store. `write(method, *args)` calls a Store
+    method for the run (job id and run prepended), now or once the store's lock is free."""
 
-    def __init__(self, store: Store, job_id: int, run: int) -> None:
-        self.store, self.job_id, self.run = store, job_id, run
-        self._current: dict[Key, tuple[int, Finding]] = {}
+    def __init__(self, store: Store, write: Callable[..., bool]) -> None:
+        self.store, self.write = store, write
+        self._current: dict[Key, Finding] = {}
 
     def is_new(self, finding: Finding) -> bool:
         return key_of(finding) not in self._current
@@ -43,23 +46,19 @@ class LiveFindings:
                 continue
             since = finding.at if finding.at is not None else at
             finding = finding._replace(at=since, resolved_at=None)
-            finding_id = 0
-            with contextlib.suppress(StoreError):
-                finding_id = self.store.add_finding(self.job_id, self.run, since, finding)
-            self._current[key] = (finding_id, finding)
+            self.write(self.store.add_finding, since, finding)
+            self._current[key] = finding
             new.append(finding)
         return new
 
     def resolve_where(self, stopped_being_true: Callable[[Finding], bool], at: float) -> list[Finding]:
         """Mark resolved at `at` every current finding for which `stopped_being_true` says so; those."""
         done = []
-        for key, (finding_id, finding) in list(self._current.items()):
+        for key, finding in list(self._current.items()):
             if not stopped_being_true(finding):
                 continue
             del self._current[key]
-            if finding_id:
-                with contextlib.suppress(StoreError):
-                    self.store.resolve_finding(self.job_id, self.run, finding_id, at)
+            self.write(self.store.resolve_finding, finding, at)
             done.append(finding._replace(resolved_at=at))
         return done
 
@@ -68,4 +67,4 @@ class LiveFindings:
         return self.resolve_where(lambda f: f.rule in wanted, at)
 
     def current(self, rule: str | None = None) -> list[Finding]:
-        return [f for _, f in self._current.values() if rule is None or f.rule == rule]
+        return [f for f in self._current.values() if rule is None or f.rule == rule]

@@ -135,7 +135,9 @@ class GroupSink:
             "stopping_at": self._stopping_at(),
             "engine_state": self.engine_state,
         }
-        lines = [b.decode("utf-8", "replace").rstrip("\n") for b in self._tail(_TRACEBACK_LINES)]
+        # each line cut: a record stays under the readers' line cap (groupdir.MAX_RECORD_LINE)
+        cut = groupdir.TAIL_LINE_CHARS
+        lines = [b.decode("utf-8", "replace").rstrip("\n")[:cut] for b in self._tail(_TRACEBACK_LINES)]
         # A run that succeeded has no cause to look for: no exception, no verdict (and a short attached
         # srun step waits for none of the rules' imports)
         succeeded = run_data["state"] == JobState.SUCCEEDED
@@ -143,11 +145,9 @@ class GroupSink:
         launcher = self.fixed_rank is None and bool(self.ranks)
         for target in self._targets():
             data = {**run_data, **self._end_status(target, fields), "output_tail": lines[-TAIL_LINES:]}
-            data["exception"] = (
-                None
-                if succeeded
-                else hooked.get(target.pid or -1) or exception_of(lines, target.rank, launcher)
-            )
+            exception = None if succeeded else hooked.get(target.pid or -1)
+            exception = exception or (None if succeeded else exception_of(lines, target.rank, launcher))
+            data["exception"] = exception[:cut] if exception else None
             data["torch_error"] = torch_error(target.error_file)
             self._append(target, "ended", fields["ended_at"], data, at_pid=target.pid)
         if not succeeded:
@@ -183,7 +183,7 @@ class GroupSink:
         return {
             "local_rank": local_rank,
             "world_size": world_size(self.job.env),
-            "cmdline": " ".join(self.job.command),
+            "cmdline": " ".join(self.job.command)[: groupdir.TAIL_LINE_CHARS],
             "job_id": self.job.id,
             "run": self.run,
             "requeue_exit": options.requeue_exit,
@@ -207,7 +207,9 @@ class GroupSink:
             "pid": at_pid if at_pid is not None else target.pid,
             "start_time": target.start_time,
             "wall": at,
-            "mono": self.clock.monotonic(),
+            # the monotonic time of the same moment as `wall`, which may lie in the past (a record
+            # written late, after a locked store let the end through): the pair must agree
+            "mono": self.clock.monotonic() - (self.clock.wall() - at),
             "boot_id": self.boot_id,
             **data,
         }

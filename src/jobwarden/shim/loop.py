@@ -22,6 +22,7 @@ from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, STORE_ENV
 from jobwarden.shim.enginestop import EngineLink, engine_signals
 from jobwarden.shim.jobos import JobOS, SystemJobOS
+from jobwarden.shim.pyfiles import PyFiles
 from jobwarden.shim.recorder import RunRecorder, log
 from jobwarden.shim.sampler import Sampler
 from jobwarden.shim.tree import Member
@@ -78,6 +79,7 @@ class SupervisorLoop:
         self.record = RunRecorder(store, job.id, run, self.logs, clock)
         self.record.open_group(job)
         self.sampler = Sampler(procfs, self.record)
+        self.pyfiles = PyFiles(self.layout.py_dir(job.id, run), procfs)
         self.diag: Diagnoser | None = None
         self.restart_after_hang = False
         self.notifier = notifier
@@ -184,6 +186,8 @@ class SupervisorLoop:
         return ends
 
     def _tick(self, full: bool) -> None:
+        if not self.record.reserve.kept:  # an adopted run's, or one the start had no room for
+            self.record.reserve.keep()
         if self.store.reopen_if_wal_replaced():  # someone deleted jobwarden.db-wal: its records come back
             log("the database's write-ahead log was deleted or replaced: reopened the database")
             self.record.event("store-reopened", self.clock.wall(), reason="write-ahead log deleted")
@@ -198,9 +202,17 @@ class SupervisorLoop:
         if self.tree.worth_recording(snaps, now) and self.sampler.write(now, snaps, reading):
             self.tree.recorded(snaps, now)
         self.sampler.keep_up(now)
+        if full:  # the hooks' files of processes that ended: two a process, for ever, otherwise
+            self.prune_py_files()
         self._watch_memory(snaps, now)
         if self.diag:
             self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic()))
+
+    def prune_py_files(self) -> None:
+        try:
+            self.pyfiles.prune({m.pid: m.ident.start_time for m in self.tree.members.values()})
+        except Exception as err:  # housekeeping: never the supervisor's end
+            log(f"pruning the hooks' files failed: {type(err).__name__}: {err}")
 
     def _with_gpu_memory(self, snaps: list[ProcessSnapshot]) -> list[ProcessSnapshot]:
         """Each process's GPU memory (NVML, sampled every few seconds) for `status` and the store."""

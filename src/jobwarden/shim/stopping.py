@@ -44,6 +44,7 @@ class StoppingSupervisor(SupervisorLoop):
         with contextlib.suppress(OSError):  # a kill in the last moments (the main process itself) counts too
             self._poll_oom(self.clock.wall())
         self.sampler.finish(self.clock.wall())
+        self.prune_py_files()  # every process has ended: only exceptions and fork records stay
         fields = end_fields(self.main_status, self.stop.reason if self.stop else None, self.clock.wall())
         self.record.end(fields, orphans, survivors)
         if self.engine and self.stop and self.stop.reason == EndReason.ENGINE_STOP:

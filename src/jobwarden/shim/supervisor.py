@@ -58,6 +58,7 @@ class Supervisor(StoppingSupervisor):
             if reported:
                 report_fd = -1  # answered already: the run was queued
         env = self._job_env()
+        self.record.reserve.keep()  # room for the end, before a job can fill the disk (store.reserve)
         self._listen_for_births()  # before the job exists: its first child may live a millisecond
         try:
             pid = self.jobos.spawn(
@@ -264,6 +265,7 @@ class Supervisor(StoppingSupervisor):
             self.store, self.job, self.run, self.procfs, self.tree, window or None, now, claimed
         )
         self.diag.main_pid = main_pid
+        self.diag.write = self.record.write  # kept for later while another process locks the store
 
     def _containment(self) -> str:
         if self.cgroup:

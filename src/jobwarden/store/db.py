@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from jobwarden.errors import StoreCorrupt, StoreError
+from jobwarden.errors import StoreBusy, StoreCorrupt, StoreError, StoreFull
 from jobwarden.store.schema import LATEST, MIGRATIONS
 
 # Writers wait up to this long for each other. 100 simultaneous `run`s each hold the write lock for about
@@ -23,6 +23,7 @@ BUSY_TIMEOUT_S = 60.0
 _CORRUPT = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB
 _NO_ROOM = {10, 13}  # SQLITE_IOERR, SQLITE_FULL
 _NO_ACCESS = {3, 8, 14}  # SQLITE_PERM, SQLITE_READONLY, SQLITE_CANTOPEN
+_BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED
 _IOERR_SHORT_READ = 522  # among others: the WAL index (-shm) names frames the -wal file on disk lacks
 # A new connection waits this long for supervisors to let go of a deleted write-ahead log (see connect).
 WAL_LOST_WAIT_S = 5.0
@@ -42,8 +43,13 @@ def translate(err: sqlite3.Error, path: Path) -> StoreError:
         )
     if code == _IOERR_SHORT_READ and Path(f"{path}-shm").exists():
         return _wal_lost_error(path)
+    if primary in _BUSY:
+        return StoreBusy(
+            f"the jobwarden database {path} is locked by another process ({text})",
+            "try again; a process that holds it long (an open sqlite3 shell with a transaction) delays all",
+        )
     if primary in _NO_ROOM:
-        return StoreError(
+        return StoreFull(
             f"cannot write the jobwarden database {path}: {text}",
             f"free space on the filesystem holding {path.parent}",
         )

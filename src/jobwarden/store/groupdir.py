@@ -19,16 +19,21 @@ is opened with O_NOFOLLOW, so a link planted in a shared group directory never r
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from jobwarden.errors import StoreError
+from jobwarden.osapi.sharedfiles import Refused, SharedDir, read_file
 from jobwarden.paths import GROUP_DIR_ENV, ensure_private_dir
+from jobwarden.store.groupschema import GROUP_DOCUMENT
+from jobwarden.store.groupschema import parse as parse_record
 
 FORMAT_VERSION = 1
 RECORD_KINDS = ("started", "alive", "finding", "hung", "engine-signal", "stopping", "ended", "engine-state")
@@ -44,12 +49,6 @@ def group_root(home: Path, group: str, group_dir: str | None, environ: dict[str,
 
 def attempt_dir(root: Path, attempt: int) -> Path:
     return root / f"attempt-{attempt}"
-
-
-def latest_attempt(root: Path) -> int | None:
-    found = [_attempt_number(p.name) for p in _entries(root)]
-    numbers = [n for n in found if n is not None]
-    return max(numbers) if numbers else None
 
 
 def rank_file(attempt_root: Path, rank: int | None, node: str) -> Path:
@@ -136,6 +135,7 @@ class RankLog:
     name: str  # "rank-3" | "node-n2"
     records: list[dict[str, Any]] = field(default_factory=list)
     torn: int = 0  # lines that did not parse (a torn last line)
+    bad: int = 0  # lines that parsed but are no record (a field of the wrong type), or over the line cap
 
 
 @dataclass
@@ -145,59 +145,208 @@ class GroupRecords:
     group: dict[str, Any] | None
     nodes: dict[str, dict[str, Any]]
     ranks: list[RankLog]
+    refused: list[str] = field(default_factory=list)  # files and folders left out, each with why
+
+    @property
+    def bad_records(self) -> int:
+        return sum(log.bad for log in self.ranks)
+
+
+# What one group may make a reader hold (osapi.sharedfiles reads no more): a rank writes a few hundred
+# bytes a minute, and an end record with its output tail (20 lines of at most TAIL_LINE_CHARS) stays far
+# under the line cap
+MAX_RECORDS_FILE = 64 << 20
+MAX_RECORD_LINE = 1 << 20
+MAX_DOCUMENT = 1 << 20
+MAX_ATTEMPT_DIGITS = 9
+MAX_RECORDS_PER_FILE = 5_000  # records of one rank kept (its newest), `alive` apart
+MAX_GROUP_RECORDS = 100_000  # records of one attempt kept in memory: some 150 MB
+TAIL_LINE_CHARS = 4096  # what a writer keeps of one line of output in a record
+
+
+def latest_attempt(root: Path) -> int | None:
+    """The newest attempt among the group's trusted attempt directories (others' are never counted)."""
+    try:
+        with SharedDir.open(root) as top:
+            return _latest(top)
+    except FileNotFoundError:
+        return None
 
 
 def read_group(root: Path, attempt: int | None = None) -> GroupRecords | None:
-    """The records of one attempt (default: the latest); None when the group has none."""
-    if attempt is None:
-        attempt = latest_attempt(root)
-        if attempt is None:
-            return None
-    where = attempt_dir(root, attempt)
-    if not where.is_dir():
-        return None
-    nodes = {p.stem: doc for p in _entries(where / "nodes") if (doc := read_document(p)) is not None}
-    ranks = [read_rank_log(p) for p in _entries(where / "ranks") if p.suffix == ".jsonl"]
-    return GroupRecords(root, attempt, read_document(where / "group.json"), nodes, ranks)
-
-
-def read_rank_log(path: Path) -> RankLog:
-    log = RankLog(path.stem)
+    """The records of one attempt (default: the latest); None when the group has none. Every directory
+    and file is checked first (osapi.sharedfiles): the group's and the attempt's directories must be ours
+    and closed to others, or this raises `Refused`; a file or folder inside that fails a check, and each
+    record that is not one, is left out and counted."""
     try:
-        data = path.read_bytes()
-    except OSError:
-        return log
-    for line in data.split(b"\n"):
-        if not line.strip():
-            continue
+        top = SharedDir.open(root)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    with top:
+        if attempt is None:
+            attempt = _latest(top)
+            if attempt is None:
+                return None
         try:
-            record = json.loads(line)
-        except ValueError:
-            log.torn += 1
-            continue
-        if isinstance(record, dict):
-            log.records.append(record)
+            where = top.subdir(f"attempt-{attempt}")
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        with where:
+            return _read_attempt(root, attempt, where)
+
+
+def _read_attempt(root: Path, attempt: int, where: SharedDir) -> GroupRecords:
+    refused: list[str] = []
+    group = _document(where, "group.json", refused, GROUP_DOCUMENT)
+    nodes: dict[str, dict[str, Any]] = {}
+    with _subdir(where, "nodes", refused) as node_dir:
+        for name in _visible(node_dir):
+            doc = _document(node_dir, name, refused) if node_dir and name.endswith(".json") else None
+            if doc is not None:
+                nodes[name[: -len(".json")]] = doc
+    ranks: list[RankLog] = []
+    held = 0
+    with _subdir(where, "ranks", refused) as rank_dir:
+        for name in _visible(rank_dir):
+            if not rank_dir or not name.endswith(".jsonl"):
+                continue
+            if held >= MAX_GROUP_RECORDS:
+                refused.append(
+                    f"{rank_dir.path / name}: past the {MAX_GROUP_RECORDS} records a group may hold"
+                )
+                continue
+            log = _rank_log(rank_dir, name, refused)
+            if log is not None:
+                ranks.append(log)
+                held += len(log.records)
+    return GroupRecords(root, attempt, group, nodes, ranks, refused)
+
+
+def _rank_log(directory: SharedDir, name: str, refused: list[str]) -> RankLog | None:
+    try:
+        read = directory.read_lines(name, MAX_RECORDS_FILE, MAX_RECORD_LINE)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        refused.append(_why(directory, name, err))
+        return None
+    log = RankLog(name[: -len(".jsonl")], bad=read.too_long)
+    # only the newest `alive` matters (rules.group: when a rank last spoke; one a minute, for weeks), and
+    # of the rest the newest MAX_RECORDS_PER_FILE (a rank's story starts at its last `started`)
+    kept: collections.deque[tuple[int, dict[str, Any]]] = collections.deque(maxlen=MAX_RECORDS_PER_FILE)
+    alive: tuple[int, dict[str, Any]] | None = None
+    for i, line in enumerate(read.lines):
+        record = parse_record(line)
+        if record is None:
+            torn = _torn(line)
+            log.torn += torn
+            log.bad += not torn
+        elif record.get("kind") == "alive":
+            alive = (i, record)
+        else:
+            kept.append((i, record))
+    ordered = sorted([*kept, *([alive] if alive else [])], key=lambda pair: pair[0])
+    log.records = [record for _, record in ordered]
     return log
 
 
+def read_rank_log(path: Path) -> RankLog:
+    """One records file on its own (its folder checked as read_group checks it)."""
+    with SharedDir.open(path.parent) as directory:
+        return _rank_log(directory, path.name, []) or RankLog(path.stem)
+
+
+def _torn(line: bytes) -> bool:
+    """A line that is not JSON at all (its writer died mid-append, or the rest has not arrived), as
+    opposed to JSON that is no record (nested past the parser's depth, or of the wrong types)."""
+    try:
+        json.loads(line)
+    except ValueError:
+        return True
+    except RecursionError:
+        return False
+    return False
+
+
+def _why(directory: SharedDir, name: str, err: OSError) -> str:
+    if isinstance(err, Refused):
+        return f"{err.path}: {err.why}"
+    return f"{directory.path / name}: {err.strerror or err}"
+
+
 def read_document(path: Path) -> dict[str, Any] | None:
+    """A JSON object from a regular file of ours of at most MAX_DOCUMENT bytes, wherever it is (the
+    torchelastic error file a rank names, in a folder of its choosing): never through a link, never a
+    FIFO or a device (osapi.sharedfiles). None when it is missing, refused or no object."""
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = read_file(path, MAX_DOCUMENT, check_folder=False)
+    except OSError:
         return None
-    return doc if isinstance(doc, dict) else None
+    return parse_record(data, {})
 
 
-def _entries(path: Path) -> list[Path]:
+def _document(
+    directory: SharedDir, name: str, refused: list[str], fields: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
     try:
-        return sorted(p for p in path.iterdir() if not p.name.startswith("."))
+        data = directory.read_bytes(name, MAX_DOCUMENT)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        refused.append(_why(directory, name, err))
+        return None
+    doc = parse_record(data, fields if fields is not None else {})
+    if doc is None:
+        refused.append(f"{directory.path / name}: not a record jobwarden wrote")
+    return doc
+
+
+@contextlib.contextmanager
+def _subdir(directory: SharedDir, name: str, refused: list[str]) -> Iterator[SharedDir | None]:
+    try:
+        sub = directory.subdir(name)
+    except FileNotFoundError:
+        yield None
+        return
+    except OSError as err:
+        refused.append(_why(directory, name, err))
+        yield None
+        return
+    with sub:
+        yield sub
+
+
+def _visible(directory: SharedDir | None) -> list[str]:
+    """The names a reader looks at: not hidden (a writer's temporary file is)."""
+    if directory is None:
+        return []
+    try:
+        return [n for n in directory.names() if not n.startswith(".")]
     except OSError:
         return []
 
 
+def _latest(top: SharedDir) -> int | None:
+    """The largest attempt number whose directory passes the checks."""
+    try:
+        names = top.names()
+    except OSError:
+        return None
+    numbers = sorted((n for name in names if (n := _attempt_number(name)) is not None), reverse=True)
+    for number in numbers:
+        try:
+            top.subdir(f"attempt-{number}").close()
+        except OSError:
+            continue  # another user's, a link, a file: never the latest attempt
+        return number
+    return None
+
+
 def _attempt_number(name: str) -> int | None:
+    """attempt-3 -> 3; None for any other name, and for digits past what an attempt count can be."""
     prefix, _, number = name.partition("-")
-    return int(number) if prefix == "attempt" and number.isdecimal() else None
+    digits = number.isascii() and number.isdigit() and len(number) <= MAX_ATTEMPT_DIGITS
+    return int(number) if prefix == "attempt" and digits else None
 
 
 def _safe(text: str) -> str:

@@ -111,7 +111,8 @@ class ListQueries:
             f"(SELECT COALESCE(MAX(at) + ?4, 0) {rollup}?4))",
             (job_id, run, coarse, fine),
         ).fetchone()
-        return None if row[0] is None else int(row[0])
+        value = row[0]  # a text that a hand (not jobwarden) put into a number column is no peak
+        return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _job_and_run(row: Sequence[Any]) -> tuple[JobSummary, RunRecord]:

@@ -7,13 +7,13 @@ moment starts to within one tick.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import math
 import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 
 class LogWatcher:
@@ -48,18 +48,20 @@ class LogWatcher:
 
 
 def since_offset(index: Path, since_wall: float) -> int:
-    """The byte offset from which output was written at or after `since_wall`."""
-    times: list[float] = []
-    sizes: list[int] = []
+    """The byte offset from which output was written at or after `since_wall`: the size the log had at
+    the last entry before it. Read as a stream, up to the first entry at or after it (a week's index is
+    some 600,000 lines)."""
+    last: tuple[float, int] | None = None
     with contextlib.suppress(OSError), open(index, "rb") as fh:
         for line in fh:
             entry = _index_entry(line)
             # a torn or damaged line is skipped; the index only ever grows, so it must stay sorted
-            if entry and (not times or (entry[0] >= times[-1] and entry[1] >= sizes[-1])):
-                times.append(entry[0])
-                sizes.append(entry[1])
-    i = bisect.bisect_left(times, since_wall)
-    return sizes[i - 1] if i > 0 else 0
+            if entry is None or (last is not None and (entry[0] < last[0] or entry[1] < last[1])):
+                continue
+            if entry[0] >= since_wall:
+                break
+            last = entry
+    return last[1] if last is not None else 0
 
 
 def _index_entry(line: bytes) -> tuple[float, int] | None:
@@ -72,6 +74,37 @@ def _index_entry(line: bytes) -> tuple[float, int] | None:
     except ValueError:
         return None
     return (at, int(parts[1])) if math.isfinite(at) else None
+
+
+CHUNK = 1 << 20  # what a reader of the log holds at once: a 1 GiB log is streamed, never read whole
+
+
+def stream_from(path: Path, offset: int, chunk: int = CHUNK) -> Iterator[bytes]:
+    """The bytes of `path` from the first line that starts at or after `offset`, to its end as it is
+    when the read gets there, in chunks of at most `chunk` bytes."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed by the `with` below; opened apart to catch only this
+    except FileNotFoundError:
+        return
+    with fh:
+        fh.seek(_line_start(fh, offset))
+        while data := fh.read(chunk):
+            yield data
+
+
+def _line_start(fh: BinaryIO, offset: int) -> int:
+    """`offset` when a line starts there, else the start of the next line; found in chunks, so that a
+    progress bar's endless line is never read whole."""
+    if offset <= 0:
+        return 0
+    fh.seek(offset - 1)
+    pos = offset - 1
+    while data := fh.read(CHUNK):
+        newline = data.find(b"\n")
+        if newline >= 0:
+            return pos + newline + 1
+        pos += len(data)
+    return pos
 
 
 def read_from(path: Path, offset: int, align_to_line: bool = True, limit: int = -1) -> bytes:
@@ -93,8 +126,9 @@ def read_from(path: Path, offset: int, align_to_line: bool = True, limit: int = 
 _TAIL_MAX_BYTES = 8 << 20
 
 
-def tail_lines(path: Path, n: int, block: int = 1 << 16) -> list[bytes]:
-    """The last `n` lines, read backwards in blocks: cheap on a 100 GiB log."""
+def tail_lines(path: Path, n: int, block: int = 1 << 16, start: int = 0) -> list[bytes]:
+    """The last `n` lines, read backwards in blocks: cheap on a 100 GiB log. With `start`, none of the
+    lines that begin before the first line start at or after it (`logs --since 1h -n 20`)."""
     if n <= 0:
         return []
     try:
@@ -102,12 +136,13 @@ def tail_lines(path: Path, n: int, block: int = 1 << 16) -> list[bytes]:
     except FileNotFoundError:
         return []
     with fh:
+        floor = _line_start(fh, start) if start > 0 else 0
         end = fh.seek(0, os.SEEK_END)
         blocks, newlines, pos = [], 0, end
         # count per block (linear, not re-scanning a growing buffer) and stop at a cap: a progress bar
         # that never writes "\n" must not make `status` read a whole 100 GiB log
-        while pos > 0 and newlines <= n and end - pos < _TAIL_MAX_BYTES:
-            step = min(block, pos)
+        while pos > floor and newlines <= n and end - pos < _TAIL_MAX_BYTES:
+            step = min(block, pos - floor)
             pos -= step
             fh.seek(pos)
             chunk = fh.read(step)
@@ -123,13 +158,14 @@ def tail_lines(path: Path, n: int, block: int = 1 << 16) -> list[bytes]:
 
 
 def follow(path: Path, offset: int, is_done: Callable[[], bool], poll_s: float = 0.1) -> Iterator[bytes]:
-    """Yield new output from `offset` until `is_done()` is true and everything has been read."""
+    """Yield new output from `offset` until `is_done()` is true and everything has been read (at most
+    CHUNK bytes at a time: `run -f` of a job that already wrote gigabytes)."""
     while True:
         done = is_done()  # read before the data: no output written before the end is missed
         try:
             with open(path, "rb") as fh:
                 fh.seek(offset)
-                chunk = fh.read()
+                chunk = fh.read(CHUNK)
         except FileNotFoundError:
             chunk = b""
         if chunk:

@@ -9,7 +9,7 @@ import contextlib
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,7 @@ from jobwarden.errors import JobNotFound, StoreError
 from jobwarden.model import UNFINISHED_STATES, Finding, JobSpec, JobState, ProcessEnd, ProcessSnapshot, Ranks
 from jobwarden.paths import Layout, ensure_private_dir
 from jobwarden.store import samples
-from jobwarden.store.db import connect, store_id, translate, wal_identity, write
+from jobwarden.store.db import BUSY_TIMEOUT_S, connect, store_id, translate, wal_identity, write
 from jobwarden.store.listing import ListQueries
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
 from jobwarden.store.rollup import Bucket, Reading
@@ -67,6 +67,8 @@ class Store(SampleMethods, ListQueries):
         self._conn = connect(self.layout.database)
         self._store_id: str | None = None
         self._wal = wal_identity(self.layout.database)  # the log this connection writes to
+        self._file = _file_identity(self.layout.database)  # and the database file itself
+        self._malformed = set()
 
     def close(self) -> None:
         self._conn.close()
@@ -78,6 +80,10 @@ class Store(SampleMethods, ListQueries):
         last holder to close writes the log back into the database) and opened again."""
         now = wal_identity(self.layout.database)
         if now == self._wal:
+            return False
+        if _file_identity(self.layout.database) != self._file:
+            # the database itself was moved aside (or replaced): a new one there is another store, whose
+            # job ids start over; this connection stays with its own (moved) file, never writes there
             return False
         self._conn.close()
         self._conn = connect(self.layout.database)
@@ -93,6 +99,16 @@ class Store(SampleMethods, ListQueries):
             except sqlite3.Error as err:
                 raise translate(err, self.layout.database) from err
         return self._store_id
+
+    @contextlib.contextmanager
+    def waiting_at_most(self, seconds: float) -> Iterator[None]:
+        """Writes inside wait this long for another process's write lock, then raise StoreBusy (the
+        shim's loop must go on watching: what it cannot write now, it writes later, with its own time)."""
+        self._conn.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
+        try:
+            yield
+        finally:
+            self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
 
     def __enter__(self) -> Store:
         return self
@@ -168,8 +184,11 @@ class Store(SampleMethods, ListQueries):
     def job(self, ref: str | int) -> JobRecord:
         """A job by id, or by name (the newest job of that name)."""
         text = str(ref)
+        if not _encodable(text):  # bytes that are not UTF-8 (os.fsdecode's surrogates): no name holds them
+            raise JobNotFound(text)
         row = None
-        if text.isascii() and text.isdigit() and int(text) <= _MAX_ID:  # '²'.isdigit() is True
+        # '²'.isdigit() is True; and 5,000 digits are past what int() converts (a ValueError)
+        if text.isascii() and text.isdigit() and len(text) <= len(str(_MAX_ID)) and int(text) <= _MAX_ID:
             row = self._exec("SELECT * FROM jobs WHERE id = ?", (int(text),)).fetchone()
         if row is None:
             row = self._exec("SELECT * FROM jobs WHERE name = ? ORDER BY id DESC LIMIT 1", (text,)).fetchone()
@@ -392,27 +411,37 @@ class Store(SampleMethods, ListQueries):
         ]
 
     def latest_sample(self, job_id: int, run: int) -> sqlite3.Row | None:
-        row: sqlite3.Row | None = self._exec(
-            "SELECT * FROM samples WHERE job_id = ? AND run = ? ORDER BY at DESC LIMIT 1", (job_id, run)
-        ).fetchone()
-        return row
+        """The newest well-formed raw sample (a malformed one is skipped and counted, the one before it
+        read instead: a few at most)."""
+        rows = self._exec(
+            "SELECT * FROM samples WHERE job_id = ? AND run = ? ORDER BY at DESC LIMIT 8", (job_id, run)
+        )
+        for row in rows:
+            try:
+                return samples.checked_sample(row)
+            except samples.Malformed:
+                self._malformed.add(samples.row_key(row))
+        return None
 
     # --- findings and stack dumps -----------------------------------------------------------------
 
-    def add_finding(self, job_id: int, run: int, at: float, finding: Finding) -> int:
-        """Record a finding the shim concluded while the run is live; its id, to resolve it by later."""
-        cur = self._exec(
-            "INSERT INTO findings (job_id, run, at, rule, body) VALUES (?,?,?,?,?)",
-            (job_id, run, at, finding.rule, json.dumps(finding.to_json())),
-        )
-        return int(cur.lastrowid or 0)
-
-    def resolve_finding(self, job_id: int, run: int, finding_id: int, at: float) -> None:
-        """The finding stopped being true at `at` (the process resumed, progress came back): once."""
+    def add_finding(self, job_id: int, run: int, at: float, finding: Finding) -> None:
+        """Record a finding the shim concluded while the run is live."""
         self._exec(
-            "UPDATE findings SET resolved_at = ? WHERE rowid = ? AND job_id = ? AND run = ? "
+            "INSERT INTO findings (job_id, run, at, rule, body) VALUES (?,?,?,?,?)",
+            (job_id, run, at, finding.rule, _finding_body(finding, at)),
+        )
+
+    def resolve_finding(self, job_id: int, run: int, finding: Finding, at: float) -> None:
+        """`finding`, recorded at `finding.at`, stopped being true at `at` (the process resumed, progress
+        came back). Named by its moment and body, not a row id: the shim's writer may have deferred the
+        insert while another process held the lock. Once: a later call leaves the first moment."""
+        if finding.at is None:
+            raise ValueError("a finding is resolved by the moment it was recorded at")
+        self._exec(
+            "UPDATE findings SET resolved_at = ? WHERE job_id = ? AND run = ? AND at = ? AND body = ? "
             "AND resolved_at IS NULL",
-            (at, finding_id, job_id, run),
+            (at, job_id, run, finding.at, _finding_body(finding, finding.at)),
         )
 
     def findings(self, job_id: int, run: int) -> list[tuple[float, Finding]]:
@@ -510,3 +539,24 @@ def _run_update(
         sql += f" AND state IN ({', '.join('?' * len(states))})"
         params += states
     return sql, params
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _finding_body(finding: Finding, at: float) -> str:
+    """The stored JSON of a finding recorded at `at`: the same text for its insert and its resolution."""
+    return json.dumps(finding._replace(at=at, resolved_at=None).to_json())

@@ -8,14 +8,15 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from jobwarden.paths import Layout
 from jobwarden.store.db import translate, write
 from jobwarden.store.rollup import RAW, Bucket, Gauge, GpuReading, Reading, expiry
 
 MIB = 1 << 20
+T = TypeVar("T")
 
 
 class SampleMethods:
@@ -23,6 +24,11 @@ class SampleMethods:
 
     _conn: sqlite3.Connection
     layout: Layout
+    _malformed: set[tuple[Any, ...]]  # the rows the readers skipped since this Store was opened
+
+    @property
+    def malformed_samples(self) -> int:
+        return len(self._malformed)
 
     def add_samples(
         self,
@@ -46,11 +52,14 @@ class SampleMethods:
     def readings(
         self, job_id: int, run: int, since: float = -math.inf, until: float = math.inf
     ) -> list[Reading]:
-        """The run's raw samples taken from `since` to `until`, oldest first."""
+        """The run's raw samples taken from `since` to `until`, oldest first (malformed rows skipped and
+        counted in `malformed_samples`)."""
         try:
-            return read_raw(self._conn, job_id, run, since, until)
+            found, bad = read_raw(self._conn, job_id, run, since, until)
         except sqlite3.Error as err:
             raise translate(err, self.layout.database) from err
+        self._malformed |= bad
+        return found
 
     def rollups(
         self, job_id: int, run: int, tier: int, since: float = -math.inf, until: float = math.inf
@@ -58,9 +67,11 @@ class SampleMethods:
         """The run's points of one tier (store/rollup.py) starting from `since` and ended by `until`,
         oldest first."""
         try:
-            return read_tier(self._conn, job_id, run, tier, since, until)
+            found, bad = read_tier(self._conn, job_id, run, tier, since, until)
         except sqlite3.Error as err:
             raise translate(err, self.layout.database) from err
+        self._malformed |= bad
+        return found
 
 
 _RAW_INSERT = (
@@ -95,27 +106,78 @@ def prune(conn: sqlite3.Connection, job_id: int, run: int, now: float) -> None:
             )
 
 
+class Malformed(ValueError):
+    """A sample row that jobwarden did not write (SQLite keeps any value in any column): a number that is
+    text, a GPU list that is not JSON. Skipped and counted by the readers, never the end of a command."""
+
+
 def read_raw(
     conn: sqlite3.Connection, job_id: int, run: int, lo: float = -math.inf, hi: float = math.inf
-) -> list[Reading]:
-    """Raw samples with lo <= at <= hi, oldest first."""
+) -> tuple[list[Reading], set[tuple[Any, ...]]]:
+    """Raw samples with lo <= at <= hi, oldest first; and the malformed rows skipped."""
     rows = conn.execute(
         "SELECT * FROM samples WHERE job_id = ? AND run = ? AND at >= ? AND at <= ? ORDER BY at",
         (job_id, run, _finite(lo), _finite(hi)),
     )
-    return [_reading(row) for row in rows]
+    return _well_formed(rows, _reading)
 
 
 def read_tier(
     conn: sqlite3.Connection, job_id: int, run: int, tier: int, lo: float = -math.inf, hi: float = math.inf
-) -> list[Bucket]:
-    """A tier's points with lo <= at and at + tier <= hi, oldest first."""
+) -> tuple[list[Bucket], set[tuple[Any, ...]]]:
+    """A tier's points with lo <= at and at + tier <= hi, oldest first; and the malformed rows skipped."""
     rows = conn.execute(
         "SELECT * FROM samples_rollup WHERE job_id = ? AND run = ? AND tier = ? AND at >= ? AND at <= ? "
         "ORDER BY at",
         (job_id, run, tier, _finite(lo), _finite(hi - tier)),
     )
-    return [_bucket(row) for row in rows]
+    return _well_formed(rows, _bucket)
+
+
+def _well_formed(
+    rows: Iterable[sqlite3.Row], read: Callable[[sqlite3.Row], T]
+) -> tuple[list[T], set[tuple[Any, ...]]]:
+    """The rows `read` accepts; and the keys of those it refused (one row read twice counts once)."""
+    found, bad = [], set()
+    for row in rows:
+        try:
+            found.append(read(row))
+        except Malformed:
+            bad.add(row_key(row))
+    return found, bad
+
+
+def row_key(row: sqlite3.Row) -> tuple[Any, ...]:
+    names = row.keys()
+    return (row["job_id"], row["run"], row["tier"] if "tier" in names else 0, repr(row["at"]))
+
+
+def checked_sample(row: sqlite3.Row) -> sqlite3.Row:
+    """A raw sample row whose every number is one (as `ps` and `/metrics` read them); raises Malformed."""
+    _reading(row)
+    return row
+
+
+def _number(value: Any) -> Any:
+    """A stored number as it was written, or None; raises Malformed for anything else."""
+    if value is None or (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ):
+        return value
+    raise Malformed(f"not a number: {value!r}")
+
+
+def _gpu_list(text: Any, arity: int) -> list[list[Any]]:
+    """The JSON list of per-GPU lists in a sample; raises Malformed."""
+    if text is None:
+        return []
+    try:
+        items = json.loads(text) if isinstance(text, str) else None
+    except (ValueError, RecursionError):
+        items = None
+    if not isinstance(items, list) or not all(isinstance(i, list) and len(i) == arity for i in items):
+        raise Malformed(f"not a GPU list: {text!r}"[:200])
+    return [[_number(v) for v in item] for item in items]
 
 
 def _finite(bound: float) -> float:
@@ -149,18 +211,20 @@ def _reading(row: sqlite3.Row) -> Reading:
     def column(name: str) -> Any:  # a database at schema 2 lacks the later columns
         return row[name] if name in keys else None
 
-    gpus = column("gpus")
+    at = _number(row["at"])
+    if at is None:
+        raise Malformed("a sample without a time")
     return Reading(
-        at=row["at"],
-        nprocs=row["nprocs"],
-        cpu_percent=row["cpu_percent"],
-        rss_bytes=row["rss_bytes"],
-        cpu_time_s=column("cpu_time_s"),
-        io_read_bytes=column("io_read_bytes"),
-        io_write_bytes=column("io_write_bytes"),
-        gpu_util=column("gpu_util"),
-        gpu_memory_bytes=column("gpu_memory_bytes"),
-        gpus=tuple(GpuReading(*g) for g in json.loads(gpus)) if gpus else (),
+        at=at,
+        nprocs=_number(row["nprocs"]),
+        cpu_percent=_number(row["cpu_percent"]),
+        rss_bytes=_number(row["rss_bytes"]),
+        cpu_time_s=_number(column("cpu_time_s")),
+        io_read_bytes=_number(column("io_read_bytes")),
+        io_write_bytes=_number(column("io_write_bytes")),
+        gpu_util=_number(column("gpu_util")),
+        gpu_memory_bytes=_number(column("gpu_memory_bytes")),
+        gpus=tuple(GpuReading(*g) for g in _gpu_list(column("gpus"), 3)),
     )
 
 
@@ -207,18 +271,21 @@ def _rollup_row(job_id: int, run: int, b: Bucket) -> tuple[Any, ...]:
 
 
 def _bucket(row: sqlite3.Row) -> Bucket:
-    b = Bucket(row["tier"], row["at"])
-    n = b.n = row["n"]
-    b.nprocs = Gauge.stored(row["nprocs_avg"], row["nprocs_max"], n)
-    b.cpu = Gauge.stored(row["cpu_avg"], row["cpu_max"], n)
-    b.rss = Gauge.stored(_bytes(row["rss_avg_mib"]), _bytes(row["rss_max_mib"]), n)
-    b.gpu_util = Gauge.stored(row["gpu_util_avg"], row["gpu_util_max"], n)
-    b.gpu_mem = Gauge.stored(_bytes(row["gpu_mem_avg_mib"]), _bytes(row["gpu_mem_max_mib"]), n)
-    b.cpu_time_s, b.io_read, b.io_write = row["cpu_time_s"], row["io_read_bytes"], row["io_write_bytes"]
-    if row["gpus"]:
-        for index, util, mem_mib, mem_max_mib in json.loads(row["gpus"]):  # [index, util, MiB, max MiB]
-            mem = Gauge.stored(_bytes(mem_mib), _bytes(mem_max_mib), n)
-            b.gpus[index] = (Gauge.stored(util, None, n), mem)
+    names = row.keys()  # a Row iterates over its values
+    value = {name: _number(row[name]) for name in names if name != "gpus"}
+    if value["at"] is None or not isinstance(value["n"], int) or value["n"] < 1:
+        raise Malformed("a point without a time or a count")
+    b = Bucket(row["tier"], value["at"])
+    n = b.n = value["n"]
+    b.nprocs = Gauge.stored(value["nprocs_avg"], value["nprocs_max"], n)
+    b.cpu = Gauge.stored(value["cpu_avg"], value["cpu_max"], n)
+    b.rss = Gauge.stored(_bytes(value["rss_avg_mib"]), _bytes(value["rss_max_mib"]), n)
+    b.gpu_util = Gauge.stored(value["gpu_util_avg"], value["gpu_util_max"], n)
+    b.gpu_mem = Gauge.stored(_bytes(value["gpu_mem_avg_mib"]), _bytes(value["gpu_mem_max_mib"]), n)
+    b.cpu_time_s, b.io_read, b.io_write = value["cpu_time_s"], value["io_read_bytes"], value["io_write_bytes"]
+    for index, util, mem_mib, mem_max_mib in _gpu_list(row["gpus"], 4):  # [index, util, MiB, max MiB]
+        mem = Gauge.stored(_bytes(mem_mib), _bytes(mem_max_mib), n)
+        b.gpus[index] = (Gauge.stored(util, None, n), mem)
     return b
 
 

@@ -6,6 +6,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from jobwarden.text.sanitize import one_line
+
 if TYPE_CHECKING:
     from jobwarden.control.groupview import GroupView
     from jobwarden.rules.group import RankVerdict
@@ -17,28 +19,33 @@ def group_report(view: GroupView) -> Iterator[str]:
     for r in v.ranks:
         at = f" at {clock_time(r.outcome.at)}" if r.outcome.at is not None else ""
         rule = f" [{r.outcome.rule}]" if r.outcome.rule else ""
-        yield f"  {who(r)}: {r.outcome.text}{at}{rule}: {r.role}"
+        yield f"  {who(r)}: {one_line(r.outcome.text)}{at}{one_line(rule)}: {r.role}"
     if v.missing_nodes:
-        yield f"  never reported: {', '.join(v.missing_nodes)} (no records from these nodes)"
+        missing = one_line(", ".join(v.missing_nodes))
+        yield f"  never reported: {missing} (no records from these nodes)"
     if view.torn_lines:
         yield f"  skipped {view.torn_lines} torn line(s) (a writer died mid-record, or it is still arriving)"
+    if view.bad_records:
+        yield f"  skipped {view.bad_records} record(s) jobwarden did not write (a field of the wrong type)"
+    for why in view.refused:
+        yield f"  left out {one_line(why)}"
     code = view.requeue_code()
     if code is not None:
         yield f"  retryable: --exit-status gives the requeue code {code}"
-    yield f"  (records: {view.root}; clock tolerance {v.clock_tolerance_s:g}s)"
+    yield f"  (records: {one_line(str(view.root))}; clock tolerance {v.clock_tolerance_s:g}s)"
 
 
 def verdict_line(view: GroupView) -> str:
     """'rank 3 on node n2 was OOM-killed at 12:03:07; ranks 0–2 then hung in all_reduce: collateral'."""
     v = view.verdict
-    head = f"group {view.group} attempt {view.attempt}: "
+    head = f"group {one_line(view.group)} attempt {view.attempt}: "
     if v.root is None:
         return head + {"succeeded": "every rank succeeded", "running": "running, no failure yet"}.get(
             v.state, v.state
         )
     root = v.root
     at = f" at {clock_time(root.outcome.at)}" if root.outcome.at is not None else ""
-    line = f"{who(root)} {root.outcome.text}{at}"
+    line = f"{who(root)} {one_line(root.outcome.text)}{at}"
     if v.simultaneous:
         line += f" (at about the same time: {', '.join(who(r) for r in v.simultaneous)})"
     collateral: dict[str, list[RankVerdict]] = {}
@@ -46,13 +53,13 @@ def verdict_line(view: GroupView) -> str:
         if r.role == "collateral":
             collateral.setdefault(r.outcome.text, []).append(r)
     for text, ranks in collateral.items():
-        line += f"; {_ranks_text(ranks)} then {text}: collateral"
+        line += f"; {_ranks_text(ranks)} then {one_line(text)}: collateral"
     return line
 
 
 def who(r: RankVerdict) -> str:
     story = r.story
-    node = f" on node {story.node}" if story.node else ""
+    node = f" on node {one_line(str(story.node))}" if story.node else ""
     return (f"rank {story.rank}" if story.rank is not None else "the job") + node
 
 

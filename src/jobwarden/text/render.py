@@ -107,27 +107,27 @@ _VERDICT_WIDTH = 70
 
 def status_report(status: JobStatus, now: float) -> Iterator[str]:
     job, run = status.job, status.run
-    yield f"job {job.id} ({job.name}) — {_color(how_it_ended(run), str(run.state))}"
-    yield f"  command      {shlex.join(job.command)}"
-    yield f"  cwd          {job.cwd}"
+    yield f"job {job.id} ({one_line(job.name)}) — {_color(how_it_ended(run), str(run.state))}"
+    yield f"  command      {one_line(shlex.join(job.command))}"
+    yield f"  cwd          {one_line(job.cwd)}"
     yield f"  run          {run.n}"
     if run.pid:
         yield f"  pid          {run.pid} (supervisor {run.shim_pid})"
     yield f"  containment  {run.containment or '-'}"
     if run.queued_reason:
-        yield f"  waiting      {run.queued_reason}"
+        yield f"  waiting      {one_line(run.queued_reason)}"
     if run.gpu_ids:
         yield f"  gpus         {','.join(str(i) for i in run.gpu_ids)}"
     yield f"  started      {iso(run.started_at) or '-'}"
     if run.ended_at:
         yield f"  ended        {iso(run.ended_at)}"
     if run.error:
-        yield f"  error        {run.error}"
+        yield f"  error        {one_line(run.error)}"
     yield f"  log          {status.log_path}"
     for path in status.disk_full_paths:
-        yield f"  WARNING      the disk holding the log filled up ({path}); output may be lost"
+        yield f"  WARNING      the disk holding the log filled up ({one_line(path)}); output may be lost"
     for error in status.group_errors:
-        yield f"  WARNING      {error} (the job ran on; `explain --group` lacks this run)"
+        yield f"  WARNING      {one_line(error)} (the job ran on; `explain --group` lacks this run)"
     yield from _process_table(status.processes)
     if run.orphans_left:
         yield ""
@@ -138,11 +138,11 @@ def status_report(status: JobStatus, now: float) -> Iterator[str]:
         yield ""
         yield "  could not be ended:"
         for s in run.survivors:
-            yield f"    {s.pid}  {one_line(s.cmdline)[:60]}: {s.reason}"
+            yield f"    {s.pid}  {one_line(s.cmdline)[:60]}: {one_line(s.reason)}"
     if status.current_findings:
         yield ""
         for f in status.current_findings:
-            yield f"  [{f.rule}] {f.title}"
+            yield f"  [{f.rule}] {one_line(f.title)}"
     if status.recovery:
         yield ""
         yield f"  {status.recovery}"
@@ -163,7 +163,7 @@ def _process_table(processes: list[ProcessSnapshot]) -> Iterator[str]:
         rank_cell = f"  {_or_dash(p.ranks.rank if p.ranks else None):>4}" if ranked else ""
         yield (
             f"  {p.pid:>7}  {p.ppid:>7}{rank_cell}  {p.state}  {cpu:>5}  "
-            f"{format_size(p.rss_bytes):>7}{gpu_cell}  {p.cmdline[:80]}"
+            f"{format_size(p.rss_bytes):>7}{gpu_cell}  {one_line(p.cmdline)[:80]}"
         )
 
 
@@ -173,7 +173,7 @@ def _or_dash(value: object) -> str:
 
 def explain_report(status: JobStatus) -> Iterator[str]:
     job, run = status.job, status.run
-    yield f"job {job.id} ({job.name}), run {run.n} — {how_it_ended(run)}"
+    yield f"job {job.id} ({one_line(job.name)}), run {run.n} — {how_it_ended(run)}"
     if status.recovery:
         yield ""
         yield f"{status.recovery}: nothing is wrong now"
@@ -192,12 +192,12 @@ def explain_report(status: JobStatus) -> Iterator[str]:
 
 
 def _finding_lines(label: str, f: Finding) -> Iterator[str]:
-    yield f"{label}: {f.title}  [{f.rule}, {f.severity}]"
-    yield f"  {f.summary}"
+    yield f"{label}: {one_line(f.title)}  [{f.rule}, {f.severity}]"
+    yield f"  {one_line(f.summary)}"
     for line in f.evidence:
         yield f"    - {one_line(line)}"
     if f.remedy:
-        yield f"  what to do: {f.remedy}"
+        yield f"  what to do: {one_line(f.remedy)}"
 
 
 def _moment(at: float | None) -> str:
@@ -212,9 +212,9 @@ def stop_report(result: StopResult) -> Iterator[str]:
     how = f"killed by {run.signal}" if run.signal else f"exit code {run.exit_code}"
     yield f"stopped job {run.job_id} (main process: {how})"
     for note in result.notes:
-        yield f"  {note}"
+        yield f"  {one_line(note)}"
     for s in result.survivors:
-        yield f"  still alive: pid {s.pid} ({one_line(s.cmdline)[:60]}): {s.reason}"
+        yield f"  still alive: pid {s.pid} ({one_line(s.cmdline)[:60]}): {one_line(s.reason)}"
 
 
 # --- dump ---------------------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ _THREAD_STATES = {
 
 def dump_heading(result: DumpResult) -> str:
     job, run = result.job, result.run
-    who = f"job {job.id} ({job.name}), run {run.n}"
+    who = f"job {job.id} ({one_line(job.name)}), run {run.n}"
     when = iso(result.at)
     if result.live:
         took = f" in {result.elapsed_s:.2f}s" if result.elapsed_s is not None else ""
@@ -319,11 +319,13 @@ def _thread_label(t: ThreadStack) -> str:
 
 
 def _frame_text(frame: Frame) -> str:
+    """A frame on one line: its function and file are the job's (a file name may hold any byte)."""
+    function, file = one_line(frame.function), one_line(frame.file)
     if frame.native:
-        where = os.path.basename(frame.file) if frame.line is None else f"{frame.file}:{frame.line}"
-        return f"{frame.function}  ({where or '?'})  [native]"
-    where = _short_path(frame.file) + (f":{frame.line}" if frame.line is not None else "")
-    return f"{frame.function}  ({where})" if where else frame.function
+        where = os.path.basename(file) if frame.line is None else f"{file}:{frame.line}"
+        return f"{function}  ({where or '?'})  [native]"
+    where = _short_path(file) + (f":{frame.line}" if frame.line is not None else "")
+    return f"{function}  ({where})" if where else function
 
 
 _STDLIB_DIR = re.compile(r"/lib/python\d+\.\d+t?/")
@@ -359,7 +361,7 @@ def orphans_table(strays: list[dict[str, Any]]) -> Iterator[str]:
         rows.append(
             (
                 str(d["pid"]),
-                str(d["user"]),
+                one_line(str(d["user"])),
                 _age(d.get("age_s")),
                 format_size(d.get("rss_bytes")),
                 format_size(d.get("gpu_memory_bytes")),
@@ -386,7 +388,7 @@ def kill_report(outcomes: list[dict[str, Any]]) -> Iterator[str]:
     for o in outcomes:
         what = f"{o['pid']} ({one_line(str(o['command']))[:60]})"
         if not o["ended"]:
-            yield f"could not end {what}: {o['not_ended_because']}"
+            yield f"could not end {what}: {one_line(str(o['not_ended_because']))}"
         elif o["ended_by"] == "gone":
             yield f"{what} had already exited"
         else:
@@ -409,9 +411,9 @@ def doctor_report(report: dict[str, Any]) -> Iterator[str]:
         status = c["status"].ljust(4)
         if colour_wanted():
             status = f"\033[{_STATUS_COLORS.get(c['status'], '0')}m{status}\033[0m"
-        yield f"{status}  {c['name'].ljust(width)}  {c['message']}"
+        yield f"{status}  {c['name'].ljust(width)}  {one_line(c['message'])}"
         if c["fix"] and c["status"] != "ok":
-            yield f"      {' ' * width}  fix: {c['fix']}"
+            yield f"      {' ' * width}  fix: {one_line(c['fix'])}"
     yield ""
     if report["failed"]:
         yield f"{report['failed']} check(s) failed, {report['warnings']} warning(s)"

@@ -4,8 +4,9 @@ colours only a terminal whose user has not set NO_COLOR (https://no-color.org)."
 from __future__ import annotations
 
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 MIN_LAST_COLUMN = 20  # a table's last column (a command) is cut to fit, but never below this
 
@@ -24,6 +25,20 @@ def terminal_width() -> int:
 
 def colour_wanted() -> bool:
     return not os.environ.get("NO_COLOR") and sys.stdout.isatty()
+
+
+def for_terminal(lines: Iterable[str]) -> Iterator[str]:
+    """Report lines as the CLI prints them: each once more through the sanitiser, whatever a formatter
+    forgot to make one line, with our own colours (SGR) kept only where colour is wanted at all."""
+    from jobwarden.text.sanitize import terminal_text  # its patterns: not on the path of `run`
+
+    colours = colour_wanted()
+    ours = re.compile(r"\x1b\[[0-9;]*m")  # SGR, as render._color writes it
+    for line in lines:
+        if colours and ours.sub("", line).isprintable():
+            yield line  # nothing but colours (ours: every job field was cleaned): `ps --all` of 10,000 rows
+        else:
+            yield terminal_text(line, colours=colours)
 
 
 def table(rows: Sequence[tuple[str, ...]], width: int | None = None) -> list[list[str]]:

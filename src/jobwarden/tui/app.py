@@ -230,7 +230,7 @@ class TopApp(App[None]):
         from jobwarden.control.lifecycle import stop
 
         try:
-            message = " ".join(render.stop_report(stop(self.home, self.procfs, str(job_id), None)))
+            message = one_line(" ".join(render.stop_report(stop(self.home, self.procfs, str(job_id), None))))
         except Exception as err:
             message = " ".join(_failure(err))
         self.call_from_thread(self.notify, message, markup=False)
@@ -241,5 +241,5 @@ def _failure(err: Exception) -> list[str]:
     """What went wrong, as lines for the screen: a worker's exception must never end the UI with a
     traceback. jobwarden's own errors say what to do; anything else is named by its type."""
     if isinstance(err, JobwardenError):
-        return [err.message, err.remedy] if err.remedy else [err.message]
-    return [f"{type(err).__name__}: {err}"]
+        return [one_line(err.message), one_line(err.remedy)] if err.remedy else [one_line(err.message)]
+    return [f"{type(err).__name__}: {one_line(str(err))}"]

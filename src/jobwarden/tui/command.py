@@ -57,10 +57,11 @@ def _print_list_once(home: Path, include_ended: bool) -> None:
     from jobwarden.osapi.procfs import ProcFS
     from jobwarden.store import Store
     from jobwarden.text.render import ps_table
+    from jobwarden.text.term import for_terminal
 
     with Store(home) as store:
         views = job_views(store, ProcFS(), include_ended=include_ended)
-    for line in ps_table(views, SystemClock().wall()):
+    for line in for_terminal(ps_table(views, SystemClock().wall())):
         print(line)
     print(
         "jobwarden top: not a terminal, so the job list was printed once (as `jobwarden ps`)", file=sys.stderr

@@ -17,6 +17,7 @@ from jobwarden.control.views import JobView, job_views
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.store import Store
 from jobwarden.store.logfiles import tail_lines
+from jobwarden.text.sanitize import last_frame, terminal_text
 
 SPARK_WINDOW_S = 600.0  # the detail pane's CPU and RSS history: the last ten minutes
 SPARK_POINTS = 60
@@ -67,8 +68,10 @@ def read_job_log(home: Path, job_id: int, run: int, lines: int) -> list[str]:
 
 
 def read_log(path: Path, lines: int) -> list[str]:
-    """The last `lines` lines of a log, decoded as the job wrote them (bad bytes replaced)."""
-    return [b.decode("utf-8", "replace").rstrip("\r\n") for b in tail_lines(path, lines)]
+    """The last `lines` lines of a log, decoded as the job wrote them (bad bytes replaced), each as a
+    terminal shows it: its last frame (a progress bar redrawn with carriage returns), no escapes."""
+    decoded = (b.decode("utf-8", "replace").rstrip("\r\n") for b in tail_lines(path, lines))
+    return [terminal_text(last_frame(line)) for line in decoded]
 
 
 def _detail(store: Store, procfs: ProcFS, view: JobView, now: float) -> Detail:

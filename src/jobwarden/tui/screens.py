@@ -14,6 +14,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Log, Static
 
+from jobwarden.text.sanitize import terminal_text
+
 
 class TextScreen(Screen[None]):
     """A full-screen page of lines; q or Esc goes back."""
@@ -29,7 +31,7 @@ class TextScreen(Screen[None]):
         self.title_text, self.lines, self.follow = title, lines, follow
 
     def compose(self) -> ComposeResult:
-        yield Static(Text(self.title_text), id="title")
+        yield Static(Text(terminal_text(self.title_text)), id="title")
         yield Log(auto_scroll=self.follow, id="page")
         yield Footer()
 
@@ -42,7 +44,7 @@ class TextScreen(Screen[None]):
             return
         self.lines = lines
         page.clear()
-        page.write_lines(lines)
+        page.write_lines(terminal_text(line) for line in lines)  # the Log widget writes escapes as they are
         if not self.follow:
             page.scroll_home(animate=False)
 

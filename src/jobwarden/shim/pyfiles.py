@@ -1,0 +1,128 @@
+"""Keeping the run's `py/` folder small: what the Python hooks leave there for each process, pruned once the
+process has ended.
+
+Each Python process of the job writes its advert (`<pid>.json`) and opens its faulthandler file
+(`<pid>.stacks`) as it starts: two files per process, for ever, 12,871 files after 6,434 forks (and pid_max
+is 4,194,304 on many distributions). Both serve only a live process (the advert says it may be sent the
+dump signal; the dump is read from the stacks file the moment it is written, and a fatal signal's dump goes
+to stderr, the output log): the shim removes them once the process they belong to has ended. It knows that
+by identity, (pid, start time) from the advert, never by pid alone: a reused pid's new advert stays.
+
+What the diagnosis needs stays: uncaught exceptions (`<pid>.exc.json`) and fork records
+(`<pid>.forks.jsonl`), up to a cap of each; past it, exceptions written after the first MAX_KEPT are
+removed (the first ones are the story, the later ones mostly its fallout), and fork records whose parent
+and children have all ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+from jobwarden.errors import AccessDenied, ProcessGone
+from jobwarden.osapi.procfs import ProcFS
+
+ADVERT, STACKS, EXCEPTION, FORKS = ".json", ".stacks", ".exc.json", ".forks.jsonl"
+MAX_KEPT = 1000  # exception records, and fork records of processes that ended, kept at most
+_ADVERT_MAX_BYTES = 1 << 16
+
+
+class PyFiles:
+    def __init__(self, py_dir: Path, procfs: ProcFS) -> None:
+        self.py_dir, self.procfs = py_dir, procfs
+
+    def prune(self, live: Mapping[int, int]) -> int:
+        """Remove what belongs to ended processes; `live`: the tree's members, pid -> start time (others
+        are asked of /proc). The number of files removed."""
+        try:
+            names = os.listdir(self.py_dir)
+        except OSError:
+            return 0
+        by_kind: dict[str, list[int]] = {ADVERT: [], STACKS: [], EXCEPTION: [], FORKS: []}
+        for name in names:
+            for suffix in (EXCEPTION, FORKS, ADVERT, STACKS):  # the longer suffixes first: x.exc.json
+                pid = name.removesuffix(suffix)
+                if name.endswith(suffix) and pid.isascii() and pid.isdigit():
+                    by_kind[suffix].append(int(pid))
+                    break
+        removed = self._adverts(by_kind[ADVERT], by_kind[STACKS], live)
+        removed += self._over_cap(by_kind[EXCEPTION], EXCEPTION, lambda pid: False)
+        return removed + self._over_cap(by_kind[FORKS], FORKS, lambda pid: self._fork_relevant(pid, live))
+
+    def _adverts(self, adverts: list[int], stacks: list[int], live: Mapping[int, int]) -> int:
+        removed = 0
+        advertised = set(adverts)
+        for pid in adverts:
+            start = self._advert_start(pid)
+            if start is None or self._alive(pid, start, live):
+                continue  # unreadable (still being written?) or its process runs: kept
+            removed += self._remove(pid, ADVERT) + self._remove(pid, STACKS)
+        for pid in stacks:  # a stacks file whose advert was never written: gone with any process of its pid
+            if pid not in advertised and pid not in live and not self._pid_exists(pid):
+                removed += self._remove(pid, STACKS)
+        return removed
+
+    def _over_cap(self, pids: list[int], suffix: str, keep: Callable[[int], bool]) -> int:
+        """Past MAX_KEPT files of a kind, the newest ones that `keep(pid)` does not hold on to."""
+        if len(pids) <= MAX_KEPT:
+            return 0
+        by_age = sorted(pids, key=lambda pid: self._mtime(pid, suffix))
+        removed = 0
+        for pid in by_age[MAX_KEPT:]:
+            if not keep(pid):
+                removed += self._remove(pid, suffix)
+        return removed
+
+    def _fork_relevant(self, parent: int, live: Mapping[int, int]) -> bool:
+        """A fork record matters while its parent or a child it names runs (a hung child of a fork)."""
+        if parent in live or self._pid_exists(parent):
+            return True
+        return any(child in live or self._pid_exists(child) for child in self._children(parent))
+
+    def _children(self, parent: int) -> Iterable[int]:
+        with contextlib.suppress(OSError), open(self.py_dir / f"{parent}{FORKS}", "rb") as fh:
+            for line in fh:
+                try:
+                    entry = json.loads(line)
+                except (ValueError, RecursionError):
+                    continue
+                child = entry.get("child_pid") if isinstance(entry, dict) else None
+                if isinstance(child, int):
+                    yield child
+
+    def _advert_start(self, pid: int) -> int | None:
+        try:
+            with open(self.py_dir / f"{pid}{ADVERT}", "rb") as fh:
+                advert = json.loads(fh.read(_ADVERT_MAX_BYTES))
+        except (OSError, ValueError, RecursionError):
+            return None
+        start = advert.get("start_time") if isinstance(advert, dict) else None
+        return start if isinstance(start, int) and advert.get("pid") == pid else None
+
+    def _alive(self, pid: int, start: int, live: Mapping[int, int]) -> bool:
+        if live.get(pid) == start:
+            return True
+        return self.procfs.identity_matches(pid, start)
+
+    def _pid_exists(self, pid: int) -> bool:
+        """Some process of that pid runs (not a zombie): maybe the one that wrote the file."""
+        try:
+            return self.procfs.stat(pid).state not in ("Z", "X")
+        except (ProcessGone, AccessDenied):
+            return False
+
+    def _mtime(self, pid: int, suffix: str) -> float:
+        try:
+            return (self.py_dir / f"{pid}{suffix}").stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def _remove(self, pid: int, suffix: str) -> int:
+        try:
+            (self.py_dir / f"{pid}{suffix}").unlink()
+        except OSError:
+            return 0
+        return 1

@@ -1,0 +1,70 @@
+"""shim.pyfiles: the hooks' files of ended processes go, by identity; exceptions and fork records stay, up
+to a cap (a /proc captured in a folder: which processes run)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.shim.pyfiles import MAX_KEPT, PyFiles
+from tests.unit.test_procfs import add_process, stat_line
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> Path:
+    root = tmp_path / "proc"
+    root.mkdir()
+    return root
+
+
+def advert(py_dir: Path, pid: int, start: int) -> None:
+    (py_dir / f"{pid}.json").write_text(json.dumps({"pid": pid, "start_time": start}))
+    (py_dir / f"{pid}.stacks").write_bytes(b"")
+
+
+def names(py_dir: Path) -> list[str]:
+    return sorted(os.listdir(py_dir))
+
+
+def test_an_ended_process_loses_its_advert_and_stacks_a_live_one_keeps_them(
+    tmp_path: Path, proc: Path
+) -> None:
+    py_dir = tmp_path / "py"
+    py_dir.mkdir()
+    add_process(proc, 10, stat_line(10, "python", f22=500))  # runs, started at 500
+    add_process(proc, 11, stat_line(11, "python", f22=900))  # pid 11 reused: a new process
+    advert(py_dir, 10, 500)
+    advert(py_dir, 11, 700)  # the advert of the earlier process 11
+    advert(py_dir, 12, 800)  # gone
+    advert(py_dir, 13, 300)  # a member of the tree that /proc is not asked about
+    (py_dir / "12.exc.json").write_text("{}")
+    (py_dir / "14.stacks").write_bytes(b"")  # its advert was never written; pid 14 runs no more
+    (py_dir / "events.fifo").write_bytes(b"")
+    removed = PyFiles(py_dir, ProcFS(proc)).prune({13: 300})
+    assert removed == 5
+    assert names(py_dir) == ["10.json", "10.stacks", "12.exc.json", "13.json", "13.stacks", "events.fifo"]
+
+
+def test_past_the_cap_later_exceptions_and_ended_fork_records_go(tmp_path: Path, proc: Path) -> None:
+    py_dir = tmp_path / "py"
+    py_dir.mkdir()
+    add_process(proc, 5, stat_line(5, "python", f22=1))  # a live parent
+    add_process(proc, 7, stat_line(7, "python", f22=1))  # a live child of an ended parent
+    for pid in range(100, 100 + MAX_KEPT + 50):
+        (py_dir / f"{pid}.exc.json").write_text("{}")
+        os.utime(py_dir / f"{pid}.exc.json", (pid, pid))  # written in pid order
+        (py_dir / f"{pid}.forks.jsonl").write_text("")
+        os.utime(py_dir / f"{pid}.forks.jsonl", (0, 0))  # the oldest: kept by the cap
+    (py_dir / "5.forks.jsonl").write_text("")
+    (py_dir / "6.forks.jsonl").write_text(
+        json.dumps({"child_pid": 7, "parent_pid": 6, "fork_at": 1.0}) + "\n"
+    )
+    PyFiles(py_dir, ProcFS(proc)).prune({})
+    exceptions = sorted(int(n.split(".")[0]) for n in names(py_dir) if n.endswith(".exc.json"))
+    assert exceptions == list(range(100, 100 + MAX_KEPT))  # the first ones: the story
+    forks = {int(n.split(".")[0]) for n in names(py_dir) if n.endswith(".forks.jsonl")}
+    assert len(forks) == MAX_KEPT + 2 and {5, 6} <= forks  # and past the cap: a live parent's, a live child's
