@@ -23,7 +23,7 @@ class JobOptions(NamedTuple):
     py_hooks: bool = True  # --no-py-hooks turns it off
     mp_start: str | None = None  # --mp-start spawn | forkserver
     restart: str = "no"  # no | on-failure | always
-    max_restarts: int = DEFAULT_MAX_RESTARTS  # also the budget of --on-hang restart
+    max_restarts: int = DEFAULT_MAX_RESTARTS  # also the budget of --on-hang restart; config.UNLIMITED: no cap
     restart_delay_s: float | None = None  # the backoff's base; None: the default
     mem_limit_bytes: int | None = None
     gpus: int | None = None  # --gpus N
@@ -43,6 +43,12 @@ class JobOptions(NamedTuple):
     # False inside Slurm, attached or --detach: a memory cgroup of ours nested in Slurm's task cgroup
     # would hide an OOM from Slurm (FAILED instead of OUT_OF_MEMORY)
     own_cgroup: bool = True
+    # Everyday habits (issue 21)
+    log_max_bytes: int | None = None  # --log-max: the most output.log may hold on disk; None: the default
+    keep_running: tuple[str, ...] = ()  # --keep-running PATTERN: processes left running at the run's end
+    after: tuple[int, ...] = ()  # --after JOB: job ids that must succeed before this one starts
+    queue: str | None = None  # --queue NAME: wait for a place in this queue
+    web_url: str | None = None  # the config file's [web] url: the job page's address in notifications
 
     @property
     def wants_gpus(self) -> bool:
@@ -51,6 +57,8 @@ class JobOptions(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         stored = self._asdict()
         stored["gpu_ids"] = list(self.gpu_ids) if self.gpu_ids is not None else None
+        stored["keep_running"] = list(self.keep_running)
+        stored["after"] = list(self.after)
         return {"version": VERSION, **stored}
 
     @classmethod
@@ -58,6 +66,10 @@ class JobOptions(NamedTuple):
         known = {k: v for k, v in stored.items() if k in cls._fields and v is not None}
         if "gpu_ids" in known:
             known["gpu_ids"] = tuple(int(i) for i in known["gpu_ids"])
+        if "keep_running" in known:
+            known["keep_running"] = tuple(str(p) for p in known["keep_running"])
+        if "after" in known:
+            known["after"] = tuple(int(i) for i in known["after"])
         if not known.get("grace_s"):  # 0 was never stored for "no grace": it meant the default
             known.pop("grace_s", None)
         return cls(**known)

@@ -53,6 +53,8 @@ class EndReason(enum.StrEnum):
     MEM_LIMIT = "mem-limit"  # ended by jobwarden's memory watchdog (no cgroup could enforce --mem-limit)
     SUPERVISOR_FAILED = "supervisor-failed"  # its shim ended before it started the command
     ENGINE_STOP = "engine-stop"  # ended by the engine it runs in (scancel, time limit, `ray job stop`)
+    DEPENDENCY_FAILED = "dependency-failed"  # never started: a job it was to run after (--after) failed
+    REBOOT = "reboot"  # the machine rebooted while it ran (a new boot id): every process of it died then
     UNKNOWN = "unknown"
 
 

@@ -8,11 +8,11 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobwarden import config
+from jobwarden import config, trace
 from jobwarden.clock import SystemClock
 from jobwarden.errors import UsageError
 from jobwarden.model import JobSpec, JobState
@@ -50,11 +50,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         raise UsageError("no command given", "put it after --, e.g. jobwarden run -- python train.py")
+    web_url = _with_config_defaults(args)
     options = run_options(
         timeout=args.timeout,
         grace=args.grace,
         hang_timeout=args.hang_timeout,
-        on_hang=args.on_hang,
+        on_hang=args.on_hang or "dump",
         py_hooks=not args.no_py_hooks,
         mp_start=args.mp_start,
         restart=args.restart,
@@ -65,6 +66,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         gpu_ids=args.gpu_ids,
         notify=args.notify,
         on_event=args.on_event,
+        log_max=args.log_max,
+        keep_running=args.keep_running,
+        queue=args.queue,
+        after=_job_ids(args.after) if args.after else None,
+        web_url=web_url,
         engine=engine_options(
             os.environ,
             engine=args.engine,
@@ -80,6 +86,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     env = parse_env(args.env)
     name = checked_name(args.name) if args.name is not None else default_name(argv)
     spec = JobSpec(command=tuple(argv), cwd=args.cwd, name=name, env=env)
+    if options.wants_gpus:
+        from jobwarden.control.gpurequest import refuse_impossible_gpus
+
+        refuse_impossible_gpus(options)
     if options.engine is not None:
         if args.json:
             raise UsageError(
@@ -88,15 +98,82 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
         return _run_attached(spec, options)
     launched = launch(_home(), spec, options)
-    if args.json:
-        _print_json(launched.to_json())
-    elif not args.follow:
+    return _launched(launched, args.json, args.follow, args.wait)
+
+
+def _launched(
+    launched: Any, as_json: bool, follow: bool, wait: bool, extra: dict[str, Any] | None = None
+) -> int:
+    """What `run` and `rerun` say of the job they started, then follow or wait for it if asked."""
+    _warn_namesakes(launched.name, launched.namesakes)
+    if as_json:
+        _print_json({**launched.to_json(), **(extra or {})})
+    elif not follow:
         print(launched.id)
-    if args.follow:
-        return _follow(str(launched.id), None, args.wait)
-    if args.wait:
-        return _wait_exit(str(launched.id))
+    if follow:
+        return _follow(str(launched.id), None, True)
+    if wait:
+        return _wait_exit(str(launched.id), said=True)
     return 0
+
+
+def _with_config_defaults(args: argparse.Namespace) -> str | None:
+    """The config file's [run] values for the flags not given (a flag overrides the file); returns its
+    [web] url. Without a file, one stat() (control.configfile)."""
+    from jobwarden.control.configfile import RUN_KEYS, defaults_for, load_config
+
+    user = load_config()
+    if user is None:
+        return None
+    given = {key for key in RUN_KEYS if getattr(args, key, None) is not None}
+    for key, value in defaults_for(user, given).items():
+        setattr(args, key, value)
+    trace.info(f"defaults from {user.path}: {', '.join(sorted(user.run)) or 'none'}")
+    return user.web_url
+
+
+def _job_ids(refs: list[str]) -> list[int]:
+    """--after JOB...: each reference resolved now (a name or @last means the job it names now)."""
+    from jobwarden.store import Store
+
+    with Store(_home()) as store:
+        return [store.job(ref).id for ref in refs]
+
+
+def note_namesakes(args: argparse.Namespace) -> None:
+    """A JOB given by a name that names more than one job not over yet: the newest is meant (Store.job),
+    and the user is told, once, before the command acts on it. Ids and @last cost nothing."""
+    ref = getattr(args, "job", None)
+    if not isinstance(ref, str) or not ref or ref.isdigit() or ref.startswith("@") or args.command == "_jobs":
+        return
+    from jobwarden.errors import JobwardenError
+    from jobwarden.store import Store
+
+    try:
+        with Store(_home()) as store:
+            job = store.job(ref)
+            older = [i for i in store.unfinished_namesakes(job.name, job.id) if i < job.id]
+    except (JobwardenError, UnicodeError):
+        return  # no such job, an odd reference: the command itself says what is wrong
+    if older:
+        ids = ", ".join(str(i) for i in older)
+        print(
+            f"jobwarden: note: {ref!r} names job {job.id}, the newest of that name; older job"
+            f"{'s' if len(older) > 1 else ''} {ids} of that name {'are' if len(older) > 1 else 'is'} not "
+            "over yet (give an id to mean one of them)",
+            file=sys.stderr,
+        )
+
+
+def _warn_namesakes(name: str, older: Sequence[int]) -> None:
+    """A name that older jobs, still not over, hold too: from now on it means the newest."""
+    if older:
+        ids = ", ".join(str(i) for i in older)
+        print(
+            f"jobwarden: note: {name!r} also names job{'s' if len(older) > 1 else ''} {ids}, not over yet; "
+            f"{name!r} now means the newest, reach the older by id",
+            file=sys.stderr,
+        )
 
 
 def _run_attached(spec: JobSpec, options: JobOptions) -> int:
@@ -129,6 +206,7 @@ def _run_attached(spec: JobSpec, options: JobOptions) -> int:
 
 
 def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
+    """`run -f`: the output as it comes; at the end, how the job ended, and its status as ours."""
     from jobwarden.control.lifecycle import wait_job
     from jobwarden.store import Store
     from jobwarden.store.logfiles import follow
@@ -150,16 +228,33 @@ def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
     except KeyboardInterrupt:
         print(f"\njobwarden: stopped following; job {job.id} keeps running", file=sys.stderr)
         return 130
-    if exit_with_status:
-        ended = wait_job(_home(), procfs, str(job.id))
-        return _requeue_or(ended, ended.exit_status)
-    return 0
+    if not exit_with_status:
+        return 0
+    ended = wait_job(_home(), procfs, str(job.id))
+    return _said_end(job.name, ended)
 
 
-def _wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False) -> int:
-    from jobwarden.control.lifecycle import wait_job
+def _wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False, said: bool = False) -> int:
+    """Wait for the job's end and exit with its status (128+N for signal N); `said`: with the line that
+    says how it ended. Still running at `timeout`: 124, as timeout(1)."""
+    from jobwarden.control.lifecycle import StillRunning, wait_job
+    from jobwarden.store import Store
 
-    run = wait_job(_home(), _procfs(), job_ref, timeout)
+    try:
+        run = wait_job(_home(), _procfs(), job_ref, timeout)
+    except StillRunning as still:
+        if as_json:
+            _print_json(
+                {
+                    "id": still.run.job_id,
+                    "run": still.run.n,
+                    "state": str(still.run.state),
+                    "exit_code": None,
+                    "signal": None,
+                }
+            )
+        print(f"jobwarden: {still.message}", file=sys.stderr)
+        return still.exit_code
     if as_json:
         _print_json(
             {
@@ -170,11 +265,21 @@ def _wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False
                 "signal": run.signal,
             }
         )
+    if said:
+        with Store(_home()) as store:
+            return _said_end(store.job(run.job_id).name, run)
     if run.state == JobState.LOST:
         print(
             f"jobwarden: job {run.job_id} is lost: its supervisor died, its exit status is unknown",
             file=sys.stderr,
         )
+    return _requeue_or(run, run.exit_status)
+
+
+def _said_end(name: str, run: RunRecord) -> int:
+    from jobwarden.text.ending import end_line
+
+    print(end_line(name, run), file=sys.stderr)
     return _requeue_or(run, run.exit_status)
 
 
@@ -193,7 +298,20 @@ def _requeue_or(run: RunRecord, status: int) -> int:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    return _wait_exit(args.job, config.optional_duration(args.timeout, "--timeout"), args.json)
+    """Exit codes: the job's status (128+N for signal N), 124 when it still runs at --timeout (as
+    timeout(1)), 125 when there is no such job (timeout(1)'s code for a failure of its own)."""
+    from jobwarden.errors import JobNotFound
+
+    timeout = config.optional_duration(args.timeout, "--timeout")
+    try:
+        return _wait_exit(args.job, timeout, args.json, said=not args.json)
+    except JobNotFound as err:
+        print(f"jobwarden: {err.message}", file=sys.stderr)
+        print(f"  {err.remedy}", file=sys.stderr)
+        return WAIT_NO_SUCH_JOB
+
+
+WAIT_NO_SUCH_JOB = 125
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
@@ -312,7 +430,7 @@ def _explain_group(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from jobwarden.store import Store
-    from jobwarden.store.logfiles import read_from, since_offset, tail_lines
+    from jobwarden.store.logfiles import iter_output, read_output, since_offset, tail_lines
 
     with Store(_home()) as store:
         job = store.job(args.job)
@@ -321,7 +439,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         index = store.layout.output_index(job.id, run.n)
     if args.since:
         since = config.parse_duration(args.since, "--since")
-        data = read_from(path, since_offset(index, SystemClock().wall() - since))
+        data = read_output(path, _line_start(path, since_offset(index, SystemClock().wall() - since)))
         lines = data.splitlines(keepends=True)
         if args.lines is not None:
             lines = lines[-args.lines :] if args.lines > 0 else []
@@ -329,13 +447,26 @@ def cmd_logs(args: argparse.Namespace) -> int:
     elif args.lines is not None:
         sys.stdout.buffer.write(b"".join(tail_lines(path, args.lines)))
     elif not args.follow:
-        with open(path, "rb") if path.exists() else open(os.devnull, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                sys.stdout.buffer.write(chunk)
+        for chunk in iter_output(path):  # --log-max's dropped middle as one marker line
+            sys.stdout.buffer.write(chunk)
     sys.stdout.buffer.flush()
     if args.follow:
         return _follow_from_end(job.id, run, path, bool(args.lines is not None or args.since))
     return 0
+
+
+def _line_start(path: Path, offset: int) -> int:
+    """The start of the line `offset` falls in (the index knows sizes, not lines)."""
+    from jobwarden.store.logfiles import read_from
+
+    if offset <= 0:
+        return 0
+    head = read_from(path, offset - 1, align_to_line=False, limit=1)
+    if head in (b"\n", b""):
+        return offset
+    rest = read_from(path, offset, align_to_line=False, limit=1 << 16)
+    newline = rest.find(b"\n")
+    return offset + newline + 1 if newline >= 0 else offset
 
 
 def _follow_from_end(job_id: int, run: Any, path: Path, already_printed: bool) -> int:
@@ -408,6 +539,15 @@ def cmd_dump(args: argparse.Namespace) -> int:
 def cmd_rm(args: argparse.Namespace) -> int:
     from jobwarden.control.lifecycle import remove
 
+    if args.ended:
+        return _rm_ended(args)
+    for flag, given in (("--failed", args.failed), ("--older-than", args.older_than is not None)):
+        if given:
+            raise UsageError(f"rm {flag} goes with --ended", f"e.g. jobwarden rm --ended {flag} ...")
+    if args.job is None:
+        raise UsageError(
+            "rm needs a JOB, or --ended", "e.g. jobwarden rm 3, or jobwarden rm --ended --older-than 7d"
+        )
     job_id = remove(_home(), _procfs(), args.job)
     print(f"removed job {job_id}")
     return 0
@@ -483,6 +623,134 @@ def cmd_web(args: argparse.Namespace) -> int:
     return serve(_home(), args.host, args.port, socket_path, args.read_only, args.allow_host)
 
 
+# --- everyday habits (issue 21) ------------------------------------------------------------------------
+
+
+def cmd_rerun(args: argparse.Namespace) -> int:
+    from jobwarden.control.rerun import rerun
+    from jobwarden.text.sanitize import one_line
+
+    launched, old = rerun(_home(), args.job)
+    if not args.json:
+        print(f"jobwarden: job {launched.id} reruns job {old.id} ({one_line(old.name)})", file=sys.stderr)
+    return _launched(launched, args.json, args.follow, args.wait, {"rerun_of": old.id})
+
+
+def _rm_ended(args: argparse.Namespace) -> int:
+    from jobwarden.control.cleanup import ended_jobs, remove_jobs
+    from jobwarden.store import Store
+
+    if args.job is not None:
+        raise UsageError("rm: give a JOB or --ended, not both", "e.g. jobwarden rm --ended --failed")
+    older = config.optional_duration(args.older_than, "--older-than")
+    with Store(_home()) as store:
+        found = ended_jobs(
+            store, _procfs(), failed_only=args.failed, older_than_s=older, now=SystemClock().wall()
+        )
+        what = _rm_summary(found.jobs, found.failed, found.bytes_on_disk, args.failed)
+        for job_id in found.keeping:
+            print(
+                f"jobwarden: left job {job_id}: processes it kept (--keep-running) still run; "
+                f"jobwarden stop {job_id} ends them",
+                file=sys.stderr,
+            )
+        if not found.jobs:
+            print("no ended jobs to remove" + (" that match" if args.failed or older else ""))
+            return 0
+        if not args.yes and not _confirmed(f"remove {what}? [y/N] "):
+            print("nothing removed")
+            return 1
+        remove_jobs(store, [job.id for job, _ in found.jobs])
+    print(f"removed {what}")
+    return 0
+
+
+def _rm_summary(jobs: Sequence[Any], failed: int, size: int, failed_only: bool) -> str:
+    """'12 ended jobs (3 failed) and their logs (1.2G)'."""
+    n = len(jobs)
+    kind = "failed" if failed_only else "ended"
+    noun = f"{n} {kind} job{'s' if n != 1 else ''}"
+    if failed and not failed_only:
+        noun += f" ({failed} failed)"
+    return f"{noun} and {'its' if n == 1 else 'their'} logs ({config.format_size(size)})"
+
+
+def _confirmed(question: str) -> bool:
+    """Ask on the terminal; without one (a script, a pipe), refuse rather than guess: --yes says yes."""
+    if not sys.stdin or not sys.stdin.isatty():
+        raise UsageError(
+            f"rm --ended would {question.removesuffix('? [y/N] ')}, and there is no terminal to confirm on",
+            "add --yes to remove them without asking",
+        )
+    try:
+        answer = input(question)
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    from jobwarden.control.options import queue_name
+    from jobwarden.store import Store
+    from jobwarden.text.sanitize import one_line
+
+    name = queue_name(args.name) if args.name is not None else None
+    if args.parallel is not None and name is None:
+        raise UsageError("queue --parallel needs the queue's NAME", "e.g. jobwarden queue gpu --parallel 2")
+    with Store(_home()) as store:
+        if args.parallel is not None:
+            parallel = config.parse_count(args.parallel, "--parallel")
+            if parallel < 1:
+                raise UsageError("bad --parallel '0': a queue runs 1 or more at once", "e.g. --parallel 2")
+            assert name is not None
+            store.set_queue_parallel(name, parallel)
+        queues = [q for q in store.queues() if name is None or q.name == name]
+    if name is not None and not queues:
+        from jobwarden.store.queues import DEFAULT_PARALLEL, QueueInfo
+
+        queues = [QueueInfo(name, DEFAULT_PARALLEL, 0, 0)]
+    if args.json:
+        _print_json([q.to_json() for q in queues] if name is None else queues[0].to_json())
+        return 0
+    if not queues:
+        print("no queues (jobwarden run --queue NAME -- ... makes one)")
+    for q in queues:
+        print(f"{one_line(q.name)}: {q.running} of {q.parallel} running, {q.waiting} waiting")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from jobwarden.control.reboot import resume
+    from jobwarden.text.sanitize import one_line
+
+    done = resume(_home(), _procfs())
+    if args.json:
+        _print_json([r.to_json() for r in done])
+    elif not done:
+        print("no job was ended by a reboot")
+    for r in [] if args.json else done:
+        print(f"job {r.job_id} ({one_line(r.name)}), ended by the reboot in run {r.ended_run}: {r.why}")
+    return 0
+
+
+def cmd_boot(args: argparse.Namespace) -> int:
+    from jobwarden.control.boot import boot
+
+    plan = boot(args.action, args.method, _home())
+    if args.json:
+        _print_json(plan.to_json())
+        return 0
+    state = "enabled" if plan.enabled else "disabled"
+    if args.action == "status":
+        print(f"jobwarden resume at boot: {state} ({plan.method}: {plan.where})")
+    else:
+        done = "" if plan.changed else " already"
+        print(f"jobwarden resume at boot:{done} {state} ({plan.method}: {plan.where})")
+    for note in plan.notes:
+        print(f"  note: {note}")
+    return 0
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "ps": cmd_ps,
@@ -501,4 +769,8 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "_jobs": cmd_jobs_to_complete,
     "top": cmd_top,
     "web": cmd_web,
+    "rerun": cmd_rerun,
+    "queue": cmd_queue,
+    "resume": cmd_resume,
+    "boot": cmd_boot,
 }

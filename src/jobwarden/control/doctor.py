@@ -51,6 +51,16 @@ class StoreFacts:
 
 
 @dataclass(frozen=True)
+class ConfigFacts:
+    """The config file in force (control.configfile): where, and what it sets or why it is refused."""
+
+    path: Path
+    exists: bool
+    settings: tuple[str, ...] = ()  # "key = value", webhook URLs cut to their host
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class HostFacts:
     euid: int
     yama_scope: int | None
@@ -75,6 +85,7 @@ class HostFacts:
     free_bytes: int | None
     database_fs: str | None = None  # the home's file system type
     database_moved: bool = False  # the home is on a network file system: the database is on local disk
+    config: ConfigFacts | None = None
 
 
 # --- ptrace -----------------------------------------------------------------------------------------
@@ -375,7 +386,20 @@ def check_disk(home: Path, free: int | None) -> Check:
     return Check(name, OK, f"{format_size(free)} free under {home}")
 
 
+def check_config(config: ConfigFacts) -> Check:
+    name = "config file"
+    if config.error:
+        return Check(
+            name, FAIL, config.error, f"fix it, or move it aside: mv {config.path} {config.path}.off"
+        )
+    if not config.exists:
+        return Check(name, OK, f"none at {config.path}: run's built-in defaults apply")
+    sets = "; ".join(config.settings) if config.settings else "nothing"
+    return Check(name, OK, f"{config.path} sets {sets} (a flag given to `run` wins)")
+
+
 def run_checks(facts: HostFacts) -> list[Check]:
+    config = [] if facts.config is None else [check_config(facts.config)]
     return [
         check_ptrace_scope(facts.yama_scope, facts.cap_sys_ptrace),
         check_ptrace_attach(facts.ptrace_attach, facts.yama_scope),
@@ -390,6 +414,7 @@ def run_checks(facts: HostFacts) -> list[Check]:
         check_store_place(facts.home, facts.store.database, facts.database_fs, facts.database_moved),
         check_home(facts.home, facts.home_mode, facts.home_uid, facts.euid),
         check_disk(facts.home, facts.free_bytes),
+        *config,
     ]
 
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from jobwarden import config
-from jobwarden.control.doctor import HostFacts, Interpreter, StoreFacts, Tool
+from jobwarden.control.doctor import ConfigFacts, HostFacts, Interpreter, StoreFacts, Tool
 from jobwarden.osapi import capabilities as caps
 from jobwarden.osapi.cgroup import create_job_cgroup
 from jobwarden.osapi.shell import python_version, version_of
@@ -56,7 +56,22 @@ def gather(home: Path) -> HostFacts:
         home_mode=mode,
         home_uid=uid,
         free_bytes=free_bytes(home),
+        config=config_facts(),
     )
+
+
+def config_facts() -> ConfigFacts:
+    from jobwarden.control.configfile import config_path, load_config
+    from jobwarden.errors import JobwardenError
+
+    path = config_path()
+    try:
+        found = load_config()
+    except JobwardenError as err:
+        return ConfigFacts(path, True, error=err.message)
+    if found is None:
+        return ConfigFacts(path, False)
+    return ConfigFacts(path, True, tuple(found.shown()))
 
 
 def probe_proc_events() -> tuple[bool, str]:

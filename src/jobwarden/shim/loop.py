@@ -22,6 +22,7 @@ from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, STORE_ENV
 from jobwarden.shim.enginestop import EngineLink, engine_signals
 from jobwarden.shim.jobos import JobOS, SystemJobOS
+from jobwarden.shim.logcap import TrimNotes, log_cap
 from jobwarden.shim.recorder import RunRecorder, log
 from jobwarden.shim.sampler import Sampler
 from jobwarden.shim.tree import Member
@@ -67,9 +68,12 @@ class SupervisorLoop:
         self.stop: StopRequest | None = None
         self._carried: set[int] = set()  # signals the previous attempt received and did not act on
         self.timeout_at: float | None = None
-        self.logs = LogWatcher(self.layout.output_log(job.id, run), self.layout.output_index(job.id, run))
+        self.logs = LogWatcher(
+            self.layout.output_log(job.id, run), self.layout.output_index(job.id, run), log_cap(job.options)
+        )
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.record = RunRecorder(store, job.id, run, self.logs, clock)
+        self.trims = TrimNotes(self.logs, self.record)  # --log-max: what was dropped, said in `status`
         self.record.open_group(job)
         self.sampler = Sampler(procfs, self.record)
         self.diag: Diagnoser | None = None
@@ -81,6 +85,7 @@ class SupervisorLoop:
         self.oom: OomEvidence | None = None
         self.gpu_env: dict[str, str] = {}
         self.spawn_failed = False
+        self.refused = False  # a GPU request this machine cannot meet, refused before `run` returned
         # attached inside an engine (Slurm, Ray): its signals come relayed by the CLI (shim.enginestop)
         self.engine = EngineLink(job.options, self.record, clock.monotonic) if job.options.engine else None
 
@@ -187,12 +192,17 @@ class SupervisorLoop:
         gpu = self.diag.gpu if self.diag else None
         reading = self.sampler.reading(now, snaps, self.tree.members.values(), gpu)
         self.logs.index(now)
+        self.trims.note(now, self.clock.monotonic())
         self.record.check_disk(now)
         # an idle tree is not rewritten every second
         if self.tree.worth_recording(snaps, now) and self.sampler.write(now, snaps, reading):
             self.tree.recorded(snaps, now)
         self.sampler.keep_up(now)
         self._watch_memory(snaps, now)
+        if self.notifier is not None:  # a webhook that fails is said in `status`, not only in shim.log
+            from jobwarden.shim.notify import record_outcomes
+
+            record_outcomes(self.store, self.job.id, self.notifier, log)
         if self.diag:
             self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic()))
 
@@ -250,11 +260,12 @@ class SupervisorLoop:
         rules = [f.rule for f in verdict.findings]
         self.record.event("hung", now, rules=rules, action=action)
         if self.notifier:
-            from jobwarden.shim.notify import event_payload
+            from jobwarden.shim.notify import event_payload, job_page
 
             top = verdict.findings[0].title if verdict.findings else None
+            page = job_page(self.job.options.web_url, self.job.id)
             self.notifier.deliver(
-                event_payload("hung", self.job.id, self.job.name, self.run, "running", finding=top)
+                event_payload("hung", self.job.id, self.job.name, self.run, "running", finding=top, page=page)
             )
         if action in ("stop", "restart") and not self.stop:
             # running -> stopping: the stacks are stored; end the hung run (and restart it, if asked)

@@ -1,42 +1,96 @@
 """The job's output file and its offset->time index.
 
-The job writes output.log itself (its own fd, O_APPEND); the shim never touches those bytes. Once a tick
+The job writes output.log itself (its own fd, O_APPEND); the shim never writes those bytes. Once a tick
 the shim appends "WALLTIME SIZE" to output.idx when the size changed, so `logs --since` can find where a
 moment starts to within one tick.
+
+`--log-max` (LogWatcher.trim): when the log holds more than its cap on disk, the shim frees its middle
+(osapi.sparse.punch_hole) and keeps the head (the first quarter of the cap: how the job started, its
+first error) and the newest half. The file keeps its length and every offset its place, so the index
+stays right and the job's O_APPEND writes go on untouched; the freed range is a hole, which the readers
+here skip, saying how much was dropped. On disk the log stays within the cap plus what the job writes in
+one tick.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import math
 import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, NamedTuple
+
+from jobwarden.config import format_size
+
+HEAD_SHARE = 4  # the head kept is the cap / 4
+TAIL_SHARE = 2  # the newest cap / 2 is kept; trimming starts again once the log is back at its cap
+
+
+class Trim(NamedTuple):
+    """The log's one hole: [start, end) dropped to keep it within `max_bytes`; or why it cannot be."""
+
+    start: int
+    end: int
+    max_bytes: int
+    unsupported: str | None = None  # the file system cannot free a range (its error)
 
 
 class LogWatcher:
-    """The shim's side: index the output's growth, and tell how much room the log has left."""
+    """The shim's side: index the output's growth, keep it within its cap, and tell how much room the
+    log has left. `max_bytes`: the cap on disk (0: none)."""
 
-    def __init__(self, output: Path, index: Path) -> None:
+    def __init__(self, output: Path, index: Path, max_bytes: int = 0) -> None:
         self.output, self.index_path = output, index
+        self.max_bytes = max_bytes
+        self.trim: Trim | None = None  # the latest trim, or why there can be none
         self._last_size = -1
 
     def index(self, now: float) -> None:
         try:
-            size = self.output.stat().st_size
+            st = self.output.stat()
         except OSError:
             return
+        size = st.st_size
         if size == self._last_size:
             return
         self._last_size = size
+        if self.max_bytes and st.st_blocks * 512 > self.max_bytes:
+            self._cap(size, st.st_blksize)
         with contextlib.suppress(OSError):  # a full disk must not stop supervision
             fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
             try:
                 os.write(fd, f"{now:.3f} {size}\n".encode())
             finally:
                 os.close(fd)
+
+    def _cap(self, size: int, block: int) -> None:
+        """Free the middle: keep [0, head) and the newest max/TAIL_SHARE, at block boundaries (a
+        partial block would be zeroed, not freed, and read as data)."""
+        if self.trim is not None and self.trim.unsupported:
+            return
+        head = _align_up(self.max_bytes // HEAD_SHARE, block)
+        end = (size - self.max_bytes // TAIL_SHARE) // block * block
+        if end <= max(head, self.trim.end if self.trim else 0):
+            return
+        from jobwarden.osapi.sparse import UNSUPPORTED, punch_hole
+
+        try:
+            fd = os.open(self.output, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            punch_hole(fd, head, end - head)  # again over the part freed before: a no-op there
+        except OSError as err:
+            if err.errno in UNSUPPORTED:
+                self.trim = Trim(0, 0, self.max_bytes, unsupported=err.strerror or str(err))
+            return
+        finally:
+            os.close(fd)
+        self.trim = Trim(head, end, self.max_bytes)
 
     def free_bytes(self) -> int | None:
         """Free space on the filesystem holding the log; None when it cannot be read."""
@@ -74,6 +128,75 @@ def _index_entry(line: bytes) -> tuple[float, int] | None:
     return (at, int(parts[1])) if math.isfinite(at) else None
 
 
+def _align_up(n: int, block: int) -> int:
+    return -(-n // block) * block
+
+
+def data_spans(fd: int, start: int, end: int) -> list[tuple[int, int]]:
+    """The ranges of [start, end) that hold data: all of it, but for the hole --log-max freed. Where the
+    file system cannot tell (no SEEK_DATA), all of it."""
+    spans: list[tuple[int, int]] = []
+    pos = start
+    while pos < end:
+        try:
+            data = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as err:
+            if err.errno == errno.ENXIO:  # nothing but a hole from here to the end
+                break
+            return [(start, end)]
+        if data >= end:
+            break
+        hole = os.lseek(fd, data, os.SEEK_HOLE)
+        spans.append((data, min(hole, end)))
+        pos = hole
+    return spans
+
+
+def dropped_marker(n: int) -> bytes:
+    """What the readers show in place of a trimmed range."""
+    return f"[jobwarden: {format_size(n)} of output dropped here to keep the log within --log-max]\n".encode()
+
+
+def read_output(path: Path, offset: int = 0, limit: int = -1) -> bytes:
+    """The log's bytes from `offset` (at most `limit` of them when not negative), with a marker line
+    where --log-max dropped a range."""
+    return b"".join(iter_output(path, offset, limit))
+
+
+def iter_output(path: Path, offset: int = 0, limit: int = -1) -> Iterator[bytes]:
+    """read_output in pieces of at most 1 MiB: a 100 GiB log is never held whole."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed by the `with` below; opened apart to catch only this
+    except FileNotFoundError:
+        return
+    with fh:
+        end = os.fstat(fh.fileno()).st_size
+        if limit >= 0:
+            end = min(end, offset + limit)
+        yield from _with_markers(fh, offset, end)
+
+
+_PIECE = 1 << 20
+
+
+def _with_markers(fh: Any, offset: int, end: int) -> Iterator[bytes]:
+    pos, last = offset, b"\n"
+    for start, stop in data_spans(fh.fileno(), offset, end):
+        if start > pos:
+            yield (b"" if last == b"\n" else b"\n") + dropped_marker(start - pos)
+        fh.seek(start)
+        while start < stop:
+            data = fh.read(min(_PIECE, stop - start))
+            if not data:
+                break
+            start += len(data)
+            last = data[-1:]
+            yield data
+        pos = stop
+    if end > pos:  # a hole up to the end: the job wrote nothing since, or its data is being freed now
+        yield (b"" if last == b"\n" else b"\n") + dropped_marker(end - pos)
+
+
 def read_from(path: Path, offset: int, align_to_line: bool = True, limit: int = -1) -> bytes:
     """Bytes of `path` from `offset`, starting at a line start when `offset` falls mid-line; at most
     `limit` bytes when it is not negative."""
@@ -103,38 +226,52 @@ def tail_lines(path: Path, n: int, block: int = 1 << 16) -> list[bytes]:
         return []
     with fh:
         end = fh.seek(0, os.SEEK_END)
+        # never into a range --log-max freed: its zeros are not output (the newest data starts after it)
+        window = max(0, end - _TAIL_MAX_BYTES - block)
+        spans = data_spans(fh.fileno(), window, end) if end else []
+        floor = spans[-1][0] if spans else end
         blocks, newlines, pos = [], 0, end
         # count per block (linear, not re-scanning a growing buffer) and stop at a cap: a progress bar
         # that never writes "\n" must not make `status` read a whole 100 GiB log
-        while pos > 0 and newlines <= n and end - pos < _TAIL_MAX_BYTES:
-            step = min(block, pos)
+        while pos > floor and newlines <= n and end - pos < _TAIL_MAX_BYTES:
+            step = min(block, pos - floor)
             pos -= step
             fh.seek(pos)
             chunk = fh.read(step)
             blocks.append(chunk)
             newlines += chunk.count(b"\n")
         data = b"".join(reversed(blocks))
+        dropped = _hole_before(fh.fileno(), floor) if pos == floor > window and newlines <= n else 0
     # split on b"\n" only, as `tail -n` does: a progress bar's bare \r redraws one line, not many
     lines = [line + b"\n" for line in data.split(b"\n")]
     lines[-1] = lines[-1][:-1]
     if not lines[-1]:
         lines.pop()
+    if dropped:
+        lines.insert(0, dropped_marker(dropped))
     return lines[-n:]
 
 
+def _hole_before(fd: int, data_start: int) -> int:
+    """The size of the hole that ends at `data_start`."""
+    spans = data_spans(fd, 0, data_start)
+    return data_start - (spans[-1][1] if spans else 0)
+
+
 def follow(path: Path, offset: int, is_done: Callable[[], bool], poll_s: float = 0.1) -> Iterator[bytes]:
-    """Yield new output from `offset` until `is_done()` is true and everything has been read."""
+    """Yield new output from `offset` until `is_done()` is true and everything has been read. A range
+    --log-max freed before it was read is a marker line."""
     while True:
         done = is_done()  # read before the data: no output written before the end is missed
         try:
             with open(path, "rb") as fh:
-                fh.seek(offset)
-                chunk = fh.read()
+                end = os.fstat(fh.fileno()).st_size
+                chunks = list(_with_markers(fh, offset, end)) if end > offset else []
         except FileNotFoundError:
-            chunk = b""
-        if chunk:
-            offset += len(chunk)
-            yield chunk
+            chunks, end = [], offset
+        if chunks:
+            offset = end
+            yield b"".join(chunks)
         elif done:
             return
         else:

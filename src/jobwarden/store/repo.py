@@ -20,6 +20,7 @@ from jobwarden.paths import Layout, ensure_private_dir
 from jobwarden.store import samples
 from jobwarden.store.db import connect, store_id, translate, wal_identity, write
 from jobwarden.store.listing import ListQueries
+from jobwarden.store.queues import QueueMethods
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
 from jobwarden.store.rollup import Bucket, Reading
 from jobwarden.store.samples import SampleMethods
@@ -49,13 +50,29 @@ _RUN_COLUMNS = frozenset(
         "queued_reason",
         "gpu_ids",
         "mem_peak_bytes",
+        "boot_id",
+        "kept",
     }
 )
 
 _MAX_ID = (1 << 63) - 1  # SQLite's INTEGER: a larger number names no job and no run
+# every table holding a job's rows, the job's own last (the others refer to it)
+_JOB_TABLES = (
+    "queue_places",
+    "gpu_claims",
+    "stacks",
+    "findings",
+    "samples_rollup",
+    "samples",
+    "processes",
+    "events",
+    "runs",
+    "jobs",
+)
+LAST_JOB = "@last"  # a JOB argument naming the newest job (no name can be it: names never start with @)
 
 
-class Store(SampleMethods, ListQueries):
+class Store(SampleMethods, ListQueries, QueueMethods):
     def __init__(self, home: Path) -> None:
         self.layout = Layout(ensure_private_dir(home))
         if self.layout.database_place.moved:  # the home is on a network file system: WAL needs local disk
@@ -68,6 +85,9 @@ class Store(SampleMethods, ListQueries):
 
     def close(self) -> None:
         self._conn.close()
+
+    def _db_path(self) -> Path:
+        return self.layout.database
 
     def reopen_if_wal_replaced(self) -> bool:
         """For a long-lived connection (a shim's): True when the write-ahead log it writes to is no longer
@@ -107,17 +127,22 @@ class Store(SampleMethods, ListQueries):
     # --- jobs -------------------------------------------------------------------------------------
 
     def create_job(
-        self, spec: JobSpec, options: dict[str, Any], now: float, state: JobState = JobState.STARTING
+        self,
+        spec: JobSpec,
+        options: dict[str, Any],
+        now: float,
+        state: JobState = JobState.STARTING,
+        rerun_of: int | None = None,
     ) -> tuple[int, int]:
         """A new job with its first run; returns (job id, run number). The run directory is made too. Should
         anything fail or be interrupted (Ctrl-C) once the rows are written, they are removed: nothing will
-        start the job, and no ghost may be left `starting`."""
+        start the job, and no ghost may be left `starting`. `rerun_of`: the job it repeats (`rerun`)."""
         job_id = 0
         try:
             with write(self._conn):
                 cur = self._conn.execute(
-                    "INSERT INTO jobs (id, name, command, cwd, env, options, created_at) "
-                    "VALUES (?,?,?,?,?,?,?)",
+                    "INSERT INTO jobs (id, name, command, cwd, env, options, created_at, rerun_of, queue) "
+                    "VALUES (?,?,?,?,?,?,?,?,?)",
                     (
                         self._unused_job_id(),
                         spec.name,
@@ -126,6 +151,8 @@ class Store(SampleMethods, ListQueries):
                         json.dumps(spec.env),
                         json.dumps(options),
                         now,
+                        rerun_of,
+                        options.get("queue"),
                     ),
                 )
                 job_id = int(cur.lastrowid or 0)
@@ -164,16 +191,33 @@ class Store(SampleMethods, ListQueries):
         return ensure_private_dir(self.layout.run_dir(job_id, run))
 
     def job(self, ref: str | int) -> JobRecord:
-        """A job by id, or by name (the newest job of that name)."""
+        """A job by id, by name (the newest job of that name), or `@last` (the newest job of all): the one
+        place every JOB argument is resolved."""
         text = str(ref)
         row = None
-        if text.isascii() and text.isdigit() and int(text) <= _MAX_ID:  # '²'.isdigit() is True
+        if text == LAST_JOB:
+            row = self._exec("SELECT * FROM jobs ORDER BY id DESC LIMIT 1").fetchone()
+            if row is None:
+                raise JobNotFound(text)
+        elif text.isascii() and text.isdigit() and int(text) <= _MAX_ID:  # '²'.isdigit() is True
             row = self._exec("SELECT * FROM jobs WHERE id = ?", (int(text),)).fetchone()
         if row is None:
             row = self._exec("SELECT * FROM jobs WHERE name = ? ORDER BY id DESC LIMIT 1", (text,)).fetchone()
         if row is None:
             raise JobNotFound(text)
         return JobRecord.from_row(row)
+
+    def unfinished_namesakes(self, name: str, job_id: int) -> list[int]:
+        """Ids of the other jobs named `name` that are not over (their latest run active or lost), oldest
+        first: a name shared by two live jobs means only the newest of them (`Store.job`)."""
+        live = ", ".join("?" * len(UNFINISHED_STATES))
+        rows = self._exec(
+            "SELECT j.id FROM jobs j JOIN runs r ON r.job_id = j.id AND r.n = "
+            "(SELECT MAX(m.n) FROM runs m WHERE m.job_id = j.id) "
+            f"WHERE j.name = ? AND j.id != ? AND r.state IN ({live}) ORDER BY j.id",
+            (name, job_id, *sorted(UNFINISHED_STATES)),
+        )
+        return [int(r[0]) for r in rows]
 
     def job_refs(self, limit: int = 500) -> list[tuple[int, str]]:
         """(id, name) of the newest jobs, newest first: what a shell completion offers."""
@@ -184,23 +228,21 @@ class Store(SampleMethods, ListQueries):
         return [JobRecord.from_row(r) for r in self._exec("SELECT * FROM jobs ORDER BY id")]
 
     def delete_job(self, job_id: int) -> None:
+        self.delete_jobs([job_id])
+
+    def delete_jobs(self, job_ids: Sequence[int]) -> None:
+        """Forget jobs and everything recorded of them, in one transaction."""
         try:
             with write(self._conn):
-                for table in (
-                    "gpu_claims",
-                    "stacks",
-                    "findings",
-                    "samples_rollup",
-                    "samples",
-                    "processes",
-                    "events",
-                    "runs",
-                    "jobs",
-                ):
-                    column = "id" if table == "jobs" else "job_id"
-                    self._conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (job_id,))
+                for job_id in job_ids:
+                    self._delete_rows(job_id)
         except sqlite3.Error as err:
             raise translate(err, self.layout.database) from err
+
+    def _delete_rows(self, job_id: int) -> None:
+        for table in _JOB_TABLES:
+            column = "id" if table == "jobs" else "job_id"
+            self._conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (job_id,))
 
     # --- runs -------------------------------------------------------------------------------------
 

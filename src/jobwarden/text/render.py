@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
 from jobwarden.model import ENDED_STATES, JobState, Ranks
+from jobwarden.text.habits import habit_lines
 from jobwarden.text.sanitize import one_line
 from jobwarden.text.term import colour_wanted, table
 
@@ -118,6 +119,7 @@ def status_report(status: JobStatus, now: float) -> Iterator[str]:
     if run.error:
         yield f"  error        {run.error}"
     yield f"  log          {status.log_path}"
+    yield from habit_lines(status)  # rerun of, log dropped, kept processes, failed notifications
     for path in status.disk_full_paths:
         yield f"  WARNING      the disk holding the log filled up ({path}); output may be lost"
     for error in status.group_errors:
@@ -185,9 +187,9 @@ def stop_report(result: StopResult) -> Iterator[str]:
     run = result.run
     if result.already_ended:
         yield f"job {run.job_id} had already ended ({run.state})"
-        return
-    how = f"killed by {run.signal}" if run.signal else f"exit code {run.exit_code}"
-    yield f"stopped job {run.job_id} (main process: {how})"
+    else:
+        how = f"killed by {run.signal}" if run.signal else f"exit code {run.exit_code}"
+        yield f"stopped job {run.job_id} (main process: {how})"
     for note in result.notes:
         yield f"  {note}"
     for s in result.survivors:
