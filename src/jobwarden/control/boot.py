@@ -17,13 +17,14 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
 from jobwarden.errors import JobwardenError, UsageError
 
 UNIT_NAME = "jobwarden-resume.service"
+RESUME_LOG = "resume.log"  # under the home: what `resume` said at boot, from cron (systemd's journal has it)
 CRON_MARK = "# jobwarden boot: resume the jobs a reboot ended"
 SYSTEMD_RUNNING = Path("/run/systemd/system")  # sd_booted(3): systemd is PID 1 when this exists
 LINGER_DIR = Path("/var/lib/systemd/linger")
@@ -48,10 +49,16 @@ class BootPlan(NamedTuple):
         }
 
 
-def resume_command(home: Path, environ: Mapping[str, str]) -> list[str]:
-    """The command run at boot, as an argument list (the environment it needs first, as `env` takes it)."""
-    path = environ.get("PATH") or os.defpath
-    return ["env", f"JOBWARDEN_HOME={home}", f"PATH={path}", sys.executable, "-m", "jobwarden", "resume"]
+class BootCommand(NamedTuple):
+    """What runs at boot: `argv` with `env` set (the home in force, and this shell's PATH)."""
+
+    env: dict[str, str]
+    argv: list[str]
+
+
+def resume_command(home: Path, environ: Mapping[str, str]) -> BootCommand:
+    env = {"JOBWARDEN_HOME": str(home), "PATH": environ.get("PATH") or os.defpath}
+    return BootCommand(env, [sys.executable, "-m", "jobwarden", "resume"])
 
 
 def choose_method(method: str, systemd_marker: Path = SYSTEMD_RUNNING) -> str:
@@ -68,8 +75,12 @@ def unit_dir(environ: Mapping[str, str]) -> Path:
     return Path(base) / "systemd" / "user"
 
 
-def unit_text(command: Sequence[str]) -> str:
-    """The user unit. ExecStart takes the command as systemd quotes it (shlex quoting is a subset)."""
+def unit_text(command: BootCommand) -> str:
+    """The user unit. Its command line is quoted as systemd reads it (systemd.service(5), "Command
+    lines": double quotes, C escapes; `%` and `$` doubled, or systemd would expand them)."""
+    environment = "".join(
+        f"Environment={_systemd_word(f'{k}={v}', dollar=False)}\n" for k, v in command.env.items()
+    )
     return (
         "# Written by `jobwarden boot enable`; `jobwarden boot disable` removes it.\n"
         "[Unit]\n"
@@ -77,20 +88,22 @@ def unit_text(command: Sequence[str]) -> str:
         "\n"
         "[Service]\n"
         "Type=oneshot\n"
-        f"ExecStart={_systemd_escaped(shlex.join(command))}\n"
+        f"{environment}"
+        f"ExecStart={' '.join(_systemd_word(arg) for arg in command.argv)}\n"
         "\n"
         "[Install]\n"
         "WantedBy=default.target\n"
     )
 
 
-def _systemd_escaped(text: str) -> str:
-    """systemd expands specifiers (%h) and variables ($X) in ExecStart, quoted or not: doubled, they are
-    literal (systemd.service(5), "Command lines")."""
-    return text.replace("%", "%%").replace("$", "$$")
+def _systemd_word(text: str, dollar: bool = True) -> str:
+    quoted = text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    if dollar:  # ExecStart expands $VAR; Environment= does not
+        quoted = quoted.replace("$", "$$")
+    return f'"{quoted}"' if quoted != text or any(c.isspace() for c in text) or not text else text
 
 
-def enable_systemd(environ: Mapping[str, str], command: Sequence[str], user: str) -> BootPlan:
+def enable_systemd(environ: Mapping[str, str], command: BootCommand, user: str) -> BootPlan:
     directory = unit_dir(environ)
     unit, link = directory / UNIT_NAME, directory / "default.target.wants" / UNIT_NAME
     text = unit_text(command)
@@ -133,9 +146,12 @@ def systemd_status(environ: Mapping[str, str]) -> BootPlan:
 # --- cron ---------------------------------------------------------------------------------------------
 
 
-def cron_line(command: Sequence[str]) -> str:
-    """The @reboot line. cron hands the command to /bin/sh, and reads an unescaped % as a newline."""
-    return f"@reboot {shlex.join(command).replace('%', chr(92) + '%')} {CRON_MARK}"
+def cron_line(command: BootCommand, log: Path) -> str:
+    """The @reboot line: `VAR=value ... command >> log 2>&1`. cron hands it to /bin/sh, and reads an
+    unescaped % as a newline."""
+    assigned = " ".join(f"{k}={shlex.quote(v)}" for k, v in command.env.items())
+    line = f"{assigned} {shlex.join(command.argv)} >> {shlex.quote(str(log))} 2>&1"
+    return f"@reboot {line.replace('%', chr(92) + '%')} {CRON_MARK}"
 
 
 def with_cron_line(crontab: str, line: str | None) -> str:
@@ -188,9 +204,9 @@ def system_crontab() -> Crontab:
     return Crontab(read, install)
 
 
-def enable_cron(crontab: Crontab, command: Sequence[str]) -> BootPlan:
+def enable_cron(crontab: Crontab, command: BootCommand, log: Path) -> BootPlan:
     before = crontab.read()
-    after = with_cron_line(before, cron_line(command))
+    after = with_cron_line(before, cron_line(command, log))
     if after != before:
         crontab.install(after)
     return BootPlan("cron", True, "crontab", after != before)
@@ -236,7 +252,7 @@ def boot(
         return systemd_status(env)
     tab = crontab or system_crontab()
     if action == "enable":
-        return enable_cron(tab, resume_command(home, env))
+        return enable_cron(tab, resume_command(home, env), home / RESUME_LOG)
     return disable_cron(tab) if action == "disable" else cron_status(tab)
 
 

@@ -389,9 +389,8 @@ def check_disk(home: Path, free: int | None) -> Check:
 def check_config(config: ConfigFacts) -> Check:
     name = "config file"
     if config.error:
-        return Check(
-            name, FAIL, config.error, f"fix it, or move it aside: mv {config.path} {config.path}.off"
-        )
+        what = config.error.removeprefix("config file ")  # the check's name says it
+        return Check(name, FAIL, what, f"fix it, or move it aside: mv {config.path} {config.path}.off")
     if not config.exists:
         return Check(name, OK, f"none at {config.path}: run's built-in defaults apply")
     sets = "; ".join(config.settings) if config.settings else "nothing"

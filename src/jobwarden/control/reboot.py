@@ -66,13 +66,16 @@ def mark_rebooted(store: Store, procfs: ProcFS, job: JobRecord | JobSummary, run
             error=error,
             queued_reason=None,
         ):
-            store.add_finding(job.id, run.n, now, reboot_finding(job.id, run, boot, ended))
+            restarts = store.job(job.id).options.restart != "no"  # once a run: a list holds summaries
+            store.add_finding(job.id, run.n, now, reboot_finding(job.id, run, boot, ended, restarts))
     except StoreError:  # a full disk: still show the truth, record it next time
         return run._replace(state=JobState.FAILED, end_reason=EndReason.REBOOT, ended_at=ended, error=error)
     return store.run(job.id, run.n)
 
 
-def reboot_finding(job_id: int, run: RunRecord, boot_now: str | None, booted_at: float) -> Finding:
+def reboot_finding(
+    job_id: int, run: RunRecord, boot_now: str | None, booted_at: float, restarts: bool = False
+) -> Finding:
     was = {JobState.QUEUED: "waiting to start", JobState.LOST: "running unsupervised"}.get(
         run.state, "running"
     )
@@ -85,8 +88,13 @@ def reboot_finding(job_id: int, run: RunRecord, boot_now: str | None, booted_at:
             f"the run's supervisor ran under boot id {run.boot_id}",
             f"this boot ({boot_now or 'boot id unknown'}) began at {iso(booted_at)}",
         ),
-        remedy=f"`jobwarden rerun {job_id}` starts it again now; for jobs to come back by themselves, run "
-        "them with --restart on-failure (or always) and `jobwarden boot enable` once",
+        remedy=(
+            "`jobwarden resume` starts it again as its next run (it has --restart), with every such job; "
+            "`jobwarden boot enable` has that done at each boot"
+            if restarts
+            else f"`jobwarden rerun {job_id}` starts it again now; for jobs to come back by themselves, run "
+            "them with --restart on-failure (or always) and `jobwarden boot enable` once"
+        ),
     )
 
 
