@@ -157,6 +157,13 @@ class Store(SampleMethods, ListQueries, QueueMethods):
                 )
                 job_id = int(cur.lastrowid or 0)
                 self._conn.execute("INSERT INTO runs (job_id, n, state) VALUES (?, 1, ?)", (job_id, state))
+                if options.get("queue") and not options.get("after"):
+                    # in line from the moment it exists: a job made later never passes it, however soon
+                    # its own shim looks (one waiting for --after joins the line once it may start)
+                    self._conn.execute(
+                        "INSERT INTO queue_places (queue, job_id, run, holding, since) VALUES (?,?,1,0,?)",
+                        (options["queue"], job_id, now),
+                    )
                 self._conn.execute(
                     "INSERT INTO events (job_id, run, at, kind) VALUES (?, 1, ?, 'created')", (job_id, now)
                 )
