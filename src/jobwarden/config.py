@@ -112,6 +112,11 @@ def parse_size(text: str, option: str = "") -> int:
     return value
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """'1 descendant', '2 descendants': a count with its noun in the right number, never 'descendant(s)'."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def format_duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     days, rest = divmod(seconds, 86400)

@@ -120,4 +120,4 @@ def test_doctor_reports_a_working_nvml(jw: Jobwarden, tmp_path: Path) -> None:
     fakenvml.write_state(nvml, {"devices": [fakenvml.device(0), fakenvml.device(1)]})
     jw.env[fakenvml.FAKE_NVML_ENV] = str(nvml)
     gpu = checks(jw)["GPU (NVML)"]
-    assert gpu["status"] == "ok" and "2 GPU(s)" in gpu["message"]
+    assert gpu["status"] == "ok" and "2 GPUs" in gpu["message"]

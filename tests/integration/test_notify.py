@@ -132,7 +132,7 @@ def test_close_gives_up_after_its_own_bound(server: Server) -> None:
     started = time.monotonic()
     notifier.close(0.5)
     assert time.monotonic() - started < 5
-    assert log == ["notify: gave up waiting after 0.5s; 1 event(s) not delivered"]
+    assert log == ["notify: gave up waiting after 0.5s; 1 event not delivered"]
 
 
 def test_the_on_event_command_gets_the_json_on_stdin(tmp_path: Path) -> None:
@@ -300,7 +300,7 @@ def test_a_hook_still_running_when_the_notifier_gives_up_is_killed(tmp_path: Pat
     assert time.monotonic() - started < 10
     wait_pid_gone(hook, timeout_s=10)
     wait_pid_gone(int(child.read_text()), timeout_s=10)
-    assert log[0] == "notify: gave up waiting after 0.2s; 1 event(s) not delivered"
+    assert log[0] == "notify: gave up waiting after 0.2s; 1 event not delivered"
     assert log[1] == "notify: --on-event command for failed failed: cancelled (its session was killed)"
     notifier.deliver(EVENT)  # closed: refused, not queued
     assert log[2] == "notify: closed; 'failed' not delivered"

@@ -3,6 +3,7 @@ and, for any text at all, a UserConfig or a one-line UsageError, never another e
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -132,10 +133,10 @@ def test_any_run_table_parses_or_is_one_usage_error(values: dict[str, object]) -
         config = parse_config(text, PATH)
     except UsageError as err:
         assert err.message.startswith(f"config file {PATH}") and "\n" not in err.message
-        bad = [key for key in values if key in err.message]
-        assert bad, err.message  # the key is named
-        line = text.splitlines().index(next(line for line in text.splitlines() if line.startswith(bad[0])))
-        assert f" line {line + 1}: " in err.message
+        named = re.match(rf"config file {re.escape(str(PATH))} line (\d+): ([\w-]+): ", err.message)
+        assert named, err.message  # the line and the key are named
+        line, key = int(named.group(1)), named.group(2)
+        assert key in values and text.splitlines()[line - 1].startswith(f"{key} = ")
     else:
         assert set(config.run) == set(values)
 

@@ -112,7 +112,7 @@ def test_a_job_without_gpus_starts_as_before(home: Path, started: list[Any]) -> 
     ("argv", "message"),
     [
         (["--gpus", "5"], "--gpus: asks for 5 GPUs, this machine has 4"),
-        (["--gpu-ids", "1,7"], "--gpu-ids: no GPU 7 here: this machine has 4 GPU(s) (0-3)"),
+        (["--gpu-ids", "1,7"], "--gpu-ids: no GPU 7 here: this machine has 4 GPUs (0-3)"),
     ],
 )
 def test_a_request_this_machine_cannot_meet_is_refused_and_nothing_is_recorded(

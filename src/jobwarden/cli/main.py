@@ -240,8 +240,8 @@ def _engine_arguments(run: argparse.ArgumentParser) -> None:
 
 
 def _explain_arguments(explain: argparse.ArgumentParser) -> None:
-    explain.add_argument("job", metavar="JOB", nargs="?")
-    explain.add_argument("--run", type=int, metavar="N")
+    explain.add_argument("job", metavar="JOB", nargs="?", help="an id, a name (its newest job) or @last")
+    explain.add_argument("--run", type=int, metavar="N", help="an earlier attempt (default: the last)")
     explain.add_argument("--group", metavar="ID", help="one verdict for every rank of a distributed job")
     explain.add_argument("--attempt", type=int, metavar="K", help="with --group: that attempt (default last)")
     explain.add_argument(
@@ -255,36 +255,38 @@ def _explain_arguments(explain: argparse.ArgumentParser) -> None:
         metavar="DUR",
         help="with --group: clocks closer than this tie (default 2s)",
     )
-    explain.add_argument("--json", action="store_true")
+    explain.add_argument("--json", action="store_true", help="the findings as JSON, root cause first")
 
 
 def _ps_arguments(ps: argparse.ArgumentParser) -> None:
     ps.add_argument("-a", "--all", action="store_true", help="include ended jobs")
     ps.add_argument("--last", metavar="N", help="only the N newest of the jobs listed")
-    ps.add_argument("--json", action="store_true")
+    ps.add_argument("--json", action="store_true", help="the jobs as a JSON list")
 
 
 def _status_arguments(status: argparse.ArgumentParser) -> None:
-    status.add_argument("job", metavar="JOB")
-    status.add_argument("--run", type=int, metavar="N")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("job", metavar="JOB", help="an id, a name (its newest job) or @last")
+    status.add_argument("--run", type=int, metavar="N", help="an earlier attempt (default: the last)")
+    status.add_argument("--json", action="store_true", help="the whole record as JSON")
 
 
 def _logs_arguments(logs: argparse.ArgumentParser) -> None:
-    logs.add_argument("job", metavar="JOB")
-    logs.add_argument("-f", "--follow", action="store_true")
+    logs.add_argument("job", metavar="JOB", help="an id, a name (its newest job) or @last")
+    logs.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing what the job writes until it ends"
+    )
     logs.add_argument("-n", "--lines", type=int, metavar="N", help="only the last N lines")
     logs.add_argument("--since", metavar="DUR", help="only output written in the last DUR (e.g. 10m)")
     logs.add_argument("--run", type=int, metavar="N", help="an earlier attempt")
 
 
 def _stop_arguments(stop: argparse.ArgumentParser) -> None:
-    stop.add_argument("job", metavar="JOB")
+    stop.add_argument("job", metavar="JOB", help="an id, a name (its newest job) or @last")
     stop.add_argument("--grace", metavar="DUR", help="SIGTERM -> SIGKILL delay (default: the job's, 10s)")
     stop.add_argument(
         "--force", action="store_true", help="SIGKILL what is left now; cuts short a stop already waiting"
     )
-    stop.add_argument("--json", action="store_true")
+    stop.add_argument("--json", action="store_true", help="how it ended and what survived, as JSON")
 
 
 def _wait_arguments(wait: argparse.ArgumentParser) -> None:
@@ -298,21 +300,17 @@ def _wait_arguments(wait: argparse.ArgumentParser) -> None:
 
 
 def _job_and_json(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("job", metavar="JOB")
-    parser.add_argument("--json", action="store_true")
-
-
-def _job_only(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("job", metavar="JOB")
+    parser.add_argument("job", metavar="JOB", help="an id, a name (its newest job) or @last")
+    parser.add_argument("--json", action="store_true", help="the answer as JSON")
 
 
 def _dump_arguments(dump: argparse.ArgumentParser) -> None:
-    dump.add_argument("job", metavar="JOB")
+    dump.add_argument("job", metavar="JOB", help="an id, a name (its newest job) or @last")
     dump.add_argument(
         "--no-native", action="store_true", help="Python frames only: each process is paused for less time"
     )
     dump.add_argument("--timeout", metavar="DUR", help="the most the whole capture may take (default 5s)")
-    dump.add_argument("--json", action="store_true")
+    dump.add_argument("--json", action="store_true", help="the stacks as JSON")
 
 
 def _completion_arguments(parser: argparse.ArgumentParser) -> None:
@@ -322,11 +320,13 @@ def _completion_arguments(parser: argparse.ArgumentParser) -> None:
 def _orphans_arguments(orphans: argparse.ArgumentParser) -> None:
     orphans.add_argument("--kill", action="store_true", help="end them (SIGTERM, grace, SIGKILL)")
     orphans.add_argument("--grace", metavar="DUR", help="with --kill: SIGTERM -> SIGKILL delay (default 10s)")
-    orphans.add_argument("--json", action="store_true")
+    orphans.add_argument(
+        "--json", action="store_true", help="the strays (with --kill: what became of them) as JSON"
+    )
 
 
 def _metrics_arguments(metrics: argparse.ArgumentParser) -> None:
-    metrics.add_argument("job", metavar="JOB")
+    metrics.add_argument("job", metavar="JOB", help="an id, a name (its newest job) or @last")
     metrics.add_argument("--run", type=int, metavar="N", help="an earlier attempt")
     metrics.add_argument("--since", metavar="DUR", help="only the last DUR (e.g. 10m, 6h, 2d)")
     metrics.add_argument("--json", action="store_true", help="the samples as a JSON list, oldest first")
@@ -356,7 +356,7 @@ def _web_arguments(web: argparse.ArgumentParser) -> None:
 
 
 def _json_only(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="the report as JSON")
 
 
 _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {

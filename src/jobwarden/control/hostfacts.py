@@ -117,7 +117,7 @@ def probe_nvml() -> tuple[str, str, str]:
     finally:
         probe.close()
     where = "" if probe.source == "nvml" else f" ({probe.source})"
-    return ("ok", f"NVML works{where}: {count} GPU(s)", "")
+    return ("ok", f"NVML works{where}: {config.counted(count, 'GPU')}", "")
 
 
 def find_interpreters() -> list[Interpreter]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from jobwarden.config import counted
 from jobwarden.errors import UsageError
 from jobwarden.joboptions import JobOptions
 from jobwarden.observations import GpuDevice, GpuProcess
@@ -231,8 +232,9 @@ def impossible_request(request: GpuRequest, total: int) -> str | None:
     if request.ids is not None:
         missing = [i for i in request.ids if i >= total]
         if missing:
-            return f"no GPU {cuda_visible_devices(missing)} here: this machine has {total} GPU(s)" + (
-                f" (0-{total - 1})" if total else ""
+            return (
+                f"no GPU {cuda_visible_devices(missing)} here: this machine has {counted(total, 'GPU')}"
+                + (f" (0-{total - 1})" if total else "")
             )
     elif request.count > total:
         return f"asks for {request.count} GPUs, this machine has {total}"

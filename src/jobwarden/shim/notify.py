@@ -21,6 +21,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
+from jobwarden.config import counted
 from jobwarden.errors import JobwardenError
 from jobwarden.joboptions import JobOptions
 from jobwarden.model import Finding
@@ -205,7 +206,7 @@ class Notifier:
             self._queue.clear()
             cancel, hook_running = self._cancel, bool(self._helpers)
         if gave_up:
-            self.log(f"notify: gave up waiting after {timeout_s:g}s; {left} event(s) not delivered")
+            self.log(f"notify: gave up waiting after {timeout_s:g}s; {counted(left, 'event')} not delivered")
         if gave_up and cancel is not None:
             os.write(cancel[1], b"x")  # stays readable: a hook starting just now is cancelled at once
             if worker is not None and hook_running:

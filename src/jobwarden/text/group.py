@@ -6,6 +6,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from jobwarden.config import counted
+
 if TYPE_CHECKING:
     from jobwarden.control.groupview import GroupView
     from jobwarden.rules.group import RankVerdict
@@ -21,7 +23,8 @@ def group_report(view: GroupView) -> Iterator[str]:
     if v.missing_nodes:
         yield f"  never reported: {', '.join(v.missing_nodes)} (no records from these nodes)"
     if view.torn_lines:
-        yield f"  skipped {view.torn_lines} torn line(s) (a writer died mid-record, or it is still arriving)"
+        torn = counted(view.torn_lines, "torn line")
+        yield f"  skipped {torn} (a writer died mid-record, or it is still arriving)"
     code = view.requeue_code()
     if code is not None:
         yield f"  retryable: --exit-status gives the requeue code {code}"
@@ -61,7 +64,7 @@ def _ranks_text(ranks: Sequence[RankVerdict]) -> str:
     unnamed = len(ranks) - len(numbers)
     parts = [_span(a, b) for a, b in _runs(numbers)]
     if unnamed:
-        parts.append(f"{unnamed} node(s) of unknown ranks")
+        parts.append(f"{counted(unnamed, 'node')} of unknown ranks")
     label = "rank" if len(numbers) == 1 and not unnamed else "ranks"
     return f"{label} {', '.join(parts)}" if numbers else parts[0]
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from jobwarden.clock import iso
-from jobwarden.config import format_duration, format_size
+from jobwarden.config import counted, format_duration, format_size
 from jobwarden.model import ENDED_STATES, JobState, Ranks
 from jobwarden.text.habits import habit_lines
 from jobwarden.text.sanitize import one_line
@@ -110,7 +110,7 @@ def status_report(status: JobStatus, now: float) -> Iterator[str]:
         yield f"  pid          {run.pid} (supervisor {run.shim_pid})"
     yield f"  containment  {run.containment or '-'}"
     if run.queued_reason:
-        yield f"  waiting      {run.queued_reason}"
+        yield f"  queued       {run.queued_reason}"
     if run.gpu_ids:
         yield f"  gpus         {','.join(str(i) for i in run.gpu_ids)}"
     yield f"  started      {iso(run.started_at) or '-'}"
@@ -127,7 +127,8 @@ def status_report(status: JobStatus, now: float) -> Iterator[str]:
     yield from _process_table(status.processes)
     if run.orphans_left:
         yield ""
-        yield f"  {len(run.orphans_left)} descendant(s) were still running when the main process ended:"
+        n, were = len(run.orphans_left), "was" if len(run.orphans_left) == 1 else "were"
+        yield f"  {counted(n, 'descendant')} {were} still running when the main process ended:"
         for o in run.orphans_left:
             yield f"    {o['pid']}  {one_line(o['cmdline'])[:90]}"
     if run.survivors:
@@ -250,11 +251,11 @@ def process_stack_lines(stack: ProcessStack, ranks: Ranks | None = None) -> Iter
         for frame in thread.frames:
             yield f"      {_frame_text(frame)}"
         if twins:
-            yield f"    + {len(twins)} more idle thread(s) with this stack: " + ", ".join(
+            yield f"    + {counted(len(twins), 'more idle thread')} with this stack: " + ", ".join(
                 _thread_name(t) for t in twins
             )
     if frameless:
-        yield f"  {len(frameless)} thread(s) without Python frames: " + ", ".join(
+        yield f"  {counted(len(frameless), 'thread')} without Python frames: " + ", ".join(
             f"{_thread_name(t)} {t.state or '?'}" for t in frameless
         )
 
@@ -393,8 +394,8 @@ def doctor_report(report: dict[str, Any]) -> Iterator[str]:
             yield f"      {' ' * width}  fix: {c['fix']}"
     yield ""
     if report["failed"]:
-        yield f"{report['failed']} check(s) failed, {report['warnings']} warning(s)"
+        yield f"{counted(report['failed'], 'check')} failed, {counted(report['warnings'], 'warning')}"
     elif report["warnings"]:
-        yield f"no failures; {report['warnings']} warning(s): jobwarden works, with the limits above"
+        yield f"no failures; {counted(report['warnings'], 'warning')}: jobwarden works, with the limits above"
     else:
         yield "all checks passed"
