@@ -197,6 +197,8 @@ ROOT_CAUSE_ORDER = (
     "no-progress",
     "stopped-by-user",
     "cancelled-by-engine",
+    "machine-rebooted",
+    "dependency-failed",
     "timeout",
     "python-exception",
     "native-crash",
@@ -206,6 +208,7 @@ ROOT_CAUSE_ORDER = (
     "exit-code",
     "gpu-idle",
     "disk-full",
+    "notify-failed",
     "orphans-left",
     "supervisor-lost",
 )
