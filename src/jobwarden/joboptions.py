@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from jobwarden.config import DEFAULT_GRACE_S, DEFAULT_MAX_RESTARTS
+from jobwarden.config import DEFAULT_GRACE_S, DEFAULT_LOG_MAX_BYTES, DEFAULT_MAX_RESTARTS
 
 VERSION = 1
 
@@ -49,6 +49,11 @@ class JobOptions(NamedTuple):
     after: tuple[int, ...] = ()  # --after JOB: job ids that must succeed before this one starts
     queue: str | None = None  # --queue NAME: wait for a place in this queue
     web_url: str | None = None  # the config file's [web] url: the job page's address in notifications
+
+    @property
+    def log_cap_bytes(self) -> int:
+        """The cap on output.log on disk (--log-max, else the default); 0: none (--log-max off)."""
+        return DEFAULT_LOG_MAX_BYTES if self.log_max_bytes is None else self.log_max_bytes
 
     @property
     def wants_gpus(self) -> bool:

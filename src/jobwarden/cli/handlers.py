@@ -119,7 +119,11 @@ def _launched(
 
 def _with_config_defaults(args: argparse.Namespace) -> str | None:
     """The config file's [run] values for the flags not given (a flag overrides the file); returns its
-    [web] url. Without a file, one stat() (control.configfile)."""
+    [web] url. Without a file, one stat() and nothing more loaded (control.configfile)."""
+    from jobwarden.paths import config_file
+
+    if not os.path.lexists(config_file()):
+        return None
     from jobwarden.control.configfile import RUN_KEYS, defaults_for, load_config
 
     user = load_config()

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from jobwarden.errors import UsageError
+from jobwarden.paths import config_file
 
-CONFIG_NAME = "config.toml"
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few lines; a larger file is not one
 
 # [run]'s keys: run's long options with `_`, and what a value may be. `str`: text checked as the flag's
@@ -83,9 +83,7 @@ class UserConfig(NamedTuple):
 
 
 def config_path(environ: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if environ is None else environ
-    base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME") or Path.home()) / ".config")
-    return Path(base) / "jobwarden" / CONFIG_NAME
+    return config_file(environ)
 
 
 def load_config(environ: Mapping[str, str] | None = None) -> UserConfig | None:

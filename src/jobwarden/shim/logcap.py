@@ -1,22 +1,14 @@
 """--log-max, the shim's side: what store.logfiles.LogWatcher trimmed, written down as `log-trimmed`
 events (`status` says how much output was dropped, and where). A chatty job trims every few ticks; one
-event a minute, and the last at the run's end, say it all without filling the events table."""
+event a minute, and the last at the run's end, say it all without filling the events table. Loaded at the
+first trim: most runs never need it."""
 
 from __future__ import annotations
 
-from jobwarden import config
-from jobwarden.joboptions import JobOptions
 from jobwarden.shim.recorder import RunRecorder, log
 from jobwarden.store.logfiles import LogWatcher, Trim
 
 NOTE_EVERY_S = 60.0
-
-
-def log_cap(options: JobOptions) -> int:
-    """The run's cap on output.log, in bytes on disk; 0: none (--log-max off)."""
-    if options.log_max_bytes is None:
-        return config.DEFAULT_LOG_MAX_BYTES
-    return options.log_max_bytes
 
 
 class TrimNotes:

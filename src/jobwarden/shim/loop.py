@@ -22,7 +22,6 @@ from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, STORE_ENV
 from jobwarden.shim.enginestop import EngineLink, engine_signals
 from jobwarden.shim.jobos import JobOS, SystemJobOS
-from jobwarden.shim.logcap import TrimNotes, log_cap
 from jobwarden.shim.recorder import RunRecorder, log
 from jobwarden.shim.sampler import Sampler
 from jobwarden.shim.tree import Member
@@ -32,6 +31,7 @@ from jobwarden.store.logfiles import LogWatcher
 if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it loads the diagnosis
     from jobwarden.observations import OomEvidence
     from jobwarden.shim.diagnosis import Diagnoser, Verdict
+    from jobwarden.shim.logcap import TrimNotes
     from jobwarden.shim.notify import Notifier
     from jobwarden.shim.resources import MemoryGuard
 
@@ -69,11 +69,13 @@ class SupervisorLoop:
         self._carried: set[int] = set()  # signals the previous attempt received and did not act on
         self.timeout_at: float | None = None
         self.logs = LogWatcher(
-            self.layout.output_log(job.id, run), self.layout.output_index(job.id, run), log_cap(job.options)
+            self.layout.output_log(job.id, run),
+            self.layout.output_index(job.id, run),
+            job.options.log_cap_bytes,
         )
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.record = RunRecorder(store, job.id, run, self.logs, clock)
-        self.trims = TrimNotes(self.logs, self.record)  # --log-max: what was dropped, said in `status`
+        self._trims: TrimNotes | None = None  # --log-max: what was dropped, said in `status`
         self.record.open_group(job)
         self.sampler = Sampler(procfs, self.record)
         self.diag: Diagnoser | None = None
@@ -192,7 +194,7 @@ class SupervisorLoop:
         gpu = self.diag.gpu if self.diag else None
         reading = self.sampler.reading(now, snaps, self.tree.members.values(), gpu)
         self.logs.index(now)
-        self.trims.note(now, self.clock.monotonic())
+        self.note_trims(now)
         self.record.check_disk(now)
         # an idle tree is not rewritten every second
         if self.tree.worth_recording(snaps, now) and self.sampler.write(now, snaps, reading):
@@ -205,6 +207,16 @@ class SupervisorLoop:
             record_outcomes(self.store, self.job.id, self.notifier, log)
         if self.diag:
             self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic()))
+
+    def note_trims(self, now: float, final: bool = False) -> None:
+        """What --log-max dropped, as events (shim.logcap, loaded at the first trim)."""
+        if self.logs.trim is None:
+            return
+        if self._trims is None:
+            from jobwarden.shim.logcap import TrimNotes
+
+            self._trims = TrimNotes(self.logs, self.record)
+        self._trims.note(now, self.clock.monotonic(), final)
 
     def _with_gpu_memory(self, snaps: list[ProcessSnapshot]) -> list[ProcessSnapshot]:
         """Each process's GPU memory (NVML, sampled every few seconds) for `status` and the store."""

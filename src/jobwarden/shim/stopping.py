@@ -45,7 +45,7 @@ class StoppingSupervisor(SupervisorLoop):
             orphans = [{"pid": m.pid, "cmdline": m.cmdline} for m in self.tree.members.values()]
             survivors = self.terminate_tree(self.job.options.grace_s)
         self.logs.index(self.clock.wall())
-        self.trims.note(self.clock.wall(), self.clock.monotonic(), final=True)
+        self.note_trims(self.clock.wall(), final=True)
         with contextlib.suppress(OSError):  # a kill in the last moments (the main process itself) counts too
             self._poll_oom(self.clock.wall())
         self.sampler.finish(self.clock.wall())

@@ -6,6 +6,8 @@ come, first served, in the order the jobs were made. A place is the run's while 
 (queued to stopping, or lost: its processes may still run); the first look at the queue after its end
 gives the place back. Every decision is one write transaction, so two shims that look at once never both
 take the last place.
+
+Functions over a connection, which `Store` calls (loaded only then: not on every command's path).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sqlite3
 from typing import NamedTuple
 
 from jobwarden.model import UNFINISHED_STATES
-from jobwarden.store.db import translate, write
+from jobwarden.store.db import write
 
 DEFAULT_PARALLEL = 1  # a queue nobody has set: one run at a time (pueue's default group)
 _LIVE = "('" + "', '".join(sorted(UNFINISHED_STATES)) + "')"
@@ -60,76 +62,58 @@ class QueueInfo(NamedTuple):
         }
 
 
-class QueueMethods:
-    """`Store`'s methods for queues (a base class of it, kept here beside their SQL)."""
-
-    _conn: sqlite3.Connection
-
-    def _db_path(self) -> object:
-        raise NotImplementedError
-
-    def take_queue_place(self, queue: str, job_id: int, run: int, now: float) -> QueuePlace:
-        """Stand in line for `queue`, and take a place if one is free and it is this run's turn."""
-        try:
-            with write(self._conn):
-                c = self._conn
-                c.execute(_STALE, (queue,))
-                c.execute(
-                    "INSERT OR IGNORE INTO queue_places (queue, job_id, run, holding, since) "
-                    "VALUES (?,?,?,0,?)",
-                    (queue, job_id, run, now),
-                )
-                parallel = _parallel(c, queue)
-                holders = _holders(c, queue)
-                (holding,) = c.execute(
-                    "SELECT holding FROM queue_places WHERE job_id = ? AND run = ?", (job_id, run)
-                ).fetchone()
-                (ahead,) = c.execute(  # first come, first served: in the order the jobs were made
-                    "SELECT COUNT(*) FROM queue_places WHERE queue = ? AND holding = 0 AND "
-                    "(job_id < ? OR (job_id = ? AND run < ?))",
-                    (queue, job_id, job_id, run),
-                ).fetchone()
-                if not holding and ahead < parallel - len(holders):
-                    c.execute(
-                        "UPDATE queue_places SET holding = 1 WHERE job_id = ? AND run = ?", (job_id, run)
-                    )
-                    holding = 1
-                    holders = (*holders, (job_id, run))
-                return QueuePlace(queue, bool(holding), parallel, holders, int(ahead))
-        except sqlite3.Error as err:
-            raise translate(err, self._db_path()) from err  # type: ignore[arg-type]
-
-    def set_queue_parallel(self, queue: str, parallel: int) -> None:
-        try:
-            with write(self._conn):
-                self._conn.execute(
-                    "INSERT INTO queues (name, parallel) VALUES (?, ?) "
-                    "ON CONFLICT (name) DO UPDATE SET parallel = excluded.parallel",
-                    (queue, parallel),
-                )
-        except sqlite3.Error as err:
-            raise translate(err, self._db_path()) from err  # type: ignore[arg-type]
-
-    def queues(self) -> list[QueueInfo]:
-        """Every queue that was set or asked for, with its places taken and its line, by name."""
-        try:
-            rows = self._conn.execute(
-                "SELECT name FROM queues UNION SELECT DISTINCT queue FROM queue_places "
-                "UNION SELECT DISTINCT queue FROM jobs WHERE queue IS NOT NULL ORDER BY 1"
-            ).fetchall()
-            return [self._queue_info(str(name)) for (name,) in rows]
-        except sqlite3.Error as err:
-            raise translate(err, self._db_path()) from err  # type: ignore[arg-type]
-
-    def _queue_info(self, queue: str) -> QueueInfo:
-        counts = dict(
-            self._conn.execute(
-                "SELECT holding, COUNT(*) FROM queue_places q JOIN runs r ON r.job_id = q.job_id AND "
-                f"r.n = q.run WHERE q.queue = ? AND r.state IN {_LIVE} GROUP BY holding",
-                (queue,),
-            ).fetchall()
+def take_queue_place(conn: sqlite3.Connection, queue: str, job_id: int, run: int, now: float) -> QueuePlace:
+    """Stand in line for `queue`, and take a place if one is free and it is this run's turn."""
+    with write(conn):
+        conn.execute(_STALE, (queue,))
+        conn.execute(
+            "INSERT OR IGNORE INTO queue_places (queue, job_id, run, holding, since) VALUES (?,?,?,0,?)",
+            (queue, job_id, run, now),
         )
-        return QueueInfo(queue, _parallel(self._conn, queue), int(counts.get(1, 0)), int(counts.get(0, 0)))
+        parallel = _parallel(conn, queue)
+        holders = _holders(conn, queue)
+        (holding,) = conn.execute(
+            "SELECT holding FROM queue_places WHERE job_id = ? AND run = ?", (job_id, run)
+        ).fetchone()
+        (ahead,) = conn.execute(  # first come, first served: in the order the jobs were made
+            "SELECT COUNT(*) FROM queue_places WHERE queue = ? AND holding = 0 AND "
+            "(job_id < ? OR (job_id = ? AND run < ?))",
+            (queue, job_id, job_id, run),
+        ).fetchone()
+        if not holding and ahead < parallel - len(holders):
+            conn.execute("UPDATE queue_places SET holding = 1 WHERE job_id = ? AND run = ?", (job_id, run))
+            holding = 1
+            holders = (*holders, (job_id, run))
+        return QueuePlace(queue, bool(holding), parallel, holders, int(ahead))
+
+
+def set_queue_parallel(conn: sqlite3.Connection, queue: str, parallel: int) -> None:
+    with write(conn):
+        conn.execute(
+            "INSERT INTO queues (name, parallel) VALUES (?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET parallel = excluded.parallel",
+            (queue, parallel),
+        )
+
+
+def queues(conn: sqlite3.Connection) -> list[QueueInfo]:
+    """Every queue that was set or asked for, with its places taken and its line, by name."""
+    rows = conn.execute(
+        "SELECT name FROM queues UNION SELECT DISTINCT queue FROM queue_places "
+        "UNION SELECT DISTINCT queue FROM jobs WHERE queue IS NOT NULL ORDER BY 1"
+    ).fetchall()
+    return [_queue_info(conn, str(name)) for (name,) in rows]
+
+
+def _queue_info(conn: sqlite3.Connection, queue: str) -> QueueInfo:
+    counts = dict(
+        conn.execute(
+            "SELECT holding, COUNT(*) FROM queue_places q JOIN runs r ON r.job_id = q.job_id AND "
+            f"r.n = q.run WHERE q.queue = ? AND r.state IN {_LIVE} GROUP BY holding",
+            (queue,),
+        ).fetchall()
+    )
+    return QueueInfo(queue, _parallel(conn, queue), int(counts.get(1, 0)), int(counts.get(0, 0)))
 
 
 def _parallel(conn: sqlite3.Connection, queue: str) -> int:

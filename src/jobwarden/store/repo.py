@@ -9,9 +9,9 @@ import contextlib
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobwarden import trace
 from jobwarden.errors import JobNotFound, StoreError
@@ -20,13 +20,15 @@ from jobwarden.paths import Layout, ensure_private_dir
 from jobwarden.store import samples
 from jobwarden.store.db import connect, store_id, translate, wal_identity, write
 from jobwarden.store.listing import ListQueries
-from jobwarden.store.queues import QueueMethods
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
 from jobwarden.store.rollup import Bucket, Reading
 from jobwarden.store.samples import SampleMethods
 
 if TYPE_CHECKING:  # diagnosis types: not on the `run` path
     from jobwarden.observations import ProcessStack
+    from jobwarden.store.queues import QueueInfo, QueuePlace
+
+T = TypeVar("T")
 
 _RUN_COLUMNS = frozenset(
     {
@@ -72,7 +74,7 @@ _JOB_TABLES = (
 LAST_JOB = "@last"  # a JOB argument naming the newest job (no name can be it: names never start with @)
 
 
-class Store(SampleMethods, ListQueries, QueueMethods):
+class Store(SampleMethods, ListQueries):
     def __init__(self, home: Path) -> None:
         self.layout = Layout(ensure_private_dir(home))
         if self.layout.database_place.moved:  # the home is on a network file system: WAL needs local disk
@@ -85,9 +87,6 @@ class Store(SampleMethods, ListQueries, QueueMethods):
 
     def close(self) -> None:
         self._conn.close()
-
-    def _db_path(self) -> Path:
-        return self.layout.database
 
     def reopen_if_wal_replaced(self) -> bool:
         """For a long-lived connection (a shim's): True when the write-ahead log it writes to is no longer
@@ -471,6 +470,29 @@ class Store(SampleMethods, ListQueries, QueueMethods):
     def stacks(self, job_id: int, run: int) -> list[StackDump]:
         rows = self._exec("SELECT * FROM stacks WHERE job_id = ? AND run = ? ORDER BY at, id", (job_id, run))
         return [StackDump.from_row(r) for r in rows]
+
+    # --- queues (store.queues: loaded by those who use them) ----------------------------------------
+
+    def take_queue_place(self, queue: str, job_id: int, run: int, now: float) -> QueuePlace:
+        from jobwarden.store import queues
+
+        return self._translated(lambda: queues.take_queue_place(self._conn, queue, job_id, run, now))
+
+    def set_queue_parallel(self, queue: str, parallel: int) -> None:
+        from jobwarden.store import queues
+
+        self._translated(lambda: queues.set_queue_parallel(self._conn, queue, parallel))
+
+    def queues(self) -> list[QueueInfo]:
+        from jobwarden.store import queues
+
+        return self._translated(lambda: queues.queues(self._conn))
+
+    def _translated(self, query: Callable[[], T]) -> T:
+        try:
+            return query()
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
 
     # --- GPU claims -------------------------------------------------------------------------------
 
