@@ -8,11 +8,11 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobwarden import config, trace
+from jobwarden import config
 from jobwarden.clock import SystemClock
 from jobwarden.errors import UsageError
 from jobwarden.model import JobSpec, JobState
@@ -50,7 +50,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         raise UsageError("no command given", "put it after --, e.g. jobwarden run -- python train.py")
-    web_url = _with_config_defaults(args)
+    from jobwarden.paths import config_file
+
+    web_url = None
+    if os.path.lexists(config_file()):  # without a config file, one stat and nothing more loaded
+        from jobwarden.cli.everyday import with_config_defaults
+
+        web_url = with_config_defaults(args)
     options = run_options(
         timeout=args.timeout,
         grace=args.grace,
@@ -69,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         log_max=args.log_max,
         keep_running=args.keep_running,
         queue=args.queue,
-        after=_job_ids(args.after) if args.after else None,
+        after=_after(args.after),
         web_url=web_url,
         engine=engine_options(
             os.environ,
@@ -98,14 +104,25 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
         return _run_attached(spec, options)
     launched = launch(_home(), spec, options)
-    return _launched(launched, args.json, args.follow, args.wait)
+    return launched_said(launched, args.json, args.follow, args.wait)
 
 
-def _launched(
+def _after(refs: list[str] | None) -> list[int] | None:
+    if not refs:
+        return None
+    from jobwarden.cli.everyday import job_ids
+
+    return job_ids(_home(), refs)
+
+
+def launched_said(
     launched: Any, as_json: bool, follow: bool, wait: bool, extra: dict[str, Any] | None = None
 ) -> int:
     """What `run` and `rerun` say of the job they started, then follow or wait for it if asked."""
-    _warn_namesakes(launched.name, launched.namesakes)
+    if launched.namesakes:
+        from jobwarden.cli.everyday import warn_namesakes
+
+        warn_namesakes(launched.name, launched.namesakes)
     if as_json:
         _print_json({**launched.to_json(), **(extra or {})})
     elif not follow:
@@ -115,69 +132,6 @@ def _launched(
     if wait:
         return _wait_exit(str(launched.id), said=True)
     return 0
-
-
-def _with_config_defaults(args: argparse.Namespace) -> str | None:
-    """The config file's [run] values for the flags not given (a flag overrides the file); returns its
-    [web] url. Without a file, one stat() and nothing more loaded (control.configfile)."""
-    from jobwarden.paths import config_file
-
-    if not os.path.lexists(config_file()):
-        return None
-    from jobwarden.control.configfile import RUN_KEYS, defaults_for, load_config
-
-    user = load_config()
-    if user is None:
-        return None
-    given = {key for key in RUN_KEYS if getattr(args, key, None) is not None}
-    for key, value in defaults_for(user, given).items():
-        setattr(args, key, value)
-    trace.info(f"defaults from {user.path}: {', '.join(sorted(user.run)) or 'none'}")
-    return user.web_url
-
-
-def _job_ids(refs: list[str]) -> list[int]:
-    """--after JOB...: each reference resolved now (a name or @last means the job it names now)."""
-    from jobwarden.store import Store
-
-    with Store(_home()) as store:
-        return [store.job(ref).id for ref in refs]
-
-
-def note_namesakes(args: argparse.Namespace) -> None:
-    """A JOB given by a name that names more than one job not over yet: the newest is meant (Store.job),
-    and the user is told, once, before the command acts on it. Ids and @last cost nothing."""
-    ref = getattr(args, "job", None)
-    if not isinstance(ref, str) or not ref or ref.isdigit() or ref.startswith("@") or args.command == "_jobs":
-        return
-    from jobwarden.errors import JobwardenError
-    from jobwarden.store import Store
-
-    try:
-        with Store(_home()) as store:
-            job = store.job(ref)
-            older = [i for i in store.unfinished_namesakes(job.name, job.id) if i < job.id]
-    except (JobwardenError, UnicodeError):
-        return  # no such job, an odd reference: the command itself says what is wrong
-    if older:
-        ids = ", ".join(str(i) for i in older)
-        print(
-            f"jobwarden: note: {ref!r} names job {job.id}, the newest of that name; older job"
-            f"{'s' if len(older) > 1 else ''} {ids} of that name {'are' if len(older) > 1 else 'is'} not "
-            "over yet (give an id to mean one of them)",
-            file=sys.stderr,
-        )
-
-
-def _warn_namesakes(name: str, older: Sequence[int]) -> None:
-    """A name that older jobs, still not over, hold too: from now on it means the newest."""
-    if older:
-        ids = ", ".join(str(i) for i in older)
-        print(
-            f"jobwarden: note: {name!r} also names job{'s' if len(older) > 1 else ''} {ids}, not over yet; "
-            f"{name!r} now means the newest, reach the older by id",
-            file=sys.stderr,
-        )
 
 
 def _run_attached(spec: JobSpec, options: JobOptions) -> int:
@@ -544,7 +498,9 @@ def cmd_rm(args: argparse.Namespace) -> int:
     from jobwarden.control.lifecycle import remove
 
     if args.ended:
-        return _rm_ended(args)
+        from jobwarden.cli.everyday import rm_ended
+
+        return rm_ended(_home(), _procfs(), args)
     for flag, given in (("--failed", args.failed), ("--older-than", args.older_than is not None)):
         if given:
             raise UsageError(f"rm {flag} goes with --ended", f"e.g. jobwarden rm --ended {flag} ...")
@@ -627,132 +583,41 @@ def cmd_web(args: argparse.Namespace) -> int:
     return serve(_home(), args.host, args.port, socket_path, args.read_only, args.allow_host)
 
 
-# --- everyday habits (issue 21) ------------------------------------------------------------------------
+# --- everyday habits (issue 21): in cli.everyday, loaded by these commands alone ----------------------
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:
-    from jobwarden.control.rerun import rerun
-    from jobwarden.text.sanitize import one_line
+    from jobwarden.cli.everyday import rerun
 
-    launched, old = rerun(_home(), args.job)
-    if not args.json:
-        print(f"jobwarden: job {launched.id} reruns job {old.id} ({one_line(old.name)})", file=sys.stderr)
-    return _launched(launched, args.json, args.follow, args.wait, {"rerun_of": old.id})
-
-
-def _rm_ended(args: argparse.Namespace) -> int:
-    from jobwarden.control.cleanup import ended_jobs, remove_jobs
-    from jobwarden.store import Store
-
-    if args.job is not None:
-        raise UsageError("rm: give a JOB or --ended, not both", "e.g. jobwarden rm --ended --failed")
-    older = config.optional_duration(args.older_than, "--older-than")
-    with Store(_home()) as store:
-        found = ended_jobs(
-            store, _procfs(), failed_only=args.failed, older_than_s=older, now=SystemClock().wall()
-        )
-        what = _rm_summary(found.jobs, found.failed, found.bytes_on_disk, args.failed)
-        for job_id in found.keeping:
-            print(
-                f"jobwarden: left job {job_id}: processes it kept (--keep-running) still run; "
-                f"jobwarden stop {job_id} ends them",
-                file=sys.stderr,
-            )
-        if not found.jobs:
-            print("no ended jobs to remove" + (" that match" if args.failed or older else ""))
-            return 0
-        if not args.yes and not _confirmed(f"remove {what}? [y/N] "):
-            print("nothing removed")
-            return 1
-        remove_jobs(store, [job.id for job, _ in found.jobs])
-    print(f"removed {what}")
-    return 0
-
-
-def _rm_summary(jobs: Sequence[Any], failed: int, size: int, failed_only: bool) -> str:
-    """'12 ended jobs (3 failed) and their logs (1.2G)'."""
-    n = len(jobs)
-    kind = "failed" if failed_only else "ended"
-    noun = f"{n} {kind} job{'s' if n != 1 else ''}"
-    if failed and not failed_only:
-        noun += f" ({failed} failed)"
-    return f"{noun} and {'its' if n == 1 else 'their'} logs ({config.format_size(size)})"
-
-
-def _confirmed(question: str) -> bool:
-    """Ask on the terminal; without one (a script, a pipe), refuse rather than guess: --yes says yes."""
-    if not sys.stdin or not sys.stdin.isatty():
-        raise UsageError(
-            f"rm --ended would {question.removesuffix('? [y/N] ')}, and there is no terminal to confirm on",
-            "add --yes to remove them without asking",
-        )
-    try:
-        answer = input(question)
-    except EOFError:
-        return False
-    return answer.strip().lower() in ("y", "yes")
+    return rerun(args)
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
-    from jobwarden.control.options import queue_name
-    from jobwarden.store import Store
-    from jobwarden.text.sanitize import one_line
+    from jobwarden.cli.everyday import queue
 
-    name = queue_name(args.name) if args.name is not None else None
-    if args.parallel is not None and name is None:
-        raise UsageError("queue --parallel needs the queue's NAME", "e.g. jobwarden queue gpu --parallel 2")
-    with Store(_home()) as store:
-        if args.parallel is not None:
-            parallel = config.parse_count(args.parallel, "--parallel")
-            if parallel < 1:
-                raise UsageError("bad --parallel '0': a queue runs 1 or more at once", "e.g. --parallel 2")
-            assert name is not None
-            store.set_queue_parallel(name, parallel)
-        queues = [q for q in store.queues() if name is None or q.name == name]
-    if name is not None and not queues:
-        from jobwarden.store.queues import DEFAULT_PARALLEL, QueueInfo
-
-        queues = [QueueInfo(name, DEFAULT_PARALLEL, 0, 0)]
-    if args.json:
-        _print_json([q.to_json() for q in queues] if name is None else queues[0].to_json())
-        return 0
-    if not queues:
-        print("no queues (jobwarden run --queue NAME -- ... makes one)")
-    for q in queues:
-        print(f"{one_line(q.name)}: {q.running} of {q.parallel} running, {q.waiting} waiting")
-    return 0
+    return queue(args)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from jobwarden.control.reboot import resume
-    from jobwarden.text.sanitize import one_line
+    from jobwarden.cli.everyday import resume
 
-    done = resume(_home(), _procfs())
-    if args.json:
-        _print_json([r.to_json() for r in done])
-    elif not done:
-        print("no job was ended by a reboot")
-    for r in [] if args.json else done:
-        print(f"job {r.job_id} ({one_line(r.name)}), ended by the reboot in run {r.ended_run}: {r.why}")
-    return 0
+    return resume(args)
 
 
 def cmd_boot(args: argparse.Namespace) -> int:
-    from jobwarden.control.boot import boot
+    from jobwarden.cli.everyday import boot
 
-    plan = boot(args.action, args.method, _home())
-    if args.json:
-        _print_json(plan.to_json())
-        return 0
-    state = "enabled" if plan.enabled else "disabled"
-    if args.action == "status":
-        print(f"jobwarden resume at boot: {state} ({plan.method}: {plan.where})")
-    else:
-        done = "" if plan.changed else " already"
-        print(f"jobwarden resume at boot:{done} {state} ({plan.method}: {plan.where})")
-    for note in plan.notes:
-        print(f"  note: {note}")
-    return 0
+    return boot(args)
+
+
+def note_namesakes(args: argparse.Namespace) -> None:
+    """A JOB given by a name (never an id or @last: those cost nothing) that older live jobs share."""
+    ref = getattr(args, "job", None)
+    if not isinstance(ref, str) or not ref or ref.isdigit() or ref.startswith("@") or args.command == "_jobs":
+        return
+    from jobwarden.cli.everyday import note_namesakes as note
+
+    note(_home(), ref)
 
 
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
