@@ -365,7 +365,10 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
     "status": ("how a job is doing, or how it ended", _status_arguments),
     "logs": ("show a job's output", _logs_arguments),
     "stop": ("end a job and everything it started", _stop_arguments),
-    "wait": ("block until a job ends; exit with its status", _wait_arguments),
+    "wait": (
+        "block until a job ends; exit with its status (124: still running at --timeout; 125: no such job)",
+        _wait_arguments,
+    ),
     "adopt": ("supervise again a job whose supervisor died", _job_and_json),
     "explain": ("why a job died or is stuck", _explain_arguments),
     "metrics": ("a job's CPU, memory, I/O and GPU use over time", _metrics_arguments),
