@@ -26,7 +26,8 @@ def checks(jw: Jobwarden) -> dict[str, dict[str, str]]:
 
 def test_doctor_on_a_fresh_home_fails_nothing_and_creates_nothing(jw: Jobwarden) -> None:
     found = checks(jw)
-    assert len(found) == 13
+    assert len(found) == 14
+    assert found["config file"]["message"].startswith("none at ")  # run's built-in defaults apply
     assert all(c["status"] in ("ok", "warn") for c in found.values())
     assert all(c["fix"] for c in found.values() if c["status"] == "warn")
     assert found["store"]["message"].startswith("no database yet")

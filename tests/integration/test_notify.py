@@ -278,7 +278,11 @@ def test_the_shim_runs_hooks_outside_the_jobs_tree(jw: Jobwarden, tmp_path: Path
     write_fifo(release, "go\n")
     assert jw("wait", str(job["id"])).returncode == 0
     wait_pid_gone(hook_pid)
-    assert json.loads((tmp_path / "restarted.json").read_text())["run"] == 1
+    restarted = json.loads((tmp_path / "restarted.json").read_text())
+    assert (restarted["run"], restarted["after_run"]) == (
+        2,
+        1,
+    )  # the run that starts, after the one that ended
     assert json.loads((tmp_path / "succeeded.json").read_text())["run"] == 2
 
 

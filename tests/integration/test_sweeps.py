@@ -59,8 +59,9 @@ def test_after_names_a_job_that_exists(jw: Jobwarden) -> None:
 
 
 def test_a_queue_runs_one_at_a_time_in_order_and_parallel_widens_it(jw: Jobwarden, tmp_path: Path) -> None:
-    started, gate = make_fifo(tmp_path / "started"), make_fifo(tmp_path / "gate")
-    jobs = [jw.start(*gated(started, gate, f"job{i}"), options=("--queue", "q")) for i in (1, 2, 3)]
+    started = make_fifo(tmp_path / "started")
+    gates = [make_fifo(tmp_path / f"gate{i}") for i in (1, 2, 3)]  # one each: a write reaches its own job
+    jobs = [jw.start(*gated(started, gates[i - 1], f"job{i}"), options=("--queue", "q")) for i in (1, 2, 3)]
     assert read_fifo(started) == "job1\n"
     second = jw.status(jobs[1]["id"])
     assert second["state"] == "queued"
@@ -68,13 +69,13 @@ def test_a_queue_runs_one_at_a_time_in_order_and_parallel_widens_it(jw: Jobwarde
     assert jw.status(jobs[2]["id"])["queued_reason"].endswith("(job 1), 1 ahead in line")
     assert jw.json("queue", "q") == {"name": "q", "parallel": 1, "running": 1, "waiting": 2}
 
-    write_fifo(gate)  # job 1 ends: job 2, first in line, takes its place
+    write_fifo(gates[0])  # job 1 ends: job 2, first in line, takes its place
     assert read_fifo(started) == "job2\n"
     assert jw.status(jobs[2]["id"])["state"] == "queued"
     assert jw("queue", "q", "--parallel", "2").stdout == "q: 1 of 2 running, 1 waiting\n"
     assert read_fifo(started) == "job3\n"  # a second place: job 3 starts at once
-    write_fifo(gate)
-    write_fifo(gate)
+    write_fifo(gates[1])
+    write_fifo(gates[2])
     for job in jobs:
         assert jw("wait", str(job["id"])).returncode == 0
     assert jw.json("queue") == [{"name": "q", "parallel": 2, "running": 0, "waiting": 0}]
