@@ -17,6 +17,7 @@ import signal
 from typing import Any
 
 from jobwarden import config
+from jobwarden.errors import StoreError
 from jobwarden.hooks import heartbeat_env, hook_env
 from jobwarden.model import UNFINISHED_STATES, EndReason, JobState
 from jobwarden.osapi.process import SpawnError
@@ -221,11 +222,14 @@ class Supervisor(StoppingSupervisor):
     def _wait_for_turn(self, report_fd: int) -> tuple[bool, bool]:
         """queued until its dependencies succeeded and its queue has a place (shim.queueing). Returns
         (admitted, answered the CLI); not admitted when stopped, or cancelled by a failed dependency."""
-        from jobwarden.shim.queueing import TURN_RETRY_S, check_turn
+        from jobwarden.shim.queueing import TURN_RETRY_S, Turn, check_turn
 
         reported, shown = False, None
         while True:
-            turn = check_turn(self.store, self.job, self.run, self.procfs, self.clock)
+            try:
+                turn = check_turn(self.store, self.job, self.run, self.procfs, self.clock)
+            except StoreError as err:  # a full disk, a locked store: still waiting, asked again
+                turn = Turn(False, waiting=f"waiting; cannot read the store now: {err.message}")
             if turn.ready:
                 if shown is not None:  # queued -> starting: its turn came
                     self.store.update_run(self.job.id, self.run, state=JobState.STARTING, queued_reason=None)
