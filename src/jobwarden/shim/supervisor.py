@@ -239,10 +239,11 @@ class Supervisor(StoppingSupervisor):
                 _report(report_fd, {"pid": None, "state": "failed"})
                 return False, True
             if turn.waiting != shown:
-                self.store.update_run(
-                    self.job.id, self.run, state=JobState.QUEUED, queued_reason=turn.waiting
-                )
-                shown = turn.waiting
+                with contextlib.suppress(StoreError):  # said at the next look
+                    self.store.update_run(
+                        self.job.id, self.run, state=JobState.QUEUED, queued_reason=turn.waiting
+                    )
+                    shown = turn.waiting
             if not reported:
                 _report(report_fd, {"pid": None, "state": "queued"})
                 reported = True
