@@ -1,5 +1,5 @@
 """The everyday commands of issue 21, each loaded only by its own command: `rerun`, `rm --ended`, `queue`,
-`resume`, `boot`, and what `run` takes from the config file and says of a name shared by live jobs."""
+`resume`, `boot`, and what `run` says of a name shared by live jobs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jobwarden import config, trace
+from jobwarden import config
 from jobwarden.clock import SystemClock
 from jobwarden.errors import UsageError
 from jobwarden.osapi.procfs import ProcFS
@@ -28,21 +28,6 @@ def _procfs() -> ProcFS:
 
 def _print_json(obj: object) -> None:
     print(json.dumps(obj, indent=2))
-
-
-def with_config_defaults(args: argparse.Namespace) -> str | None:
-    """The config file's [run] values for the flags not given (a flag overrides the file); returns its
-    [web] url. Called where there is a file (handlers.cmd_run looked, with one stat)."""
-    from jobwarden.control.configfile import RUN_KEYS, defaults_for, load_config
-
-    user = load_config()
-    if user is None:
-        return None
-    given = {key for key in RUN_KEYS if getattr(args, key, None) is not None}
-    for key, value in defaults_for(user, given).items():
-        setattr(args, key, value)
-    trace.info(f"defaults from {user.path}: {', '.join(sorted(user.run)) or 'none'}")
-    return user.web_url
 
 
 def job_ids(home: Path, refs: list[str]) -> list[int]:

@@ -54,9 +54,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     web_url = None
     if os.path.lexists(config_file()):  # without a config file, one stat and nothing more loaded
-        from jobwarden.cli.everyday import with_config_defaults
+        from jobwarden.control.configfile import RUN_KEYS, run_defaults
 
-        web_url = with_config_defaults(args)
+        values, web_url = run_defaults({key for key in RUN_KEYS if getattr(args, key, None) is not None})
+        for key, value in values.items():  # a flag given overrides the file
+            setattr(args, key, value)
     options = run_options(
         timeout=args.timeout,
         grace=args.grace,

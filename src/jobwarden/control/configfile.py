@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from jobwarden import trace
 from jobwarden.errors import UsageError
 from jobwarden.paths import config_file
 
@@ -54,6 +55,16 @@ CHOICES = {"on_hang": ("dump", "stop", "restart"), "mp_start": ("spawn", "forkse
 # keys that are one setting together: a flag given for one of them sets the group, the file none of it
 # (`run --restart no` with `max_restarts = 5` in the file means no restart, not a contradiction)
 LINKED = (("restart", "max_restarts"),)
+
+
+def run_defaults(given: set[str]) -> tuple[dict[str, Any], str | None]:
+    """`run`'s defaults from the file in force, for the flags not `given`, and its [web] url."""
+    user = load_config()
+    if user is None:
+        return {}, None
+    values = defaults_for(user, given)
+    trace.info(f"defaults from {user.path}: {', '.join(sorted(values)) or 'none'}")
+    return values, user.web_url
 
 
 def defaults_for(user: UserConfig, given: set[str]) -> dict[str, Any]:
