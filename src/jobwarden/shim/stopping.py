@@ -44,8 +44,7 @@ class StoppingSupervisor(SupervisorLoop):
             kept = self._keep_running()  # released first: kept processes are neither orphans nor ended
             orphans = [{"pid": m.pid, "cmdline": m.cmdline} for m in self.tree.members.values()]
             survivors = self.terminate_tree(self.job.options.grace_s)
-        self.logs.index(self.clock.wall())
-        self.note_trims(self.clock.wall(), final=True)
+        self.logs.index(self.clock.wall(), cap=False)  # the end is recorded first, the log capped after
         with contextlib.suppress(OSError):  # a kill in the last moments (the main process itself) counts too
             self._poll_oom(self.clock.wall())
         self.sampler.finish(self.clock.wall())
@@ -53,6 +52,8 @@ class StoppingSupervisor(SupervisorLoop):
         if kept:
             fields["kept"] = kept
         self.record.end(fields, orphans, survivors)
+        self.logs.cap_now()  # freeing a gigabyte takes a moment: not before the end it would delay
+        self.note_trims(self.clock.wall(), final=True)
         if self.engine and self.stop and self.stop.reason == EndReason.ENGINE_STOP:
             self.engine.record_engine_state(os.environ, self.clock.wall())
         self.record.write(self.store.release_gpus)

@@ -49,7 +49,9 @@ class LogWatcher:
         self.trim: Trim | None = None  # the latest trim, or why there can be none
         self._last_size = -1
 
-    def index(self, now: float) -> None:
+    def index(self, now: float, cap: bool = True) -> None:
+        """Note the log's size at `now` when it changed; and keep it within its cap, unless `cap` is
+        false (the run's end: recorded first, capped after, see `cap_now`)."""
         try:
             st = self.output.stat()
         except OSError:
@@ -58,7 +60,7 @@ class LogWatcher:
         if size == self._last_size:
             return
         self._last_size = size
-        if self.max_bytes and st.st_blocks * 512 > self.max_bytes:
+        if cap and self.max_bytes and st.st_blocks * 512 > self.max_bytes:
             self._cap(size, st.st_blksize)
         with contextlib.suppress(OSError):  # a full disk must not stop supervision
             fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
@@ -66,6 +68,15 @@ class LogWatcher:
                 os.write(fd, f"{now:.3f} {size}\n".encode())
             finally:
                 os.close(fd)
+
+    def cap_now(self) -> None:
+        """Keep the log within its cap now, whether or not it grew since the last look."""
+        try:
+            st = self.output.stat()
+        except OSError:
+            return
+        if self.max_bytes and st.st_blocks * 512 > self.max_bytes:
+            self._cap(st.st_size, st.st_blksize)
 
     def _cap(self, size: int, block: int) -> None:
         """Free the middle: keep [0, head) and the newest max/TAIL_SHARE, at block boundaries (a
