@@ -36,6 +36,9 @@ if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it l
     from jobwarden.shim.resources import MemoryGuard
 
 
+LOG_CAP_CHECK_S = 0.1  # while a log grows by an eighth of its cap a tick, its cap is looked at this often
+
+
 class StopRequest(NamedTuple):
     reason: EndReason
     grace_s: float
@@ -76,6 +79,7 @@ class SupervisorLoop:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.record = RunRecorder(store, job.id, run, self.logs, clock)
         self._trims: TrimNotes | None = None  # --log-max: what was dropped, said in `status`
+        self._log_due: float | None = None  # a look at the log's cap before the next tick (a fast writer)
         self.record.open_group(job)
         self.sampler = Sampler(procfs, self.record)
         self.diag: Diagnoser | None = None
@@ -110,7 +114,7 @@ class SupervisorLoop:
         next_full = next_tick + config.FULL_SCAN_EVERY_S
         while self.main_status is None and (self.main is not None or self.tree.members):
             now = self.clock.monotonic()
-            deadline = min(next_tick, self.timeout_at or next_tick)
+            deadline = min(next_tick, self.timeout_at or next_tick, self._log_due or next_tick)
             # every member's pidfd: a worker's death wakes the loop at once, not at the next tick; a birth
             # or death event too, so that a short-lived process is held (or recorded) as it happens
             fds = [self._wake_r, *self.exits.fds(), *(m.pidfd for m in self.tree.members.values())]
@@ -124,6 +128,8 @@ class SupervisorLoop:
             if self.timeout_at is not None and self.clock.monotonic() >= self.timeout_at:
                 self.stop = StopRequest(EndReason.TIMEOUT, self.job.options.grace_s)
                 break
+            if self._log_due is not None and self.clock.monotonic() >= self._log_due:
+                self._cap_log()
             if self.clock.monotonic() >= next_tick:
                 full = self.clock.monotonic() >= next_full
                 try:
@@ -195,6 +201,7 @@ class SupervisorLoop:
         reading = self.sampler.reading(now, snaps, self.tree.members.values(), gpu)
         self.logs.index(now)
         self.note_trims(now)
+        self._log_due = self.clock.monotonic() + LOG_CAP_CHECK_S if self.logs.growing_fast else None
         self.record.check_disk(now)
         # an idle tree is not rewritten every second
         if self.tree.worth_recording(snaps, now) and self.sampler.write(now, snaps, reading):
@@ -207,6 +214,12 @@ class SupervisorLoop:
             record_outcomes(self.store, self.job.id, self.notifier, log)
         if self.diag:
             self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic()))
+
+    def _cap_log(self) -> None:
+        """Between ticks, while the log grows fast: keep it within --log-max (one stat, a trim if due)."""
+        self.logs.cap_now()
+        self.note_trims(self.clock.wall())
+        self._log_due = self.clock.monotonic() + LOG_CAP_CHECK_S
 
     def note_trims(self, now: float, final: bool = False) -> None:
         """What --log-max dropped, as events (shim.logcap, loaded at the first trim)."""

@@ -47,6 +47,7 @@ class LogWatcher:
         self.output, self.index_path = output, index
         self.max_bytes = max_bytes
         self.trim: Trim | None = None  # the latest trim, or why there can be none
+        self.grew = 0  # bytes written since the look before the last
         self._last_size = -1
 
     def index(self, now: float, cap: bool = True) -> None:
@@ -57,6 +58,7 @@ class LogWatcher:
         except OSError:
             return
         size = st.st_size
+        self.grew = max(0, size - self._last_size) if self._last_size >= 0 else size
         if size == self._last_size:
             return
         self._last_size = size
@@ -68,6 +70,12 @@ class LogWatcher:
                 os.write(fd, f"{now:.3f} {size}\n".encode())
             finally:
                 os.close(fd)
+
+    @property
+    def growing_fast(self) -> bool:
+        """Written an eighth of the cap or more since the look before: worth a look before the next tick
+        (a job printing 1 GiB a second would otherwise be a second's output over its cap)."""
+        return bool(self.max_bytes and self.grew >= self.max_bytes // 8)
 
     def cap_now(self) -> None:
         """Keep the log within its cap now, whether or not it grew since the last look."""
