@@ -146,7 +146,8 @@ def run_from_values(values: Sequence[Any]) -> RunRecord:
     fields[_ORPHANS] = _json_list(fields[_ORPHANS])
     fields[_SURVIVORS] = [Survivor(**s) for s in _json_list(fields[_SURVIVORS])]
     fields[_GPU_IDS] = tuple(_json_list(fields[_GPU_IDS]))
-    fields[_KEPT] = tuple(_json_list(fields[_KEPT]))
+    kept = fields[_KEPT]
+    fields[_KEPT] = tuple(decode_json(kept)) if kept and kept != "[]" else ()  # NULL in almost every run
     return RunRecord._make(fields)
 
 
