@@ -9,6 +9,7 @@ more, against 0.1-0.5 ms for a NamedTuple class.
 from __future__ import annotations
 
 import enum
+import time
 from typing import Any, NamedTuple
 
 
@@ -66,8 +67,8 @@ class ProcessId(NamedTuple):
 
 
 class Ranks(NamedTuple):
-    """A process's place in a distributed job, from the variables launchers set (torchrun, Slurm's srun
-    through torch, accelerate...): RANK, LOCAL_RANK, GROUP_RANK. None where a variable is unset."""
+    """A process's place in a distributed job, from the variables its launcher set (model.ranks_from): its
+    global rank, and LOCAL_RANK / GROUP_RANK where given. None where unknown."""
 
     rank: int | None
     local_rank: int | None = None
@@ -82,13 +83,34 @@ class Ranks(NamedTuple):
         return {"rank": self.rank, "local_rank": self.local_rank, "group_rank": self.group_rank}
 
 
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK")
+# Every launcher's way of telling a process its rank (shim.tree reads these from /proc/PID/environ, the
+# hooks from os.environ): torchrun, torch's env:// and most trainers (RANK); Lightning and torchrun
+# (LOCAL_RANK with NODE_RANK / GROUP_RANK and LOCAL_WORLD_SIZE); Open MPI, MPICH / Intel MPI, PMIx;
+# Slurm's srun (SLURM_PROCID: the task's rank, inherited by everything the task starts).
+GLOBAL_RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+RANK_VARIABLES = (*GLOBAL_RANK_VARIABLES, "LOCAL_RANK", "GROUP_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE")
 
 
 def ranks_from(values: dict[str, str]) -> Ranks | None:
-    """Ranks from the launcher's variables (a process's environment); None when it has none of them."""
-    parsed = [_decimal(values.get(name)) for name in RANK_VARIABLES]
-    return Ranks(*parsed) if any(v is not None for v in parsed) else None
+    """Ranks from the launchers' variables (a process's environment); None when it has none of them.
+    The first global rank variable set wins (a torchrun rank under srun has both RANK and SLURM_PROCID:
+    RANK is its own). Without one, LOCAL_RANK is the global rank on the first node (its node rank, from
+    GROUP_RANK or NODE_RANK, 0 or unset: Lightning's children carry only LOCAL_RANK and NODE_RANK), and
+    node * LOCAL_WORLD_SIZE + LOCAL_RANK beyond it."""
+    local = _decimal(values.get("LOCAL_RANK"))
+    node = _decimal(values.get("GROUP_RANK"))
+    if node is None:
+        node = _decimal(values.get("NODE_RANK"))
+    rank = next((r for r in map(_decimal, map(values.get, GLOBAL_RANK_VARIABLES)) if r is not None), None)
+    if rank is None and local is not None:
+        per_node = _decimal(values.get("LOCAL_WORLD_SIZE"))
+        if not node:
+            rank = local
+        elif per_node:
+            rank = node * per_node + local
+    if rank is None and local is None and node is None:
+        return None
+    return Ranks(rank, local, node)
 
 
 def _decimal(text: str | None) -> int | None:
@@ -155,7 +177,15 @@ class Finding(NamedTuple):
     evidence: tuple[str, ...] = ()
     remedy: str = ""
     pids: tuple[int, ...] = ()  # the process the finding is about first
-    rank: int | None = None  # that process's RANK, when it is a rank of a distributed job
+    rank: int | None = None  # that process's rank, when it is a rank of a distributed job
+    # A finding has a life: `at` when it became true (for a hang, when the job went quiet), where known;
+    # `resolved_at` when it stopped being true (the process resumed, output came back): None while current
+    at: float | None = None
+    resolved_at: float | None = None
+
+    @property
+    def current(self) -> bool:
+        return self.resolved_at is None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -167,10 +197,13 @@ class Finding(NamedTuple):
             "remedy": self.remedy,
             "pids": list(self.pids),
             "rank": self.rank,
+            "at": _iso(self.at),
+            "resolved_at": _iso(self.resolved_at),
         }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Finding:
+        """The finding's body as stored (its moments are the store's columns, not read from here)."""
         return cls(
             str(d["rule"]),
             str(d["title"]),
@@ -181,6 +214,13 @@ class Finding(NamedTuple):
             tuple(int(p) for p in d.get("pids", ())),
             d.get("rank") if isinstance(d.get("rank"), int) else None,
         )
+
+
+def _iso(ts: float | None) -> str | None:
+    """clock.iso, which model may not import (stdlib only): ISO 8601 in UTC, milliseconds."""
+    if ts is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
 
 
 # The finding rules, root cause first (rules.verdict says why in this order). Kept here, not in rules:

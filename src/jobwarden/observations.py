@@ -165,6 +165,16 @@ class UncaughtException:
 
 
 @dataclass(frozen=True)
+class ForkRequest:
+    """A process asked multiprocessing for its "fork" start method by name (get_context("fork"),
+    set_start_method("fork")), as the hooks recorded it: --mp-start changes only the default."""
+
+    pid: int
+    at: float
+    stack: tuple[Frame, ...]  # the asking thread, innermost first (multiprocessing's own frames first)
+
+
+@dataclass(frozen=True)
 class OomEvidence:
     """Counters and log lines that show the OOM killer (or jobwarden's memory watchdog) at work."""
 

@@ -31,7 +31,7 @@ while True:
 """
 
 
-def _attached(jw: Jobwarden, fifo: Path) -> subprocess.Popen[str]:
+def _attached(jw: Jobwarden, fifo: Path, job: str = JOB) -> subprocess.Popen[str]:
     argv = [
         sys.executable,
         "-m",
@@ -42,7 +42,7 @@ def _attached(jw: Jobwarden, fifo: Path) -> subprocess.Popen[str]:
         "--",
         "python3",
         "-c",
-        JOB,
+        job,
         str(fifo),
     ]
     return subprocess.Popen(
@@ -68,6 +68,28 @@ def test_sigterm_at_the_cli_is_an_engine_stop_and_its_status_the_jobs(jw: Jobwar
     status = jw.status(job["id"])
     assert (status["state"], status["end_reason"]) == ("stopped", "engine-stop")
     assert [f["rule"] for f in jw.json("explain", str(job["id"]))["findings"]] == ["cancelled-by-engine"]
+
+
+def test_an_engine_stop_keeps_the_stacks_of_a_job_that_prints_steadily(jw: Jobwarden, tmp_path: Path) -> None:
+    # "where was it when the time limit hit?": a busy job, not only a quiet one, gets its stacks stored
+    from jobwarden.store import Store
+
+    fifo = make_fifo(tmp_path / "ready")
+    cli = _attached(jw, fifo, JOB.replace("time.sleep(0.05)", "print('step', flush=True); time.sleep(0.05)"))
+    try:
+        assert read_fifo(fifo) == "ready\n"
+        cli.send_signal(signal.SIGTERM)
+        cli.communicate(timeout=60)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    (job,) = jw.json("ps", "--all")
+    with Store(jw.home) as store:
+        dumps = [d for d in store.stacks(job["id"], 1) if d.trigger == "engine-stop"]
+    assert dumps and any(s.threads for s in dumps[0].stacks), dumps
+    (finding,) = jw.json("explain", str(job["id"]))["findings"]
+    assert f"`jobwarden dump {job['id']}` shows them" in "\n".join(finding["evidence"])
 
 
 def test_the_clis_death_stops_the_job_through_the_shim(jw: Jobwarden, tmp_path: Path) -> None:

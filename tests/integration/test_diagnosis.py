@@ -56,6 +56,26 @@ def test_fork_while_a_thread_holds_a_lock_is_named_fork_deadlock(
     assert jw.status(job["id"])["state"] == "failed"  # --on-hang stop: ended after the stacks were stored
     dump = jw.json("dump", str(job["id"]))
     assert any(s["pid"] == child and s["threads"] for s in dump)
+    if mode == "mp":  # the job asks for fork by name: --mp-start cannot help, its own line is the fix
+        line = next(
+            n
+            for n, text in enumerate((JOBS / "fork_deadlock.py").read_text().splitlines(), 1)
+            if 'get_context("fork")' in text
+        )
+        assert f"get_context('fork') at {JOBS / 'fork_deadlock.py'}:{line}" in finding["remedy"]
+        assert "--mp-start forkserver`" not in finding["remedy"]
+
+
+def test_a_fork_deadlock_under_mp_start_is_never_told_to_use_mp_start(jw: Jobwarden, tmp_path: Path) -> None:
+    # the demo's own deadlock, run again with the advice of its first run: get_context("fork") wins
+    opts = ("--hang-timeout", "2s", "--on-hang", "stop", "--grace", "1s", "--mp-start", "forkserver")
+    job = jw.start(PY, str(JOBS.parents[2] / "demo" / "deadlock.py"), options=opts)
+    jw("wait", str(job["id"]), "--timeout", "60s")
+    finding = jw.json("explain", str(job["id"]))["findings"][0]
+    assert finding["rule"] == "fork-deadlock", finding
+    assert "demo/deadlock.py:" in finding["remedy"] and "get_context('fork')" in finding["remedy"]
+    assert "jobwarden run --mp-start" not in finding["remedy"]
+    assert "JOB" not in finding["remedy"].replace("JOBWARDEN", "")
 
 
 def wait_until_watched(jw: Jobwarden, job: int, pid: int, timeout_s: float = 60) -> None:

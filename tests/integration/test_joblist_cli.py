@@ -30,6 +30,25 @@ def test_ps_last_lists_the_newest_jobs_oldest_first(jw: Jobwarden) -> None:
     assert len(table) == 2 and " c " in table[1] and "failed (2)" in table[1]
 
 
+def test_ps_shows_each_ended_runs_verdict_and_wide_its_title(jw: Jobwarden) -> None:
+    # an exception, an outside SIGKILL, a bare exit code: every ended run says why in the list
+    jw("run", "--name", "raises", "--wait", "--", sys.executable, "-c", "raise KeyError('shard 7')")
+    jw("run", "--name", "killed", "--wait", "--", "sh", "-c", "kill -9 $$")
+    jw("run", "--name", "exits", "--wait", "--", "sh", "-c", "exit 3")
+    jobs = {j["name"]: j for j in jw.json("ps", "--all")}
+    assert {name: j["finding"] for name, j in jobs.items()} == {
+        "raises": "python-exception",
+        "killed": "killed-externally",
+        "exits": "exit-code",
+    }
+    assert jobs["raises"]["finding_title"] == "Uncaught KeyError"
+    table = jw("ps", "--all").stdout
+    assert "failed (1) [python-exception]" in table and "failed (SIGKILL) [killed-externally]" in table
+    wide = jw("ps", "--all", "--wide").stdout.splitlines()
+    assert "VERDICT" in wide[0]
+    assert any(" raises " in line and "Uncaught KeyError" in line for line in wide)
+
+
 @pytest.mark.parametrize("value", ["0", "-3", "ten"])
 def test_a_bad_last_gets_one_line_naming_it(jw: Jobwarden, value: str) -> None:
     result = jw("ps", "--all", f"--last={value}")

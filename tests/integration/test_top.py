@@ -110,6 +110,23 @@ def test_top_lists_jobs_explains_and_stops(jw: Jobwarden, tmp_path: Path) -> Non
     assert jw.status(running)["state"] == "stopped"
 
 
+def test_each_row_shows_its_verdict_and_a_wide_screen_its_title(jw: Jobwarden) -> None:
+    failed, root = start_failed(jw)
+
+    def row(app: Any) -> str:
+        lines = screen_text(app).splitlines()
+        return next((line for line in lines if line.startswith(f" {failed}   bad")), "")
+
+    async def drive(width: int) -> str:
+        app = top_app(jw)
+        async with app.run_test(size=(width, 30)) as pilot:
+            await until(pilot, "the verdict in the row", lambda: f"[{root['rule']}]" in row(app))
+            return row(app)
+
+    assert root["title"] not in asyncio.run(drive(120))
+    assert f"[{root['rule']}] {root['title']}" in asyncio.run(drive(200))
+
+
 def test_top_asks_before_stopping_and_no_keeps_the_job(jw: Jobwarden, tmp_path: Path) -> None:
     running = start_running(jw, tmp_path)
     app = top_app(jw, include_ended=False)

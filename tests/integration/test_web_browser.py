@@ -78,6 +78,49 @@ def test_the_list_shows_a_running_job(jw: Jobwarden, tmp_path: Path, browser: An
         finish(jw, job_id, go)
 
 
+def test_the_list_shows_each_runs_verdict_with_its_title_on_hover(jw: Jobwarden, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    job = jw.start(sys.executable, "-c", "raise ValueError('bad shard 7')", options=("--name", "bad"))
+    assert jw("wait", str(job["id"])).returncode == 1
+    root = jw.json("explain", str(job["id"]))["findings"][0]
+    with web_server(jw.home) as served:
+        browser.get(served.url)
+        cell = f'tr[data-job="{job["id"]}"] td.verdict'
+        wait_until(browser, lambda d: text_of(d, cell), "the verdict listed")
+        assert text_of(browser, cell) == f"[{root['rule']}]"
+        assert browser.find_element(By.CSS_SELECTOR, cell).get_attribute("title") == root["title"]
+
+
+def test_the_job_page_shows_a_resolved_finding_only_as_history(jw: Jobwarden, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    corpus = str(Path(__file__).parent / "jobs" / "corpus.py")
+    ran = jw(
+        "run",
+        "--wait",
+        "--hang-timeout",
+        "2s",
+        "--",
+        sys.executable,
+        corpus,
+        "quiet-then-talk",
+        "--quiet-s",
+        "5",
+    )
+    assert ran.returncode == 0, ran.stderr
+    job_id = int(ran.stdout.split()[0])
+    (hung,) = jw.json("explain", str(job_id))["findings"]
+    assert hung["rule"] == "no-progress" and hung["resolved_at"]
+    with web_server(jw.home) as served:
+        browser.get(served.url.replace("/?token=", f"/jobs/{job_id}?token="))
+        history = '#findings p.resolved[data-rule="no-progress"]'
+        wait_until(browser, lambda d: text_of(d, history), "the resolved finding as history")
+        assert text_of(browser, history).startswith(f"resolved: {hung['title']} [no-progress]")
+        assert browser.find_elements(By.CSS_SELECTOR, "#findings article") == []  # no card: not current
+        assert "nothing now" in text_of(browser, "#findings")
+
+
 def test_a_queued_job_says_who_holds_the_gpus(jw: Jobwarden, tmp_path: Path, browser: Any) -> None:
     nvml = tmp_path / "nvml.json"
     fake_gpus(nvml, {i: [os.getpid()] for i in range(4)})  # every GPU busy, held by this test

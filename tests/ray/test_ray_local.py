@@ -3,6 +3,7 @@ never harm them (issue 20, class 1: the dump signal killed the raylet every time
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,3 +42,33 @@ def test_a_lost_worker_leaves_the_jobs_own_raylet_alive(bare_ns: RayNamespace, t
     assert "local raylet died" not in log, log[-3000:]
     assert "then: 42" in log
     assert done.returncode == 0, done.stderr
+
+
+def test_a_lost_worker_that_the_driver_reports_is_the_root_cause(
+    bare_ns: RayNamespace, tmp_path: Path
+) -> None:
+    """The worker exits 3 with no traceback; the driver raises WorkerCrashedError about it; Ray's daemons
+    end after the driver. The verdict names the worker, reads right, and says who reported it."""
+    env = {"JOBWARDEN_HOME": str(tmp_path / "home")}
+    pid_file = tmp_path / "worker.pid"
+    done = bare_ns.run(
+        "jobwarden",
+        "run",
+        "--wait",
+        "--engine",
+        "none",
+        "--",
+        sys.executable,
+        str(JOB),
+        str(pid_file),
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr
+    worker = int(pid_file.read_text())
+    report = json.loads(bare_ns.run("jobwarden", "explain", "1", "--json", env=env, check=True).stdout)
+    first = report["findings"][0]
+    assert (first["rule"], first["pids"][0]) == ("exit-code", worker), report["findings"]
+    text = " ".join((first["title"], first["summary"], *first["evidence"]))
+    assert "None" not in text, text
+    assert "raised WorkerCrashedError reporting it" in text

@@ -12,6 +12,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from jobwarden.hooks.site import _jobwarden_hooks as injected
 from jobwarden.probes.pyhooks import read_exceptions
@@ -185,3 +187,88 @@ def test_the_excepthook_still_prints_the_traceback(
         sys.excepthook = previous
     assert "RuntimeError" in capsys.readouterr().err
     assert read_exceptions(tmp_path)[0].type == "RuntimeError"
+
+
+# --- exceptions formatted without dying of them; the fork start method asked for by name ---------------
+
+
+def worker_task_error() -> ValueError:
+    try:
+        raise ValueError("corrupt record 9")
+    except ValueError as err:
+        return err
+
+
+def test_an_exception_a_process_formats_is_recorded_with_its_raise_site(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import traceback
+
+    from jobwarden.probes.pyhooks import read_caught
+
+    job = job_at(tmp_path)
+    monkeypatch.setattr(injected, "_job", job)
+    original = traceback.TracebackException.__init__
+    try:
+        injected.hook_traceback(traceback)
+        injected.hook_traceback(traceback)  # hooked once: a second call changes nothing
+        err = worker_task_error()
+        text = "".join(
+            traceback.format_exception(type(err), err, err.__traceback__)
+        )  # what a pool's worker does
+        assert "corrupt record 9" in text
+    finally:
+        traceback.TracebackException.__init__ = original  # type: ignore[method-assign]
+    (record,) = read_caught(tmp_path)
+    assert (record.pid, record.type, record.message) == (os.getpid(), "ValueError", "corrupt record 9")
+    assert record.frames[0].function == "worker_task_error"  # innermost first
+
+
+def test_caught_records_are_bounded_per_process(tmp_path: Path) -> None:
+    from jobwarden.probes.pyhooks import read_caught
+
+    job = job_at(tmp_path)
+    err = worker_task_error()
+    for _ in range(injected.CAUGHT_RECORDS + 10):
+        injected.record_caught(job, ValueError, err, err.__traceback__)
+    assert len(read_caught(tmp_path)) == injected.CAUGHT_RECORDS
+
+
+def test_asking_for_fork_by_name_is_recorded_once_per_call_site(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import multiprocessing
+    import multiprocessing.context
+
+    from jobwarden.probes.pyhooks import read_fork_requests
+
+    job = job_at(tmp_path)
+    monkeypatch.setattr(injected, "_job", job)
+    original = multiprocessing.context.BaseContext.get_context
+    try:
+        injected.hook_multiprocessing(multiprocessing)
+        for _ in range(3):
+            multiprocessing.get_context("fork")  # this line, three times: one record
+        multiprocessing.get_context("spawn")  # not fork: nothing to note
+    finally:
+        multiprocessing.context.BaseContext.get_context = original  # type: ignore[method-assign]
+    (request,) = read_fork_requests(tmp_path)
+    assert request.pid == os.getpid()
+    outside = [f for f in request.stack if "/multiprocessing/" not in f.file]
+    assert outside[0].file == __file__
+    assert outside[0].function == "test_asking_for_fork_by_name_is_recorded_once_per_call_site"
+
+
+@given(st.binary(max_size=2000))
+def test_the_readers_of_the_new_records_take_any_bytes(data: bytes) -> None:
+    import tempfile
+
+    from jobwarden.probes.pyhooks import read_caught, read_fork_requests
+
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "42.caught.jsonl").write_bytes(data)
+        Path(folder, "42.start-method.jsonl").write_bytes(data)
+        for record in read_caught(Path(folder)):
+            assert isinstance(record.type, str)
+        for request in read_fork_requests(Path(folder)):
+            assert isinstance(request.pid, int)

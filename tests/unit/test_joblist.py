@@ -25,6 +25,7 @@ SUMMARY_KEYS = [
     "run",
     "pid",
     "finding",
+    "finding_title",
     "exit_code",
     "signal",
     "started_at",

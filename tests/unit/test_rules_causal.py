@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from jobwarden.model import Finding
 from jobwarden.observations import Frame, ProcessDeath, ProcessStack, ThreadStack, UncaughtException
-from jobwarden.rules import RunEvidence, explain
-from jobwarden.rules.causal import CAUSE, REPORT, TEARDOWN, incidents, root_incident
+from jobwarden.rules import RunEvidence, explain, mltext
+from jobwarden.rules.causal import CAUSE, REPORT, TEARDOWN, WEAK, incidents, root_incident
 
 from .test_rules import assert_well_formed
 
@@ -387,3 +389,382 @@ def test_a_rank_that_raised_and_then_aborted_in_its_teardown_is_named_by_its_exc
 def test_an_abort_without_a_recorded_exception_is_still_a_native_crash() -> None:
     ev = failed(deaths=(rank_death(RANK1, 1, T + 0.1, None, "SIGABRT"), main_death(T + 0.3)))
     assert explain(ev)[0].rule == "native-crash"
+
+
+# --- stacks nobody tuned the verdict for: what the libraries printed, with the hooks' records ---------
+
+
+def printed_message(lines: tuple[str, ...], exception_line: str) -> str:
+    """A printed exception's whole message (what the hooks record): its line and those that follow."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(exception_line))
+    return "\n".join([lines[start].partition(": ")[2], *lines[start + 1 :]])
+
+
+WORKER, SIBLING = 811, 812
+
+
+def caught(
+    pid: int, at: float, kind: str, message: str, *frames: Frame, rank: int | None = None
+) -> UncaughtException:
+    return UncaughtException(pid, at, kind, message, frames, rank=rank)
+
+
+def test_a_spawned_process_that_raised_is_named_over_the_main_processs_reraise() -> None:
+    lines = recorded("corpus-spawn-raises")
+    raised_at = Frame("_spawned", "/work/wt-rootcause/tests/integration/jobs/corpus.py", 91)
+    ev = failed(
+        log_tail=lines,
+        deaths=(
+            ProcessDeath(WORKER, MAIN, "python -c from multiprocessing.spawn", T + 0.05, 1, None),
+            ProcessDeath(SIBLING, MAIN, "python -c from multiprocessing.spawn", T + 0.06, None, "SIGTERM"),
+            main_death(T + 0.5),
+        ),
+        exceptions=(
+            UncaughtException(
+                MAIN,
+                T + 0.4,
+                "torch.multiprocessing.spawn.ProcessRaisedException",
+                printed_message(lines, "torch.multiprocessing.spawn.ProcessRaisedException"),
+                (
+                    Frame(
+                        "ProcessContext.join",
+                        "/v/lib/python3.11/site-packages/torch/multiprocessing/spawn.py",
+                        211,
+                    ),
+                ),
+            ),
+        ),
+        caught=(
+            caught(WORKER, T + 0.01, "ValueError", "bad batch shape (2, 3): expected (2, 4)", raised_at),
+        ),
+    )
+    findings = explain(ev)
+    first = findings[0]
+    assert (first.rule, first.pids[0], first.rank) == ("python-exception", WORKER, 1)
+    assert first.title == "Rank 1 (pid 811): uncaught ValueError"
+    assert any(
+        e.startswith("raised at /work/wt-rootcause/tests/integration/jobs/corpus.py:91")
+        for e in first.evidence
+    )
+    assert any("re-raised" in e and f"pid {MAIN}" in e for e in first.evidence)
+    assert [f.rule for f in findings].count("python-exception") == 1  # the re-raise is evidence, folded in
+    assert_well_formed(findings)
+
+
+def test_a_spawned_process_that_exited_3_leads_over_the_report_of_its_exit() -> None:
+    lines = recorded("corpus-spawn-exits")
+    ev = failed(
+        log_tail=lines,
+        deaths=(
+            ProcessDeath(WORKER, MAIN, "python -c from multiprocessing.spawn", T + 0.05, 3, None),
+            ProcessDeath(SIBLING, MAIN, "python -c from multiprocessing.spawn", T + 0.06, None, "SIGTERM"),
+            main_death(T + 0.5),
+        ),
+        exceptions=(
+            UncaughtException(
+                MAIN,
+                T + 0.4,
+                "torch.multiprocessing.spawn.ProcessExitedException",
+                "process 1 terminated with exit code 3",
+            ),
+        ),
+    )
+    first = explain(ev)[0]
+    assert (first.rule, first.pids[0], first.rank) == ("exit-code", WORKER, 1)
+    assert first.title == "Rank 1 (pid 811): exited with code 3"
+    assert any("raised ProcessExitedException reporting it" in e for e in first.evidence)
+
+
+def test_ranks_started_by_a_shell_script_the_one_that_exited_first_leads_over_its_peers_gloo_error() -> None:
+    ev = failed(
+        log_tail=recorded("corpus-gloo-ranks"),  # no hooks' record: torch's excepthook printed [rank0]:
+        deaths=(
+            rank_death(RANK1, 1, T + 0.1, 3, None),
+            rank_death(RANK0, 0, T + 0.9, 1, None),
+            ProcessDeath(MAIN, 1, "bash ranks.sh", T + 0.91, 1, None, is_main=True),
+        ),
+    )
+    findings = explain(ev)
+    first = findings[0]
+    assert (first.rule, first.pids[0], first.rank) == ("exit-code", RANK1, 1)
+    assert "Rank 1 (pid 4002) exited with code 3" in first.summary
+    reaction = next(e for e in first.evidence if "rank 0 (pid 4001)" in e)
+    assert "failed in turn: RuntimeError, a peer's communication error" in reaction
+    assert all(f.pids[:1] != (RANK0,) for f in findings)  # the reaction is no finding of its own
+
+
+def test_lightning_ddp_rank_1_is_named_with_its_rank() -> None:
+    # Lightning starts rank 1 with LOCAL_RANK=1 (its rank); rank 0 is the main process itself
+    lines = recorded("corpus-lightning-raises")
+    ev = failed(
+        log_tail=lines,
+        deaths=(
+            ProcessDeath(WORKER, MAIN, "python corpus.py lightning-raises", T + 0.1, 1, None, rank=1),
+            main_death(T + 0.6),
+        ),
+    )
+    first = explain(ev)[0]
+    assert (first.rule, first.pids[0], first.rank) == ("python-exception", WORKER, 1)
+    assert first.title == "Rank 1 (pid 811): uncaught RuntimeError"
+    main = next(i for i in incidents(ev) if i.is_main)
+    assert (main.weight, main.rank) == (REPORT, 0)  # the [rank0]: traceback is the main process's
+
+
+def test_a_rank_that_raised_and_took_long_to_die_is_still_the_cause() -> None:
+    # seen with Lightning: rank 1's excepthook ran at once, its interpreter ended 5 s later, after the main
+    # process (rank 0) had raised its gloo error: the end of the story is the main process's exception
+    ev = failed(
+        deaths=(
+            ProcessDeath(WORKER, MAIN, "python corpus.py lightning-raises", T + 5.4, 1, None, rank=1),
+            main_death(T + 6.9),
+        ),
+        exceptions=(
+            UncaughtException(WORKER, T, "RuntimeError", "loss is nan at step 2", rank=1),
+            UncaughtException(MAIN, T + 1.5, "RuntimeError", "Connection closed by peer [127.0.0.1]:24716"),
+        ),
+    )
+    first = explain(ev)[0]
+    assert (first.rule, first.pids[0], first.rank) == ("python-exception", WORKER, 1)
+    assert "exit code 1" in first.evidence  # how it ended, though after the main process raised
+
+
+def test_a_dataloader_workers_exception_is_the_workers_at_its_own_line() -> None:
+    lines = recorded("corpus-dl-raises")
+    inner = Frame("RaisingDataset.__getitem__", "/work/wt-rootcause/tests/integration/jobs/corpus.py", 116)
+    reraise = UncaughtException(
+        MAIN,
+        T + 0.3,
+        "ValueError",
+        printed_message(lines, "ValueError: Caught ValueError"),
+        (Frame("ExceptionWrapper.reraise", "/v/lib/python3.11/site-packages/torch/_utils.py", 794),),
+    )
+    ev = failed(
+        log_tail=lines,
+        deaths=(main_death(T + 0.5),),
+        exceptions=(reraise,),
+        caught=(caught(WORKER, T + 0.1, "ValueError", "corrupt record 9: expected 4 fields, got 3", inner),),
+    )
+    first = explain(ev)[0]
+    assert (first.rule, first.pids[0]) == ("python-exception", WORKER)
+    assert any("corpus.py:116 in RaisingDataset.__getitem__" in e for e in first.evidence)
+    # without the hooks' record of the worker: still its exception, about the process that re-raised it
+    blind = explain(dataclasses.replace(ev, caught=()))[0]
+    assert (blind.rule, blind.pids[0]) == ("python-exception", MAIN)
+    assert blind.summary.startswith("A DataLoader worker raised ValueError")
+    assert any("__getitem__" in e for e in blind.evidence)
+
+
+@pytest.mark.parametrize("log", ["corpus-ppe-raises", "corpus-joblib-raises", "corpus-pool-raises"])
+def test_an_executors_task_exception_is_the_workers(log: str) -> None:
+    lines = recorded(log)
+    start = next(i for i, line in enumerate(lines) if line.endswith("RemoteTraceback: "))
+    remote = "\n".join(lines[start + 1 : lines.index('"""', start + 2) + 1])
+    task = next(f for f in mltext.parse_traceback(lines[: lines.index('"""', start + 2)]).frames)
+    ev = failed(
+        log_tail=lines,
+        deaths=(
+            ProcessDeath(SIBLING, MAIN, "python corpus.py", T + 0.2, None, "SIGKILL"),  # loky's own cleanup
+            main_death(T + 0.5),
+        ),
+        exceptions=(
+            UncaughtException(
+                MAIN,
+                T + 0.4,
+                "KeyError",
+                "\"no feature named 'age_2' in the input row\"",
+                chain=(("concurrent.futures.process._RemoteTraceback", remote),),
+            ),
+        ),
+        caught=(caught(WORKER, T + 0.1, "KeyError", "\"no feature named 'age_2' in the input row\"", task),),
+    )
+    first = explain(ev)[0]
+    assert (first.rule, first.pids[0]) == ("python-exception", WORKER), first
+    assert any(e.startswith("raised at ") and " in task" in e for e in first.evidence)
+
+
+def test_a_subprocess_chain_names_the_grandchild_under_two_reports() -> None:
+    child, grandchild = 4001, 4002
+    report = "Command '['python', 'corpus.py', 'chain-grandchild']' returned non-zero exit status 1."
+    ev = failed(
+        log_tail=recorded("corpus-subprocess-chain"),
+        deaths=(
+            ProcessDeath(grandchild, child, "python corpus.py chain-grandchild", T + 0.1, 1, None),
+            ProcessDeath(child, MAIN, "python corpus.py chain-child", T + 0.2, 1, None),
+            main_death(T + 0.3),
+        ),
+        exceptions=(
+            UncaughtException(grandchild, T + 0.09, "FileNotFoundError", "[Errno 2] No such file"),
+            UncaughtException(child, T + 0.19, "subprocess.CalledProcessError", report),
+            UncaughtException(MAIN, T + 0.29, "subprocess.CalledProcessError", report.replace("grand", "")),
+        ),
+    )
+    timeline = incidents(ev)
+    assert [i.weight for i in timeline] == [CAUSE, REPORT, REPORT]
+    first = explain(ev)[0]
+    assert (first.rule, first.pids[0]) == ("python-exception", grandchild)
+
+
+def test_a_pipelines_reader_fails_and_its_writers_broken_pipe_is_a_reaction() -> None:
+    consumer, producer = 4001, 4002
+    ev = failed(
+        log_tail=recorded("corpus-pipeline"),
+        deaths=(
+            ProcessDeath(producer, MAIN, "python corpus.py produce", T + 0.02, 1, None),
+            ProcessDeath(consumer, MAIN, "python corpus.py consume", T + 0.01, 1, None),
+            ProcessDeath(MAIN, 1, "bash pipeline.sh", T + 0.03, 1, None, is_main=True),
+        ),
+        exceptions=(
+            UncaughtException(producer, T + 0.015, "BrokenPipeError", "[Errno 32] Broken pipe"),
+            UncaughtException(consumer, T + 0.005, "ValueError", "unparsable row 'row 500'"),
+        ),
+    )
+    first = explain(ev)[0]
+    assert (first.rule, first.pids[0]) == ("python-exception", consumer)
+    assert any("pid 4002 failed in turn: BrokenPipeError" in e for e in first.evidence)
+
+
+def test_a_writer_killed_by_sigpipe_after_its_reader_failed_is_a_reaction() -> None:
+    ev = failed(
+        deaths=(
+            ProcessDeath(4002, MAIN, "yes", T + 0.02, None, "SIGPIPE"),
+            ProcessDeath(4001, MAIN, "head -c 1x", T + 0.01, 1, None),
+            ProcessDeath(MAIN, 1, "bash -c yes | head", T + 0.03, 1, None, is_main=True),
+        ),
+    )
+    assert [i.pid for i in incidents(ev) if i.weight == REPORT] == [4002]
+    assert explain(ev)[0].pids[0] == 4001
+
+
+def test_a_helper_whose_exit_code_its_parent_took_as_an_answer_is_not_the_cause() -> None:
+    # `grep` found nothing (exit 1); the script ran on for a minute, then failed on its own
+    ev = failed(
+        deaths=(
+            ProcessDeath(4001, MAIN, "grep -q x f", T, 1, None),
+            ProcessDeath(MAIN, 1, "bash job.sh", T + 60, 2, None, is_main=True),
+        ),
+    )
+    assert [i.weight for i in incidents(ev)] == [TEARDOWN, WEAK]
+    assert explain(ev)[0].pids == (MAIN,)
+
+
+def test_a_report_mentions_no_none_and_nothing_is_torn_down_by_nothing() -> None:
+    # the local Ray job: a worker exits 3 (no traceback); its parent's teardown and the driver's report
+    ev = failed(
+        log_tail=(
+            "ray.exceptions.WorkerCrashedError: The worker died unexpectedly while executing this task.",
+        ),
+        deaths=(
+            ProcessDeath(4001, 4000, "ray::dies", T, 3, None),
+            ProcessDeath(4003, MAIN, "ray::IDLE", T + 0.01, 1, None),
+            main_death(T + 0.3),
+        ),
+        exceptions=(
+            UncaughtException(
+                MAIN,
+                T + 0.25,
+                "ray.exceptions.WorkerCrashedError",
+                "The worker died unexpectedly while executing",
+            ),
+        ),
+    )
+    first = explain(ev)[0]
+    assert (first.rule, first.pids[0]) == ("exit-code", 4001)
+    text = " ".join((first.summary, *first.evidence))
+    assert "None" not in text
+    assert "raised WorkerCrashedError reporting it" in text
+
+
+# --- properties of the ordering: arrival, ties and clock skew never lift a report above its cause ------
+
+CAUSES = st.sampled_from(["SIGKILL", "SIGSEGV", "exit", "exception", "relayed"])
+REPORTS = st.sampled_from(["wrapper", "words", "peer", "called-process", "sigpipe", "bare-parent"])
+
+
+@st.composite
+def cascades(draw: st.DrawFn) -> tuple[RunEvidence, int]:
+    """A cause in one process, then reports and reactions of others, teardowns of the rest: deaths at
+    their true moments (the kernel's), exceptions at moments shifted by one skew (the hooks' clock), the
+    whole in any arrival order, moments rounded so that many tie."""
+    grid = draw(st.sampled_from([0.001, 0.05, 0.2]))
+    skew = draw(st.floats(min_value=-0.5, max_value=0.5))
+    cause_kind = draw(CAUSES)
+    culprit = 5000
+    t0 = T + 1.0
+    deaths: list[ProcessDeath] = []
+    exceptions: list[UncaughtException] = []
+    caught_list: list[UncaughtException] = []
+    reporter_of_relay = None
+
+    def when(true: float, hooks: bool = False) -> float:
+        return round(((true + skew) if hooks else true) / grid) * grid
+
+    if cause_kind in ("SIGKILL", "SIGSEGV"):
+        deaths.append(ProcessDeath(culprit, MAIN, "python w.py", when(t0), None, cause_kind))
+    elif cause_kind == "exit":
+        deaths.append(ProcessDeath(culprit, MAIN, "python w.py", when(t0), 3, None))
+    elif cause_kind == "exception":
+        exceptions.append(UncaughtException(culprit, when(t0 - 0.001, True), "ValueError", "bad value"))
+        deaths.append(ProcessDeath(culprit, MAIN, "python w.py", when(t0), 1, None))
+    else:  # a worker formatted its exception; its parent re-raises it (DataLoader, a pool)
+        frame = Frame("load", "/srv/data.py", 12)
+        caught_list.append(UncaughtException(culprit, when(t0, True), "ValueError", "bad record 9", (frame,)))
+        reporter_of_relay = 6000
+    n = draw(st.integers(min_value=1, max_value=4))
+    for k, kind in enumerate(draw(st.lists(REPORTS, min_size=n, max_size=n))):
+        pid, later = 6000 + k, t0 + draw(st.floats(min_value=0.0, max_value=3.0))
+        if pid == reporter_of_relay:
+            relay_text = (
+                "Caught ValueError in a worker process 0.\nOriginal Traceback (most recent call last):\n"
+                '  File "/srv/data.py", line 12, in load\nValueError: bad record 9'
+            )
+            exceptions.append(UncaughtException(pid, when(later, True), "ValueError", relay_text))
+            deaths.append(ProcessDeath(pid, MAIN, "python r.py", when(later + 0.01), 1, None))
+        elif kind == "sigpipe":
+            deaths.append(ProcessDeath(pid, MAIN, "yes", when(later), None, "SIGPIPE"))
+        elif kind == "bare-parent":
+            continue  # the main process's own bare exit below plays this part
+        else:
+            kind_name, text = {
+                "wrapper": (
+                    "concurrent.futures.process.BrokenProcessPool",
+                    "A child process terminated abruptly",
+                ),
+                "words": ("RuntimeError", "a worker died unexpectedly"),
+                "peer": ("RuntimeError", "Connection closed by peer [127.0.0.1]:1243"),
+                "called-process": ("subprocess.CalledProcessError", "returned non-zero exit status 1."),
+            }[kind]
+            exceptions.append(UncaughtException(pid, when(later, True), kind_name, text))
+            deaths.append(ProcessDeath(pid, MAIN, "python r.py", when(later + 0.01), 1, None))
+    for k in range(draw(st.integers(min_value=0, max_value=2))):  # a launcher's teardown of the others
+        deaths.append(ProcessDeath(7000 + k, MAIN, "python r.py", when(t0 + 0.05 * (k + 1)), None, "SIGTERM"))
+    deaths.append(ProcessDeath(MAIN, 1, "launcher", when(t0 + 3.5), 1, None, is_main=True))
+    order = draw(st.permutations(range(len(deaths))))
+    ev = failed(
+        deaths=tuple(deaths[i] for i in order),
+        exceptions=tuple(draw(st.permutations(exceptions))),
+        caught=tuple(caught_list),
+    )
+    return ev, culprit
+
+
+@given(cascades())
+def test_no_report_or_reaction_ever_leads_over_its_cause(case: tuple[RunEvidence, int]) -> None:
+    ev, culprit = case
+    root = root_incident(ev)
+    assert root is not None and root.pid == culprit, incidents(ev)
+    first = explain(ev)[0]
+    assert first.pids[0] == culprit, first
+    assert all(i.weight == REPORT for i in incidents(ev) if i.why and "reporting" in i.why)
+
+
+@given(cascades(), st.randoms(use_true_random=False))
+def test_the_verdict_does_not_depend_on_the_order_the_evidence_arrived_in(
+    case: tuple[RunEvidence, int], rnd: Any
+) -> None:
+    ev, _ = case
+    deaths, exceptions = list(ev.deaths), list(ev.exceptions)
+    rnd.shuffle(deaths)
+    rnd.shuffle(exceptions)
+    again = dataclasses.replace(ev, deaths=tuple(deaths), exceptions=tuple(exceptions))
+    assert [i.pid for i in incidents(again)] == [i.pid for i in incidents(ev)]
+    assert explain(again) == explain(ev)

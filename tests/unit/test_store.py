@@ -685,7 +685,29 @@ def test_findings_round_trip_in_order(store: Store) -> None:
     second = Finding("no-progress", "No progress", "quiet", "warning")
     store.add_finding(job_id, run, NOW + 2, second)
     store.add_finding(job_id, run, NOW + 1, first)
-    assert store.findings(job_id, run) == [(NOW + 1, first), (NOW + 2, second)]
+    assert store.findings(job_id, run) == [
+        (NOW + 1, first._replace(at=NOW + 1)),
+        (NOW + 2, second._replace(at=NOW + 2)),
+    ]
+
+
+def test_a_resolved_finding_keeps_its_moments_and_leaves_the_current_ones(store: Store) -> None:
+    job_id, run = store.create_job(spec(), {}, NOW)
+    stopped = Finding("process-stopped", "pid 5 stopped by SIGSTOP", "stopped", "warning", pids=(5,))
+    idle = Finding("gpu-idle", "GPU 0 idle", "idle", "warning", pids=(5,))
+    stopped_id = store.add_finding(job_id, run, NOW, stopped)
+    store.add_finding(job_id, run, NOW + 1, idle)
+    store.resolve_finding(job_id, run, stopped_id, NOW + 9)
+    store.resolve_finding(job_id, run, stopped_id, NOW + 20)  # once: the first moment stays
+    found = [f for _, f in store.findings(job_id, run)]
+    assert [(f.rule, f.at, f.resolved_at) for f in found] == [
+        ("process-stopped", NOW, NOW + 9),
+        ("gpu-idle", NOW + 1, None),
+    ]
+    assert found[0].to_json()["resolved_at"] == "2023-11-14T22:13:29.000Z"
+    assert found[1].to_json()["resolved_at"] is None
+    assert store.current_findings([(job_id, run)]) == {(job_id, run): [("gpu-idle", "GPU 0 idle")]}
+    assert store.current_findings([]) == {}
 
 
 def test_stack_dumps_round_trip(store: Store) -> None:

@@ -79,3 +79,14 @@ def test_due_at_is_the_end_of_the_window_until_reported() -> None:
     t.mark_reported()
     assert t.due_at() is None
     assert ProgressTracker(window_s=None, now=0).due_at() is None
+
+
+def test_io_read_every_few_ticks_counts_against_the_last_reading() -> None:
+    # the shim reads /proc/PID/io only every few ticks; the ticks between carry no I/O reading, and a job
+    # that only writes (and fsyncs) its data, printing nothing, must still be seen moving
+    t = ProgressTracker(window_s=9, now=0)
+    t.observe(1, Progress(output_bytes=0, io_bytes=1_000_000))
+    for now in (2, 3):
+        assert t.observe(now, Progress(output_bytes=0)) is None
+    assert t.observe(4, Progress(output_bytes=0, io_bytes=4_600_000)) == "io"
+    assert not t.hang_due(12)

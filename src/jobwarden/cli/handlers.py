@@ -354,7 +354,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
     if args.json:
         _print_json([v.summary_json() for v in views])
     else:
-        _print_lines(render.ps_table(views, SystemClock().wall()))
+        _print_lines(render.ps_table(views, SystemClock().wall(), wide=args.wide))
     return 0
 
 

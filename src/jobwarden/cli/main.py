@@ -120,7 +120,7 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--notify",
         metavar="URL",
-        help="POST each event (failed, hung, restarted, succeeded) as JSON to this http(s) URL",
+        help="POST each event (failed, hung, recovered, restarted, succeeded) as JSON to this http(s) URL",
     )
     run.add_argument(
         "--on-event",
@@ -268,6 +268,7 @@ def _explain_arguments(explain: argparse.ArgumentParser) -> None:
 def _ps_arguments(ps: argparse.ArgumentParser) -> None:
     ps.add_argument("-a", "--all", action="store_true", help="include ended jobs")
     ps.add_argument("--last", metavar="N", help="only the N newest of the jobs listed")
+    ps.add_argument("-w", "--wide", action="store_true", help="a VERDICT column: each finding's title")
     ps.add_argument("--json", action="store_true", help="the jobs as a JSON list")
 
 

@@ -7,6 +7,7 @@ same dictionaries, so a field added here appears in every frontend at once.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -55,6 +56,31 @@ class JobStatus(NamedTuple):
     events: list[Event]
     attempts: list[Attempt]
     log_path: Path
+
+    @property
+    def current_findings(self) -> list[Finding]:
+        """What is true now (for an ended run: at its end), root cause first."""
+        return [f for f in self.findings if f.current]
+
+    @property
+    def resolved_findings(self) -> list[Finding]:
+        """What was true for a while and stopped being so (a hang that ended, a process continued)."""
+        return [f for f in self.findings if not f.current]
+
+    @property
+    def recovery(self) -> str | None:
+        """'hung 14:02–14:19, then recovered; succeeded': a run all of whose findings stopped being true,
+        told instead of a root cause. None when something is still wrong, or nothing ever was."""
+        if self.current_findings or not self.resolved_findings:
+            return None
+        spans = ", ".join(f"{_what(f.rule)} {_span(f.at, f.resolved_at)}" for f in self.resolved_findings)
+        return f"{spans}, then recovered; {self.run.state}"
+
+    @property
+    def verdict(self) -> str | None:
+        """The run in one line: its root cause's title, how it recovered, or None."""
+        current = self.current_findings
+        return current[0].title if current else self.recovery
 
     @property
     def disk_full_paths(self) -> list[str]:
@@ -142,8 +168,36 @@ class JobStatus(NamedTuple):
             "state": str(run.state),
             "exit_code": run.exit_code,
             "signal": run.signal,
+            "verdict": self.verdict,
             "findings": [f.to_json() for f in self.findings],
         }
+
+
+# what a finding that ended was, in a word: "hung 14:02–14:19"
+_WHAT = {
+    "no-progress": "hung",
+    "fork-deadlock": "hung (fork deadlock)",
+    "collective-hang": "hung in a collective",
+    "uninterruptible-io": "stuck in D state",
+    "process-stopped": "stopped",
+    "gpu-idle": "GPU idle",
+}
+
+
+def _what(rule: str) -> str:
+    return _WHAT.get(rule, rule)
+
+
+def _span(since: float | None, until: float | None) -> str:
+    """'14:02–14:19' (local time); with seconds when both fall in the same minute."""
+    if since is None or until is None:
+        return f"until {_hm(until, True)}" if until is not None else ""
+    seconds = time.strftime("%H:%M", time.localtime(since)) == time.strftime("%H:%M", time.localtime(until))
+    return f"{_hm(since, seconds)}–{_hm(until, seconds)}"
+
+
+def _hm(at: float, seconds: bool) -> str:
+    return time.strftime("%H:%M:%S" if seconds else "%H:%M", time.localtime(at))
 
 
 def _process_json(p: ProcessSnapshot) -> dict[str, Any]:

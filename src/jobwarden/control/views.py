@@ -129,7 +129,10 @@ class JobView(NamedTuple):
     run: RunRecord
     cpu_percent: float | None
     rss_bytes: int | None
-    finding: str | None = None  # the rule id of the most likely root cause the shim recorded
+    # the run's verdict: an ended run's first finding as the shim stored it, else the most likely root
+    # cause among the findings the shim recorded that are still true (a resolved one is history)
+    finding: str | None = None  # its rule id
+    finding_title: str | None = None
     # running, but its main process is gone: the shim has not recorded the end yet (for a moment, or for
     # as long as the disk holding the store is full)
     end_unrecorded: bool = False
@@ -143,6 +146,7 @@ class JobView(NamedTuple):
             "run": r.n,
             "pid": r.pid,
             "finding": self.finding,
+            "finding_title": self.finding_title,
             "exit_code": r.exit_code,
             "signal": r.signal,
             "started_at": iso(r.started_at),
@@ -196,11 +200,15 @@ def home_disk_full(store: Store) -> int | None:
 
 
 def _with_top_findings(store: Store, views: list[JobView]) -> list[JobView]:
-    """ps's short form of each run's findings: the one that comes first, as recorded live by the shim
-    (one query for the whole list)."""
-    rules = store.run_rules((v.job.id, v.run.n) for v in views)
+    """Each run's verdict in short: an ended run's as the shim stored it at its end; else the current
+    finding that comes first among those the shim recorded live (one query for the whole list)."""
+    current = store.current_findings((v.job.id, v.run.n) for v in views if not v.run.verdict_rule)
     for i, view in enumerate(views):
-        found = rules.get((view.job.id, view.run.n))
+        if view.run.verdict_rule:
+            views[i] = view._replace(finding=view.run.verdict_rule, finding_title=view.run.verdict_title)
+            continue
+        found = current.get((view.job.id, view.run.n))
         if found:
-            views[i] = view._replace(finding=min(found, key=root_cause_rank))
+            rule, title = min(found, key=lambda found: root_cause_rank(found[0]))
+            views[i] = view._replace(finding=rule, finding_title=title)
     return views

@@ -15,7 +15,7 @@ from typing import Any
 
 from jobwarden.errors import AccessDenied
 from jobwarden.model import ProcessId
-from jobwarden.observations import ForkRecord, Frame, ThreadStack, UncaughtException
+from jobwarden.observations import ForkRecord, ForkRequest, Frame, ThreadStack, UncaughtException
 from jobwarden.osapi import asking
 from jobwarden.osapi.procfs import ProcFS
 
@@ -207,6 +207,33 @@ def read_exceptions(py_dir: Path) -> list[UncaughtException]:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
     return sorted(found, key=lambda e: e.at)
+
+
+def read_caught(py_dir: Path) -> list[UncaughtException]:
+    """The exceptions each process formatted without dying of them (`<pid>.caught.jsonl`: a worker's
+    task error on its way to the parent, or what it printed as it ended), oldest first."""
+    found = []
+    for path in _files(py_dir, ".caught.jsonl"):
+        for entry in _json_lines(path):
+            try:
+                found.append(_exception(entry))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+    return sorted(found, key=lambda e: e.at)
+
+
+def read_fork_requests(py_dir: Path) -> list[ForkRequest]:
+    """Where processes asked multiprocessing for "fork" by name (`<pid>.start-method.jsonl`)."""
+    found = []
+    for path in _files(py_dir, ".start-method.jsonl"):
+        for entry in _json_lines(path):
+            try:
+                found.append(
+                    ForkRequest(_typed(entry, "pid", int), float(entry["at"]), _frames(entry["stack"]))
+                )
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+    return sorted(found, key=lambda r: r.at)
 
 
 def _exception(d: dict[str, Any]) -> UncaughtException:

@@ -1,81 +1,335 @@
 """The root cause across the whole tree: which failure came first, and what only followed from it.
 
-A run's incidents are the abnormal ends of any of its processes: a death by signal or a non-zero exit,
-with its wait status, its moment and, for a Python process, its uncaught exception. In time order, the
-first one that is a cause is the root cause; what comes after it is collateral:
-- a parent's exception that reports a child's death (torchrun's ChildFailedError, BrokenProcessPool,
-  loky's TerminatedWorkerError, the DataLoader's "worker ... exited unexpectedly") is the parent's report,
-  never the cause;
-- ranks and workers that a launcher tears down after the first failure (SIGTERM first) are its cleanup;
-- whatever ends after the main process, or after jobwarden began to end the run, was ended by jobwarden.
+A run's *incidents* are the failures of its processes, one per process: an abnormal end (a signal, a
+non-zero exit), an uncaught exception, or an exception that another process relayed (a worker's traceback
+inside its parent's re-raise: rules.relay), attributed to the process that raised it. In time order the
+first *cause* is the root cause. Every incident is weighed by its evidence, whatever its class:
 
-A moment is the kernel's (process events) or the reaping parent's where one of them told it, else when
-the shim noticed, within milliseconds: every member's pidfd wakes it. Ties go to the stronger cause.
+- CAUSE: a kill (SIGKILL, a crash signal, an OOM kill, any signal to the main process) or an exception
+  that neither reports nor reacts;
+- WEAK: a bare non-zero exit, with no traceback: a cause like any other, but one without evidence of its
+  own, so a failure with its own evidence that is no report or reaction leads over it (a helper command's
+  exit code that its parent took as an answer, carrying on for CARRIED_ON_S, is a TEARDOWN);
+- TEARDOWN: SIGTERM, SIGINT, SIGHUP or SIGQUIT to a child: a launcher's cleanup;
+- REPORT: an exception that relays another process's traceback, names a wrapper known to report a child's
+  death (torchrun's ChildFailedError, BrokenProcessPool, loky's TerminatedWorkerError, the DataLoader's
+  "worker ... exited unexpectedly": extra evidence, never needed), speaks of a process, worker, rank, pid
+  or exit code after another process failed, or is a peer's communication error then (closed or reset by
+  peer, broken pipe, EOF); a death by SIGPIPE then too. A report never leads while anything else failed.
+
+The root is the first CAUSE, else the first WEAK, else the first TEARDOWN, else the first REPORT. Weights
+come from what each failure says, not from the clock, so clock skew between the hooks' moments and the
+kernel's can reorder causes among themselves but never lift a report above its cause; "after another
+failed" is judged with TOLERANCE_S of slack. Moments come from the hooks (an exception's, a relayed one's
+when its worker formatted it), the kernel's process events or the reaping parent, else from when the shim
+noticed, within milliseconds: every member's pidfd wakes it.
 """
 
 from __future__ import annotations
 
-import re
-import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from jobwarden.model import Finding
 from jobwarden.observations import ProcessDeath, UncaughtException
-from jobwarden.rules import death as exits
-from jobwarden.rules import frames, mltext
+from jobwarden.rules import mltext, relay
 from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.memory import oom_killed
 
-# How much an incident explains: a cause, a launcher's teardown, or only a report of an earlier death.
-CAUSE, TEARDOWN, REPORT = 2, 1, 0
+CAUSE, WEAK, TEARDOWN, REPORT = 3, 2, 1, 0
+TOLERANCE_S = 1.0  # "after": hooks and kernel stamp moments with clocks that may disagree by this much
+CARRIED_ON_S = 10.0  # a child's bare exit its parent outlived this long, with nothing failing meanwhile
+UNKNOWN_PID = -1  # a relayed exception whose process nothing names (no hooks to record it)
 
-_CRASH = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"})
-_TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"})
-# A parent's exception that only reports the death of a child, and what the children are called then.
-_WRAPPERS = {
+CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"})
+TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"})
+# Wrappers known to report the death of a child, and what the children are called then: extra evidence
+# (the text of each would make it a report anyway) and the name of the failed process in the verdict.
+WRAPPERS = {
     "ChildFailedError": "rank",  # torch.distributed.elastic (torchrun)
     "BrokenProcessPool": "ProcessPoolExecutor worker",
     "BrokenExecutor": "executor worker",
     "TerminatedWorkerError": "loky worker",  # joblib / loky
 }
-_DATALOADER_REPORT = re.compile(r"DataLoader worker \(pid")
-_SHOWN_AFTER = 6  # collateral incidents quoted under the root cause
-_FAILED_STATES = frozenset({"failed", "stopped", "lost"})
+_DATALOADER_REPORT = "DataLoader worker (pid"
+_ABORTED_AFTER_S = 5.0  # an exception's process that aborts this soon after it died of the exception
+_LAST_WORDS_S = 2.0  # a traceback a process printed this shortly before it exited is why it exited
 
 
 class Incident(NamedTuple):
-    death: ProcessDeath
-    weight: int  # CAUSE, TEARDOWN or REPORT
-    exception: UncaughtException | None = None
-    report: str | None = None  # for REPORT: the exception that reports a child's death
+    """One process's failure. `pid` is UNKNOWN_PID for a relayed exception nothing attributes."""
+
+    pid: int
+    at: float
+    weight: int  # CAUSE, WEAK, TEARDOWN or REPORT
+    death: ProcessDeath | None = None
+    exception: UncaughtException | None = None  # its own, from its `[rankN]:` lines, or relayed
+    why: str | None = None  # a REPORT's evidence: "re-raised pid 811's ValueError", "a peer's error (EOF)"
+    relayed_by: int | None = None  # the process that re-raised this one's exception
+    rank: int | None = None
+    is_main: bool = False
+    wrapper: str | None = None  # a REPORT's own exception type: "ChildFailedError", "ProcessRaisedException"
+    depth: int = 0  # how many of its ancestors the evidence knows: the main process is 0
 
     @property
-    def order(self) -> tuple[float, int, int]:
-        """Earlier first; at the same moment the stronger cause, then a death by signal before an exit."""
-        return (self.death.at, -self.weight, 0 if self.death.signal else 1)
+    def order(self) -> tuple[float, int, int, int, int]:
+        """Earlier first; at the same moment (one tick noticed both) the stronger evidence, a process before
+        its ancestors (a parent ends after its child), a death by signal before an exit; then by pid, so
+        that the order never depends on the order the evidence arrived in."""
+        signalled = 0 if self.death is not None and self.death.signal else 1
+        return (self.at, -self.weight, -self.depth, signalled, self.pid)
+
+    @property
+    def signal(self) -> str | None:
+        return self.death.signal if self.death is not None else None
 
 
 def incidents(ev: RunEvidence) -> list[Incident]:
-    """The run's abnormal ends up to the main process's own (or jobwarden's stop), in time order."""
-    cutoff = _cutoff(ev)
-    excs = {e.pid: e for e in ev.exceptions}
-    oom = set(oom_killed(ev))
-    found = [
-        _incident(d, excs.get(d.pid) or _rank_exception(d, ev), d.pid in oom, ev)
-        for d in (*ev.deaths, *_reported_deaths(ev))
-        if d.abnormal and d.at <= cutoff
-    ]
+    """The run's failures up to the main process's end (or jobwarden's stop), in time order."""
+    tree = _Tree(ev)
+    found = [tree.incident(pid) for pid in tree.failed()]
+    found = _demote_answered(found, tree)
     return sorted(found, key=lambda i: i.order)
 
 
-def _rank_exception(d: ProcessDeath, ev: RunEvidence) -> UncaughtException | None:
-    """A rank's traceback from its `[rankN]:` lines (torch prefixes a rank's uncaught exception so), when
-    the hooks recorded none (torch's own excepthook replaces theirs at init_process_group)."""
-    if d.rank is None or d.exit_code in (None, 0):
-        return None
-    tb = mltext.rank_tracebacks(ev.log_tail).get(d.rank)
-    return UncaughtException(d.pid, d.at, tb.exc_type, tb.message, tb.frames, rank=d.rank) if tb else None
+def root_incident(ev: RunEvidence, found: Sequence[Incident] | None = None) -> Incident | None:
+    """The first cause; else the first weakly evidenced one, the first teardown, the first report. None
+    when the run has no incident (still running, hung, succeeded)."""
+    found = incidents(ev) if found is None else found
+    for weight in (CAUSE, WEAK, TEARDOWN, REPORT):
+        first = next((i for i in found if i.weight == weight), None)
+        if first is not None:
+            return first
+    return None
+
+
+def _demote_answered(found: list[Incident], tree: _Tree) -> list[Incident]:
+    """A child's bare exit that nothing followed for CARRIED_ON_S while its parent lived on was an answer
+    the parent took (`grep` finding nothing, `readlink` in a shell script), not the run's failure."""
+    moments = sorted(i.at for i in found)
+    end = tree.cutoff if tree.cutoff != float("inf") else max(moments, default=0.0)
+    demoted = []
+    for i in found:
+        quiet_after = not any(i.at < m <= i.at + CARRIED_ON_S for m in moments)
+        if i.weight == WEAK and not i.is_main and quiet_after and end > i.at + CARRIED_ON_S:
+            i = i._replace(weight=TEARDOWN, why="its parent carried on")
+        demoted.append(i)
+    return demoted
+
+
+class _Tree:
+    """What the evidence says about each process: its death, its exception, its rank, its parent."""
+
+    def __init__(self, ev: RunEvidence) -> None:
+        self.ev = ev
+        self.cutoff = _cutoff(ev)
+        self.oom = set(oom_killed(ev))
+        self.main = ev.pid
+        deaths = [*ev.deaths, *_reported_deaths(ev)]
+        # how each process ended, whenever; those that ended badly up to the cutoff are incidents (a
+        # process that raised before it, and took its time to die, still ended as it did)
+        self.ended = {d.pid: d for d in deaths if d.abnormal}
+        self.deaths = {pid: d for pid, d in self.ended.items() if d.at <= self.cutoff}
+        self.parents = {p.pid: p.ppid for p in ev.processes}
+        self.parents.update({d.pid: d.ppid for d in deaths if d.ppid is not None})
+        self.ranks = {d.pid: d.rank for d in deaths if d.rank is not None}
+        self.ranks.update({p.pid: p.rank for p in ev.processes if p.rank is not None})
+        self.own = _own_exceptions(ev, self)
+        relays = _relays(ev, self)
+        self.relayed, self.relayed_by, self.reporters = relays.exceptions, relays.relayed_by, relays.reporters
+        self._ranks_from_reports()
+
+    def failed(self) -> list[int]:
+        pids = [*self.deaths, *(p for p, e in self.own.items() if e.at <= self.cutoff), *self.relayed]
+        return list(dict.fromkeys(pids))
+
+    # --- one process's incident ---------------------------------------------------------------------
+
+    def incident(self, pid: int) -> Incident:
+        death = self.ended.get(pid)
+        exc = self.relayed.get(pid) or self.own.get(pid)
+        base = Incident(
+            pid,
+            exc.at if exc is not None else death.at if death is not None else self.cutoff,
+            CAUSE,
+            death,
+            exc,
+            rank=self._rank(pid, exc),
+            is_main=pid == self.main,
+            depth=self.depth(pid),
+        )
+        if exc is None:
+            return self._weigh_death(base)
+        weighed = self._weigh_exception(base, exc)  # a relayed exception weighs what it says, as any
+        return weighed._replace(relayed_by=self.relayed_by.get(pid)) if pid in self.relayed else weighed
+
+    def _weigh_exception(self, i: Incident, exc: UncaughtException) -> Incident:
+        kind = relay.short_type(exc.type)
+        relayed = self.reporters.get(i.pid)
+        if relayed:
+            return i._replace(weight=REPORT, why=f"re-raised {relayed}", wrapper=kind)
+        if kind == "KeyboardInterrupt" or mltext.signal_exception([f"{exc.type}: {exc.message}"]):
+            # a signal turned into an exception (SIGINT, torchrun's SignalException): a kill of the main
+            # process, a teardown of any other
+            return i if i.is_main else i._replace(weight=TEARDOWN)
+        wrapper = next((relay.short_type(t) for t in exc.types if relay.short_type(t) in WRAPPERS), None)
+        if wrapper is not None or _DATALOADER_REPORT in exc.message:
+            return i._replace(
+                weight=REPORT, why=f"raised {wrapper or kind} reporting it", wrapper=wrapper or kind
+            )
+        if not self.failed_before(i.pid, exc.at):
+            return i
+        peer = relay.peer_error(exc)
+        if peer is not None:
+            said = f" ({peer})" if peer != kind else ""
+            return i._replace(
+                weight=REPORT, why=f"failed in turn: {kind}, a peer's communication error{said}"
+            )
+        if relay.reports_on(exc) is not None:
+            return i._replace(weight=REPORT, why=f"raised {kind} reporting it", wrapper=kind)
+        return i
+
+    def _weigh_death(self, i: Incident) -> Incident:
+        d = i.death
+        assert d is not None
+        if d.pid in self.oom or d.signal in CRASH_SIGNALS or d.signal == "SIGKILL":
+            return i
+        if d.signal == "SIGPIPE" and self.failed_before(d.pid, d.at):
+            return i._replace(weight=REPORT, why="wrote into a pipe whose reader had failed (SIGPIPE)")
+        if d.signal is not None:
+            return i if d.is_main else i._replace(weight=TEARDOWN)
+        return i._replace(weight=WEAK)
+
+    def failed_before(self, pid: int, at: float) -> bool:
+        """Another process failed before `at`, with TOLERANCE_S of slack. A teardown (SIGTERM...) counts
+        only when strictly before: it is what a launcher does after a failure, a report's cause is not."""
+        for d in self.deaths.values():
+            if d.pid == pid or d.at > at + TOLERANCE_S:
+                continue
+            if d.signal in TEARDOWN_SIGNALS and d.at >= at:
+                continue
+            return True
+        others = (e for p, e in (*self.own.items(), *self.relayed.items()) if p != pid)
+        return any(e.at <= at + TOLERANCE_S for e in others)
+
+    def depth(self, pid: int) -> int:
+        """How many generations below the main process `pid` is, as far as the evidence knows (a process
+        whose parents are unknown counts one more than those it knows)."""
+        if pid == self.main:
+            return 0
+        seen: set[int] = set()
+        while pid != self.main and pid in self.parents and pid not in seen:
+            seen.add(pid)
+            pid = self.parents[pid]
+        return len(seen) if pid == self.main else len(seen) + 1
+
+    def descends(self, pid: int, ancestor: int) -> bool:
+        seen: set[int] = set()
+        while pid in self.parents and pid not in seen:
+            seen.add(pid)
+            parent = self.parents[pid]
+            if parent == ancestor:
+                return True
+            pid = parent
+        return False
+
+    # --- ranks --------------------------------------------------------------------------------------
+
+    def _rank(self, pid: int, exc: UncaughtException | None) -> int | None:
+        if pid in self.ranks:
+            return self.ranks[pid]
+        return exc.rank if exc is not None else None
+
+    def _ranks_from_reports(self) -> None:
+        """ "process 1 terminated with exit code 3": the one failed process with that exit code is process
+        1 (torch.multiprocessing.spawn's index, the rank DDP code gives it)."""
+        texts = [t for e in self.own.values() for t in (e.message, *(m for _, m in e.chain))]
+        for index, code in relay.named_ends(texts):
+            matching = [d for d in self.deaths.values() if d.exit_code == code and not d.is_main]
+            if len(matching) == 1 and matching[0].pid not in self.ranks:
+                self.ranks[matching[0].pid] = index
+
+
+# --- each process's exception -----------------------------------------------------------------------
+
+
+def _own_exceptions(ev: RunEvidence, tree: _Tree) -> dict[int, UncaughtException]:
+    """The exception each failed process died of: the hooks' record; else, for a rank, its `[rankN]:`
+    traceback (torch's excepthook replaces the hooks' at init_process_group); else what it printed as it
+    exited (multiprocessing's Process prints its child's traceback and exits 1, with no excepthook); else,
+    for the main process, the last top-level traceback in the output that no other process claims."""
+    own = {e.pid: e for e in ev.exceptions}
+    by_rank = mltext.rank_tracebacks(ev.log_tail)
+    for d in tree.deaths.values():
+        if d.pid in own or (d.exit_code in (None, 0) and d.signal != "SIGABRT"):
+            continue
+        rank = tree.ranks.get(d.pid)
+        tb = by_rank.get(rank) if rank is not None else None
+        if tb is not None:
+            own[d.pid] = UncaughtException(d.pid, d.at, tb.exc_type, tb.message, tb.frames, rank=rank)
+            continue
+        last = _last_words(ev.caught, d)
+        if last is not None:
+            own[d.pid] = last
+    _main_exception(ev, tree, own, by_rank)
+    return own
+
+
+def _last_words(caught: Sequence[UncaughtException], d: ProcessDeath) -> UncaughtException | None:
+    said = [c for c in caught if c.pid == d.pid and d.at - _LAST_WORDS_S <= c.at <= d.at + TOLERANCE_S]
+    return said[-1] if said else None
+
+
+def _main_exception(
+    ev: RunEvidence, tree: _Tree, own: dict[int, UncaughtException], by_rank: dict[int, mltext.PyTraceback]
+) -> None:
+    """The main process's exception, from its output: a traceback no other process claims."""
+    main = tree.ended.get(ev.pid) if ev.pid is not None else None
+    if main is None or main.pid in own or main.signal is not None:
+        return
+    unclaimed = [(r, tb) for r, tb in by_rank.items() if r not in tree.ranks.values()]
+    if len(unclaimed) == 1 and main.rank is None:  # Lightning's rank 0 is the main process itself
+        rank, tb = unclaimed[0]
+        tree.ranks[main.pid] = rank
+        own[main.pid] = UncaughtException(main.pid, main.at, tb.exc_type, tb.message, tb.frames, rank=rank)
+        return
+    printed = relay.top_level_traceback(ev.log_tail)
+    if printed is not None and not any(relay.same_exception(e, printed) for e in own.values()):
+        own[main.pid] = UncaughtException(
+            main.pid, main.at, printed.exc_type, printed.message, printed.frames
+        )
+
+
+class _Relays(NamedTuple):
+    exceptions: dict[int, UncaughtException]  # relayed by others, by the pid that raised them
+    relayed_by: dict[int, int]  # that pid -> the process that re-raised it
+    reporters: dict[int, str]  # a relaying process -> what it re-raised ("pid 811's ValueError")
+
+
+def _relays(ev: RunEvidence, tree: _Tree) -> _Relays:
+    found = _Relays({}, {}, {})
+    sources = [(pid, list(_messages(exc)), exc.at) for pid, exc in tree.own.items()]
+    main = tree.ended.get(ev.pid) if ev.pid is not None else None
+    if main is not None and not any(e.pid == main.pid for e in ev.exceptions):
+        sources.append((main.pid, [], main.at))  # printed only: its relays are read from the output
+    for reporter, messages, at in sources:
+        for r in relay.relayed_in(messages) if messages else relay.relayed_in_lines(ev.log_tail):
+            remote = relay.attribute(r, reporter, at - 1e-3, ev.caught)
+            if remote.pid == reporter:
+                continue
+            found.exceptions.setdefault(remote.pid, remote)
+            found.relayed_by.setdefault(remote.pid, reporter)
+            who = f"pid {remote.pid}" if remote.pid != UNKNOWN_PID else "a worker"
+            found.reporters.setdefault(reporter, f"{who}'s {relay.short_type(remote.type)}")
+    return found
+
+
+def _messages(exc: UncaughtException) -> Iterable[str]:
+    yield exc.message
+    for _, message in exc.chain:
+        yield message
+
+
+# --- what only the launcher's report says -------------------------------------------------------------
 
 
 def _reported_deaths(ev: RunEvidence) -> list[ProcessDeath]:
@@ -101,158 +355,12 @@ def _reported_deaths(ev: RunEvidence) -> list[ProcessDeath]:
     ]
 
 
-def root_incident(ev: RunEvidence, found: Sequence[Incident] | None = None) -> Incident | None:
-    """The first cause; when the main process only reported a death, the first teardown stands in for the
-    death nobody saw. None when the run has no incident (still running, hung, succeeded)."""
-    found = incidents(ev) if found is None else found
-    cause = next((i for i in found if i.weight == CAUSE), None)
-    if cause is not None:
-        return cause
-    main = next((i for i in found if i.death.is_main), None)
-    if main is not None and main.weight == REPORT:
-        return next((i for i in found if not i.death.is_main), None)
-    return None
-
-
 def _cutoff(ev: RunEvidence) -> float:
+    """Where the run's story ends: the main process's end, jobwarden's stop, or the main process's uncaught
+    exception (TOLERANCE_S later): what dies after it is its own shutdown (atexit handlers, a framework
+    killing its daemons: Ray's shutdown SIGKILLs its workers seconds after the driver raised)."""
     ends = [d.at for d in ev.deaths if d.is_main]
     if ev.stopping_at is not None:
         ends.append(ev.stopping_at)
+    ends += [e.at + TOLERANCE_S for e in ev.exceptions if e.pid == ev.pid]
     return min(ends, default=float("inf"))
-
-
-def _incident(d: ProcessDeath, exc: UncaughtException | None, oom: bool, ev: RunEvidence) -> Incident:
-    if oom or d.signal in _CRASH or d.signal == "SIGKILL":
-        return Incident(d, CAUSE, exc)
-    if d.signal is not None:  # SIGTERM & co: a launcher's teardown, unless it hit the main process
-        return Incident(d, CAUSE if d.is_main else TEARDOWN, exc)
-    report = _report_of(exc, ev.log_tail if d.is_main else ())
-    if report is not None:
-        return Incident(d, REPORT, exc, report)
-    if d.is_main and exc is None and exits.parse_traceback(ev.log_tail) is None:
-        return Incident(d, TEARDOWN, exc)  # a bare exit code: a shell script passing a failure on
-    if not d.is_main and exc is None:
-        # A child's bare exit code is an answer its parent may well have taken (`readlink` in a shell
-        # script, `grep` finding nothing): it leads only when nothing stronger failed, as a teardown does.
-        return Incident(d, TEARDOWN, exc)
-    return Incident(d, CAUSE, exc)
-
-
-def _report_of(exc: UncaughtException | None, lines: Sequence[str]) -> str | None:
-    """The wrapper exception's name when the process ended by reporting a child's death."""
-    if exc is not None:
-        chain = list(zip(exc.types, (exc.message, *(m for _, m in exc.chain)), strict=True))
-    else:
-        parsed = exits.parse_traceback(lines)
-        chain = [(parsed[0], parsed[1])] if parsed else []
-    for qualified, message in chain:
-        name = qualified.rpartition(".")[2]
-        if name in _WRAPPERS or _DATALOADER_REPORT.search(message):
-            return name
-    return None
-
-
-# --- arranging the findings -------------------------------------------------------------------------
-
-
-def arrange(found: Sequence[Finding], ev: RunEvidence, ranked: Sequence[Finding]) -> list[Finding]:
-    """`ranked` (the findings in the rule families' order) with the root cause first. When a process
-    other than the main one failed first, the finding about it leads, the main process's exit finding
-    (its report of that death) is folded into the root's evidence, and the collateral is listed there.
-    Only for a run that ended badly: while it runs, or after it succeeded, a child's death is not the
-    cause of anything yet."""
-    if ev.state not in _FAILED_STATES:
-        return list(ranked)
-    timeline = incidents(ev)
-    root = root_incident(ev, timeline)
-    if root is None or root.death.is_main:
-        return list(ranked)
-    role = _role(timeline)
-    lead = _finding_about(root, found, ev, role)
-    if lead is None:
-        return list(ranked)
-    after = [i for i in timeline if i.death.pid != root.death.pid and i.death.at >= root.death.at]
-    # the main process's end, once it followed the root: its report of it, quoted in the lead's evidence
-    main_exit = _main_exit(found, ev) if any(i.death.is_main for i in after) else None
-    lead = _with_collateral(lead, root, after, ev, role)
-    return [lead, *(f for f in ranked if f.rule != lead.rule and f is not main_exit)]
-
-
-def _finding_about(root: Incident, found: Sequence[Finding], ev: RunEvidence, role: str) -> Finding | None:
-    """The most specific finding about the process that failed first: an OOM kill, a lost pool worker, a
-    DataLoader worker; else how it ended (its exception, signal or exit code)."""
-    pid = root.death.pid
-    for rule in ("oom-kill", "dataloader-worker-killed", "pool-worker-lost"):
-        for f in found:
-            # an OOM kill lists every victim; the worker rules name the dead worker first
-            about = pid in f.pids if rule == "oom-kill" else f.pids[:1] == (pid,)
-            if f.rule == rule and about:
-                return f
-    subject = exits.Subject.of(root.death, root.exception, role)
-    own_lines = ev.log_tail if root.death.signal in _CRASH else ()
-    return exits.process_finding(ev, subject, own_lines)
-
-
-def _role(timeline: Sequence[Incident]) -> str:
-    """What the failed children are called: by the wrapper the main process reported them with."""
-    main = next((i for i in timeline if i.death.is_main), None)
-    if main is not None and main.report is not None:
-        return _WRAPPERS.get(main.report, "DataLoader worker")
-    return "worker"
-
-
-def _main_exit(found: Sequence[Finding], ev: RunEvidence) -> Finding | None:
-    exit_rules = {"python-exception", "exit-code", "killed-externally", "native-crash", "terminal-hangup"}
-    main = (ev.pid,) if ev.pid is not None else None
-    return next((f for f in found if f.rule in exit_rules and f.pids == main), None)
-
-
-def _with_collateral(
-    lead: Finding, root: Incident, after: list[Incident], ev: RunEvidence, role: str
-) -> Finding:
-    who = exits.Subject.of(root.death, root.exception, role).who
-    how = _how(root.death)
-    lines = [*_last_stack(root.death.pid, ev), *(f"then: {_then(i)}" for i in after[:_SHOWN_AFTER])]
-    if len(after) > _SHOWN_AFTER:
-        lines.append(f"then: {len(after) - _SHOWN_AFTER} more process(es) ended after it")
-    summary = f"{who[:1].upper()}{who[1:]} {how} at {clock(root.death.at)}, first in the job's tree"
-    if after:
-        summary += f"; then {_then(after[0])}: collateral"
-    return lead._replace(
-        summary=f"{summary}. {lead.summary}",
-        evidence=(*lead.evidence, *lines),
-        pids=tuple(dict.fromkeys((root.death.pid, *lead.pids))),
-        rank=root.death.rank,
-    )
-
-
-def _last_stack(pid: int, ev: RunEvidence) -> list[str]:
-    """What the process was doing when a stack of it was last taken (a dump, a hang, a lost worker)."""
-    stack = ev.last_stacks.get(pid)
-    thread = (frames.main_thread(stack) or stack.threads[0]) if stack is not None and stack.threads else None
-    if thread is None or not thread.frames:
-        return []
-    return [f"its last stack ({frames.thread_label(thread)}): {frames.path_of(thread.frames, 4)}"]
-
-
-def _then(i: Incident) -> str:
-    d = i.death
-    who = f"the main process (pid {d.pid})" if d.is_main else _label(d)
-    if i.weight == REPORT:
-        return f"{who} raised {i.report} reporting it ({clock(d.at)})"
-    if i.weight == TEARDOWN and not d.is_main:
-        return f"{who} was torn down by {d.signal} ({clock(d.at)})"
-    return f"{who} {_how(d)} ({clock(d.at)})"
-
-
-def _label(d: ProcessDeath) -> str:
-    return f"rank {d.rank} (pid {d.pid})" if d.rank is not None else f"pid {d.pid}"
-
-
-def _how(d: ProcessDeath) -> str:
-    return f"was killed by {d.signal}" if d.signal else f"exited with code {d.exit_code}"
-
-
-def clock(at: float) -> str:
-    """'12:03:07.120', local time: deaths milliseconds apart must read apart."""
-    return time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at * 1000) % 1000:03d}"

@@ -15,7 +15,7 @@ from jobwarden.model import Finding
 from jobwarden.observations import Frame, ProcessDeath, UncaughtException
 from jobwarden.rules import mltext
 from jobwarden.rules.engine import engine_stop
-from jobwarden.rules.evidence import RunEvidence
+from jobwarden.rules.evidence import RunEvidence, job_ref
 from jobwarden.rules.frames import is_library, short_file
 from jobwarden.rules.gpuerrors import gpu_context
 from jobwarden.rules.memory import oom_killed
@@ -41,6 +41,7 @@ class Subject(NamedTuple):
     rank: int | None = None
     exception: UncaughtException | None = None  # its uncaught exception, as the Python hooks recorded it
     is_main: bool = False
+    relayed_by: str | None = None  # its exception reached the job's end through this process's re-raise
 
     @classmethod
     def main(cls, ev: RunEvidence) -> Subject:
@@ -48,9 +49,26 @@ class Subject(NamedTuple):
         return cls(ev.pid, f"main process {ev.pid}", ev.exit_code, ev.signal, _main_rank(ev), exc, True)
 
     @classmethod
-    def of(cls, death: ProcessDeath, exc: UncaughtException | None, role: str = "process") -> Subject:
-        who = f"rank {death.rank} (pid {death.pid})" if death.rank is not None else f"{role} pid {death.pid}"
-        return cls(death.pid, who, death.exit_code, death.signal, death.rank, exc)
+    def of(
+        cls,
+        pid: int,
+        death: ProcessDeath | None,
+        exc: UncaughtException | None,
+        role: str = "process",
+        rank: int | None = None,
+    ) -> Subject:
+        """A process of the tree: how it ended (`death`, None when it did not fail itself: a worker that
+        caught its task's exception and passed it on) and the exception it raised."""
+        who = (
+            f"rank {rank} (pid {pid})"
+            if rank is not None
+            else f"{role} pid {pid}"
+            if pid >= 0
+            else f"a {role}"
+        )
+        if death is None:
+            return cls(pid if pid >= 0 else None, who, None, None, rank, exc)
+        return cls(pid, who, death.exit_code, death.signal, rank, exc)
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -222,30 +240,40 @@ def _python_exception(ev: RunEvidence, who: Subject, lines: Sequence[str]) -> Fi
     # A process whose uncaught exception the hooks recorded, and which then aborted, aborted while it shut
     # down (torch's process group torn down from a destructor): the exception is what went wrong.
     aborted_after = who.signal == "SIGABRT" and who.exception is not None
-    if (who.exit_code in (None, 0) or who.signal) and not aborted_after:
+    relayed = who.relayed_by is not None and who.exception is not None
+    if (who.exit_code in (None, 0) or who.signal) and not aborted_after and not relayed:
         return None
     raised = _raised(who, lines)
     if raised is None:
         return None
     exc_type, message, frame = raised
     hangup = _agent_signal(exc_type, message)
-    if hangup is not None:  # the launcher turned a signal into an exception: name the signal
+    if hangup is not None and not relayed:  # the launcher turned a signal into an exception: name the signal
         return _signal_death(ev, who._replace(signal=hangup, exit_code=None), lines)
     evidence = [f"{exc_type}: {message}"] + ([f"raised at {frame}"] if frame else [])
+    if relayed:
+        evidence.append(f"re-raised by {who.relayed_by}")
+    evidence.append(_after_it(who, aborted_after))
     return Finding(
         "python-exception",
         f"Uncaught {exc_type}",
         f"{exc_type}: {message}",
         "error",
-        (
-            *tuple(evidence),
-            "then it aborted (SIGABRT) while shutting down"
-            if aborted_after
-            else f"exit code {who.exit_code}",
-        ),
+        tuple(evidence),
         f"fix the error at {frame or 'the innermost frame'}; `jobwarden logs` shows the traceback",
         who.pids,
     )
+
+
+def _after_it(who: Subject, aborted_after: bool) -> str:
+    """What became of the process after it raised."""
+    if aborted_after:
+        return "then it aborted (SIGABRT) while shutting down"
+    if who.signal:
+        return f"then it was killed by {who.signal}"
+    if who.exit_code not in (None, 0):
+        return f"exit code {who.exit_code}"
+    return "it passed the exception on and did not fail itself"
 
 
 def _raised(who: Subject, lines: Sequence[str]) -> tuple[str, str, str | None] | None:
@@ -253,11 +281,11 @@ def _raised(who: Subject, lines: Sequence[str]) -> tuple[str, str, str | None] |
     the process's uncaught exception, else from the last traceback in its output."""
     exc = who.exception
     if exc is not None:
-        return _short_type(exc.type), exc.message, raised_at(exc.frames)
+        return short_type(exc.type), exc.message, raised_at(exc.frames)
     return parse_traceback(lines)
 
 
-def _short_type(qualified: str) -> str:
+def short_type(qualified: str) -> str:
     """'concurrent.futures.process.BrokenProcessPool' -> 'BrokenProcessPool': the name a reader knows."""
     return qualified.rpartition(".")[2]
 
@@ -309,8 +337,8 @@ def _signal_death(ev: RunEvidence, who: Subject, lines: Sequence[str]) -> Findin
             "OOM killer (no OOM evidence was collected for this run).",
             "error",
             pid_note + _tail_evidence(lines, 3, who.is_main),
-            "check who sent it (`last`, scheduler logs, `dmesg | grep -i oom`); run with "
-            "--mem-limit to make memory kills explicit",
+            "check who sent it (`last`, scheduler logs, `dmesg | grep -i oom`)"
+            + ("" if ev.mem_limit_bytes else "; run with --mem-limit to make memory kills explicit"),
             who.pids,
         )
     return Finding(
@@ -410,6 +438,6 @@ def _supervisor_lost(ev: RunEvidence) -> Finding | None:
         "may not have been recorded.",
         "warning",
         ("event: supervisor-lost",),
-        "`jobwarden adopt JOB` starts a new supervisor for the surviving processes",
+        f"`jobwarden adopt {job_ref(ev)}` starts a new supervisor for the surviving processes",
         _pids(ev),
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from jobwarden.model import Finding
-from jobwarden.rules.evidence import RunEvidence
+from jobwarden.rules.evidence import RunEvidence, job_ref
 
 _SLURM_TITLES = {
     "CANCELLED": "Cancelled by Slurm (scancel)",
@@ -23,7 +23,7 @@ _REMEDIES = {
     "and resume from the checkpoint in the next job",
     "PREEMPTED": "save a checkpoint on SIGTERM and resubmit with --requeue, so the job resumes when it is "
     "scheduled again",
-    "CANCELLED": "nothing to fix if the cancel was meant (scancel by a user or an admin); `sacct -j JOB "
+    "CANCELLED": "nothing to fix if the cancel was meant (scancel by a user or an admin); `sacct -j {job} "
     "-o JobID,State,Reason` says who",
 }
 
@@ -44,7 +44,7 @@ def engine_stop(ev: RunEvidence) -> Finding | None:
         evidence.append(f"Slurm job state {ev.engine_state}{reason}")
     evidence += [f"main process {ev.pid}: {how}", f"kill budget {budget} (SIGTERM -> SIGKILL)"]
     if "engine-stop" in ev.stack_triggers:
-        evidence.append("the stacks of the quiet job were stored first: jobwarden status --json")
+        evidence.append(f"the job's stacks were stored first: `jobwarden dump {job_ref(ev)}` shows them")
     return Finding(
         "cancelled-by-engine",
         _title(engine, ev),
@@ -68,13 +68,15 @@ def _title(engine: str, ev: RunEvidence) -> str:
 
 
 def _remedy(engine: str, ev: RunEvidence) -> str:
-    remedy = _REMEDIES.get(ev.engine_state or "", "")
     if ev.engine == "container":
         return _container_remedy(ev)
+    slurm_job = ev.engine_job or "<its Slurm job id>"
+    remedy = _REMEDIES.get(ev.engine_state or "", "").replace("{job}", slurm_job)
     if not remedy:
         remedy = (
-            "nothing to fix if the stop was meant; under Slurm, `sacct -j JOB -o JobID,State,Reason` says "
-            "why (a time limit: --signal=USR1@120 and a checkpoint handler, or a longer --time)"
+            "nothing to fix if the stop was meant; under Slurm, "
+            f"`sacct -j {slurm_job} -o JobID,State,Reason` says why (a time limit: --signal=USR1@120 and "
+            "a checkpoint handler, or a longer --time)"
             if engine != "Ray"
             else "nothing to fix if the stop was meant; give the job longer to stop with a larger "
             "RAY_JOB_STOP_WAIT_TIME_S"

@@ -10,6 +10,7 @@ from typing import Any
 from jobwarden.model import ProcessEnd
 from jobwarden.observations import (
     ForkRecord,
+    ForkRequest,
     GpuDevice,
     GpuProcess,
     OomEvidence,
@@ -29,6 +30,9 @@ class RunEvidence:
     end_reason: str | None
     pid: int | None  # the main process
     error: str | None = None
+    job_id: int | None = None  # what a remedy's command names (`jobwarden dump 12`), never "JOB"
+    mp_start: str | None = None  # the run's --mp-start: a remedy never asks for what is already in force
+    engine_job: str | None = None  # the engine's id of the job (Slurm's job id), for its own commands
     timeout_s: float | None = None
     orphans_left: Sequence[dict[str, Any]] = ()
     survivors: Sequence[dict[str, Any]] = ()
@@ -45,6 +49,8 @@ class RunEvidence:
     engine_reason: str | None = None  # Slurm's Reason=
     stack_triggers: Sequence[str] = ()  # why each stored dump was taken: "hang", "dump", "engine-stop"...
     exceptions: Sequence[UncaughtException] = ()  # uncaught, per Python process, as the hooks recorded them
+    # exceptions the processes formatted without dying of them: a worker's error on its way to its parent
+    caught: Sequence[UncaughtException] = ()
     # the last stack stored of each process (a dump, a hang): what a worker was doing before it died
     last_stacks: Mapping[int, ProcessStack] = field(default_factory=dict)
     # --- diagnosis: filled where known ---
@@ -56,12 +62,18 @@ class RunEvidence:
     deaths: Sequence[ProcessDeath] = ()  # processes of the run that ended, the main one included
     stacks: Sequence[ProcessStack] = ()  # the latest stacks of the live processes
     forks: Sequence[ForkRecord] = ()
+    fork_requests: Sequence[ForkRequest] = ()  # explicit get_context("fork") / set_start_method("fork")
     oom: OomEvidence | None = None
     mem_limit_bytes: int | None = None
     gpus: Sequence[GpuDevice] = ()
     gpu_processes: Sequence[GpuProcess] = ()  # of this job's processes
     gpu_idle_for_s: float | None = None  # the job held GPU memory at ~0% utilisation this long
     gpu_idle_window_s: float | None = None  # how long it may last before gpu-idle (else hang_window_s)
+
+
+def job_ref(ev: RunEvidence) -> str:
+    """How a remedy's command names this job: its id (`jobwarden dump 12`)."""
+    return str(ev.job_id) if ev.job_id is not None else "JOB"
 
 
 def death_of(end: ProcessEnd, is_main: bool) -> ProcessDeath:

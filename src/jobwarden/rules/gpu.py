@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from jobwarden.config import format_duration, format_size
 from jobwarden.model import Finding
 from jobwarden.observations import GpuDevice, GpuProcess
-from jobwarden.rules.evidence import RunEvidence
+from jobwarden.rules.evidence import RunEvidence, job_ref
 from jobwarden.rules.lookup import describe
 
 _IDLE_UTILISATION = 5.0  # percent: below this a GPU counts as idle in the device line
@@ -45,9 +45,9 @@ def gpu_idle(ev: RunEvidence) -> Finding | None:
         "the GPU is reserved and does no work.",
         "warning",
         tuple(evidence),
-        "Find what the job waits on instead (`jobwarden dump JOB`): most often data loading (raise "
-        "num_workers, check the disk), a CPU-bound phase, or a hang in a collective. If the job is done with "
-        "the GPU (evaluation on CPU, a forgotten notebook), release it (del the model, "
+        f"Find what the job waits on instead (`jobwarden dump {job_ref(ev)}`): most often data loading "
+        "(raise num_workers, check the disk), a CPU-bound phase, or a hang in a collective. If the job is "
+        "done with the GPU (evaluation on CPU, a forgotten notebook), release it (del the model, "
         "torch.cuda.empty_cache()) or stop the job so others can use the GPU.",
         tuple(dict.fromkeys(p.pid for p in held)),
     )

@@ -79,7 +79,7 @@ def oom_kill(ev: RunEvidence) -> Finding | None:
         summary,
         "error",
         tuple(_evidence(ev, oom, limit, victims, look)),
-        _container_remedy(limit) if container else _remedy(oom, limit),
+        _container_remedy(limit) if container else _remedy(oom, limit, ev.mem_limit_bytes is not None),
         victims,
     )
 
@@ -116,7 +116,7 @@ def _evidence(
     return lines
 
 
-def _remedy(oom: OomEvidence, limit: int | None) -> str:
+def _remedy(oom: OomEvidence, limit: int | None, limited: bool) -> str:
     lower = (
         "lower the job's memory: fewer DataLoader/Pool workers (each forked worker slowly copies the "
         "parent's pages as Python touches their refcounts), smaller batches or prefetch, and datasets held "
@@ -125,8 +125,12 @@ def _remedy(oom: OomEvidence, limit: int | None) -> str:
     if oom.mechanism == "host":
         return (
             "The whole machine ran short, so anything on it may be the cause: check what else ran "
-            f"(`jobwarden ps`, `top`), {lower}; give the job a --mem-limit so it is the one stopped, "
-            "predictably, if it overgrows."
+            f"(`jobwarden ps`, `top`), {lower}"
+            + (
+                "."
+                if limited
+                else "; give the job a --mem-limit so it is the one stopped, predictably, if it overgrows."
+            )
         )
     raise_it = f"raise --mem-limit above {format_size(limit)}" if limit else "raise the memory limit"
     return f"Either {raise_it} if the peak is what the job legitimately needs, or {lower}."

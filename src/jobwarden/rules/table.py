@@ -25,6 +25,10 @@ class Rule(NamedTuple):
     live: bool = False  # the shim may conclude it while the run is live (shim.diagnosis)
     explains_a_hang: bool = False  # a hang it explains needs no `no-progress` on top
     if_unexplained: bool = False  # judged only when no rule that explains a hang fired
+    # How a live finding stops being true (shim.findings): "event" never (a death, a kill: it happened),
+    # "hang" when the run shows progress again, "state" when what it saw is gone (the process resumed,
+    # the GPU computes again)
+    lasts: str = "event"
 
 
 RULES: tuple[Rule, ...] = (
@@ -35,12 +39,12 @@ RULES: tuple[Rule, ...] = (
     Rule("pool-worker-lost", hang.pool_worker_lost, live=True, explains_a_hang=True),
     Rule("dataloader-worker-killed", hang.dataloader_worker_killed, live=True, explains_a_hang=True),
     # processes that cannot run: whatever waits on them hangs
-    Rule("process-stopped", hang.process_stopped, live=True, explains_a_hang=True),
-    Rule("uninterruptible-io", hang.uninterruptible_io, live=True, explains_a_hang=True),
+    Rule("process-stopped", hang.process_stopped, live=True, explains_a_hang=True, lasts="state"),
+    Rule("uninterruptible-io", hang.uninterruptible_io, live=True, explains_a_hang=True, lasts="hang"),
     # hang signatures: a rank stuck on a fork deadlock leaves its peers waiting in the collective
-    Rule("fork-deadlock", hang.fork_deadlock, live=True, explains_a_hang=True),
-    Rule("collective-hang", hang.collective_hang, live=True, explains_a_hang=True),
-    Rule("no-progress", hang.no_progress, live=True, if_unexplained=True),
+    Rule("fork-deadlock", hang.fork_deadlock, live=True, explains_a_hang=True, lasts="hang"),
+    Rule("collective-hang", hang.collective_hang, live=True, explains_a_hang=True, lasts="hang"),
+    Rule("no-progress", hang.no_progress, live=True, if_unexplained=True, lasts="hang"),
     # how the run ended: one exit-status finding (rules.death), often the consequence of the above
     Rule("stopped-by-user"),
     Rule("cancelled-by-engine"),
@@ -54,7 +58,7 @@ RULES: tuple[Rule, ...] = (
     Rule("killed-externally"),
     Rule("exit-code"),
     # symptoms and the aftermath
-    Rule("gpu-idle", gpu.gpu_idle, live=True),
+    Rule("gpu-idle", gpu.gpu_idle, live=True, lasts="state"),
     Rule("disk-full"),
     Rule("notify-failed"),  # recorded by the shim: a notification could not be delivered
     Rule("orphans-left"),
@@ -64,5 +68,6 @@ RULES: tuple[Rule, ...] = (
 ORDER = tuple(rule.id for rule in RULES)
 LIVE = frozenset(rule.id for rule in RULES if rule.live)
 EXPLAINS_A_HANG = frozenset(rule.id for rule in RULES if rule.explains_a_hang)
+ENDS_WITH_THE_HANG = frozenset(rule.id for rule in RULES if rule.lasts == "hang")
 # the rules before the exit-status family: a cause the run's end may only follow from
 CAUSES = frozenset(ORDER[: ORDER.index("stopped-by-user")])

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from jobwarden.model import Finding, root_cause_rank
-from jobwarden.rules import causal, death
+from jobwarden.rules import arrange, death
 from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.table import CAUSES, EXPLAINS_A_HANG, ORDER, RULES
 
@@ -31,10 +31,11 @@ def explain(ev: RunEvidence) -> list[Finding]:
 
 
 def order(found: Sequence[Finding], ev: RunEvidence) -> list[Finding]:
-    """The families' order, then the causal one across the tree (rules.causal): a process that failed
-    before the others leads, whatever its rule. Each finding carries the rank of the process it is about."""
+    """The families' order, then the causal one across the tree (rules.causal, rules.arrange): a process
+    that failed before the others leads, whatever its rule. Each finding carries the rank of the process
+    it is about."""
     ranked = sorted(found, key=lambda f: rank(f.rule))
-    return [_with_rank(f, ev) for f in causal.arrange(found, ev, ranked)]
+    return [_with_rank(f, ev) for f in arrange.arrange(found, ev, ranked)]
 
 
 def _with_rank(finding: Finding, ev: RunEvidence) -> Finding:

@@ -1,7 +1,7 @@
 """One shim, many attempts: run the job, and when an attempt ends, decide (rules.retry) whether to start
 another after a backoff. Each attempt is its own run, with its own log, findings and JOBWARDEN_RUN.
 
-Notifications go out from here and from the supervisor: failed, hung, restarted, succeeded.
+Notifications go out from here and from the supervisor: failed, hung, recovered, restarted, succeeded.
 """
 
 from __future__ import annotations

@@ -5,11 +5,15 @@ each finding once, with the stacks it rests on.
 Events do not wait for the hang window: a pool worker killed while its parent waits is judged as soon as
 its death is collected, a stopped process at the next tick. Only `no-progress` and the hang families that
 need a quiet window wait for it.
+
+A finding that stops being true is resolved, with the moment (shim.findings): a stopped process that was
+continued, a hang once the run shows progress again, an idle GPU that computes again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,11 +22,12 @@ from jobwarden.errors import AccessDenied, ProcessGone, StoreError
 from jobwarden.model import Finding, ProcessEnd, ProcessSnapshot
 from jobwarden.observations import OomEvidence, ProcessDeath, ProcessFacts
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.probes.pyhooks import read_adverts, read_forks, read_heartbeat
+from jobwarden.probes.pyhooks import read_adverts, read_fork_requests, read_forks, read_heartbeat
 from jobwarden.probes.stacks import capture_stacks
 from jobwarden.rules import RunEvidence, explain
 from jobwarden.rules.evidence import death_of
-from jobwarden.rules.table import LIVE  # what the shim may conclude while the run is live
+from jobwarden.rules.table import ENDS_WITH_THE_HANG, LIVE  # what the shim may conclude while the run is live
+from jobwarden.shim.findings import LiveFindings
 from jobwarden.shim.gpuwatch import GpuWatch
 from jobwarden.shim.tree import JobTree, Member
 from jobwarden.shim.watchdog import Progress, ProgressTracker
@@ -38,12 +43,18 @@ IO_EVERY_S = 5.0  # /proc/PID/io of every member is read only while the cheaper 
 class Verdict:
     """What one judgement found that was not known before."""
 
-    trigger: str  # "hang", "worker-lost", "stopped", "oom"
+    trigger: str  # "hang", "worker-lost", "stopped", "oom", "gpu-idle", "resolved"
     findings: tuple[Finding, ...]
+    resolved: tuple[Finding, ...] = ()  # findings that stopped being true, with the moment
 
     @property
     def hung(self) -> bool:
         return self.trigger == "hang"
+
+    @property
+    def recovered(self) -> bool:
+        """A hang ended: the run shows progress again."""
+        return any(f.rule in ENDS_WITH_THE_HANG for f in self.resolved)
 
 
 class Diagnoser:
@@ -66,7 +77,8 @@ class Diagnoser:
         self.main_pid: int | None = None
         self.gpu: GpuWatch | None = None
         self._gpu_idle_reported = False
-        self._recorded: set[tuple[str, tuple[int, ...]]] = set()
+        self.live = LiveFindings(store, job.id, run)
+        self._hung = False  # a hang was reported and no progress came since
         self._stopped_seen: set[tuple[int, int]] = set()
         self._oom_judged = 0  # OOM kills counted when the rules last looked
         self._io_at = -IO_EVERY_S
@@ -95,26 +107,58 @@ class Diagnoser:
         tick; a hang when the window passes."""
         verdict = None
         stopped = {(s.pid, s.start_time) for s in snaps if s.state == "T"}  # 't' is a tracer (py-spy)
+        resolved = self._resolve_stopped({pid for pid, _ in stopped}, now)
+        self._stopped_seen &= stopped  # continued, then stopped again: judged again
         if stopped - self._stopped_seen:
             self._stopped_seen |= stopped
             verdict = self.judge("stopped", now, now_mono, snaps=snaps)
         if self.oom is not None and self.oom.kills > self._oom_judged:  # kills no judgement has seen yet
             verdict = self.judge("oom", now, now_mono, snaps=snaps) or verdict
-        self.tracker.observe(now_mono, self._progress(snaps, now_mono))
+        if self.tracker.observe(now_mono, self._progress(snaps, now_mono)) and self._hung:
+            self._hung = False  # hung -> progressing again: the hang's findings are history now
+            resolved += self.live.resolve_rules(ENDS_WITH_THE_HANG, now)
         idle_for = self.gpu.idle_for(now_mono) if self.gpu else None
         window = self.tracker.window_s
         if idle_for is None:
+            if self._gpu_idle_reported:
+                resolved += self.live.resolve_rules(("gpu-idle",), now)
             self._gpu_idle_reported = False
         elif window and idle_for >= window and not self._gpu_idle_reported:
             self._gpu_idle_reported = True
             verdict = self.judge("gpu-idle", now, now_mono, snaps=snaps) or verdict
         if self.tracker.hang_due(now_mono):
             self.tracker.mark_reported()
+            self._hung = True
             hang = self.judge(
                 "hang", now, now_mono, snaps=snaps, stack_pids=sorted(self.tree.members), hung=True
             )
-            return hang or Verdict("hang", ())
+            verdict = hang or Verdict("hang", ())
+        if resolved:
+            verdict = dataclasses.replace(verdict or Verdict("resolved", ()), resolved=tuple(resolved))
         return verdict
+
+    def on_end(self, now: float, now_mono: float) -> Verdict | None:
+        """The run's last look: a hung job that printed (or beat) and then ended at once recovered before
+        it ended, though no tick came between its output and its end."""
+        if not self._hung:
+            return None
+        output = None
+        with contextlib.suppress(OSError):
+            output = os.stat(self.layout.output_log(self.job.id, self.run)).st_size
+        beat = read_heartbeat(self.layout.heartbeat_file(self.job.id, self.run))
+        if not self.tracker.observe(
+            now_mono, Progress(output_bytes=output, heartbeat_at=beat.at if beat else None)
+        ):
+            return None
+        self._hung = False
+        resolved = self.live.resolve_rules(ENDS_WITH_THE_HANG, now)
+        return Verdict("resolved", (), tuple(resolved)) if resolved else None
+
+    def _resolve_stopped(self, stopped_now: set[int], now: float) -> list[Finding]:
+        """A stopped process that runs again (SIGCONT) or is gone: its process-stopped finding is history."""
+        return self.live.resolve_where(
+            lambda f: f.rule == "process-stopped" and not stopped_now.intersection(f.pids), now
+        )
 
     def _progress(self, snaps: Sequence[ProcessSnapshot], now_mono: float) -> Progress:
         output = None
@@ -165,6 +209,8 @@ class Diagnoser:
             signal=None,
             end_reason=None,
             pid=self.main_pid,
+            job_id=self.job.id,
+            mp_start=self.job.options.mp_start,
             now=now,
             hang_window_s=self.tracker.window_s if hung else None,
             quiet_for_s=self.tracker.quiet_for(now_mono),
@@ -174,6 +220,7 @@ class Diagnoser:
             deaths=tuple(self.deaths),
             stacks=tuple(stacks),
             forks=tuple(read_forks(self.py_dir)),
+            fork_requests=tuple(read_fork_requests(self.py_dir)),
             oom=self.oom,
             mem_limit_bytes=self.job.options.mem_limit_bytes,
             gpus=tuple(self.gpu.devices) if self.gpu else (),
@@ -182,26 +229,22 @@ class Diagnoser:
             gpu_idle_window_s=self.tracker.window_s,
         )
         self._oom_judged = self.oom.kills if self.oom else 0
-        new = [f for f in explain(evidence) if f.rule in LIVE and self._is_new(f)]
+        new = [f for f in explain(evidence) if f.rule in LIVE and self.live.is_new(f)]
         if not new and not hung:
             return None
         with contextlib.suppress(StoreError):
             if stacks:
                 self.store.add_stacks(self.job.id, self.run, now, trigger, stacks)
-            for finding in new:
-                self.store.add_finding(self.job.id, self.run, now, finding)
-        return Verdict(trigger, tuple(new))
+        # a hang is true since the run went quiet, not since the window ran out
+        since = now - self.tracker.quiet_for(now_mono) if hung else now
+        recorded = self.live.record(
+            [f._replace(at=since if f.rule in ENDS_WITH_THE_HANG else now) for f in new], now
+        )
+        return Verdict(trigger, tuple(recorded))
 
     def _log_tail(self) -> tuple[str, ...]:
         path = self.layout.output_log(self.job.id, self.run)
         return tuple(b.decode("utf-8", "replace").rstrip("\n") for b in tail_lines(path, LOG_TAIL_LINES))
-
-    def _is_new(self, finding: Finding) -> bool:
-        key = (finding.rule, tuple(sorted(finding.pids)))
-        if key in self._recorded:
-            return False
-        self._recorded.add(key)
-        return True
 
     def facts(self, snaps: Sequence[ProcessSnapshot]) -> tuple[ProcessFacts, ...]:
         adverts = read_adverts(self.py_dir)

@@ -8,15 +8,14 @@ Ray's kill), are an engine stop; SIGUSR1/SIGUSR2/SIGHUP/SIGALRM go to the job's 
 (a checkpoint before the time limit). Each is recorded as an `engine-signal` event.
 
 The budget B is the time the engine gives between its SIGTERM and its SIGKILL (Slurm's KillWait, Ray's
-stop wait): stacks first, when the job was quiet (they say where it waited), at most min(5 s, B/4); then
-SIGTERM to the tree, a grace of min(--grace, B - elapsed - margin), SIGKILL, and the end record, all
-before the engine's SIGKILL would take the shim with the job.
+stop wait): stacks first, quiet job or busy one ("where was it when the time limit hit?"), at most
+min(5 s, B/4); then SIGTERM to the tree, a grace of min(--grace, B - elapsed - margin), SIGKILL, and the
+end record, all before the engine's SIGKILL would take the shim with the job.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
 
@@ -31,8 +30,7 @@ from jobwarden.shim.tree import Member
 from jobwarden.store import Store
 
 STACKS_CAP_S = 5.0
-QUIET_S = 2.0  # no sign of progress for this long: the stacks say where the job waits
-SILENT_S = 60.0  # or no output nor heartbeat for this long, whatever the CPU does
+MIN_STACKS_S = 0.2  # less budget than this left for the stacks: none are taken
 _STOP = frozenset({signal.SIGTERM, signal.SIGINT})
 _FORWARD = frozenset({signal.SIGUSR2, signal.SIGHUP, signal.SIGALRM, RELAYED_USR1})
 HANDLED = frozenset(ENGINE_SIGNALS - {signal.SIGUSR1}) | {RELAYED_USR1}
@@ -102,15 +100,12 @@ class EngineLink:
         return self.monotonic() - self.stop_at if self.stop_at is not None else 0.0
 
     def stacks_before_stop(
-        self, store: Store, job_id: int, run: int, pids: Sequence[int], quiet_for_s: float | None, now: float
+        self, store: Store, job_id: int, run: int, pids: Sequence[int], now: float
     ) -> None:
-        """A quiet job's stacks, stored before it is ended: where it waited when the engine stopped it.
-        Quiet is no sign of progress for QUIET_S, or no output nor heartbeat for SILENT_S: a rank that
-        busy-waits in a collective (NCCL spins) burns CPU and says nothing."""
+        """The job's stacks, stored before it is ended, whenever the budget leaves room: where it waited
+        (a quiet job), or where it was when the time limit hit (a busy one printing steadily)."""
         cap = min(stacks_cap_s(self.budget_s), self.budget_s - self.elapsed_s() - margin_s(self.budget_s))
-        silent = _silent_for(store, job_id, run, now)
-        quiet = (quiet_for_s is not None and quiet_for_s >= QUIET_S) or silent >= SILENT_S
-        if not pids or not quiet or cap <= 0.2:
+        if not pids or cap <= MIN_STACKS_S:
             return
         from jobwarden.probes.stacks import capture_stacks
 
@@ -136,14 +131,11 @@ class EngineLink:
         found = job_state(env, min(2.0, left))
         if found is not None:
             self.record.event(
-                "engine-state", now, engine="slurm", state=found.state, reason=found.reason, shown=found.shown
+                "engine-state",
+                now,
+                engine="slurm",
+                state=found.state,
+                reason=found.reason,
+                shown=found.shown,
+                job=env.get("SLURM_JOB_ID"),
             )
-
-
-def _silent_for(store: Store, job_id: int, run: int, now: float) -> float:
-    """Seconds since the job last wrote output or touched its heartbeat (0 when unknown)."""
-    latest = 0.0
-    for path in (store.layout.output_log(job_id, run), store.layout.heartbeat_file(job_id, run)):
-        with contextlib.suppress(OSError):
-            latest = max(latest, os.stat(path).st_mtime)
-    return now - latest if latest else 0.0

@@ -2,16 +2,18 @@
 
 Two sources meet here: the findings the shim recorded while the run was live (a hang judged on the stacks
 of that moment, a pool worker lost, a process stopped), and what the rules conclude now from how the run
-ended. A rule found live is not repeated; the order is the rules' root-cause-first order.
+ended. A rule found live is not repeated; the order is the rules' root-cause-first order, and a finding
+that stopped being true (resolved) comes after every current one: it is history, never the root cause.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from jobwarden.model import Finding, ProcessEnd
 from jobwarden.observations import OomEvidence, ProcessDeath
-from jobwarden.probes.pyhooks import read_exceptions
+from jobwarden.probes.pyhooks import read_caught, read_exceptions, read_fork_requests
 from jobwarden.rules import RunEvidence
 from jobwarden.rules.evidence import death_of
 from jobwarden.rules.verdict import collect, order
@@ -28,13 +30,31 @@ def findings_for(store: Store, job: JobRecord, run: RunRecord) -> list[Finding]:
     events = store.events(job.id, run.n)
     evidence = _evidence(store, job, run, events)
     seen = {f.rule for f in live}
-    merged = live + [f for f in collect(evidence) if f.rule not in seen]
+    merged = [f for f in live if f.current] + [f for f in collect(evidence) if f.rule not in seen]
     ordered = order(merged, evidence)
     refusal = next((e for e in events if e.kind == "not-restarted"), None)
     if refusal and ordered:  # the restart policy's verdict belongs with the root cause it judged
         first = ordered[0]
         ordered[0] = first._replace(evidence=(*first.evidence, str(refusal.data.get("reason"))))
-    return ordered
+    return ordered + [f for f in live if not f.current]
+
+
+def store_verdict(store: Store, job: JobRecord, run_n: int, now: Callable[[], float]) -> Finding | None:
+    """An ended run's first current finding, kept with the run for the lists (`ps`, the web, `top`), and
+    a `verdict` event saying when it was (scripts/bench-rootcause times it from the first failure)."""
+    run = store.run(job.id, run_n)
+    first = next((f for f in findings_for(store, job, run) if f.current), None)
+    if first is not None:
+        store.update_run_with_event(
+            job.id,
+            run_n,
+            "verdict",
+            now(),
+            {"rule": first.rule, "pids": list(first.pids)},
+            verdict_rule=first.rule,
+            verdict_title=first.title,
+        )
+    return first
 
 
 def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event]) -> RunEvidence:
@@ -48,6 +68,7 @@ def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event])
     )
     engine_state: dict[str, Any] = next((e.data for e in reversed(events) if e.kind == "engine-state"), {})
     dumps = store.stacks(job.id, run.n)
+    py_dir = store.layout.py_dir(job.id, run.n)
     return RunEvidence(
         state=str(run.state),
         exit_code=run.exit_code,
@@ -55,6 +76,8 @@ def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event])
         end_reason=run.end_reason,
         pid=run.pid,
         error=run.error,
+        job_id=job.id,
+        mp_start=job.options.mp_start,
         timeout_s=job.options.timeout_s,
         orphans_left=run.orphans_left,
         survivors=[s._asdict() for s in run.survivors],
@@ -68,8 +91,11 @@ def _evidence(store: Store, job: JobRecord, run: RunRecord, events: list[Event])
         engine_signal_at=engine_stop.at if engine_stop else None,
         engine_state=_text(engine_state.get("state")),
         engine_reason=_text(engine_state.get("reason")),
+        engine_job=_text(engine_state.get("job")),
         deaths=_deaths(store, job, run),
-        exceptions=read_exceptions(store.layout.py_dir(job.id, run.n)),
+        exceptions=read_exceptions(py_dir),
+        caught=read_caught(py_dir),
+        fork_requests=read_fork_requests(py_dir),
         last_stacks={s.pid: s for dump in dumps for s in dump.stacks if s.threads},
         stack_triggers=tuple(dump.trigger for dump in dumps),
         oom=oom,

@@ -39,6 +39,12 @@ if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it l
 LOG_CAP_CHECK_S = 0.1  # while a log grows by an eighth of its cap a tick, its cap is looked at this often
 
 
+def _hang_rules() -> frozenset[str]:
+    from jobwarden.rules.table import ENDS_WITH_THE_HANG  # loaded with the diagnosis already
+
+    return ENDS_WITH_THE_HANG
+
+
 class StopRequest(NamedTuple):
     reason: EndReason
     grace_s: float
@@ -279,6 +285,7 @@ class SupervisorLoop:
         for finding in verdict.findings:
             log(f"finding {finding.rule}: {finding.summary}")
             self.record.event("finding", now, rule=finding.rule, pids=finding.pids)
+        self._on_resolved(verdict, now)
         if not verdict.hung:
             return
         action = self.job.options.on_hang
@@ -296,6 +303,23 @@ class SupervisorLoop:
             # running -> stopping: the stacks are stored; end the hung run (and restart it, if asked)
             self.stop = StopRequest(EndReason.HUNG, self.job.options.grace_s)
             self.restart_after_hang = action == "restart"
+
+    def _on_resolved(self, verdict: Verdict, now: float) -> None:
+        """Findings that stopped being true; a hang that ended is a `recovered` event (and notification)."""
+        for finding in verdict.resolved:
+            log(f"resolved {finding.rule}: {finding.title}")
+            self.record.event("resolved", now, rule=finding.rule, pids=finding.pids, since=finding.at)
+        if not verdict.recovered:
+            return
+        hang = next(f for f in verdict.resolved if f.rule in _hang_rules())
+        self.record.event("recovered", now, rules=[f.rule for f in verdict.resolved], since=hang.at)
+        if self.notifier:
+            from jobwarden.shim.notify import event_payload, recovered_text
+
+            text = recovered_text(hang.title, hang.at, now)
+            self.notifier.deliver(
+                event_payload("recovered", self.job.id, self.job.name, self.run, "running", finding=text)
+            )
 
     def _wait_members(self, timeout_s: float) -> set[int]:
         """Wait for a member to end or a signal, up to `timeout_s`; the signals received."""

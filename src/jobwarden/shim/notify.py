@@ -28,7 +28,7 @@ from jobwarden.model import Finding
 from jobwarden.osapi.shell import run_shell
 from jobwarden.store import Store
 
-EVENTS = ("failed", "hung", "restarted", "succeeded")
+EVENTS = ("failed", "hung", "recovered", "restarted", "succeeded")
 DEFAULT_TIMEOUT_S = 10.0
 _MAX_PENDING = 64  # a job restarting in a tight loop must not pile up threads' worth of work
 _MAX_RESPONSE = 1 << 16
@@ -90,12 +90,21 @@ def _summary(
     verb = {
         "failed": f"failed ({how})" if how else "failed",
         "hung": "looks hung",
+        "recovered": "recovered from a hang and runs on",
         "restarted": f"was restarted (now run {run})",
         "succeeded": "succeeded",
     }.get(event, event)
     run_part = "" if event == "restarted" else f" run {run}"
     text = f"jobwarden on {host}: job {job_id} ({name}){run_part} {verb}"
     return f"{text}: {finding}" if finding else text
+
+
+def recovered_text(title: str, since: float | None, until: float) -> str:
+    """'No progress for 10m (hung 14:02-14:19)': what a `recovered` notification says was wrong, and when."""
+    import time
+
+    span = f"{time.strftime('%H:%M', time.localtime(since))}–" if since is not None else "until "
+    return f"{title} (hung {span}{time.strftime('%H:%M', time.localtime(until))})"
 
 
 def redact(url: str) -> str:

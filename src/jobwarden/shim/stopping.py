@@ -39,6 +39,8 @@ class StoppingSupervisor(SupervisorLoop):
             )
             survivors = self.terminate_tree(self._stop_grace(self.stop))
         else:
+            if self.diag:  # the main process ended by itself: a hang that it printed its way out of is over
+                self._act_on(self.diag.on_end(self.clock.wall(), self.clock.monotonic()))
             self.tree.discover(full=True)
             self._let_trackers_finish()
             kept = self._keep_running()  # released first: kept processes are neither orphans nor ended
@@ -55,9 +57,10 @@ class StoppingSupervisor(SupervisorLoop):
         self.logs.cap_now()  # freeing a gigabyte takes a moment: not before the end it would delay
         self.note_trims(self.clock.wall(), final=True)
         if self.engine and self.stop and self.stop.reason == EndReason.ENGINE_STOP:
-            self.engine.record_engine_state(os.environ, self.clock.wall())
+            self.engine.record_engine_state(os.environ, self.clock.wall())  # inside the engine's budget
         self.record.write(self.store.release_gpus)
         self._remove_cgroup()
+        self._store_verdict()  # last: the end, Slurm's word and the GPUs first
         self.tree.close()
         self.exits.close()
         if self.memory:
@@ -98,14 +101,29 @@ class StoppingSupervisor(SupervisorLoop):
             self.record.event("kept-running", self.clock.wall(), pids=[k["pid"] for k in kept])
         return kept
 
+    def _store_verdict(self) -> None:
+        """The run's root cause, kept with it for every list; never at the cost of the run's end."""
+        if self.spawn_failed:
+            return
+        try:
+            record = self.store.run(self.job.id, self.run)
+            if record.state == JobState.SUCCEEDED and not any(
+                f.current for _, f in self.store.findings(self.job.id, self.run)
+            ):
+                return  # nothing to judge: no rules loaded (a short attached step waits for none)
+            from jobwarden.shim.explainer import store_verdict
+
+            store_verdict(self.store, self.job, self.run, self.clock.wall)
+        except Exception as err:  # a full disk, a locked store: the lists judge it themselves then
+            log(f"cannot store the verdict: {type(err).__name__}: {err}")
+
     def _stop_grace(self, stop: StopRequest) -> float:
-        """The grace of a stop; an engine's stop first stores a quiet job's stacks, and its grace fits
-        what is left of the engine's budget."""
+        """The grace of a stop; an engine's stop first stores the job's stacks, and its grace fits what is
+        left of the engine's budget."""
         if stop.reason != EndReason.ENGINE_STOP or self.engine is None:
             return stop.grace_s
-        quiet = self.diag.tracker.quiet_for(self.clock.monotonic()) if self.diag else None
         pids = sorted(self.tree.members)
-        self.engine.stacks_before_stop(self.store, self.job.id, self.run, pids, quiet, self.clock.wall())
+        self.engine.stacks_before_stop(self.store, self.job.id, self.run, pids, self.clock.wall())
         return self.engine.grace_s(stop.grace_s)
 
     def _let_trackers_finish(self) -> None:

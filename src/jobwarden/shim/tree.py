@@ -333,10 +333,10 @@ class JobTree:
         return self._store_mark is None or self._store_mark in environ or _STORE_KEY not in environ
 
     def _ranks(self, pid: int) -> Ranks | None:
-        """RANK, LOCAL_RANK, GROUP_RANK from the process's environment, read once as it joins: a launcher
-        sets them before exec, and nothing outside the process changes them after."""
+        """The process's rank from its launcher's variables (model.ranks_from), read once as it joins: a
+        launcher sets them before exec, and nothing outside the process changes them after."""
         environ = self._environ(pid)
-        if environ is None or b"RANK=" not in environ:
+        if environ is None or (b"RANK=" not in environ and b"SLURM_PROCID=" not in environ):
             return None
         values = {}
         for name in RANK_VARIABLES:

@@ -52,7 +52,9 @@ class ProgressTracker:
         self._last = Progress(
             output_bytes=_keep(seen.output_bytes, self._last.output_bytes),
             heartbeat_at=_keep(seen.heartbeat_at, self._last.heartbeat_at),
-            io_bytes=seen.io_bytes,
+            # I/O is read only every few ticks: the last reading stays the baseline in between (dropped,
+            # a job that only writes and fsyncs, printing nothing, was never seen progressing)
+            io_bytes=_keep(seen.io_bytes, self._last.io_bytes),
         )
         if kind:
             self.last_progress_at, self.last_kind, self._reported = now, kind, False

@@ -79,6 +79,30 @@ class ListQueries:
                 found.setdefault((job_id, run), []).append(rule)
         return found
 
+    def current_findings(
+        self, runs: Iterable[tuple[int, int]]
+    ) -> dict[tuple[int, int], list[tuple[str, str]]]:
+        """(job id, run) -> (rule, title) of each finding the shim recorded for that run that is still
+        true (not resolved), oldest first; runs without one are left out. One query for the whole list."""
+        wanted = set(runs)
+        job_ids = sorted({job_id for job_id, _ in wanted})
+        if not job_ids:
+            return {}
+        if len(job_ids) > _CHUNK:
+            where, params = "job_id BETWEEN ? AND ?", [job_ids[0], job_ids[-1]]
+        else:
+            where, params = f"job_id IN ({', '.join('?' * len(job_ids))})", job_ids
+        found: dict[tuple[int, int], list[tuple[str, str]]] = {}
+        for job_id, run, rule, body in self._exec(
+            f"SELECT job_id, run, rule, body FROM findings WHERE {where} AND resolved_at IS NULL "
+            "ORDER BY at, rowid",
+            params,
+        ):
+            if (job_id, run) in wanted:
+                title = decode_json(body).get("title") if body else None
+                found.setdefault((job_id, run), []).append((rule, str(title or rule)))
+        return found
+
     def finding_counts(self) -> dict[str, int]:
         """Rule -> how many findings of it the store holds, over every run."""
         rows = self._exec("SELECT rule, COUNT(*) FROM findings GROUP BY rule ORDER BY rule")

@@ -77,6 +77,8 @@ class RunRecord(NamedTuple):
     queued_reason: str | None = None
     gpu_ids: tuple[int, ...] = ()
     mem_peak_bytes: int | None = None
+    verdict_rule: str | None = None  # an ended run's first finding (its root cause), as the shim stored it
+    verdict_title: str | None = None
     boot_id: str | None = None  # the boot its shim ran in: under another boot id, a reboot ended it
     kept: tuple[dict[str, Any], ...] = ()  # --keep-running: {pid, start_time, cmdline} left running
 
@@ -121,6 +123,8 @@ class RunRecord(NamedTuple):
             queued_reason=row["queued_reason"],
             gpu_ids=tuple(_json_list(row["gpu_ids"])),
             mem_peak_bytes=row["mem_peak_bytes"],
+            verdict_rule=row["verdict_rule"],
+            verdict_title=row["verdict_title"],
             boot_id=row["boot_id"],
             kept=tuple(_json_list(row["kept"])),
         )

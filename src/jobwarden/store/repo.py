@@ -52,6 +52,8 @@ _RUN_COLUMNS = frozenset(
         "queued_reason",
         "gpu_ids",
         "mem_peak_bytes",
+        "verdict_rule",
+        "verdict_title",
         "boot_id",
         "kept",
     }
@@ -445,18 +447,36 @@ class Store(SampleMethods, ListQueries):
 
     # --- findings and stack dumps -----------------------------------------------------------------
 
-    def add_finding(self, job_id: int, run: int, at: float, finding: Finding) -> None:
-        self._exec(
+    def add_finding(self, job_id: int, run: int, at: float, finding: Finding) -> int:
+        """Record a finding the shim concluded while the run is live; its id, to resolve it by later."""
+        cur = self._exec(
             "INSERT INTO findings (job_id, run, at, rule, body) VALUES (?,?,?,?,?)",
             (job_id, run, at, finding.rule, json.dumps(finding.to_json())),
         )
+        return int(cur.lastrowid or 0)
+
+    def resolve_finding(self, job_id: int, run: int, finding_id: int, at: float) -> None:
+        """The finding stopped being true at `at` (the process resumed, progress came back): once."""
+        self._exec(
+            "UPDATE findings SET resolved_at = ? WHERE rowid = ? AND job_id = ? AND run = ? "
+            "AND resolved_at IS NULL",
+            (at, finding_id, job_id, run),
+        )
 
     def findings(self, job_id: int, run: int) -> list[tuple[float, Finding]]:
-        """Findings the shim recorded while the run was live (hangs, lost workers), oldest first."""
+        """Findings the shim recorded while the run was live (hangs, lost workers), oldest first, each with
+        when it was found and, once it stopped being true, when that was."""
         rows = self._exec(
-            "SELECT at, body FROM findings WHERE job_id = ? AND run = ? ORDER BY at, rowid", (job_id, run)
+            "SELECT at, resolved_at, body FROM findings WHERE job_id = ? AND run = ? ORDER BY at, rowid",
+            (job_id, run),
         )
-        return [(r["at"], Finding.from_json(json.loads(r["body"]))) for r in rows]
+        return [
+            (
+                r["at"],
+                Finding.from_json(json.loads(r["body"]))._replace(at=r["at"], resolved_at=r["resolved_at"]),
+            )
+            for r in rows
+        ]
 
     def add_stacks(
         self, job_id: int, run: int, at: float, trigger: str, stacks: Sequence[ProcessStack]

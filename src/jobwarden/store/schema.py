@@ -144,7 +144,15 @@ MIGRATIONS: list[str] = [
     CREATE INDEX runs_by_state ON runs(state);
     CREATE INDEX runs_by_end ON runs(ended_at);
     """,
-    # 7: everyday habits (issue 21): the job a rerun came from; the boot a run was supervised in (a reboot
+    # 7: findings with a life (a finding that stops being true is resolved, with the moment), and each
+    # ended run's verdict (its first finding) kept with it, for the lists (`ps`, the web, `top`) to show
+    # without judging every run again
+    """
+    ALTER TABLE findings ADD COLUMN resolved_at REAL;
+    ALTER TABLE runs ADD COLUMN verdict_rule TEXT;
+    ALTER TABLE runs ADD COLUMN verdict_title TEXT;
+    """,
+    # 8: everyday habits (issue 21): the job a rerun came from; the boot a run was supervised in (a reboot
     # ends it); processes left running on purpose at a run's end (--keep-running); named queues
     # (--queue, `jobwarden queue NAME --parallel N`) and the runs waiting in or holding a place of one
     """

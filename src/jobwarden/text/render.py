@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:  # kept off the import paths of `run` and `ps`, which a user w
     from jobwarden.control.jobstatus import JobStatus
     from jobwarden.control.lifecycle import StopResult
     from jobwarden.control.views import JobView
-    from jobwarden.model import ProcessSnapshot
+    from jobwarden.model import Finding, ProcessSnapshot
     from jobwarden.observations import Frame, ProcessStack, ThreadStack
     from jobwarden.store import RunRecord
 
@@ -65,11 +66,14 @@ def _runtime(view: JobView, now: float) -> str:
     return format_duration((run.ended_at or now) - run.started_at)
 
 
-def ps_table(views: list[JobView], now: float) -> Iterator[str]:
+def ps_table(views: list[JobView], now: float, wide: bool = False) -> Iterator[str]:
+    """One row per job; its verdict as `[rule]` after its state, and with `wide` its title in a column of
+    its own."""
     if not views:
         yield "no jobs (jobwarden ps --all shows ended ones)"
         return
-    rows = [("ID", "NAME", "STATE", "RUN", "PID", "TIME", "CPU", "MEM", "COMMAND")]
+    head = ("ID", "NAME", "STATE", "RUN", "PID", "TIME", "CPU", "MEM", "COMMAND")
+    rows: list[tuple[str, ...]] = [(*head[:-1], "VERDICT", head[-1]) if wide else head]
     for v in views:
         run = v.run
         state = run.state.value
@@ -80,24 +84,26 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
         if v.finding:
             state += f" [{v.finding}]"
         cpu = f"{v.cpu_percent:.0f}%" if v.cpu_percent is not None else "-"
-        rows.append(
-            (
-                str(v.job.id),
-                one_line(v.job.name),
-                state,
-                str(run.n),
-                str(run.pid or "-"),
-                _runtime(v, now),
-                cpu,
-                format_size(v.rss_bytes),
-                one_line(shlex.join(v.job.command)),
-            )
+        cells = (
+            str(v.job.id),
+            one_line(v.job.name),
+            state,
+            str(run.n),
+            str(run.pid or "-"),
+            _runtime(v, now),
+            cpu,
+            format_size(v.rss_bytes),
         )
+        verdict = (one_line(v.finding_title or "-")[:_VERDICT_WIDTH],) if wide else ()
+        rows.append((*cells, *verdict, one_line(shlex.join(v.job.command))))
     colored = colour_wanted()  # asked once: `ps --all` may print 10,000 lines
-    for i, cells in enumerate(table(rows)):
+    for i, padded in enumerate(table(rows)):
         if i:
-            cells[2] = _color(cells[2], views[i - 1].run.state.value, colored)
-        yield "  ".join(cells).rstrip()
+            padded[2] = _color(padded[2], views[i - 1].run.state.value, colored)
+        yield "  ".join(padded).rstrip()
+
+
+_VERDICT_WIDTH = 70
 
 
 def status_report(status: JobStatus, now: float) -> Iterator[str]:
@@ -136,10 +142,13 @@ def status_report(status: JobStatus, now: float) -> Iterator[str]:
         yield "  could not be ended:"
         for s in run.survivors:
             yield f"    {s.pid}  {one_line(s.cmdline)[:60]}: {s.reason}"
-    if status.findings:
+    if status.current_findings:
         yield ""
-        for f in status.findings:
+        for f in status.current_findings:
             yield f"  [{f.rule}] {f.title}"
+    if status.recovery:
+        yield ""
+        yield f"  {status.recovery}"
 
 
 def _process_table(processes: list[ProcessSnapshot]) -> Iterator[str]:
@@ -168,20 +177,34 @@ def _or_dash(value: object) -> str:
 def explain_report(status: JobStatus) -> Iterator[str]:
     job, run = status.job, status.run
     yield f"job {job.id} ({job.name}), run {run.n} — {how_it_ended(run)}"
-    if not status.findings:
+    if status.recovery:
+        yield ""
+        yield f"{status.recovery}: nothing is wrong now"
+    elif not status.findings:
         yield ""
         running = run.state == JobState.RUNNING
         yield "  nothing wrong found: it is running" if running else "  nothing wrong found"
         return
-    for i, f in enumerate(status.findings):
+    for i, f in enumerate(status.current_findings):
         yield ""
         label = "root cause" if i == 0 else "also"
-        yield f"{label}: {f.title}  [{f.rule}, {f.severity}]"
-        yield f"  {f.summary}"
-        for line in f.evidence:
-            yield f"    - {one_line(line)}"
-        if f.remedy:
-            yield f"  what to do: {f.remedy}"
+        yield from _finding_lines(label, f)
+    for f in status.resolved_findings:
+        yield ""
+        yield from _finding_lines(f"resolved {_moment(f.resolved_at)}", f)
+
+
+def _finding_lines(label: str, f: Finding) -> Iterator[str]:
+    yield f"{label}: {f.title}  [{f.rule}, {f.severity}]"
+    yield f"  {f.summary}"
+    for line in f.evidence:
+        yield f"    - {one_line(line)}"
+    if f.remedy:
+        yield f"  what to do: {f.remedy}"
+
+
+def _moment(at: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at)) if at is not None else ""
 
 
 def stop_report(result: StopResult) -> Iterator[str]:

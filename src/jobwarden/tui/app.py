@@ -123,16 +123,17 @@ class TopApp(App[None]):
         """Same jobs as shown: update the cells in place (the cursor and scroll stay). Otherwise rebuild,
         and put the cursor back on the selected job."""
         table = self.query_one("#jobs", DataTable)
+        wide = self.size.width >= cells.WIDE_COLUMNS  # room for each verdict's title
         keys = [str(r.view.job.id) for r in rows]
         if keys == [k.value for k in table.rows]:
             for key, row in zip(keys, rows, strict=True):
-                for column, cell in zip(self.columns, cells.row_cells(row, now), strict=True):
+                for column, cell in zip(self.columns, cells.row_cells(row, now, wide), strict=True):
                     table.update_cell(key, column, cell, update_width=True)
             return
         keep = str(self.selected)
         table.clear()
         for key, row in zip(keys, rows, strict=True):
-            table.add_row(*cells.row_cells(row, now), key=key)
+            table.add_row(*cells.row_cells(row, now, wide), key=key)
         if keep in keys:
             table.move_cursor(row=keys.index(keep), animate=False)
 

@@ -30,6 +30,8 @@ STATE_STYLES = {
     "queued": "cyan",
 }
 SPARK_WIDTH = 30
+WIDE_COLUMNS = 150  # a terminal this wide shows each verdict's title beside its rule
+TITLE_WIDTH = 60
 
 
 def state_text(view: JobView) -> Text:
@@ -40,7 +42,7 @@ def state_text(view: JobView) -> Text:
     return Text(label, style=STATE_STYLES.get(str(run.state), ""))
 
 
-def row_cells(row: JobRow, now: float) -> tuple[Text, ...]:
+def row_cells(row: JobRow, now: float, wide: bool = False) -> tuple[Text, ...]:
     view, run = row.view, row.view.run
     runtime = format_duration((run.ended_at or now) - run.started_at) if run.started_at else "-"
     cpu = f"{view.cpu_percent:.0f}%" if view.cpu_percent is not None else "-"
@@ -54,9 +56,17 @@ def row_cells(row: JobRow, now: float) -> tuple[Text, ...]:
         cpu,
         format_size(view.rss_bytes),
         format_size(row.gpu_memory_bytes),
-        f"[{view.finding}]" if view.finding else "",
+        _verdict(view, wide),
     )
     return tuple(c if isinstance(c, Text) else Text(c) for c in cells)
+
+
+def _verdict(view: JobView, wide: bool) -> str:
+    """The run's verdict: `[rule]`, and its title where the terminal has room."""
+    if not view.finding:
+        return ""
+    title = f" {one_line(view.finding_title)[:TITLE_WIDTH]}" if wide and view.finding_title else ""
+    return f"[{view.finding}]{title}"
 
 
 def detail_text(detail: Detail | None, width: int) -> Text:
@@ -74,7 +84,9 @@ def detail_text(detail: Detail | None, width: int) -> Text:
     text.append(f"  {one_line(shlex.join(job.command))[: max(20, width - 4)]}\n", style="dim")
     text.append_text(_usage_line(detail))
     text.append("\n")
-    text.append_text(findings_text(status.findings, width))
+    text.append_text(findings_text(status.current_findings, width))
+    if status.recovery:
+        text.append(f"\n  {status.recovery}", style="dim")
     return text
 
 

@@ -16,6 +16,11 @@ and calls `main`. In a process of a job (JOBWARDEN_PY_DIR set) it:
   of every child it reaps (`reaped REAPER PID STATUS UNIXTIME`): a worker that lived 5 ms is still named;
 - records its first uncaught exception in `<py_dir>/<pid>.exc.json` (when, what, the frames), and writes
   torchrun's per-rank TORCHELASTIC_ERROR_FILE the way `@record` would, so the agent's report has it;
+- records the exceptions it formats without dying of them in `<py_dir>/<pid>.caught.jsonl` (the first
+  CAUGHT_RECORDS): a worker that catches its task's exception and sends the formatted traceback to its
+  parent (a pool, a DataLoader, torch.multiprocessing.spawn) is named as the process that raised it;
+- records where it asks multiprocessing for the "fork" start method explicitly (get_context("fork"),
+  set_start_method("fork")) in `<py_dir>/<pid>.start-method.jsonl`: --mp-start cannot change those;
 - applies JOBWARDEN_MP_START as multiprocessing's default start method, when multiprocessing is imported;
 - appends a fallback `jobwarden` package (only `heartbeat`) to the end of sys.path.
 
@@ -38,7 +43,7 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # mypy only: typing costs every start-up a few milliseconds on 3.8
     import resource
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from importlib.machinery import ModuleSpec, PathFinder
     from types import FrameType, ModuleType
 
@@ -69,6 +74,9 @@ class _Job:
         self.warned = False
         self.events_fd = -1  # the shim's FIFO, opened on first use; -2: it cannot be opened
         self.exception_seen = False
+        self.caught = 0  # exceptions recorded as formatted by this process (CAUGHT_RECORDS at most)
+        self.recording = False  # inside a record: an exception formatted meanwhile is ours, not the job's
+        self.fork_sites: set[str] = set()  # explicit "fork" requests recorded, by call site
         self.error_file_owner = 0  # the pid torchrun started with TORCHELASTIC_ERROR_FILE: the rank
 
     def path(self, pid: int, suffix: str) -> str:
@@ -202,9 +210,36 @@ def _announce(job: _Job, line: str) -> None:
             job.events_fd = -2  # no FIFO (hooks outside a shim's run): stop trying
 
 
+# model.GLOBAL_RANK_VARIABLES, in the same order: the first one set is the process's global rank
+_GLOBAL_RANKS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+def _digits(text: str | None) -> bool:
+    return bool(text) and text.isascii() and text.isdigit()  # type: ignore[union-attr]
+
+
+def rank_of(environ: Mapping[str, str]) -> str:
+    """The process's global rank as model.ranks_from reads it from the launchers' variables, or "-"."""
+    for name in _GLOBAL_RANKS:
+        value = environ.get(name)
+        if _digits(value):
+            return str(int(value))  # type: ignore[arg-type]
+    local = environ.get("LOCAL_RANK")
+    if not _digits(local):
+        return "-"
+    node = environ.get("GROUP_RANK")
+    if not _digits(node):
+        node = environ.get("NODE_RANK")
+    if not _digits(node) or int(node) == 0:  # type: ignore[arg-type]
+        return str(int(local))  # type: ignore[arg-type]
+    per_node = environ.get("LOCAL_WORLD_SIZE")
+    if _digits(per_node) and int(per_node):  # type: ignore[arg-type]
+        return str(int(node) * int(per_node) + int(local))  # type: ignore[arg-type]
+    return "-"
+
+
 def _rank() -> str:
-    rank = os.environ.get("RANK", "")
-    return rank if rank.isdigit() else "-"
+    return rank_of(os.environ)
 
 
 def announce_birth(job: _Job, pid: int, start_time: int) -> None:
@@ -284,6 +319,16 @@ CHAINED = 5
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 
 
+def trim(text: str, limit: int = MESSAGE_CHARS) -> str:
+    """At most `limit` characters: a long message's start and its end, where a relayed traceback (a
+    worker's, inside its parent's exception) ends with the exception that started it all."""
+    if len(text) <= limit:
+        return text
+    marker = f"\n[... {len(text)} characters, cut ...]\n"
+    head = limit // 4
+    return text[:head] + marker + text[len(text) - (limit - head - len(marker)) :]
+
+
 def _qualified(kind: type) -> str:
     module = getattr(kind, "__module__", "") or ""
     name = getattr(kind, "__qualname__", kind.__name__)
@@ -313,14 +358,14 @@ def exception_record(exc: BaseException, at: float, pid: int, start_time: int) -
         inner = inner.__cause__ or (None if inner.__suppress_context__ else inner.__context__)
         if inner is None:
             break
-        chain.append({"type": _qualified(type(inner)), "message": str(inner)[:MESSAGE_CHARS]})
+        chain.append({"type": _qualified(type(inner)), "message": trim(str(inner))})
     rank = _rank()
     return {
         "pid": pid,
         "start_time": start_time,
         "at": at,
         "type": _qualified(type(exc)),
-        "message": str(exc)[:MESSAGE_CHARS],
+        "message": trim(str(exc)),
         "frames": _traceback_frames(exc.__traceback__),
         "chain": chain,
         "rank": int(rank) if rank != "-" else None,
@@ -369,6 +414,67 @@ def _install_excepthook(job: _Job) -> None:
         previous(kind, exc, tb)  # type: ignore[arg-type]
 
     sys.excepthook = excepthook
+
+
+# --- exceptions formatted without dying of them --------------------------------------------------------
+
+CAUGHT_RECORDS = 32  # per process: a job that logs an exception in a loop must not fill the disk
+CAUGHT_MESSAGE_CHARS = 1000
+CAUGHT_FRAMES = 20
+
+
+def record_caught(job: _Job, kind: object, exc: object, tb: object) -> None:
+    """One line of `<pid>.caught.jsonl` for an exception this process formats (traceback's
+    TracebackException: format_exception, format_exc, print_exc, logging's exception()). A worker that
+    sends its task's exception to its parent formats it first (multiprocessing.pool, concurrent.futures,
+    loky, torch's DataLoader and spawn all do): the parent's re-raise then carries this text, and the
+    record names the process where it was raised. What the process prints as it dies is recorded too."""
+    if job.caught >= CAUGHT_RECORDS or job.recording or tb is None or not isinstance(exc, BaseException):
+        return
+    job.recording = True
+    try:
+        job.caught += 1
+        pid = os.getpid()
+        rank = _rank()
+        record = {
+            "pid": pid,
+            "at": time.time(),
+            "type": _qualified(kind if isinstance(kind, type) else type(exc)),
+            "message": trim(str(exc), CAUGHT_MESSAGE_CHARS),
+            "frames": _traceback_frames(tb)[:CAUGHT_FRAMES],
+            "rank": int(rank) if rank != "-" else None,
+        }
+        _append(job.path(pid, ".caught.jsonl"), dumps(record))
+    finally:
+        job.recording = False
+
+
+def hook_traceback(module: ModuleType) -> None:
+    """Record every exception `traceback` formats: the outermost TracebackException of each formatting
+    (the exceptions chained to it are built with `_seen` set, 3.8-3.14)."""
+    cls = module.TracebackException
+    original = cls.__init__
+    if getattr(original, "_jobwarden", False):
+        return
+
+    def __init__(
+        self: object,
+        exc_type: object,
+        exc_value: object,
+        exc_traceback: object,
+        *args: object,
+        **kwargs: object,
+    ) -> None:
+        original(self, exc_type, exc_value, exc_traceback, *args, **kwargs)
+        job = _job
+        if job is not None and kwargs.get("_seen") is None:
+            try:
+                record_caught(job, exc_type, exc_value, exc_traceback)
+            except Exception as err:  # a record must never change what the job formats
+                _report(job, "caught exception record", err)
+
+    __init__._jobwarden = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__
 
 
 # --- the hooks --------------------------------------------------------------------------------------
@@ -461,6 +567,8 @@ def _hook_process(job: _Job, pid: int) -> None:
     start_time = _start_time()
     announce_birth(job, pid, start_time)
     job.exception_seen = False
+    job.caught = 0  # a forked child's own records (the counters came with the parent's memory)
+    job.fork_sites = set()
     fault_file = ""
     try:
         fault_file = install_fault_handler(job, pid)
@@ -564,24 +672,77 @@ def _after_fork_in_child() -> None:
         _report(job, "after fork", err)
 
 
-# --- multiprocessing's start method -----------------------------------------------------------------
+# --- multiprocessing's start method, and modules hooked as they are imported -----------------------
 
 
-class MpStartFinder:
-    """Sets multiprocessing's default start method as multiprocessing is first imported.
+def record_fork_request(job: _Job, frame: FrameType | None) -> None:
+    """`<pid>.start-method.jsonl`: the stack that asked multiprocessing for "fork" by name (once per call
+    site). --mp-start changes only the default, so the remedy for a fork deadlock is then that line."""
+    stack = frames_of(frame, 12)
+    site = next((f"{f['file']}:{f['line']}" for f in stack if "multiprocessing" not in str(f["file"])), None)
+    if site is None or site in job.fork_sites:
+        return
+    job.fork_sites.add(site)
+    pid = os.getpid()
+    _append(
+        job.path(pid, ".start-method.jsonl"),
+        dumps({"pid": pid, "at": time.time(), "method": "fork", "stack": stack}),
+    )
 
-    A meta path finder that only wraps the real loader of `multiprocessing`: importing it eagerly here would
-    cost every process of the job several milliseconds (socket, pickle, ...), most of them for nothing.
 
-    It changes the *default* context rather than calling set_start_method(force=True): a job that calls
-    set_start_method() itself would then get "context has already been set"; here its own choice still wins,
-    as get_context("fork") does."""
+def hook_multiprocessing(module: ModuleType) -> None:
+    """Note every explicit request for the "fork" context: BaseContext.get_context is what
+    get_context("fork") and set_start_method("fork") both end in (DefaultContext defers to it)."""
+    cls = module.context.BaseContext
+    original = cls.get_context
+    if getattr(original, "_jobwarden", False):
+        return
 
-    def __init__(self, method: str) -> None:
-        self.method = method
+    def get_context(self: object, method: object = None) -> object:
+        job = _job
+        if method == "fork" and job is not None:
+            try:
+                record_fork_request(job, sys._getframe(1))
+            except Exception as err:
+                _report(job, "start method record", err)
+        return original(self, method)
+
+    get_context._jobwarden = True  # type: ignore[attr-defined]
+    cls.get_context = get_context
+
+
+def set_default_start_method(method: str) -> Callable[[ModuleType], None]:
+    """--mp-start: multiprocessing's *default* context, not set_start_method(force=True): a job that calls
+    set_start_method() itself would then get "context has already been set"; here its own choice still
+    wins, as get_context("fork") does."""
+
+    def apply(module: ModuleType) -> None:
+        context = module.context
+        default = context._default_context
+        if not hasattr(default, "_default_context"):
+            raise AttributeError("multiprocessing.context has no DefaultContext._default_context")
+        default._default_context = context._concrete_contexts[method]
+
+    return apply
+
+
+class AfterImport:
+    """Runs callbacks on a module right after its first import, by wrapping the real loader's
+    exec_module: importing the modules eagerly here would cost every process of the job milliseconds
+    (multiprocessing pulls in socket, pickle...), most of them for nothing. A module already imported is
+    handed to its callbacks at once, and the finder leaves sys.meta_path once it has nothing to wait for."""
+
+    def __init__(self, callbacks: dict[str, list[Callable[[ModuleType], None]]]) -> None:
+        self.callbacks = callbacks
+
+    def install(self) -> None:
+        for name in [n for n in self.callbacks if n in sys.modules]:
+            self._run(name, sys.modules[name])
+        if self.callbacks:
+            sys.meta_path.insert(0, self)
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
-        if fullname != "multiprocessing":
+        if fullname not in self.callbacks:
             return None
         try:
             for finder in list(sys.meta_path):
@@ -590,20 +751,20 @@ class MpStartFinder:
                     continue
                 spec: ModuleSpec | None = find_spec(fullname, path, target)
                 if spec is not None:
-                    self._wrap(spec)
+                    self._wrap(fullname, spec)
                     return spec
         except Exception as err:
-            _report(_job, "--mp-start " + self.method, err)
+            _report(_job, "import hook for " + fullname, err)
         return None  # the import system asks the next finders, as if this one were not there
 
-    def _wrap(self, spec: ModuleSpec) -> None:
+    def _wrap(self, fullname: str, spec: ModuleSpec) -> None:
         loader = spec.loader
         exec_module = getattr(loader, "exec_module", None)
         if loader is None or exec_module is None:
-            raise ImportError("multiprocessing has a legacy loader; start method left alone")
+            raise ImportError(f"{fullname} has a legacy loader; left alone")
         own = vars(loader).get("exec_module")  # someone else's wrapper, to put back
 
-        def exec_then_set(module: ModuleType) -> None:
+        def exec_then_hook(module: ModuleType) -> None:
             try:
                 exec_module(module)
             finally:
@@ -611,21 +772,18 @@ class MpStartFinder:
                     del loader.exec_module
                 else:
                     loader.exec_module = own  # type: ignore[method-assign]
-            self._set_default(module)
+            self._run(fullname, module)
 
-        loader.exec_module = exec_then_set  # type: ignore[method-assign]
+        loader.exec_module = exec_then_hook  # type: ignore[method-assign]
 
-    def _set_default(self, module: ModuleType) -> None:
-        try:
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-            context = module.context
-            default = context._default_context
-            if not hasattr(default, "_default_context"):
-                raise AttributeError("multiprocessing.context has no DefaultContext._default_context")
-            default._default_context = context._concrete_contexts[self.method]
-        except Exception as err:
-            _report(_job, "--mp-start " + self.method, err)
+    def _run(self, fullname: str, module: ModuleType) -> None:
+        for callback in self.callbacks.pop(fullname, ()):
+            try:
+                callback(module)
+            except Exception as err:
+                _report(_job, "import hook for " + fullname, err)
+        if not self.callbacks and self in sys.meta_path:
+            sys.meta_path.remove(self)
 
 
 # --- start-up ---------------------------------------------------------------------------------------
@@ -646,8 +804,13 @@ def _activate(job: _Job) -> None:
     os.register_at_fork(
         before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
     )
+    on_import: dict[str, list[Callable[[ModuleType], None]]] = {
+        "traceback": [hook_traceback],
+        "multiprocessing": [hook_multiprocessing],
+    }
     if job.mp_start is not None and "multiprocessing" not in sys.modules:
-        sys.meta_path.insert(0, MpStartFinder(job.mp_start))
+        on_import["multiprocessing"].append(set_default_start_method(job.mp_start))
+    AfterImport(on_import).install()
     fallback = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fallback")
     if fallback not in sys.path:
         sys.path.append(fallback)  # last: an installed jobwarden always wins

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from jobwarden.model import Finding
 from jobwarden.observations import Frame, ProcessStack, ThreadStack
 from jobwarden.rules import frames
-from jobwarden.rules.evidence import RunEvidence
+from jobwarden.rules.evidence import RunEvidence, job_ref
 from jobwarden.rules.lookup import Lookup, count, describe
 
 _PY_COLLECTIVE = "torch/distributed/distributed_c10d.py"
@@ -56,7 +56,7 @@ def collective_hang(ev: RunEvidence) -> Finding | None:
         _summary(waiting, elsewhere, op, bool(watchdog)),
         "error",
         tuple(evidence),
-        _remedy(elsewhere),
+        _remedy(elsewhere, job_ref(ev)),
         # the rank that is elsewhere first: it is the one the finding is about
         tuple(dict.fromkeys([*(s.pid for s in elsewhere), *(c.stack.pid for c in waiting)])),
     )
@@ -122,7 +122,7 @@ def _summary(waiting: list[InCollective], elsewhere: list[ProcessStack], op: str
     return "PyTorch's NCCL watchdog reported a collective that timed out: a rank never joined it."
 
 
-def _remedy(elsewhere: list[ProcessStack]) -> str:
+def _remedy(elsewhere: list[ProcessStack], job: str) -> str:
     lead = (
         f"Start with pid {elsewhere[0].pid}: the rank that is not in the collective is the cause, the "
         "waiting ones are victims. "
@@ -130,7 +130,7 @@ def _remedy(elsewhere: list[ProcessStack]) -> str:
         else ""
     )
     return (
-        f"{lead}Dump every rank at the same moment (`jobwarden dump JOB`) and compare where each is; turn "
+        f"{lead}Dump every rank at the same moment (`jobwarden dump {job}`) and compare where each is; turn "
         "on PyTorch's flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE=2000, TORCH_NCCL_DUMP_ON_TIMEOUT=1) and "
         "read it with `python -m torch.distributed.flight_recorder.fr_trace`; pass timeout= to "
         "init_process_group so a stuck collective fails instead of hanging."

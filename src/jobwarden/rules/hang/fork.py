@@ -136,6 +136,7 @@ def _finding(ev: RunEvidence, look: Lookup, stuck: list[Stuck]) -> Finding:
         f"forked by {parent} at {_site_text(origin.site)} (from {origin.source})",
         *_threads_lines(origin.threads, first.wait),
         *_warning_lines(ev.log_tail),
+        *_request_lines(ev, origin),
     ]
     if len(stuck) > 1:
         others = ", ".join(str(s.stack.pid) for s in stuck[1:])
@@ -156,7 +157,7 @@ def _finding(ev: RunEvidence, look: Lookup, stuck: list[Stuck]) -> Finding:
         summary,
         "critical",
         tuple(evidence),
-        _remedy(origin, first.wait),
+        _remedy(ev, origin, first.wait),
         tuple(s.stack.pid for s in stuck),
     )
 
@@ -219,21 +220,49 @@ def _likely_holder(threads: Sequence[ThreadStack], wait: LockWait) -> str | None
     return None
 
 
+def _request_lines(ev: RunEvidence, origin: Origin) -> list[str]:
+    multiprocessing = any(frames.is_in(f, "multiprocessing/popen_fork.py") for f in origin.site)
+    request = _explicit_fork(ev, origin.parent_pid) if multiprocessing else None
+    return [f"the fork start method was asked for by name: {request[0]} at {request[1]}"] if request else []
+
+
 def _warning_lines(log_tail: Sequence[str]) -> list[str]:
     hits = [line.strip() for line in log_tail if _PY312_WARNING in line]
     return [f"output: {hits[-1]}"] if hits else []
 
 
-def _remedy(origin: Origin, wait: LockWait) -> str:
+def _remedy(ev: RunEvidence, origin: Origin, wait: LockWait) -> str:
     kill = "The stuck child cannot recover: kill it (or restart the job)."
+    forkserver = (
+        f"--mp-start {ev.mp_start} was in force: "
+        if ev.mp_start
+        else "`jobwarden run --mp-start forkserver` "
+    )
     if wait.after_fork:
         return (
             f"{kill} This is an interpreter bug (CPython gh-112275, fixed by GH-112336): upgrade Python to a "
-            "release with the fix, and avoid forking while threads start or exit; `jobwarden run --mp-start "
-            "forkserver` keeps multiprocessing from forking the threaded process at all."
+            "release with the fix, and avoid forking while threads start or exit"
+            + (
+                "."
+                if ev.mp_start
+                else f"; {forkserver}keeps multiprocessing from forking the threaded process."
+            )
         )
     multiprocessing = any(frames.is_in(f, "multiprocessing/popen_fork.py") for f in origin.site)
-    if multiprocessing:
+    request = _explicit_fork(ev, origin.parent_pid) if multiprocessing else None
+    if request is not None:
+        api, site = request
+        fix = (
+            f"The code asks for the fork start method by name ({api} at {site}), which --mp-start cannot "
+            f"change: ask for 'forkserver' (or 'spawn') there instead: {api.replace('fork', 'forkserver')}."
+        )
+    elif multiprocessing and ev.mp_start:
+        fix = (
+            f"--mp-start {ev.mp_start} was in force, yet multiprocessing forked this child: a library chose "
+            "the fork context itself (see the fork site above); give it a forkserver or spawn context "
+            "(mp_context= for ProcessPoolExecutor, multiprocessing_context= for DataLoader)."
+        )
+    elif multiprocessing:
         fix = (
             "Do not fork a process that runs threads: `jobwarden run --mp-start forkserver` (or spawn) fixes "
             "it without a code change; in code, call multiprocessing.set_start_method('forkserver') at the "
@@ -251,3 +280,23 @@ def _remedy(origin: Origin, wait: LockWait) -> str:
         "of fork() may lead to deadlocks in the child', DeprecationWarning), and 3.14 makes forkserver the "
         "default on Linux."
     )
+
+
+def _explicit_fork(ev: RunEvidence, parent: int | None) -> tuple[str, str] | None:
+    """("get_context('fork')", 'demo/deadlock.py:29') where the forking process asked for the fork start
+    method by name (the hooks' record), newest first; None when it used the default."""
+    for request in reversed(ev.fork_requests):
+        if parent is not None and request.pid != parent:
+            continue
+        inside = [f for f in request.stack if "/multiprocessing/" in f.file]
+        outside = [f for f in request.stack if "/multiprocessing/" not in f.file]
+        if not outside:
+            continue
+        called = frames.name(inside[-1]) if inside else "get_context"
+        api = "set_start_method('fork')" if called.endswith("set_start_method") else "get_context('fork')"
+        user = next((f for f in outside if not frames.is_library(f)), outside[0])
+        site = f"{user.file}:{user.line}"
+        if user is not outside[0]:  # a library asked, on the user's behalf
+            site = f"{frames.where(outside[0])}, called from {site}"
+        return api, site
+    return None

@@ -11,7 +11,7 @@ from jobwarden.config import format_duration
 from jobwarden.model import Finding
 from jobwarden.observations import ProcessStack
 from jobwarden.rules import frames
-from jobwarden.rules.evidence import RunEvidence
+from jobwarden.rules.evidence import RunEvidence, job_ref
 from jobwarden.rules.hang.locks import lock_wait
 from jobwarden.rules.lookup import Lookup, describe
 
@@ -44,7 +44,7 @@ def no_progress(ev: RunEvidence) -> Finding | None:
         summary,
         "warning",
         tuple(evidence),
-        _remedy(deadlock),
+        _remedy(deadlock, job_ref(ev)),
         tuple(s.pid for s in look.live_stacks()) or ((ev.pid,) if ev.pid else ()),
     )
 
@@ -87,14 +87,14 @@ def _hints(stack: ProcessStack, look: Lookup) -> list[str]:
     return lines
 
 
-def _remedy(deadlock: bool) -> str:
+def _remedy(deadlock: bool, job: str) -> str:
     if deadlock:
         return (
             "Read the lock waits above: each thread holds one lock and wants another's. Take locks in one "
             "global order, hold them for less, or acquire with a timeout; restart the job to get it moving."
         )
     return (
-        "Start from the main thread's innermost frame above: that is where it waits. `jobwarden dump JOB` "
+        f"Start from the main thread's innermost frame above: that is where it waits. `jobwarden dump {job}` "
         "takes fresh stacks of every process. If the job is legitimately silent this long (a large "
         "checkpoint, preprocessing), call jobwarden.heartbeat() in that phase or raise --hang-timeout."
     )

@@ -96,7 +96,7 @@ def pool_worker_lost(ev: RunEvidence) -> Finding | None:
         summary,
         "critical",
         tuple(evidence),
-        _pool_remedy(any(x.death.pid in oom for x in lost), executor),
+        _pool_remedy(any(x.death.pid in oom for x in lost), executor, ev.mem_limit_bytes is not None),
         tuple(dict.fromkeys([*(x.death.pid for x in lost), parent.pid])),
     )
 
@@ -150,11 +150,12 @@ def _replacements(look: Lookup, parent_pid: int) -> list[str]:
     return lines[:2]
 
 
-def _pool_remedy(oom: bool, executor: bool) -> str:
+def _pool_remedy(oom: bool, executor: bool, limited: bool) -> str:
     steps = []
     if oom:
         steps.append(
-            "Give the workers the memory they need (raise --mem-limit) or use less per worker (fewer "
+            f"Give the workers the memory they need{' (raise --mem-limit)' if limited else ''} or use less "
+            "per worker (fewer "
             "processes, smaller chunks per task); see the oom-kill finding"
         )
     if executor:

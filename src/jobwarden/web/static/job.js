@@ -44,10 +44,19 @@ function renderSummary(s) {
   document.getElementById("stop").disabled = !live;
 }
 
+// What is true now, root cause first; what stopped being true (a hang that ended, a process continued)
+// only as a muted line of history under it.
 function renderFindings(findings) {
   const box = document.getElementById("findings");
-  if (!findings.length) { box.replaceChildren(jw.el("p", { class: "muted" }, "none")); return; }
-  box.replaceChildren(...findings.map((f) => {
+  const current = findings.filter((f) => !f.resolved_at);
+  const resolved = findings.filter((f) => f.resolved_at);
+  const history = resolved.map((f) => jw.el("p", { class: "muted resolved", "data-rule": f.rule },
+    `resolved: ${f.title} [${f.rule}], ${jw.time(f.at)} – ${jw.time(f.resolved_at)}`));
+  if (!current.length) {
+    box.replaceChildren(jw.el("p", { class: "muted" }, resolved.length ? "nothing now" : "none"), ...history);
+    return;
+  }
+  box.replaceChildren(...current.map((f) => {
     const who = [];
     if (f.pids && f.pids.length) who.push(`pid ${f.pids.join(", ")}`);
     if (f.rank !== null && f.rank !== undefined) who.push(`rank ${f.rank}`);
@@ -57,7 +66,7 @@ function renderFindings(findings) {
       who.length ? jw.el("p", { class: "muted" }, who.join(" · ")) : null,
       f.evidence.length ? jw.el("ul", {}, ...f.evidence.map((e) => jw.el("li", {}, e))) : null,
       f.remedy ? jw.el("div", { class: "remedy" }, jw.el("b", {}, "What to do: "), f.remedy) : null);
-  }));
+  }), ...history);
 }
 
 function renderAttempts(runs) {

@@ -17,9 +17,16 @@ function row(job) {
     jw.el("td", {}, gpus),
     jw.el("td", { class: "num" }, jw.percent(job.cpu_percent)),
     jw.el("td", { class: "num" }, jw.bytes(job.rss_bytes)),
-    jw.el("td", {}, job.finding || ""),
+    verdict(job),
     jw.el("td", {}, jw.time(job.started_at)),
     jw.el("td", { class: "cmd", title: job.command.join(" ") }, job.command.join(" ")));
+}
+
+// The run's verdict: its rule, its title on hover (an ended run's root cause, a running one's current finding)
+function verdict(job) {
+  if (!job.finding) return jw.el("td", { class: "verdict" });
+  return jw.el("td", { class: "verdict", title: job.finding_title || job.finding, "data-rule": job.finding },
+    `[${job.finding}]`);
 }
 
 async function refresh() {

@@ -1,0 +1,71 @@
+"""Findings with a life. The shim records each live finding once, when it becomes true, and marks it
+resolved, with the moment, when it stops being true: the stopped process was continued, the hung run
+showed progress again, the GPU computes again. `ps`, `top` and the web show only the current ones;
+`explain` tells a run that recovered apart from one that is stuck.
+
+The same finding (rule and pids) is not recorded twice while it is current; once resolved, it may come
+back, as a new finding with a moment of its own. Any rule that is judged again and again (the speed rules
+too) resolves its findings the same way: `resolve_where` with what is still true.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Sequence
+
+from jobwarden.errors import StoreError
+from jobwarden.model import Finding
+from jobwarden.store import Store
+
+Key = tuple[str, tuple[int, ...]]
+
+
+def key_of(finding: Finding) -> Key:
+    return finding.rule, tuple(sorted(finding.pids))
+
+
+class LiveFindings:
+    """The current findings of one run, as recorded in the store (by id, to resolve them)."""
+
+    def __init__(self, store: Store, job_id: int, run: int) -> None:
+        self.store, self.job_id, self.run = store, job_id, run
+        self._current: dict[Key, tuple[int, Finding]] = {}
+
+    def is_new(self, finding: Finding) -> bool:
+        return key_of(finding) not in self._current
+
+    def record(self, findings: Sequence[Finding], at: float) -> list[Finding]:
+        """Store the findings not already current, as true since `at` (or their own `at`); those stored."""
+        new = []
+        for finding in findings:
+            key = key_of(finding)
+            if key in self._current:
+                continue
+            since = finding.at if finding.at is not None else at
+            finding = finding._replace(at=since, resolved_at=None)
+            finding_id = 0
+            with contextlib.suppress(StoreError):
+                finding_id = self.store.add_finding(self.job_id, self.run, since, finding)
+            self._current[key] = (finding_id, finding)
+            new.append(finding)
+        return new
+
+    def resolve_where(self, stopped_being_true: Callable[[Finding], bool], at: float) -> list[Finding]:
+        """Mark resolved at `at` every current finding for which `stopped_being_true` says so; those."""
+        done = []
+        for key, (finding_id, finding) in list(self._current.items()):
+            if not stopped_being_true(finding):
+                continue
+            del self._current[key]
+            if finding_id:
+                with contextlib.suppress(StoreError):
+                    self.store.resolve_finding(self.job_id, self.run, finding_id, at)
+            done.append(finding._replace(resolved_at=at))
+        return done
+
+    def resolve_rules(self, rules: Iterable[str], at: float) -> list[Finding]:
+        wanted = frozenset(rules)
+        return self.resolve_where(lambda f: f.rule in wanted, at)
+
+    def current(self, rule: str | None = None) -> list[Finding]:
+        return [f for _, f in self._current.values() if rule is None or f.rule == rule]
