@@ -32,7 +32,13 @@ class Jobwarden:
     def __init__(self, home: Path, tmp: Path) -> None:
         self.home = home
         self.tmp = tmp
-        self.env = {**os.environ, "JOBWARDEN_HOME": str(home), "NO_COLOR": "1"}
+        # a config file of the user running the tests must not change what `run` does in them
+        self.env = {
+            **os.environ,
+            "JOBWARDEN_HOME": str(home),
+            "NO_COLOR": "1",
+            "XDG_CONFIG_HOME": str(tmp / "config"),
+        }
         self.env.pop("JOBWARDEN_JOB_ID", None)
 
     def __call__(

@@ -22,6 +22,14 @@ PROC_EVENTS_ENV = "JOBWARDEN_PROC_EVENTS"
 RESTART_MODES = ("no", "on-failure", "always")
 # --restart without --max-restarts: a few tries, never an endless loop (Ray's "infinite oom retries")
 DEFAULT_MAX_RESTARTS = 3
+# --max-restarts unlimited (a service with --restart always, as pm2 and systemd's Restart=always keep one up):
+# stored as this count; the backoff still applies
+UNLIMITED = -1
+UNLIMITED_WORD = "unlimited"
+# --log-max when neither the flag nor the config file says: a chatty job cannot fill the disk, and no sane
+# log of one run is near it. The log keeps its first LOG_HEAD_SHARE and its newest bytes (store.logcap)
+DEFAULT_LOG_MAX_BYTES = 4 << 30
+MIN_LOG_MAX_BYTES = 1 << 20
 RESTART_BACKOFF_BASE_S = 1.0
 RESTART_BACKOFF_CAP_S = 300.0
 # an attempt that ran this long before it failed was healthy: the backoff starts again from its base
@@ -105,6 +113,11 @@ def parse_size(text: str, option: str = "") -> int:
     if value > MAX_SIZE_BYTES:
         raise UsageError(f"{_named(option)}size {text!r} is beyond any machine's memory", "e.g. 8G")
     return value
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """'1 descendant', '2 descendants': a count with its noun in the right number, never 'descendant(s)'."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def format_duration(seconds: float) -> str:

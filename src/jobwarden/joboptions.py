@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from jobwarden.config import DEFAULT_GRACE_S, DEFAULT_MAX_RESTARTS
+from jobwarden.config import DEFAULT_GRACE_S, DEFAULT_LOG_MAX_BYTES, DEFAULT_MAX_RESTARTS
 
 VERSION = 1
 
@@ -23,7 +23,7 @@ class JobOptions(NamedTuple):
     py_hooks: bool = True  # --no-py-hooks turns it off
     mp_start: str | None = None  # --mp-start spawn | forkserver
     restart: str = "no"  # no | on-failure | always
-    max_restarts: int = DEFAULT_MAX_RESTARTS  # also the budget of --on-hang restart
+    max_restarts: int = DEFAULT_MAX_RESTARTS  # also the budget of --on-hang restart; config.UNLIMITED: no cap
     restart_delay_s: float | None = None  # the backoff's base; None: the default
     mem_limit_bytes: int | None = None
     gpus: int | None = None  # --gpus N
@@ -45,6 +45,17 @@ class JobOptions(NamedTuple):
     # would hide an OOM from Slurm (FAILED instead of OUT_OF_MEMORY); False for a container's entrypoint:
     # the container's own cgroup is the one whose limit and counters count
     own_cgroup: bool = True
+    # Everyday habits (issue 21)
+    log_max_bytes: int | None = None  # --log-max: the most output.log may hold on disk; None: the default
+    keep_running: tuple[str, ...] = ()  # --keep-running PATTERN: processes left running at the run's end
+    after: tuple[int, ...] = ()  # --after JOB: job ids that must succeed before this one starts
+    queue: str | None = None  # --queue NAME: wait for a place in this queue
+    web_url: str | None = None  # the config file's [web] url: the job page's address in notifications
+
+    @property
+    def log_cap_bytes(self) -> int:
+        """The cap on output.log on disk (--log-max, else the default); 0: none (--log-max off)."""
+        return DEFAULT_LOG_MAX_BYTES if self.log_max_bytes is None else self.log_max_bytes
 
     @property
     def wants_gpus(self) -> bool:
@@ -53,6 +64,8 @@ class JobOptions(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         stored = self._asdict()
         stored["gpu_ids"] = list(self.gpu_ids) if self.gpu_ids is not None else None
+        stored["keep_running"] = list(self.keep_running)
+        stored["after"] = list(self.after)
         return {"version": VERSION, **stored}
 
     @classmethod
@@ -60,6 +73,10 @@ class JobOptions(NamedTuple):
         known = {k: v for k, v in stored.items() if k in cls._fields and v is not None}
         if "gpu_ids" in known:
             known["gpu_ids"] = tuple(int(i) for i in known["gpu_ids"])
+        if "keep_running" in known:
+            known["keep_running"] = tuple(str(p) for p in known["keep_running"])
+        if "after" in known:
+            known["after"] = tuple(int(i) for i in known["after"])
         if not known.get("grace_s"):  # 0 was never stored for "no grace": it meant the default
             known.pop("grace_s", None)
         return cls(**known)

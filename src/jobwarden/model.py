@@ -54,6 +54,8 @@ class EndReason(enum.StrEnum):
     MEM_LIMIT = "mem-limit"  # ended by jobwarden's memory watchdog (no cgroup could enforce --mem-limit)
     SUPERVISOR_FAILED = "supervisor-failed"  # its shim ended before it started the command
     ENGINE_STOP = "engine-stop"  # ended by the engine it runs in (scancel, time limit, `ray job stop`)
+    DEPENDENCY_FAILED = "dependency-failed"  # never started: a job it was to run after (--after) failed
+    REBOOT = "reboot"  # the machine rebooted while it ran (a new boot id): every process of it died then
     UNKNOWN = "unknown"
 
 
@@ -235,6 +237,8 @@ ROOT_CAUSE_ORDER = (
     "no-progress",
     "stopped-by-user",
     "cancelled-by-engine",
+    "machine-rebooted",
+    "dependency-failed",
     "timeout",
     "python-exception",
     "native-crash",
@@ -244,6 +248,7 @@ ROOT_CAUSE_ORDER = (
     "exit-code",
     "gpu-idle",
     "disk-full",
+    "notify-failed",
     "orphans-left",
     "supervisor-lost",
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
@@ -28,6 +29,14 @@ def home_dir(environ: dict[str, str] | None = None) -> Path:
         return Path(env[HOME_ENV]).absolute()
     state = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state) / "jobwarden"
+
+
+def config_file(environ: Mapping[str, str] | None = None) -> Path:
+    """The user's config file: $XDG_CONFIG_HOME/jobwarden/config.toml, ~/.config/... by default
+    (read by control.configfile; looked for here first, so that `run` without one loads nothing more)."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME") or Path.home()) / ".config")
+    return Path(base) / "jobwarden" / "config.toml"
 
 
 def ensure_private_dir(path: Path) -> Path:

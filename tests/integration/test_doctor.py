@@ -34,8 +34,9 @@ def _in_a_container() -> bool:
 def test_doctor_on_a_fresh_home_fails_nothing_and_creates_nothing(jw: Jobwarden) -> None:
     found = checks(jw)
     inside = _in_a_container()
-    assert len(found) == 13 + inside
+    assert len(found) == 14 + inside
     assert ("container" in found) == inside  # said first, inside a container
+    assert found["config file"]["message"].startswith("none at ")  # run's built-in defaults apply
     assert all(c["status"] in ("ok", "warn") for c in found.values())
     assert all(c["fix"] for c in found.values() if c["status"] == "warn")
     assert found["store"]["message"].startswith("no database yet")
@@ -129,4 +130,4 @@ def test_doctor_reports_a_working_nvml(jw: Jobwarden, tmp_path: Path) -> None:
     fakenvml.write_state(nvml, {"devices": [fakenvml.device(0), fakenvml.device(1)]})
     jw.env[fakenvml.FAKE_NVML_ENV] = str(nvml)
     gpu = checks(jw)["GPU (NVML)"]
-    assert gpu["status"] == "ok" and "2 GPU(s)" in gpu["message"]
+    assert gpu["status"] == "ok" and "2 GPUs" in gpu["message"]

@@ -325,7 +325,11 @@ def test_verbose_says_what_run_and_stop_do(jw: Jobwarden, tmp_path: Path) -> Non
     read_fifo(ready)
     stopped = jw("-vv", "stop", started.stdout.strip(), check=True)
     assert "store: " in stopped.stderr and "to stop job" in stopped.stderr
-    assert jw("run", "--wait", "--", "true").stderr == ""  # silent without -v
+    # without -v, only the line that says how the waited-for job ended
+    assert jw("run", "--wait", "--", "true").stderr.startswith("jobwarden: job 2 (true) succeeded")
+    quiet = jw("run", "--", "true")
+    assert quiet.stderr == ""  # and nothing at all without --wait
+    assert jw("wait", quiet.stdout.strip()).returncode == 0
 
 
 def test_stop_never_says_success_over_a_job_whose_supervisor_died_mid_stop(

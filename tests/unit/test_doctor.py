@@ -98,7 +98,7 @@ def test_containment() -> None:
         (("no-module", "pynvml is not installed", "pip install nvidia-ml-py"), False, OK, "no NVIDIA driver"),
         (("no-module", "pynvml is not installed", "pip install nvidia-ml-py"), True, WARN, "not installed"),
         (("unavailable", "NVML cannot start", "reboot"), True, WARN, "NVML could not be used"),
-        (("ok", "NVML works: 8 GPU(s)", ""), True, OK, "8 GPU(s)"),
+        (("ok", "NVML works: 8 GPUs", ""), True, OK, "8 GPUs"),
     ],
 )
 def test_nvml(nvml: tuple[str, str, str], driver: bool, status: str, words: str) -> None:
@@ -266,7 +266,7 @@ def test_the_text_report_puts_each_fix_under_its_check() -> None:
     assert (
         lines[at + 1].strip() == "fix: pip install py-spy (into jobwarden's environment, or anywhere on PATH)"
     )
-    assert lines[-1] == "no failures; 1 warning(s): jobwarden works, with the limits above"
+    assert lines[-1] == "no failures; 1 warning: jobwarden works, with the limits above"
 
 
 def test_in_the_initial_pid_namespace_nvml_pids_are_ours(tmp_path: Path) -> None:

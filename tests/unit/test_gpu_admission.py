@@ -278,7 +278,7 @@ def test_a_request_this_machine_can_never_meet_is_impossible(
     job = new_job(store, "big")
     assert admit(store, job, probe, proc, count=5).impossible == "asks for 5 GPUs, this machine has 4"
     assert admit(store, job, probe, proc, ids=[1, 4, 7]).impossible == (
-        "no GPU 4,7 here: this machine has 4 GPU(s) (0-3)"
+        "no GPU 4,7 here: this machine has 4 GPUs (0-3)"
     )
     # a GPU that cannot be read still exists: wait for it rather than fail
     fakenvml.update_state(nvml, lambda s: s["devices"][3].update(error="GpuIsLost"))

@@ -11,6 +11,7 @@ import pytest
 
 from jobwarden.cli.main import build_parser, main
 from jobwarden.model import JobState
+from jobwarden.probes import fakenvml
 from jobwarden.store import Store
 
 
@@ -18,6 +19,11 @@ from jobwarden.store import Store
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "home"
     monkeypatch.setenv("JOBWARDEN_HOME", str(path))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    # a machine with 4 GPUs (NVML is the fake one): `run` checks that the request can be met here
+    gpus = tmp_path / "nvml.json"
+    fakenvml.write_state(gpus, {"devices": [fakenvml.device(i) for i in range(4)]})
+    monkeypatch.setenv(fakenvml.FAKE_NVML_ENV, str(gpus))
     return path
 
 
@@ -100,3 +106,34 @@ def test_a_job_without_gpus_starts_as_before(home: Path, started: list[Any]) -> 
     with Store(home) as store:
         assert store.run(1).state == JobState.STARTING
         assert (store.job(1).options.gpus, store.job(1).options.gpu_ids) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--gpus", "5"], "--gpus: asks for 5 GPUs, this machine has 4"),
+        (["--gpu-ids", "1,7"], "--gpu-ids: no GPU 7 here: this machine has 4 GPUs (0-3)"),
+    ],
+)
+def test_a_request_this_machine_cannot_meet_is_refused_and_nothing_is_recorded(
+    home: Path, started: list[Any], capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    """A refused start is never a failed job in the lists (issue 21)."""
+    assert main(["run", *argv, "--", "true"]) == 2
+    assert capsys.readouterr().err.splitlines()[0] == f"jobwarden: {message}"
+    assert started == [] and not home.exists()
+
+
+def test_without_gpus_run_says_there_are_none(
+    home: Path, started: list[Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not "install pynvml": there is nothing to install on a machine without GPUs."""
+    from jobwarden.probes import gpu
+
+    monkeypatch.delenv(fakenvml.FAKE_NVML_ENV)
+    monkeypatch.setattr(gpu, "DRIVER_FILES", (str(home / "no-nvidiactl"),))
+    assert main(["run", "--gpus", "1", "--", "true"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("jobwarden: --gpus: this machine has no GPUs (no NVIDIA driver")
+    assert "pynvml" not in "\n".join(err) and "without --gpus" in err[1]
+    assert started == [] and not home.exists()

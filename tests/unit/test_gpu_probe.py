@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from jobwarden.observations import GpuDevice, GpuProcess
-from jobwarden.probes import fakenvml
+from jobwarden.probes import fakenvml, gpu
 from jobwarden.probes.gpu import (
     GpuProbe,
     GpuProbeError,
@@ -185,20 +185,34 @@ def test_a_working_probe_has_no_unavailable_reason(state: Path) -> None:
     assert gpu_unavailable_reason({fakenvml.FAKE_NVML_ENV: str(state)}) is None
 
 
-def test_without_the_binding_the_reason_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_the_binding_the_reason_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml now raises ImportError
+    monkeypatch.setattr(gpu, "DRIVER_FILES", (str(tmp_path),))  # a machine with the driver's files
     reason = gpu_unavailable_reason({})
     assert reason is not None
     assert "pynvml" in reason.reason and "jobwarden[gpu]" in reason.remedy
 
 
-def test_the_real_binding_without_a_driver_says_so() -> None:
+def test_without_a_driver_the_reason_is_that_there_are_no_gpus(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Not "install pynvml": nothing installed would make GPUs appear (issue 21)."""
+    monkeypatch.setattr(gpu, "DRIVER_FILES", (str(tmp_path / "nvidiactl"),))
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    reason = gpu_unavailable_reason({})
+    assert reason is not None
+    assert reason.reason.startswith("this machine has no GPUs") and "pynvml" not in str(reason)
+
+
+def test_the_real_binding_without_a_driver_says_there_are_no_gpus() -> None:
     pytest.importorskip("pynvml")
-    if Path("/dev/nvidiactl").exists():
+    if gpu.nvidia_driver_present():
         pytest.skip("this machine has an NVIDIA driver")
     reason = gpu_unavailable_reason({})
     assert reason is not None
-    assert "Library Not Found" in reason.reason and "libnvidia-ml.so.1" in reason.remedy
+    assert reason.reason.startswith("this machine has no GPUs") and "--gpus" in reason.remedy
 
 
 def test_pynvml_is_imported_only_when_a_probe_is_opened(state: Path) -> None:

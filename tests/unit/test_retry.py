@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from jobwarden import config
 from jobwarden.joboptions import JobOptions
 from jobwarden.rules.retry import AttemptOutcome, RestartDecision, RestartPolicy, decide
 
@@ -300,7 +301,7 @@ def test_an_empty_history_is_a_programming_error() -> None:
     "kwargs",
     [
         {"mode": "sometimes", "max_restarts": 1},
-        {"mode": "no", "max_restarts": -1},
+        {"mode": "no", "max_restarts": -2},  # -1 is config.UNLIMITED
         {"mode": "always", "max_restarts": 1, "backoff_base_s": -1.0},
         {"mode": "always", "max_restarts": 1, "cap_s": -1.0},
         {"mode": "always", "max_restarts": 1, "reset_after_s": -1.0},
@@ -325,3 +326,33 @@ def test_a_bad_policy_is_refused(kwargs: dict[str, object]) -> None:
 )
 def test_outcomes_describe_themselves(outcome: AttemptOutcome, text: str) -> None:
     assert outcome.describe() == text
+
+
+# --- a service: --restart always --max-restarts unlimited (issue 21) ----------------------------------
+
+
+def test_unlimited_restarts_past_any_count_with_the_backoff_capped() -> None:
+    service = policy("always", config.UNLIMITED)
+    history = [EXIT1] * 50
+    decision = decide(service, history)
+    assert decision.restart is True
+    assert decision.delay_s == config.RESTART_BACKOFF_CAP_S  # the backoff stays: 1, 2, 4, ... up to 5 min
+    assert "restart 50 (--max-restarts unlimited)" in decision.reason
+
+
+def test_unlimited_keeps_a_service_up_through_the_same_failure_twice() -> None:
+    """A service whose database is down raises the same error until it is back: restarted anyway."""
+    same = exc("ConnectionError: db down @ serve.py:10")
+    assert decide(policy("always", config.UNLIMITED), [same, same]).restart is True
+    assert decide(policy("always", 5), [same, same]).restart is False
+
+
+@pytest.mark.parametrize("outcome", [STOPPED, NOT_FOUND, LOST])
+def test_unlimited_still_never_restarts_what_must_not_be(outcome: AttemptOutcome) -> None:
+    assert decide(policy("always", config.UNLIMITED), [outcome]).restart is False
+
+
+def test_a_run_cancelled_by_its_dependency_is_never_restarted() -> None:
+    cancelled = AttemptOutcome("failed", end_reason="dependency-failed")
+    decision = decide(policy("always", config.UNLIMITED), [cancelled])
+    assert decision.restart is False and "--after" in decision.reason

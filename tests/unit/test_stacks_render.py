@@ -68,8 +68,8 @@ def test_a_process_reads_like_a_report() -> None:
         "      clock_nanosleep  (libc.so.6)  [native]",
         "      Condition.wait  (threading.py:327)",
         "      worker  (/srv/train.py:40)",
-        '    + 2 more idle thread(s) with this stack: 102 "loader-2", 103 "loader-3"',
-        '  2 thread(s) without Python frames: 104 "cuda" S, 105 "nccl" D',
+        '    + 2 more idle threads with this stack: 102 "loader-2", 103 "loader-3"',
+        '  2 threads without Python frames: 104 "cuda" S, 105 "nccl" D',
     ]
 
 

@@ -52,11 +52,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         raise UsageError("no command given", "put it after --, e.g. jobwarden run -- python train.py")
+    from jobwarden.paths import config_file
+
+    web_url = None
+    if os.path.lexists(config_file()):  # without a config file, one stat and nothing more loaded
+        from jobwarden.control.configfile import RUN_KEYS, run_defaults
+
+        values, web_url = run_defaults({key for key in RUN_KEYS if getattr(args, key, None) is not None})
+        for key, value in values.items():  # a flag given overrides the file
+            setattr(args, key, value)
     options = run_options(
         timeout=args.timeout,
         grace=args.grace,
         hang_timeout=args.hang_timeout,
-        on_hang=args.on_hang,
+        on_hang=args.on_hang or "dump",
         py_hooks=not args.no_py_hooks,
         mp_start=args.mp_start,
         restart=args.restart,
@@ -67,6 +76,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         gpu_ids=args.gpu_ids,
         notify=args.notify,
         on_event=args.on_event,
+        log_max=args.log_max,
+        keep_running=args.keep_running,
+        queue=args.queue,
+        after=_after(args.after),
+        web_url=web_url,
         engine=engine_options(
             os.environ,
             engine=args.engine,
@@ -82,6 +96,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     env = parse_env(args.env)
     name = checked_name(args.name) if args.name is not None else default_name(argv)
     spec = JobSpec(command=tuple(argv), cwd=args.cwd, name=name, env=env)
+    if options.wants_gpus:
+        from jobwarden.control.gpurequest import refuse_impossible_gpus
+
+        refuse_impossible_gpus(options)
     if options.engine is not None:
         if args.json:
             raise UsageError(
@@ -95,14 +113,33 @@ def cmd_run(args: argparse.Namespace) -> int:
             "run it as a container's entrypoint, inside Slurm or Ray, or with --engine container",
         )
     launched = launch(_home(), spec, options)
-    if args.json:
-        _print_json(launched.to_json())
-    elif not args.follow:
+    return launched_said(launched, args.json, args.follow, args.wait)
+
+
+def _after(refs: list[str] | None) -> list[int] | None:
+    if not refs:
+        return None
+    from jobwarden.cli.everyday import job_ids
+
+    return job_ids(_home(), refs)
+
+
+def launched_said(
+    launched: Any, as_json: bool, follow: bool, wait: bool, extra: dict[str, Any] | None = None
+) -> int:
+    """What `run` and `rerun` say of the job they started, then follow or wait for it if asked."""
+    if launched.namesakes:
+        from jobwarden.cli.everyday import warn_namesakes
+
+        warn_namesakes(launched.name, launched.namesakes)
+    if as_json:
+        _print_json({**launched.to_json(), **(extra or {})})
+    elif not follow:
         print(launched.id)
-    if args.follow:
-        return _follow(str(launched.id), None, args.wait)
-    if args.wait:
-        return _wait_exit(str(launched.id))
+    if follow:
+        return _follow(str(launched.id), None, True)
+    if wait:
+        return _wait_exit(str(launched.id), said=True)
     return 0
 
 
@@ -173,6 +210,7 @@ def _print_lines_to(stream: Any, lines: Iterable[str]) -> None:
 
 
 def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
+    """`run -f`: the output as it comes; at the end, how the job ended, and its status as ours."""
     from jobwarden.control.lifecycle import wait_job
     from jobwarden.store import Store
     from jobwarden.store.logfiles import follow
@@ -195,16 +233,33 @@ def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
     except KeyboardInterrupt:
         print(f"\njobwarden: stopped following; job {job.id} keeps running", file=sys.stderr)
         return 130
-    if exit_with_status:
-        ended = wait_job(_home(), procfs, str(job.id))
-        return _requeue_or(ended, ended.exit_status)
-    return 0
+    if not exit_with_status:
+        return 0
+    ended = wait_job(_home(), procfs, str(job.id))
+    return _said_end(job.name, ended)
 
 
-def _wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False) -> int:
-    from jobwarden.control.lifecycle import wait_job
+def _wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False, said: bool = False) -> int:
+    """Wait for the job's end and exit with its status (128+N for signal N); `said`: with the line that
+    says how it ended. Still running at `timeout`: 124, as timeout(1)."""
+    from jobwarden.control.lifecycle import StillRunning, wait_job
+    from jobwarden.store import Store
 
-    run = wait_job(_home(), _procfs(), job_ref, timeout)
+    try:
+        run = wait_job(_home(), _procfs(), job_ref, timeout)
+    except StillRunning as still:
+        if as_json:
+            _print_json(
+                {
+                    "id": still.run.job_id,
+                    "run": still.run.n,
+                    "state": str(still.run.state),
+                    "exit_code": None,
+                    "signal": None,
+                }
+            )
+        print(f"jobwarden: {still.message}", file=sys.stderr)
+        return still.exit_code
     if as_json:
         _print_json(
             {
@@ -215,11 +270,21 @@ def _wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False
                 "signal": run.signal,
             }
         )
+    if said:
+        with Store(_home()) as store:
+            return _said_end(store.job(run.job_id).name, run)
     if run.state == JobState.LOST:
         print(
             f"jobwarden: job {run.job_id} is lost: its supervisor died, its exit status is unknown",
             file=sys.stderr,
         )
+    return _requeue_or(run, run.exit_status)
+
+
+def _said_end(name: str, run: RunRecord) -> int:
+    from jobwarden.text.ending import end_line
+
+    print(end_line(name, run), file=sys.stderr)
     return _requeue_or(run, run.exit_status)
 
 
@@ -250,7 +315,20 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    return _wait_exit(args.job, config.optional_duration(args.timeout, "--timeout"), args.json)
+    """Exit codes: the job's status (128+N for signal N), 124 when it still runs at --timeout (as
+    timeout(1)), 125 when there is no such job (timeout(1)'s code for a failure of its own)."""
+    from jobwarden.errors import JobNotFound
+
+    timeout = config.optional_duration(args.timeout, "--timeout")
+    try:
+        return _wait_exit(args.job, timeout, args.json, said=not args.json)
+    except JobNotFound as err:
+        print(f"jobwarden: {err.message}", file=sys.stderr)
+        print(f"  {err.remedy}", file=sys.stderr)
+        return WAIT_NO_SUCH_JOB
+
+
+WAIT_NO_SUCH_JOB = 125
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
@@ -486,6 +564,17 @@ def cmd_dump(args: argparse.Namespace) -> int:
 def cmd_rm(args: argparse.Namespace) -> int:
     from jobwarden.control.lifecycle import remove
 
+    if args.ended:
+        from jobwarden.cli.everyday import rm_ended
+
+        return rm_ended(_home(), _procfs(), args)
+    for flag, given in (("--failed", args.failed), ("--older-than", args.older_than is not None)):
+        if given:
+            raise UsageError(f"rm {flag} goes with --ended", f"e.g. jobwarden rm --ended {flag} ...")
+    if args.job is None:
+        raise UsageError(
+            "rm needs a JOB, or --ended", "e.g. jobwarden rm 3, or jobwarden rm --ended --older-than 7d"
+        )
     job_id = remove(_home(), _procfs(), args.job)
     print(f"removed job {job_id}")
     return 0
@@ -561,6 +650,43 @@ def cmd_web(args: argparse.Namespace) -> int:
     return serve(_home(), args.host, args.port, socket_path, args.read_only, args.allow_host)
 
 
+# --- everyday habits (issue 21): in cli.everyday, loaded by these commands alone ----------------------
+
+
+def cmd_rerun(args: argparse.Namespace) -> int:
+    from jobwarden.cli.everyday import rerun
+
+    return rerun(args)
+
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    from jobwarden.cli.everyday import queue
+
+    return queue(args)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from jobwarden.cli.everyday import resume
+
+    return resume(args)
+
+
+def cmd_boot(args: argparse.Namespace) -> int:
+    from jobwarden.cli.everyday import boot
+
+    return boot(args)
+
+
+def note_namesakes(args: argparse.Namespace) -> None:
+    """A JOB given by a name (never an id or @last: those cost nothing) that older live jobs share."""
+    ref = getattr(args, "job", None)
+    if not isinstance(ref, str) or not ref or ref.isdigit() or ref.startswith("@") or args.command == "_jobs":
+        return
+    from jobwarden.cli.everyday import note_namesakes as note
+
+    note(_home(), ref)
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "ps": cmd_ps,
@@ -580,4 +706,8 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "_jobs": cmd_jobs_to_complete,
     "top": cmd_top,
     "web": cmd_web,
+    "rerun": cmd_rerun,
+    "queue": cmd_queue,
+    "resume": cmd_resume,
+    "boot": cmd_boot,
 }

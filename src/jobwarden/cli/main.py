@@ -64,11 +64,13 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--on-hang",
         choices=("dump", "stop", "restart"),
-        default="dump",
         help="on a hang: store the stacks and keep the job (dump, default), end it, or restart it",
     )
     run.add_argument(
-        "--no-py-hooks", action="store_true", help="do not load jobwarden's hooks into Python processes"
+        "--no-py-hooks",
+        action="store_true",
+        default=None,  # None: not given, so the config file's no_py_hooks may say
+        help="do not load jobwarden's hooks into Python processes",
     )
     run.add_argument(
         "--mp-start",
@@ -87,8 +89,9 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument(
         "--max-restarts",
-        metavar="N",
-        help=f"restart at most N times (default {config.DEFAULT_MAX_RESTARTS}); alone, means on-failure",
+        metavar="N|unlimited",
+        help=f"restart at most N times (default {config.DEFAULT_MAX_RESTARTS}; unlimited: a service, kept up "
+        "whatever the failure, the backoff still applies); alone, means on-failure",
     )
     run.add_argument(
         "--restart-delay",
@@ -124,9 +127,94 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
         metavar="CMD",
         help="run CMD through /bin/sh on each event, with the event as JSON on its stdin",
     )
+    _habit_arguments(run)
     _engine_arguments(run)
-    run.add_argument("--json", action="store_true")
-    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
+    run.add_argument("--json", action="store_true", help="print the job as JSON: id, name, pid, state")
+    run.add_argument(
+        "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]", help="the command to run, after --"
+    )
+
+
+# --- everyday habits (issue 21): run's options and commands of their own -----------------------------
+
+
+def _habit_arguments(run: argparse.ArgumentParser) -> None:
+    run.add_argument(
+        "--py-hooks",
+        dest="no_py_hooks",
+        action="store_false",
+        help="load the hooks even where the config file says no_py_hooks = true",
+    )
+    run.add_argument(
+        "--log-max",
+        metavar="SIZE|off",
+        help="keep output.log within SIZE on disk: its head and newest tail, the middle dropped and said "
+        f"(default {config.format_size(config.DEFAULT_LOG_MAX_BYTES)})",
+    )
+    run.add_argument(
+        "--keep-running",
+        action="append",
+        metavar="PATTERN",
+        help="leave running at the job's end the processes whose command line matches this regular "
+        "expression (a TensorBoard); `jobwarden stop JOB` ends them; repeatable",
+    )
+    sweep = run.add_argument_group("sweeps")
+    sweep.add_argument(
+        "--after",
+        action="append",
+        metavar="JOB",
+        help="start once JOB has succeeded (queued until then); if JOB fails, this one is cancelled; "
+        "repeatable",
+    )
+    sweep.add_argument(
+        "--queue",
+        metavar="NAME",
+        help="wait for a place in queue NAME (`jobwarden queue NAME --parallel N`, default 1 at a time)",
+    )
+
+
+def _rerun_arguments(rerun: argparse.ArgumentParser) -> None:
+    rerun.add_argument("job", metavar="JOB", help="the job to run again: an id, a name or @last")
+    rerun.add_argument("-f", "--follow", action="store_true", help="stream the output, then exit as it did")
+    rerun.add_argument(
+        "-w", "--wait", action="store_true", help="wait for the end; exit with the job's status"
+    )
+    rerun.add_argument("--json", action="store_true", help="print the new job as JSON, with rerun_of")
+
+
+def _rm_arguments(rm: argparse.ArgumentParser) -> None:
+    rm.add_argument("job", metavar="JOB", nargs="?", help="the job to remove (or use --ended)")
+    rm.add_argument(
+        "--ended", action="store_true", help="remove every ended job (succeeded, failed, stopped)"
+    )
+    rm.add_argument("--failed", action="store_true", help="with --ended: only the failed ones")
+    rm.add_argument(
+        "--older-than", metavar="DUR", help="with --ended: only those that ended more than DUR ago (e.g. 7d)"
+    )
+    rm.add_argument(
+        "-y", "--yes", action="store_true", help="do not ask for confirmation (needed without a terminal)"
+    )
+
+
+def _queue_arguments(queue: argparse.ArgumentParser) -> None:
+    queue.add_argument("name", metavar="NAME", nargs="?", help="the queue (default: list every queue)")
+    queue.add_argument("--parallel", metavar="N", help="let N runs of the queue run at once")
+    queue.add_argument("--json", action="store_true", help="the queues as JSON")
+
+
+def _resume_arguments(resume: argparse.ArgumentParser) -> None:
+    resume.add_argument("--json", action="store_true", help="what was marked and started, as JSON")
+
+
+def _boot_arguments(boot: argparse.ArgumentParser) -> None:
+    boot.add_argument("action", choices=("enable", "disable", "status"), help="enable, disable or status")
+    boot.add_argument(
+        "--method",
+        choices=("auto", "systemd", "cron"),
+        default="auto",
+        help="a systemd user unit, or a cron @reboot line (default auto: systemd where it runs)",
+    )
+    boot.add_argument("--json", action="store_true", help="what was written, as JSON")
 
 
 def _engine_arguments(run: argparse.ArgumentParser) -> None:
@@ -159,8 +247,8 @@ def _engine_arguments(run: argparse.ArgumentParser) -> None:
 
 
 def _explain_arguments(explain: argparse.ArgumentParser) -> None:
-    explain.add_argument("job", metavar="JOB", nargs="?")
-    explain.add_argument("--run", type=int, metavar="N")
+    explain.add_argument("job", metavar="JOB", nargs="?", help="an id, a name (its newest job) or @last")
+    explain.add_argument("--run", type=int, metavar="N", help="an earlier attempt (default: the last)")
     explain.add_argument("--group", metavar="ID", help="one verdict for every rank of a distributed job")
     explain.add_argument("--attempt", type=int, metavar="K", help="with --group: that attempt (default last)")
     explain.add_argument(
@@ -174,61 +262,63 @@ def _explain_arguments(explain: argparse.ArgumentParser) -> None:
         metavar="DUR",
         help="with --group: clocks closer than this tie (default 2s)",
     )
-    explain.add_argument("--json", action="store_true")
+    explain.add_argument("--json", action="store_true", help="the findings as JSON, root cause first")
 
 
 def _ps_arguments(ps: argparse.ArgumentParser) -> None:
     ps.add_argument("-a", "--all", action="store_true", help="include ended jobs")
     ps.add_argument("--last", metavar="N", help="only the N newest of the jobs listed")
     ps.add_argument("-w", "--wide", action="store_true", help="a VERDICT column: each finding's title")
-    ps.add_argument("--json", action="store_true")
+    ps.add_argument("--json", action="store_true", help="the jobs as a JSON list")
 
 
 def _status_arguments(status: argparse.ArgumentParser) -> None:
-    status.add_argument("job", metavar="JOB")
-    status.add_argument("--run", type=int, metavar="N")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("job", metavar="JOB", help="an id, a name (its newest job) or @last")
+    status.add_argument("--run", type=int, metavar="N", help="an earlier attempt (default: the last)")
+    status.add_argument("--json", action="store_true", help="the whole record as JSON")
 
 
 def _logs_arguments(logs: argparse.ArgumentParser) -> None:
-    logs.add_argument("job", metavar="JOB")
-    logs.add_argument("-f", "--follow", action="store_true")
+    logs.add_argument("job", metavar="JOB", help="an id, a name (its newest job) or @last")
+    logs.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing what the job writes until it ends"
+    )
     logs.add_argument("-n", "--lines", type=int, metavar="N", help="only the last N lines")
     logs.add_argument("--since", metavar="DUR", help="only output written in the last DUR (e.g. 10m)")
     logs.add_argument("--run", type=int, metavar="N", help="an earlier attempt")
 
 
 def _stop_arguments(stop: argparse.ArgumentParser) -> None:
-    stop.add_argument("job", metavar="JOB")
+    stop.add_argument("job", metavar="JOB", help="an id, a name (its newest job) or @last")
     stop.add_argument("--grace", metavar="DUR", help="SIGTERM -> SIGKILL delay (default: the job's, 10s)")
     stop.add_argument(
         "--force", action="store_true", help="SIGKILL what is left now; cuts short a stop already waiting"
     )
-    stop.add_argument("--json", action="store_true")
+    stop.add_argument("--json", action="store_true", help="how it ended and what survived, as JSON")
 
 
 def _wait_arguments(wait: argparse.ArgumentParser) -> None:
-    wait.add_argument("job", metavar="JOB")
-    wait.add_argument("--timeout", metavar="DUR")
-    wait.add_argument("--json", action="store_true")
+    wait.add_argument("job", metavar="JOB", help="an id, a name or @last")
+    wait.add_argument(
+        "--timeout",
+        metavar="DUR",
+        help="give up after DUR: exit 124 if the job still runs (as timeout(1))",
+    )
+    wait.add_argument("--json", action="store_true", help="print how it ended as JSON")
 
 
 def _job_and_json(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("job", metavar="JOB")
-    parser.add_argument("--json", action="store_true")
-
-
-def _job_only(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("job", metavar="JOB")
+    parser.add_argument("job", metavar="JOB", help="an id, a name (its newest job) or @last")
+    parser.add_argument("--json", action="store_true", help="the answer as JSON")
 
 
 def _dump_arguments(dump: argparse.ArgumentParser) -> None:
-    dump.add_argument("job", metavar="JOB")
+    dump.add_argument("job", metavar="JOB", help="an id, a name (its newest job) or @last")
     dump.add_argument(
         "--no-native", action="store_true", help="Python frames only: each process is paused for less time"
     )
     dump.add_argument("--timeout", metavar="DUR", help="the most the whole capture may take (default 5s)")
-    dump.add_argument("--json", action="store_true")
+    dump.add_argument("--json", action="store_true", help="the stacks as JSON")
 
 
 def _completion_arguments(parser: argparse.ArgumentParser) -> None:
@@ -238,11 +328,13 @@ def _completion_arguments(parser: argparse.ArgumentParser) -> None:
 def _orphans_arguments(orphans: argparse.ArgumentParser) -> None:
     orphans.add_argument("--kill", action="store_true", help="end them (SIGTERM, grace, SIGKILL)")
     orphans.add_argument("--grace", metavar="DUR", help="with --kill: SIGTERM -> SIGKILL delay (default 10s)")
-    orphans.add_argument("--json", action="store_true")
+    orphans.add_argument(
+        "--json", action="store_true", help="the strays (with --kill: what became of them) as JSON"
+    )
 
 
 def _metrics_arguments(metrics: argparse.ArgumentParser) -> None:
-    metrics.add_argument("job", metavar="JOB")
+    metrics.add_argument("job", metavar="JOB", help="an id, a name (its newest job) or @last")
     metrics.add_argument("--run", type=int, metavar="N", help="an earlier attempt")
     metrics.add_argument("--since", metavar="DUR", help="only the last DUR (e.g. 10m, 6h, 2d)")
     metrics.add_argument("--json", action="store_true", help="the samples as a JSON list, oldest first")
@@ -273,11 +365,11 @@ def _web_arguments(web: argparse.ArgumentParser) -> None:
 
 def _health_arguments(health: argparse.ArgumentParser) -> None:
     health.add_argument("job", metavar="JOB", nargs="?", help="default: the newest job")
-    health.add_argument("--json", action="store_true")
+    health.add_argument("--json", action="store_true", help="the verdict as JSON")
 
 
 def _json_only(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="the report as JSON")
 
 
 _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
@@ -286,12 +378,15 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
     "status": ("how a job is doing, or how it ended", _status_arguments),
     "logs": ("show a job's output", _logs_arguments),
     "stop": ("end a job and everything it started", _stop_arguments),
-    "wait": ("block until a job ends; exit with its status", _wait_arguments),
+    "wait": (
+        "block until a job ends; exit with its status (124: still running at --timeout; 125: no such job)",
+        _wait_arguments,
+    ),
     "adopt": ("supervise again a job whose supervisor died", _job_and_json),
     "explain": ("why a job died or is stuck", _explain_arguments),
     "metrics": ("a job's CPU, memory, I/O and GPU use over time", _metrics_arguments),
     "dump": ("the Python and native stacks of every process of a job, now", _dump_arguments),
-    "rm": ("forget an ended job and delete its logs", _job_only),
+    "rm": ("forget ended jobs and delete their logs (one JOB, or --ended)", _rm_arguments),
     "orphans": (
         "list processes that should not be alive: leftovers of ended jobs, stray GPU holders",
         _orphans_arguments,
@@ -309,6 +404,11 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
         _top_arguments,
     ),
     "web": ("serve a dashboard and a JSON API of the jobs (127.0.0.1, with a token)", _web_arguments),
+    # everyday habits (issue 21)
+    "rerun": ("start a job again: the same command, cwd, --env and options, as a new job", _rerun_arguments),
+    "queue": ("show queues, or set how many runs of one run at once (--parallel)", _queue_arguments),
+    "resume": ("after a reboot: mark the runs it ended, start again those with --restart", _resume_arguments),
+    "boot": ("run `jobwarden resume` at every boot: enable, disable or status", _boot_arguments),
 }
 
 
@@ -320,6 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jobwarden.cli import handlers
 
     try:
+        handlers.note_namesakes(args)  # a JOB given by a name that older live jobs share: said first
         return handlers.HANDLERS[args.command](args)
     except JobwardenError as err:  # a message may quote a job's name, command or output: sanitised
         from jobwarden.text.sanitize import terminal_text

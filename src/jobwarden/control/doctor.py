@@ -51,6 +51,16 @@ class StoreFacts:
 
 
 @dataclass(frozen=True)
+class ConfigFacts:
+    """The config file in force (control.configfile): where, and what it sets or why it is refused."""
+
+    path: Path
+    exists: bool
+    settings: tuple[str, ...] = ()  # "key = value", webhook URLs cut to their host
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class HostFacts:
     euid: int
     yama_scope: int | None
@@ -75,6 +85,7 @@ class HostFacts:
     free_bytes: int | None
     database_fs: str | None = None  # the home's file system type
     database_moved: bool = False  # the home is on a network file system: the database is on local disk
+    config: ConfigFacts | None = None
     # in a container (control.containerchecks): what says so; empty on a host
     container: tuple[str, ...] = ()
     pid1: str | None = None  # the command of PID 1 of our pid namespace
@@ -404,11 +415,24 @@ def check_disk(home: Path, free: int | None) -> Check:
     return Check(name, OK, f"{format_size(free)} free under {home}")
 
 
+def check_config(config: ConfigFacts) -> Check:
+    name = "config file"
+    if config.error:
+        what = config.error.removeprefix("config file ")  # the check's name says it
+        return Check(name, FAIL, what, f"fix it, or move it aside: mv {config.path} {config.path}.off")
+    if not config.exists:
+        return Check(name, OK, f"none at {config.path}: run's built-in defaults apply")
+    sets = "; ".join(config.settings) if config.settings else "nothing"
+    return Check(name, OK, f"{config.path} sets {sets} (a flag given to `run` wins)")
+
+
 def run_checks(facts: HostFacts) -> list[Check]:
-    """Every check, in a stable order; the container's only inside one."""
+    """Every check, in a stable order; the container's only inside one, the config file's where it was
+    looked for (`doctor` does; facts written by hand in tests may not)."""
     from jobwarden.control.containerchecks import check_container
 
     inside = [check_container(facts)] if facts.container else []
+    config = [] if facts.config is None else [check_config(facts.config)]
     return [
         *inside,
         check_ptrace_scope(facts.yama_scope, facts.cap_sys_ptrace),
@@ -426,6 +450,7 @@ def run_checks(facts: HostFacts) -> list[Check]:
         check_store_place(facts.home, facts.store.database, facts.database_fs, facts.database_moved),
         check_home(facts.home, facts.home_mode, facts.home_uid, facts.euid),
         check_disk(facts.home, facts.free_bytes),
+        *config,
     ]
 
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from jobwarden import config
-from jobwarden.control.doctor import HostFacts, Interpreter, StoreFacts, Tool
+from jobwarden.control.doctor import ConfigFacts, HostFacts, Interpreter, StoreFacts, Tool
 from jobwarden.osapi import capabilities as caps
 from jobwarden.osapi.cgroup import create_job_cgroup, enclosing_cgroup
 from jobwarden.osapi.shell import python_version, version_of
@@ -57,6 +57,7 @@ def gather(home: Path) -> HostFacts:
         home_mode=mode,
         home_uid=uid,
         free_bytes=free_bytes(home),
+        config=config_facts(),
         container=container,
         pid1=pid1,
         pid_namespace=pid_namespace,
@@ -89,6 +90,20 @@ def container_fields() -> tuple[tuple[str, ...], str | None, bool, tuple[str, in
         (where, stats.limit_bytes if stats else None) if where is not None else None,
         log.error,
     )
+
+
+def config_facts() -> ConfigFacts:
+    from jobwarden.control.configfile import config_path, load_config
+    from jobwarden.errors import JobwardenError
+
+    path = config_path()
+    try:
+        found = load_config()
+    except JobwardenError as err:
+        return ConfigFacts(path, True, error=err.message)
+    if found is None:
+        return ConfigFacts(path, False)
+    return ConfigFacts(path, True, tuple(found.shown()))
 
 
 def probe_proc_events() -> tuple[bool, str]:
@@ -134,7 +149,7 @@ def probe_nvml() -> tuple[str, str, str]:
     finally:
         probe.close()
     where = "" if probe.source == "nvml" else f" ({probe.source})"
-    return ("ok", f"NVML works{where}: {count} GPU(s)", "")
+    return ("ok", f"NVML works{where}: {config.counted(count, 'GPU')}", "")
 
 
 def find_interpreters() -> list[Interpreter]:

@@ -92,6 +92,40 @@ class JobStatus(NamedTuple):
         """Why a --group run's shared records were not written (its group directory is unwritable)."""
         return [str(e.data.get("error")) for e in self.events if e.kind == "group-unwritable"]
 
+    @property
+    def log_dropped(self) -> dict[str, Any] | None:
+        """--log-max: the output range dropped to keep the log within its cap (the latest trim), or why
+        the file system could not drop any; None when nothing was dropped."""
+        for e in reversed(self.events):
+            if e.kind == "log-trimmed":
+                d = e.data
+                return {
+                    "start": d.get("start"),
+                    "end": d.get("end"),
+                    "bytes": d.get("dropped_bytes"),
+                    "max_bytes": d.get("max_bytes"),
+                    "unsupported": None,
+                }
+            if e.kind == "log-trim-unsupported":
+                return {
+                    "start": None,
+                    "end": None,
+                    "bytes": 0,
+                    "max_bytes": e.data.get("max_bytes"),
+                    "unsupported": e.data.get("error"),
+                }
+        return None
+
+    @property
+    def notify_failures(self) -> list[dict[str, Any]]:
+        """Notifications that could not be delivered (a removed Slack webhook answers 404)."""
+        keys = ("event", "target", "detail")
+        return [
+            {"at": iso(e.at), **{k: e.data.get(k) for k in keys}}
+            for e in self.events
+            if e.kind == "notify-failed"
+        ]
+
     def to_json(self) -> dict[str, Any]:
         """`status --json`. Never the job's environment: `job.env` holds `--env` values (tokens)."""
         job, run = self.job, self.run
@@ -109,6 +143,7 @@ class JobStatus(NamedTuple):
             "error": run.error,
             "command": list(job.command),
             "cwd": job.cwd,
+            "rerun_of": job.rerun_of,
             "shim_pid": run.shim_pid,
             "containment": run.containment,
             "queued_reason": run.queued_reason,
@@ -119,6 +154,9 @@ class JobStatus(NamedTuple):
             "survivors": [s._asdict() for s in run.survivors],
             "findings": [f.to_json() for f in self.findings],
             "runs": [a.to_json() for a in self.attempts],
+            "log_dropped": self.log_dropped,
+            "kept": [dict(k) for k in run.kept],
+            "notify_failures": self.notify_failures,
         }
 
     def explain_json(self) -> dict[str, Any]:

@@ -32,6 +32,7 @@ class Launched(NamedTuple):
     shim_pid: int
     exit_code: int | None = None
     error: str | None = None
+    namesakes: tuple[int, ...] = ()  # older jobs of the same name, not over yet: the name now means this one
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "pid": self.pid, "state": self.state}
@@ -75,21 +76,25 @@ def _which(program: str, search_path: str) -> str | None:
 
 
 def checked_name(name: str) -> str:
-    """--name: printable (a newline or an escape byte would forge lines and colours in every listing) and
-    not all digits (`stop 2` must mean job 2, never a job named "2")."""
+    """--name: printable (a newline or an escape byte would forge lines and colours in every listing), not
+    all digits (`stop 2` must mean job 2, never a job named "2") and not starting with '@' (`@last`)."""
     if not name or not name.isprintable():
         raise UsageError(f"--name {name!r}: a name must be printable text", "e.g. --name train-lr3")
     if name.isdecimal():
         raise UsageError(f"--name {name!r}: a name of digits would read as a job id", "e.g. --name run{name}")
+    if name.startswith("@"):  # `@last` and any such word to come name jobs by position, never by name
+        raise UsageError(
+            f"--name {name!r}: a name must not start with '@'", f"e.g. --name {name[1:] or 'train'}"
+        )
     return name
 
 
 def default_name(argv: list[str]) -> str:
     """`python train.py --lr 3` -> 'train.py'; `./run.sh` -> 'run.sh'. Unprintable characters become
-    '?', and a name of digits gets a prefix (see checked_name)."""
+    '?', and a name of digits or one starting with '@' gets a prefix (see checked_name)."""
     name = _name_from(argv)
     name = "".join(c if c.isprintable() else "?" for c in name) or "job"
-    return f"job-{name}" if name.isdecimal() else name
+    return f"job-{name}" if name.isdecimal() or name.startswith("@") else name
 
 
 def _name_from(argv: list[str]) -> str:
@@ -159,7 +164,31 @@ def _shim_died(store: Store, job_id: int, run: int, shim_pid: int) -> None:
         )
 
 
-def launch(home: Path, spec: JobSpec, options: JobOptions) -> Launched:
+def _forget_refused(home: Path, job_id: int, shim_pid: int) -> None:
+    """A start the shim refused (a GPU request this machine cannot meet): once the shim is gone (it
+    writes nothing after its answer, and exits), the job is removed, so no failed job is left in the
+    lists for a command that never ran."""
+    import shutil
+
+    from jobwarden.errors import ProcessGone
+    from jobwarden.osapi import pidfd
+    from jobwarden.osapi.waiting import wait_readable
+
+    try:
+        fd = pidfd.open_pidfd(shim_pid)
+    except ProcessGone:
+        fd = -1
+    if fd >= 0:
+        try:
+            wait_readable([fd], 10.0)
+        finally:
+            pidfd.close(fd)
+    with Store(home) as store:
+        store.delete_job(job_id)
+        shutil.rmtree(store.layout.job_dir(job_id), ignore_errors=True)
+
+
+def launch(home: Path, spec: JobSpec, options: JobOptions, rerun_of: int | None = None) -> Launched:
     from jobwarden.control.shimproc import fork_shim
 
     cwd = os.path.abspath(spec.cwd)
@@ -170,11 +199,11 @@ def launch(home: Path, spec: JobSpec, options: JobOptions) -> Launched:
     # the shim first: it gets ready while the job is recorded (see control.shimproc)
     # inside an engine the shim stays our child: `run` is the engine's task until the job ends
     with fork_shim(home, "launch", attached=options.engine is not None) as shim, Store(home) as store:
-        # a job that asks for GPUs waits in `queued` until its shim has claimed them
-        state = JobState.QUEUED if options.wants_gpus else JobState.STARTING
+        # a job that asks for GPUs or waits its turn (--after, --queue) is `queued` until it may start
+        state = JobState.QUEUED if options.wants_gpus or options.after or options.queue else JobState.STARTING
         created: tuple[int, int] | None = None  # one name, so that a Ctrl-C finds it whole or not at all
         try:
-            created = store.create_job(spec, options.to_json(), SystemClock().wall(), state)
+            created = store.create_job(spec, options.to_json(), SystemClock().wall(), state, rerun_of)
             trace.info(f"job {created[0]} recorded ({state}); handing it to supervisor pid {shim.pid}")
             report = shim.start(*created)
         except KeyboardInterrupt:
@@ -187,10 +216,17 @@ def launch(home: Path, spec: JobSpec, options: JobOptions) -> Launched:
             _record_unstarted(store, *created, state, err.message)
             raise
         job_id, run = created
+        namesakes = tuple(store.unfinished_namesakes(spec.name, job_id))
     shim_pid = shim.pid
     trace.info(f"supervisor {shim_pid} reported: {report}")
+    if report.get("refused"):  # it can never start here: no trace of it is kept, as if never asked
+        _forget_refused(home, job_id, shim_pid)
+        raise UsageError(
+            f"cannot start it: {report['error']}", "run it without --gpus/--gpu-ids, or elsewhere"
+        )
     if "error" in report:
         code = int(report.get("exit_code", 1))
         error_cls = CommandNotFound if code == 127 else CommandNotExecutable if code == 126 else UsageError
         raise error_cls(f"job {job_id} could not start: {report['error']}")
-    return Launched(job_id, spec.name, run, report.get("pid"), report.get("state", "running"), shim_pid)
+    state = report.get("state", "running")
+    return Launched(job_id, spec.name, run, report.get("pid"), state, shim_pid, namesakes=namesakes)

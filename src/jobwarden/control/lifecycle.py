@@ -6,10 +6,11 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from jobwarden import config, trace
 from jobwarden.clock import SystemClock
+from jobwarden.control.reboot import ended_by_reboot
 from jobwarden.control.shimproc import fork_shim, shim_alive
 from jobwarden.control.views import live_processes, refresh
 from jobwarden.errors import AccessDenied, JobStillRunning, JobwardenError, ProcessGone
@@ -59,14 +60,26 @@ def wait_for_shim(procfs: ProcFS, run: RunRecord, timeout_s: float | None) -> bo
         pidfds.close(fd)
 
 
+class StillRunning(JobwardenError):
+    """`wait --timeout`: the job had not ended in time. Exit 124, as timeout(1)."""
+
+    exit_code = 124
+
+    def __init__(self, run: RunRecord, timeout_s: float) -> None:
+        super().__init__(f"job {run.job_id} is still {run.state} after {config.format_duration(timeout_s)}")
+        self.run = run
+
+
 def wait_job(home: Path, procfs: ProcFS, job_ref: str, timeout_s: float | None = None) -> RunRecord:
     # No refresh before the wait: a dead shim ends it at once, and the refresh after it records `lost`.
     with Store(home) as store:
         job = store.job(job_ref)
         run = store.run(job.id)
     trace.info(f"waiting for supervisor {run.shim_pid} of job {job.id} ({run.state})")
-    if not wait_for_shim(procfs, run, timeout_s):
-        raise JobwardenError(f"job {job.id} is still {run.state} after the timeout")
+    # a run of an earlier boot is over, whatever process has its supervisor's pid and start now
+    if not ended_by_reboot(procfs, run) and not wait_for_shim(procfs, run, timeout_s):
+        with Store(home) as store:
+            raise StillRunning(store.run(job.id), timeout_s or 0.0)
     with Store(home) as store:
         return refresh(store, procfs, job, store.run(job.id))  # the last attempt: one shim runs them all
 
@@ -76,7 +89,7 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None, again:
         job = store.job(job_ref)
         run = refresh(store, procfs, job, store.run(job.id))
         if run.state.is_ended:
-            return StopResult(run, True, [])
+            return _stop_kept(procfs, run, grace_s if grace_s is not None else job.options.grace_s)
         if run.state == JobState.LOST:
             if not live_processes(store, procfs, job, run):
                 return StopResult(run, True, [])
@@ -121,6 +134,34 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None, again:
         return stop(home, procfs, job_ref, grace_s, again=False)
     survivors = [Survivor(p.pid, p.cmdline, "its supervisor died while stopping it") for p in alive]
     return StopResult(final, False, final.survivors + survivors, tuple(sorted(notes)))
+
+
+def kept_alive(procfs: ProcFS, run: RunRecord) -> list[dict[str, Any]]:
+    """The processes --keep-running left running at the run's end that still run (pid and start)."""
+    return [k for k in run.kept if procfs.identity_matches(int(k["pid"]), int(k["start_time"]))]
+
+
+def _stop_kept(procfs: ProcFS, run: RunRecord, grace_s: float) -> StopResult:
+    """`stop` on a job that has ended: what it kept running (a TensorBoard) is what is left to end, each
+    identity-checked (control.killer), with the same SIGTERM, grace, SIGKILL."""
+    from jobwarden.control.killer import Killer, Target
+
+    alive = kept_alive(procfs, run)
+    if not alive:
+        return StopResult(run, True, [])
+    targets = []
+    for kept in alive:
+        pid, start = int(kept["pid"]), int(kept["start_time"])
+        try:
+            st = procfs.stat(pid)
+        except (ProcessGone, AccessDenied):
+            continue
+        targets.append(Target(pid, start, procfs.uid(pid), st.pgid, str(kept.get("cmdline", ""))))
+    results = Killer(procfs).terminate(targets, grace_s)
+    survivors = [Survivor(r.pid, r.command, r.reason or "still alive") for r in results if not r.ended]
+    ended = ", ".join(str(r.pid) for r in results if r.ended)
+    notes = (f"ended what it kept running (--keep-running): pid {ended}",) if ended else ()
+    return StopResult(run, True, survivors, notes)
 
 
 def _wait_stopping(procfs: ProcFS, run: RunRecord, timeout_s: float, notes: set[str]) -> bool:
@@ -263,6 +304,11 @@ def remove(home: Path, procfs: ProcFS, job_ref: str) -> int:
         run = refresh(store, procfs, job, store.run(job.id))
         if run.state.is_active or (run.state == JobState.LOST and live_processes(store, procfs, job, run)):
             raise JobStillRunning(f"job {job.id} is {run.state}", f"stop it first: jobwarden stop {job.id}")
+        if kept_alive(procfs, run):
+            raise JobStillRunning(
+                f"job {job.id} has ended, but processes it kept running (--keep-running) still run",
+                f"end them first: jobwarden stop {job.id}",
+            )
         store.delete_job(job.id)
         for n in range(1, run.n + 1):  # space reserves a killed shim left (store.reserve)
             SpaceReserve(reserve_path(store.layout.database, job.id, n)).release()

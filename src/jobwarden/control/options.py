@@ -4,6 +4,7 @@ checked before anything starts, and a bad one is a one-line error that names its
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,8 +32,14 @@ def run_options(
     notify: str | None = None,
     on_event: str | None = None,
     engine: dict[str, Any] | None = None,
+    log_max: str | None = None,
+    keep_running: list[str] | None = None,
+    queue: str | None = None,
+    after: list[int] | None = None,
+    web_url: str | None = None,
 ) -> JobOptions:
-    """The job's options from `run`'s flags, as typed (None: the flag was not given)."""
+    """The job's options from `run`'s flags, as typed (None: the flag was not given). `after` holds job
+    ids (the references resolved against the store), `web_url` the config file's [web] url."""
     options: dict[str, Any] = {
         "timeout_s": config.optional_duration(timeout, "--timeout"),
         "grace_s": config.optional_duration(grace, "--grace"),
@@ -47,6 +54,9 @@ def run_options(
     options.update(memory_and_restart_options(mem_limit, restart, max_restarts))
     options.update(gpu_options(gpus, gpu_ids))
     options.update(notify_options(notify, on_event))
+    options.update(habit_options(log_max, keep_running, queue, after))
+    if web_url is not None and (notify is not None or on_event is not None):
+        options["web_url"] = web_url  # only where it is said: in a notification
     options.update(engine or {})
     slurm = options.get("own_cgroup") is False and options.get("engine") != "container"
     if mem_limit is not None and slurm:  # inside Slurm, attached or not; a container's is the RSS watchdog
@@ -65,10 +75,11 @@ def memory_and_restart_options(
     --max-restarts N alone means --restart on-failure; max_restarts is kept under --restart no too, as
     the budget of --on-hang restart."""
     mode = config.parse_restart_mode(restart) if restart is not None else None
-    count = config.parse_count(max_restarts, "--max-restarts") if max_restarts is not None else None
+    count = _max_restarts(max_restarts) if max_restarts is not None else None
     if mode == "no" and count:
+        shown = config.UNLIMITED_WORD if count == config.UNLIMITED else count
         raise UsageError(
-            f"--max-restarts {count} with --restart no", "drop one of them, or use --restart on-failure"
+            f"--max-restarts {shown} with --restart no", "drop one of them, or use --restart on-failure"
         )
     if mode is None:
         mode = "on-failure" if count else "no"
@@ -77,6 +88,69 @@ def memory_and_restart_options(
         "restart": mode,
         "max_restarts": count if count is not None else config.DEFAULT_MAX_RESTARTS,
     }
+
+
+def _max_restarts(text: str) -> int:
+    """--max-restarts: a count, or `unlimited` (config.UNLIMITED) for a service that must stay up."""
+    if text.strip().lower() == config.UNLIMITED_WORD:
+        return config.UNLIMITED
+    try:
+        return config.parse_count(text, "--max-restarts")
+    except UsageError:
+        raise UsageError(
+            f"bad --max-restarts {text!r}: a whole number, 0 or more, or {config.UNLIMITED_WORD}",
+            "e.g. --max-restarts 5, or --restart always --max-restarts unlimited for a service",
+        ) from None
+
+
+def habit_options(
+    log_max: str | None, keep_running: list[str] | None, queue: str | None, after: list[int] | None
+) -> dict[str, Any]:
+    """--log-max, --keep-running, --queue and --after (ids) as the job's options, checked."""
+    options: dict[str, Any] = {"log_max_bytes": _log_max(log_max) if log_max is not None else None}
+    if keep_running:
+        options["keep_running"] = [_pattern(p) for p in keep_running]
+    if queue is not None:
+        options["queue"] = queue_name(queue)
+    if after:
+        options["after"] = sorted(set(after))
+    return options
+
+
+def _log_max(text: str) -> int:
+    """--log-max SIZE, or `off` (stored as 0: the log may grow as long as the disk lets it)."""
+    if text.strip().lower() == "off":
+        return 0
+    size = config.parse_size(text, "--log-max")
+    if size < config.MIN_LOG_MAX_BYTES:
+        raise UsageError(
+            f"--log-max {text} is only {config.format_size(size)}: the log keeps its head and its tail",
+            f"give at least {config.format_size(config.MIN_LOG_MAX_BYTES)}, e.g. --log-max 1G (or off)",
+        )
+    return size
+
+
+def _pattern(text: str) -> str:
+    """--keep-running PATTERN: a regular expression searched in each process's command line (as
+    `pgrep -f` does)."""
+    if not text.strip():
+        raise UsageError("--keep-running needs a pattern", "e.g. --keep-running tensorboard")
+    try:
+        re.compile(text)
+    except re.error as err:
+        raise UsageError(
+            f"--keep-running {text!r}: not a regular expression ({err})", "e.g. --keep-running 'tensorboard'"
+        ) from None
+    return text
+
+
+def queue_name(text: str) -> str:
+    """--queue NAME and `jobwarden queue NAME`: short printable text."""
+    if not text or not text.isprintable() or len(text) > 64 or text.startswith("-"):
+        raise UsageError(
+            f"bad queue name {text!r}: printable text, at most 64 characters", "e.g. --queue gpu"
+        )
+    return text
 
 
 def gpu_options(gpus: str | None, gpu_ids: str | None) -> dict[str, Any]:

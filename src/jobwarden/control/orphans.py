@@ -192,6 +192,8 @@ class StrayFinder:
             if verdict.reason is None:
                 self._live_marked.add(st.pid)
                 continue
+            if self._kept_or_started_by_kept(verdict.run, st):
+                continue  # left running on purpose (--keep-running): `jobwarden stop JOB` ends it
             if not self._may_come_from(st, verdict.run) or not self._started_by_the_job(st, marker.job_id):
                 continue
             stray = self._stray(st, verdict.reason, marker.job_id, verdict)
@@ -222,7 +224,7 @@ class StrayFinder:
                     idents.add((verdict.run.pid, verdict.run.pid_start))
                 for pid, start in sorted(idents):
                     st = self._live_stat(pid, start)
-                    if st is not None and pid not in self.exclude:
+                    if st is not None and pid not in self.exclude and not _kept(verdict.run, pid, start):
                         stray = self._stray(st, verdict.reason, job.id, verdict)
                         if stray:
                             yield stray
@@ -247,6 +249,22 @@ class StrayFinder:
         return _with_gpu(stray, used, gpus) if stray else None
 
     # --- helpers ----------------------------------------------------------------------------------
+
+    def _kept_or_started_by_kept(self, run: RunRecord | None, st: ProcStat) -> bool:
+        """A process its run kept (--keep-running), or one such a process started since (a server's
+        workers): up its parents, within reason."""
+        if run is None or not run.kept:
+            return False
+        for _ in range(64):
+            if _kept(run, st.pid, st.start_time):
+                return True
+            if st.ppid <= 1:
+                return False
+            try:
+                st = self.procfs.stat(st.ppid)
+            except (ProcessGone, AccessDenied):
+                return False
+        return False
 
     def _may_come_from(self, st: ProcStat, run: RunRecord | None) -> bool:
         """A marker is only an environment variable: anyone can copy it into a new process. A marked
@@ -370,6 +388,13 @@ class StrayFinder:
             run=run,
             job_name=verdict.job.name if verdict and verdict.job else None,
         )
+
+
+def _kept(run: RunRecord | None, pid: int, start_time: int) -> bool:
+    """Kept past its run's end by --keep-running (or started by a process that was): not a stray."""
+    return run is not None and any(
+        k.get("pid") == pid and k.get("start_time") == start_time for k in run.kept
+    )
 
 
 def _gpu_usage(processes: Sequence[GpuProcess]) -> dict[int, tuple[int | None, tuple[int, ...]]]:

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 from jobwarden import config
 from jobwarden.clock import SystemClock, iso
+from jobwarden.control.reboot import ended_by_reboot, mark_rebooted
 from jobwarden.control.shimproc import shim_alive
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
 from jobwarden.model import ACTIVE_STATES, ENDED_STATES, JobState, ProcessSnapshot, root_cause_rank
@@ -22,7 +23,10 @@ _WATCHED = ACTIVE_STATES  # a shim should be alive for these
 
 
 def refresh(store: Store, procfs: ProcFS, job: JobRecord | JobSummary, run: RunRecord) -> RunRecord:
-    """The run as it really is: a watched run whose shim is dead becomes `lost` (recorded once)."""
+    """The run as it really is: a watched run whose shim is dead becomes `lost` (recorded once); one
+    supervised under another boot was ended by the reboot (control.reboot)."""
+    if run.boot_id is not None and ended_by_reboot(procfs, run):
+        return mark_rebooted(store, procfs, job, run)
     if run.state == JobState.LOST:
         _release_cgroup(run)
         # the dead shim's room for its end: nobody writes that end now (`adopt` keeps a new one)

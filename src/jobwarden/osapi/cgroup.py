@@ -109,6 +109,15 @@ class JobCgroup(NamedTuple):
         kill.write_text("1")
         return True
 
+    def move_out(self, pid: int) -> bool:
+        """Move a process to the parent cgroup (where the shim is), out of the job's limits and kill:
+        --keep-running. False when the kernel refuses it."""
+        try:
+            (self.path.parent / "cgroup.procs").write_text(str(pid))
+        except OSError:
+            return False
+        return True
+
     def remove(self) -> bool:
         with contextlib.suppress(OSError):
             self.path.rmdir()

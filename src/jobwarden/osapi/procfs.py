@@ -285,6 +285,16 @@ class ProcFS:
                     return float(line.split()[1])
         raise OSError("no btime in /proc/stat")
 
+    def boot_id(self) -> str | None:
+        """This boot's random id (a new one at every boot): a run recorded under another one was ended by
+        a reboot, whatever its pids are now (they count from 1 again). None where it cannot be read."""
+        try:
+            with open(self.root / "sys" / "kernel" / "random" / "boot_id", "rb") as fh:
+                text = fh.read(64).decode("ascii", "replace").strip()
+        except OSError:
+            return None
+        return text or None
+
     def identity_matches(self, pid: int, start_time: int) -> bool:
         """Is `pid` still the process that started at `start_time` (and not a zombie or a reused pid)?"""
         try:

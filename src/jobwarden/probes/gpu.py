@@ -214,6 +214,19 @@ def _merge(seen: GpuProcess | None, index: int, info: Any, kind: str) -> GpuProc
 # --- opening ------------------------------------------------------------------------------------------
 
 
+# The NVIDIA kernel driver's own files: without them this machine has no GPU NVML could show, whatever
+# is installed (the binding's absence is then beside the point)
+DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/nvidiactl")
+NO_GPUS = GpuUnavailable(
+    "this machine has no GPUs (no NVIDIA driver: " + " and ".join(DRIVER_FILES) + " are missing)",
+    "run it without --gpus/--gpu-ids, or on a machine with GPUs",
+)
+
+
+def nvidia_driver_present() -> bool:
+    return any(os.path.exists(path) for path in DRIVER_FILES)
+
+
 def try_open_gpu_probe(environ: Mapping[str, str] = os.environ) -> GpuProbe | GpuUnavailable:
     """A probe over NVML (or over the fake named by JOBWARDEN_FAKE_NVML), or why there is none."""
     fake = environ.get(FAKE_NVML_ENV)
@@ -226,12 +239,16 @@ def try_open_gpu_probe(environ: Mapping[str, str] = os.environ) -> GpuProbe | Gp
         try:
             nvml = importlib.import_module("pynvml")
         except ImportError:
+            if not nvidia_driver_present():
+                return NO_GPUS
             return GpuUnavailable("the NVML binding (pynvml) is not installed", _INSTALL_HINT)
         source = "nvml"
     try:
         nvml.nvmlInit()
     except Exception as err:
         name = _code_name(nvml, err)
+        if not fake and name == "NVML_ERROR_LIBRARY_NOT_FOUND" and not nvidia_driver_present():
+            return NO_GPUS
         return GpuUnavailable(
             f"NVML cannot start: {err or type(err).__name__}",
             _REMEDIES.get(name or "", "check that `nvidia-smi` works"),

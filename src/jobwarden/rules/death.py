@@ -10,6 +10,7 @@ import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from jobwarden.config import counted
 from jobwarden.model import Finding
 from jobwarden.observations import Frame, ProcessDeath, UncaughtException
 from jobwarden.rules import mltext
@@ -409,7 +410,7 @@ def _orphans_left(ev: RunEvidence) -> Finding | None:
     cleaned = "could not all be ended" if ev.survivors else "were ended by jobwarden"
     return Finding(
         "orphans-left",
-        f"{len(ev.orphans_left)} descendant(s) outlived the main process",
+        f"{counted(len(ev.orphans_left), 'descendant')} outlived the main process",
         f"When the main process ended, {len(ev.orphans_left)} of its descendants were still "
         f"running; they {cleaned}.",
         "warning",

@@ -29,8 +29,17 @@ class RestartPolicy:
     def __post_init__(self) -> None:
         if self.mode not in config.RESTART_MODES:
             raise ValueError(f"restart mode must be one of {config.RESTART_MODES}, not {self.mode!r}")
-        if min(self.max_restarts, self.backoff_base_s, self.cap_s, self.reset_after_s) < 0:
-            raise ValueError("max_restarts, backoff_base_s, cap_s and reset_after_s must not be negative")
+        if self.max_restarts < 0 and self.max_restarts != config.UNLIMITED:
+            raise ValueError(
+                f"max_restarts must not be negative (config.UNLIMITED: no cap), not {self.max_restarts}"
+            )
+        if min(self.backoff_base_s, self.cap_s, self.reset_after_s) < 0:
+            raise ValueError("backoff_base_s, cap_s and reset_after_s must not be negative")
+
+    @property
+    def unlimited(self) -> bool:
+        """--max-restarts unlimited: a service, restarted whatever the failure (the backoff still applies)."""
+        return self.max_restarts == config.UNLIMITED
 
     @classmethod
     def from_options(cls, options: JobOptions) -> RestartPolicy:
@@ -111,10 +120,20 @@ def decide(policy: RestartPolicy, history: Sequence[AttemptOutcome]) -> RestartD
     if not history:
         raise ValueError("decide() needs the attempt that just ended")
     last = history[-1]
-    refusal = _never(last) or _by_mode(policy, last) or _same_again(history)
+    # a service (--max-restarts unlimited) is kept up even through the same failure twice: a database
+    # that is down raises the same error until it is back, as pm2 and systemd's Restart=always assume
+    refusal = _never(last) or _by_mode(policy, last) or (None if policy.unlimited else _same_again(history))
     if refusal:
         return RestartDecision(False, 0.0, refusal)
     restarts = len(history) - 1
+    if policy.unlimited:
+        delay = policy.delay_after(history)
+        return RestartDecision(
+            True,
+            delay,
+            f"{last.describe()}; restart {restarts + 1} (--max-restarts unlimited) in {delay:g}s "
+            f"({_why_restart(policy, last)})",
+        )
     if restarts >= policy.max_restarts:
         return RestartDecision(
             False,
@@ -141,6 +160,8 @@ def _never(last: AttemptOutcome) -> str | None:
             "the run's supervisor died before it ended, so its processes may still be running: not "
             "restarted (`jobwarden adopt` watches them again)"
         )
+    if last.end_reason == "dependency-failed":
+        return "never started: a job it was to run after (--after) did not succeed; not restarted"
     if last.end_reason == "spawn-failed":
         return (
             f"the command could not be started (exit {last.exit_code}); it would fail the same way again: "

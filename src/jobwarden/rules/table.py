@@ -48,6 +48,8 @@ RULES: tuple[Rule, ...] = (
     # how the run ended: one exit-status finding (rules.death), often the consequence of the above
     Rule("stopped-by-user"),
     Rule("cancelled-by-engine"),
+    Rule("machine-rebooted"),  # recorded by control.reboot when a run of an earlier boot is looked at
+    Rule("dependency-failed"),  # recorded by the shim: a job it was to run after (--after) did not succeed
     Rule("timeout"),
     Rule("python-exception"),
     Rule("native-crash"),
@@ -58,6 +60,7 @@ RULES: tuple[Rule, ...] = (
     # symptoms and the aftermath
     Rule("gpu-idle", gpu.gpu_idle, live=True, lasts="state"),
     Rule("disk-full"),
+    Rule("notify-failed"),  # recorded by the shim: a notification could not be delivered
     Rule("orphans-left"),
     Rule("supervisor-lost"),
 )

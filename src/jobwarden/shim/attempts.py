@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from jobwarden.clock import Clock
+from jobwarden.clock import Clock, iso
 from jobwarden.errors import StoreError
 from jobwarden.model import EndReason, JobState
 from jobwarden.osapi.procfs import ProcFS
@@ -38,6 +38,9 @@ def supervise_job(
     notifier = _notifier(job)
     sup = Supervisor(store, job, run, clock, procfs, notifier, jobos)
     code = sup.adopt(report_fd) if mode == "adopt" else sup.launch(report_fd)
+    if sup.refused:  # `run` refused the start and removes the job: nothing of it is left to record
+        sup.close()
+        return code
     from jobwarden.rules.retry import RestartPolicy, decide
 
     policy = RestartPolicy.from_options(job.options)
@@ -58,6 +61,9 @@ def supervise_job(
         code = sup.launch(-1)
     if notifier:
         notifier.close(NOTIFY_DRAIN_S)
+        from jobwarden.shim.notify import record_outcomes
+
+        record_outcomes(store, job.id, notifier, log)  # the last event's delivery, said in `status`
     return code
 
 
@@ -88,8 +94,9 @@ def _next_attempt(
         job.id, n, "restarting", now, after_run=ended.n, delay_s=decision.delay_s, reason=decision.reason
     )
     log(f"run {ended.n} {decision.reason}")
-    if notifier:
-        notifier.deliver(_payload("restarted", job, ended, store))
+    if notifier:  # "was restarted (now run 2)": `run` is the new run, `after_run` the one that ended
+        payload = _payload("restarted", job, ended, store, run_n=n)
+        notifier.deliver({**payload, "state": str(JobState.RESTARTING), "after_run": ended.n})
     return sup
 
 
@@ -114,9 +121,12 @@ def _conclude(
         notifier.deliver(_payload(str(record.state), job, record, store))
 
 
-def _payload(event: str, job: JobRecord, record: RunRecord, store: Store) -> dict[str, object]:
+def _payload(
+    event: str, job: JobRecord, record: RunRecord, store: Store, run_n: int | None = None
+) -> dict[str, object]:
+    """The notification of `record`'s end (`run_n`: the run the event names, when another)."""
     from jobwarden.shim.explainer import findings_for  # the rules, only when someone listens
-    from jobwarden.shim.notify import event_payload
+    from jobwarden.shim.notify import event_payload, job_page
 
     top = None
     if event != "succeeded":
@@ -126,7 +136,16 @@ def _payload(event: str, job: JobRecord, record: RunRecord, store: Store) -> dic
         except StoreError:
             pass
     return event_payload(
-        event, job.id, job.name, record.n, str(record.state), record.exit_code, record.signal, top
+        event,
+        job.id,
+        job.name,
+        run_n or record.n,
+        str(record.state),
+        record.exit_code,
+        record.signal,
+        top,
+        at=iso(record.ended_at) if record.ended_at is not None else None,
+        page=job_page(job.options.web_url, job.id),
     )
 
 

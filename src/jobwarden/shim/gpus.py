@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from jobwarden.config import counted
 from jobwarden.errors import UsageError
 from jobwarden.joboptions import JobOptions
 from jobwarden.observations import GpuDevice, GpuProcess
@@ -39,6 +40,7 @@ __all__ = [
     "free_gpus",
     "gpu_env",
     "gpu_holders",
+    "impossible_request",
     "live_claims",
     "try_admit",
 ]
@@ -205,7 +207,7 @@ def try_admit(
     except GpuProbeError as err:
         return Admission(request, error=str(err))
     unreadable = dict(probe.device_errors)
-    impossible = _impossible(request, len(devices) + len(unreadable))
+    impossible = impossible_request(request, len(devices) + len(unreadable))
     if impossible:
         return Admission(request, impossible=impossible)
     _take_over_earlier_claims(store, job_id, run)
@@ -225,12 +227,14 @@ def try_admit(
     return Admission(request, free=tuple(free), busy=busy)
 
 
-def _impossible(request: GpuRequest, total: int) -> str | None:
+def impossible_request(request: GpuRequest, total: int) -> str | None:
+    """Why a machine with `total` GPUs can never meet `request`; None when it can."""
     if request.ids is not None:
         missing = [i for i in request.ids if i >= total]
         if missing:
-            return f"no GPU {cuda_visible_devices(missing)} here: this machine has {total} GPU(s)" + (
-                f" (0-{total - 1})" if total else ""
+            return (
+                f"no GPU {cuda_visible_devices(missing)} here: this machine has {counted(total, 'GPU')}"
+                + (f" (0-{total - 1})" if total else "")
             )
     elif request.count > total:
         return f"asks for {request.count} GPUs, this machine has {total}"

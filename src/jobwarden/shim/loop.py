@@ -32,8 +32,12 @@ from jobwarden.store.logfiles import LogWatcher
 if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it loads the diagnosis
     from jobwarden.observations import OomEvidence
     from jobwarden.shim.diagnosis import Diagnoser, Verdict
+    from jobwarden.shim.logcap import TrimNotes
     from jobwarden.shim.notify import Notifier
     from jobwarden.shim.resources import MemoryGuard
+
+
+LOG_CAP_CHECK_S = 0.1  # while a log grows by an eighth of its cap a tick, its cap is looked at this often
 
 
 def _hang_rules() -> frozenset[str]:
@@ -74,9 +78,15 @@ class SupervisorLoop:
         self.stop: StopRequest | None = None
         self._carried: set[int] = set()  # signals the previous attempt received and did not act on
         self.timeout_at: float | None = None
-        self.logs = LogWatcher(self.layout.output_log(job.id, run), self.layout.output_index(job.id, run))
+        self.logs = LogWatcher(
+            self.layout.output_log(job.id, run),
+            self.layout.output_index(job.id, run),
+            job.options.log_cap_bytes,
+        )
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.record = RunRecorder(store, job.id, run, self.logs, clock)
+        self._trims: TrimNotes | None = None  # --log-max: what was dropped, said in `status`
+        self._log_due: float | None = None  # a look at the log's cap before the next tick (a fast writer)
         self.record.open_group(job)
         self.sampler = Sampler(procfs, self.record)
         self.pyfiles = PyFiles(self.layout.py_dir(job.id, run), procfs)
@@ -89,6 +99,7 @@ class SupervisorLoop:
         self.oom: OomEvidence | None = None
         self.gpu_env: dict[str, str] = {}
         self.spawn_failed = False
+        self.refused = False  # a GPU request this machine cannot meet, refused before `run` returned
         # attached inside an engine (Slurm, Ray): its signals come relayed by the CLI (shim.enginestop)
         self.engine = EngineLink(job.options, self.record, clock.monotonic) if job.options.engine else None
 
@@ -111,7 +122,7 @@ class SupervisorLoop:
         next_full = next_tick + config.FULL_SCAN_EVERY_S
         while self.main_status is None and (self.main is not None or self.tree.members):
             now = self.clock.monotonic()
-            deadline = min(next_tick, self.timeout_at or next_tick)
+            deadline = min(next_tick, self.timeout_at or next_tick, self._log_due or next_tick)
             # every member's pidfd: a worker's death wakes the loop at once, not at the next tick; a birth
             # or death event too, so that a short-lived process is held (or recorded) as it happens
             fds = [self._wake_r, *self.exits.fds(), *(m.pidfd for m in self.tree.members.values())]
@@ -125,6 +136,8 @@ class SupervisorLoop:
             if self.timeout_at is not None and self.clock.monotonic() >= self.timeout_at:
                 self.stop = StopRequest(EndReason.TIMEOUT, self.job.options.grace_s)
                 break
+            if self._log_due is not None and self.clock.monotonic() >= self._log_due:
+                self._cap_log()
             if self.clock.monotonic() >= next_tick:
                 full = self.clock.monotonic() >= next_full
                 try:
@@ -197,6 +210,8 @@ class SupervisorLoop:
         gpu = self.diag.gpu if self.diag else None
         reading = self.sampler.reading(now, snaps, self.tree.members.values(), gpu)
         self.logs.index(now)
+        self.note_trims(now)
+        self._log_due = self.clock.monotonic() + LOG_CAP_CHECK_S if self.logs.growing_fast else None
         self.record.check_disk(now)
         # an idle tree is not rewritten every second
         if self.tree.worth_recording(snaps, now) and self.sampler.write(now, snaps, reading):
@@ -205,6 +220,10 @@ class SupervisorLoop:
         if full:  # the hooks' files of processes that ended: two a process, for ever, otherwise
             self.prune_py_files()
         self._watch_memory(snaps, now)
+        if self.notifier is not None:  # a webhook that fails is said in `status`, not only in shim.log
+            from jobwarden.shim.notify import record_outcomes
+
+            record_outcomes(self.store, self.job.id, self.notifier, log)
         if self.diag:
             self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic()))
 
@@ -213,6 +232,22 @@ class SupervisorLoop:
             self.pyfiles.prune({m.pid: m.ident.start_time for m in self.tree.members.values()})
         except Exception as err:  # housekeeping: never the supervisor's end
             log(f"pruning the hooks' files failed: {type(err).__name__}: {err}")
+
+    def _cap_log(self) -> None:
+        """Between ticks, while the log grows fast: keep it within --log-max (one stat, a trim if due)."""
+        self.logs.cap_now()
+        self.note_trims(self.clock.wall())
+        self._log_due = self.clock.monotonic() + LOG_CAP_CHECK_S
+
+    def note_trims(self, now: float, final: bool = False) -> None:
+        """What --log-max dropped, as events (shim.logcap, loaded at the first trim)."""
+        if self.logs.trim is None:
+            return
+        if self._trims is None:
+            from jobwarden.shim.logcap import TrimNotes
+
+            self._trims = TrimNotes(self.logs, self.record)
+        self._trims.note(now, self.clock.monotonic(), final)
 
     def _with_gpu_memory(self, snaps: list[ProcessSnapshot]) -> list[ProcessSnapshot]:
         """Each process's GPU memory (NVML, sampled every few seconds) for `status` and the store."""
@@ -269,11 +304,12 @@ class SupervisorLoop:
         rules = [f.rule for f in verdict.findings]
         self.record.event("hung", now, rules=rules, action=action)
         if self.notifier:
-            from jobwarden.shim.notify import event_payload
+            from jobwarden.shim.notify import event_payload, job_page
 
             top = verdict.findings[0].title if verdict.findings else None
+            page = job_page(self.job.options.web_url, self.job.id)
             self.notifier.deliver(
-                event_payload("hung", self.job.id, self.job.name, self.run, "running", finding=top)
+                event_payload("hung", self.job.id, self.job.name, self.run, "running", finding=top, page=page)
             )
         if action in ("stop", "restart") and not self.stop:
             # running -> stopping: the stacks are stored; end the hung run (and restart it, if asked)

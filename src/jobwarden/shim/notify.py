@@ -16,11 +16,17 @@ import json
 import os
 import socket
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
+from jobwarden.config import counted
+from jobwarden.errors import JobwardenError
 from jobwarden.joboptions import JobOptions
+from jobwarden.model import Finding
 from jobwarden.osapi.shell import run_shell
+from jobwarden.store import Store
 
 EVENTS = ("failed", "hung", "recovered", "restarted", "succeeded")
 DEFAULT_TIMEOUT_S = 10.0
@@ -40,11 +46,17 @@ def event_payload(
     finding: str | None = None,
     host: str | None = None,
     at: str | None = None,
+    page: str | None = None,
 ) -> dict[str, object]:
-    """The JSON every notification carries. `finding`: the title of the most likely root cause."""
+    """The JSON every notification carries. `finding`: the title of the most likely root cause; `at`:
+    when it happened (default now); `page`: the job's page on a `jobwarden web` (the config file's
+    [web] url), also at the end of `text`."""
+    from jobwarden.clock import iso
+
     host = host or socket.gethostname()
+    text = _summary(event, job_id, job_name, run, exit_code, signal, finding, host)
     return {
-        "text": _summary(event, job_id, job_name, run, exit_code, signal, finding, host),
+        "text": f"{text} {page}" if page else text,
         "event": event,
         "job_id": job_id,
         "job_name": job_name,
@@ -54,8 +66,14 @@ def event_payload(
         "signal": signal,
         "finding": finding,
         "host": host,
-        "at": at,
+        "at": at or iso(time.time()),
+        "url": page,
     }
+
+
+def job_page(web_url: str | None, job_id: int) -> str | None:
+    """The job's page under the web address the config file names, without any token."""
+    return f"{web_url.rstrip('/')}/jobs/{job_id}" if web_url else None
 
 
 def _summary(
@@ -97,6 +115,17 @@ def redact(url: str) -> str:
     return f"{parts.scheme}://{host}{port}/…"
 
 
+class Outcome(NamedTuple):
+    """One delivery: of which event, for which run, to where (a URL cut to its host), and how it went."""
+
+    event: str
+    run: int
+    target: str
+    ok: bool
+    detail: str
+    at: float
+
+
 class Notifier:
     """Delivers events to a URL and/or a shell command, off the caller's thread."""
 
@@ -109,6 +138,8 @@ class Notifier:
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.url, self.command, self.log, self.timeout_s = url, command, log, timeout_s
+        # how each delivery went, for the shim's main thread to record (the store is not for this thread)
+        self._outcomes: collections.deque[Outcome] = collections.deque(maxlen=_MAX_PENDING)
         self.env = dict(os.environ if env is None else env)
         self._lock = threading.Lock()
         self._queue: collections.deque[dict[str, object]] = collections.deque()
@@ -144,6 +175,26 @@ class Notifier:
                 self._worker = threading.Thread(target=self._work, name="jobwarden-notify", daemon=True)
                 self._worker.start()
 
+    def take_outcomes(self) -> list[Outcome]:
+        """The deliveries done since the last call, oldest first."""
+        taken = []
+        while self._outcomes:
+            taken.append(self._outcomes.popleft())
+        return taken
+
+    def _done(self, event: dict[str, object], target: str, ok: bool, detail: str) -> None:
+        run = event.get("run")
+        self._outcomes.append(
+            Outcome(
+                str(event.get("event")),
+                int(run) if isinstance(run, int) else 0,
+                target,
+                ok,
+                detail,
+                time.time(),
+            )
+        )
+
     def helper_pids(self) -> set[int]:
         """Pids of --on-event commands running now. They are children of the shim (in a session of
         their own): its tree discovery must not count them as the job's."""
@@ -164,7 +215,7 @@ class Notifier:
             self._queue.clear()
             cancel, hook_running = self._cancel, bool(self._helpers)
         if gave_up:
-            self.log(f"notify: gave up waiting after {timeout_s:g}s; {left} event(s) not delivered")
+            self.log(f"notify: gave up waiting after {timeout_s:g}s; {counted(left, 'event')} not delivered")
         if gave_up and cancel is not None:
             os.write(cancel[1], b"x")  # stays readable: a hook starting just now is cancelled at once
             if worker is not None and hook_running:
@@ -185,27 +236,30 @@ class Notifier:
             body = json.dumps(event).encode()
             kind = str(event.get("event", "event"))
             if self.url:
-                self._post(kind, body)
+                self._done(event, redact(self.url), *self._post(kind, body))
             if self.command:
-                self._run_hook(kind, body)
+                self._done(event, "--on-event", *self._run_hook(kind, body))
 
-    def _post(self, kind: str, body: bytes) -> None:
+    def _post(self, kind: str, body: bytes) -> tuple[bool, str]:
         where = redact(self.url or "")
         try:
             status = post_json(self.url or "", body, self.timeout_s)
         except Exception as err:  # any failure is logged, never raised into the shim
             self.log(f"notify: {kind} to {where} failed: {describe_error(err)}")
-            return
+            return False, describe_error(err)
         if 200 <= status < 300:
             self.log(f"notify: {kind} delivered to {where} (HTTP {status})")
-        else:
-            self.log(f"notify: {kind} to {where} failed: HTTP {status}")
+            return True, f"HTTP {status}"
+        self.log(f"notify: {kind} to {where} failed: HTTP {status}")
+        return False, f"HTTP {status}" + (
+            " (the webhook is gone or its URL is wrong)" if status in (403, 404, 410) else ""
+        )
 
-    def _run_hook(self, kind: str, body: bytes) -> None:
+    def _run_hook(self, kind: str, body: bytes) -> tuple[bool, str]:
         env = {**self.env, "JOBWARDEN_EVENT": kind}
         with self._lock:
             if self._closed:
-                return  # given up on while the POST ran: start nothing more
+                return False, "not run: the supervisor was exiting"  # given up on while the POST ran
             if self._cancel is None:
                 self._cancel = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
             cancel_r = self._cancel[0]
@@ -223,8 +277,9 @@ class Notifier:
                 self._helpers.difference_update(spawned)
         if outcome.ok:
             self.log(f"notify: --on-event command ran for {kind}")
-        else:
-            self.log(f"notify: --on-event command for {kind} failed: {outcome.describe()}")
+            return True, "ran"
+        self.log(f"notify: --on-event command for {kind} failed: {outcome.describe()}")
+        return False, outcome.describe()
 
 
 def post_json(url: str, body: bytes, timeout_s: float) -> int:
@@ -259,3 +314,47 @@ def describe_error(err: BaseException) -> str:
     if isinstance(reason, socket.gaierror):
         return f"cannot resolve the host ({reason.strerror})"
     return f"{type(reason).__name__}: {reason}"
+
+
+NOTIFY_FAILED = "notify-failed"
+
+
+def record_outcomes(store: Store, job_id: int, notifier: Notifier, log: Callable[[str], None]) -> None:
+    """The deliveries done since the last look, into the store (from the shim's main thread): each as an
+    event of the run it was about, and the first failure of a run as a finding, so that a broken
+    webhook shows in `status`, `explain` and `ps` rather than only in shim.log."""
+    for outcome in notifier.take_outcomes():
+        kind = "notified" if outcome.ok else NOTIFY_FAILED
+        try:
+            failed_before = any(e.kind == NOTIFY_FAILED for e in store.events(job_id, outcome.run))
+            store.add_event(
+                job_id,
+                outcome.run,
+                kind,
+                outcome.at,
+                event=outcome.event,
+                target=outcome.target,
+                detail=outcome.detail,
+            )
+            if not outcome.ok and not failed_before:
+                store.add_finding(job_id, outcome.run, outcome.at, _failed_finding(outcome))
+        except JobwardenError as err:
+            log(f"notify: cannot record how {outcome.event!r} went: {err}")
+
+
+def _failed_finding(outcome: Outcome) -> Finding:
+    hook = outcome.target == "--on-event"
+    return Finding(
+        rule=NOTIFY_FAILED,
+        title="a notification could not be delivered",
+        summary=f"the {outcome.event!r} notification to {outcome.target} failed: {outcome.detail}",
+        severity="warning",
+        evidence=(f"{outcome.event} -> {outcome.target}: {outcome.detail}",),
+        remedy=(
+            "fix the --on-event command (it gets the event as JSON on stdin); shim.log has its output"
+            if hook
+            else "check the webhook (`--notify`, or `notify` in the config file): a Slack webhook that was "
+            'removed answers 404 or 410; try it: curl -d \'{"text": "test"}\' -H \'Content-Type: '
+            "application/json' URL"
+        ),
+    )

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 from typing import Any
 
-from jobwarden.errors import AccessDenied, StoreError
+from jobwarden.errors import AccessDenied, ProcessGone, StoreError
 from jobwarden.model import UNFINISHED_STATES, EndReason, JobState, Survivor
 from jobwarden.osapi.cgroup import remove_dead_shims_cgroups
 from jobwarden.osapi.procfs import why_still_alive
@@ -32,21 +33,30 @@ class StoppingSupervisor(SupervisorLoop):
             # running -> stopping: signal the whole tree, not only the leader
             self.record.write(self.store.update_run, only_if_state=UNFINISHED_STATES, state=JobState.STOPPING)
             self.record.event("stopping", self.clock.wall(), reason=str(self.stop.reason))
+            # `jobwarden stop` and an engine's stop end everything; a timeout or a hang keeps them
+            kept = (
+                [] if self.stop.reason in (EndReason.STOPPED, EndReason.ENGINE_STOP) else self._keep_running()
+            )
             survivors = self.terminate_tree(self._stop_grace(self.stop))
         else:
             if self.diag:  # the main process ended by itself: a hang that it printed its way out of is over
                 self._act_on(self.diag.on_end(self.clock.wall(), self.clock.monotonic()))
             self.tree.discover(full=True)
             self._let_trackers_finish()
+            kept = self._keep_running()  # released first: kept processes are neither orphans nor ended
             orphans = [{"pid": m.pid, "cmdline": m.cmdline} for m in self.tree.members.values()]
             survivors = self.terminate_tree(self.job.options.grace_s)
-        self.logs.index(self.clock.wall())
+        self.logs.index(self.clock.wall(), cap=False)  # the end is recorded first, the log capped after
         with contextlib.suppress(OSError):  # a kill in the last moments (the main process itself) counts too
             self._poll_oom(self.clock.wall())
         self.sampler.finish(self.clock.wall())
         self.prune_py_files()  # every process has ended: only exceptions and fork records stay
         fields = end_fields(self.main_status, self.stop.reason if self.stop else None, self.clock.wall())
+        if kept:
+            fields["kept"] = kept
         self.record.end(fields, orphans, survivors)
+        self.logs.cap_now()  # freeing a gigabyte takes a moment: not before the end it would delay
+        self.note_trims(self.clock.wall(), final=True)
         if self.engine and self.stop and self.stop.reason == EndReason.ENGINE_STOP:
             self.engine.record_engine_state(os.environ, self.clock.wall())  # inside the engine's budget
         self.record.write(self.store.release_gpus)
@@ -59,6 +69,38 @@ class StoppingSupervisor(SupervisorLoop):
         if self.diag and self.diag.gpu:
             self.diag.gpu.close()
         return 0
+
+    def _keep_running(self) -> list[dict[str, Any]]:
+        """--keep-running: the members whose command line matches (as read now: a shell may have exec'd
+        the program since it was first seen), and their descendants, are released, out of the job's
+        cgroup where it can be left: not orphans, never signalled; recorded as kept."""
+        patterns = [re.compile(p) for p in self.job.options.keep_running]
+        if not patterns:
+            return []
+        self.tree.discover(full=True)
+        chosen: dict[int, Member] = {}
+        for member in self.tree.members.values():
+            with contextlib.suppress(ProcessGone, AccessDenied):
+                member.cmdline = self.procfs.cmdline(member.pid)
+            if any(p.search(member.cmdline) for p in patterns):
+                chosen[member.pid] = member
+        grown = True
+        while grown:  # and what they started
+            more = {m.pid: m for m in self.tree.members.values() if m.ppid in chosen and m.pid not in chosen}
+            chosen.update(more)
+            grown = bool(more)
+        kept = []
+        for member in chosen.values():
+            moved = bool(self.cgroup and self.cgroup.move_out(member.pid))
+            self.tree.release(member)
+            kept.append({"pid": member.pid, "start_time": member.ident.start_time, "cmdline": member.cmdline})
+            log(
+                f"--keep-running: left pid {member.pid} running ({member.cmdline[:80]})"
+                + (", moved out of the job's cgroup" if moved else "")
+            )
+        if kept:
+            self.record.event("kept-running", self.clock.wall(), pids=[k["pid"] for k in kept])
+        return kept
 
     def _store_verdict(self) -> None:
         """The run's root cause, kept with it for every list; never at the cost of the run's end."""
@@ -159,6 +201,7 @@ class _TreeEnding:
         return signal.SIGUSR1 in self.sup._wait_members(timeout_s)
 
     def kill_all(self) -> None:
-        if self.sup.cgroup:
+        cgroup = self.sup.cgroup
+        if cgroup and not set(self.sup.tree.kept) & set(cgroup.pids()):  # never a process kept in it
             with contextlib.suppress(OSError):
-                self.sup.jobos.kill_cgroup(self.sup.cgroup)
+                self.sup.jobos.kill_cgroup(cgroup)

@@ -17,6 +17,7 @@ import signal
 from typing import Any
 
 from jobwarden import config
+from jobwarden.errors import StoreError
 from jobwarden.hooks import heartbeat_env, hook_env
 from jobwarden.model import UNFINISHED_STATES, EndReason, JobState
 from jobwarden.osapi.process import SpawnError
@@ -49,10 +50,21 @@ class Supervisor(StoppingSupervisor):
             "shim_pid": self.pid,
             "shim_start": shim_start,
             "containment": self._containment(),
+            "boot_id": self.procfs.boot_id(),  # a reboot ends the run: a new boot id says so (control.reboot)
         }
-        if self.job.options.wants_gpus:
+        options = self.job.options
+        if options.wants_gpus or options.after or options.queue:
             self.store.update_run(self.job.id, self.run, **shim_fields)
+        if options.after or options.queue:  # its turn first (--after, --queue): no GPU held while waiting
+            admitted, reported = self._wait_for_turn(report_fd)
+            if not admitted:
+                return self._end_unstarted()
+            if reported:
+                report_fd = -1  # answered already: the run was queued
+        if options.wants_gpus:
             admitted, reported = self._wait_for_gpus(report_fd)
+            if self.refused:
+                return 0  # `run` refuses it and removes the job: nothing more is written
             if not admitted:
                 return self._end_unstarted()
             if reported:
@@ -191,10 +203,13 @@ class Supervisor(StoppingSupervisor):
                 self.gpu_env = admission.env
                 queue.claimed(admission)
                 return True, reported
-            if admission.impossible:
+            if admission.impossible and not reported:  # `run` is still waiting: it refuses the start
+                self.refused = True
+                _report(report_fd, {"error": admission.impossible, "exit_code": 2, "refused": True})
+                return False, True
+            if admission.impossible:  # impossible since it was accepted (a GPU fell off the bus)
                 self.stop = StopRequest(EndReason.SPAWN_FAILED, 0)
                 self.store.update_run(self.job.id, self.run, error=admission.impossible)
-                _report(report_fd, {"error": admission.impossible, "exit_code": 1})
                 return False, True
             queue.note_waiting(admission)
             if not reported:
@@ -205,17 +220,70 @@ class Supervisor(StoppingSupervisor):
             if self.stop:
                 return False, reported
 
+    def _wait_for_turn(self, report_fd: int) -> tuple[bool, bool]:
+        """queued until its dependencies succeeded and its queue has a place (shim.queueing). Returns
+        (admitted, answered the CLI); not admitted when stopped, or cancelled by a failed dependency."""
+        from jobwarden.shim.queueing import TURN_RETRY_S, Turn, check_turn
+
+        reported, shown = False, None
+        while True:
+            try:
+                turn = check_turn(self.store, self.job, self.run, self.procfs, self.clock)
+            except StoreError as err:  # a full disk, a locked store: still waiting, asked again
+                turn = Turn(False, waiting=f"waiting; cannot read the store now: {err.message}")
+            if turn.ready:
+                if shown is not None:  # queued -> starting: its turn came
+                    self.store.update_run(self.job.id, self.run, state=JobState.STARTING, queued_reason=None)
+                return True, reported
+            if turn.cancelled:
+                self._cancel(turn.cancelled)
+                _report(report_fd, {"pid": None, "state": "failed"})
+                return False, True
+            if turn.waiting != shown:
+                with contextlib.suppress(StoreError):  # said at the next look
+                    self.store.update_run(
+                        self.job.id, self.run, state=JobState.QUEUED, queued_reason=turn.waiting
+                    )
+                    shown = turn.waiting
+            if not reported:
+                _report(report_fd, {"pid": None, "state": "queued"})
+                reported = True
+            self.jobos.wait([self._wake_r], TURN_RETRY_S)
+            self._handle_signals(self._drain_signals())
+            if self.stop:
+                return False, reported
+
+    def _cancel(self, why: str) -> None:
+        """--after: a dependency failed, so this run never starts (its end is written by _end_unstarted)."""
+        from jobwarden.model import Finding
+        from jobwarden.shim.queueing import DEPENDENCY_FAILED
+
+        self.stop = StopRequest(EndReason.DEPENDENCY_FAILED, 0)
+        self.store.update_run(self.job.id, self.run, error=f"not started: {why}")
+        finding = Finding(
+            rule=DEPENDENCY_FAILED,
+            title="not started: a job it was to run after did not succeed",
+            summary=why,
+            severity="error",
+            evidence=tuple(f"--after {dep}" for dep in self.job.options.after),
+            remedy=f"see why with `jobwarden explain {self.job.options.after[0]}`; once it succeeds, "
+            f"`jobwarden rerun {self.job.id}`",
+        )
+        self.store.add_finding(self.job.id, self.run, self.clock.wall(), finding)
+
     def _end_unstarted(self) -> int:
-        """A queued run that never started: stopped by the user, or impossible here (not enough GPUs)."""
+        """A queued run that never started: stopped by the user, cancelled (--after), or impossible here
+        (not enough GPUs)."""
         now = self.clock.wall()
         stop = self.stop.reason if self.stop else None
         stopped = stop in (EndReason.STOPPED, EndReason.ENGINE_STOP)
+        reason = stop if stop and (stopped or stop == EndReason.DEPENDENCY_FAILED) else EndReason.SPAWN_FAILED
         # queued -> stopped | failed
         self.store.update_run(
             self.job.id,
             self.run,
             state=JobState.STOPPED if stopped else JobState.FAILED,
-            end_reason=stop if stop and stopped else EndReason.SPAWN_FAILED,
+            end_reason=reason,
             ended_at=now,
             queued_reason=None,
         )

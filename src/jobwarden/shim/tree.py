@@ -95,6 +95,8 @@ class JobTree:
         self._job_born: int | None = None
         # the shim's own helpers (--on-event hooks): its children too, in sessions of their own; never members
         self.helpers: Callable[[], set[int]] = set
+        # --keep-running: released at the run's end, never taken back; nor are processes they start
+        self.kept: dict[int, ProcessId] = {}
 
     def __len__(self) -> int:
         return len(self.members)
@@ -211,7 +213,11 @@ class JobTree:
         while changed:  # a child can be read before its parent: iterate to a fixed point
             changed = False
             for pid, st in list(fresh.items()):
-                if self._belongs(st, in_cgroup, full):
+                if st.ppid in self.kept:  # started by a process kept past the run: kept with it
+                    del fresh[pid]
+                    self.kept[pid] = ProcessId(pid, st.start_time)
+                    changed = True
+                elif self._belongs(st, in_cgroup, full):
                     del fresh[pid]
                     member = self.add(st)
                     if member:
@@ -245,6 +251,11 @@ class JobTree:
             return []
         ready = {fd for fd, _ in self._exits.poll(0)}
         return [m for m in self.members.values() if m.pidfd in ready]
+
+    def release(self, member: Member) -> None:
+        """Let a member run on past the run (--keep-running): no longer held, and never taken again."""
+        self.kept[member.pid] = member.ident
+        self.drop(member)
 
     def drop(self, member: Member) -> None:
         if self.members.pop(member.pid, None) is member:

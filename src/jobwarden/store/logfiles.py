@@ -1,42 +1,115 @@
 """The job's output file and its offset->time index.
 
-The job writes output.log itself (its own fd, O_APPEND); the shim never touches those bytes. Once a tick
+The job writes output.log itself (its own fd, O_APPEND); the shim never writes those bytes. Once a tick
 the shim appends "WALLTIME SIZE" to output.idx when the size changed, so `logs --since` can find where a
 moment starts to within one tick.
+
+`--log-max` (LogWatcher.trim): when the log holds more than its cap on disk, the shim frees its middle
+(osapi.sparse.punch_hole) and keeps the head (the first quarter of the cap: how the job started, its
+first error) and the newest half. The file keeps its length and every offset its place, so the index
+stays right and the job's O_APPEND writes go on untouched; the freed range is a hole, which the readers
+here skip, saying how much was dropped. On disk the log stays within the cap plus what the job writes in
+one tick.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
+
+from jobwarden.config import format_size
+
+HEAD_SHARE = 4  # the head kept is the cap / 4
+TAIL_SHARE = 2  # the newest cap / 2 is kept; trimming starts again once the log is back at its cap
+CHUNK = 1 << 20  # what a reader of the log holds at once: a 1 GiB log is streamed, never read whole
+
+
+class Trim(NamedTuple):
+    """The log's one hole: [start, end) dropped to keep it within `max_bytes`; or why it cannot be."""
+
+    start: int
+    end: int
+    max_bytes: int
+    unsupported: str | None = None  # the file system cannot free a range (its error)
 
 
 class LogWatcher:
-    """The shim's side: index the output's growth, and tell how much room the log has left."""
+    """The shim's side: index the output's growth, keep it within its cap, and tell how much room the
+    log has left. `max_bytes`: the cap on disk (0: none)."""
 
-    def __init__(self, output: Path, index: Path) -> None:
+    def __init__(self, output: Path, index: Path, max_bytes: int = 0) -> None:
         self.output, self.index_path = output, index
+        self.max_bytes = max_bytes
+        self.trim: Trim | None = None  # the latest trim, or why there can be none
+        self.grew = 0  # bytes written since the look before the last
         self._last_size = -1
 
-    def index(self, now: float) -> None:
+    def index(self, now: float, cap: bool = True) -> None:
+        """Note the log's size at `now` when it changed; and keep it within its cap, unless `cap` is
+        false (the run's end: recorded first, capped after, see `cap_now`)."""
         try:
-            size = self.output.stat().st_size
+            st = self.output.stat()
         except OSError:
             return
+        size = st.st_size
+        self.grew = max(0, size - self._last_size) if self._last_size >= 0 else size
         if size == self._last_size:
             return
         self._last_size = size
+        if cap and self.max_bytes and st.st_blocks * 512 > self.max_bytes:
+            self._cap(size, st.st_blksize)
         with contextlib.suppress(OSError):  # a full disk must not stop supervision
             fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
             try:
                 os.write(fd, f"{now:.3f} {size}\n".encode())
             finally:
                 os.close(fd)
+
+    @property
+    def growing_fast(self) -> bool:
+        """Written an eighth of the cap or more since the look before: worth a look before the next tick
+        (a job printing 1 GiB a second would otherwise be a second's output over its cap)."""
+        return bool(self.max_bytes and self.grew >= self.max_bytes // 8)
+
+    def cap_now(self) -> None:
+        """Keep the log within its cap now, whether or not it grew since the last look."""
+        try:
+            st = self.output.stat()
+        except OSError:
+            return
+        if self.max_bytes and st.st_blocks * 512 > self.max_bytes:
+            self._cap(st.st_size, st.st_blksize)
+
+    def _cap(self, size: int, block: int) -> None:
+        """Free the middle: keep [0, head) and the newest max/TAIL_SHARE, at block boundaries (a
+        partial block would be zeroed, not freed, and read as data)."""
+        if self.trim is not None and self.trim.unsupported:
+            return
+        head = _align_up(self.max_bytes // HEAD_SHARE, block)
+        end = (size - self.max_bytes // TAIL_SHARE) // block * block
+        if end <= max(head, self.trim.end if self.trim else 0):
+            return
+        from jobwarden.osapi.sparse import UNSUPPORTED, punch_hole
+
+        try:
+            fd = os.open(self.output, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            punch_hole(fd, head, end - head)  # again over the part freed before: a no-op there
+        except OSError as err:
+            if err.errno in UNSUPPORTED:
+                self.trim = Trim(0, 0, self.max_bytes, unsupported=err.strerror or str(err))
+            return
+        finally:
+            os.close(fd)
+        self.trim = Trim(head, end, self.max_bytes)
 
     def free_bytes(self) -> int | None:
         """Free space on the filesystem holding the log; None when it cannot be read."""
@@ -76,20 +149,16 @@ def _index_entry(line: bytes) -> tuple[float, int] | None:
     return (at, int(parts[1])) if math.isfinite(at) else None
 
 
-CHUNK = 1 << 20  # what a reader of the log holds at once: a 1 GiB log is streamed, never read whole
-
-
-def stream_from(path: Path, offset: int, chunk: int = CHUNK) -> Iterator[bytes]:
-    """The bytes of `path` from the first line that starts at or after `offset`, to its end as it is
-    when the read gets there, in chunks of at most `chunk` bytes."""
+def stream_from(path: Path, offset: int) -> Iterator[bytes]:
+    """The output from the first line that starts at or after `offset` to the end as it is when the read
+    gets there, in pieces of at most CHUNK bytes, with a marker line where --log-max dropped a range."""
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed by the `with` below; opened apart to catch only this
     except FileNotFoundError:
         return
     with fh:
-        fh.seek(_line_start(fh, offset))
-        while data := fh.read(chunk):
-            yield data
+        start = _line_start(fh, offset)
+        yield from _with_markers(fh, start, os.fstat(fh.fileno()).st_size)
 
 
 def _line_start(fh: BinaryIO, offset: int) -> int:
@@ -105,6 +174,72 @@ def _line_start(fh: BinaryIO, offset: int) -> int:
             return pos + newline + 1
         pos += len(data)
     return pos
+
+
+def _align_up(n: int, block: int) -> int:
+    return -(-n // block) * block
+
+
+def data_spans(fd: int, start: int, end: int) -> list[tuple[int, int]]:
+    """The ranges of [start, end) that hold data: all of it, but for the hole --log-max freed. Where the
+    file system cannot tell (no SEEK_DATA), all of it."""
+    spans: list[tuple[int, int]] = []
+    pos = start
+    while pos < end:
+        try:
+            data = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as err:
+            if err.errno == errno.ENXIO:  # nothing but a hole from here to the end
+                break
+            return [(start, end)]
+        if data >= end:
+            break
+        hole = os.lseek(fd, data, os.SEEK_HOLE)
+        spans.append((data, min(hole, end)))
+        pos = hole
+    return spans
+
+
+def dropped_marker(n: int) -> bytes:
+    """What the readers show in place of a trimmed range."""
+    return f"[jobwarden: {format_size(n)} of output dropped here to keep the log within --log-max]\n".encode()
+
+
+def read_output(path: Path, offset: int = 0, limit: int = -1) -> bytes:
+    """The log's bytes from `offset` (at most `limit` of them when not negative), with a marker line
+    where --log-max dropped a range."""
+    return b"".join(iter_output(path, offset, limit))
+
+
+def iter_output(path: Path, offset: int = 0, limit: int = -1) -> Iterator[bytes]:
+    """read_output in pieces of at most CHUNK bytes: a 100 GiB log is never held whole."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed by the `with` below; opened apart to catch only this
+    except FileNotFoundError:
+        return
+    with fh:
+        end = os.fstat(fh.fileno()).st_size
+        if limit >= 0:
+            end = min(end, offset + limit)
+        yield from _with_markers(fh, offset, end)
+
+
+def _with_markers(fh: BinaryIO, offset: int, end: int) -> Iterator[bytes]:
+    pos, last = offset, b"\n"
+    for start, stop in data_spans(fh.fileno(), offset, end):
+        if start > pos:
+            yield (b"" if last == b"\n" else b"\n") + dropped_marker(start - pos)
+        fh.seek(start)
+        while start < stop:
+            data = fh.read(min(CHUNK, stop - start))
+            if not data:
+                break
+            start += len(data)
+            last = data[-1:]
+            yield data
+        pos = stop
+    if end > pos:  # a hole up to the end: the job wrote nothing since, or its data is being freed now
+        yield (b"" if last == b"\n" else b"\n") + dropped_marker(end - pos)
 
 
 def read_from(path: Path, offset: int, align_to_line: bool = True, limit: int = -1) -> bytes:
@@ -136,8 +271,12 @@ def tail_lines(path: Path, n: int, block: int = 1 << 16, start: int = 0) -> list
     except FileNotFoundError:
         return []
     with fh:
-        floor = _line_start(fh, start) if start > 0 else 0
+        first = _line_start(fh, start) if start > 0 else 0  # `logs --since`: not before its range
         end = fh.seek(0, os.SEEK_END)
+        # never into a range --log-max freed: its zeros are not output (the newest data starts after it)
+        window = max(0, end - _TAIL_MAX_BYTES - block)
+        spans = data_spans(fh.fileno(), window, end) if end else []
+        floor = max(first, spans[-1][0] if spans else end)
         blocks, newlines, pos = [], 0, end
         # count per block (linear, not re-scanning a growing buffer) and stop at a cap: a progress bar
         # that never writes "\n" must not make `status` read a whole 100 GiB log
@@ -149,28 +288,38 @@ def tail_lines(path: Path, n: int, block: int = 1 << 16, start: int = 0) -> list
             blocks.append(chunk)
             newlines += chunk.count(b"\n")
         data = b"".join(reversed(blocks))
+        dropped = _hole_before(fh.fileno(), floor) if pos == floor > window and newlines <= n else 0
     # split on b"\n" only, as `tail -n` does: a progress bar's bare \r redraws one line, not many
     lines = [line + b"\n" for line in data.split(b"\n")]
     lines[-1] = lines[-1][:-1]
     if not lines[-1]:
         lines.pop()
+    if dropped:
+        lines.insert(0, dropped_marker(dropped))
     return lines[-n:]
 
 
+def _hole_before(fd: int, data_start: int) -> int:
+    """The size of the hole that ends at `data_start`."""
+    spans = data_spans(fd, 0, data_start)
+    return data_start - (spans[-1][1] if spans else 0)
+
+
 def follow(path: Path, offset: int, is_done: Callable[[], bool], poll_s: float = 0.1) -> Iterator[bytes]:
-    """Yield new output from `offset` until `is_done()` is true and everything has been read (at most
-    CHUNK bytes at a time: `run -f` of a job that already wrote gigabytes)."""
+    """Yield new output from `offset` until `is_done()` is true and everything has been read, at most
+    CHUNK bytes at a time (`run -f` of a job that already wrote gigabytes). A range --log-max freed before
+    it was read is a marker line."""
     while True:
         done = is_done()  # read before the data: no output written before the end is missed
         try:
             with open(path, "rb") as fh:
-                fh.seek(offset)
-                chunk = fh.read(CHUNK)
+                end = min(os.fstat(fh.fileno()).st_size, offset + CHUNK)
+                chunks = list(_with_markers(fh, offset, end)) if end > offset else []
         except FileNotFoundError:
-            chunk = b""
-        if chunk:
-            offset += len(chunk)
-            yield chunk
+            chunks, end = [], offset
+        if chunks:
+            offset = end
+            yield b"".join(chunks)
         elif done:
             return
         else:

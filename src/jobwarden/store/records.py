@@ -25,6 +25,7 @@ class JobRecord(NamedTuple):
     created_at: float
     options: JobOptions
     env: dict[str, str]  # never shown (see __repr__): it may hold tokens
+    rerun_of: int | None = None  # `jobwarden rerun`: the job this one repeats
 
     def __repr__(self) -> str:
         return f"JobRecord(id={self.id!r}, name={self.name!r}, command={self.command!r}, cwd={self.cwd!r})"
@@ -39,6 +40,7 @@ class JobRecord(NamedTuple):
             created_at=row["created_at"],
             options=JobOptions.from_json(json.loads(row["options"])),
             env=json.loads(row["env"]),
+            rerun_of=row["rerun_of"],
         )
 
 
@@ -77,6 +79,8 @@ class RunRecord(NamedTuple):
     mem_peak_bytes: int | None = None
     verdict_rule: str | None = None  # an ended run's first finding (its root cause), as the shim stored it
     verdict_title: str | None = None
+    boot_id: str | None = None  # the boot its shim ran in: under another boot id, a reboot ended it
+    kept: tuple[dict[str, Any], ...] = ()  # --keep-running: {pid, start_time, cmdline} left running
 
     @property
     def exit_status(self) -> int:
@@ -121,6 +125,8 @@ class RunRecord(NamedTuple):
             mem_peak_bytes=row["mem_peak_bytes"],
             verdict_rule=row["verdict_rule"],
             verdict_title=row["verdict_title"],
+            boot_id=row["boot_id"],
+            kept=tuple(_json_list(row["kept"])),
         )
 
 
@@ -133,8 +139,8 @@ decode_json = json.JSONDecoder().decode  # json.loads, less a layer of argument 
 
 
 _STATES = {state.value: state for state in JobState}  # a dict lookup: JobState(text) costs 10x more
-_STATE, _ORPHANS, _SURVIVORS, _GPU_IDS = (
-    RunRecord._fields.index(name) for name in ("state", "orphans_left", "survivors", "gpu_ids")
+_STATE, _ORPHANS, _SURVIVORS, _GPU_IDS, _KEPT = (
+    RunRecord._fields.index(name) for name in ("state", "orphans_left", "survivors", "gpu_ids", "kept")
 )
 
 
@@ -146,6 +152,8 @@ def run_from_values(values: Sequence[Any]) -> RunRecord:
     fields[_ORPHANS] = _json_list(fields[_ORPHANS])
     fields[_SURVIVORS] = [Survivor(**s) for s in _json_list(fields[_SURVIVORS])]
     fields[_GPU_IDS] = tuple(_json_list(fields[_GPU_IDS]))
+    kept = fields[_KEPT]
+    fields[_KEPT] = tuple(decode_json(kept)) if kept and kept != "[]" else ()  # NULL in almost every run
     return RunRecord._make(fields)
 
 

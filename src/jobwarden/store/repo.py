@@ -9,9 +9,9 @@ import contextlib
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobwarden import trace
 from jobwarden.errors import JobNotFound, StoreError
@@ -26,6 +26,9 @@ from jobwarden.store.samples import SampleMethods
 
 if TYPE_CHECKING:  # diagnosis types: not on the `run` path
     from jobwarden.observations import ProcessStack
+    from jobwarden.store.queues import QueueInfo, QueuePlace
+
+T = TypeVar("T")
 
 _RUN_COLUMNS = frozenset(
     {
@@ -51,10 +54,26 @@ _RUN_COLUMNS = frozenset(
         "mem_peak_bytes",
         "verdict_rule",
         "verdict_title",
+        "boot_id",
+        "kept",
     }
 )
 
 _MAX_ID = (1 << 63) - 1  # SQLite's INTEGER: a larger number names no job and no run
+# every table holding a job's rows, the job's own last (the others refer to it)
+_JOB_TABLES = (
+    "queue_places",
+    "gpu_claims",
+    "stacks",
+    "findings",
+    "samples_rollup",
+    "samples",
+    "processes",
+    "events",
+    "runs",
+    "jobs",
+)
+LAST_JOB = "@last"  # a JOB argument naming the newest job (no name can be it: names never start with @)
 
 
 class Store(SampleMethods, ListQueries):
@@ -125,17 +144,22 @@ class Store(SampleMethods, ListQueries):
     # --- jobs -------------------------------------------------------------------------------------
 
     def create_job(
-        self, spec: JobSpec, options: dict[str, Any], now: float, state: JobState = JobState.STARTING
+        self,
+        spec: JobSpec,
+        options: dict[str, Any],
+        now: float,
+        state: JobState = JobState.STARTING,
+        rerun_of: int | None = None,
     ) -> tuple[int, int]:
         """A new job with its first run; returns (job id, run number). The run directory is made too. Should
         anything fail or be interrupted (Ctrl-C) once the rows are written, they are removed: nothing will
-        start the job, and no ghost may be left `starting`."""
+        start the job, and no ghost may be left `starting`. `rerun_of`: the job it repeats (`rerun`)."""
         job_id = 0
         try:
             with write(self._conn):
                 cur = self._conn.execute(
-                    "INSERT INTO jobs (id, name, command, cwd, env, options, created_at) "
-                    "VALUES (?,?,?,?,?,?,?)",
+                    "INSERT INTO jobs (id, name, command, cwd, env, options, created_at, rerun_of, queue) "
+                    "VALUES (?,?,?,?,?,?,?,?,?)",
                     (
                         self._unused_job_id(),
                         spec.name,
@@ -144,10 +168,19 @@ class Store(SampleMethods, ListQueries):
                         json.dumps(spec.env),
                         json.dumps(options),
                         now,
+                        rerun_of,
+                        options.get("queue"),
                     ),
                 )
                 job_id = int(cur.lastrowid or 0)
                 self._conn.execute("INSERT INTO runs (job_id, n, state) VALUES (?, 1, ?)", (job_id, state))
+                if options.get("queue") and not options.get("after"):
+                    # in line from the moment it exists: a job made later never passes it, however soon
+                    # its own shim looks (one waiting for --after joins the line once it may start)
+                    self._conn.execute(
+                        "INSERT INTO queue_places (queue, job_id, run, holding, since) VALUES (?,?,1,0,?)",
+                        (options["queue"], job_id, now),
+                    )
                 self._conn.execute(
                     "INSERT INTO events (job_id, run, at, kind) VALUES (?, 1, ?, 'created')", (job_id, now)
                 )
@@ -182,19 +215,36 @@ class Store(SampleMethods, ListQueries):
         return ensure_private_dir(self.layout.run_dir(job_id, run))
 
     def job(self, ref: str | int) -> JobRecord:
-        """A job by id, or by name (the newest job of that name)."""
+        """A job by id, by name (the newest job of that name), or `@last` (the newest job of all): the one
+        place every JOB argument is resolved."""
         text = str(ref)
         if not _encodable(text):  # bytes that are not UTF-8 (os.fsdecode's surrogates): no name holds them
             raise JobNotFound(text)
         row = None
+        if text == LAST_JOB:
+            row = self._exec("SELECT * FROM jobs ORDER BY id DESC LIMIT 1").fetchone()
+            if row is None:
+                raise JobNotFound(text)
         # '²'.isdigit() is True; and 5,000 digits are past what int() converts (a ValueError)
-        if text.isascii() and text.isdigit() and len(text) <= len(str(_MAX_ID)) and int(text) <= _MAX_ID:
+        elif text.isascii() and text.isdigit() and len(text) <= len(str(_MAX_ID)) and int(text) <= _MAX_ID:
             row = self._exec("SELECT * FROM jobs WHERE id = ?", (int(text),)).fetchone()
         if row is None:
             row = self._exec("SELECT * FROM jobs WHERE name = ? ORDER BY id DESC LIMIT 1", (text,)).fetchone()
         if row is None:
             raise JobNotFound(text)
         return JobRecord.from_row(row)
+
+    def unfinished_namesakes(self, name: str, job_id: int) -> list[int]:
+        """Ids of the other jobs named `name` that are not over (their latest run active or lost), oldest
+        first: a name shared by two live jobs means only the newest of them (`Store.job`)."""
+        live = ", ".join("?" * len(UNFINISHED_STATES))
+        rows = self._exec(
+            "SELECT j.id FROM jobs j JOIN runs r ON r.job_id = j.id AND r.n = "
+            "(SELECT MAX(m.n) FROM runs m WHERE m.job_id = j.id) "
+            f"WHERE j.name = ? AND j.id != ? AND r.state IN ({live}) ORDER BY j.id",
+            (name, job_id, *sorted(UNFINISHED_STATES)),
+        )
+        return [int(r[0]) for r in rows]
 
     def job_refs(self, limit: int = 500) -> list[tuple[int, str]]:
         """(id, name) of the newest jobs, newest first: what a shell completion offers."""
@@ -205,23 +255,21 @@ class Store(SampleMethods, ListQueries):
         return [JobRecord.from_row(r) for r in self._exec("SELECT * FROM jobs ORDER BY id")]
 
     def delete_job(self, job_id: int) -> None:
+        self.delete_jobs([job_id])
+
+    def delete_jobs(self, job_ids: Sequence[int]) -> None:
+        """Forget jobs and everything recorded of them, in one transaction."""
         try:
             with write(self._conn):
-                for table in (
-                    "gpu_claims",
-                    "stacks",
-                    "findings",
-                    "samples_rollup",
-                    "samples",
-                    "processes",
-                    "events",
-                    "runs",
-                    "jobs",
-                ):
-                    column = "id" if table == "jobs" else "job_id"
-                    self._conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (job_id,))
+                for job_id in job_ids:
+                    self._delete_rows(job_id)
         except sqlite3.Error as err:
             raise translate(err, self.layout.database) from err
+
+    def _delete_rows(self, job_id: int) -> None:
+        for table in _JOB_TABLES:
+            column = "id" if table == "jobs" else "job_id"
+            self._conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (job_id,))
 
     # --- runs -------------------------------------------------------------------------------------
 
@@ -471,6 +519,29 @@ class Store(SampleMethods, ListQueries):
     def stacks(self, job_id: int, run: int) -> list[StackDump]:
         rows = self._exec("SELECT * FROM stacks WHERE job_id = ? AND run = ? ORDER BY at, id", (job_id, run))
         return [StackDump.from_row(r) for r in rows]
+
+    # --- queues (store.queues: loaded by those who use them) ----------------------------------------
+
+    def take_queue_place(self, queue: str, job_id: int, run: int, now: float) -> QueuePlace:
+        from jobwarden.store import queues
+
+        return self._translated(lambda: queues.take_queue_place(self._conn, queue, job_id, run, now))
+
+    def set_queue_parallel(self, queue: str, parallel: int) -> None:
+        from jobwarden.store import queues
+
+        self._translated(lambda: queues.set_queue_parallel(self._conn, queue, parallel))
+
+    def queues(self) -> list[QueueInfo]:
+        from jobwarden.store import queues
+
+        return self._translated(lambda: queues.queues(self._conn))
+
+    def _translated(self, query: Callable[[], T]) -> T:
+        try:
+            return query()
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
 
     # --- GPU claims -------------------------------------------------------------------------------
 

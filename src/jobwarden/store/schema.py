@@ -152,6 +152,28 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN verdict_rule TEXT;
     ALTER TABLE runs ADD COLUMN verdict_title TEXT;
     """,
+    # 8: everyday habits (issue 21): the job a rerun came from; the boot a run was supervised in (a reboot
+    # ends it); processes left running on purpose at a run's end (--keep-running); named queues
+    # (--queue, `jobwarden queue NAME --parallel N`) and the runs waiting in or holding a place of one
+    """
+    ALTER TABLE jobs ADD COLUMN rerun_of INTEGER;    -- `jobwarden rerun`: the job it repeats (may be removed)
+    ALTER TABLE jobs ADD COLUMN queue TEXT;          -- --queue NAME
+    ALTER TABLE runs ADD COLUMN boot_id TEXT;        -- /proc/sys/kernel/random/boot_id as its shim started
+    ALTER TABLE runs ADD COLUMN kept TEXT;           -- JSON list of {pid, start_time, cmdline}
+    CREATE TABLE queues (
+        name TEXT PRIMARY KEY,
+        parallel INTEGER NOT NULL        -- how many runs of the queue may run at once
+    );
+    CREATE TABLE queue_places (
+        queue TEXT NOT NULL,
+        job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        run INTEGER NOT NULL,
+        holding INTEGER NOT NULL,        -- 0: waiting in line, 1: running in one of the queue's places
+        since REAL NOT NULL,
+        PRIMARY KEY (job_id, run)
+    );
+    CREATE INDEX queue_places_by_queue ON queue_places(queue, holding);
+    """,
 ]
 
 LATEST = len(MIGRATIONS)

@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from jobwarden.config import counted
 from jobwarden.text.sanitize import one_line
 
 if TYPE_CHECKING:
@@ -24,9 +25,11 @@ def group_report(view: GroupView) -> Iterator[str]:
         missing = one_line(", ".join(v.missing_nodes))
         yield f"  never reported: {missing} (no records from these nodes)"
     if view.torn_lines:
-        yield f"  skipped {view.torn_lines} torn line(s) (a writer died mid-record, or it is still arriving)"
+        torn = counted(view.torn_lines, "torn line")
+        yield f"  skipped {torn} (a writer died mid-record, or it is still arriving)"
     if view.bad_records:
-        yield f"  skipped {view.bad_records} record(s) jobwarden did not write (a field of the wrong type)"
+        bad = counted(view.bad_records, "record")
+        yield f"  skipped {bad} jobwarden did not write (a field of the wrong type)"
     for why in view.refused:
         yield f"  left out {one_line(why)}"
     code = view.requeue_code()
@@ -68,7 +71,7 @@ def _ranks_text(ranks: Sequence[RankVerdict]) -> str:
     unnamed = len(ranks) - len(numbers)
     parts = [_span(a, b) for a, b in _runs(numbers)]
     if unnamed:
-        parts.append(f"{unnamed} node(s) of unknown ranks")
+        parts.append(f"{counted(unnamed, 'node')} of unknown ranks")
     label = "rank" if len(numbers) == 1 and not unnamed else "ranks"
     return f"{label} {', '.join(parts)}" if numbers else parts[0]
 

@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from jobwarden.clock import iso
-from jobwarden.config import format_duration, format_size
+from jobwarden.config import counted, format_duration, format_size
 from jobwarden.model import ENDED_STATES, JobState, Ranks
+from jobwarden.text.habits import habit_lines
 from jobwarden.text.sanitize import one_line
 from jobwarden.text.term import colour_wanted, table
 
@@ -115,7 +116,7 @@ def status_report(status: JobStatus, now: float) -> Iterator[str]:
         yield f"  pid          {run.pid} (supervisor {run.shim_pid})"
     yield f"  containment  {run.containment or '-'}"
     if run.queued_reason:
-        yield f"  waiting      {one_line(run.queued_reason)}"
+        yield f"  queued       {one_line(run.queued_reason)}"
     if run.gpu_ids:
         yield f"  gpus         {','.join(str(i) for i in run.gpu_ids)}"
     yield f"  started      {iso(run.started_at) or '-'}"
@@ -124,6 +125,7 @@ def status_report(status: JobStatus, now: float) -> Iterator[str]:
     if run.error:
         yield f"  error        {one_line(run.error)}"
     yield f"  log          {status.log_path}"
+    yield from habit_lines(status)  # rerun of, log dropped, kept processes, failed notifications
     for path in status.disk_full_paths:
         yield f"  WARNING      the disk holding the log filled up ({one_line(path)}); output may be lost"
     for error in status.group_errors:
@@ -131,7 +133,8 @@ def status_report(status: JobStatus, now: float) -> Iterator[str]:
     yield from _process_table(status.processes)
     if run.orphans_left:
         yield ""
-        yield f"  {len(run.orphans_left)} descendant(s) were still running when the main process ended:"
+        n, were = len(run.orphans_left), "was" if len(run.orphans_left) == 1 else "were"
+        yield f"  {counted(n, 'descendant')} {were} still running when the main process ended:"
         for o in run.orphans_left:
             yield f"    {o['pid']}  {one_line(o['cmdline'])[:90]}"
     if run.survivors:
@@ -208,9 +211,9 @@ def stop_report(result: StopResult) -> Iterator[str]:
     run = result.run
     if result.already_ended:
         yield f"job {run.job_id} had already ended ({run.state})"
-        return
-    how = f"killed by {run.signal}" if run.signal else f"exit code {run.exit_code}"
-    yield f"stopped job {run.job_id} (main process: {how})"
+    else:
+        how = f"killed by {run.signal}" if run.signal else f"exit code {run.exit_code}"
+        yield f"stopped job {run.job_id} (main process: {how})"
     for note in result.notes:
         yield f"  {one_line(note)}"
     for s in result.survivors:
@@ -271,11 +274,11 @@ def process_stack_lines(stack: ProcessStack, ranks: Ranks | None = None) -> Iter
         for frame in thread.frames:
             yield f"      {_frame_text(frame)}"
         if twins:
-            yield f"    + {len(twins)} more idle thread(s) with this stack: " + ", ".join(
+            yield f"    + {counted(len(twins), 'more idle thread')} with this stack: " + ", ".join(
                 _thread_name(t) for t in twins
             )
     if frameless:
-        yield f"  {len(frameless)} thread(s) without Python frames: " + ", ".join(
+        yield f"  {counted(len(frameless), 'thread')} without Python frames: " + ", ".join(
             f"{_thread_name(t)} {t.state or '?'}" for t in frameless
         )
 
@@ -416,8 +419,8 @@ def doctor_report(report: dict[str, Any]) -> Iterator[str]:
             yield f"      {' ' * width}  fix: {one_line(c['fix'])}"
     yield ""
     if report["failed"]:
-        yield f"{report['failed']} check(s) failed, {report['warnings']} warning(s)"
+        yield f"{counted(report['failed'], 'check')} failed, {counted(report['warnings'], 'warning')}"
     elif report["warnings"]:
-        yield f"no failures; {report['warnings']} warning(s): jobwarden works, with the limits above"
+        yield f"no failures; {counted(report['warnings'], 'warning')}: jobwarden works, with the limits above"
     else:
         yield "all checks passed"

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from jobwarden.config import counted
 from jobwarden.model import Finding
 from jobwarden.observations import ForkRecord, Frame, ProcessFacts, ProcessStack, ThreadStack
 from jobwarden.rules import frames
@@ -171,7 +172,7 @@ def _state_line(facts: ProcessFacts | None) -> list[str]:
     if facts is None:
         return []
     threads = len(facts.thread_states) or 1
-    return [f"state {facts.state}, wchan {facts.wchan or '?'}, {threads} thread(s)"]
+    return [f"state {facts.state}, wchan {facts.wchan or '?'}, {counted(threads, 'thread')}"]
 
 
 def _site_text(site: Sequence[Frame]) -> str:

@@ -1,0 +1,167 @@
+"""A machine that reboots (a kernel update) kills every job. Each run stores the boot id its shim ran under
+(/proc/sys/kernel/random/boot_id, new at every boot); a run not over whose boot id is not this boot's was
+ended by the reboot, whatever its pids say now (they count from 1 again and may name anything).
+
+Any look at such a run (`ps`, `status`, `wait`...) records it: failed, end reason `reboot`, finding
+`machine-rebooted`. `jobwarden resume` (run at boot by `jobwarden boot enable`) does that for every run,
+then starts again, as a new attempt of the same job, those whose restart policy asks for it: pm2's
+resurrect, and OpenPAI's "retried after a system upgrade".
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import NamedTuple
+
+from jobwarden.clock import SystemClock, iso
+from jobwarden.control.shimproc import fork_shim
+from jobwarden.errors import StoreError
+from jobwarden.model import UNFINISHED_STATES, EndReason, Finding, JobState
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.store import JobRecord, JobSummary, RunRecord, Store
+
+RULE = "machine-rebooted"
+
+
+@lru_cache(maxsize=4)
+def _boot_id(root: Path) -> str | None:
+    return ProcFS(root).boot_id()
+
+
+def current_boot_id(procfs: ProcFS) -> str | None:
+    """This boot's id, read once a process (`ps` looks at every live run)."""
+    return _boot_id(procfs.root)
+
+
+def ended_by_reboot(procfs: ProcFS, run: RunRecord) -> bool:
+    """A run not over, supervised under another boot: the reboot ended it."""
+    if run.state not in UNFINISHED_STATES or not run.boot_id:
+        return False
+    now = current_boot_id(procfs)
+    return now is not None and now != run.boot_id
+
+
+def mark_rebooted(store: Store, procfs: ProcFS, job: JobRecord | JobSummary, run: RunRecord) -> RunRecord:
+    """running | lost | queued... -> failed (reboot): recorded once, with its finding. The end is the
+    moment this boot began: every process of the run died before it."""
+    now = SystemClock().wall()
+    try:
+        ended = procfs.boot_time()
+    except OSError:
+        ended = now
+    boot = current_boot_id(procfs)
+    error = "the machine rebooted while it ran: every process of it died at the shutdown"
+    try:
+        if store.update_run_with_event(
+            job.id,
+            run.n,
+            "rebooted",
+            ended,
+            {"boot_id_then": run.boot_id, "boot_id_now": boot, "state_then": str(run.state)},
+            only_if_state=UNFINISHED_STATES,
+            state=JobState.FAILED,
+            end_reason=EndReason.REBOOT,
+            ended_at=ended,
+            error=error,
+            queued_reason=None,
+        ):
+            restarts = store.job(job.id).options.restart != "no"  # once a run: a list holds summaries
+            store.add_finding(job.id, run.n, now, reboot_finding(job.id, run, boot, ended, restarts))
+    except StoreError:  # a full disk: still show the truth, record it next time
+        return run._replace(state=JobState.FAILED, end_reason=EndReason.REBOOT, ended_at=ended, error=error)
+    return store.run(job.id, run.n)
+
+
+def reboot_finding(
+    job_id: int, run: RunRecord, boot_now: str | None, booted_at: float, restarts: bool = False
+) -> Finding:
+    was = {JobState.QUEUED: "waiting to start", JobState.LOST: "running unsupervised"}.get(
+        run.state, "running"
+    )
+    return Finding(
+        rule=RULE,
+        title="ended by a reboot of the machine",
+        summary=f"the machine rebooted while the job was {was}: every process of it died at the shutdown",
+        severity="error",
+        evidence=(
+            f"the run's supervisor ran under boot id {run.boot_id}",
+            f"this boot ({boot_now or 'boot id unknown'}) began at {iso(booted_at)}",
+        ),
+        remedy=(
+            "`jobwarden resume` starts it again as its next run (it has --restart), with every such job; "
+            "`jobwarden boot enable` has that done at each boot"
+            if restarts
+            else f"`jobwarden rerun {job_id}` starts it again now; for jobs to come back by themselves, run "
+            "them with --restart on-failure (or always) and `jobwarden boot enable` once"
+        ),
+    )
+
+
+class Resumed(NamedTuple):
+    """What `resume` did for one job the reboot ended."""
+
+    job_id: int
+    name: str
+    ended_run: int
+    new_run: int | None  # None: not started again
+    pid: int | None
+    why: str  # started again, or why not
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "id": self.job_id,
+            "name": self.name,
+            "ended_run": self.ended_run,
+            "run": self.new_run,
+            "pid": self.pid,
+            "started": self.new_run is not None,
+            "why": self.why,
+        }
+
+
+def resume(home: Path, procfs: ProcFS) -> list[Resumed]:
+    """Mark every run the reboot ended, then start again (a new attempt each) the jobs whose restart
+    policy asks for it. Idempotent: a job started again has a new latest run, never looked at twice."""
+    with Store(home) as store:
+        for job, run in store.job_list(unfinished_only=True):
+            if ended_by_reboot(procfs, run):
+                mark_rebooted(store, procfs, job, run)
+        ended = [
+            (store.job(job.id), run)
+            for job, run in store.job_list()
+            if run.end_reason == EndReason.REBOOT and not _resumed_before(store, job.id, run.n)
+        ]
+    done = []
+    for record, run in ended:
+        if record.options.restart == "no":
+            why = "not started again: it has no --restart (jobwarden rerun starts it by hand)"
+            done.append(Resumed(record.id, record.name, run.n, None, None, why))
+            _note(home, record.id, run.n, why)
+            continue
+        done.append(_start_again(home, record, run))
+    return done
+
+
+def _resumed_before(store: Store, job_id: int, n: int) -> bool:
+    return any(e.kind == "resume-declined" for e in store.events(job_id, n))
+
+
+def _note(home: Path, job_id: int, n: int, why: str) -> None:
+    with Store(home) as store:
+        store.add_event(job_id, n, "resume-declined", SystemClock().wall(), reason=why)
+
+
+def _start_again(home: Path, job: JobRecord, ended: RunRecord) -> Resumed:
+    """A new run of the job, handed to a new shim: the restart the reboot cut short."""
+    options = job.options
+    state = JobState.QUEUED if options.wants_gpus or options.after or options.queue else JobState.STARTING
+    with fork_shim(home, "launch") as shim, Store(home) as store:
+        now = SystemClock().wall()
+        n = store.new_run(job.id, state, now)
+        store.add_event(job.id, n, "resumed", now, after_run=ended.n, reason="the machine rebooted")
+        report = shim.start(job.id, n)
+    if "error" in report:
+        return Resumed(job.id, job.name, ended.n, n, None, f"could not start again: {report['error']}")
+    why = f"started again as run {n} (--restart {options.restart})"
+    return Resumed(job.id, job.name, ended.n, n, report.get("pid"), why)

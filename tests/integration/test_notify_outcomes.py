@@ -1,0 +1,78 @@
+"""Notifications as a user meets them (issue 21): each carries when it happened (`at`), the run it is
+about, and the job page's address when a web address is configured; one that cannot be delivered (a Slack
+webhook that was removed answers 404) is said in `status`, `explain` and `ps`, not only in shim.log."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Jobwarden
+from tests.integration.test_notify import Server
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def hook() -> Iterator[Server]:
+    """A webhook on loopback (test_notify's server), stopped after the test."""
+    srv = Server()
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(10)
+
+
+def test_a_webhook_that_answers_404_is_noticed_in_status_explain_and_ps(
+    jw: Jobwarden,
+    hook: Server,
+) -> None:
+    hook.status = 404
+    result = jw("run", "-w", "--name", "nightly", "--notify", hook.url, "--", "true")
+    assert result.returncode == 0
+    assert [body["event"] for _, _, body in hook.received] == ["succeeded"]
+    status = jw.status(1)
+    failure = status["notify_failures"]
+    assert len(failure) == 1 and failure[0]["event"] == "succeeded"
+    assert failure[0]["target"] == f"http://127.0.0.1:{hook.server_address[1]}/…"  # never its secret path
+    assert failure[0]["detail"] == "HTTP 404 (the webhook is gone or its URL is wrong)"
+    text = jw("status", "1").stdout
+    assert "WARNING      the 'succeeded' notification to http://127.0.0.1:" in text
+    finding = next(f for f in jw.json("explain", "1")["findings"] if f["rule"] == "notify-failed")
+    assert finding["severity"] == "warning" and "curl" in finding["remedy"]
+    assert jw.json("ps", "--all")[0]["finding"] == "notify-failed"
+    assert "secret" not in text + str(status)
+
+
+def test_each_notification_says_when_which_run_and_where_its_page_is(
+    jw: Jobwarden,
+    hook: Server,
+    tmp_path: Path,
+) -> None:
+    config = Path(jw.env["XDG_CONFIG_HOME"]) / "jobwarden" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('[web]\nurl = "http://gpu-box:8765/"\n')
+    result = jw(
+        "run", "-w", "--name", "flaky", "--notify", hook.url, "--restart", "on-failure",
+        "--max-restarts", "1", "--restart-delay", "0.01s", "--", "sh", "-c", "exit 2",
+    )  # fmt: skip
+    assert result.returncode == 2
+    bodies = [body for _, _, body in hook.received]
+    assert [b["event"] for b in bodies] == ["restarted", "failed"]
+    restarted, failed = bodies
+    assert (restarted["run"], restarted["after_run"], restarted["state"]) == (2, 1, "restarting")
+    assert "(flaky) was restarted (now run 2)" in restarted["text"]
+    assert failed["run"] == 2 and "(flaky) run 2 failed (exit code 2)" in failed["text"]
+    for body in bodies:
+        assert body["url"] == "http://gpu-box:8765/jobs/1"
+        assert body["text"].endswith(" http://gpu-box:8765/jobs/1")
+        assert datetime.fromisoformat(str(body["at"]).replace("Z", "+00:00")).year >= 2024
+    assert jw.status(1)["notify_failures"] == []
