@@ -70,7 +70,7 @@ def test_a_foreign_host_is_refused_before_anything_else(jw: Jobwarden) -> None:
         assert answer.status == 200
 
 
-def test_the_token_in_the_address_becomes_a_cookie(jw: Jobwarden) -> None:
+def test_the_token_in_the_address_becomes_a_session_cookie(jw: Jobwarden) -> None:
     jw("run", "--wait", "--", "true", check=True)
     with web_server(jw.home) as served:
         client = Client(served)
@@ -78,10 +78,14 @@ def test_the_token_in_the_address_becomes_a_cookie(jw: Jobwarden) -> None:
         assert answer.status == 303
         assert answer.headers["Location"] == "/jobs/1?run=1"  # the token leaves the address bar
         cookie = answer.headers["Set-Cookie"]
-        assert cookie.startswith(f"jobwarden_token={client.token};")
+        name, _, value = cookie.split(";")[0].partition("=")
+        assert name == f"jobwarden-{client.port}-{served.app.sessions.tag}"  # named per server
+        assert client.token not in cookie  # a session, not the token
         assert {"HttpOnly", "SameSite=Strict", "Path=/"} <= {p.strip() for p in cookie.split(";")}
-        page = client.request("GET", "/jobs/1?run=1", {"Cookie": cookie.split(";")[0]})
+        page = client.request("GET", "/jobs/1?run=1", {"Cookie": f"{name}={value}"})
         assert page.status == 200 and b'data-job="1"' in page.body
+        for header in (f"token {value}", f"Bearer {value}"):  # worth nothing as a token
+            assert client.request("GET", "/api/v1/jobs", {"Authorization": header}).status == 401
 
 
 def test_security_headers(jw: Jobwarden) -> None:
