@@ -306,10 +306,15 @@ def test_the_command_prints_its_address_first_and_warns_off_loopback(jw: Jobward
     assert "Traceback" not in bad.stderr
 
 
-def test_run_does_not_import_the_web_server() -> None:
+def test_no_other_command_imports_the_web_server(jw: Jobwarden) -> None:
+    """uvicorn, h11 and asyncio cost `jobwarden web` ~100 ms of imports; every other command must not pay."""
+    jw("run", "--wait", "--name", "done", "--", "true", check=True)
+    modules = ("http.server", "socketserver", "asyncio", "uvicorn", "h11", "jobwarden.web")
     code = (
         "import sys; from jobwarden.cli import main; main.build_parser('run');"
-        "print(sorted(m for m in ('http.server', 'socketserver', 'jobwarden.web') if m in sys.modules))"
+        "[main.main(a) for a in (['ps', '--all'], ['status', 'done'], ['logs', 'done'], ['explain', 'done'],"
+        " ['metrics', 'done', '--prometheus'], ['doctor'])];"
+        f"print('loaded:', *sorted(m for m in {modules!r} if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    out = subprocess.run([sys.executable, "-c", code], env=jw.env, capture_output=True, text=True, timeout=90)
+    assert out.stdout.splitlines()[-1] == "loaded:", out.stdout + out.stderr
