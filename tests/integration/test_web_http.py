@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from jobwarden.web.app import Limits
 from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
 from tests.integration.webtools import Client, EventReader, web_server
 
@@ -318,3 +319,30 @@ def test_no_other_command_imports_the_web_server(jw: Jobwarden) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], env=jw.env, capture_output=True, text=True, timeout=90)
     assert out.stdout.splitlines()[-1] == "loaded:", out.stdout + out.stderr
+
+
+# --- connections (issue 20, item 6) -----------------------------------------------------------------
+
+
+def test_past_the_cap_an_idle_connection_makes_room_and_a_busy_one_does_not(
+    jw: Jobwarden, tmp_path: Path
+) -> None:
+    job_id, go = start_ticker(jw, tmp_path, first=1)
+    try:
+        with web_server(jw.home, limits=Limits(max_connections=3)) as served:
+            client = Client(served)
+            idle = [socket.create_connection(("127.0.0.1", client.port), timeout=60) for _ in range(3)]
+            idle[1].sendall(b"GET / HTTP/1.1\r\n")  # half a head is idle too
+            assert client.get("/api/v1/jobs").status == 200  # the oldest idle one made room
+            assert idle[0].recv(1) == b""
+            for sock in idle:
+                sock.close()
+        with web_server(jw.home, limits=Limits(max_connections=2)) as served:
+            client = Client(served)
+            stream = f"/api/v1/jobs/{job_id}/log/stream"
+            with EventReader(client, stream) as first, EventReader(client, stream) as second:
+                assert first.next().name == "log" and second.next().name == "log"  # both busy
+                refused = client.get("/api/v1/jobs")
+                assert refused.status == 503 and "busy" in refused.json()["error"]
+    finally:
+        finish(jw, job_id, go)
