@@ -12,6 +12,7 @@ import platform
 import select
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -341,3 +342,35 @@ def _writing_to_stdout(pid: int, number: int) -> bool:
     except OSError:
         return False
     return len(fields) > 1 and fields[0] == str(number) and int(fields[1], 16) == 1
+
+
+# --- a malformed sample row (item 8, where the web serves it) ---------------------------------------------
+
+MALFORMED = [
+    ("samples", "cpu_percent = 'abc'"),
+    ("samples", "rss_bytes = 1e400"),  # REAL infinity
+    ("samples", "gpus = '{'"),
+    ("samples", "gpus = '[[1, 2]]'"),
+    ("samples_rollup", "cpu_avg = x'00ff'"),
+    ("samples_rollup", "gpus = '[[0, \"busy\", 1, 2]]'"),
+]
+
+
+def test_a_malformed_sample_row_is_skipped_by_every_page_that_charts_samples(jw: Jobwarden) -> None:
+    job = jw.start(sys.executable, "-c", "import time; [time.sleep(0.5) for _ in range(6)]")
+    jw("wait", str(job["id"]))
+    database = sqlite3.connect(jw.home / "jobwarden.db")
+    with database:
+        rows = database.execute("SELECT at FROM samples ORDER BY at").fetchall()
+        assert len(rows) >= 2, "the job was sampled"
+        for table, change in MALFORMED:  # one row of each table gets every defect in turn, kept
+            database.execute(f"UPDATE {table} SET {change} WHERE at = (SELECT MIN(at) FROM {table})")
+    database.close()
+    with WebProcess(jw, "--port", "0") as web:
+        auth = {"Authorization": f"token {web.token}"}
+        for path in ("/api/v1/jobs", "/api/v1/jobs/1", "/api/v1/jobs/1/samples", "/metrics"):
+            answer = get(web, path, auth)
+            assert answer.status == 200, (path, answer)
+        samples = json.loads(get(web, "/api/v1/jobs/1/samples", auth).body)
+        assert len(samples) >= 1  # the sound rows are still charted
+    assert "internal error" not in web.stderr()

@@ -8,14 +8,15 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from jobwarden.paths import Layout
 from jobwarden.store.db import translate, write
 from jobwarden.store.rollup import RAW, Bucket, Gauge, GpuReading, Reading, expiry
 
 MIB = 1 << 20
+T = TypeVar("T")
 
 
 class SampleMethods:
@@ -103,7 +104,7 @@ def read_raw(
         "SELECT * FROM samples WHERE job_id = ? AND run = ? AND at >= ? AND at <= ? ORDER BY at",
         (job_id, run, _finite(lo), _finite(hi)),
     )
-    return [_reading(row) for row in rows]
+    return [r for r in (_sound(_reading, row, 3) for row in rows) if r is not None]
 
 
 def read_tier(
@@ -115,7 +116,30 @@ def read_tier(
         "ORDER BY at",
         (job_id, run, tier, _finite(lo), _finite(hi - tier)),
     )
-    return [_bucket(row) for row in rows]
+    return [b for b in (_sound(_bucket, row, 4) for row in rows) if b is not None]
+
+
+def _sound(decode: Callable[[sqlite3.Row], T], row: sqlite3.Row, gpu_fields: int) -> T | None:
+    """A row decoded, or None when it is malformed (a finite number or NULL in every numeric column, a
+    JSON list of `gpu_fields`-long lists of them in `gpus`): one bad row, hand-edited or written by a
+    bug, is skipped, not the end of `status`, `metrics` and the web's charts."""
+    keys = row.keys()
+    if not all(_number(row[k]) for k in keys if k != "gpus"):
+        return None
+    if "gpus" in keys and row["gpus"] is not None:
+        try:
+            gpus = json.loads(row["gpus"])
+        except (ValueError, TypeError, RecursionError):
+            return None
+        if not isinstance(gpus, list) or not all(
+            isinstance(g, list) and len(g) == gpu_fields and all(map(_number, g)) for g in gpus
+        ):
+            return None
+    return decode(row)
+
+
+def _number(value: object) -> bool:
+    return value is None or (isinstance(value, int | float) and math.isfinite(value))
 
 
 def _finite(bound: float) -> float:
