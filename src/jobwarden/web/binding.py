@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from jobwarden.errors import UsageError
 
-BACKLOG = 1024
+BACKLOG = 64  # connections the kernel queues for accept() (server.py may ask for fewer)
 MAX_SOCKET_PATH = 107  # bytes: sun_path is 108 with the terminating NUL
 
 
@@ -33,7 +33,7 @@ class Listener(NamedTuple):
         return f"http://{self.url_host}{port}/?token={token}"
 
 
-def listen_tcp(host: str, port: int) -> Listener:
+def listen_tcp(host: str, port: int, backlog: int = BACKLOG) -> Listener:
     if not 0 <= port <= 65535:
         raise UsageError(f"--port: {port} is not a port number", "use 1-65535, or 0 for any free port")
     if not host.strip():
@@ -50,7 +50,7 @@ def listen_tcp(host: str, port: int) -> Listener:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(BACKLOG)
+        sock.listen(backlog)
     except OSError as err:
         sock.close()
         remedy = "choose another --port or --host"
@@ -77,7 +77,7 @@ def _is_numeric(host: str) -> bool:
     return True
 
 
-def listen_unix(path: Path) -> Listener:
+def listen_unix(path: Path, backlog: int = BACKLOG) -> Listener:
     """A socket only this user can connect to: created 0600 from the start (umask), not chmod-ed after,
     so there is no moment when others may connect."""
     size = len(os.fsencode(path))
@@ -92,7 +92,7 @@ def listen_unix(path: Path) -> Listener:
     old = os.umask(0o177)
     try:
         sock.bind(os.fsencode(path))
-        sock.listen(BACKLOG)
+        sock.listen(backlog)
     except OSError as err:
         sock.close()
         raise UsageError(f"cannot serve on {path}: {err.strerror}", "choose another --socket path") from None

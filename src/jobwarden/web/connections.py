@@ -26,6 +26,7 @@ import logging
 import math
 import sys
 import time
+from collections import OrderedDict
 from typing import Any
 
 import h11
@@ -43,7 +44,8 @@ class ConnectionGuard:
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self.open: set[GuardedProtocol] = set()
+        # every open connection, the one idle the longest first (moved to the end when it goes idle)
+        self.open: OrderedDict[GuardedProtocol, None] = OrderedDict()
         self.evicted = 0  # idle connections closed to make room
         self.refused = 0  # newcomers turned away: every connection was busy
         self._logged_at = -math.inf
@@ -51,16 +53,21 @@ class ConnectionGuard:
 
     def admit(self, newcomer: GuardedProtocol) -> bool:
         if len(self.open) >= self.limits.max_connections:
-            idle = [conn for conn in self.open if conn.is_idle()]
-            if not idle:
+            # the first idle one in order: only the busy ones (a request in progress) are passed over
+            oldest = next((conn for conn in self.open if conn.is_idle()), None)
+            if oldest is None:
                 self.refused += 1
                 self.note(f"{len(self.open)} connections busy: refused one ({self.refused} so far)")
                 return False
-            min(idle, key=lambda conn: conn.idle_since).close_now()
+            oldest.close_now()
             self.evicted += 1
             self.note(f"{len(self.open) + 1} connections: closed the longest idle ({self.evicted} so far)")
-        self.open.add(newcomer)
+        self.open[newcomer] = None
         return True
+
+    def went_idle(self, conn: GuardedProtocol) -> None:
+        if conn in self.open:
+            self.open.move_to_end(conn)
 
     def note(self, line: str) -> None:
         now = time.monotonic()
@@ -79,7 +86,6 @@ class GuardedProtocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.idle_since = time.monotonic()
         self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -90,7 +96,7 @@ class GuardedProtocol(H11Protocol):
             self._refuse()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.guard.open.discard(self)
+        self.guard.open.pop(self, None)
         self._cancel_head_timer()
         super().connection_lost(exc)
 
@@ -103,7 +109,7 @@ class GuardedProtocol(H11Protocol):
         return self.conn.their_state is h11.IDLE and (self.cycle is None or self.cycle.response_complete)
 
     def close_now(self) -> None:
-        self.guard.open.discard(self)
+        self.guard.open.pop(self, None)
         self._cancel_head_timer()
         if not self.transport.is_closing():
             self.transport.close()
@@ -140,7 +146,7 @@ class GuardedProtocol(H11Protocol):
 
     def _await_head(self) -> None:
         self._cancel_head_timer()
-        self.idle_since = time.monotonic()
+        self.guard.went_idle(self)
         self._head_timer = self.loop.call_later(self.guard.limits.head_timeout_s, self._head_late)
 
     def _head_late(self) -> None:
@@ -162,15 +168,25 @@ def protocol_for(limits: Limits) -> type[GuardedProtocol]:
 
 class OneLineLog(logging.Handler):
     """uvicorn's and asyncio's own messages as lines of the server's log: one line each, no traceback
-    (a user never sees one), made safe by `log_line`."""
+    (a user never sees one), made safe by `log_line`, each kind at most once a second (what a flood of
+    clients makes them say must not flood the terminal)."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self._said: dict[str, tuple[float, int]] = {}  # message template: when last shown, how many since
 
     def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
         if text in _QUIET:
             return
+        now, (shown_at, unshown) = time.monotonic(), self._said.get(str(record.msg), (-math.inf, 0))
+        if now - shown_at < LOG_EVERY_S:
+            self._said[str(record.msg)] = (shown_at, unshown + 1)
+            return
+        self._said[str(record.msg)] = (now, 0)
         if record.exc_info and record.exc_info[1] is not None:
             text = f"{text}: {type(record.exc_info[1]).__name__}: {record.exc_info[1]}"
-        log_line(text)
+        log_line(text + (f" ({unshown} more like this not shown)" if unshown else ""))
 
 
 def route_library_logs() -> None:

@@ -1,7 +1,7 @@
 """`jobwarden web` on uvicorn: the socket bound by us (web/binding.py), the dashboard as an ASGI app
 (web/asgi.py), uvicorn's h11 protocol with deadlines and a connection cap (web/connections.py).
 
-Why uvicorn with h11 and no framework: measured here (docs/web-server.md), its import and memory cost
+Why uvicorn with h11 and no framework: measured here (docs/measurements.md), its import and memory cost
 the least of the production servers (starlette on top adds routing this package already has; aiohttp
 twice the import time), and h11 is a strict, size-capped HTTP/1.1 parser. The routes, the gate and the
 handlers are ours and know nothing of it.
@@ -29,11 +29,17 @@ from jobwarden.paths import ensure_private_dir
 from jobwarden.web import auth
 from jobwarden.web.app import App, Limits
 from jobwarden.web.asgi import Dashboard
-from jobwarden.web.binding import Listener, listen_tcp, listen_unix
+from jobwarden.web.binding import BACKLOG, Listener, listen_tcp, listen_unix
 from jobwarden.web.connections import protocol_for, route_library_logs
 
 SHUTDOWN_S = 5  # open requests get this long to finish when the server stops
-RESERVED_FDS = 64  # the store, logs being sent, the worker threads' files: kept free of connections
+# File descriptors the connection cap leaves free: the store, logs being sent, the worker threads' files;
+# and accept() bursts. asyncio accepts up to `backlog` connections at once, and their protocols (which
+# close the longest-idle connection to make room) run a few loop turns later, while more bursts come. A
+# connection past the file limit fails in accept(), where CPython 3.11's loop then logs and reschedules
+# itself once per connection left in the burst: that must never happen.
+RESERVED_FDS = 64
+BURSTS = 4
 
 
 class _Uvicorn(uvicorn.Server):
@@ -101,9 +107,12 @@ def make_server(
     limits: Limits | None = None,
 ) -> Served:
     """A bound server, not yet serving (port 0: any free port; the real one is in the URL)."""
-    limits = _fitting(limits or Limits())
+    limits, backlog = _fitting(limits or Limits())
     token = auth.load_or_create_token(ensure_private_dir(home))
-    listener = listen_unix(socket_path) if socket_path is not None else listen_tcp(host, port)
+    if socket_path is not None:
+        listener = listen_unix(socket_path, backlog)
+    else:
+        listener = listen_tcp(host, port, backlog)
     allowed = auth.allowed_hosts([listener.url_host], listener.port, allow_hosts)
     app = App(home, token, allowed, read_only, limits)
     dashboard = Dashboard(app)
@@ -122,18 +131,21 @@ def make_server(
         timeout_keep_alive=limits.keep_alive_s,
         timeout_graceful_shutdown=SHUTDOWN_S,
         h11_max_incomplete_event_size=limits.max_head_bytes,
-        backlog=1024,
+        backlog=backlog,
     )
     return Served(app, listener, dashboard, _Uvicorn(config, app))
 
 
-def _fitting(limits: Limits) -> Limits:
-    """The connection cap below the file-descriptor limit: a connection past it would fail in accept(),
-    where nobody can be made room for."""
+def _fitting(limits: Limits) -> tuple[Limits, int]:
+    """The connection cap, and the accept backlog, that fit under the file-descriptor limit with room
+    for BURSTS bursts of accepts: a connection past the limit would fail in accept(), where nobody can
+    be made room for. (1024 open files: a backlog of 64 and 704 connections.)"""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and limits.max_connections > soft - RESERVED_FDS:
-        return dataclasses.replace(limits, max_connections=max(8, soft - RESERVED_FDS))
-    return limits
+    if soft == resource.RLIM_INFINITY:
+        return limits, BACKLOG
+    backlog = max(4, min(BACKLOG, soft // 16))
+    room = max(8, soft - RESERVED_FDS - BURSTS * backlog)
+    return dataclasses.replace(limits, max_connections=min(limits.max_connections, room)), backlog
 
 
 class _StopOnSignal:
@@ -192,7 +204,7 @@ def _raise_file_limit() -> None:
     """Room for `Limits.max_connections`: the soft limit up to what the hard limit allows (the default
     soft limit, 1024 on many systems, is what the cap would otherwise be cut to)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = Limits().max_connections + RESERVED_FDS
+    wanted = Limits().max_connections + RESERVED_FDS + BURSTS * BACKLOG
     if soft != resource.RLIM_INFINITY and soft < wanted:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
