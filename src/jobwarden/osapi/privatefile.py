@@ -59,6 +59,9 @@ def read_private_file(path: Path, max_bytes: int) -> bytes:
     except OSError as err:
         if err.errno == errno.ELOOP:  # O_NOFOLLOW on a symbolic link
             raise NotAFile(path, _KINDS[stat.S_IFLNK]) from None
+        if err.errno in (errno.ENXIO, errno.ENODEV):  # a socket, a device without its driver: say which
+            kind = stat.S_IFMT(os.lstat(path).st_mode)
+            raise NotAFile(path, _KINDS.get(kind, f"a file of type {kind:o}")) from None
         raise
     try:
         st = os.fstat(fd)

@@ -46,13 +46,15 @@ def listen_tcp(host: str, port: int, backlog: int = BACKLOG) -> Listener:
         reason = err.strerror if isinstance(err, socket.gaierror) else "not a host name"
         remedy = "give an address of this machine (127.0.0.1, ::1) or one of its names"
         raise UsageError(f"--host: cannot resolve {host!r}: {reason}", remedy) from None
-    sock = socket.socket(family, kind, proto)
+    sock = None
     try:
+        sock = socket.socket(family, kind, proto)  # fails for IPv6 on a machine without it
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
         sock.listen(backlog)
     except OSError as err:
-        sock.close()
+        if sock is not None:
+            sock.close()
         remedy = "choose another --port or --host"
         if port and port < 1024 and isinstance(err, PermissionError):
             remedy = "ports below 1024 need root (or CAP_NET_BIND_SERVICE): use --port 8765"
