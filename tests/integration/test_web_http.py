@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -346,3 +347,18 @@ def test_past_the_cap_an_idle_connection_makes_room_and_a_busy_one_does_not(
                 assert refused.status == 503 and "busy" in refused.json()["error"]
     finally:
         finish(jw, job_id, go)
+
+
+def test_a_session_in_use_is_renewed_and_an_expired_one_is_refused(jw: Jobwarden) -> None:
+    with web_server(jw.home) as served:
+        client = Client(served)
+        sessions = served.app.sessions
+        name = sessions.cookie_name(f"127.0.0.1:{client.port}")
+        fresh, hour_old, expired = (sessions.issue(name, time.time() - age) for age in (0, 3700, 90_000))
+        answer = client.request("GET", "/api/v1/jobs", {"Cookie": f"{name}={fresh}"})
+        assert answer.status == 200 and answer.headers["Set-Cookie"] is None
+        renewed = client.request("GET", "/api/v1/jobs", {"Cookie": f"{name}={hour_old}"})
+        assert renewed.status == 200 and renewed.headers["Set-Cookie"].startswith(f"{name}=")
+        value = renewed.headers["Set-Cookie"].split(";")[0].partition("=")[2]
+        assert sessions.age(f"{name}={value}", name, time.time()) is not None
+        assert client.request("GET", "/api/v1/jobs", {"Cookie": f"{name}={expired}"}).status == 401
