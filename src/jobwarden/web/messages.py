@@ -77,7 +77,8 @@ class Request:
         except params.BadParameter as err:
             raise HTTPProblem(400, str(err)) from None
 
-    def float_param(self, name: str, minimum: float, maximum: float) -> float | None:
+    def float_param(self, name: str, minimum: float = 0.0, maximum: float = 1e15) -> float | None:
+        """A decimal query parameter, finite and within bounds (absent or empty: None)."""
         text = self.param(name)
         if not text:
             return None
