@@ -16,6 +16,7 @@ pytestmark = pytest.mark.integration
 
 FRONTEND_MODULES = (
     "textual", "rich", "http.server", "asyncio", "socketserver", "prometheus_client", "ray", "jobwarden.ray",
+    "uvicorn", "h11", "jobwarden.web",
 )  # fmt: skip
 
 

@@ -63,3 +63,28 @@ def test_a_cap_too_small_to_keep_a_head_and_tail_is_refused(jw: Jobwarden) -> No
     assert result.stderr.splitlines()[0] == (
         "jobwarden: --log-max 100K is only 100.0K: the log keeps its head and its tail"
     )
+
+
+def test_the_web_serves_a_trimmed_log_with_its_marker_never_its_hole(jw: Jobwarden) -> None:
+    """The download, the pages by offset and the tail: the freed middle is one marker line, never its
+    zeros, and a download's Content-Length holds (web/asgi.py sends what logfiles.output_length says)."""
+    from tests.integration.webtools import Client, web_server
+
+    script = f'echo FIRST; yes "{LINE}" | head -c {32 << 20}; echo; echo LAST'
+    assert jw("run", "-w", "--log-max", "4M", "--", "sh", "-c", script, timeout=300).returncode == 0
+    with web_server(jw.home) as served:
+        client = Client(served)
+        whole = client.get("/api/v1/jobs/1/log")  # http.client checks the body against Content-Length
+        assert whole.status == 200 and b"\0" not in whole.body
+        text = whole.body.decode()
+        assert text.startswith(f"FIRST\n{LINE}\n") and text.endswith("\nLAST\n")
+        assert text.count("of output dropped here to keep the log within --log-max]") == 1
+        paged, offset = [], 0
+        size = client.get("/api/v1/jobs/1/log?offset=0&limit=65536").json()["size"]
+        while offset < size:  # the page's "older" button walks the log by offsets
+            piece = client.get(f"/api/v1/jobs/1/log?offset={offset}&limit=1048576").json()
+            assert piece["next_offset"] > offset
+            paged.append(piece["text"])
+            offset = piece["next_offset"]
+        assert "".join(paged) == text
+        assert client.get("/api/v1/jobs/1/log?tail=1").body == b"LAST\n"

@@ -9,15 +9,17 @@ import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
 from tests.integration.test_lifecycle import fake_gpus
 from tests.integration.test_web_http import finish, start_ticker
+from tests.integration.webprocess import WebProcess, get
 from tests.integration.webtools import Client, web_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
@@ -248,3 +250,106 @@ def test_a_stop_without_the_token_or_from_another_origin_is_refused(
         attacker.server_close()
         serving.join(10)
         finish(jw, job_id, go)
+
+
+# --- sessions in a real browser (issue 20, item 5): each of these failed before its fix --------------------
+
+
+class _OtherApp(BaseHTTPRequestHandler):
+    """Another local web app on another port of the same host: it receives every cookie of the host (ports
+    do not separate cookies) and may set its own, odd ones included."""
+
+    set_cookies: ClassVar[list[str]] = []
+    received: ClassVar[list[str]] = []  # each request's Cookie header (the page, then its favicon)
+
+    def do_GET(self) -> None:
+        _OtherApp.received.append(self.headers.get("Cookie", ""))
+        body = b"<p id='ready'>another app</p>"
+        self.send_response(200)
+        for cookie in self.set_cookies:
+            self.send_header("Set-Cookie", cookie)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextmanager
+def other_app(set_cookies: list[str]) -> Iterator[str]:
+    _OtherApp.set_cookies, _OtherApp.received = set_cookies, []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OtherApp)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        serving.join(10)
+
+
+def listed(browser: Any, name: str) -> None:
+    """Wait until the job list shows the job called `name`: its data came, the session worked."""
+    wait_until(browser, lambda d: name in text_of(d, "#jobs tbody"), f"job {name} listed")
+
+
+def test_two_dashboards_in_one_browser_keep_their_sessions(
+    jw: Jobwarden, tmp_path: Path, browser: Any
+) -> None:
+    other = Jobwarden(tmp_path / "other-home", tmp_path)
+    jw("run", "--wait", "--name", "first-box", "--", "true", check=True)
+    other("run", "--wait", "--name", "second-box", "--", "true", check=True)
+    with WebProcess(jw, "--port", "0") as first, WebProcess(other, "--port", "0") as second:
+        browser.get(first.url)
+        listed(browser, "first-box")
+        browser.get(second.url)
+        listed(browser, "second-box")
+        browser.get(f"{first.path_base}/")  # back to the first, without its token: its cookie is intact
+        listed(browser, "first-box")
+        names = [c["name"] for c in browser.get_cookies()]
+        assert len(names) == 2 and len(set(names)) == 2, names
+
+
+def test_the_printed_address_beats_a_stale_cookie_and_another_apps_odd_one(
+    jw: Jobwarden, tmp_path: Path, browser: Any
+) -> None:
+    jw("run", "--wait", "--name", "mine", "--", "true", check=True)
+    with WebProcess(jw, "--port", "0") as web:
+        browser.get(web.url)
+        listed(browser, "mine")
+        (ours,) = browser.get_cookies()
+        odd = "other_app[pref]=dark mode; Path=/"  # a name and a value http.cookies cannot parse
+        with other_app([f"{ours['name']}=stale-from-an-earlier-token; Path=/", odd]) as elsewhere:
+            browser.get(elsewhere)
+            wait_until(browser, lambda d: text_of(d, "#ready"), "the other app's page")
+        values = {c["name"]: c["value"] for c in browser.get_cookies()}
+        assert values[ours["name"]].startswith("stale") and "other_app[pref]" in values, values
+        browser.get(web.url)  # the address `jobwarden web` printed wins over the stale cookie
+        listed(browser, "mine")
+        browser.get(f"{web.path_base}/jobs/1")  # and the odd cookie beside ours does not lock us out
+        wait_until(browser, lambda d: text_of(d, "#state") == "succeeded", "the job page")
+
+
+def test_the_cookie_another_port_receives_opens_nothing(jw: Jobwarden, tmp_path: Path, browser: Any) -> None:
+    jw("run", "--wait", "--name", "mine", "--", "true", check=True)
+    with WebProcess(jw, "--port", "0") as web:
+        browser.get(web.url)
+        listed(browser, "mine")
+        with other_app([]) as elsewhere:
+            browser.get(elsewhere)
+            wait_until(browser, lambda d: text_of(d, "#ready"), "the other app's page")
+        header = _OtherApp.received[0]
+        assert header and web.token not in header  # it got our cookie: a session, not the token
+        for _, _, value in (piece.strip().partition("=") for piece in header.split(";")):
+            assert get(web, "/api/v1/jobs", {"Authorization": f"Bearer {value}"}).status == 401
+
+
+@pytest.mark.parametrize("host", ["0", "::"])
+def test_the_printed_address_opens_in_the_browser(jw: Jobwarden, browser: Any, host: str) -> None:
+    jw("run", "--wait", "--name", "mine", "--", "true", check=True)
+    with WebProcess(jw, "--host", host, "--port", "0") as web:
+        browser.get(web.url)
+        listed(browser, "mine")

@@ -9,10 +9,12 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from jobwarden.web.app import Limits
 from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
 from tests.integration.webtools import Client, EventReader, web_server
 
@@ -52,8 +54,26 @@ def test_every_address_but_healthz_needs_the_token(jw: Jobwarden) -> None:
         for header in (f"token {client.token}", f"Bearer {client.token}"):
             assert client.request("GET", "/api/v1/jobs", {"Authorization": header}).status == 200
         assert client.request("GET", f"/api/v1/jobs?token={client.token}").status == 200
-        healthz = client.request("GET", "/healthz")
-        assert healthz.status == 200 and healthz.json()["ok"] is True
+        healthz = client.request("GET", "/healthz")  # the newest job succeeded
+        assert (healthz.status, healthz.body) == (200, b"ok\n")
+        server = client.request("GET", "/api/v1/server", client.auth())
+        assert server.status == 200 and server.json()["read_only"] is False
+        assert client.request("GET", "/api/v1/server").status == 401
+
+
+def test_healthz_answers_a_probe_as_jobwarden_health_does(jw: Jobwarden) -> None:
+    """A kubelet's probe: no token, the pod's IP as Host; `ok` 200, `failed`/`hung` 503, nothing else."""
+    with web_server(jw.home) as served:
+        client = Client(served)
+        none_yet = client.request("GET", "/healthz", {"Host": "10.1.2.3:8765"})
+        assert (none_yet.status, none_yet.body) == (503, b"failed\n")  # no job: never called healthy
+        jw("run", "--wait", "--", "sh", "-c", "exit 3")
+        failed = client.request("GET", "/healthz", {"Host": "10.1.2.3:8765"})
+        assert (failed.status, failed.body) == (503, b"failed\n")
+        assert jw("health").returncode == 1
+        jw("run", "--wait", "--", "true", check=True)
+        assert client.request("GET", "/healthz").body == b"ok\n"
+        assert jw("health").returncode == 0
 
 
 def test_a_foreign_host_is_refused_before_anything_else(jw: Jobwarden) -> None:
@@ -61,7 +81,7 @@ def test_a_foreign_host_is_refused_before_anything_else(jw: Jobwarden) -> None:
         client = Client(served)
         for host in ("evil.example", f"evil.example:{client.port}", "127.0.0.1:1"):
             assert client.request("GET", "/api/v1/jobs", {**client.auth(), "Host": host}).status == 403
-            assert client.request("GET", "/healthz", {"Host": host}).status == 403
+            assert client.request("GET", "/", {"Host": host}).status == 403
         for host in (f"localhost:{client.port}", f"[::1]:{client.port}", f"127.0.0.1:{client.port}"):
             assert client.request("GET", "/api/v1/jobs", {**client.auth(), "Host": host}).status == 200
     with web_server(jw.home, allow_hosts=["gpu-box.internal"]) as served:
@@ -70,7 +90,7 @@ def test_a_foreign_host_is_refused_before_anything_else(jw: Jobwarden) -> None:
         assert answer.status == 200
 
 
-def test_the_token_in_the_address_becomes_a_cookie(jw: Jobwarden) -> None:
+def test_the_token_in_the_address_becomes_a_session_cookie(jw: Jobwarden) -> None:
     jw("run", "--wait", "--", "true", check=True)
     with web_server(jw.home) as served:
         client = Client(served)
@@ -78,10 +98,14 @@ def test_the_token_in_the_address_becomes_a_cookie(jw: Jobwarden) -> None:
         assert answer.status == 303
         assert answer.headers["Location"] == "/jobs/1?run=1"  # the token leaves the address bar
         cookie = answer.headers["Set-Cookie"]
-        assert cookie.startswith(f"jobwarden_token={client.token};")
+        name, _, value = cookie.split(";")[0].partition("=")
+        assert name == f"jobwarden-{client.port}-{served.app.sessions.tag}"  # named per server
+        assert client.token not in cookie  # a session, not the token
         assert {"HttpOnly", "SameSite=Strict", "Path=/"} <= {p.strip() for p in cookie.split(";")}
-        page = client.request("GET", "/jobs/1?run=1", {"Cookie": cookie.split(";")[0]})
+        page = client.request("GET", "/jobs/1?run=1", {"Cookie": f"{name}={value}"})
         assert page.status == 200 and b'data-job="1"' in page.body
+        for header in (f"token {value}", f"Bearer {value}"):  # worth nothing as a token
+            assert client.request("GET", "/api/v1/jobs", {"Authorization": header}).status == 401
 
 
 def test_security_headers(jw: Jobwarden) -> None:
@@ -129,7 +153,7 @@ def test_read_only_removes_stop_and_dump(jw: Jobwarden, tmp_path: Path) -> None:
             for action in ("stop", "dump"):
                 answer = client.post(f"/api/v1/jobs/{job_id}/{action}")
                 assert answer.status == 403 and "read-only" in answer.json()["error"]
-            assert client.get("/healthz").json()["read_only"] is True
+            assert client.get("/api/v1/server").json()["read_only"] is True
         assert jw.status(job_id)["state"] == "running"
     finally:
         finish(jw, job_id, go)
@@ -302,10 +326,57 @@ def test_the_command_prints_its_address_first_and_warns_off_loopback(jw: Jobward
     assert "Traceback" not in bad.stderr
 
 
-def test_run_does_not_import_the_web_server() -> None:
+def test_no_other_command_imports_the_web_server(jw: Jobwarden) -> None:
+    """uvicorn, h11 and asyncio cost `jobwarden web` ~100 ms of imports; every other command must not pay."""
+    jw("run", "--wait", "--name", "done", "--", "true", check=True)
+    modules = ("http.server", "socketserver", "asyncio", "uvicorn", "h11", "jobwarden.web")
     code = (
         "import sys; from jobwarden.cli import main; main.build_parser('run');"
-        "print(sorted(m for m in ('http.server', 'socketserver', 'jobwarden.web') if m in sys.modules))"
+        "[main.main(a) for a in (['ps', '--all'], ['status', 'done'], ['logs', 'done'], ['explain', 'done'],"
+        " ['metrics', 'done', '--prometheus'], ['doctor'])];"
+        f"print('loaded:', *sorted(m for m in {modules!r} if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    out = subprocess.run([sys.executable, "-c", code], env=jw.env, capture_output=True, text=True, timeout=90)
+    assert out.stdout.splitlines()[-1] == "loaded:", out.stdout + out.stderr
+
+
+# --- connections (issue 20, item 6) -----------------------------------------------------------------
+
+
+def test_past_the_cap_an_idle_connection_makes_room_and_a_busy_one_does_not(
+    jw: Jobwarden, tmp_path: Path
+) -> None:
+    job_id, go = start_ticker(jw, tmp_path, first=1)
+    try:
+        with web_server(jw.home, limits=Limits(max_connections=3)) as served:
+            client = Client(served)
+            idle = [socket.create_connection(("127.0.0.1", client.port), timeout=60) for _ in range(3)]
+            idle[1].sendall(b"GET / HTTP/1.1\r\n")  # half a head is idle too
+            assert client.get("/api/v1/jobs").status == 200  # the oldest idle one made room
+            assert idle[0].recv(1) == b""
+            for sock in idle:
+                sock.close()
+        with web_server(jw.home, limits=Limits(max_connections=2)) as served:
+            client = Client(served)
+            stream = f"/api/v1/jobs/{job_id}/log/stream"
+            with EventReader(client, stream) as first, EventReader(client, stream) as second:
+                assert first.next().name == "log" and second.next().name == "log"  # both busy
+                refused = client.get("/api/v1/jobs")
+                assert refused.status == 503 and "busy" in refused.json()["error"]
+    finally:
+        finish(jw, job_id, go)
+
+
+def test_a_session_in_use_is_renewed_and_an_expired_one_is_refused(jw: Jobwarden) -> None:
+    with web_server(jw.home) as served:
+        client = Client(served)
+        sessions = served.app.sessions
+        name = sessions.cookie_name(f"127.0.0.1:{client.port}")
+        fresh, hour_old, expired = (sessions.issue(name, time.time() - age) for age in (0, 3700, 90_000))
+        answer = client.request("GET", "/api/v1/jobs", {"Cookie": f"{name}={fresh}"})
+        assert answer.status == 200 and answer.headers["Set-Cookie"] is None
+        renewed = client.request("GET", "/api/v1/jobs", {"Cookie": f"{name}={hour_old}"})
+        assert renewed.status == 200 and renewed.headers["Set-Cookie"].startswith(f"{name}=")
+        value = renewed.headers["Set-Cookie"].split(";")[0].partition("=")[2]
+        assert sessions.age(f"{name}={value}", name, time.time()) is not None
+        assert client.request("GET", "/api/v1/jobs", {"Cookie": f"{name}={expired}"}).status == 401

@@ -1,5 +1,5 @@
-"""Helpers of the web tests: a real `jobwarden web` server on a free port (in a thread of the test), a
-plain http.client client, and a reader of Server-Sent Events with a deadline."""
+"""Helpers of the web tests: a real `jobwarden web` server (uvicorn) on a free port, serving from a thread
+of the test; a plain http.client client; and a reader of Server-Sent Events with a deadline."""
 
 from __future__ import annotations
 
@@ -12,21 +12,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from jobwarden.web import Served, make_server
+from jobwarden.web.server import Served, make_server
 
 
 @contextmanager
 def web_server(home: Path, **options: Any) -> Iterator[Served]:
-    served = make_server(home, port=0, **options)
-    thread = threading.Thread(target=served.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    served = make_server(home, port=0, **options)  # bound and listening: clients may connect at once
+    thread = threading.Thread(target=served.run, daemon=True)
     thread.start()
     try:
         yield served
     finally:
-        served.app.stopping.set()  # open streams end at their next poll
-        served.server.shutdown()
-        served.server.server_close()
-        thread.join(10)
+        served.stop()  # open streams end at their next poll, open requests get a few seconds
+        thread.join(30)
         assert not thread.is_alive()
 
 
@@ -46,7 +44,8 @@ class Answer(NamedTuple):
 class Client:
     def __init__(self, served: Served) -> None:
         self.served = served
-        self.port = int(served.server.server_address[1])
+        assert served.port is not None, "a TCP server"
+        self.port = served.port
         self.token = served.app.token
         self.origin = f"http://127.0.0.1:{self.port}"
 
@@ -99,7 +98,7 @@ class EventReader:
     def next(self) -> Event:
         name, event_id, data = "message", None, []
         while True:
-            raw = self.resp.fp.readline()
+            raw = self.resp.readline()  # chunked: http.client takes the chunks apart
             if not raw:
                 raise EOFError("the stream ended")
             line = raw.decode().rstrip("\n")

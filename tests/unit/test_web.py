@@ -1,5 +1,5 @@
-"""The web dashboard's pure parts: the token file, the Host allow-list, the CSRF checks, the log's
-piece boundaries, and the package data (the vendored uPlot, unmodified)."""
+"""The web dashboard's pure parts: the token file, the Host allow-list, the proof a request presents, the
+CSRF checks, the log's piece boundaries, and the package data (the vendored uPlot, unmodified)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import fnmatch
 import hashlib
 import stat
 import tomllib
-from email.message import Message
 from importlib import resources
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from jobwarden.web import auth
 from jobwarden.web.logview import whole_lines
+from jobwarden.web.messages import Headers
 
 UPLOT = {  # uPlot 1.6.32 from `npm pack uplot@1.6.32`; static/vendor/uplot/VERSION says the same
     "uPlot.iife.min.js": "19c8d4c6ad88929a79f4ae49d6f7161566dfd0ba3d15cc495e974f787eb78f1f",
@@ -36,40 +36,47 @@ def test_the_token_is_made_once_private_and_kept(tmp_path: Path) -> None:
 
 
 def test_the_host_allow_list() -> None:
-    allowed = auth.allowed_hosts("127.0.0.1", 8765, ["box.lan", "proxy:443"])
+    allowed = auth.allowed_hosts(["127.0.0.1"], 8765, ["box.lan", "proxy:443"])
     for host in ("127.0.0.1:8765", "localhost:8765", "[::1]:8765", "LOCALHOST:8765", "box.lan", "box.lan:9"):
         assert auth.host_allowed(host, allowed), host
-    for host in (None, "", "127.0.0.1", "127.0.0.1:8766", "evil.example:8765", "proxy", "proxy:80"):
+    for host in (None, "", "127.0.0.1", "127.0.0.1:8766", "evil.example:8765", "proxy", "proxy:80", "[::1]"):
         assert not auth.host_allowed(host, allowed), host
     assert auth.host_allowed("proxy:443", allowed)
-    unix = auth.allowed_hosts(None, None, [])
+    unix = auth.allowed_hosts([], None, [])
     assert auth.host_allowed("localhost", unix) and auth.host_allowed("localhost:8765", unix)
     assert not auth.host_allowed("evil.example", unix)
 
 
-def _headers(**values: str) -> Message:
-    msg = Message()
-    for name, value in values.items():
-        msg[name.replace("_", "-")] = value
-    return msg
+def test_port_80_is_the_port_a_browser_leaves_out() -> None:
+    allowed = auth.allowed_hosts(["gpu-box"], 80, [])
+    for host in ("127.0.0.1", "127.0.0.1:80", "[::1]", "gpu-box", "GPU-BOX:80"):
+        assert auth.host_allowed(host, allowed), host
+    assert not auth.host_allowed("127.0.0.1:8080", allowed)
+    ok = {"X-Jobwarden": "1", "Host": "127.0.0.1"}
+    assert auth.post_refusal(Headers.of({**ok, "Origin": "http://127.0.0.1"})) is None
+    assert auth.post_refusal(Headers.of({**ok, "Host": "127.0.0.1:80", "Origin": "http://127.0.0.1"})) is None
+    assert auth.post_refusal(Headers.of({**ok, "Origin": "http://127.0.0.1:8080"})) is not None
+    assert auth.post_refusal(Headers.of({**ok, "Origin": "https://127.0.0.1"})) is not None
 
 
-def test_the_token_is_read_from_header_cookie_or_query() -> None:
-    assert auth.presented_token(_headers(Authorization="Bearer abc"), "") == "abc"
-    assert auth.presented_token(_headers(Authorization="token abc"), "") == "abc"
-    assert auth.presented_token(_headers(Cookie="a=1; jobwarden_token=xyz"), "") == "xyz"
-    assert auth.presented_token(_headers(), "run=2&token=q") == "q"
-    assert auth.presented_token(_headers(Authorization="Basic abc"), "") is None
+def test_what_a_request_presents_its_own_proof_first() -> None:
+    cookie = {"Cookie": "a=1; jobwarden-8765-abcd=xyz"}
+    assert auth.presented(Headers.of({"Authorization": "Bearer abc", **cookie}), {}) == ("header", "abc")
+    assert auth.presented(Headers.of({"Authorization": "token abc"}), {"token": "q"}) == ("header", "abc")
+    assert auth.presented(Headers.of(cookie), {"run": "2", "token": "q"}) == ("query", "q")  # URL wins
+    assert auth.presented(Headers.of(cookie), {}) == ("cookie", cookie["Cookie"])
+    assert auth.presented(Headers.of({"Authorization": "Basic abc"}), {}) == ("", "")
     assert auth.token_ok("abc", "abc") and not auth.token_ok("abd", "abc") and not auth.token_ok(None, "abc")
+    assert not auth.token_ok("é" * 43, "abc")  # no TypeError from compare_digest on non-ASCII text
 
 
 def test_a_change_needs_the_custom_header_and_our_origin() -> None:
-    ok = {"X_Jobwarden": "1", "Host": "127.0.0.1:8765"}
-    assert auth.post_refusal(_headers(**ok)) is None
-    assert auth.post_refusal(_headers(**ok, Origin="http://127.0.0.1:8765")) is None
-    assert auth.post_refusal(_headers(Host="127.0.0.1:8765")) is not None
-    assert auth.post_refusal(_headers(**ok, Origin="http://127.0.0.1:8766")) is not None
-    assert auth.post_refusal(_headers(**ok, Origin="null")) is not None
+    ok = {"X-Jobwarden": "1", "Host": "127.0.0.1:8765"}
+    assert auth.post_refusal(Headers.of(ok)) is None
+    assert auth.post_refusal(Headers.of({**ok, "Origin": "http://127.0.0.1:8765"})) is None
+    assert auth.post_refusal(Headers.of({"Host": "127.0.0.1:8765"})) is not None
+    assert auth.post_refusal(Headers.of({**ok, "Origin": "http://127.0.0.1:8766"})) is not None
+    assert auth.post_refusal(Headers.of({**ok, "Origin": "null"})) is not None
 
 
 @pytest.mark.parametrize(

@@ -644,10 +644,10 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 
 def cmd_web(args: argparse.Namespace) -> int:
-    from jobwarden.web import serve  # http.server and friends: only for this command
+    from jobwarden.web.command import web  # uvicorn and asyncio: only for this command
 
     socket_path = Path(args.socket).absolute() if args.socket else None
-    return serve(_home(), args.host, args.port, socket_path, args.read_only, args.allow_host)
+    return web(_home(), args.host, args.port, socket_path, args.read_only, args.allow_host)
 
 
 # --- everyday habits (issue 21): in cli.everyday, loaded by these commands alone ----------------------

@@ -1,6 +1,7 @@
 """Reading files from a shared place: a group's records on a cluster file system, the home's `web.token`.
 Nothing read there is trusted before its owner, type and size are checked; this is the one reader that
-checks them, so every caller gets every check.
+checks them, so every caller gets every check. And writing a small secret of our own there
+(`write_private`), so that nobody else sees it, not even for a moment.
 
 - A directory is opened once (`O_DIRECTORY`) and checked by `fstat` on that descriptor: a directory,
   owned by a trusted user (by default: us), not writable by others (who could swap what is inside it).
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,11 +36,12 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class Refused(PermissionError):
-    """A file or directory that failed a check. `str()` says which and why."""
+    """A file or directory that failed a check. `str()` says which and why. `not_a_file`: what is there is
+    no regular file at all (a link, FIFO, device, socket, directory): never read, and not ours to replace."""
 
-    def __init__(self, path: Path | str, why: str) -> None:
+    def __init__(self, path: Path | str, why: str, not_a_file: bool = False) -> None:
         super().__init__(errno.EPERM, f"refusing {path}: {why}")
-        self.path, self.why = Path(path), why
+        self.path, self.why, self.not_a_file = Path(path), why, not_a_file
 
     def __str__(self) -> str:
         return str(self.strerror)
@@ -127,15 +130,21 @@ class SharedDir:
         try:
             return os.open(_component(name), flags, dir_fd=self.fd)
         except OSError as err:
-            # O_NOFOLLOW met a link (ELOOP, open(2)); with O_DIRECTORY a link or a file is ENOTDIR
-            if err.errno not in (errno.ELOOP, errno.ENOTDIR):
+            # O_NOFOLLOW met a link (ELOOP, open(2)); with O_DIRECTORY a link or a file is ENOTDIR; a
+            # socket, or a device without its driver, does not open at all (ENXIO, ENODEV)
+            if err.errno not in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.ENODEV):
                 raise
             try:
                 st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
             except OSError:
                 raise err from None
-            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else f"not a directory ({_kind(st.st_mode)})"
-            raise Refused(self.path / name, what) from err
+            if stat.S_ISLNK(st.st_mode):
+                raise Refused(self.path / name, "a symbolic link", not_a_file=True) from err
+            if err.errno == errno.ENOTDIR:
+                raise Refused(self.path / name, f"not a directory ({_kind(st.st_mode)})") from err
+            raise Refused(
+                self.path / name, f"not a regular file ({_kind(st.st_mode)})", not_a_file=True
+            ) from err
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -162,7 +171,7 @@ def read_file(path: Path, max_bytes: int, trust: Trust | None = None, *, check_f
         fd = os.open(path, _READ_FLAGS)
     except OSError as err:
         if err.errno == errno.ELOOP:
-            raise Refused(path, "a symbolic link") from err
+            raise Refused(path, "a symbolic link", not_a_file=True) from err
         raise
     return _read_checked(fd, path, max_bytes, trust)
 
@@ -173,7 +182,7 @@ def _read_checked(fd: int, path: Path, max_bytes: int, trust: Trust) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise Refused(path, f"not a regular file ({_kind(st.st_mode)})")
+            raise Refused(path, f"not a regular file ({_kind(st.st_mode)})", not_a_file=True)
         _check_owner(path, st, trust)
         if st.st_mode & (0o077 if trust.secret else 0o022):
             who = "read or write" if trust.secret else "write"
@@ -225,3 +234,21 @@ def _read_at_most(fd: int, limit: int) -> bytes:
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Replace `path` by a 0600 file holding `data`, atomically: written under a random name in the same
+    directory (O_EXCL | O_NOFOLLOW: no planted name is followed) and renamed over `path` (a link at
+    `path` is replaced, its target never touched)."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -19,7 +19,7 @@ import errno
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
@@ -211,7 +211,7 @@ def read_output(path: Path, offset: int = 0, limit: int = -1) -> bytes:
     return b"".join(iter_output(path, offset, limit))
 
 
-def iter_output(path: Path, offset: int = 0, limit: int = -1) -> Iterator[bytes]:
+def iter_output(path: Path, offset: int = 0, limit: int = -1) -> Generator[bytes, None, None]:
     """read_output in pieces of at most CHUNK bytes: a 100 GiB log is never held whole."""
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed by the `with` below; opened apart to catch only this
@@ -224,11 +224,36 @@ def iter_output(path: Path, offset: int = 0, limit: int = -1) -> Iterator[bytes]
         yield from _with_markers(fh, offset, end)
 
 
+def output_length(path: Path, end: int) -> int:
+    """How many bytes iter_output(path, 0, end) yields (the file's first `end` bytes, a marker line in
+    place of what --log-max freed): a download's Content-Length, found without reading the data."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed by the `with` below; opened apart to catch only this
+    except FileNotFoundError:
+        return 0
+    with fh:
+        pos, total, last = 0, 0, b"\n"
+        for start, stop in data_spans(fh.fileno(), 0, end):
+            if start > pos:
+                total += len(_marker_after(last, start - pos))
+            total += stop - start
+            last = os.pread(fh.fileno(), 1, stop - 1) or last
+            pos = stop
+        if end > pos:
+            total += len(_marker_after(last, end - pos))
+        return total
+
+
+def _marker_after(last: bytes, dropped: int) -> bytes:
+    """The marker line for `dropped` bytes after output that ended with `last`: on a line of its own."""
+    return (b"" if last == b"\n" else b"\n") + dropped_marker(dropped)
+
+
 def _with_markers(fh: BinaryIO, offset: int, end: int) -> Iterator[bytes]:
     pos, last = offset, b"\n"
     for start, stop in data_spans(fh.fileno(), offset, end):
         if start > pos:
-            yield (b"" if last == b"\n" else b"\n") + dropped_marker(start - pos)
+            yield _marker_after(last, start - pos)
         fh.seek(start)
         while start < stop:
             data = fh.read(min(CHUNK, stop - start))
@@ -239,7 +264,29 @@ def _with_markers(fh: BinaryIO, offset: int, end: int) -> Iterator[bytes]:
             yield data
         pos = stop
     if end > pos:  # a hole up to the end: the job wrote nothing since, or its data is being freed now
-        yield (b"" if last == b"\n" else b"\n") + dropped_marker(end - pos)
+        yield _marker_after(last, end - pos)
+
+
+def read_piece(path: Path, offset: int, limit: int) -> tuple[bytes, int]:
+    """At most `limit` bytes of the log from `offset`, and the offset to read from next. Where --log-max
+    freed the range at `offset`, a marker line instead, and the next offset past the freed range: a
+    reader that goes by offsets (the web's log pages and stream) never gets the freed range's zeros."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed by the `with` below; opened apart to catch only this
+    except FileNotFoundError:
+        return b"", offset
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        if offset >= size:
+            return b"", offset
+        spans = data_spans(fh.fileno(), offset, size)
+        data_at = spans[0][0] if spans else size
+        if data_at > offset:  # on a line of its own, as iter_output puts it
+            before = os.pread(fh.fileno(), 1, offset - 1) if offset > 0 else b"\n"
+            return _marker_after(before or b"\n", data_at - offset), data_at
+        stop = min(spans[0][1], offset + limit)
+        data = os.pread(fh.fileno(), stop - offset, offset)
+        return data, offset + len(data)
 
 
 def read_from(path: Path, offset: int, align_to_line: bool = True, limit: int = -1) -> bytes:

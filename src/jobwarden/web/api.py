@@ -14,10 +14,23 @@ from jobwarden.web.app import App
 from jobwarden.web.messages import HTTPProblem, Request, Response, json_response, text_response
 
 STACK_DUMPS_SHOWN = 3  # the job page shows the last dumps; older ones stay in the store
+MAX_WALL_TIME = 1e11  # seconds since 1970: year 5138, past any `since` a page sends
+MAX_POINTS = 100_000  # a chart draws a few hundred
 
 
 def healthz(app: App, req: Request) -> Response:
-    return json_response({"ok": True, "version": __version__, "read_only": app.read_only})
+    """A probe's question, with no token and for any Host (a kubelet names the pod by its IP): is the
+    newest job of this home running and not hung, or succeeded? `ok` 200, else `hung` or `failed` 503,
+    the same judgement as `jobwarden health` (control.health); nothing else is said."""
+    from jobwarden.control.health import health
+
+    status, word = health(app.home, procfs=app.procfs).http
+    return text_response(word + "\n", status)
+
+
+def server(app: App, req: Request) -> Response:
+    """What the pages need to know of this server: its version, and whether it changes nothing."""
+    return json_response({"version": __version__, "read_only": app.read_only})
 
 
 def jobs(app: App, req: Request) -> Response:
@@ -51,7 +64,8 @@ def explain(app: App, req: Request, ref: str) -> Response:
 
 def samples(app: App, req: Request, ref: str) -> Response:
     """`metrics --json`: the run's samples, oldest first."""
-    since, points = req.float_param("since"), req.int_param("points", minimum=2)
+    since = req.float_param("since", minimum=0, maximum=MAX_WALL_TIME)
+    points = req.int_param("points", minimum=2, maximum=MAX_POINTS)
     with app.store() as store:
         job = store.job(ref)
         run = store.run(job.id, req.int_param("run", minimum=1))
@@ -105,6 +119,8 @@ def _body(req: Request) -> dict[str, Any]:
         body = json.loads(req.body)
     except (ValueError, UnicodeDecodeError):
         raise HTTPProblem(400, "the request body is not JSON") from None
+    except RecursionError:  # `[[[[...]]]]` 60,000 deep: the parser's recursion, not the server, gives up
+        raise HTTPProblem(400, "the request body is JSON nested too deeply") from None
     if not isinstance(body, dict):
         raise HTTPProblem(400, "the request body must be a JSON object")
     return body

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from jobwarden.store.logfiles import read_from, tail_lines
+from jobwarden.store.logfiles import read_from, read_piece, tail_lines
+from jobwarden.web import params
 from jobwarden.web.app import App
 from jobwarden.web.messages import HTTPProblem, Request, Response, json_response, text_response
 
@@ -51,13 +51,23 @@ def log(app: App, req: Request, ref: str) -> Response:
     if offset is not None:
         limit = min(req.int_param("limit", minimum=1) or MAX_CHUNK, MAX_CHUNK)
         size = _size(found.path)
-        data = whole_lines(read_from(found.path, offset, align_to_line=False, limit=limit), limit)
+        data, next_offset = _piece(found.path, offset, limit)
         return json_response(
-            {"offset": offset, "next_offset": offset + len(data), "size": size, "text": decode(data)}
+            {"offset": offset, "next_offset": next_offset, "size": size, "text": decode(data)}
         )
     response = text_response(b"")
     response.file = found.path
     return response
+
+
+def _piece(path: Path, offset: int, limit: int) -> tuple[bytes, int]:
+    """The log from `offset` (read_piece: a range --log-max freed is one marker line), cut to whole lines
+    and characters when the read was cut at `limit`; and the offset after it."""
+    data, next_offset = read_piece(path, offset, limit)
+    if next_offset - offset != len(data):  # a marker for a freed range: whole already
+        return data, next_offset
+    data = whole_lines(data, limit)
+    return data, offset + len(data)
 
 
 def whole_lines(data: bytes, limit: int) -> bytes:
@@ -89,11 +99,15 @@ def decode(data: bytes) -> str:
 def start_offset(req: Request, path: Path) -> int:
     """Where a stream starts: `Last-Event-ID` (the browser's reconnect), `?offset=`, else the start of a
     line near the end of the log."""
-    resume = req.headers.get("Last-Event-ID") or req.param("offset")
-    if resume:
-        if not resume.isdigit():
-            raise HTTPProblem(400, f"offset: {resume!r} is not a byte offset")
-        return int(resume)
+    resume = req.headers.get("Last-Event-ID")
+    if resume is not None:
+        try:
+            return params.whole_number("Last-Event-ID", resume.strip())
+        except params.BadParameter as err:
+            raise HTTPProblem(400, str(err)) from None
+    offset = req.int_param("offset")
+    if offset is not None:
+        return offset
     size = _size(path)
     if size <= DEFAULT_TAIL_BYTES:
         return 0
@@ -135,23 +149,30 @@ def event(name: str, data: object, event_id: int | None = None) -> bytes:
     return f"{head}event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-def stream(app: App, found: RunLog, offset: int, write: Callable[[bytes], None]) -> None:
-    """Send the log from `offset` as it grows, until the run is over and everything was sent. `write`
-    raises (BrokenPipeError...) when the page is gone; a heartbeat makes sure that happens."""
-    end = RunEnd(app, found)
-    quiet_since = time.monotonic()
-    while not app.stopping.is_set():
-        over = end.over()  # read before the data: nothing written before the end is missed
-        data = whole_lines(read_from(found.path, offset, align_to_line=False, limit=MAX_CHUNK), MAX_CHUNK)
+def follower(app: App, req: Request, ref: str) -> LogFollower:
+    """The stream route's handler: the run's log and where to start; the server then polls the follower
+    (web/asgi.py), so no thread waits for a quiet job."""
+    found = find_log(app, ref, req)
+    return LogFollower(app, found, start_offset(req, found.path))
+
+
+class LogFollower:
+    """The log from an offset as it grows, as Server-Sent Events, until the run is over and everything
+    was sent. Each `poll` reads what is there now; the caller waits between polls and sends heartbeats."""
+
+    def __init__(self, app: App, found: RunLog, offset: int) -> None:
+        self.found, self.offset = found, offset
+        self.end = RunEnd(app, found)
+        self.finished = False
+
+    def poll(self) -> bytes:
+        """The next event: a piece of the log, else the end once the run is over; b"" for nothing new."""
+        over = self.end.over()  # read before the data: nothing written before the end is missed
+        path, offset = self.found.path, self.offset
+        data, self.offset = _piece(path, offset, MAX_CHUNK)
         if data:
-            write(event("log", {"offset": offset, "text": decode(data)}, offset + len(data)))
-            offset += len(data)
-            quiet_since = time.monotonic()
-            continue
+            return event("log", {"offset": offset, "text": decode(data)}, self.offset)
         if over:
-            write(event("end", {**(end.state or {}), "offset": offset}, offset))
-            return
-        if time.monotonic() - quiet_since >= app.heartbeat_s:
-            write(b": hb\n\n")
-            quiet_since = time.monotonic()
-        app.stopping.wait(app.log_poll_s)
+            self.finished = True
+            return event("end", {**(self.end.state or {}), "offset": offset}, offset)
+        return b""

@@ -1,4 +1,8 @@
-"""Which address does what. /api/v1 names are a contract (docs/architecture.md): extend, never rename."""
+"""Which address does what. /api/v1 names are a contract (docs/architecture.md): extend, never rename.
+
+A route is one line: method, path pattern, handler, kind. The kind decides what the gate (web/gate.py)
+asks of a request before the handler runs; `any_host=True` skips even the Host check, for a probe that
+names the server by an address no allow-list knows (a kubelet's probe names the pod's IP)."""
 
 from __future__ import annotations
 
@@ -16,10 +20,15 @@ class Route(NamedTuple):
     handler: Callable[..., Any]
     kind: str  # "page" (HTML), "api" (JSON/text), "asset", "stream" (SSE), "open" (no token needed)
     changes_jobs: bool = False
+    any_host: bool = False  # answered whatever the Host header says (only for an "open" route)
 
 
-def _route(method: str, path: str, handler: Callable[..., Any], kind: str = "api") -> Route:
-    return Route(method, re.compile(f"^{path}$"), handler, kind, method == "POST")
+def _route(
+    method: str, path: str, handler: Callable[..., Any], kind: str = "api", any_host: bool = False
+) -> Route:
+    if any_host and kind != "open":
+        raise ValueError(f"{path}: a route that needs the token needs our Host too")
+    return Route(method, re.compile(f"^{path}$"), handler, kind, method == "POST", any_host)
 
 
 _JOB = "/api/v1/jobs/([^/]+)"
@@ -27,15 +36,16 @@ ROUTES: list[Route] = [
     _route("GET", "/", pages.job_list, "page"),
     _route("GET", "/jobs/([^/]+)", pages.job_page, "page"),
     _route("GET", "/static/(.+)", pages.asset, "asset"),
-    _route("GET", "/healthz", api.healthz, "open"),
+    _route("GET", "/healthz", api.healthz, "open", any_host=True),  # a container's liveness probe
     _route("GET", "/metrics", api.metrics),
+    _route("GET", "/api/v1/server", api.server),
     _route("GET", "/api/v1/jobs", api.jobs),
     _route("GET", _JOB, api.status),
     _route("GET", f"{_JOB}/explain", api.explain),
     _route("GET", f"{_JOB}/samples", api.samples),
     _route("GET", f"{_JOB}/stacks", api.stacks),
     _route("GET", f"{_JOB}/log", logview.log),
-    _route("GET", f"{_JOB}/log/stream", logview.stream, "stream"),  # the server writes it as it goes
+    _route("GET", f"{_JOB}/log/stream", logview.follower, "stream"),  # the server writes it as it goes
     _route("POST", f"{_JOB}/stop", api.stop),
     _route("POST", f"{_JOB}/dump", api.dump),
 ]

@@ -272,7 +272,7 @@ function setupActions(readOnly) {
 
 async function start() {
   let readOnly = false;
-  try { readOnly = (await jw.get("/healthz")).read_only === true; } catch (e) { /* shown by the others */ }
+  try { readOnly = (await jw.get("/api/v1/server")).read_only === true; } catch (e) { /* shown by the others */ }
   setupActions(readOnly);
   await refreshStatus();
   performance.mark("jobwarden:status-drawn"); // what scripts/bench-web times
