@@ -159,4 +159,4 @@ def test_records_nested_too_deep_or_of_the_wrong_types_are_skipped_and_counted(
     assert verdict["bad_records"] == len(junk) and verdict["torn_lines"] == 0
     assert any("group.json: not a record" in why for why in verdict["refused"])
     text = explain(jw, shared).stdout
-    assert f"skipped {len(junk)} record(s)" in text
+    assert f"skipped {len(junk)} records jobwarden did not write" in text
