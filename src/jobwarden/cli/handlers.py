@@ -271,7 +271,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(status.explain_json())
     else:
-        _print_lines(render.explain_report(status))
+        _print_lines(render.explain_report(status, SystemClock().wall()))
     return 0
 
 

@@ -15,6 +15,7 @@ from jobwarden.model import ACTIVE_STATES, ENDED_STATES, JobState, ProcessSnapsh
 from jobwarden.osapi.cgroup import cgroup_path, find_job_cgroup
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.markers import find_marked, job_markers
+from jobwarden.progress.model import Progress
 from jobwarden.store import JobRecord, JobSummary, RunRecord, Store
 
 _WATCHED = ACTIVE_STATES  # a shim should be alive for these
@@ -129,6 +130,7 @@ class JobView(NamedTuple):
     # running, but its main process is gone: the shim has not recorded the end yet (for a moment, or for
     # as long as the disk holding the store is full)
     end_unrecorded: bool = False
+    progress: Progress | None = None  # the run's latest, kept after it ended (how far it got)
 
     def summary_json(self) -> dict[str, Any]:
         r = self.run
@@ -146,6 +148,7 @@ class JobView(NamedTuple):
             "cpu_percent": self.cpu_percent,
             "rss_bytes": self.rss_bytes,
             "command": list(self.job.command),
+            "progress": self.progress.to_json(SystemClock().wall()) if self.progress else None,
         }
 
 
@@ -171,7 +174,7 @@ def job_views(
             if sample is not None:
                 cpu, rss = sample["cpu_percent"], sample["rss_bytes"]
         views.append(JobView(job, run, cpu, rss, end_unrecorded=_main_gone(procfs, run)))
-    return _with_top_findings(store, views)
+    return _with_progress(store, _with_top_findings(store, views))
 
 
 def _main_gone(procfs: ProcFS, run: RunRecord) -> bool:
@@ -189,6 +192,14 @@ def home_disk_full(store: Store) -> int | None:
         return None
     free = st.f_bavail * st.f_frsize
     return free if free < config.LOW_DISK_BYTES else None
+
+
+def _with_progress(store: Store, views: list[JobView]) -> list[JobView]:
+    """Each run's latest progress (one query for the whole list)."""
+    found = store.progress_of_runs((v.job.id, v.run.n) for v in views)
+    if not found:
+        return views
+    return [v._replace(progress=found.get((v.job.id, v.run.n))) for v in views]
 
 
 def _with_top_findings(store: Store, views: list[JobView]) -> list[JobView]:

@@ -5,6 +5,7 @@ NamedTuples, not dataclasses: `ps` builds one per job and must start fast (see m
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from jobwarden.clock import iso
@@ -101,12 +102,13 @@ class Progress(NamedTuple):
         return next((value for key, value in self.metrics if key == name), None)
 
     @property
+    def loss_name(self) -> str | None:
+        return loss_name(key for key, _ in self.metrics)
+
+    @property
     def loss(self) -> float | None:
-        """The loss the job reports: `loss`, else the first metric whose name says loss (lm_loss,
-        train_loss), validation losses last."""
-        names = [key for key, _ in self.metrics if "loss" in key.lower()]
-        names.sort(key=lambda k: (k.lower() != "loss", "val" in k.lower() or "eval" in k.lower()))
-        return self.metric(names[0]) if names else None
+        name = self.loss_name
+        return None if name is None else self.metric(name)
 
     def to_json(self, now: float | None = None) -> dict[str, Any]:
         """The `progress` object of `ps --json`, `status --json` and the web API (DESIGN.md)."""
@@ -132,6 +134,14 @@ class Progress(NamedTuple):
             "first_step": self.first_step,
             "stalled_for_s": stalled,
         }
+
+
+def loss_name(names: Iterable[str]) -> str | None:
+    """Which metric is the loss: `loss`, else the first whose name says loss (lm_loss, train_loss),
+    validation losses last."""
+    found = [name for name in names if "loss" in name.lower()]
+    found.sort(key=lambda k: (k.lower() != "loss", "val" in k.lower() or "eval" in k.lower()))
+    return found[0] if found else None
 
 
 def _round(value: float | None, digits: int) -> float | None:

@@ -97,8 +97,7 @@ def in_process(records: Sequence[HookProgress]) -> Candidate | None:
     reading = bar_reading(bar)
     if bar.kind == "keras" and chosen.epoch is not None:
         reading = reading._replace(epoch=float(chosen.epoch))
-    key = ("in-process", chosen.pid, bar.kind, bar.position, _shape(reading.label), reading.total)
-    return Candidate(reading, "output", "in-process", chosen.rank, key)
+    return Candidate(reading, "output", "in-process", chosen.rank, _bar_key(reading, chosen.rank))
 
 
 def in_process_activity(records: Sequence[HookProgress]) -> tuple[tuple[int, str, int, int], ...]:
@@ -111,8 +110,22 @@ def _shape(label: str | None) -> str | None:
     return None if label is None else "".join("#" if c.isdigit() else c for c in label)
 
 
+def _newest_of_same_bar(hooks: Candidate, output: Candidate | None) -> Candidate:
+    """The hooks write at most twice a second: when a loop stops right after a step, the log's last
+    frame of the same bar may be a few steps ahead. Both count the same counter: the larger is newer."""
+    if output is None or output.key != hooks.key or output.reading.format not in ("tqdm", "rich", "keras"):
+        return hooks
+    ahead = output.reading.step is not None and (hooks.reading.step or 0) < output.reading.step
+    return hooks._replace(reading=hooks.reading._replace(step=output.reading.step)) if ahead else hooks
+
+
+def _bar_key(reading: Reading, rank: int | None) -> tuple[Any, ...]:
+    """Which bar, whoever saw it: the hooks and the log see the same bar of the same rank alike."""
+    return ("bar", rank, _shape(reading.label), reading.total)
+
+
 def output_candidate(reading: Reading, rank: int | None) -> Candidate:
-    return Candidate(reading, "output", "log", rank, ("log", rank, _shape(reading.label), reading.total))
+    return Candidate(reading, "output", "log", rank, _bar_key(reading, rank))
 
 
 def choose(
@@ -128,7 +141,7 @@ def choose(
     if heartbeat is not None and heartbeat.step is not None:
         chosen = Candidate(heartbeat, "heartbeat", "heartbeat", None, ("heartbeat", heartbeat.total))
     elif hooks is not None and (output is None or not hooks.reading.closed or output.reading.closed):
-        chosen = hooks
+        chosen = _newest_of_same_bar(hooks, output)
         if output is not None and output.reading.format == "hf" and hooks.reading.format == "tqdm":
             chosen = hooks._replace(reading=hooks.reading._replace(format="hf"))
         if output_metrics:

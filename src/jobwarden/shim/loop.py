@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it l
     from jobwarden.observations import OomEvidence
     from jobwarden.shim.diagnosis import Diagnoser, Verdict
     from jobwarden.shim.notify import Notifier
+    from jobwarden.shim.progresswatch import ProgressWatch
     from jobwarden.shim.resources import MemoryGuard
 
 
@@ -73,6 +74,7 @@ class SupervisorLoop:
         self.record.open_group(job)
         self.sampler = Sampler(procfs, self.record)
         self.diag: Diagnoser | None = None
+        self.progress: ProgressWatch | None = None  # the run's step counter (shim.progresswatch)
         self.restart_after_hang = False
         self.notifier = notifier
         if notifier is not None:
@@ -185,7 +187,8 @@ class SupervisorLoop:
         now = self.clock.wall()
         snaps = self._with_gpu_memory(self.tree.sample(now))
         gpu = self.diag.gpu if self.diag else None
-        reading = self.sampler.reading(now, snaps, self.tree.members.values(), gpu)
+        progress = self._watch_progress(snaps, now)
+        reading = self.sampler.reading(now, snaps, self.tree.members.values(), gpu, progress)
         self.logs.index(now)
         self.record.check_disk(now)
         # an idle tree is not rewritten every second
@@ -195,6 +198,19 @@ class SupervisorLoop:
         self._watch_memory(snaps, now)
         if self.diag:
             self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic()))
+
+    def _watch_progress(self, snaps: list[ProcessSnapshot], now: float) -> Any:
+        """The run's progress this tick (None without any); busy: CPU or GPU at work, as the watchdog
+        counts them."""
+        if self.progress is None:
+            return None
+        from jobwarden.shim.watchdog import CPU_FLOOR_PERCENT, GPU_FLOOR_PERCENT
+
+        usage = self.diag.gpu.usage if self.diag and self.diag.gpu else None
+        gpu_util = usage.max_utilization if usage else None
+        cpu = sum(s.cpu_percent or 0.0 for s in snaps)
+        busy = cpu >= CPU_FLOOR_PERCENT or (gpu_util is not None and gpu_util >= GPU_FLOOR_PERCENT)
+        return self.progress.tick(now, self.clock.monotonic(), list(self.tree.members), busy)
 
     def _with_gpu_memory(self, snaps: list[ProcessSnapshot]) -> list[ProcessSnapshot]:
         """Each process's GPU memory (NVML, sampled every few seconds) for `status` and the store."""

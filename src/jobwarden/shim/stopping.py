@@ -42,6 +42,8 @@ class StoppingSupervisor(SupervisorLoop):
         with contextlib.suppress(OSError):  # a kill in the last moments (the main process itself) counts too
             self._poll_oom(self.clock.wall())
         self.sampler.finish(self.clock.wall())
+        if self.progress is not None:  # how far it got, kept with the run
+            self.progress.finish(self.clock.wall(), self.clock.monotonic())
         fields = end_fields(self.main_status, self.stop.reason if self.stop else None, self.clock.wall())
         self.record.end(fields, orphans, survivors)
         if self.engine and self.stop and self.stop.reason == EndReason.ENGINE_STOP:

@@ -20,6 +20,7 @@ from jobwarden.paths import Layout, ensure_private_dir
 from jobwarden.store import samples
 from jobwarden.store.db import connect, store_id, translate, wal_identity, write
 from jobwarden.store.listing import ListQueries
+from jobwarden.store.progress import ProgressMethods
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
 from jobwarden.store.rollup import Bucket, Reading
 from jobwarden.store.samples import SampleMethods
@@ -55,7 +56,7 @@ _RUN_COLUMNS = frozenset(
 _MAX_ID = (1 << 63) - 1  # SQLite's INTEGER: a larger number names no job and no run
 
 
-class Store(SampleMethods, ListQueries):
+class Store(SampleMethods, ListQueries, ProgressMethods):
     def __init__(self, home: Path) -> None:
         self.layout = Layout(ensure_private_dir(home))
         if self.layout.database_place.moved:  # the home is on a network file system: WAL needs local disk
@@ -190,6 +191,7 @@ class Store(SampleMethods, ListQueries):
                     "gpu_claims",
                     "stacks",
                     "findings",
+                    "progress",
                     "samples_rollup",
                     "samples",
                     "processes",

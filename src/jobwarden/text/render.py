@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
 from jobwarden.model import ENDED_STATES, JobState, Ranks
+from jobwarden.text.progress import progress_cell, progress_line, resumed_line
 from jobwarden.text.sanitize import one_line
 from jobwarden.text.term import colour_wanted, table
 
@@ -68,7 +69,7 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
     if not views:
         yield "no jobs (jobwarden ps --all shows ended ones)"
         return
-    rows = [("ID", "NAME", "STATE", "RUN", "PID", "TIME", "CPU", "MEM", "COMMAND")]
+    rows = [("ID", "NAME", "STATE", "RUN", "PID", "TIME", "CPU", "MEM", "PROGRESS", "COMMAND")]
     for v in views:
         run = v.run
         state = run.state.value
@@ -89,6 +90,7 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
                 _runtime(v, now),
                 cpu,
                 format_size(v.rss_bytes),
+                progress_cell(v.progress, run.state == JobState.RUNNING, now),
                 one_line(shlex.join(v.job.command)),
             )
         )
@@ -115,6 +117,11 @@ def status_report(status: JobStatus, now: float) -> Iterator[str]:
     yield f"  started      {iso(run.started_at) or '-'}"
     if run.ended_at:
         yield f"  ended        {iso(run.ended_at)}"
+    if status.progress is not None:
+        yield f"  progress     {progress_line(status.progress, run.state == JobState.RUNNING, now)}"
+    resumed = resumed_line(status.progress, status.previous_progress, run.n - 1)
+    if resumed:
+        yield f"  resumed      {resumed}"
     if run.error:
         yield f"  error        {run.error}"
     yield f"  log          {status.log_path}"
@@ -162,9 +169,15 @@ def _or_dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def explain_report(status: JobStatus) -> Iterator[str]:
+def explain_report(status: JobStatus, now: float | None = None) -> Iterator[str]:
     job, run = status.job, status.run
     yield f"job {job.id} ({job.name}), run {run.n} — {how_it_ended(run)}"
+    p = status.progress
+    if p is not None:  # how far it got: a crash at 62% is not a crash at the start
+        yield f"  progress: {progress_line(p, run.state == JobState.RUNNING, p.at if now is None else now)}"
+    resumed = resumed_line(status.progress, status.previous_progress, run.n - 1)
+    if resumed:
+        yield f"  {resumed}"
     if not status.findings:
         yield ""
         running = run.state == JobState.RUNNING
