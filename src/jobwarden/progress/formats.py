@@ -42,9 +42,10 @@ _KERAS = re.compile(
 _KERAS2 = re.compile(r"^(?P<n>\d+)/(?P<total>\d+) \[[=>.]*\] - ETA: \S+(?P<rest>.*)$")
 # rich.progress as Lightning's RichProgressBar configures it (its default bar where rich is installed):
 # "Epoch 1/9  ━━━━━━╺━━━━ 7/16 0:00:02 • 0:00:03 4.21it/s train_loss: 0.110". Piped, rich prints only
-# the last frame at the end (research/slowness.md §3.2); forced (TTY_COMPATIBLE=1) it redraws with \r.
+# the last frame at the end (research/slowness.md §3.2); forced (TTY_COMPATIBLE=1) it redraws with \r, the
+# remaining time wrapped to the next line when the frame is wider than its console.
 _RICH = re.compile(
-    rf"^(?P<desc>.*?)\s*(?P<n>\d+)/(?P<total>\d+|--)\s+{_TIME}\s+•\s+(?:{_TIME}|-:--:--)\s+"
+    rf"^(?P<desc>.*?)\s*(?P<n>\d+)/(?P<total>\d+|--)\s+{_TIME}\s+•\s+(?:(?:{_TIME}|-:--:--)\s+)?"
     r"(?:[\d.]+|\?)it/s(?P<rest>.*)$"
 )
 _RICH_METRIC = re.compile(rf"(?P<k>[A-Za-z_][\w./-]{{0,39}}):\s*(?P<v>{_VALUE})(?![\w.])")

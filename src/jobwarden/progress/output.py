@@ -21,7 +21,7 @@ from jobwarden.progress.model import Metrics, Reading
 
 MAX_CARRY = 4096  # an unfinished frame kept for the next read; longer is no frame of ours
 # what may be a torchrun prefix whose end the next read brings: "[defau", "[rank1]"
-_PARTIAL_PREFIX = re.compile(r"\[[A-Za-z_]{0,32}\d{0,6}\]?$")
+_PARTIAL_PREFIX = re.compile(r"(?<!\x1b)\[[A-Za-z_]{0,32}\d{0,6}\]?$")  # not a CSI: "\x1b[A"
 
 
 class Seen(NamedTuple):
@@ -37,6 +37,7 @@ class RankState:
         self.hf: Seen | None = None  # HF Trainer's metrics and epoch
         self.keras_epoch: float | None = None
         self.carry = ""  # the unfinished frame at the end of the last read
+        self.cut = False  # a read began inside a frame that has not ended yet: skip to its end
 
 
 class OutputProgress:
@@ -56,19 +57,22 @@ class OutputProgress:
         text = (self._held if follows else "") + text
         held = _PARTIAL_PREFIX.search(text, max(0, len(text) - 48))
         self._held = text[held.start() :] if held else ""
-        streams, self._line_of = by_rank(
-            text[: held.start()] if held else text, self._line_of if follows else None
-        )
+        line_of = self._line_of if follows else None
+        streams, self._line_of = by_rank(text[: held.start()] if held else text, line_of)
         if not follows:
-            streams = {rank: after_first_delimiter(s) for rank, s in streams.items()}
             for state in self.ranks.values():
-                state.carry = ""
+                state.carry, state.cut = "", True
         for rank, stream in streams.items():
             state = self.ranks.setdefault(rank, RankState())
+            state.cut = state.cut or not follows
             whole = state.carry + stream
+            if state.cut:  # its first frame may be the end of a cut one: never parsed
+                state.cut = not _has_delimiter(whole)  # no end yet: the next read goes on skipping
+                whole = after_first_delimiter(whole)
             self._scan(rank, state, whole)
             tail = unfinished_tail(whole)
             state.carry = tail if len(tail) <= MAX_CARRY else ""
+            state.cut = state.cut or len(tail) > MAX_CARRY
 
     def _scan(self, rank: int | None, state: RankState, stream: str) -> None:
         found: dict[int, Reading] = {}
@@ -141,6 +145,10 @@ class OutputProgress:
             if hf is not None:
                 return hf.reading.metrics
         return ()
+
+
+def _has_delimiter(text: str) -> bool:
+    return "\r" in text or "\n" in text
 
 
 def _maybe_context(raw: str, want_hf: bool, want_epoch: bool) -> bool:

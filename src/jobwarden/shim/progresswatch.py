@@ -72,13 +72,15 @@ class OutputTail:
             if size < self.offset:  # cut down (a rotated log): start again from what is there
                 self.offset = 0
             start = max(self.offset, size - TAIL_BYTES)
-            data = os.pread(self.fd, size - start, start)
+            follows = start == self.offset
+            # a skip reads from one byte early: when that byte ends a frame, the first one read is whole
+            early = 0 if follows else 1
+            data = os.pread(self.fd, size - start + early, start - early)
         except OSError:
             return None
-        follows = start == self.offset
         if not follows:
             self._decoder.reset()  # a character cut by the skip is the first frame's, dropped anyway
-        self.offset = start + len(data)
+        self.offset = start - early + len(data)
         return self._decoder.decode(data), follows
 
     def close(self) -> None:
