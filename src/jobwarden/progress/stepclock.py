@@ -58,8 +58,11 @@ class StepClock:
         return (step - base) / elapsed
 
     def _base(self, now: float) -> tuple[float, int]:
-        older = [change for change in self.changes if change[0] <= now - self.window_s]
-        return older[-1] if older else self.changes[0]
+        """The newest change at least a window old, but never the last one (a counter standing still
+        for longer than the window is measured from the change before: its rate falls as time passes)."""
+        older = [i for i, change in enumerate(self.changes) if change[0] <= now - self.window_s]
+        at = min(older[-1], len(self.changes) - 2) if older else 0
+        return self.changes[at]
 
     def still_for(self, now: float) -> float | None:
         """Seconds since the counter last moved (None before it was seen)."""

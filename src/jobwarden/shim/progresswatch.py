@@ -178,6 +178,7 @@ class ProgressWatch:
         if not keep_gone:  # a process that ended shows no bar any more (its last state was read)
             for pid in set(self.records) - live:
                 del self.records[pid]
+                self._mtimes.pop(pid, None)  # read again at the end
 
     def _heartbeat_reading(self) -> Reading | None:
         try:

@@ -29,11 +29,8 @@ def rate_text(p: Progress) -> str | None:
 
 
 def _figure(value: float) -> str:
-    if value >= 100:
-        return f"{value:.0f}"
-    if value >= 10:
-        return f"{value:.1f}"
-    return f"{value:.2f}"
+    """Three significant figures, no exponent: 5.4, 5.43, 54.3, 543, 5432."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
 
 
 def counter_text(p: Progress) -> str:
@@ -62,7 +59,7 @@ def progress_cell(p: Progress | None, live: bool, now: float | None = None) -> s
         elif rate:
             parts.append(rate)
             if p.eta_s is not None:
-                parts.append(f"ETA {format_duration(p.eta_s)}")
+                parts.append(f"ETA {format_duration(round(p.eta_s))}")
     return " ".join(part for part in parts if part) or "-"
 
 

@@ -79,7 +79,7 @@ const jw = {
   },
 
   figure(v) {
-    return v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2);
+    return v >= 100 ? v.toFixed(0) : String(Number(v.toPrecision(3))); // 5.4, 5.43, 54.3, 543
   },
 
   unit(p) {
@@ -110,7 +110,7 @@ const jw = {
       if (p.stalled_for_s !== null) parts.push(`stalled ${jw.duration(p.stalled_for_s)}`);
       else if (p.rate) {
         parts.push(jw.rate(p));
-        if (p.eta_s !== null) parts.push(`ETA ${jw.duration(p.eta_s)}`);
+        if (p.eta_s !== null) parts.push(`ETA ${jw.duration(Math.round(p.eta_s))}`);
       }
     }
     return parts.filter(Boolean).join(" ");
