@@ -93,7 +93,7 @@ def test_the_bar_closed_last_when_none_is_open() -> None:
 def test_a_heartbeat_step_wins_and_the_others_add_their_metrics() -> None:
     beat = Reading(step=85, total=1000, format="heartbeat", metrics=(("loss", 0.01),))
     hooks = in_process([HookProgress(1, None, 1.0, (bar(450, postfix="acc=0.9"),))])
-    out = output_candidate(Reading(step=460, total=1000, label="Epoch 3"), None)
+    out = output_candidate(Reading(step=440, total=1000, label="Epoch 3"), None)  # the log a frame behind
     got = choose(beat, hooks, out)
     assert got is not None and (got.source, got.reading.step) == ("heartbeat", 85)
     only_loss = Reading(step=None, format="heartbeat", metrics=(("loss", 0.01),))
@@ -108,7 +108,10 @@ def test_the_log_may_be_ahead_of_the_hooks_on_the_same_bar() -> None:
     hooks = in_process([HookProgress(1, None, 1.0, (bar(618),))])
     ahead = output_candidate(Reading(step=620, total=1000, label="Epoch 3"), None)
     got = choose(None, hooks, ahead)
-    assert got is not None and (got.observed, got.reading.step) == ("in-process", 620)
+    assert got is not None and (got.observed, got.reading.step) == ("log", 620)
+    behind = output_candidate(Reading(step=600, total=1000, label="Epoch 3"), None)
+    exact = choose(None, hooks, behind)
+    assert exact is not None and (exact.observed, exact.reading.step) == ("in-process", 618)
     other = output_candidate(Reading(step=9000, total=10000, label="download"), None)
     kept = choose(None, hooks, other)
     assert kept is not None and kept.reading.step == 618

@@ -16,7 +16,7 @@ import re
 from typing import NamedTuple
 
 from jobwarden.progress import formats
-from jobwarden.progress.frames import after_first_delimiter, by_rank, newest_first, unfinished_tail
+from jobwarden.progress.frames import Frame, after_first_delimiter, by_rank, newest_first, unfinished_tail
 from jobwarden.progress.model import Metrics, Reading
 
 MAX_CARRY = 4096  # an unfinished frame kept for the next read; longer is no frame of ours
@@ -34,6 +34,7 @@ class RankState:
 
     def __init__(self) -> None:
         self.bars: dict[int, Seen] = {}
+        self.firsts: dict[int, tuple[object, int | None, int]] = {}  # position -> (bar, total, first step)
         self.hf: Seen | None = None  # HF Trainer's metrics and epoch
         self.keras_epoch: float | None = None
         self.carry = ""  # the unfinished frame at the end of the last read
@@ -78,7 +79,8 @@ class OutputProgress:
         found: dict[int, Reading] = {}
         hf: Reading | None = None
         epoch: float | None = None
-        for frame in newest_first(stream, rank):
+        ordered = list(newest_first(stream, rank))
+        for frame in ordered:
             # a bar known already: only a Trainer dict or a Keras epoch line may still tell something
             if frame.position in found and not (
                 frame.complete and _maybe_context(frame.raw, hf is None, epoch is None)
@@ -100,6 +102,9 @@ class OutputProgress:
                 m = formats.KERAS_EPOCH.match(text)
                 epoch = float(m.group("epoch")) if m else None
         for position, reading in found.items():
+            if _bar_shape(reading) != state.firsts.get(position, (None, None))[:2]:  # a new bar here
+                first = _first_of(ordered, position, reading)
+                state.firsts[position] = (*_bar_shape(reading), first)
             self._keep(state, position, _line_closed(reading))
         if hf is not None:
             state.hf = Seen(hf, self.feeds)
@@ -137,6 +142,15 @@ class OutputProgress:
             epoch = state.keras_epoch
         return outer._replace(metrics=metrics, epoch=epoch, format=fmt)
 
+    def first_step(self, rank: int | None, label: str | None, total: int | None) -> int | None:
+        """The first step the log showed of a bar (where a resumed run began), if it showed that bar."""
+        state = self.ranks.get(rank)
+        shape = _bar_shape(Reading(step=None, total=total, label=label))
+        for bar, bar_total, first in state.firsts.values() if state else ():
+            if (bar, bar_total) == shape:
+                return first
+        return None
+
     def metrics(self) -> Metrics:
         """The newest Trainer dict's metrics (of the lowest rank that printed one): for a bar seen
         in-process, whose own frames carry none."""
@@ -145,6 +159,26 @@ class OutputProgress:
             if hf is not None:
                 return hf.reading.metrics
         return ()
+
+
+def _bar_shape(reading: Reading) -> tuple[object, int | None]:
+    """A bar's identity across frames: its label without numbers ("Epoch 3" is the bar of every epoch),
+    its total."""
+    label = None if reading.label is None else "".join("#" if c.isdigit() else c for c in reading.label)
+    return label, reading.total
+
+
+def _first_of(newest_first: list[Frame], position: int, newest: Reading) -> int:
+    """The oldest frame of the read showing the same bar as `newest`: where it began (or where it was
+    when first seen). Parsed only when a bar appears, oldest first, up to the first match."""
+    shape = _bar_shape(newest)
+    for frame in reversed(newest_first):
+        if frame.position != position:
+            continue
+        reading = formats.parse_bar(frame.clean())
+        if reading is not None and reading.step is not None and _bar_shape(reading) == shape:
+            return min(reading.step, newest.step if newest.step is not None else reading.step)
+    return newest.step if newest.step is not None else 0
 
 
 def _has_delimiter(text: str) -> bool:

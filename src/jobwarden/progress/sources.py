@@ -111,12 +111,13 @@ def _shape(label: str | None) -> str | None:
 
 
 def _newest_of_same_bar(hooks: Candidate, output: Candidate | None) -> Candidate:
-    """The hooks write at most twice a second: when a loop stops right after a step, the log's last
-    frame of the same bar may be a few steps ahead. Both count the same counter: the larger is newer."""
+    """The hooks write at most every 0.1 s: a loop that stops right after a burst of steps leaves the
+    log's last frame of the same bar ahead of the record. Both count the same counter: the log's frame
+    is then the newer truth."""
     if output is None or output.key != hooks.key or output.reading.format not in ("tqdm", "rich", "keras"):
         return hooks
     ahead = output.reading.step is not None and (hooks.reading.step or 0) < output.reading.step
-    return hooks._replace(reading=hooks.reading._replace(step=output.reading.step)) if ahead else hooks
+    return output if ahead else hooks
 
 
 def _bar_key(reading: Reading, rank: int | None) -> tuple[Any, ...]:

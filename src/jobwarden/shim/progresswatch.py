@@ -171,10 +171,9 @@ class ProgressWatch:
             mtime = progress_mtime(self.py_dir, pid)
             if mtime is None or mtime == self._mtimes.get(pid):
                 continue
-            self._mtimes[pid] = mtime
             found = read_progress(self.py_dir, pid)
-            if found is not None:
-                self.records[pid] = found
+            if found is not None:  # else read again next time (a file replaced as it was read)
+                self._mtimes[pid], self.records[pid] = mtime, found
         if not keep_gone:  # a process that ended shows no bar any more (its last state was read)
             for pid in set(self.records) - live:
                 del self.records[pid]
@@ -213,7 +212,10 @@ class ProgressWatch:
         if reading != self._reading:
             self._reading, self._changed_at = reading, now
         if self._first_step is None and reading.step is not None:
-            self._first_step = reading.step
+            # the log's first frame of the bar may be older than this first look (a resumed run began
+            # at 600, was seen at 620)
+            logged = self.output.first_step(chosen.rank, reading.label, reading.total)
+            self._first_step = reading.step if logged is None else min(logged, reading.step)
         self._judge_stall(reading, now, now_mono, busy)
         self.current = Progress(
             step=reading.step,

@@ -78,7 +78,8 @@ def progress_line(p: Progress, live: bool, now: float) -> str:
     if live:
         where = progress_cell(p, True, now)
     else:
-        verb = "reached" if p.finished else "stopped at"
+        reached = p.step is not None and p.total is not None and p.step >= p.total
+        verb = "reached" if reached else "stopped at"  # a bar closed by a crash stopped where it was
         if p.step is not None and p.total:
             where = f"{verb} {(p.fraction or 0.0) * 100:.0f}%, step {p.step}/{p.total}"
         elif p.step is not None:

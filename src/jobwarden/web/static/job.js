@@ -103,7 +103,7 @@ function renderProgress(s) {
   let text = jw.progressText(p, live);
   if (!live && p.step !== null) {
     const where = p.total ? `${Math.round((p.fraction || 0) * 100)}%, step ${p.step}/${p.total}` : `step ${p.step}`;
-    text = `${jw.finished(p) ? "reached" : "stopped at"} ${where}`;
+    text = `${p.total && p.step >= p.total ? "reached" : "stopped at"} ${where}`;
   }
   const cell = jw.progressCell(p, live);
   cell.querySelector(".ptext").textContent = text;
