@@ -84,7 +84,7 @@ function metricsText(metrics) {
   const names = Object.keys(metrics || {});
   const loss = lossName(names);
   if (loss) names.splice(names.indexOf(loss), 1), names.unshift(loss);
-  return names.slice(0, 4).map((k) => `${k} ${Number(metrics[k]).toPrecision(4)}`).join(" · ");
+  return names.slice(0, 4).map((k) => `${k} ${String(Number(Number(metrics[k]).toPrecision(4)))}`).join(" · ");
 }
 
 function lossName(names) {
@@ -155,7 +155,7 @@ function lossOf(sample) {
 const CHARTS = [
   // progress first, shown only where the job shows it (a step counter, a loss)
   { id: "step_rate", title: "Step rate (steps per second, measured by jobwarden)", series: [["step_rate", "steps/s", "#0550ae"]], fmt: (v) => `${jw.figure(v)}/s`, optional: true },
-  { id: "loss", title: "Loss (as the job reports it)", series: [[lossOf, "loss", "#bc4c00"]], fmt: (v) => Number(v).toPrecision(4), optional: true },
+  { id: "loss", title: "Loss (as the job reports it)", series: [[lossOf, "loss", "#bc4c00"]], fmt: (v) => String(Number(Number(v).toPrecision(4))), optional: true },
   { id: "cpu", title: "CPU (% of one core)", series: [["cpu_percent", "CPU %", "#0969da"]], fmt: (v) => `${v.toFixed(0)}%` },
   { id: "rss", title: "Memory (RSS)", series: [["rss_bytes", "RSS", "#8250df"]], fmt: jw.bytes },
   { id: "nprocs", title: "Processes", series: [["nprocs", "processes", "#1a7f37"]], fmt: (v) => v.toFixed(0) },
