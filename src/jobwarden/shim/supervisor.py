@@ -272,6 +272,8 @@ class Supervisor(StoppingSupervisor):
             self.diag.steps = StepSign(self.progress)  # a running step counter is the sign that counts
 
     def _start_progress(self) -> None:
+        if os.environ.get(config.PROGRESS_ENV, "on") == "off":
+            return
         from jobwarden.shim.progresswatch import ProgressWatch
 
         self.progress = ProgressWatch(
