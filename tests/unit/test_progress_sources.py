@@ -42,7 +42,8 @@ def bar(
 
 def test_a_heartbeat_with_step_total_and_loss() -> None:
     got = heartbeat_reading({"step": 85, "total": 1000, "loss": 0.0116, "note": "text", "ok": True})
-    assert got == Reading(step=85, total=1000, unit="step", metrics=(("loss", 0.0116),), format="heartbeat")
+    assert got == Reading(step=85, total=1000, unit=None, metrics=(("loss", 0.0116),), format="heartbeat")
+    assert heartbeat_reading({"step": 3, "unit": "batch"}).unit == "batch"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(

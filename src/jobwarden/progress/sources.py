@@ -49,7 +49,7 @@ def heartbeat_reading(info: Mapping[str, Any]) -> Reading | None:
     return Reading(
         step=step,
         total=total if total is not None and total > 0 else None,
-        unit=(unit or "step")[:20],
+        unit=unit[:20] if unit else None,  # shown as "it/s", as tqdm's default
         epoch=epoch,
         metrics=metrics,
         format="heartbeat",

@@ -66,7 +66,9 @@ function renderAttempts(runs) {
       jw.el("td", {}, jw.el("a", { href: `/jobs/${encodeURIComponent(JOB)}?run=${r.n}` }, r.n)),
       jw.el("td", {}, jw.stateBadge(r.state)), jw.el("td", {}, jw.time(r.started_at)),
       jw.el("td", {}, jw.time(r.ended_at)), jw.el("td", { class: "num" }, r.exit_code ?? ""),
-      jw.el("td", {}, r.signal || ""), jw.el("td", {}, r.end_reason || ""))));
+      jw.el("td", {}, r.signal || ""), jw.el("td", {}, r.end_reason || ""),
+      // how far each attempt got: from its first step seen to its last (where the next one resumed)
+      jw.el("td", { class: "num" }, r.step === null ? "" : `${r.first_step !== null && r.first_step !== r.step ? `${r.first_step} → ` : ""}${r.step}${r.total ? `/${r.total}` : ""}`))));
 }
 
 function renderProcesses(procs) {
