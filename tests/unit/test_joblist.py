@@ -32,6 +32,7 @@ SUMMARY_KEYS = [
     "cpu_percent",
     "rss_bytes",
     "command",
+    "progress",
 ]
 
 
