@@ -266,3 +266,16 @@ def test_a_read_that_does_not_follow_drops_its_first_frame() -> None:
     lone = OutputProgress()
     lone.feed("50/1000 [00:01<00:02, 5.40it/s]", False)
     assert lone.main() is None
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        "x: 99999999999999999999999/1 [00:01<00:02, 5.40it/s]",
+        " [t] iteration 123456789012345678901234/ 1000 | lm loss: 1.0 |",
+        "step:  99999999999999999999999  loss:  1.0",
+    ],
+)
+def test_a_number_past_any_counter_is_no_reading(frame: str) -> None:
+    """It would not fit the store's INTEGER: every tick would fail to store it."""
+    assert formats.parse_bar(frame) is None and formats.parse_line(frame) is None

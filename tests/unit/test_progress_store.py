@@ -143,3 +143,11 @@ def test_an_old_database_opens_with_no_progress_and_takes_some(tmp_path: Path, v
         assert conn.execute("SELECT COUNT(*) FROM progress").fetchone()[0] == 1
     finally:
         conn.close()
+
+
+def test_the_largest_counters_fit(store: Store) -> None:
+    from jobwarden.progress.model import MAX_COUNT
+
+    job = new_job(store)
+    store.set_progress(job, 1, progress(MAX_COUNT, total=MAX_COUNT))
+    assert store.progress(job, 1).step == MAX_COUNT  # type: ignore[union-attr]

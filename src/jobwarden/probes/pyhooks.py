@@ -18,7 +18,7 @@ from jobwarden.model import ProcessId
 from jobwarden.observations import ForkRecord, Frame, ThreadStack, UncaughtException
 from jobwarden.osapi import asking
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.progress.model import MAX_LABEL, Bar, HookProgress, finite_metrics
+from jobwarden.progress.model import MAX_COUNT, MAX_LABEL, Bar, HookProgress, finite_metrics
 
 MAX_RECORD_BYTES = 64 << 20  # a runaway file must not exhaust the shim's memory
 
@@ -285,7 +285,7 @@ def _bar(entry: object) -> Bar | None:
         return None
     n = _optional_int(entry.get("n"))
     kind = entry.get("kind")
-    if n is None or kind not in ("tqdm", "keras", "rich"):
+    if n is None or n < 0 or kind not in ("tqdm", "keras", "rich"):
         return None
     metrics = entry.get("metrics")
     return Bar(
@@ -302,7 +302,10 @@ def _bar(entry: object) -> Bar | None:
 
 
 def _optional_int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """An int of a record, within what a counter (and SQLite's INTEGER) holds."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if -MAX_COUNT <= value <= MAX_COUNT else None
 
 
 def _optional_str(value: object) -> str | None:

@@ -261,16 +261,16 @@ LINE_PARSERS: tuple[Callable[[str], Reading | None], ...] = (
 
 
 def parse_bar(frame: str) -> Reading | None:
-    for parse in BAR_PARSERS:
-        found = parse(frame)
-        if found is not None:
-            return found
-    return None
+    return _first_sane(BAR_PARSERS, frame)
 
 
 def parse_line(frame: str) -> Reading | None:
-    for parse in LINE_PARSERS:
+    return _first_sane(LINE_PARSERS, frame)
+
+
+def _first_sane(parsers: tuple[Callable[[str], Reading | None], ...], frame: str) -> Reading | None:
+    for parse in parsers:
         found = parse(frame)
         if found is not None:
-            return found
+            return found if found.sane else None  # "99999999999999999999/1" is no bar of a job
     return None

@@ -14,6 +14,7 @@ Metrics = tuple[tuple[str, float], ...]  # (name, value) in the order reported; 
 MAX_METRICS = 16  # a job may log hundreds of values; the list, the store and the charts keep these
 MAX_NAME = 40
 MAX_LABEL = 120
+MAX_COUNT = 10**18  # a step or total beyond this is no counter (and would not fit SQLite's INTEGER)
 
 SOURCES = ("heartbeat", "output")  # DESIGN.md: `source` is one of these
 OBSERVED = ("heartbeat", "in-process", "log")  # how jobwarden saw it: the file, the hooks, the output.log
@@ -30,6 +31,11 @@ class Reading(NamedTuple):
     format: str = "tqdm"  # tqdm, keras, hf, megatron, deepspeed, torchtitan, fairseq, heartbeat
     label: str | None = None  # a bar's description ("Epoch 3", "train")
     closed: bool = False  # the bar's last frame: it was closed (or its line ended) and will not move
+
+    @property
+    def sane(self) -> bool:
+        """Its counters are counters: never negative, never past MAX_COUNT."""
+        return all(n is None or 0 <= n <= MAX_COUNT for n in (self.step, self.total))
 
     @property
     def finished(self) -> bool:

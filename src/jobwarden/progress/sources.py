@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from jobwarden.progress.formats import EPOCH_IN_LABEL, KEY_VALUES, metrics_of
 from jobwarden.progress.model import (
+    MAX_COUNT,
     MAX_LABEL,
     Bar,
     HookProgress,
@@ -58,7 +59,7 @@ def heartbeat_reading(info: Mapping[str, Any]) -> Reading | None:
 
 def _whole(value: object) -> int | None:
     number = _real(value)
-    return None if number is None or number < 0 else int(number)
+    return None if number is None or not 0 <= number <= MAX_COUNT else int(number)
 
 
 def _real(value: object) -> float | None:
