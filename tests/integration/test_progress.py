@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from jobwarden.control.prometheus import exposition
+from jobwarden.osapi.procfs import ProcFS
 from jobwarden.progress.model import Progress
 from jobwarden.store import Store
 from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
@@ -332,6 +334,9 @@ def test_prometheus_exports_progress_and_promtool_accepts_it(
     job.wait_ready()
     wait_progress(jw, job.id, "at 450", lambda p: p.step == 450)
     text = jw("metrics", str(job.id), "--prometheus", check=True).stdout
+    with Store(jw.home) as store:  # what /metrics serves: every job
+        served = exposition(store, ProcFS(), time.time())
+    assert f'jobwarden_job_progress_step{{job_id="{job.id}"}} 450' in served
     values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
     assert values["jobwarden_job_progress_step"] == 450
     assert values["jobwarden_job_progress_total"] == 1000
@@ -340,3 +345,4 @@ def test_prometheus_exports_progress_and_promtool_accepts_it(
     job.go()
     assert jw("wait", str(job.id)).returncode == 0
     promtool_check(text)
+    promtool_check(served)

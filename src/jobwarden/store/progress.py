@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobwarden.paths import Layout
-from jobwarden.progress.model import Metrics, Progress, finite_metrics
 from jobwarden.store.db import translate, write
+
+if TYPE_CHECKING:  # loaded by the reads: `run` imports the store and never reads progress
+    from jobwarden.progress.model import Metrics, Progress
 
 _COLUMNS = (
     "at, step, total, unit, rate, epoch, source, format, observed, label, rank, closed, stalled_since, "
@@ -98,6 +100,8 @@ def _row(p: Progress) -> tuple[Any, ...]:
 
 
 def _progress(row: Sequence[Any], metrics: Metrics) -> Progress:
+    from jobwarden.progress.model import Progress
+
     at, step, total, unit, rate, epoch, source, fmt, observed, label, rank, closed, stalled, first = row[:14]
     return Progress(
         step=step,
@@ -119,6 +123,8 @@ def _progress(row: Sequence[Any], metrics: Metrics) -> Progress:
 
 
 def _metrics(text: str | None) -> Metrics:
+    from jobwarden.progress.model import finite_metrics
+
     if not text:
         return ()
     try:
