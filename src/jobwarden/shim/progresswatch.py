@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from jobwarden.shim.notify import Notifier
 
 TAIL_BYTES = 64 << 10  # per tick: a few hundred frames, enough for every bar of every rank
-STALL_MIN_S = 60.0  # a counter standing still shorter than this is a pause, not a stall
+STALL_MIN_S = 120.0  # standing still shorter than this is a pause (a checkpoint, an evaluation without a bar)
 STALL_PACES = 20  # ... and shorter than this many of its usual intervals
 HANG_PACES = 3  # the watchdog trusts a counter only when its hang window holds this many intervals
 REWRITE_S = 10.0  # an unchanged progress is rewritten this often (its rate moves)
