@@ -190,7 +190,7 @@ def test_a_job_with_no_progress_has_none(jw: Jobwarden, tmp_path: Path, finish: 
     assert ps_json(jw, job.id)["progress"] is None
     assert jw.status(job.id)["progress"] is None
     assert jw.json("explain", str(job.id))["progress"] is None
-    assert ps_row(jw, job.id).split()[8] == "-"  # the PROGRESS column
+    assert "PROGRESS" not in jw("ps", check=True).stdout  # no job shows progress: no column
     assert all(s["step"] is None and s["step_rate"] is None for s in jw.json("metrics", str(job.id)))
     job.go()
     assert jw("wait", str(job.id)).returncode == 0
@@ -230,6 +230,7 @@ def test_a_restarted_run_says_where_it_resumed(jw: Jobwarden, tmp_path: Path, fi
 # --- real libraries --------------------------------------------------------------------------------------
 
 
+@pytest.mark.timeout(300)  # Lightning and torch take long to import on a loaded 2-core machine
 @pytest.mark.parametrize("bar", ["default", "tqdm"])
 def test_pytorch_lightning(jw: Jobwarden, tmp_path: Path, finish: list[Held], bar: str) -> None:
     """Lightning's default bar is RichProgressBar where rich is installed (as here: textual needs it), which
@@ -247,19 +248,22 @@ def test_pytorch_lightning(jw: Jobwarden, tmp_path: Path, finish: list[Held], ba
     assert ended is not None and (ended.step, ended.total, ended.epoch) == (16, 16, 1.0)
 
 
+@pytest.mark.timeout(300)
 def test_keras(jw: Jobwarden, tmp_path: Path, finish: list[Held]) -> None:
     require("keras")
     job = Held(jw, tmp_path, "keras")
     finish.append(job)
     job.wait_ready()
-    got = wait_progress(jw, job.id, "in epoch 2", lambda p: p.epoch == 2.0 and p.total == 8 and not p.closed)
-    assert got.format == "keras" and got.step in (2, 3) and got.loss is not None
+    # held in epoch 2 after its second step (the callback holds before Keras' own ProgbarLogger updates)
+    got = wait_progress(jw, job.id, "at 2/8 of epoch 2", lambda p: (p.epoch, p.step, p.total) == (2.0, 2, 8))
+    assert got.format == "keras" and not got.closed and got.loss is not None
     job.go()
     assert jw("wait", str(job.id)).returncode == 0
     ended = progress_of(jw, job.id)
     assert ended is not None and (ended.step, ended.total, ended.epoch, ended.closed) == (8, 8, 3.0, True)
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("hooks", [True, False])
 def test_torchrun_ranks_each_with_a_bar(
     jw: Jobwarden, tmp_path: Path, finish: list[Held], hooks: bool
@@ -285,6 +289,7 @@ def test_torchrun_ranks_each_with_a_bar(
 # --- a step counter that stops while the job spins ---------------------------------------------------------
 
 
+@pytest.mark.timeout(300)  # a pace, a stall, a hang with its stacks, a recovery: a few windows
 def test_a_spin_is_stalled_then_hung_then_recovers(jw: Jobwarden, tmp_path: Path, finish: list[Held]) -> None:
     require("tqdm")
     events = tmp_path / "events.jsonl"

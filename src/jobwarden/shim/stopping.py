@@ -43,7 +43,7 @@ class StoppingSupervisor(SupervisorLoop):
             self._poll_oom(self.clock.wall())
         self.sampler.finish(self.clock.wall())
         if self.progress is not None:  # how far it got, kept with the run
-            self.progress.finish(self.clock.wall(), self.clock.monotonic())
+            self._finish_progress()
         fields = end_fields(self.main_status, self.stop.reason if self.stop else None, self.clock.wall())
         self.record.end(fields, orphans, survivors)
         if self.engine and self.stop and self.stop.reason == EndReason.ENGINE_STOP:
@@ -57,6 +57,13 @@ class StoppingSupervisor(SupervisorLoop):
         if self.diag and self.diag.gpu:
             self.diag.gpu.close()
         return 0
+
+    def _finish_progress(self) -> None:
+        """The last look at the run's progress: nothing in it may cost the run its end record."""
+        try:
+            self.progress.finish(self.clock.wall(), self.clock.monotonic())  # type: ignore[union-attr]
+        except Exception as err:
+            log(f"progress at the end not recorded: {type(err).__name__}: {err}")
 
     def _stop_grace(self, stop: StopRequest) -> float:
         """The grace of a stop; an engine's stop first stores a quiet job's stacks, and its grace fits

@@ -69,7 +69,9 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
     if not views:
         yield "no jobs (jobwarden ps --all shows ended ones)"
         return
-    rows = [("ID", "NAME", "STATE", "RUN", "PID", "TIME", "CPU", "MEM", "PROGRESS", "COMMAND")]
+    # a PROGRESS column where a job shows progress (a list of scripts without bars keeps its width)
+    progress = any(v.progress is not None for v in views)
+    rows = [("ID", "NAME", "STATE", "RUN", "PID", "TIME", "CPU", "MEM", *_PROGRESS[:progress], "COMMAND")]
     for v in views:
         run = v.run
         state = run.state.value
@@ -80,6 +82,7 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
         if v.finding:
             state += f" [{v.finding}]"
         cpu = f"{v.cpu_percent:.0f}%" if v.cpu_percent is not None else "-"
+        cell = (progress_cell(v.progress, run.state == JobState.RUNNING, now),) if progress else ()
         rows.append(
             (
                 str(v.job.id),
@@ -90,7 +93,7 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
                 _runtime(v, now),
                 cpu,
                 format_size(v.rss_bytes),
-                progress_cell(v.progress, run.state == JobState.RUNNING, now),
+                *cell,
                 one_line(shlex.join(v.job.command)),
             )
         )
@@ -99,6 +102,9 @@ def ps_table(views: list[JobView], now: float) -> Iterator[str]:
         if i:
             cells[2] = _color(cells[2], views[i - 1].run.state.value, colored)
         yield "  ".join(cells).rstrip()
+
+
+_PROGRESS = ("PROGRESS",)
 
 
 def status_report(status: JobStatus, now: float) -> Iterator[str]:
