@@ -83,7 +83,7 @@ class Progress(NamedTuple):
     label: str | None = None
     observed: str = "log"  # "heartbeat", "in-process" (the hooks) or "log" (output.log parsed)
     rank: int | None = None
-    closed: bool = False
+    closed: bool = False  # (0 or 1 where the store built it: truthy all the same)
     first_step: int | None = None  # the first step this run showed: where a restarted run resumed
     stalled_since: float | None = None  # wall time: the counter stands still while the job is busy
 
@@ -136,7 +136,7 @@ class Progress(NamedTuple):
             "label": self.label,
             "observed": self.observed,
             "rank": self.rank,
-            "closed": self.closed,
+            "closed": bool(self.closed),  # read back from SQLite as 0 or 1
             "first_step": self.first_step,
             "stalled_for_s": stalled,
         }

@@ -21,6 +21,12 @@ _COLUMNS = (
     "at, step, total, unit, rate, epoch, source, format, observed, label, rank, closed, stalled_since, "
     "first_step"
 )
+# read back in the order of Progress's fields, the metrics (a list shows none) between epoch and source:
+# a list of 10,000 runs builds each with Progress._make, no keyword or unpacking
+_AS_PROGRESS = (
+    "step, total, rate, unit, epoch, source, format, at, label, COALESCE(observed, 'log'), rank, closed, "
+    "first_step, stalled_since"
+)
 _CHUNK = 500  # job ids per IN (...): SQLite before 3.32 allows 999 parameters in a statement
 
 
@@ -57,13 +63,15 @@ class ProgressMethods:
     def progress(self, job_id: int, run: int) -> Progress | None:
         """The run's latest progress, with its metrics; None when it never showed any."""
         row = self._exec(
-            f"SELECT {_COLUMNS}, metrics FROM progress WHERE job_id = ? AND run = ?", (job_id, run)
+            f"SELECT metrics, {_AS_PROGRESS} FROM progress WHERE job_id = ? AND run = ?", (job_id, run)
         ).fetchone()
-        return None if row is None else _progress(row, _metrics(row[-1]))
+        return None if row is None else _progress(row[1:], _metrics(row[0]))
 
     def progress_of_runs(self, runs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], Progress]:
         """(job id, run) -> its latest progress, for a list (one query; the metrics left out: a list
         shows none)."""
+        from jobwarden.progress.model import Progress
+
         wanted = set(runs)
         job_ids = sorted({job_id for job_id, _ in wanted})
         if not job_ids:
@@ -72,11 +80,11 @@ class ProgressMethods:
             where, params = "job_id BETWEEN ? AND ?", [job_ids[0], job_ids[-1]]
         else:
             where, params = f"job_id IN ({', '.join('?' * len(job_ids))})", job_ids
-        found = {}
-        for row in self._exec(f"SELECT job_id, run, {_COLUMNS} FROM progress WHERE {where}", params):
+        make, found = Progress._make, {}
+        for row in self._exec(f"SELECT job_id, run, {_AS_PROGRESS} FROM progress WHERE {where}", params):
             key = (row[0], row[1])
             if key in wanted:
-                found[key] = _progress(row[2:], ())
+                found[key] = make((*row[2:7], (), *row[7:]))
         return found
 
 
@@ -100,26 +108,10 @@ def _row(p: Progress) -> tuple[Any, ...]:
 
 
 def _progress(row: Sequence[Any], metrics: Metrics) -> Progress:
+    """A row of _AS_PROGRESS's columns, with the run's metrics."""
     from jobwarden.progress.model import Progress
 
-    at, step, total, unit, rate, epoch, source, fmt, observed, label, rank, closed, stalled, first = row[:14]
-    return Progress(
-        step=step,
-        total=total,
-        rate=rate,
-        unit=unit,
-        epoch=epoch,
-        metrics=metrics,
-        source=source,
-        format=fmt,
-        at=at,
-        label=label,
-        observed=observed or "log",
-        rank=rank,
-        closed=bool(closed),
-        first_step=first,
-        stalled_since=stalled,
-    )
+    return Progress._make((*row[:5], metrics, *row[5:]))
 
 
 def _metrics(text: str | None) -> Metrics:
