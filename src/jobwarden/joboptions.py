@@ -30,9 +30,10 @@ class JobOptions(NamedTuple):
     gpu_ids: tuple[int, ...] | None = None  # --gpu-ids I,J
     notify: str | None = None  # --notify URL
     on_event: str | None = None  # --on-event CMD
-    # Inside an engine (Slurm, Ray): `run` stays attached as the engine's task (docs/cluster.md)
-    engine: str | None = None  # "slurm" | "ray"; None: a run on its own, detached
-    engine_budget_s: float | None = None  # the engine's kill budget: Slurm's KillWait, Ray's stop wait
+    # Inside an engine (Slurm, Ray, a container): `run` stays attached as the engine's task (docs/cluster.md)
+    engine: str | None = None  # "slurm" | "ray" | "container"; None: a run on its own, detached
+    # the engine's kill budget: Slurm's KillWait, Ray's stop wait, a container's stop timeout
+    engine_budget_s: float | None = None
     group: str | None = None  # --group: the distributed job this run is a part of
     group_dir: str | None = None  # --group-dir: the group's shared records (default: under the home)
     rank: int | None = None  # --rank: this run's rank in the group (None: one per process, from RANK)
@@ -41,7 +42,8 @@ class JobOptions(NamedTuple):
     requeue_exit: int | None = None  # --requeue-exit: the exit code that asks the engine to requeue
     max_requeues: int | None = None  # --max-requeues: no requeue code from this attempt on
     # False inside Slurm, attached or --detach: a memory cgroup of ours nested in Slurm's task cgroup
-    # would hide an OOM from Slurm (FAILED instead of OUT_OF_MEMORY)
+    # would hide an OOM from Slurm (FAILED instead of OUT_OF_MEMORY); False for a container's entrypoint:
+    # the container's own cgroup is the one whose limit and counters count
     own_cgroup: bool = True
 
     @property

@@ -30,7 +30,9 @@ def bare_ns() -> Iterator[RayNamespace]:
 
 
 def test_a_lost_worker_leaves_the_jobs_own_raylet_alive(bare_ns: RayNamespace, tmp_path: Path) -> None:
-    env = {"JOBWARDEN_HOME": str(tmp_path / "home")}
+    # Ray keeps a local cluster's auth token in ~/.ray: a HOME of its own, so that the session's other Ray
+    # tests (a cluster of their own, with its own token) never read this one's
+    env = {"JOBWARDEN_HOME": str(tmp_path / "home"), "HOME": str(tmp_path), "RAY_AUTH_MODE": "disabled"}
     done = bare_ns.run(
         "jobwarden", "run", "--wait", "--engine", "none", "--", sys.executable, str(JOB), env=env, timeout=300
     )

@@ -86,7 +86,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"run --json inside {options.engine}: attached, run's stdout carries the job's output",
                 "drop --json (jobwarden status --json JOB gives the record), or add --detach",
             )
-        return _run_attached(spec, options)
+        return _run_attached(spec, options, _termination_log(args.termination_log))
+    if args.termination_log is not None:
+        raise UsageError(
+            "--termination-log: only an attached run writes its verdict at the end",
+            "run it as a container's entrypoint, inside Slurm or Ray, or with --engine container",
+        )
     launched = launch(_home(), spec, options)
     if args.json:
         _print_json(launched.to_json())
@@ -99,9 +104,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_attached(spec: JobSpec, options: JobOptions) -> int:
+def _termination_log(path: str | None) -> str | None:
+    from jobwarden.control.termination import checked_path
+
+    return checked_path(path) if path is not None else None
+
+
+def _run_attached(spec: JobSpec, options: JobOptions, termination_log: str | None) -> int:
     """Inside an engine: the CLI stays its task, relays its signals to the shim, copies the job's output
-    to stdout and exits with the job's status (control.attached)."""
+    to stdout and exits with the job's status (control.attached). In a container, or with
+    --termination-log, the verdict goes where the platform shows it (_tell_the_end)."""
     from jobwarden.control.attached import SignalRelay, engine_budget_s, follow_attached
     from jobwarden.control.launch import launch
 
@@ -124,8 +136,38 @@ def _run_attached(spec: JobSpec, options: JobOptions) -> int:
         run = store.run(launched.id)  # the last attempt: one shim runs them all
     if run.state.is_ended:
         status = run.exit_status
-        return status if options.requeue_exit is None else _requeue_or(run, status)
-    return _wait_exit(str(launched.id))  # its shim died before it recorded the end: found `lost` there
+        status = status if options.requeue_exit is None else _requeue_or(run, status)
+    else:
+        status = _wait_exit(str(launched.id))  # its shim died before it recorded the end: found `lost` there
+    if options.engine == "container" or termination_log is not None:
+        _tell_the_end(launched.id, status, termination_log, to_stderr=options.engine == "container")
+    return status
+
+
+def _tell_the_end(job_id: int, status: int, termination_log: str | None, to_stderr: bool) -> None:
+    """The verdict as the last lines of stderr (`docker logs`) and in the termination message
+    (`kubectl describe pod`): a failure to tell it never changes the exit status."""
+    from jobwarden.control.termination import run_verdict, write_termination_log
+    from jobwarden.errors import JobwardenError
+    from jobwarden.text.verdict import fit, verdict_lines
+
+    try:
+        job, run, findings = run_verdict(_home(), job_id)
+    except JobwardenError as err:
+        print(f"jobwarden: cannot tell how job {job_id} ended: {err.message}", file=sys.stderr)
+        return
+    lines = verdict_lines(job.id, job.name, run, findings, status)
+    if to_stderr:
+        sys.stdout.flush()  # the job's output first, then the verdict
+        _print_lines_to(sys.stderr, lines)
+    problem = write_termination_log(fit(lines), termination_log)
+    if problem is not None:
+        print(f"jobwarden: {problem}", file=sys.stderr)
+
+
+def _print_lines_to(stream: Any, lines: Iterable[str]) -> None:
+    for line in lines:
+        print(line, file=stream)
 
 
 def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
@@ -190,6 +232,18 @@ def _requeue_or(run: RunRecord, status: int) -> int:
         )
         return code
     return status
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    from jobwarden.control.health import health
+
+    verdict = health(_home(), args.job)
+    if args.json:
+        _print_json(verdict.to_json())
+    else:
+        job = f"job {verdict.job_id}: " if verdict.job_id is not None else ""
+        print(f"{verdict.status}: {job}{verdict.reason}")
+    return verdict.exit_code
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
@@ -497,6 +551,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "rm": cmd_rm,
     "orphans": cmd_orphans,
     "doctor": cmd_doctor,
+    "health": cmd_health,
     "completion": cmd_completion,
     "_jobs": cmd_jobs_to_complete,
     "top": cmd_top,

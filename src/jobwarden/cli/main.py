@@ -130,13 +130,14 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
 
 
 def _engine_arguments(run: argparse.ArgumentParser) -> None:
-    engine = run.add_argument_group("inside an engine (Slurm, Ray)")
+    engine = run.add_argument_group("inside an engine (Slurm, Ray, a container)")
     engine.add_argument(
         "--engine",
         default="auto",
-        metavar="auto|slurm|ray|none",
+        metavar="auto|slurm|ray|container|none",
         help="run attached as the engine's task: forward its signals, exit with the job's status "
-        "(default auto: Slurm is found by its variables)",
+        "(default auto: Slurm and Ray are found by their variables, a container when run is its main "
+        "process)",
     )
     engine.add_argument("--detach", action="store_true", help="inside an engine, detach as on its own")
     engine.add_argument("--group", metavar="ID", help="the distributed job this run is a part of")
@@ -149,6 +150,12 @@ def _engine_arguments(run: argparse.ArgumentParser) -> None:
         "--requeue-exit", metavar="CODE", help="exit with CODE (144-255) when the cause is retryable"
     )
     engine.add_argument("--max-requeues", metavar="N", help="no requeue code from attempt N on")
+    engine.add_argument(
+        "--termination-log",
+        metavar="PATH",
+        help="attached: write the verdict (at most 4 KiB) here at the end (default: /dev/termination-log "
+        "when Kubernetes mounted it)",
+    )
 
 
 def _explain_arguments(explain: argparse.ArgumentParser) -> None:
@@ -263,6 +270,11 @@ def _web_arguments(web: argparse.ArgumentParser) -> None:
     )
 
 
+def _health_arguments(health: argparse.ArgumentParser) -> None:
+    health.add_argument("job", metavar="JOB", nargs="?", help="default: the newest job")
+    health.add_argument("--json", action="store_true")
+
+
 def _json_only(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true")
 
@@ -284,6 +296,11 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
         _orphans_arguments,
     ),
     "doctor": ("check what jobwarden can do on this machine, and how to fix it", _json_only),
+    "health": (
+        "a liveness probe: exit 0 if the job runs and is not hung (or succeeded), 1 if hung or failed, 2 if "
+        "there is no such job",
+        _health_arguments,
+    ),
     "completion": ("print a shell completion script (bash, zsh or fish)", _completion_arguments),
     "_jobs": ("", lambda parser: None),  # hidden: the ids and names a completion offers
     "top": (

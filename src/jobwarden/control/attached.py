@@ -1,4 +1,4 @@
-"""`run` inside an engine (Slurm, Ray): the CLI stays the engine's task until the job ends.
+"""`run` inside an engine (Slurm, Ray, a container): the CLI stays the engine's task until the job ends.
 
 The engine signals its task, and with Slurm's proctrack/cgroup only its task: a CLI that died of the
 signal would let slurmstepd SIGKILL the shim and the job a few milliseconds later, with no grace, no
@@ -6,6 +6,10 @@ stacks and no end recorded (docs/cluster.md). So the CLI catches the engine's si
 its child, the shim (shim.enginestop says what the shim makes of each), copies the job's output to its
 own stdout (the job itself still writes only to its log, never into a pipe), and exits once the shim has,
 with the job's status.
+
+A container's main process is the same task for its runtime (`docker stop`, the kubelet): its stop is the
+engine's SIGTERM, and its stop timeout the kill budget. As the container's PID 1 the CLI is its init too,
+and reaps every orphan of the namespace while it waits (osapi.container).
 """
 
 from __future__ import annotations
@@ -19,18 +23,23 @@ from pathlib import Path
 from types import FrameType
 
 from jobwarden import trace
-from jobwarden.config import DEFAULT_ENGINE_BUDGET_S
+from jobwarden.config import DEFAULT_ENGINE_BUDGET_S, parse_duration
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.model import ProcessId
-from jobwarden.osapi import asking
+from jobwarden.osapi import asking, container
 from jobwarden.osapi import pidfd as pidfds
-from jobwarden.osapi.process import ENGINE_SIGNALS, RELAYED_USR1, reap, signal_name
+from jobwarden.osapi.process import ENGINE_SIGNALS, RELAYED_USR1, signal_name
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import Layout
 from jobwarden.store.logfiles import follow
 
 RAY_STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
 RAY_DEFAULT_STOP_WAIT_S = 3.0  # Ray Jobs: SIGTERM, then SIGKILL this long after (docs/cluster.md)
+# A container's stop timeout cannot be read from inside it (neither `docker run --stop-timeout` nor a pod's
+# terminationGracePeriodSeconds reaches the container): said with this variable, else the runtimes' defaults
+STOP_TIMEOUT_ENV = "JOBWARDEN_STOP_TIMEOUT"
+DOCKER_STOP_TIMEOUT_S = 10.0  # `docker stop` and `podman stop`: SIGTERM, then SIGKILL 10 s later
+KUBERNETES_GRACE_S = 30.0  # a pod's terminationGracePeriodSeconds by default
 _FOLLOW_POLL_S = 0.1
 # the shim's own SIGUSR1 means `jobwarden stop`: the engine's comes as RELAYED_USR1
 _AS_RELAYED: dict[int, int] = {int(sig): int(sig) for sig in ENGINE_SIGNALS} | {signal.SIGUSR1: RELAYED_USR1}
@@ -38,7 +47,10 @@ _AS_RELAYED: dict[int, int] = {int(sig): int(sig) for sig in ENGINE_SIGNALS} | {
 
 def engine_budget_s(engine: str | None, env: Mapping[str, str]) -> float:
     """How long the engine waits between its SIGTERM and its SIGKILL: Slurm's KillWait (slurm.conf, or
-    scontrol), Ray's RAY_JOB_STOP_WAIT_TIME_S (3 s by default); 30 s when unknown."""
+    scontrol), Ray's RAY_JOB_STOP_WAIT_TIME_S (3 s by default), a container's stop timeout (see
+    container_budget_s); 30 s when unknown."""
+    if engine == "container":
+        return container_budget_s(env)
     if engine == "ray":
         text = env.get(RAY_STOP_WAIT_ENV, "")
         with contextlib.suppress(ValueError):
@@ -50,6 +62,15 @@ def engine_budget_s(engine: str | None, env: Mapping[str, str]) -> float:
 
         return kill_wait_s(env) or DEFAULT_ENGINE_BUDGET_S
     return DEFAULT_ENGINE_BUDGET_S
+
+
+def container_budget_s(env: Mapping[str, str]) -> float:
+    """The container's stop timeout: JOBWARDEN_STOP_TIMEOUT (seconds, or 30s, 2m), else Kubernetes' default
+    grace in a pod, else Docker's and Podman's default stop timeout."""
+    text = env.get(STOP_TIMEOUT_ENV)
+    if text is not None:
+        return parse_duration(text, STOP_TIMEOUT_ENV)
+    return KUBERNETES_GRACE_S if env.get(container.KUBERNETES_ENV) else DOCKER_STOP_TIMEOUT_S
 
 
 class SignalRelay:
@@ -98,8 +119,10 @@ class SignalRelay:
 
 def follow_attached(home: Path, job_id: int, run: int, shim_pid: int) -> None:
     """Copy the output of each run of the job to stdout until the shim has exited, then reap it. A
-    restart (--restart) is a new run with its own log: followed in turn."""
+    restart (--restart) is a new run with its own log: followed in turn. As a container's init (PID 1)
+    every orphan of the container is reaped on the way, within a poll (0.1 s) of its end."""
     pidfd = pidfds.open_pidfd(shim_pid)  # our child, not reaped yet: it cannot be gone
+    init = container.is_init()
     layout = Layout(home)
     out = _Output()
     try:
@@ -107,6 +130,8 @@ def follow_attached(home: Path, job_id: int, run: int, shim_pid: int) -> None:
 
             def done(run: int = run) -> bool:
                 exited = bool(select.select([pidfd], [], [], _FOLLOW_POLL_S)[0])
+                if init:  # the shim among them, once it has exited: the pidfd still tells its end
+                    container.reap_orphans()
                 return exited or layout.output_log(job_id, run + 1).exists()
 
             for chunk in follow(layout.output_log(job_id, run), 0, done, poll_s=0):
@@ -114,9 +139,9 @@ def follow_attached(home: Path, job_id: int, run: int, shim_pid: int) -> None:
             if select.select([pidfd], [], [], 0)[0]:
                 break
             run += 1
+        container.reap_through(pidfd)
     finally:
         pidfds.close(pidfd)
-    reap(shim_pid)
 
 
 class _Output:

@@ -75,6 +75,13 @@ class HostFacts:
     free_bytes: int | None
     database_fs: str | None = None  # the home's file system type
     database_moved: bool = False  # the home is on a network file system: the database is on local disk
+    # in a container (control.containerchecks): what says so; empty on a host
+    container: tuple[str, ...] = ()
+    pid1: str | None = None  # the command of PID 1 of our pid namespace
+    pid_namespace: bool = False  # not the host's pid namespace (no kernel process events there)
+    # the cgroup jobwarden runs in, when it counts OOM kills: "cgroup-v1 /sys/fs/cgroup/memory", its limit
+    enclosing_oom: tuple[str, int | None] | None = None
+    kernel_log: str | None = None  # why the kernel log cannot be read; None: it can
 
 
 # --- ptrace -----------------------------------------------------------------------------------------
@@ -171,7 +178,13 @@ def check_gdb(tool: Tool | None) -> Check:
 # --- containment, GPU, kernel -----------------------------------------------------------------------
 
 
-def check_containment(containment: str | None, disabled: bool) -> Check:
+def check_containment(
+    containment: str | None,
+    disabled: bool,
+    enclosing: tuple[str, int | None] | None = None,
+    in_container: bool = False,
+) -> Check:
+    """`enclosing`: the cgroup we run in, when it counts OOM kills (a container's own, read-only)."""
     name = "containment"
     if disabled:
         return Check(
@@ -186,6 +199,22 @@ def check_containment(containment: str | None, disabled: bool) -> Check:
             name,
             OK,
             f"jobs get a {kind} cgroup under {Path(path).parent}: whole-tree containment, memory limits",
+        )
+    if enclosing is not None:
+        from jobwarden.control.containerchecks import enclosing_counts
+
+        message = (
+            "no writable cgroup: jobs are contained by subreaper + /proc scanning (setsid and double forks "
+            f"are still caught), --mem-limit by watching the tree's memory; {enclosing_counts(enclosing)}"
+        )
+        if in_container:  # nothing to fix: the container's own cgroup is the job's, read-only inside
+            return Check(name, OK, message)
+        return Check(
+            name,
+            WARN,
+            message,
+            "delegate a cgroup v2 subtree to your user (systemd-run --user --scope -p Delegate=yes ...), "
+            "or run as root",
         )
     return Check(
         name,
@@ -376,12 +405,19 @@ def check_disk(home: Path, free: int | None) -> Check:
 
 
 def run_checks(facts: HostFacts) -> list[Check]:
+    """Every check, in a stable order; the container's only inside one."""
+    from jobwarden.control.containerchecks import check_container
+
+    inside = [check_container(facts)] if facts.container else []
     return [
+        *inside,
         check_ptrace_scope(facts.yama_scope, facts.cap_sys_ptrace),
         check_ptrace_attach(facts.ptrace_attach, facts.yama_scope),
         check_pyspy(facts.pyspy),
         check_gdb(facts.gdb),
-        check_containment(facts.containment, facts.cgroup_disabled),
+        check_containment(
+            facts.containment, facts.cgroup_disabled, facts.enclosing_oom, bool(facts.container)
+        ),
         check_nvml(facts.nvml, facts.nvidia_driver),
         check_pidfd_exit(facts.kernel, facts.kernel_release, facts.pidfd_exit),
         check_short_lives(facts.proc_events, facts.proc_events_disabled),

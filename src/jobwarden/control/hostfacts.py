@@ -14,7 +14,7 @@ from pathlib import Path
 from jobwarden import config
 from jobwarden.control.doctor import HostFacts, Interpreter, StoreFacts, Tool
 from jobwarden.osapi import capabilities as caps
-from jobwarden.osapi.cgroup import create_job_cgroup
+from jobwarden.osapi.cgroup import create_job_cgroup, enclosing_cgroup
 from jobwarden.osapi.shell import python_version, version_of
 from jobwarden.paths import Layout
 from jobwarden.store.schema import LATEST
@@ -28,6 +28,7 @@ def gather(home: Path) -> HostFacts:
     pidfd_exit = caps.probe_pidfd_exit_info()
     proc_events = probe_proc_events()
     disabled = os.environ.get(config.CGROUP_ENV, "auto") == "off"
+    container, pid1, pid_namespace, enclosing_oom, kernel_log = container_fields()
     mode = uid = None
     with contextlib.suppress(OSError):
         st = home.stat()
@@ -56,6 +57,37 @@ def gather(home: Path) -> HostFacts:
         home_mode=mode,
         home_uid=uid,
         free_bytes=free_bytes(home),
+        container=container,
+        pid1=pid1,
+        pid_namespace=pid_namespace,
+        enclosing_oom=enclosing_oom,
+        kernel_log=kernel_log,
+    )
+
+
+def container_fields() -> tuple[tuple[str, ...], str | None, bool, tuple[str, int | None] | None, str | None]:
+    """What says we are in a container, and what can be seen there: the cgroup we run in (does it count
+    OOM kills, what is its limit), the kernel log, the pid namespace."""
+    from jobwarden.osapi.container import container_facts
+    from jobwarden.probes.kmsg import KernelLog
+
+    facts = container_facts(os.environ)
+    markers = (*facts.markers, "PID 1") if facts.pid == 1 and not facts.markers else facts.markers
+    enclosing = enclosing_cgroup()
+    stats = enclosing.memory_stats() if enclosing is not None else None
+    log = KernelLog()
+    log.open_after(None)
+    log.close()
+    pid1 = None
+    with contextlib.suppress(OSError):
+        pid1 = Path("/proc/1/comm").read_text().strip()
+    where = f"cgroup-v{enclosing.version} {enclosing.path}" if enclosing is not None else None
+    return (
+        markers if facts.inside else (),
+        pid1,
+        not caps.in_initial_pid_namespace(),
+        (where, stats.limit_bytes if stats else None) if where is not None else None,
+        log.error,
     )
 
 

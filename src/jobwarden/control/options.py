@@ -48,7 +48,8 @@ def run_options(
     options.update(gpu_options(gpus, gpu_ids))
     options.update(notify_options(notify, on_event))
     options.update(engine or {})
-    if mem_limit is not None and options.get("own_cgroup") is False:  # inside Slurm, attached or not
+    slurm = options.get("own_cgroup") is False and options.get("engine") != "container"
+    if mem_limit is not None and slurm:  # inside Slurm, attached or not; a container's is the RSS watchdog
         raise UsageError(
             "--mem-limit does not apply under Slurm: Slurm limits the job's memory itself",
             "ask Slurm for it with --mem (sbatch/srun --mem=8G); Slurm then reports an OOM as OUT_OF_MEMORY",
@@ -152,8 +153,10 @@ def engine_options(
     place = engine_place(detect_engine(engine, env), env)
     options: dict[str, Any] = {
         "engine": None if detach else place.engine,
-        # `--detach` too leaves the run inside Slurm's task cgroup: no memory cgroup of its own there
-        "own_cgroup": place.engine != "slurm",
+        # `--detach` too leaves the run inside Slurm's task cgroup: no memory cgroup of its own there. Nor for
+        # a container's entrypoint: the container's cgroup is the one whose limit kills, and whose counters
+        # the runtime reads (Kubernetes' OOMKilled); it is read-only inside anyway
+        "own_cgroup": place.engine != "slurm" and (place.engine != "container" or detach),
         "group": group_id(group) if group is not None else place.group,
         "group_dir": group_directory(group_dir),
         "rank": config.parse_count(rank, "--rank") if rank is not None else place.rank,

@@ -31,7 +31,9 @@ _REMEDIES = {
 def engine_stop(ev: RunEvidence) -> Finding | None:
     if ev.end_reason != "engine-stop":
         return None
-    engine = {"slurm": "Slurm", "ray": "Ray"}.get(ev.engine or "", "the engine")
+    engine = {"slurm": "Slurm", "ray": "Ray", "container": "the container's runtime"}.get(
+        ev.engine or "", "the engine"
+    )
     sig = ev.engine_signal or "a stop signal"
     when = f" at {_hms(ev.engine_signal_at)}" if ev.engine_signal_at else ""
     how = f"signal {ev.signal}" if ev.signal else f"exit code {ev.exit_code}"
@@ -60,11 +62,15 @@ def _title(engine: str, ev: RunEvidence) -> str:
         return _SLURM_TITLES[ev.engine_state]
     if engine == "Ray":
         return "Stopped by Ray (`ray job stop`, or its driver or actor ended)"
+    if ev.engine == "container":
+        return "Stopped by the container's runtime (docker stop, podman stop, the pod deleted or evicted)"
     return f"Stopped by {engine}"
 
 
 def _remedy(engine: str, ev: RunEvidence) -> str:
     remedy = _REMEDIES.get(ev.engine_state or "", "")
+    if ev.engine == "container":
+        return _container_remedy(ev)
     if not remedy:
         remedy = (
             "nothing to fix if the stop was meant; under Slurm, `sacct -j JOB -o JobID,State,Reason` says "
@@ -80,6 +86,21 @@ def _remedy(engine: str, ev: RunEvidence) -> str:
         remedy += (
             f"; the job did not end on SIGTERM within the grace that fits the kill budget: make its "
             f"SIGTERM handler faster, or raise {knob}"
+        )
+    return remedy
+
+
+def _container_remedy(ev: RunEvidence) -> str:
+    remedy = (
+        "nothing to fix if the stop was meant; on Kubernetes `kubectl describe pod` and the pod's events say "
+        "why (deleted, evicted, preempted, a node drained): save a checkpoint on SIGTERM and let the Job's "
+        "podFailurePolicy retry it"
+    )
+    if ev.signal == "SIGKILL":
+        remedy += (
+            "; the job did not end on SIGTERM within the grace that fits the stop timeout: make its SIGTERM "
+            "handler faster, or raise the stop timeout (docker run --stop-timeout, the pod's "
+            "terminationGracePeriodSeconds) and JOBWARDEN_STOP_TIMEOUT with it"
         )
     return remedy
 

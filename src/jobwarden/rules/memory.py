@@ -57,6 +57,9 @@ def oom_kill(ev: RunEvidence) -> Finding | None:
     look = Lookup.of(ev)
     limit = oom.limit_bytes or ev.mem_limit_bytes
     what = _MECHANISMS.get(oom.mechanism, f"OOM evidence ({oom.mechanism})")
+    container = ev.engine == "container" and oom.mechanism.startswith("cgroup-")
+    if container:  # a container's entrypoint makes no cgroup: the limit hit is the container's own
+        what = what.replace("the job's memory cgroup", "the container's memory cgroup")
     names = ", ".join(
         describe(p, look.cmdline(p), 50) + (" (the main process)" if p == ev.pid else "") for p in victims[:3]
     )
@@ -70,11 +73,13 @@ def oom_kill(ev: RunEvidence) -> Finding | None:
         summary += " Inferred: the host's OOM counter rose during the run and no other cause was seen."
     return Finding(
         "oom-kill",
-        _title(oom, limit),
+        _title(oom, limit).replace("the job's memory cgroup", "the container")
+        if container
+        else _title(oom, limit),
         summary,
         "error",
         tuple(_evidence(ev, oom, limit, victims, look)),
-        _remedy(oom, limit),
+        _container_remedy(limit) if container else _remedy(oom, limit),
         victims,
     )
 
@@ -125,6 +130,16 @@ def _remedy(oom: OomEvidence, limit: int | None) -> str:
         )
     raise_it = f"raise --mem-limit above {format_size(limit)}" if limit else "raise the memory limit"
     return f"Either {raise_it} if the peak is what the job legitimately needs, or {lower}."
+
+
+def _container_remedy(limit: int | None) -> str:
+    at = f" above {format_size(limit)}" if limit else ""
+    return (
+        f"Either raise the container's memory limit{at} (docker run --memory, the pod's "
+        "resources.limits.memory) if the peak is what the job legitimately needs, or lower the job's memory: "
+        "fewer DataLoader/Pool workers, smaller batches or prefetch, datasets as numpy arrays or "
+        "memory-mapped files rather than lists of Python objects."
+    )
 
 
 # --- cuda-oom ---------------------------------------------------------------------------------------

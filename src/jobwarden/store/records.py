@@ -78,7 +78,9 @@ class RunRecord(NamedTuple):
 
     @property
     def exit_status(self) -> int:
-        """The shell-style status of the run: its exit code, or 128+N for signal N."""
+        """The shell-style status of the run: its exit code, or 128+N for signal N. Never 0 for a failed
+        run: a job that exits 0 from its SIGTERM handler after jobwarden ended it as hung, timed out or
+        over its --mem-limit has failed, and a container's restart policy must see that."""
         import signal
 
         if self.signal:
@@ -87,7 +89,7 @@ class RunRecord(NamedTuple):
             except KeyError:
                 return 1
         if self.exit_code is not None:
-            return self.exit_code
+            return 1 if self.exit_code == 0 and self.state == JobState.FAILED else self.exit_code
         return 0 if self.state == JobState.SUCCEEDED else 1
 
     @classmethod
