@@ -73,13 +73,15 @@ def test_the_first_step_of_a_run_stays_where_it_began(store: Store) -> None:
     )
 
 
-def test_a_list_reads_every_run_in_one_query_without_metrics(store: Store) -> None:
+def test_a_list_reads_every_run_in_one_query_its_metrics_when_asked(store: Store) -> None:
     jobs = [new_job(store, f"j{i}") for i in range(3)]
     store.set_progress(jobs[0], 1, progress(1))
     store.set_progress(jobs[2], 1, progress(3))
     found = store.progress_of_runs([(j, 1) for j in jobs] + [(jobs[0], 2)])
     assert set(found) == {(jobs[0], 1), (jobs[2], 1)}
     assert found[(jobs[2], 1)].step == 3 and found[(jobs[2], 1)].metrics == ()
+    with_metrics = store.progress_of_runs([(jobs[2], 1)], metrics=True)
+    assert with_metrics[(jobs[2], 1)] == progress(3)
     many = store.progress_of_runs([(j, 1) for j in range(1, 600)])  # a range, not 600 parameters
     assert set(many) == {(jobs[0], 1), (jobs[2], 1)}
 

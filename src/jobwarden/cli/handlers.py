@@ -265,7 +265,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
     if last == 0:
         raise UsageError("bad --last '0': must be 1 or more", "e.g. jobwarden ps --all --last 50")
     with Store(_home()) as store:
-        views = job_views(store, _procfs(), include_ended=args.all, limit=last)
+        views = job_views(store, _procfs(), include_ended=args.all, limit=last, metrics=args.json)
         full = home_disk_full(store)
     if full is not None:
         print(

@@ -153,12 +153,19 @@ class JobView(NamedTuple):
 
 
 def job_views(
-    store: Store, procfs: ProcFS, include_ended: bool, *, limit: int | None = None, offset: int = 0
+    store: Store,
+    procfs: ProcFS,
+    include_ended: bool,
+    *,
+    limit: int | None = None,
+    offset: int = 0,
+    metrics: bool = True,
 ) -> list[JobView]:
     """The job list, oldest job first: each job's latest run as it really is. Without `include_ended`,
     only the jobs not over (their runs found by index: a long history costs nothing). `limit` and
     `offset` page from the newest job (limit=50: the 50 newest); without `include_ended` they page
-    through the unfinished jobs."""
+    through the unfinished jobs. `metrics`: each progress with the metrics the job reported (the JSON
+    lists show them; a table does not, and need not decode them)."""
     listed = store.job_list(unfinished_only=not include_ended, limit=limit, offset=offset)
     views = []
     for job, run in listed:
@@ -174,7 +181,7 @@ def job_views(
             if sample is not None:
                 cpu, rss = sample["cpu_percent"], sample["rss_bytes"]
         views.append(JobView(job, run, cpu, rss, end_unrecorded=_main_gone(procfs, run)))
-    return _with_progress(store, _with_top_findings(store, views))
+    return _with_progress(store, _with_top_findings(store, views), metrics)
 
 
 def _main_gone(procfs: ProcFS, run: RunRecord) -> bool:
@@ -194,9 +201,9 @@ def home_disk_full(store: Store) -> int | None:
     return free if free < config.LOW_DISK_BYTES else None
 
 
-def _with_progress(store: Store, views: list[JobView]) -> list[JobView]:
+def _with_progress(store: Store, views: list[JobView], metrics: bool) -> list[JobView]:
     """Each run's latest progress (one query for the whole list)."""
-    found = store.progress_of_runs((v.job.id, v.run.n) for v in views)
+    found = store.progress_of_runs(((v.job.id, v.run.n) for v in views), metrics=metrics)
     if not found:
         return views
     return [v._replace(progress=found.get((v.job.id, v.run.n))) for v in views]
