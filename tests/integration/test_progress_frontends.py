@@ -42,6 +42,10 @@ def test_the_web_shows_the_bar_and_the_charts(
 
     job = held_tqdm.id
     with web_server(jw.home) as served:
+        listed = next(j for j in Client(served).get("/api/v1/jobs").json() if j["id"] == job)
+        assert (listed["progress"]["step"], listed["progress"]["total"]) == (450, 1000)
+        assert listed["progress"]["metrics"]["loss"] == pytest.approx(1 / 450, rel=0.01)
+        assert Client(served).get(f"/api/v1/jobs/{job}").json()["progress"]["label"] == "Epoch 3"
         browser.get(served.url)
         row = f'tr[data-job="{job}"] td.prog'
         wait_until(browser, lambda d: "45% 450/1000" in text_of(d, row), "the progress in the list")

@@ -159,18 +159,20 @@ def job_views(
     *,
     limit: int | None = None,
     offset: int = 0,
-    metrics: bool = True,
+    metrics: bool = False,
 ) -> list[JobView]:
     """The job list, oldest job first: each job's latest run as it really is. Without `include_ended`,
     only the jobs not over (their runs found by index: a long history costs nothing). `limit` and
     `offset` page from the newest job (limit=50: the 50 newest); without `include_ended` they page
-    through the unfinished jobs. `metrics`: each progress with the metrics the job reported (the JSON
-    lists show them; a table does not, and need not decode them)."""
+    through the unfinished jobs. `metrics`: each progress with the metrics the job reported (for the
+    JSON lists, `ps --json` and the web's; a table shows none, and 10,000 runs' cost ~25 ms to decode)."""
     listed = store.job_list(unfinished_only=not include_ended, limit=limit, offset=offset)
+    # each run's latest progress, one query for the whole list, given to each view as it is made
+    progress = store.progress_of_runs(((job.id, run.n) for job, run in listed), metrics=metrics).get
     views = []
     for job, run in listed:
         if run.state in ENDED_STATES:  # most of a long list: nothing to refresh, no sample to read
-            views.append(JobView(job, run, None, None))
+            views.append(JobView(job, run, None, None, None, False, progress((job.id, run.n))))
             continue
         run = refresh(store, procfs, job, run)
         if run.state in ENDED_STATES and not include_ended:
@@ -180,8 +182,9 @@ def job_views(
             sample = store.latest_sample(job.id, run.n)
             if sample is not None:
                 cpu, rss = sample["cpu_percent"], sample["rss_bytes"]
-        views.append(JobView(job, run, cpu, rss, end_unrecorded=_main_gone(procfs, run)))
-    return _with_progress(store, _with_top_findings(store, views), metrics)
+        gone = _main_gone(procfs, run)
+        views.append(JobView(job, run, cpu, rss, None, gone, progress((job.id, run.n))))
+    return _with_top_findings(store, views)
 
 
 def _main_gone(procfs: ProcFS, run: RunRecord) -> bool:
@@ -199,14 +202,6 @@ def home_disk_full(store: Store) -> int | None:
         return None
     free = st.f_bavail * st.f_frsize
     return free if free < config.LOW_DISK_BYTES else None
-
-
-def _with_progress(store: Store, views: list[JobView], metrics: bool) -> list[JobView]:
-    """Each run's latest progress (one query for the whole list)."""
-    found = store.progress_of_runs(((v.job.id, v.run.n) for v in views), metrics=metrics)
-    if not found:
-        return views
-    return [v._replace(progress=found.get((v.job.id, v.run.n))) for v in views]
 
 
 def _with_top_findings(store: Store, views: list[JobView]) -> list[JobView]:

@@ -121,13 +121,15 @@ class Progress(NamedTuple):
         stalled = None
         if self.stalled_since is not None and now is not None:
             stalled = round(max(now - self.stalled_since, 0.0), 1)
+        fraction = self.fraction  # a list serialises thousands: each figure worked out once
+        eta = self.eta_s
         return {
             "step": self.step,
             "total": self.total,
-            "fraction": _round(self.fraction, 4),
+            "fraction": None if fraction is None else round(fraction, 4),
             "rate": _round(self.rate, 4),
             "unit": self.unit,
-            "eta_s": _round(self.eta_s, 1),
+            "eta_s": None if eta is None else round(eta, 1),
             "epoch": self.epoch,
             "metrics": dict(self.metrics),
             "source": self.source,
