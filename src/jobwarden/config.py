@@ -19,6 +19,9 @@ CGROUP_ENV = "JOBWARDEN_CGROUP"
 # JOBWARDEN_PROC_EVENTS=off: no kernel process-event connector, births and deaths from the Python hooks and
 # the scan only (as where the connector is refused: containers, kernels before 6.6 without CAP_NET_ADMIN)
 PROC_EVENTS_ENV = "JOBWARDEN_PROC_EVENTS"
+# JOBWARDEN_PROGRESS=off: the shim reads no progress (neither the log, nor the hooks' records, nor the
+# heartbeat's step): scripts/bench's baseline for what watching progress costs
+PROGRESS_ENV = "JOBWARDEN_PROGRESS"
 RESTART_MODES = ("no", "on-failure", "always")
 # --restart without --max-restarts: a few tries, never an endless loop (Ray's "infinite oom retries")
 DEFAULT_MAX_RESTARTS = 3

@@ -33,6 +33,7 @@ SUMMARY_KEYS = [
     "cpu_percent",
     "rss_bytes",
     "command",
+    "progress",
 ]
 
 

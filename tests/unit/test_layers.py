@@ -8,7 +8,7 @@ below it; two packages of one layer never import each other.
     shim                     the per-job supervising loop and its services (notify, GPUs, the verdict)
     probes | store | rules | hooks   observe | persist | judge | the code injected into jobs
     osapi                    the only code that forks, execs, signals, waits
-    joboptions               the typed options of a job (what `run` was asked for)
+    joboptions | progress    the typed options of a job; progress parsed from output and hooks (pure)
     config | clock | paths | trace   settings, an injectable clock, file locations, -v output
     model | observations | errors   plain data (core, diagnosis evidence), exceptions: stdlib only
 
@@ -32,7 +32,7 @@ SRC = Path(jobwarden.__file__).resolve().parent
 LAYERS: list[set[str]] = [
     {"model", "observations", "errors"},
     {"config", "clock", "paths", "trace"},
-    {"joboptions"},
+    {"joboptions", "progress"},
     {"osapi"},
     {"probes", "store", "rules", "hooks"},
     {"shim"},

@@ -50,6 +50,12 @@ def test_the_payload_has_a_slack_text_and_the_structured_fields() -> None:
         ("succeeded", {"exit_code": 0}, "job 4 (t) run 2 succeeded"),
         ("hung", {"finding": "Fork deadlock"}, "job 4 (t) run 2 looks hung: Fork deadlock"),
         ("restarted", {}, "job 4 (t) was restarted (now run 2)"),
+        (
+            "stalled",
+            {"finding": "step 620/1000 (62%), no step for 2m00s while busy"},
+            "job 4 (t) run 2 has stalled: step 620/1000 (62%), no step for 2m00s while busy",
+        ),
+        ("recovered", {}, "job 4 (t) run 2 is making progress again"),
     ],
 )
 def test_each_event_reads_as_a_sentence(event: str, kwargs: dict[str, object], text: str) -> None:

@@ -123,3 +123,29 @@ def test_values_and_label_escapes() -> None:
         Family("jobwarden_restarts", "counter", "a counter without _total")
     with pytest.raises(ValueError, match="unsupported"):
         Family("jobwarden_x", "summary", "not written by jobwarden")
+
+
+def test_progress_families_the_counter_always_the_rate_and_eta_while_live(store: Store) -> None:
+    from jobwarden.progress.model import Progress
+
+    live = add_job(store, "live", JobState.RUNNING, None)
+    ended = add_job(store, "ended", JobState.FAILED, NOW - 60)
+    silent = add_job(store, "silent", JobState.SUCCEEDED, NOW - 60)
+    shown = Progress(450, 1000, 5.4, "it", None, (("loss", 0.5),), "output", "tqdm", NOW - 1)
+    store.set_progress(live, 1, shown)
+    store.set_progress(ended, 1, shown._replace(step=620, total=None))
+    values = {
+        (s.name, s.labels["job_id"]): s.value
+        for f in text_string_to_metric_families(exposition(store, ProcFS(), NOW))
+        for s in f.samples
+        if s.name.startswith(("jobwarden_job_progress", "jobwarden_job_step", "jobwarden_job_eta"))
+    }
+    assert values == {
+        ("jobwarden_job_progress_step", str(live)): 450,
+        ("jobwarden_job_progress_total", str(live)): 1000,
+        ("jobwarden_job_progress_ratio", str(live)): 0.45,
+        ("jobwarden_job_step_rate", str(live)): 5.4,
+        ("jobwarden_job_eta_seconds", str(live)): pytest.approx(550 / 5.4),
+        ("jobwarden_job_progress_step", str(ended)): 620,
+    }
+    assert str(silent) not in {job for _, job in values}  # no progress shown: none exported, never 0

@@ -346,7 +346,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
     if last == 0:
         raise UsageError("bad --last '0': must be 1 or more", "e.g. jobwarden ps --all --last 50")
     with Store(_home()) as store:
-        views = job_views(store, _procfs(), include_ended=args.all, limit=last)
+        views = job_views(store, _procfs(), include_ended=args.all, limit=last, metrics=args.json)
         full = home_disk_full(store)
     if full is not None:
         print(
@@ -406,7 +406,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(status.explain_json())
     else:
-        _print_lines(render.explain_report(status))
+        _print_lines(render.explain_report(status, SystemClock().wall()))
     return 0
 
 

@@ -9,6 +9,7 @@ from typing import NamedTuple
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
 from jobwarden.control.metrics import Sample, per_second, sparkline
+from jobwarden.progress.model import loss_name
 from jobwarden.text.sanitize import one_line
 from jobwarden.text.term import colour_wanted
 
@@ -39,6 +40,18 @@ def _count(value: float) -> str:
     return f"{value:.0f}"
 
 
+def _per_second(value: float) -> str:
+    return f"{value:.3g}/s"
+
+
+def _figure(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _loss_name(samples: Sequence[Sample]) -> str | None:
+    return loss_name(dict.fromkeys(name for s in samples for name, _ in s.metrics))
+
+
 def series(samples: Sequence[Sample]) -> list[Series]:
     """The metrics worth a line: CPU, RSS and processes always; I/O where readable; GPU where used."""
     out = [
@@ -59,6 +72,12 @@ def series(samples: Sequence[Sample]) -> list[Series]:
     if any(s.io_read_bytes is not None for s in samples):
         out.append(Series("I/O read/s", per_second(samples, "io_read_bytes"), _rate))
         out.append(Series("I/O write/s", per_second(samples, "io_write_bytes"), _rate))
+    if any(s.step_rate is not None for s in samples):
+        out.append(Series("steps/s", [s.step_rate for s in samples], _per_second))
+    loss = _loss_name(samples)
+    if loss is not None:
+        label = one_line(loss)[: LABEL_WIDTH - 1]  # named by the job
+        out.append(Series(label, [dict(s.metrics).get(loss) for s in samples], _figure))
     gpus = sorted({g.index for s in samples for g in s.gpus})
     if gpus:
         out.append(Series("GPU util", [s.gpu_util for s in samples], _percent))
@@ -111,7 +130,7 @@ def status_sparklines(samples: Sequence[Sample], width: int) -> Iterator[str]:
     yield ""
     yield f"  last {minutes} min"
     for line in metric_lines(samples, width, indent="    "):
-        if line.strip().startswith(("CPU", "RSS")):
+        if line.strip().startswith(("CPU", "RSS", "steps/s")):
             yield line
 
 

@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from jobwarden.clock import iso
+from jobwarden.clock import SystemClock, iso
 from jobwarden.control.views import live_processes, refresh
 from jobwarden.model import Finding, ProcessSnapshot, Ranks
 from jobwarden.osapi.procfs import ProcFS
+from jobwarden.progress.model import Progress
 from jobwarden.shim.explainer import findings_for
 from jobwarden.store import JobRecord, RunRecord, Store
 from jobwarden.store.records import Event
@@ -32,8 +33,10 @@ class Attempt(NamedTuple):
     exit_code: int | None
     signal: str | None
     end_reason: str | None
+    progress: Progress | None = None  # how far it got: where the next attempt resumed from
 
     def to_json(self) -> dict[str, Any]:
+        p = self.progress
         return {
             "n": self.n,
             "state": self.state,
@@ -42,6 +45,9 @@ class Attempt(NamedTuple):
             "exit_code": self.exit_code,
             "signal": self.signal,
             "end_reason": self.end_reason,
+            "first_step": p.first_step if p else None,
+            "step": p.step if p else None,
+            "total": p.total if p else None,
         }
 
 
@@ -56,6 +62,12 @@ class JobStatus(NamedTuple):
     events: list[Event]
     attempts: list[Attempt]
     log_path: Path
+    progress: Progress | None = None  # the run's latest progress (progress.model), null when it showed none
+
+    @property
+    def previous_progress(self) -> Progress | None:
+        """How far the attempt before this one got (a restarted run resumes from somewhere)."""
+        return next((a.progress for a in self.attempts if a.n == self.run.n - 1), None)
 
     @property
     def current_findings(self) -> list[Finding]:
@@ -157,7 +169,11 @@ class JobStatus(NamedTuple):
             "log_dropped": self.log_dropped,
             "kept": [dict(k) for k in run.kept],
             "notify_failures": self.notify_failures,
+            "progress": self._progress_json(),
         }
+
+    def _progress_json(self) -> dict[str, Any] | None:
+        return self.progress.to_json(SystemClock().wall()) if self.progress else None
 
     def explain_json(self) -> dict[str, Any]:
         """`explain --json`: the verdict, most likely root cause first."""
@@ -170,6 +186,7 @@ class JobStatus(NamedTuple):
             "signal": run.signal,
             "verdict": self.verdict,
             "findings": [f.to_json() for f in self.findings],
+            "progress": self._progress_json(),
         }
 
 
@@ -217,18 +234,28 @@ def job_status(store: Store, procfs: ProcFS, job_ref: str | int, run_n: int | No
     """The view of run `run_n` (default: the latest) of a job named by id or name."""
     job = store.job(job_ref)
     run = refresh(store, procfs, job, store.run(job.id, run_n))
+    runs = store.runs(job.id)
+    reached = store.progress_of_runs((job.id, r.n) for r in runs)
     return JobStatus(
         job=job,
         run=run,
         processes=live_processes(store, procfs, job, run),
         findings=findings_for(store, job, run),
         events=store.events(job.id, run.n),
-        attempts=[_attempt(r) for r in store.runs(job.id)],
+        attempts=[_attempt(r, reached.get((job.id, r.n))) for r in runs],
         log_path=store.layout.output_log(job.id, run.n),
+        progress=store.progress(job.id, run.n),
     )
 
 
-def _attempt(run: RunRecord) -> Attempt:
+def _attempt(run: RunRecord, progress: Progress | None) -> Attempt:
     return Attempt(
-        run.n, str(run.state), run.started_at, run.ended_at, run.exit_code, run.signal, run.end_reason
+        run.n,
+        str(run.state),
+        run.started_at,
+        run.ended_at,
+        run.exit_code,
+        run.signal,
+        run.end_reason,
+        progress,
     )

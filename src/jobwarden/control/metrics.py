@@ -42,6 +42,9 @@ class Sample(NamedTuple):
     rss_max_bytes: int | None = None  # only where the point merges several readings
     cpu_max_percent: float | None = None
     step_s: float = 0.0  # 0: one raw reading
+    step: int | None = None  # progress: the job's step counter (the last of the point)
+    step_rate: float | None = None  # steps per second measured by jobwarden (the mean of the point)
+    metrics: tuple[tuple[str, float], ...] = ()  # what the job reported (loss...): the means of the point
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,6 +62,9 @@ class Sample(NamedTuple):
             "rss_max_bytes": self.rss_max_bytes,
             "cpu_max_percent": self.cpu_max_percent,
             "step_s": self.step_s,
+            "step": self.step,
+            "step_rate": self.step_rate,
+            "metrics": dict(self.metrics),
         }
 
     @classmethod
@@ -80,6 +86,9 @@ class Sample(NamedTuple):
             rss_max_bytes=_int(point.rss.peak) if merged else None,
             cpu_max_percent=point.cpu.peak if merged else None,
             step_s=float(point.tier),
+            step=point.step,
+            step_rate=_round(point.step_rate.mean, 3),
+            metrics=tuple((name, g.mean) for name, g in point.metrics.items() if g.mean is not None),
         )
 
 

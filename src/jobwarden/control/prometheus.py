@@ -50,6 +50,17 @@ _JOB_FAMILIES = (
         "When the job last wrote output or a heartbeat (Unix time); alert on time() minus this.",
     ),
     ("job_findings", "gauge", "Findings of the latest run still true (hangs, lost workers, ...), by rule."),
+    (
+        "job_progress_step",
+        "gauge",
+        "The job's step counter (its progress bar, log or heartbeat); kept at its end.",
+    ),
+    # a counter by type only: the name is DESIGN.md's, and promtool's lint wants a name ending in _total
+    # to be one; the value is the denominator of job_progress_step, fixed for a bar
+    ("job_progress_total", "counter", "The step counter's total (the steps the job will have done)."),
+    ("job_progress_ratio", "gauge", "The step counter's share of its total (0-1)."),
+    ("job_step_rate", "gauge", "Steps per second of the live run, measured by jobwarden's own clock."),
+    ("job_eta_seconds", "gauge", "Seconds left for the live run to reach its total at the measured rate."),
 )
 _STORE_FAMILIES = (
     ("findings_total", "counter", "Findings recorded over every run in the store, by rule."),
@@ -87,10 +98,10 @@ def _job_families(
     store: Store, procfs: ProcFS, listed: Iterable[tuple[JobSummary, RunRecord]]
 ) -> list[Family]:
     f = {short: Family(PREFIX + short, kind, text) for short, kind, text in _JOB_FAMILIES}
-    runs = []
+    runs: dict[tuple[int, int], bool] = {}  # (job id, run) -> watched now
     for job, listed_run in listed:
         run = refresh(store, procfs, job, listed_run)
-        runs.append((job.id, run.n))
+        runs[(job.id, run.n)] = run.state in ACTIVE_STATES
         job_id = str(job.id)
         f["job_info"].add(1, job_id=job_id, job_name=job.name)
         for state in JobState:
@@ -104,7 +115,21 @@ def _job_families(
     for (job_id_n, _), found in sorted(store.current_findings(runs).items()):  # resolved ones are history
         for rule, count in sorted(collections.Counter(rule for rule, _ in found).items()):
             f["job_findings"].add(count, job_id=str(job_id_n), rule=rule)
+    _add_progress(f, store, runs)
     return list(f.values())
+
+
+def _add_progress(f: dict[str, Family], store: Store, runs: dict[tuple[int, int], bool]) -> None:
+    """Each run's progress: the counter always (an ended run keeps how far it got), the rate and the
+    ETA only while it is watched."""
+    for key, p in sorted(store.progress_of_runs(runs).items()):
+        job_id = str(key[0])
+        _add(f["job_progress_step"], p.step, job_id)
+        _add(f["job_progress_total"], p.total, job_id)
+        _add(f["job_progress_ratio"], p.fraction, job_id)
+        if runs[key]:
+            _add(f["job_step_rate"], p.rate, job_id)
+            _add(f["job_eta_seconds"], p.eta_s, job_id)
 
 
 def _add_resources(f: dict[str, Family], store: Store, run: RunRecord, job_id: str) -> None:

@@ -18,6 +18,7 @@ from jobwarden.model import ProcessId
 from jobwarden.observations import ForkRecord, ForkRequest, Frame, ThreadStack, UncaughtException
 from jobwarden.osapi import asking
 from jobwarden.osapi.procfs import ProcFS
+from jobwarden.progress.model import MAX_COUNT, MAX_LABEL, Bar, HookProgress, finite_metrics
 
 MAX_RECORD_BYTES = 64 << 20  # a runaway file must not exhaust the shim's memory
 
@@ -271,6 +272,71 @@ def read_heartbeat(path: Path) -> Heartbeat | None:
     info = payload.get("info")
     written_at = float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else mtime
     return Heartbeat(max(mtime, written_at), info if isinstance(info, dict) else {})
+
+
+# --- progress bars ----------------------------------------------------------------------------------
+
+PROGRESS_SUFFIX = ".progress"
+MAX_PROGRESS_BYTES = 64 << 10  # 16 bars of a few hundred bytes; a bigger file is not the hooks'
+
+
+def read_progress(py_dir: Path, pid: int) -> HookProgress | None:
+    """The bars process `pid` last recorded (`<pid>.progress`), or None: none, unreadable, not the shape
+    the hooks write. The job writes the file: every field is checked, none is trusted as a type."""
+    try:
+        with open(py_dir / f"{pid}{PROGRESS_SUFFIX}", "rb") as fh:
+            data = json.loads(fh.read(MAX_PROGRESS_BYTES).decode("utf-8", "replace"))
+        if not isinstance(data, dict) or data.get("pid") != pid:
+            return None
+        at = data["at"]
+        if isinstance(at, bool) or not isinstance(at, int | float):
+            return None
+        bars = tuple(b for b in (_bar(entry) for entry in data.get("bars") or ()) if b is not None)
+        return HookProgress(
+            pid, _optional_int(data.get("rank")), float(at), bars, _optional_int(data.get("epoch"))
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def progress_mtime(py_dir: Path, pid: int) -> int | None:
+    """When `<pid>.progress` last changed (ns), to read it again only then."""
+    try:
+        return os.stat(py_dir / f"{pid}{PROGRESS_SUFFIX}").st_mtime_ns
+    except OSError:
+        return None
+
+
+def _bar(entry: object) -> Bar | None:
+    if not isinstance(entry, dict):
+        return None
+    n = _optional_int(entry.get("n"))
+    kind = entry.get("kind")
+    if n is None or n < 0 or kind not in ("tqdm", "keras", "rich"):
+        return None
+    metrics = entry.get("metrics")
+    return Bar(
+        kind=str(kind),
+        n=n,
+        total=_optional_int(entry.get("total")),
+        unit=_optional_str(entry.get("unit")),
+        desc=_optional_str(entry.get("desc")),
+        position=max(_optional_int(entry.get("pos")) or 0, 0),
+        closed=entry.get("closed") is True,
+        postfix=_optional_str(entry.get("postfix")),
+        metrics=finite_metrics(metrics.items()) if isinstance(metrics, dict) else (),
+    )
+
+
+def _optional_int(value: object) -> int | None:
+    """An int of a record, within what a counter (and SQLite's INTEGER) holds."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if -MAX_COUNT <= value <= MAX_COUNT else None
+
+
+def _optional_str(value: object) -> str | None:
+    return value[:MAX_LABEL] if isinstance(value, str) else None
 
 
 # --- helpers ----------------------------------------------------------------------------------------

@@ -57,7 +57,8 @@ class RunEvidence:
     now: float | None = None
     hang_window_s: float | None = None  # set when the watchdog judges the run hung (no progress for it)
     quiet_for_s: float | None = None  # seconds since the last sign of progress
-    last_progress: str | None = None  # what that sign was: "output", "heartbeat", "cpu", "io", "gpu"
+    last_progress: str | None = None  # what that sign was: "output", "heartbeat", "cpu", "io", "gpu", "step"
+    step_note: str | None = None  # where the job's step counter stands, when it shows one (progress)
     processes: Sequence[ProcessFacts] = ()  # live when judged
     deaths: Sequence[ProcessDeath] = ()  # processes of the run that ended, the main one included
     stacks: Sequence[ProcessStack] = ()  # the latest stacks of the live processes

@@ -29,6 +29,7 @@ from jobwarden.rules.evidence import death_of
 from jobwarden.rules.table import ENDS_WITH_THE_HANG, LIVE  # what the shim may conclude while the run is live
 from jobwarden.shim.findings import LiveFindings
 from jobwarden.shim.gpuwatch import GpuWatch
+from jobwarden.shim.progresswatch import StepSign
 from jobwarden.shim.tree import JobTree, Member
 from jobwarden.shim.watchdog import Progress, ProgressTracker
 from jobwarden.store import JobRecord, Store
@@ -85,6 +86,7 @@ class Diagnoser:
         self._oom_judged = 0  # OOM kills counted when the rules last looked
         self._io_at = -IO_EVERY_S
         self._boot = procfs.boot_time()
+        self.steps: StepSign | None = None  # the run's step counter, when it shows one
 
     # --- events -----------------------------------------------------------------------------------
 
@@ -170,17 +172,20 @@ class Diagnoser:
         cpu = sum(s.cpu_percent or 0.0 for s in snaps)
         usage = self.gpu.sample(now_mono, [s.pid for s in snaps]) if self.gpu else None
         gpu_util = usage.max_utilization if usage and usage.total_bytes else None
+        step_active, step_moved = self.steps.read() if self.steps else (False, False)
         seen = Progress(
             output_bytes=output,
             heartbeat_at=beat.at if beat else None,
             cpu_percent=cpu,
             gpu_util_percent=gpu_util,
+            step_active=step_active,
+            step_moved=step_moved,
         )
         # at least three readings per window, so quiet but steady I/O is seen before the window ends
         every = min(IO_EVERY_S, (self.tracker.window_s or IO_EVERY_S) / 3)
         if self.tracker.quiet_for(now_mono) >= 1.0 and now_mono - self._io_at >= every:
             self._io_at = now_mono
-            seen = Progress(seen.output_bytes, seen.heartbeat_at, cpu, self._io_bytes(), gpu_util)
+            seen = seen._replace(io_bytes=self._io_bytes())
         return seen
 
     def _io_bytes(self) -> int:
@@ -217,6 +222,7 @@ class Diagnoser:
             hang_window_s=self.tracker.window_s if hung else None,
             quiet_for_s=self.tracker.quiet_for(now_mono),
             last_progress=self.tracker.last_kind,
+            step_note=self.steps.note(now_mono) if self.steps and hung else None,
             log_tail=self._log_tail(),
             processes=self.facts(snaps),
             deaths=tuple(self.deaths),

@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it l
     from jobwarden.shim.diagnosis import Diagnoser, Verdict
     from jobwarden.shim.logcap import TrimNotes
     from jobwarden.shim.notify import Notifier
+    from jobwarden.shim.progresswatch import ProgressWatch
     from jobwarden.shim.resources import MemoryGuard
 
 
@@ -91,6 +92,7 @@ class SupervisorLoop:
         self.sampler = Sampler(procfs, self.record)
         self.pyfiles = PyFiles(self.layout.py_dir(job.id, run), procfs)
         self.diag: Diagnoser | None = None
+        self.progress: ProgressWatch | None = None  # the run's step counter (shim.progresswatch)
         self.restart_after_hang = False
         self.notifier = notifier
         if notifier is not None:
@@ -208,7 +210,8 @@ class SupervisorLoop:
         now = self.clock.wall()
         snaps = self._with_gpu_memory(self.tree.sample(now))
         gpu = self.diag.gpu if self.diag else None
-        reading = self.sampler.reading(now, snaps, self.tree.members.values(), gpu)
+        progress = self._watch_progress(snaps, now)
+        reading = self.sampler.reading(now, snaps, self.tree.members.values(), gpu, progress)
         self.logs.index(now)
         self.note_trims(now)
         self._log_due = self.clock.monotonic() + LOG_CAP_CHECK_S if self.logs.growing_fast else None
@@ -248,6 +251,19 @@ class SupervisorLoop:
 
             self._trims = TrimNotes(self.logs, self.record)
         self._trims.note(now, self.clock.monotonic(), final)
+
+    def _watch_progress(self, snaps: list[ProcessSnapshot], now: float) -> Any:
+        """The run's progress this tick (None without any); busy: CPU or GPU at work, as the watchdog
+        counts them."""
+        if self.progress is None:
+            return None
+        from jobwarden.shim.watchdog import CPU_FLOOR_PERCENT, GPU_FLOOR_PERCENT
+
+        usage = self.diag.gpu.usage if self.diag and self.diag.gpu else None
+        gpu_util = usage.max_utilization if usage else None
+        cpu = sum(s.cpu_percent or 0.0 for s in snaps)
+        busy = cpu >= CPU_FLOOR_PERCENT or (gpu_util is not None and gpu_util >= GPU_FLOOR_PERCENT)
+        return self.progress.tick(now, self.clock.monotonic(), list(self.tree.members), busy)
 
     def _with_gpu_memory(self, snaps: list[ProcessSnapshot]) -> list[ProcessSnapshot]:
         """Each process's GPU memory (NVML, sampled every few seconds) for `status` and the store."""

@@ -1,4 +1,5 @@
-"""Tell someone when a job fails, hangs, restarts or succeeds: `--notify URL` (a JSON POST whose `text`
+"""Tell someone when a job fails, hangs, stalls (its step counter stops while it looks busy) or recovers,
+restarts or succeeds: `--notify URL` (a JSON POST whose `text`
 field is what Slack-style webhooks show, plus structured fields) and `--on-event CMD` (run through
 /bin/sh with the event as JSON on its stdin).
 
@@ -28,7 +29,7 @@ from jobwarden.model import Finding
 from jobwarden.osapi.shell import run_shell
 from jobwarden.store import Store
 
-EVENTS = ("failed", "hung", "recovered", "restarted", "succeeded")
+EVENTS = ("failed", "hung", "stalled", "recovered", "restarted", "succeeded")
 DEFAULT_TIMEOUT_S = 10.0
 _MAX_PENDING = 64  # a job restarting in a tight loop must not pile up threads' worth of work
 _MAX_RESPONSE = 1 << 16
@@ -90,7 +91,8 @@ def _summary(
     verb = {
         "failed": f"failed ({how})" if how else "failed",
         "hung": "looks hung",
-        "recovered": "recovered from a hang and runs on",
+        "stalled": "has stalled",  # shim.progresswatch: the step counter stands still, the job is busy
+        "recovered": "is making progress again",
         "restarted": f"was restarted (now run {run})",
         "succeeded": "succeeded",
     }.get(event, event)

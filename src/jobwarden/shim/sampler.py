@@ -23,6 +23,7 @@ from jobwarden.shim.recorder import RunRecorder
 from jobwarden.store.rollup import PRUNE_EVERY_S, Bucket, GpuReading, Reading, Rollup
 
 if TYPE_CHECKING:  # the GPU watch is loaded only on machines with a GPU
+    from jobwarden.progress.model import Progress
     from jobwarden.shim.gpuwatch import GpuWatch
     from jobwarden.shim.tree import Member
 
@@ -108,9 +109,14 @@ class Sampler:
         self._next_prune: float | None = None
 
     def reading(
-        self, now: float, snaps: Sequence[ProcessSnapshot], members: Iterable[Member], gpu: GpuWatch | None
+        self,
+        now: float,
+        snaps: Sequence[ProcessSnapshot],
+        members: Iterable[Member],
+        gpu: GpuWatch | None,
+        progress: Progress | None = None,
     ) -> Reading:
-        """The run now; fed to the tiers at once."""
+        """The run now, its progress with it (shim.progresswatch); fed to the tiers at once."""
         cpu_time_s, read, write = self.counters.update(members)
         gpu_util, gpu_memory, gpus = gpu_reading(gpu)
         reading = Reading(
@@ -124,6 +130,9 @@ class Sampler:
             gpu_util=gpu_util,
             gpu_memory_bytes=gpu_memory,
             gpus=gpus,
+            step=progress.step if progress else None,
+            step_rate=progress.rate if progress else None,
+            metrics=progress.metrics if progress else (),
         )
         if snaps:  # a tree with no process left has nothing to average
             self.closed += self.rollup.add(reading)

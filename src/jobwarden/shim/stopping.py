@@ -50,6 +50,8 @@ class StoppingSupervisor(SupervisorLoop):
         with contextlib.suppress(OSError):  # a kill in the last moments (the main process itself) counts too
             self._poll_oom(self.clock.wall())
         self.sampler.finish(self.clock.wall())
+        if self.progress is not None:  # how far it got, kept with the run
+            self._finish_progress()
         self.prune_py_files()  # every process has ended: only exceptions and fork records stay
         fields = end_fields(self.main_status, self.stop.reason if self.stop else None, self.clock.wall())
         if kept:
@@ -117,6 +119,13 @@ class StoppingSupervisor(SupervisorLoop):
             store_verdict(self.store, self.job, self.run, self.clock.wall)
         except Exception as err:  # a full disk, a locked store: the lists judge it themselves then
             log(f"cannot store the verdict: {type(err).__name__}: {err}")
+
+    def _finish_progress(self) -> None:
+        """The last look at the run's progress: nothing in it may cost the run its end record."""
+        try:
+            self.progress.finish(self.clock.wall(), self.clock.monotonic())  # type: ignore[union-attr]
+        except Exception as err:
+            log(f"progress at the end not recorded: {type(err).__name__}: {err}")
 
     def _stop_grace(self, stop: StopRequest) -> float:
         """The grace of a stop; an engine's stop first stores the job's stacks, and its grace fits what is

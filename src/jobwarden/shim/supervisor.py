@@ -309,6 +309,7 @@ class Supervisor(StoppingSupervisor):
             self._guard_memory()
         if self.memory is not None:
             self.memory.start(fresh_cgroup=bool(self.cgroup and self.cgroup.fresh))
+        self._start_progress()  # over already or not: what it printed says how far it got
         if not over:
             self._start_diagnosis(main_pid)
 
@@ -323,17 +324,31 @@ class Supervisor(StoppingSupervisor):
         self._fifo = None  # the sightings own it now
         return self.exits.sightings
 
-    def _start_diagnosis(self, main_pid: int | None) -> None:
+    def _hang_window(self) -> float | None:
         window = self.job.options.hang_timeout_s
-        if window is None:
-            window = DEFAULT_HANG_TIMEOUT_S
+        return (DEFAULT_HANG_TIMEOUT_S if window is None else window) or None
+
+    def _start_diagnosis(self, main_pid: int | None) -> None:
         now = self.clock.monotonic()
         claimed = bool(self.gpu_env)
         self.diag = self.jobos.diagnoser(
-            self.store, self.job, self.run, self.procfs, self.tree, window or None, now, claimed
+            self.store, self.job, self.run, self.procfs, self.tree, self._hang_window(), now, claimed
         )
         self.diag.main_pid = main_pid
         self.diag.write = self.record.write  # kept for later while another process locks the store
+        if self.progress is not None:
+            from jobwarden.shim.progresswatch import StepSign
+
+            self.diag.steps = StepSign(self.progress)  # a running step counter is the sign that counts
+
+    def _start_progress(self) -> None:
+        if os.environ.get(config.PROGRESS_ENV, "on") == "off":
+            return
+        from jobwarden.shim.progresswatch import ProgressWatch
+
+        self.progress = ProgressWatch(
+            self.store, self.job, self.run, self.record, self._hang_window(), self.notifier
+        )
 
     def _containment(self) -> str:
         if self.cgroup:

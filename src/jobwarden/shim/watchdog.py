@@ -7,7 +7,8 @@ A deadlocked tree shows none of them. CPU and I/O count only above a small floor
 not look like work.
 
 Blind spot, said plainly: NCCL busy-waits, so a collective hang burns CPU and GPU at 100% and is not
-"quiet"; only a heartbeat (or output) that stops reveals it.
+"quiet"; only a heartbeat (or output) that stops reveals it, or a step counter: while the job shows one
+that runs (shim.progresswatch), its movement is the only sign that counts.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class Progress(NamedTuple):
     cpu_percent: float | None = None  # summed over the tree, since the previous observation
     io_bytes: int | None = None  # cumulative rchar + wchar of the live members
     gpu_util_percent: float | None = None
+    step_active: bool = False  # a step counter runs (shim.progresswatch): only its movement is progress
+    step_moved: bool = False
 
 
 class ProgressTracker:
@@ -61,6 +64,8 @@ class ProgressTracker:
         return kind
 
     def _progress_kind(self, seen: Progress) -> str | None:
+        if seen.step_active:  # a spin or a busy-waiting collective burns CPU and prints the same frame
+            return "step" if seen.step_moved else None
         last = self._last
         if _grew(seen.output_bytes, last.output_bytes):
             return "output"

@@ -20,6 +20,7 @@ from jobwarden.paths import Layout, ensure_private_dir
 from jobwarden.store import samples
 from jobwarden.store.db import BUSY_TIMEOUT_S, connect, store_id, translate, wal_identity, write
 from jobwarden.store.listing import ListQueries
+from jobwarden.store.progress import ProgressMethods
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
 from jobwarden.store.rollup import Bucket, Reading
 from jobwarden.store.samples import SampleMethods
@@ -66,6 +67,7 @@ _JOB_TABLES = (
     "gpu_claims",
     "stacks",
     "findings",
+    "progress",
     "samples_rollup",
     "samples",
     "processes",
@@ -76,7 +78,7 @@ _JOB_TABLES = (
 LAST_JOB = "@last"  # a JOB argument naming the newest job (no name can be it: names never start with @)
 
 
-class Store(SampleMethods, ListQueries):
+class Store(SampleMethods, ListQueries, ProgressMethods):
     def __init__(self, home: Path) -> None:
         self.layout = Layout(ensure_private_dir(home))
         if self.layout.database_place.moved:  # the home is on a network file system: WAL needs local disk

@@ -45,6 +45,9 @@ class Reading(NamedTuple):
     gpu_util: float | None = None  # mean over the job's GPUs
     gpu_memory_bytes: int | None = None  # total over the job's GPUs
     gpus: tuple[GpuReading, ...] = ()
+    step: int | None = None  # progress: the job's step counter then (a counter: the last value is kept)
+    step_rate: float | None = None  # steps per second, as jobwarden measured them (a gauge)
+    metrics: tuple[tuple[str, float], ...] = ()  # what the job reported (loss...): gauges by name
 
 
 class Gauge:
@@ -90,9 +93,12 @@ class Bucket:
         "gpus",
         "io_read",
         "io_write",
+        "metrics",
         "n",
         "nprocs",
         "rss",
+        "step",
+        "step_rate",
         "tier",
     )
 
@@ -104,6 +110,9 @@ class Bucket:
         self.cpu_time_s: float | None = None
         self.io_read: int | None = None
         self.io_write: int | None = None
+        self.step: int | None = None
+        self.step_rate = Gauge()
+        self.metrics: dict[str, Gauge] = {}
 
     @property
     def end(self) -> float:
@@ -127,6 +136,10 @@ class Bucket:
             util.add(gpu.util)
             mem.add(gpu.memory_bytes)
         self._last_counters(r.cpu_time_s, r.io_read_bytes, r.io_write_bytes)
+        self.step = self.step if r.step is None else r.step
+        self.step_rate.add(r.step_rate)
+        for name, value in r.metrics:
+            self.metrics.setdefault(name, Gauge()).add(value)
 
     def merge(self, other: Bucket) -> None:
         """Fold in a later point (a finer tier's, or a neighbour when points are thinned on reading)."""
@@ -144,6 +157,10 @@ class Bucket:
             my_util.merge(util)
             my_mem.merge(mem)
         self._last_counters(other.cpu_time_s, other.io_read, other.io_write)
+        self.step = self.step if other.step is None else other.step
+        self.step_rate.merge(other.step_rate)
+        for name, gauge in other.metrics.items():
+            self.metrics.setdefault(name, Gauge()).merge(gauge)
 
     def _last_counters(self, cpu_time_s: float | None, io_read: int | None, io_write: int | None) -> None:
         self.cpu_time_s = self.cpu_time_s if cpu_time_s is None else cpu_time_s

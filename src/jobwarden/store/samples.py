@@ -76,12 +76,14 @@ class SampleMethods:
 
 _RAW_INSERT = (
     "INSERT INTO samples (job_id, run, at, nprocs, cpu_percent, rss_bytes, cpu_time_s, io_bytes, "
-    "io_read_bytes, io_write_bytes, gpu_util, gpu_memory_bytes, gpus) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    "io_read_bytes, io_write_bytes, gpu_util, gpu_memory_bytes, gpus, step, step_rate, metrics) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 _ROLLUP_INSERT = (
     "INSERT OR REPLACE INTO samples_rollup (job_id, run, tier, at, n, nprocs_avg, nprocs_max, cpu_avg, "
     "cpu_max, rss_avg_mib, rss_max_mib, cpu_time_s, io_read_bytes, io_write_bytes, gpu_util_avg, "
-    "gpu_util_max, gpu_mem_avg_mib, gpu_mem_max_mib, gpus) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    "gpu_util_max, gpu_mem_avg_mib, gpu_mem_max_mib, gpus, step, step_rate_avg, step_rate_max, metrics) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 
 
@@ -202,6 +204,34 @@ def _raw_row(job_id: int, run: int, r: Reading) -> tuple[Any, ...]:
         r.gpu_util,
         r.gpu_memory_bytes,
         gpus,
+        r.step,
+        _rate(r.step_rate),
+        _metrics_json(r.metrics),
+    )
+
+
+def _rate(value: float | None) -> float | None:
+    """A step rate stored with 4 significant digits: a chart needs no finer."""
+    return None if value is None else float(f"{value:.4g}")
+
+
+def _metrics_json(metrics: Iterable[tuple[str, float]]) -> str | None:
+    found = {name: float(f"{value:.6g}") for name, value in metrics}
+    return json.dumps(found, separators=(",", ":")) if found else None
+
+
+def _metrics_of(text: str | None) -> tuple[tuple[str, float], ...]:
+    """Stored metrics back; anything but a JSON object of numbers is left out (the job named them)."""
+    if not text:
+        return ()
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return ()
+    if not isinstance(found, dict):
+        return ()
+    return tuple(
+        (str(k), float(v)) for k, v in found.items() if isinstance(v, int | float) and not isinstance(v, bool)
     )
 
 
@@ -225,6 +255,9 @@ def _reading(row: sqlite3.Row) -> Reading:
         gpu_util=_number(column("gpu_util")),
         gpu_memory_bytes=_number(column("gpu_memory_bytes")),
         gpus=tuple(GpuReading(*g) for g in _gpu_list(column("gpus"), 3)),
+        step=_number(column("step")),
+        step_rate=_number(column("step_rate")),
+        metrics=_metrics_of(column("metrics")),
     )
 
 
@@ -267,12 +300,16 @@ def _rollup_row(job_id: int, run: int, b: Bucket) -> tuple[Any, ...]:
         _mib(b.gpu_mem.mean),
         _mib(b.gpu_mem.peak, peak=True),
         json.dumps(gpus, separators=(",", ":")) if gpus else None,
+        b.step,
+        _rate(b.step_rate.mean),
+        _rate(b.step_rate.peak),
+        _metrics_json((name, g.mean) for name, g in b.metrics.items() if g.mean is not None),
     )
 
 
 def _bucket(row: sqlite3.Row) -> Bucket:
     names = row.keys()  # a Row iterates over its values
-    value = {name: _number(row[name]) for name in names if name != "gpus"}
+    value = {name: _number(row[name]) for name in names if name not in ("gpus", "metrics")}
     if value["at"] is None or not isinstance(value["n"], int) or value["n"] < 1:
         raise Malformed("a point without a time or a count")
     b = Bucket(row["tier"], value["at"])
@@ -286,6 +323,10 @@ def _bucket(row: sqlite3.Row) -> Bucket:
     for index, util, mem_mib, mem_max_mib in _gpu_list(row["gpus"], 4):  # [index, util, MiB, max MiB]
         mem = Gauge.stored(_bytes(mem_mib), _bytes(mem_max_mib), n)
         b.gpus[index] = (Gauge.stored(util, None, n), mem)
+    if "step" in names:  # a database before progress (schema 9) has none of these
+        b.step = value["step"]
+        b.step_rate = Gauge.stored(value["step_rate_avg"], value["step_rate_max"], n)
+        b.metrics = {name: Gauge.stored(v, None, n) for name, v in _metrics_of(row["metrics"])}
     return b
 
 

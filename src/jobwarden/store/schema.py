@@ -174,6 +174,33 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX queue_places_by_queue ON queue_places(queue, holding);
     """,
+    # 9: progress (store/progress.py): each run's latest, kept after it ends ("stopped at 62 %"), and a series
+    # beside the samples: the step, the step rate jobwarden measured and the metrics the job reported (loss),
+    # in the same tiers (store/rollup.py)
+    """
+    CREATE TABLE progress (
+        job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        run INTEGER NOT NULL,
+        at REAL NOT NULL,                -- when it last changed
+        step INTEGER, total INTEGER, unit TEXT, rate REAL, epoch REAL,
+        source TEXT NOT NULL,            -- heartbeat | output
+        format TEXT NOT NULL,            -- tqdm, keras, hf, megatron, heartbeat...
+        observed TEXT,                   -- heartbeat | in-process | log
+        label TEXT, rank INTEGER,
+        closed INTEGER NOT NULL DEFAULT 0,
+        stalled_since REAL,              -- the counter stands still while the job is busy, since then
+        first_step INTEGER,              -- the run's first step seen: where a restarted run resumed
+        metrics TEXT,                    -- JSON {name: number}
+        PRIMARY KEY (job_id, run)
+    ) WITHOUT ROWID;
+    ALTER TABLE samples ADD COLUMN step INTEGER;
+    ALTER TABLE samples ADD COLUMN step_rate REAL;
+    ALTER TABLE samples ADD COLUMN metrics TEXT;    -- JSON {name: number}
+    ALTER TABLE samples_rollup ADD COLUMN step INTEGER;    -- the last of the point
+    ALTER TABLE samples_rollup ADD COLUMN step_rate_avg REAL;
+    ALTER TABLE samples_rollup ADD COLUMN step_rate_max REAL;
+    ALTER TABLE samples_rollup ADD COLUMN metrics TEXT;    -- JSON {name: mean over the point}
+    """,
 ]
 
 LATEST = len(MIGRATIONS)

@@ -13,6 +13,7 @@ from jobwarden.clock import iso
 from jobwarden.config import counted, format_duration, format_size
 from jobwarden.model import ENDED_STATES, JobState, Ranks
 from jobwarden.text.habits import habit_lines
+from jobwarden.text.progress import progress_cell, progress_line, resumed_line
 from jobwarden.text.sanitize import one_line
 from jobwarden.text.term import colour_wanted, table
 
@@ -72,8 +73,10 @@ def ps_table(views: list[JobView], now: float, wide: bool = False) -> Iterator[s
     if not views:
         yield "no jobs (jobwarden ps --all shows ended ones)"
         return
-    head = ("ID", "NAME", "STATE", "RUN", "PID", "TIME", "CPU", "MEM", "COMMAND")
-    rows: list[tuple[str, ...]] = [(*head[:-1], "VERDICT", head[-1]) if wide else head]
+    # a PROGRESS column where a job shows progress (a list of scripts without bars keeps its width)
+    progress = any(v.progress is not None for v in views)
+    head = ("ID", "NAME", "STATE", "RUN", "PID", "TIME", "CPU", "MEM", *_PROGRESS[:progress])
+    rows: list[tuple[str, ...]] = [(*head, *_VERDICT[:wide], "COMMAND")]
     for v in views:
         run = v.run
         state = run.state.value
@@ -93,6 +96,7 @@ def ps_table(views: list[JobView], now: float, wide: bool = False) -> Iterator[s
             _runtime(v, now),
             cpu,
             format_size(v.rss_bytes),
+            *((progress_cell(v.progress, run.state == JobState.RUNNING, now),) if progress else ()),
         )
         verdict = (one_line(v.finding_title or "-")[:_VERDICT_WIDTH],) if wide else ()
         rows.append((*cells, *verdict, one_line(shlex.join(v.job.command))))
@@ -104,6 +108,10 @@ def ps_table(views: list[JobView], now: float, wide: bool = False) -> Iterator[s
 
 
 _VERDICT_WIDTH = 70
+
+
+_PROGRESS = ("PROGRESS",)
+_VERDICT = ("VERDICT",)
 
 
 def status_report(status: JobStatus, now: float) -> Iterator[str]:
@@ -122,6 +130,11 @@ def status_report(status: JobStatus, now: float) -> Iterator[str]:
     yield f"  started      {iso(run.started_at) or '-'}"
     if run.ended_at:
         yield f"  ended        {iso(run.ended_at)}"
+    if status.progress is not None:
+        yield f"  progress     {progress_line(status.progress, run.state == JobState.RUNNING, now)}"
+    resumed = resumed_line(status.progress, status.previous_progress, run.n - 1)
+    if resumed:
+        yield f"  resumed      {resumed}"
     if run.error:
         yield f"  error        {one_line(run.error)}"
     yield f"  log          {status.log_path}"
@@ -174,9 +187,15 @@ def _or_dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def explain_report(status: JobStatus) -> Iterator[str]:
+def explain_report(status: JobStatus, now: float | None = None) -> Iterator[str]:
     job, run = status.job, status.run
     yield f"job {job.id} ({one_line(job.name)}), run {run.n} — {how_it_ended(run)}"
+    p = status.progress
+    if p is not None:  # how far it got: a crash at 62% is not a crash at the start
+        yield f"  progress: {progress_line(p, run.state == JobState.RUNNING, p.at if now is None else now)}"
+    resumed = resumed_line(status.progress, status.previous_progress, run.n - 1)
+    if resumed:
+        yield f"  {resumed}"
     if status.recovery:
         yield ""
         yield f"{status.recovery}: nothing is wrong now"

@@ -8,17 +8,20 @@ Everything a job provides (its name, command, log lines, rule ids such as `[oom-
 from __future__ import annotations
 
 import shlex
+import time
 
 from rich.text import Text
 
 from jobwarden.config import format_duration, format_size
 from jobwarden.control.views import JobView
-from jobwarden.model import Finding
+from jobwarden.model import Finding, JobState
+from jobwarden.progress.model import Progress
+from jobwarden.text.progress import progress_cell, progress_line
 from jobwarden.text.render import how_it_ended
 from jobwarden.text.sanitize import one_line
 from jobwarden.tui.data import Detail, JobRow, sparkline
 
-COLUMNS = ("ID", "NAME", "STATE", "RUN", "PID", "TIME", "CPU", "MEM", "GPU", "FINDING")
+COLUMNS = ("ID", "NAME", "STATE", "RUN", "PID", "TIME", "CPU", "MEM", "GPU", "PROGRESS", "FINDING")
 STATE_STYLES = {
     "running": "green",
     "succeeded": "green",
@@ -56,6 +59,7 @@ def row_cells(row: JobRow, now: float, wide: bool = False) -> tuple[Text, ...]:
         cpu,
         format_size(view.rss_bytes),
         format_size(row.gpu_memory_bytes),
+        progress_cell(view.progress, run.state == JobState.RUNNING, now),
         _verdict(view, wide),
     )
     return tuple(c if isinstance(c, Text) else Text(c) for c in cells)
@@ -84,6 +88,9 @@ def detail_text(detail: Detail | None, width: int) -> Text:
     text.append(f"  {one_line(shlex.join(job.command))[: max(20, width - 4)]}\n", style="dim")
     text.append_text(_usage_line(detail))
     text.append("\n")
+    if status.progress is not None:
+        text.append_text(_progress_text(detail, status.progress, status.run.state == JobState.RUNNING))
+        text.append("\n")
     text.append_text(findings_text(status.current_findings, width))
     if status.recovery:
         text.append(f"\n  {status.recovery}", style="dim")
@@ -103,6 +110,36 @@ def _usage_line(detail: Detail) -> Text:
             line.append(spark, style="cyan")
             line.append(" ")
         line.append(f"{latest}   ")
+    return line
+
+
+BAR_WIDTH = 20
+BLOCKS = " ▏▎▍▌▋▊▉█"
+
+
+def progress_bar(fraction: float, width: int = BAR_WIDTH) -> str:
+    """A bar of `width` cells in eighths, as tqdm draws its own."""
+    eighths = round(min(max(fraction, 0.0), 1.0) * width * 8)
+    full, part = divmod(eighths, 8)
+    return ("█" * full + (BLOCKS[part] if part else "")).ljust(width)
+
+
+def _progress_text(detail: Detail, p: Progress, live: bool) -> Text:
+    """The job's step counter: a bar, where it stands, its rate and loss over the last minutes."""
+    line = Text("  ")
+    line.append("progress ", style="bold")
+    if p.fraction is not None:
+        line.append(progress_bar(p.fraction), style="green" if not p.stalled_since else "yellow")
+        line.append(" ")
+    line.append(progress_line(p, live, time.time()))
+    if detail.step_rate:
+        line.append("\n  ")
+        line.append("steps/s  ", style="bold")
+        line.append(sparkline(detail.step_rate, SPARK_WIDTH), style="cyan")
+    if detail.loss:
+        line.append("   ")
+        line.append(f"{one_line(p.loss_name or 'loss')} ", style="bold")
+        line.append(sparkline(detail.loss, SPARK_WIDTH), style="magenta")
     return line
 
 

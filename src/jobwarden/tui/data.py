@@ -6,6 +6,7 @@ refresh (a reader holding one would starve the WAL's checkpoints)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -39,6 +40,8 @@ class Detail(NamedTuple):
     rss_bytes: list[float]
     latest_cpu_percent: float | None  # as the job list shows them
     latest_rss_bytes: int | None
+    step_rate: tuple[float, ...] = ()  # steps per second over the same minutes, where it shows progress
+    loss: tuple[float, ...] = ()  # the loss it reports, where it does
 
 
 class Snapshot(NamedTuple):
@@ -83,7 +86,10 @@ def _detail(store: Store, procfs: ProcFS, view: JobView, now: float) -> Detail:
     cpu = [s.cpu_percent for s in samples if s.cpu_percent is not None]
     rss = [float(s.rss_bytes) for s in samples if s.rss_bytes is not None]
     tail = read_log(status.log_path, LOG_TAIL_LINES)
-    return Detail(status, tail, cpu, rss, view.cpu_percent, view.rss_bytes)
+    rates = tuple(s.step_rate for s in samples if s.step_rate is not None)
+    loss_key = status.progress.loss_name if status.progress else None
+    loss = tuple(v for s in samples if (v := dict(s.metrics).get(loss_key or "")) is not None)
+    return Detail(status, tail, cpu, rss, view.cpu_percent, view.rss_bytes, rates, loss)
 
 
 def _gpu_memory(store: Store, view: JobView, now: float) -> int | None:
@@ -94,5 +100,5 @@ def _gpu_memory(store: Store, view: JobView, now: float) -> int | None:
     return int(latest) if latest is not None else None
 
 
-def sparkline(values: list[float], width: int) -> str:
+def sparkline(values: Sequence[float], width: int) -> str:
     return metrics_sparkline(values, width) if values else ""

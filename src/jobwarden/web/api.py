@@ -38,7 +38,7 @@ def jobs(app: App, req: Request) -> Response:
     from jobwarden.control.views import job_views
 
     with app.store() as store:
-        views = job_views(store, app.procfs, include_ended=True)
+        views = job_views(store, app.procfs, include_ended=True, metrics=True)  # progress with its loss
     return json_response(
         [
             {**v.summary_json(), "gpu_ids": list(v.run.gpu_ids), "queued_reason": v.run.queued_reason}

@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # mypy only: typing costs every start-up a few milliseconds o
     from collections.abc import Callable, Mapping
     from importlib.machinery import ModuleSpec, PathFinder
     from types import FrameType, ModuleType
+    from typing import Any
 
 PY_DIR_ENV = "JOBWARDEN_PY_DIR"
 FAULT_SIGNAL_ENV = "JOBWARDEN_FAULT_SIGNAL"
@@ -786,6 +787,292 @@ class AfterImport:
             sys.meta_path.remove(self)
 
 
+# --- progress bars, read in-process (tqdm, Keras, rich) ------------------------------------------------
+#
+# The counters of the job's bars, exact, without parsing its output: each hooked class writes what this
+# process's bars show to `<py_dir>/<pid>.progress` (the shim reads it), at most every PROGRESS_EVERY_S and
+# when a bar closes or a new one appears. The modules are hooked as they are first imported (AfterImport):
+# nothing is imported here, and a job without bars pays one dict lookup per import. Each wrapper calls the
+# library first and swallows its own failures: a bar must never break the job. tqdm's refresh() runs when
+# the bar is redrawn (at most every mininterval, 0.1 s by default; __iter__ does not call it per item), so
+# the cost of a tight loop does not change.
+
+# tqdm's own mininterval: each redraw of a default bar is recorded, and a loop that stops right after a
+# burst of fast steps leaves its record at most this far behind; ~40 us a write, 0.04 % of a core at most
+PROGRESS_EVERY_S = 0.1
+MAX_BARS = 16
+TEXT_CHARS = 200
+
+
+class _Bars:
+    """This process's bars, as the hooks last saw them."""
+
+    def __init__(self) -> None:
+        self.written = -1e9  # monotonic time of the last record
+        self.tqdm: Any = None  # tqdm.std.tqdm once hooked: its live bars are in tqdm._instances
+        self.closed: dict[str, object] | None = None  # the bar closed last, as it ended
+        self.keras: Any = None  # the Keras Progbar updated last
+        self.rich: Any = None  # the rich Progress updated last
+        self.epoch: int | None = None  # the epoch Keras' ProgbarLogger began (1-based, as it prints)
+        self.known: list[int] = []  # ids of the last bars written: a new bar is written at once
+
+    def is_new(self, bar: object) -> bool:
+        """A bar not written yet (a new epoch's bar): its first state is worth a write at once."""
+        key = id(bar)
+        if key in self.known:
+            return False
+        self.known = [*self.known[-31:], key]
+        return True
+
+
+_bars = _Bars()
+
+
+def _progress_seen(force: bool = False) -> None:
+    """A hooked bar moved: write the record, unless one was written less than PROGRESS_EVERY_S ago."""
+    job = _job
+    if job is None:
+        return
+    try:
+        now = time.monotonic()
+        if not force and now - _bars.written < PROGRESS_EVERY_S:
+            return
+        _bars.written = now
+        path = job.path(os.getpid(), ".progress")
+        tmp = f"{path}.{_thread.get_ident()}.tmp"  # two threads with a bar each write apart
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, dumps(progress_record(_bars, time.time())).encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except Exception as err:
+        _report(job, "progress record", err)
+
+
+def progress_record(bars: _Bars, at: float) -> dict[str, object]:
+    found: list[dict[str, object]] = []
+    if bars.tqdm is not None:
+        try:
+            live = list(bars.tqdm._instances)  # a WeakSet another thread may change: retried next time
+        except Exception:
+            live = []
+        found += [e for e in (_tqdm_bar(bar, False) for bar in live[:MAX_BARS]) if e is not None]
+    if bars.closed is not None:
+        found.append(bars.closed)
+    if bars.keras is not None:
+        found += [e for e in (_keras_bar(bars.keras),) if e is not None]
+    if bars.rich is not None:
+        found += _rich_bars(bars.rich)
+    rank = _rank()
+    return {
+        "pid": os.getpid(),
+        "rank": int(rank) if rank != "-" else None,
+        "at": at,
+        "bars": found[:MAX_BARS],
+        "epoch": bars.epoch,
+    }
+
+
+def _text(value: object) -> str | None:
+    return value[:TEXT_CHARS] if isinstance(value, str) else None
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    return int(value) if abs(value) < 1e18 else None
+
+
+def _tqdm_bar(bar: Any, closed: bool) -> dict[str, object] | None:
+    n = _count(getattr(bar, "n", None))  # a bar another thread is still building has no n yet
+    if n is None:
+        return None
+    return {
+        "kind": "tqdm",
+        "n": n,
+        "total": _count(getattr(bar, "total", None)),
+        "unit": _text(getattr(bar, "unit", None)),
+        "desc": _text(getattr(bar, "desc", None)),
+        "pos": abs(_count(getattr(bar, "pos", 0)) or 0),
+        "closed": closed,
+        "postfix": _text(getattr(bar, "postfix", None)),
+    }
+
+
+def _keras_bar(bar: Any) -> dict[str, object] | None:
+    n = _count(getattr(bar, "_seen_so_far", None))
+    if n is None:
+        return None
+    total = _count(getattr(bar, "target", None))
+    metrics = {}
+    values: Any = getattr(bar, "_values", None) or {}
+    for name in list(getattr(bar, "_values_order", None) or [])[:MAX_BARS]:
+        try:
+            summed, count = values[name]
+            metrics[str(name)[:40]] = float(summed) / max(float(count), 1.0)
+        except Exception:  # a tensor, a value of another shape: that metric is left out
+            continue
+    return {
+        "kind": "keras",
+        "n": n,
+        "total": total,
+        "unit": _text(getattr(bar, "unit_name", "step")),
+        "desc": None,
+        "pos": 0,
+        "closed": total is not None and n >= total,
+        "metrics": metrics,
+    }
+
+
+def _rich_bars(progress: Any) -> list[dict[str, object]]:
+    found: list[dict[str, object]] = []
+    try:
+        tasks = list(progress.tasks)[:MAX_BARS]
+        metrics = _rich_metrics(progress)
+    except Exception:
+        return found
+    for task in tasks:
+        n = _count(getattr(task, "completed", None))
+        if n is None or not getattr(task, "visible", True):
+            continue
+        desc = _text(getattr(task, "description", None))
+        found.append(
+            {
+                "kind": "rich",
+                "n": n,
+                "total": _count(getattr(task, "total", None)),
+                "unit": None,
+                "desc": _unmarked(desc) if desc else None,
+                "pos": len(found),
+                "closed": bool(getattr(task, "finished", False)),
+                "metrics": metrics,
+            }
+        )
+    return found
+
+
+def _rich_metrics(progress: Any) -> dict[str, float]:
+    """Lightning's RichProgressBar shows its metrics in a column that keeps them in `_metrics`."""
+    for column in getattr(progress, "columns", ()):
+        found = getattr(column, "_metrics", None)
+        if isinstance(found, dict):
+            return {str(k)[:40]: float(v) for k, v in list(found.items())[:MAX_BARS] if _is_number(v)}
+    return {}
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _unmarked(text: str) -> str:
+    """A rich description without its markup: "[bold]Epoch 3" -> "Epoch 3"."""
+    out, depth = [], 0
+    for c in text:
+        if c == "[":
+            depth += 1
+        elif c == "]" and depth:
+            depth -= 1
+        elif not depth:
+            out.append(c)
+    return "".join(out).strip()
+
+
+def _hook_tqdm(module: ModuleType) -> None:
+    cls = getattr(module, "tqdm", None)
+    if cls is None or getattr(cls, "_jobwarden_hooked", False):
+        return
+    refresh, close = cls.refresh, cls.close
+
+    def refresh_seen(self: Any, *args: Any, **kwargs: Any) -> Any:
+        shown = refresh(self, *args, **kwargs)
+        if _job is not None:
+            _progress_seen(force=_bars.is_new(self))
+        return shown
+
+    def close_seen(self: Any, *args: Any, **kwargs: Any) -> Any:
+        was_open = not getattr(self, "disable", True)
+        result = close(self, *args, **kwargs)
+        if was_open and _job is not None:
+            try:
+                _bars.closed = _tqdm_bar(self, True)
+            except Exception:  # at interpreter shutdown (close from __del__) anything may be gone
+                return result
+            _progress_seen(force=True)
+        return result
+
+    cls.refresh, cls.close = refresh_seen, close_seen
+    cls._jobwarden_hooked = True
+    _bars.tqdm = cls
+
+
+def _hook_progbar(module: ModuleType) -> None:
+    cls = getattr(module, "Progbar", None)
+    if cls is None or getattr(cls, "_jobwarden_hooked", False):
+        return
+    update = cls.update
+
+    def update_seen(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = update(self, *args, **kwargs)
+        if getattr(self, "verbose", 1) and _job is not None:
+            _bars.keras = self
+            target = getattr(self, "target", None)
+            done = target is not None and getattr(self, "_seen_so_far", 0) >= target
+            _progress_seen(force=done or _bars.is_new(self))
+        return result
+
+    cls.update = update_seen
+    cls._jobwarden_hooked = True
+
+
+def _hook_progbar_logger(module: ModuleType) -> None:
+    cls = getattr(module, "ProgbarLogger", None)
+    if cls is None or getattr(cls, "_jobwarden_hooked", False):
+        return
+    begin = cls.on_epoch_begin
+
+    def on_epoch_begin_seen(self: Any, epoch: int, *args: Any, **kwargs: Any) -> Any:
+        _bars.epoch = _count(epoch + 1) if _is_number(epoch) else None
+        return begin(self, epoch, *args, **kwargs)
+
+    cls.on_epoch_begin = on_epoch_begin_seen
+    cls._jobwarden_hooked = True
+
+
+def _hook_rich(module: ModuleType) -> None:
+    cls = getattr(module, "Progress", None)
+    if cls is None or getattr(cls, "_jobwarden_hooked", False):
+        return
+    for name in ("update", "advance"):
+        setattr(cls, name, _rich_wrapper(getattr(cls, name)))
+    cls._jobwarden_hooked = True
+
+
+def _rich_wrapper(method: Callable[..., Any]) -> Callable[..., Any]:
+    def seen(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = method(self, *args, **kwargs)
+        if _job is not None:
+            _bars.rich = self
+            _progress_seen()
+        return result
+
+    return seen
+
+
+PROGRESS_HOOKS: dict[str, Callable[[ModuleType], None]] = {
+    "tqdm.std": _hook_tqdm,
+    "keras.src.utils.progbar": _hook_progbar,  # Keras 3
+    "keras.src.callbacks.progbar_logger": _hook_progbar_logger,
+    "keras.utils.generic_utils": _hook_progbar,  # Keras 2
+    "keras.src.utils.generic_utils": _hook_progbar,
+    "tf_keras.src.utils.generic_utils": _hook_progbar,
+    "keras.callbacks": _hook_progbar_logger,
+    "keras.src.callbacks": _hook_progbar_logger,
+    "tf_keras.src.callbacks": _hook_progbar_logger,
+    "rich.progress": _hook_rich,  # Lightning's RichProgressBar, its default where rich is installed
+}
+
+
 # --- start-up ---------------------------------------------------------------------------------------
 
 
@@ -807,6 +1094,7 @@ def _activate(job: _Job) -> None:
     on_import: dict[str, list[Callable[[ModuleType], None]]] = {
         "traceback": [hook_traceback],
         "multiprocessing": [hook_multiprocessing],
+        **{name: [hook] for name, hook in PROGRESS_HOOKS.items()},
     }
     if job.mp_start is not None and "multiprocessing" not in sys.modules:
         on_import["multiprocessing"].append(set_default_start_method(job.mp_start))

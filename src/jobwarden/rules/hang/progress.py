@@ -27,6 +27,8 @@ def no_progress(ev: RunEvidence) -> Finding | None:
     main = _main_stack(ev, look)
     hints = [line for stack in look.live_stacks() for line in _hints(stack, look)]
     evidence = [_quiet_line(ev, quiet, window)]
+    if ev.step_note:
+        evidence.insert(0, ev.step_note)
     if main is not None:
         evidence.append(_main_line(main, look))
     elif ev.pid is not None:
@@ -37,6 +39,11 @@ def no_progress(ev: RunEvidence) -> Finding | None:
     ]
     deadlock = sum("waits on a lock" in h for h in hints) >= 2
     summary = f"No {_SIGNS} for {quiet} (the hang window is {window}), and no known hang signature matched"
+    if ev.last_progress == "step":
+        summary = (
+            f"The step counter has not moved for {quiet} (the hang window is {window}) although the job "
+            "may still burn CPU (a spin, a busy-waiting collective), and no known hang signature matched"
+        )
     summary += "; two or more threads wait on locks, a lock-order deadlock." if deadlock else "."
     return Finding(
         "no-progress",
@@ -57,6 +64,8 @@ def _main_stack(ev: RunEvidence, look: Lookup) -> ProcessStack | None:
 
 
 def _quiet_line(ev: RunEvidence, quiet: str, window: str) -> str:
+    if ev.last_progress == "step":  # a running step counter is the only sign that counted
+        return f"no new step for {quiet} (window {window}); CPU, I/O and output do not count while one runs"
     last = f"; the last sign of progress was {ev.last_progress}" if ev.last_progress else ""
     return f"quiet for {quiet} (window {window}): no {_SIGNS}{last}"
 

@@ -66,6 +66,69 @@ const jw = {
     return jw.el("span", { class: `state state-${state}` }, state);
   },
 
+  // --- progress (the same words as `jobwarden ps` and `status`: text/progress.py) ---------------------
+
+  duration(seconds) {
+    let s = Math.max(0, Math.floor(seconds));
+    const d = Math.floor(s / 86400), h = Math.floor((s % 86400) / 3600), m = Math.floor((s % 3600) / 60);
+    s %= 60;
+    if (d) return `${d}d${h}h`;
+    if (h) return `${h}h${String(m).padStart(2, "0")}m`;
+    if (m) return `${m}m${String(s).padStart(2, "0")}s`;
+    return `${s}s`;
+  },
+
+  figure(v) {
+    return v >= 100 ? v.toFixed(0) : String(Number(v.toPrecision(3))); // 5.4, 5.43, 54.3, 543
+  },
+
+  unit(p) {
+    const u = (p.unit || "it").slice(0, 12);
+    return { iteration: "it", iterations: "it", update: "upd" }[u] || u;
+  },
+
+  rate(p) {
+    if (!p.rate || p.rate <= 0) return "";
+    return p.rate < 1 ? `${jw.figure(1 / p.rate)}s/${jw.unit(p)}` : `${jw.figure(p.rate)}${jw.unit(p)}/s`;
+  },
+
+  finished(p) {
+    return p.closed || (p.total !== null && p.step !== null && p.step >= p.total);
+  },
+
+  counter(p) {
+    if (p.step === null) return p.epoch !== null ? `epoch ${p.epoch}` : "";
+    if (p.total) return `${Math.round((p.fraction || 0) * 100)}% ${p.step}/${p.total}`;
+    return `step ${p.step}`;
+  },
+
+  // "45% 450/1000 5.4it/s ETA 1m42s"; an ended run: where it stopped
+  progressText(p, live) {
+    if (!p) return "";
+    const parts = [jw.counter(p)];
+    if (live && !jw.finished(p)) {
+      if (p.stalled_for_s !== null) parts.push(`stalled ${jw.duration(p.stalled_for_s)}`);
+      else if (p.rate) {
+        parts.push(jw.rate(p));
+        if (p.eta_s !== null) parts.push(`ETA ${jw.duration(Math.round(p.eta_s))}`);
+      }
+    }
+    return parts.filter(Boolean).join(" ");
+  },
+
+  // a bar (when there is a total) and the text beside it
+  progressCell(p, live) {
+    if (!p) return "";
+    const box = jw.el("div", { class: `progress${p.stalled_for_s !== null ? " stalled" : ""}`, "data-step": p.step });
+    if (p.fraction !== null) {
+      const fill = jw.el("div", { class: "fill" });
+      fill.style.width = `${(p.fraction * 100).toFixed(1)}%`;
+      box.append(jw.el("div", { class: "bar", role: "progressbar", "aria-valuenow": Math.round(p.fraction * 100), "aria-valuemin": 0, "aria-valuemax": 100 }, fill));
+    }
+    box.append(jw.el("span", { class: "ptext" }, jw.progressText(p, live)));
+    return box;
+  },
+
   showError(message) {
     const p = document.getElementById("error");
     p.textContent = message || "";

@@ -75,7 +75,9 @@ function renderAttempts(runs) {
       jw.el("td", {}, jw.el("a", { href: `/jobs/${encodeURIComponent(JOB)}?run=${r.n}` }, r.n)),
       jw.el("td", {}, jw.stateBadge(r.state)), jw.el("td", {}, jw.time(r.started_at)),
       jw.el("td", {}, jw.time(r.ended_at)), jw.el("td", { class: "num" }, r.exit_code ?? ""),
-      jw.el("td", {}, r.signal || ""), jw.el("td", {}, r.end_reason || ""))));
+      jw.el("td", {}, r.signal || ""), jw.el("td", {}, r.end_reason || ""),
+      // how far each attempt got: from its first step seen to its last (where the next one resumed)
+      jw.el("td", { class: "num" }, r.step === null ? "" : `${r.first_step !== null && r.first_step !== r.step ? `${r.first_step} → ` : ""}${r.step}${r.total ? `/${r.total}` : ""}`))));
 }
 
 function renderProcesses(procs) {
@@ -88,11 +90,56 @@ function renderProcesses(procs) {
       jw.el("td", {}, p.rank ?? ""), jw.el("td", { class: "cmd", title: p.cmdline }, p.cmdline))));
 }
 
+function metricsText(metrics) {
+  // the loss first (progress.model.loss_name), then what else the job reported
+  const names = Object.keys(metrics || {});
+  const loss = lossName(names);
+  if (loss) names.splice(names.indexOf(loss), 1), names.unshift(loss);
+  return names.slice(0, 4).map((k) => `${k} ${String(Number(Number(metrics[k]).toPrecision(4)))}`).join(" · ");
+}
+
+function lossName(names) {
+  const rank = (k) => (k.toLowerCase() === "loss" ? 0 : 2) + (/val|eval/i.test(k) ? 1 : 0);
+  const found = names.filter((k) => k.toLowerCase().includes("loss"));
+  found.sort((a, b) => rank(a) - rank(b)); // stable: the job's order among equals
+  return found[0] || null;
+}
+
+function renderProgress(s) {
+  const box = document.getElementById("progress");
+  const p = s.progress;
+  box.hidden = !p;
+  if (!p) return;
+  const live = s.state === "running";
+  let text = jw.progressText(p, live);
+  if (!live && p.step !== null) {
+    const where = p.total ? `${Math.round((p.fraction || 0) * 100)}%, step ${p.step}/${p.total}` : `step ${p.step}`;
+    text = `${p.total && p.step >= p.total ? "reached" : "stopped at"} ${where}`;
+  }
+  const cell = jw.progressCell(p, live);
+  cell.querySelector(".ptext").textContent = text;
+  document.getElementById("progress-bar").replaceChildren(cell);
+  const facts = [];
+  if (p.label) facts.push(p.label);
+  if (p.epoch !== null && p.step !== null && !/epoch/i.test(p.label || "")) facts.push(`epoch ${p.epoch}`);
+  const metrics = metricsText(p.metrics);
+  if (metrics) facts.push(metrics);
+  const how = { "in-process": "read in-process", log: "from the log" }[p.observed];
+  facts.push(how ? `${p.format}, ${how}` : p.format);
+  facts.push(`updated ${jw.time(p.at)}`);
+  const before = (s.runs || []).find((r) => r.n === s.run - 1);
+  if (p.first_step !== null && before && before.step !== null) {
+    facts.push(`resumed at step ${p.first_step} (run ${before.n} had reached ${before.total ? `${before.step}/${before.total}` : before.step})`);
+  }
+  document.getElementById("progress-facts").textContent = facts.join(" · ");
+}
+
 async function refreshStatus() {
   try {
     const s = await jw.get(API + RUN_Q);
     lastStatus = s;
     renderSummary(s);
+    renderProgress(s);
     renderFindings(s.findings);
     renderAttempts(s.runs);
     renderProcesses(s.processes);
@@ -111,7 +158,15 @@ function rate(t, v) {
     ? null : (x - v[i - 1]) / (t[i] - t[i - 1]));
 }
 
+function lossOf(sample) {
+  const name = lossName(Object.keys(sample.metrics || {}));
+  return name === null ? null : sample.metrics[name];
+}
+
 const CHARTS = [
+  // progress first, shown only where the job shows it (a step counter, a loss)
+  { id: "step_rate", title: "Step rate (steps per second, measured by jobwarden)", series: [["step_rate", "steps/s", "#0550ae"]], fmt: (v) => `${jw.figure(v)}/s`, optional: true },
+  { id: "loss", title: "Loss (as the job reports it)", series: [[lossOf, "loss", "#bc4c00"]], fmt: (v) => String(Number(Number(v).toPrecision(4))), optional: true },
   { id: "cpu", title: "CPU (% of one core)", series: [["cpu_percent", "CPU %", "#0969da"]], fmt: (v) => `${v.toFixed(0)}%` },
   { id: "rss", title: "Memory (RSS)", series: [["rss_bytes", "RSS", "#8250df"]], fmt: jw.bytes },
   { id: "nprocs", title: "Processes", series: [["nprocs", "processes", "#1a7f37"]], fmt: (v) => v.toFixed(0) },
@@ -124,7 +179,7 @@ const plots = {};
 function chartData(def, samples) {
   const t = samples.map((s) => s.t);
   return [t, ...def.series.map(([key]) => {
-    const v = samples.map((s) => (s[key] === undefined ? null : s[key]));
+    const v = samples.map((s) => (typeof key === "function" ? key(s) : s[key] === undefined ? null : s[key]));
     return def.rate ? rate(t, v) : v;
   })];
 }
@@ -138,7 +193,9 @@ function makeChart(def, data) {
   const box = jw.el("div", { class: "chart", id: `chart-${def.id}` }, jw.el("h3", {}, def.title));
   const empty = jw.el("p", { class: "empty", hidden: true }, "no data (not measured for this job)");
   box.append(empty);
-  document.getElementById("charts").append(box);
+  const charts = document.getElementById("charts");
+  charts.insertBefore(box, def.optional ? charts.querySelector(".chart:not(.progress-chart)") : null);
+  if (def.optional) box.classList.add("progress-chart");
   const fmt = (u, v) => (v === null || v === undefined ? "–" : def.fmt(v));
   const opts = {
     width: Math.max(300, box.clientWidth - 14), height: 180, legend: { live: true },
@@ -161,6 +218,7 @@ async function refreshSamples() {
     const samples = await jw.get(`${API}/samples${RUN_Q}${sep}points=600`);
     for (const def of CHARTS) {
       const data = chartData(def, samples);
+      if (def.optional && !plots[def.id] && allNull(data)) continue; // a job without progress: no chart
       if (!plots[def.id]) makeChart(def, data);
       else plots[def.id].plot.setData(data);
       plots[def.id].empty.hidden = !allNull(data);

@@ -17,6 +17,7 @@ function row(job) {
     jw.el("td", {}, gpus),
     jw.el("td", { class: "num" }, jw.percent(job.cpu_percent)),
     jw.el("td", { class: "num" }, jw.bytes(job.rss_bytes)),
+    jw.el("td", { class: "prog" }, jw.progressCell(job.progress, job.state === "running")),
     verdict(job),
     jw.el("td", {}, jw.time(job.started_at)),
     jw.el("td", { class: "cmd", title: job.command.join(" ") }, job.command.join(" ")));

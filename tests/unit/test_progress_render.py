@@ -1,0 +1,90 @@
+"""Progress as `ps`, `status`, `explain` and `top` write it: the contract's PROGRESS column
+("45% 450/1000 5.4it/s ETA 1m42s", "step 4500 5.4it/s"), where an ended run stopped, where a restarted
+run resumed, and nothing the job wrote reaching the terminal raw."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobwarden.progress.model import Progress
+from jobwarden.text.progress import metrics_text, progress_cell, progress_line, rate_text, resumed_line
+from jobwarden.tui.cells import progress_bar
+
+NOW = 1_700_000_100.0
+
+
+def p(
+    step: int | None = 450, total: int | None = 1000, rate: float | None = 5.4, **changes: object
+) -> Progress:
+    fields: dict[str, object] = {
+        "step": step,
+        "total": total,
+        "rate": rate,
+        "unit": "it",
+        "epoch": None,
+        "metrics": (),
+        "source": "output",
+        "format": "tqdm",
+        "at": NOW - 2,
+        **changes,
+    }
+    return Progress(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("progress", "live", "cell"),
+    [
+        (p(), True, "45% 450/1000 5.4it/s ETA 1m42s"),
+        (p(step=4500, total=None), True, "step 4500 5.4it/s"),
+        (p(rate=None), True, "45% 450/1000"),
+        (p(rate=0.2, unit="step"), True, "45% 450/1000 5s/step ETA 45m50s"),
+        (p(rate=1234.5), True, "45% 450/1000 1234it/s ETA 0s"),
+        (p(stalled_since=NOW - 130), True, "45% 450/1000 stalled 2m10s"),
+        (p(step=620), False, "62% 620/1000"),
+        (p(step=1000, closed=True), True, "100% 1000/1000"),
+        (p(step=None, total=None, rate=None, epoch=1.25), True, "epoch 1.25"),
+        (None, True, "-"),
+    ],
+)
+def test_the_progress_column(progress: Progress | None, live: bool, cell: str) -> None:
+    assert progress_cell(progress, live, NOW) == cell
+
+
+def test_megatrons_iterations_are_its() -> None:
+    assert rate_text(p(unit="iteration", rate=2.0)) == "2it/s"
+
+
+def test_an_ended_run_says_where_it_stopped_and_what_it_reported() -> None:
+    crashed = p(
+        step=620, metrics=(("lr", 5e-05), ("val_loss", 0.9), ("loss", 0.0116)), epoch=3.0, label="train"
+    )
+    line = progress_line(crashed, False, NOW)
+    assert line.startswith(
+        "stopped at 62%, step 620/1000; epoch 3; loss 0.0116, lr 5e-05, val_loss 0.9 [train]"
+    )
+    assert line.endswith("(tqdm, from the log, 2s ago)")
+    assert progress_line(p(step=1000, closed=True), False, NOW).startswith("reached 100%, step 1000/1000")
+    assert progress_line(p(step=7, total=None, format="heartbeat", observed="heartbeat"), False, NOW) == (
+        "stopped at step 7 (heartbeat, 2s ago)"
+    )
+
+
+def test_a_restarted_run_says_where_it_resumed() -> None:
+    assert (
+        resumed_line(p(step=610, first_step=600), p(step=620), 1)
+        == "resumed at step 600 (run 1 had reached 620/1000)"
+    )
+    assert resumed_line(p(first_step=600), None, 1) is None
+
+
+def test_job_text_never_reaches_the_terminal_raw() -> None:
+    evil = p(label="\x1b]0;pwned\x07Epoch\x1b[2J 1", metrics=(("lo\x1bss\r", 0.5),), unit="\x1b[31mit")
+    text = progress_line(evil, True, NOW) + metrics_text(evil) + progress_cell(evil, True, NOW)
+    assert "\x1b" not in text and "\r" not in text and "\x07" not in text
+
+
+def test_the_bar_in_eighths() -> None:
+    assert progress_bar(0.0, 8) == " " * 8
+    assert progress_bar(0.5, 8) == "████    "
+    assert progress_bar(0.5625, 8) == "████▌   "
+    assert progress_bar(2.0, 4) == "████"
