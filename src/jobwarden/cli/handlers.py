@@ -561,6 +561,22 @@ def cmd_dump(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from jobwarden.control.profile import parse_profile_duration, parse_rate, profile_job
+    from jobwarden.text.profile import profile_report
+
+    duration = parse_profile_duration(args.duration)
+    rate = parse_rate(args.rate)
+    result = profile_job(
+        _home(), _procfs(), args.job, duration_s=duration, rate_hz=rate, run_n=args.run, trigger=args.trigger
+    )
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        _print_lines(profile_report(result.summary, str(result.path) if result.path else None))
+    return 0
+
+
 def cmd_rm(args: argparse.Namespace) -> int:
     from jobwarden.control.lifecycle import remove
 
@@ -698,6 +714,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "explain": cmd_explain,
     "dump": cmd_dump,
     "metrics": cmd_metrics,
+    "profile": cmd_profile,
     "rm": cmd_rm,
     "orphans": cmd_orphans,
     "doctor": cmd_doctor,
