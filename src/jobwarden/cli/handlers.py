@@ -403,11 +403,24 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.job is None:
         raise UsageError("explain needs a JOB (an id or a name), or --group ID")
     status = _job_status(args.job, args.run)
+    profiled = _newest_profile(status.job.id, status.run.n)
     if args.json:
-        _print_json(status.explain_json())
+        _print_json({**status.explain_json(), "profile": profiled})
     else:
         _print_lines(render.explain_report(status, SystemClock().wall()))
+        if profiled is not None:  # what the job was doing when last profiled (on a speed finding too)
+            from jobwarden.text.profile import profile_line
+
+            _print_lines(["", profile_line(profiled)])
     return 0
+
+
+def _newest_profile(job_id: int, run: int) -> dict[str, Any] | None:
+    from jobwarden.control.profile import newest_summary
+    from jobwarden.store import Store
+
+    with Store(_home()) as store:
+        return newest_summary(store, job_id, run)
 
 
 _GROUP_ONLY = {  # explain's flags of a group's verdict, as the user types them: the Namespace's names

@@ -86,10 +86,11 @@ class Profile:
             counts[t.pid] = counts.get(t.pid, 0.0) + sum(t.weights)
         return counts
 
-    def top(self, n: int = TOP_N) -> list[dict[str, Any]]:
+    def top(self, n: int = TOP_N, self_only: bool = False) -> list[dict[str, Any]]:
         """The functions with the largest inclusive share of the samples, across every thread of every
         process: a function counts once per sample however often it recurs in it. Each is named with the
-        line it spent most samples on."""
+        line it spent most samples on. `self_only`: the innermost frame of each sample only (where the
+        time is spent, not what called it)."""
         total = self.seconds
         if total <= 0:
             return []
@@ -98,7 +99,7 @@ class Profile:
         for t in self.threads.values():
             for stack, weight in zip(t.stacks, t.weights, strict=True):
                 seen: set[tuple[str, str]] = set()
-                for index in stack:
+                for index in stack[-1:] if self_only else stack:
                     f = self.frames[index]
                     key = (f.function, f.file)
                     by_line = lines.setdefault(key, {})
@@ -227,6 +228,7 @@ def summary(profile: Profile, commands: Mapping[int, str], rate_hz: int) -> dict
             for pid, seconds in sorted(per_process.items(), key=lambda kv: (-kv[1], kv[0]))
         ],
         "top": profile.top(),
+        "hot": profile.top(5, self_only=True),
     }
 
 

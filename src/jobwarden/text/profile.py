@@ -44,11 +44,9 @@ def profile_report(summary: Mapping[str, Any], path: str | None = None) -> Itera
 
 
 def profile_line(summary: Mapping[str, Any], shown: int = 3) -> str:
-    """One line for `explain`: the newest profile's top frames (the outermost, such as `<module>`, are in
-    every sample: the innermost of the leading ones say more, so the list skips shares of 100 %)."""
-    top = [e for e in summary.get("top") or [] if e.get("fraction", 0) < 0.999] or list(
-        summary.get("top") or []
-    )
-    frames = ", ".join(f"{e['fraction']:.0%} {frame_label(e)}" for e in top[:shown])
+    """One line for `explain`: where the newest profile found the time spent (the innermost frames of the
+    samples: what the job was doing, not the `<module>` and `main` every sample passes through)."""
+    hot = list(summary.get("hot") or summary.get("top") or [])
+    frames = ", ".join(f"{e['fraction']:.0%} {frame_label(e)}" for e in hot[:shown])
     when = f"{summary.get('trigger', 'cli')}, {summary.get('at', '')}, {summary.get('duration_s')}s"
     return f"profile ({when}): {frames or 'idle'}"
