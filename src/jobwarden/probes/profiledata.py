@@ -158,7 +158,10 @@ def from_speedscope(data: Mapping[str, Any], profile: Profile | None = None) -> 
             thread = profile.thread(pid, tid, name)
             for stack, weight in zip(run["samples"], run["weights"], strict=True):
                 kept = tuple(i for i in (local[int(j)] for j in stack) if i is not None)
-                thread.add(kept, float(weight))
+                seconds = float(weight)
+                if not 0 <= seconds < 1e9:  # NaN, infinite or negative: no sampler wrote it
+                    raise ValueError(f"a sample weighs {weight!r}")
+                thread.add(kept, seconds)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
         raise ProfileFormatError(f"not a speedscope profile: {type(err).__name__}: {err}") from err
     return profile
