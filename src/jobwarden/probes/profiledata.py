@@ -157,7 +157,7 @@ def from_speedscope(data: Mapping[str, Any], profile: Profile | None = None) -> 
             pid, tid, name = _thread_of(str(run.get("name", "")))
             thread = profile.thread(pid, tid, name)
             for stack, weight in zip(run["samples"], run["weights"], strict=True):
-                kept = tuple(i for i in (local[int(j)] for j in stack) if i is not None)
+                kept = tuple(i for i in (local[_index(j, len(local))] for j in stack) if i is not None)
                 seconds = float(weight)
                 if not 0 <= seconds < 1e9:  # NaN, infinite or negative: no sampler wrote it
                     raise ValueError(f"a sample weighs {weight!r}")
@@ -165,6 +165,13 @@ def from_speedscope(data: Mapping[str, Any], profile: Profile | None = None) -> 
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
         raise ProfileFormatError(f"not a speedscope profile: {type(err).__name__}: {err}") from err
     return profile
+
+
+def _index(raw: Any, size: int) -> int:
+    index = int(raw)
+    if not 0 <= index < size:
+        raise IndexError(f"frame {index} of {size}")
+    return index
 
 
 def _synthetic(raw: Mapping[str, Any]) -> bool:
