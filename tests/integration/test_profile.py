@@ -21,6 +21,7 @@ from jobwarden.shim.findings import LiveFindings
 from jobwarden.store import Store
 from jobwarden.store import profiles as stored
 from tests.conftest import Jobwarden, make_fifo, read_fifo
+from tests.integration.test_web_browser import browser  # noqa: F401 (the fixture: chromium, selenium)
 
 pytestmark = [pytest.mark.integration]
 TARGETS = str(Path(__file__).parent / "jobs" / "profile_targets.py")
@@ -220,3 +221,46 @@ def test_a_speed_finding_takes_one_profile_in_a_child(jw: Jobwarden, tmp_path: P
     summary = found[0].summary()
     assert summary is not None and summary["duration_s"] == 5
     assert entry(summary["top"], "burn_cpu")["fraction"] >= 0.5
+
+
+SHOTS = Path("/tmp/shots-profile")
+
+
+@pytest.mark.browser
+def test_the_job_page_draws_the_flame_graph(jw: Jobwarden, tmp_path: Path, browser: Any) -> None:  # noqa: F811
+    from selenium.webdriver.common.by import By
+
+    from tests.integration.test_web_browser import wait_until
+    from tests.integration.webtools import web_server
+
+    driver = browser
+    job = start_target(jw, tmp_path, "dataloader")
+    try:
+        jw("profile", str(job["id"]), "--duration", "3s", check=True)
+        with web_server(jw.home) as served:
+            driver.get(served.url.replace("/?token=", f"/jobs/{job['id']}?token="))
+            frame = '#flame svg g.frame[data-function="dataloader.<locals>.Burning.__getitem__"]'
+            wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, frame), "__getitem__ drawn")
+            drawn = driver.find_elements(By.CSS_SELECTOR, "#flame svg g.frame")
+            names = {g.get_attribute("data-function") for g in drawn}
+            assert "_worker_loop" in names and any(n.startswith("pid ") for n in names)
+            share = float(driver.find_element(By.CSS_SELECTOR, frame).get_attribute("data-share"))
+            assert 0.2 < share <= 1.0
+            labels = " ".join(t.text for t in driver.find_elements(By.CSS_SELECTOR, "#flame svg text"))
+            assert "_worker_loop" in labels  # wide enough to be labelled
+            assert "samples of 3 process(es)" in driver.find_element(By.CSS_SELECTOR, "#flame p").text
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            driver.find_element(By.CSS_SELECTOR, "#flame").location_once_scrolled_into_view  # noqa: B018
+            driver.save_screenshot(str(SHOTS / "job-page-flame.png"))
+            driver.find_element(By.CSS_SELECTOR, frame).click()  # zoom into the frame
+            wait_until(
+                driver,
+                lambda d: (
+                    float(d.find_element(By.CSS_SELECTOR, "#flame svg g.frame").get_attribute("data-share"))
+                    < 0.999
+                ),
+                "zoomed into __getitem__",
+            )
+            driver.save_screenshot(str(SHOTS / "job-page-flame-zoomed.png"))
+    finally:
+        jw("stop", str(job["id"]))

@@ -40,7 +40,8 @@
         let at = proc;
         for (const index of stack) {
           const f = frames[index];
-          const k = `${f.name}\u0000${f.file || ""}\u0000${f.line || ""}`;
+          // one box per function (and file), whatever line it was on: a flame graph's convention
+          const k = `${f.name}\u0000${f.file || ""}`;
           if (!at.children.has(k)) at.children.set(k, node(f.name, f.file || "", f.line || null));
           at = at.children.get(k);
           at.value += w;
@@ -70,7 +71,11 @@
   }
 
   function label(n) {
-    return n.file ? `${n.name} (${n.file}${n.line ? `:${n.line}` : ""})` : n.name;
+    return n.file ? `${n.name} (${n.file})` : n.name;
+  }
+
+  function shortLabel(n) {
+    return n.file ? `${n.name} (${n.file.split("/").pop()})` : n.name;
   }
 
   function draw(box, root, focus, total) {
@@ -104,7 +109,7 @@
         text.setAttribute("y", depth * ROW + ROW - 5);
         text.setAttribute("font-size", "11");
         const room = Math.floor((w - 6) / 6.5);
-        const name = label(n);
+        const name = shortLabel(n);
         text.textContent = name.length > room ? `${name.slice(0, Math.max(1, room - 1))}…` : name;
         g.append(text);
       }
