@@ -123,6 +123,38 @@ def test_a_dataloader_jobs_workers_are_profiled_in_getitem(jw: Jobwarden, tmp_pa
     assert len(in_getitem) == 2  # both workers
 
 
+DSTATE_C = """
+#include <unistd.h>
+#include <sys/syscall.h>
+int park_in_vfork(void) { pid_t p = vfork(); if (p == 0) { syscall(SYS_pause); _exit(0); } return p; }
+"""
+
+
+def test_a_thread_in_d_state_is_waiting_on_io_not_idle(jw: Jobwarden, tmp_path: Path) -> None:
+    """py-spy calls a thread in D state idle and drops it; the profile counts it as waiting on I/O, with
+    the kernel function it waits in, and reads the job without pausing it (a pause would hang on it)."""
+    import shutil
+    import subprocess
+
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("needs gcc (scripts/test installs it)")
+        pytest.skip("needs gcc")
+    (tmp_path / "dstate.c").write_text(DSTATE_C)
+    library = tmp_path / "libdstate.so"
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(library), str(tmp_path / "dstate.c")], check=True)
+    job = start_target(jw, tmp_path, "dstate", str(library))
+    try:
+        got = jw.json("profile", str(job["id"]), "--duration", "2s")
+    finally:
+        jw("stop", str(job["id"]))
+    io = entry(got["top"], "(waiting on I/O)")
+    assert io["file"].startswith("kernel") and io["fraction"] >= 0.2, io
+    assert got["io_wait_fraction"] == pytest.approx(io["fraction"], abs=0.01)
+    assert entry(got["top"], "burn_cpu")["fraction"] >= 0.3  # the other thread went on running
+
+
 def test_an_ended_job_is_a_clear_error(jw: Jobwarden) -> None:
     job = jw.start(sys.executable, "-c", "pass")
     jw("wait", str(job["id"]), check=True)

@@ -1,6 +1,7 @@
 """Jobs to profile: `spin READY` burns CPU in burn_cpu() (one thread, or `spin READY N` with N idle
 threads beside it); `dataloader READY` feeds a training loop from a torch DataLoader with two workers whose
-dataset burns CPU in __getitem__. Each writes a line to READY once it is at work, then runs until killed."""
+dataset burns CPU in __getitem__; `dstate READY LIB` has a thread in D state beside a spinning one.
+Each writes a line to READY once it is at work, then runs until killed."""
 
 from __future__ import annotations
 
@@ -47,9 +48,23 @@ def dataloader(ready: str) -> None:
             told = True
 
 
+def dstate(ready: str, library: str) -> None:
+    """A thread parked in D state (a vfork parent waits uninterruptibly for its child, which pauses:
+    research/hang-diagnosis.md §1.6), while the main thread spins."""
+    import ctypes
+
+    lib = ctypes.CDLL(library)
+    threading.Thread(target=lib.park_in_vfork, name="parked", daemon=True).start()
+    with open(ready, "w") as fh:
+        fh.write("parked\n")
+    burn_cpu()
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "spin":
         spin(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 0)
+    elif sys.argv[1] == "dstate":
+        dstate(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "dataloader":
         dataloader(sys.argv[2])
     else:
