@@ -190,24 +190,29 @@ def test_a_planted_link_is_never_read(tmp_path: Path) -> None:
     assert found is not None and found.summary() is None
 
 
-def fake_task(root: Path, pid: int, tid: int, state: str, wchan: str = "0", ppid: int = 1) -> None:
+def fake_task(
+    root: Path, pid: int, tid: int, state: str, wchan: str = "0", ppid: int = 1, children: str = ""
+) -> None:
     task = root / str(pid) / "task" / str(tid)
     task.mkdir(parents=True, exist_ok=True)
     rest = " ".join(["0"] * 40)
     (task / "stat").write_text(f"{tid} (py thread) {state} {ppid} {rest}\n")
     (task / "wchan").write_text(wchan)
+    (task / "children").write_text(children)
     if pid == tid:
         (root / str(pid) / "stat").write_text(f"{pid} (python) {state} {ppid} {rest}\n")
 
 
 def test_the_state_sampler_counts_d_ticks_with_their_wchan(tmp_path: Path) -> None:
     fake_task(tmp_path, 10, 10, "R")
-    fake_task(tmp_path, 10, 12, "D", "folio_wait_bit_common")
+    fake_task(tmp_path, 10, 12, "D", "folio_wait_bit_common", children="20 ")  # forked by thread 12
     fake_task(tmp_path, 20, 20, "S", ppid=10)  # a child: found by the rescan
     fake_task(tmp_path, 20, 21, "D", "jbd2_log_wait_commit", ppid=10)
     fake_task(tmp_path, 30, 30, "D", ppid=99)  # someone else's
-    sampler = StateSampler(ProcFS(tmp_path), [10], 0.01)
+    found: list[int] = []
+    sampler = StateSampler(ProcFS(tmp_path), [10], 0.01, on_new=found.append)
     sampler._find_children()
+    assert found == [20]  # each new process told once, to be recorded
     for _ in range(3):
         sampler._tick()
     waits = {(w.pid, w.tid): w for w in sampler.io_waits()}
@@ -217,8 +222,3 @@ def test_the_state_sampler_counts_d_ticks_with_their_wchan(tmp_path: Path) -> No
     os.rename(tmp_path / "20", tmp_path / "gone")  # ended: dropped, not an error
     sampler._tick()
     assert 20 not in sampler.pids
-
-
-def test_roots_cover_the_tree_once() -> None:
-    parents = {1: 0, 2: 1, 3: 2, 7: 99, 8: 7}
-    assert profiledata.roots_of([1, 2, 3, 7, 8], parents) == [1, 7]

@@ -143,7 +143,6 @@ def profile_job(
     commands = _commands(procfs, pids)
     choice = choose_rate(_threads(procfs, pids), len(pids), _cpus(pids[0]))
     rate = rate_hz or choice.rate_hz
-    roots = profiledata.roots_of(pids, _parents(procfs, pids))
     at = SystemClock().wall()
     folder = stored_profiles.profiles_dir(layout, job.id, run.n)
     with Store(home) as store:
@@ -153,22 +152,29 @@ def profile_job(
     ensure_private_dir(folder)
     work = Path(tempfile.mkdtemp(prefix=".record-", dir=folder))
     try:
-        recording = pyspyrecord.record(binary, roots, rate, duration_s, procfs, work)
+        recording = pyspyrecord.record(binary, pids, rate, duration_s, procfs, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    failures = [f for _, f in recording.failures]
     if not recording.speedscope:
-        raise _failed(job, procfs, recording.failures, pids)
+        raise _failed(job, procfs, failures, pids)
     profile = profiledata.Profile()
-    for data in recording.speedscope:
+    for pid, data in recording.speedscope:
         try:
-            profiledata.from_speedscope(data, profile)
+            profiledata.from_speedscope(data, profile, pid)
         except profiledata.ProfileFormatError as err:
             raise JobwardenError(f"py-spy's profile could not be read: {err}", "report it") from err
     profiledata.add_io_waits(profile, recording.io_waits, 1.0 / rate)
     notes = list(recording.notes)
     if rate_hz is None and choice.note:
         notes.append(choice.note)
-    notes += [f"a process could not be profiled: {f.message}" for f in recording.failures]
+    notes += [
+        f"process {pid} could not be profiled: {f.message}"
+        for pid, f in recording.failures
+        if f.kind not in (Failure.NOT_PYTHON, Failure.GONE)  # a shell wrapper, a worker that ended
+    ]
+    if recording.left_out:
+        notes.append(f"{recording.left_out} processes left out: at most {pyspyrecord.MAX_RECORDS} at once")
     if profile.seconds <= 0:
         notes.append("no thread ran or waited on I/O while it was sampled: the job was idle")
     summary = {
@@ -211,7 +217,7 @@ def _failed(job: JobRecord, procfs: ProcFS, failures: list[CaptureError], pids: 
         return JobwardenError(f"cannot profile job {job.id}: {ptrace_denied_help(procfs, pids[0])}")
     if Failure.UNAVAILABLE in kinds:
         return JobwardenError(pyspy.missing_message())
-    if kinds == {Failure.NOT_PYTHON} or any("No python processes" in f.message for f in failures):
+    if kinds <= {Failure.NOT_PYTHON, Failure.GONE} and Failure.NOT_PYTHON in kinds:
         return JobwardenError(
             f"job {job.id} runs no Python process: py-spy profiles Python code",
             "for native code use `perf record -g -p PID`",
@@ -235,14 +241,6 @@ def _cpus(pid: int) -> int:
         return len(os.sched_getaffinity(pid))
     except OSError:
         return os.cpu_count() or 1
-
-
-def _parents(procfs: ProcFS, pids: list[int]) -> dict[int, int]:
-    parents = {}
-    for pid in pids:
-        with contextlib.suppress(JobwardenError):
-            parents[pid] = procfs.stat(pid).ppid
-    return parents
 
 
 def _commands(procfs: ProcFS, pids: list[int]) -> dict[int, str]:

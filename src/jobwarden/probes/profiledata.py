@@ -13,7 +13,7 @@ Pure: no I/O. The speedscope format is https://www.speedscope.app/file-format-sc
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,9 +143,10 @@ class Profile:
         }
 
 
-def from_speedscope(data: Mapping[str, Any], profile: Profile | None = None) -> Profile:
-    """A speedscope file (py-spy's, or one jobwarden wrote) merged into `profile`. Raises
-    ProfileFormatError when it is not one."""
+def from_speedscope(data: Mapping[str, Any], profile: Profile | None = None, pid: int = 0) -> Profile:
+    """A speedscope file (py-spy's, or one jobwarden wrote) merged into `profile`; `pid`: the process a
+    record of one process was of (its profiles' names give only the thread). Raises ProfileFormatError
+    when it is not one."""
     profile = profile if profile is not None else Profile()
     try:
         frames = data["shared"]["frames"]
@@ -154,8 +155,8 @@ def from_speedscope(data: Mapping[str, Any], profile: Profile | None = None) -> 
             raise TypeError("frames and profiles must be lists")
         local = [None if _synthetic(f) else profile.frame(_frame(f)) for f in frames]
         for run in runs:
-            pid, tid, name = _thread_of(str(run.get("name", "")))
-            thread = profile.thread(pid, tid, name)
+            named, tid, name = _thread_of(str(run.get("name", "")))
+            thread = profile.thread(named or pid, tid, name)
             for stack, weight in zip(run["samples"], run["weights"], strict=True):
                 kept = tuple(i for i in (local[_index(j, len(local))] for j in stack) if i is not None)
                 seconds = float(weight)
@@ -240,10 +241,3 @@ def summary(profile: Profile, commands: Mapping[int, str], rate_hz: int) -> dict
         "top": profile.top(),
         "hot": profile.top(5, self_only=True),
     }
-
-
-def roots_of(pids: Sequence[int], parents: Mapping[int, int]) -> list[int]:
-    """The processes whose parent is not in `pids`: one `record --subprocesses` each covers the tree (a
-    process the subreaper adopted after its parent died is a root of its own)."""
-    members = set(pids)
-    return [pid for pid in pids if parents.get(pid) not in members]

@@ -8,8 +8,9 @@ slower at 65 threads and 100 Hz, hung at 200 Hz (research/slowness.md §5.3, py-
 pausing costs the job only py-spy's own CPU; the price is a stack now and then read mid-change (py-spy
 counts it as an error and goes on).
 
-`--subprocesses` on each root of the tree follows DataLoader workers, ranks and whatever they start during
-the recording (research/slowness.md §5.5: the workers' `_worker_loop → __getitem__` frames are there).
+Each process of the tree gets its own record, DataLoader workers and ranks included, and so does each
+process they start during the recording (research/slowness.md §5.5: the workers' `_worker_loop →
+__getitem__` frames are there).
 
 py-spy drops a thread in D state as idle; `StateSampler` reads /proc/PID/task/*/stat of the same processes
 at the same rate, and counts for each thread the ticks it spent in D and where (wchan), which
@@ -20,18 +21,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobwarden.osapi.procfs import ProcFS, parse_stat
+from jobwarden.osapi.procfs import ProcFS
 from jobwarden.osapi.tool import ToolUnavailable, run_tool
 from jobwarden.probes.profiledata import IoWait
 from jobwarden.probes.pyspy import classify_error
@@ -42,41 +44,86 @@ STARTUP_S = 10.0  # py-spy attaching to a torch process, and writing its file at
 RESCAN_S = 0.5  # how often the state sampler looks for new processes (py-spy looks every 0.1 s)
 
 
+MAX_RECORDS = 128  # py-spy processes at once: a larger tree is profiled in its first 128 processes
+
+
 @dataclass
 class Recording:
-    speedscope: list[dict[str, Any]] = field(default_factory=list)  # one file per root
+    speedscope: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # (pid, py-spy's file)
     io_waits: list[IoWait] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    failures: list[CaptureError] = field(default_factory=list)
+    failures: list[tuple[int, CaptureError]] = field(default_factory=list)
     state_ticks: int = 0
+    left_out: int = 0  # processes beyond MAX_RECORDS
+
+
+class _Records:
+    """One `py-spy record` per process, each on a worker thread; a process found later (a DataLoader
+    worker of the next epoch) gets one for the time that is left."""
+
+    def __init__(self, binary: Path, rate_hz: int, duration_s: int, work_dir: Path) -> None:
+        self.binary, self.rate_hz, self.work_dir = binary, rate_hz, work_dir
+        self.ends = time.monotonic() + duration_s
+        self.pool = ThreadPoolExecutor(max_workers=MAX_RECORDS, thread_name_prefix="py-spy")
+        self.futures: dict[int, Future[tuple[dict[str, Any], list[str]] | CaptureError]] = {}
+        self.left_out = 0
+        self.lock = threading.Lock()
+
+    def add(self, pid: int, seconds: int | None = None) -> None:
+        """Record `pid` for `seconds`, or for the whole seconds left of the recording."""
+        if seconds is None:
+            seconds = math.floor(self.ends - time.monotonic())
+        with self.lock:
+            if pid in self.futures or seconds < 1:
+                return
+            if len(self.futures) >= MAX_RECORDS:
+                self.left_out += 1
+                return
+            self.futures[pid] = self.pool.submit(
+                _record_one, self.binary, pid, self.rate_hz, seconds, self.work_dir
+            )
 
 
 def record(
-    binary: Path, roots: Sequence[int], rate_hz: int, duration_s: int, procfs: ProcFS, work_dir: Path
+    binary: Path, pids: Sequence[int], rate_hz: int, duration_s: int, procfs: ProcFS, work_dir: Path
 ) -> Recording:
-    """Record every root (with its descendants) for `duration_s` at `rate_hz`; the thread states of the
-    same processes are sampled meanwhile. Never raises for a root that failed: said in `failures`."""
+    """Record every process of `pids`, and those they start meanwhile, for `duration_s` at `rate_hz`;
+    the thread states of the same processes are sampled meanwhile. Never raises for a process that
+    could not be recorded: said in `failures`.
+
+    One py-spy per process rather than `--subprocesses` on the main one: py-spy finds children by reading
+    every process of the machine ten times a second (remoteprocess's child_processes), measured here at
+    4 % of a core more than the recording itself; the state sampler finds them from the tree's own
+    /proc/PID/task/TID/children, and a process the subreaper adopted is recorded too."""
     result = Recording()
-    sampler = StateSampler(procfs, roots, 1.0 / rate_hz)
+    records = _Records(binary, rate_hz, duration_s, work_dir)
+    for pid in pids:
+        records.add(pid, duration_s)
+    sampler = StateSampler(procfs, pids, 1.0 / rate_hz, on_new=records.add)
     thread = threading.Thread(target=sampler.run, name="jobwarden-states", daemon=True)
     thread.start()
     try:
-        with ThreadPoolExecutor(max_workers=max(1, len(roots)), thread_name_prefix="py-spy") as pool:
-            outcomes = list(
-                pool.map(lambda pid: _record_one(binary, pid, rate_hz, duration_s, work_dir), roots)
-            )
+        while True:  # the list grows while the sampler finds processes
+            with records.lock:
+                pending = [f for f in records.futures.values() if not f.done()]
+            if not pending:
+                break
+            wait(pending)
     finally:
         sampler.stop.set()
         thread.join()
-    for outcome in outcomes:
+        records.pool.shutdown(wait=True)
+    for pid, future in sorted(records.futures.items()):
+        outcome = future.result()
         if isinstance(outcome, CaptureError):
-            result.failures.append(outcome)
+            result.failures.append((pid, outcome))
         else:
             data, notes = outcome
-            result.speedscope.append(data)
+            result.speedscope.append((pid, data))
             result.notes.extend(notes)
     result.io_waits = sampler.io_waits()
     result.state_ticks = sampler.ticks
+    result.left_out = records.left_out
     return result
 
 
@@ -87,9 +134,8 @@ def _record_one(
     os.close(fd)
     out = Path(name)
     argv = [
-        str(binary), "record", "--pid", str(pid), "--nonblocking", "--subprocesses",
-        "--format", "speedscope", "--rate", str(rate_hz), "--duration", str(duration_s),
-        "--output", str(out),
+        str(binary), "record", "--pid", str(pid), "--nonblocking", "--format", "speedscope",
+        "--rate", str(rate_hz), "--duration", str(duration_s), "--output", str(out),
     ]  # fmt: skip
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "RUST_BACKTRACE": "0", "LANG": "C.UTF-8"}
     try:
@@ -143,9 +189,15 @@ class StateSampler:
     """Every `interval_s`, the state of every thread of the roots and their descendants; D-state ticks
     counted per thread with the kernel function waited in."""
 
-    def __init__(self, procfs: ProcFS, roots: Sequence[int], interval_s: float) -> None:
-        self.procfs, self.interval_s = procfs, interval_s
-        self.pids: set[int] = set(roots)
+    def __init__(
+        self,
+        procfs: ProcFS,
+        pids: Sequence[int],
+        interval_s: float,
+        on_new: Callable[[int], None] = lambda pid: None,
+    ) -> None:
+        self.procfs, self.interval_s, self.on_new = procfs, interval_s, on_new
+        self.pids: set[int] = set(pids)
         self.stop = threading.Event()
         self.ticks = 0
         self._d: dict[tuple[int, int], Counter[str]] = {}
@@ -197,28 +249,28 @@ class StateSampler:
         return "" if text == "0" else text
 
     def _find_children(self) -> None:
-        """Add the processes whose parent is followed: new DataLoader workers, a rank's children."""
-        try:
-            pids = self.procfs.pids()
-        except OSError:
-            return
-        parents: dict[int, int] = {}
-        for pid in pids:
-            if pid in self.pids:
-                continue
+        """Add the children of the processes followed (new DataLoader workers, a rank's children), from
+        each thread's /proc/PID/task/TID/children (the kernel lists a child under the thread that forked
+        it), to a fixed point: a few reads per process, not a scan of every process of the machine."""
+        todo = list(self.pids)
+        while todo:
+            pid = todo.pop()
+            task_dir = self.procfs.root / str(pid) / "task"
             try:
-                with open(self.procfs.root / str(pid) / "stat") as fh:
-                    parents[pid] = parse_stat(fh.read()).ppid
-            except (OSError, ValueError, IndexError):
+                tids = os.listdir(task_dir)
+            except OSError:
                 continue
-        grew = True
-        while grew:  # a grandchild read before its parent joined: to a fixed point
-            grew = False
-            for pid, ppid in list(parents.items()):
-                if ppid in self.pids:
-                    self.pids.add(pid)
-                    del parents[pid]
-                    grew = True
+            for tid in tids:
+                try:
+                    with open(task_dir / tid / "children", "rb") as fh:
+                        children = [int(c) for c in fh.read().split()]
+                except (OSError, ValueError):
+                    continue
+                for child in children:
+                    if child not in self.pids:
+                        self.pids.add(child)
+                        self.on_new(child)
+                        todo.append(child)
 
     def io_waits(self) -> list[IoWait]:
         return [
