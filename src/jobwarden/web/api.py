@@ -66,7 +66,13 @@ def status(app: App, req: Request, ref: str) -> Response:
 
 
 def explain(app: App, req: Request, ref: str) -> Response:
-    return json_response(_status(app, req, ref).explain_json())
+    """`explain --json`, with the newest profile's summary as the CLI gives it."""
+    from jobwarden.control.profile import newest_summary
+
+    status = _status(app, req, ref)
+    with app.store() as store:
+        profiled = newest_summary(store, status.job.id, status.run.n)
+    return json_response({**status.explain_json(), "profile": profiled})
 
 
 def samples(app: App, req: Request, ref: str) -> Response:
