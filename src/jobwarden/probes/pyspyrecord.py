@@ -102,6 +102,7 @@ def record(
     sampler = StateSampler(procfs, pids, 1.0 / rate_hz, on_new=records.add)
     thread = threading.Thread(target=sampler.run, name="jobwarden-states", daemon=True)
     thread.start()
+    finished = False
     try:
         while True:  # the list grows while the sampler finds processes
             with records.lock:
@@ -109,10 +110,12 @@ def record(
             if not pending:
                 break
             wait(pending)
+        finished = True
     finally:
         sampler.stop.set()
         thread.join()
-        records.pool.shutdown(wait=True)
+        # Ctrl-C: not held until every py-spy ends (its --duration ends it, and what it writes is lost)
+        records.pool.shutdown(wait=finished, cancel_futures=not finished)
     for pid, future in sorted(records.futures.items()):
         outcome = future.result()
         if isinstance(outcome, CaptureError):
