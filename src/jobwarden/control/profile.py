@@ -24,6 +24,7 @@ from typing import Any
 from jobwarden import config
 from jobwarden.clock import SystemClock, iso
 from jobwarden.errors import JobwardenError, UsageError
+from jobwarden.model import JobState
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes import profiledata, pyspy, pyspyrecord
 from jobwarden.probes.stackbase import CaptureError, Failure, ptrace_denied_help
@@ -134,10 +135,15 @@ def profile_job(
         run = refresh(store, procfs, job, store.run(job.id, run_n))
         pids = _live_pids(store, procfs, job, run)
         layout = store.layout
-    if run.state.is_ended or not pids:
+    if run.state.is_ended or run.state == JobState.LOST:
         raise JobwardenError(
             f"job {job.id} is {run.state}: there is no process of it left to profile",
             f"profile a running job; `jobwarden explain {job.id}` tells how this one ended",
+        )
+    if not pids:
+        raise JobwardenError(
+            f"job {job.id} is {run.state}: none of its processes runs right now",
+            f"profile it once it runs (`jobwarden status {job.id}`)",
         )
     binary = pyspy.find_py_spy()
     if binary is None:
