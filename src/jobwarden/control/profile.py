@@ -24,7 +24,6 @@ from typing import Any
 from jobwarden import config
 from jobwarden.clock import SystemClock, iso
 from jobwarden.errors import JobwardenError, UsageError
-from jobwarden.model import JobState
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes import profiledata, pyspy, pyspyrecord
 from jobwarden.probes.stackbase import CaptureError, Failure, ptrace_denied_help
@@ -135,7 +134,7 @@ def profile_job(
         run = refresh(store, procfs, job, store.run(job.id, run_n))
         pids = _live_pids(store, procfs, job, run)
         layout = store.layout
-    if run.state.is_ended or run.state == JobState.LOST:
+    if run.state.is_ended:
         raise JobwardenError(
             f"job {job.id} is {run.state}: there is no process of it left to profile",
             f"profile a running job; `jobwarden explain {job.id}` tells how this one ended",
