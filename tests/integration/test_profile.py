@@ -299,3 +299,27 @@ def test_the_job_page_draws_the_flame_graph(jw: Jobwarden, tmp_path: Path, brows
             driver.save_screenshot(str(SHOTS / "job-page-flame-zoomed.png"))
     finally:
         jw("stop", str(job["id"]))
+
+
+def test_the_shim_wires_its_findings_to_the_automatic_profile(tmp_path: Path) -> None:
+    """In the supervisor itself: a speed finding recorded by its diagnosis starts the profile's child,
+    which the tree counts among the shim's helpers, never among the job's processes."""
+    from jobwarden.shim.diagnosis import Diagnoser
+    from tests.unit.test_supervisor_loop import Rig
+
+    rig = Rig(tmp_path)
+    rig.fake.diagnoser = lambda store, job, run, procfs, tree, window, now, claimed: Diagnoser(  # type: ignore[method-assign]
+        store, job, run, procfs, tree, window, now
+    )
+    try:
+        rig.sup._start_diagnosis(None)
+        rig.sup.diag.live.record([Finding("io-bound", "waits on storage", "D state", "warning")], time.time())
+        auto = rig.sup.autoprofile
+        assert auto.taken == 1 and auto.child is not None
+        assert auto.child[0] in rig.sup.tree.helpers()
+        # no process of the job runs (a fake OS): the child says so and ends by itself
+        os.waitid(os.P_PIDFD, auto.child[1], os.WEXITED | os.WNOWAIT)
+    finally:
+        rig.sup.close()
+        rig.store.close()
+    assert rig.sup.autoprofile.child is None
