@@ -170,6 +170,27 @@ def parse_count(text: str, what: str = "count") -> int:
     return int(raw)
 
 
+def parse_lines(text: str, option: str = "-n") -> int | None:
+    """`logs -n`: how many of the last lines to show, a whole number 0 or more; `all` (None): every line.
+    A negative number is refused, not read as "all but": `tail -n -5` means the last 5, `head -n -5` the
+    opposite, and a user means one of them."""
+    raw = text.strip().lower()
+    if raw == "all":
+        return None
+    if raw.startswith(("-", "+")) and raw[1:].isdecimal():
+        raise UsageError(
+            f"{option}: bad line count {text!r}: must be 0 or more, or all",
+            f"e.g. {option} 5 for the last 5 lines, or {option} all for every line",
+        )
+    if not raw.isdecimal():
+        raise UsageError(
+            f"{option}: bad line count {text!r}: must be a whole number or all", f"e.g. {option} 20"
+        )
+    if len(raw.lstrip("0")) > len(str(MAX_COUNT)) or int(raw) > MAX_COUNT:
+        raise UsageError(f"{option}: bad line count {text!r}: more than {MAX_COUNT}", f"e.g. {option} 20")
+    return int(raw)
+
+
 def parse_mem_limit(text: str) -> int:
     """--mem-limit: a size (parse_size) that is big enough to run anything at all."""
     limit = parse_size(text, "--mem-limit")

@@ -225,7 +225,9 @@ def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
     def done() -> bool:
         return not shim_alive(procfs, run.shim_pid, run.shim_start) if run.shim_pid else True
 
-    out = _JobOutput()
+    from jobwarden.cli.logscmd import JobOutput
+
+    out = JobOutput()
     try:
         for chunk in follow(path, 0, done):
             out.write(chunk)
@@ -446,71 +448,9 @@ def _explain_group(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from jobwarden.store import Store
-    from jobwarden.store.logfiles import since_offset, stream_from, tail_lines
+    from jobwarden.cli.logscmd import logs
 
-    with Store(_home()) as store:
-        job = store.job(args.job)
-        run = store.run(job.id, args.run)
-        path = store.layout.output_log(job.id, run.n)
-        index = store.layout.output_index(job.id, run.n)
-    out = _JobOutput()
-    start = 0
-    if args.since:  # streamed: `logs --since 2d` of a 1 GiB log holds a chunk, never the range
-        start = since_offset(index, SystemClock().wall() - config.parse_duration(args.since, "--since"))
-    if args.lines is not None:
-        out.write(b"".join(tail_lines(path, args.lines, start=start)))
-    elif args.since or not args.follow:
-        for chunk in stream_from(path, start):
-            out.write(chunk)
-    out.close()
-    if args.follow:
-        return _follow_from_end(job.id, run, path, bool(args.lines is not None or args.since))
-    return 0
-
-
-class _JobOutput:
-    """The job's bytes on our stdout: exact into a pipe or a file; into a terminal through the sanitiser,
-    with the job's colours kept (as `less -R` does; not with NO_COLOR) and its carriage returns (a
-    progress bar redraws its line), a sequence cut between two reads held back until it is whole."""
-
-    def __init__(self) -> None:
-        from jobwarden.text.sanitize import TerminalStream
-
-        self.stream = None
-        if sys.stdout.isatty():
-            self.stream = TerminalStream(colours=not os.environ.get("NO_COLOR"), carriage_returns=True)
-
-    def write(self, data: bytes) -> None:
-        if self.stream is not None:
-            data = self.stream.feed(data).encode("utf-8", "replace")
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-
-    def close(self) -> None:
-        if self.stream is not None:
-            sys.stdout.buffer.write(self.stream.close().encode("utf-8", "replace"))
-        sys.stdout.buffer.flush()
-
-
-def _follow_from_end(job_id: int, run: Any, path: Path, already_printed: bool) -> int:
-    from jobwarden.control.shimproc import shim_alive
-    from jobwarden.store.logfiles import follow
-
-    procfs = _procfs()
-    start = path.stat().st_size if (already_printed and path.exists()) else 0
-
-    def done() -> bool:
-        return not shim_alive(procfs, run.shim_pid, run.shim_start)
-
-    out = _JobOutput()
-    try:
-        for chunk in follow(path, start, done):
-            out.write(chunk)
-    except KeyboardInterrupt:
-        return 130
-    out.close()
-    return 0
+    return logs(_home(), _procfs(), args)
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -680,6 +620,10 @@ def cmd_boot(args: argparse.Namespace) -> int:
 def note_namesakes(args: argparse.Namespace) -> None:
     """A JOB given by a name (never an id or @last: those cost nothing) that older live jobs share."""
     ref = getattr(args, "job", None)
+    if isinstance(ref, list):  # `logs -f 3 5 7`
+        for one in ref:
+            note_namesakes(argparse.Namespace(**{**vars(args), "job": one}))
+        return
     if not isinstance(ref, str) or not ref or ref.isdigit() or ref.startswith("@") or args.command == "_jobs":
         return
     from jobwarden.cli.everyday import note_namesakes as note

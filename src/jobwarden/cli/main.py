@@ -37,6 +37,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"jobwarden {__version__}")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    p.add_argument(
+        "--utc",
+        action="store_true",
+        help="show every time in UTC (default: local time with its offset; or set JOBWARDEN_UTC=1)",
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (help_text, add_arguments) in _SUBCOMMANDS.items():
         if only is None or only == name:
@@ -279,11 +284,21 @@ def _status_arguments(status: argparse.ArgumentParser) -> None:
 
 
 def _logs_arguments(logs: argparse.ArgumentParser) -> None:
-    logs.add_argument("job", metavar="JOB", help="an id, a name (its newest job) or @last")
     logs.add_argument(
-        "-f", "--follow", action="store_true", help="keep printing what the job writes until it ends"
+        "job",
+        metavar="JOB",
+        nargs="+",
+        help="an id, a name (its newest job) or @last; several: their lines interleaved, each prefixed",
     )
-    logs.add_argument("-n", "--lines", type=int, metavar="N", help="only the last N lines")
+    logs.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="print the last 10 lines (see -n), then what the job writes until it ends",
+    )
+    logs.add_argument(
+        "-n", "--lines", metavar="N|all", help="only the last N lines (default: all; with -f, 10)"
+    )
     logs.add_argument("--since", metavar="DUR", help="only output written in the last DUR (e.g. 10m)")
     logs.add_argument("--run", type=int, metavar="N", help="an earlier attempt")
 
@@ -417,6 +432,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     first = argv[0] if argv else None
     args = build_parser(first if first in _SUBCOMMANDS else None).parse_args(argv)
     trace.set_level(args.verbose)
+    if args.utc:
+        from jobwarden.clock import UTC_ENV, show_utc
+
+        show_utc(True)
+        os.environ[UTC_ENV] = "1"  # and in what this command starts: a shim writes times in findings
     from jobwarden.cli import handlers
 
     try:

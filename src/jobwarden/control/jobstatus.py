@@ -7,11 +7,10 @@ same dictionaries, so a field added here appears in every frontend at once.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from jobwarden.clock import SystemClock, iso
+from jobwarden.clock import SystemClock, iso, shown_time
 from jobwarden.control.views import live_processes, refresh
 from jobwarden.model import Finding, ProcessSnapshot, Ranks
 from jobwarden.osapi.procfs import ProcFS
@@ -206,15 +205,15 @@ def _what(rule: str) -> str:
 
 
 def _span(since: float | None, until: float | None) -> str:
-    """'14:02–14:19' (local time); with seconds when both fall in the same minute."""
+    """'14:02–14:19' (clock.shown_time's zone); with seconds when both fall in the same minute."""
     if since is None or until is None:
         return f"until {_hm(until, True)}" if until is not None else ""
-    seconds = time.strftime("%H:%M", time.localtime(since)) == time.strftime("%H:%M", time.localtime(until))
+    seconds = shown_time(since, "minute") == shown_time(until, "minute")
     return f"{_hm(since, seconds)}–{_hm(until, seconds)}"
 
 
 def _hm(at: float, seconds: bool) -> str:
-    return time.strftime("%H:%M:%S" if seconds else "%H:%M", time.localtime(at))
+    return shown_time(at, "time" if seconds else "minute")
 
 
 def _process_json(p: ProcessSnapshot) -> dict[str, Any]:

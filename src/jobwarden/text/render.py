@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from jobwarden.clock import iso
+from jobwarden.clock import shown_time
 from jobwarden.config import counted, format_duration, format_size
 from jobwarden.model import ENDED_STATES, JobState, Ranks
 from jobwarden.text.habits import habit_lines
@@ -127,9 +126,9 @@ def status_report(status: JobStatus, now: float) -> Iterator[str]:
         yield f"  queued       {one_line(run.queued_reason)}"
     if run.gpu_ids:
         yield f"  gpus         {','.join(str(i) for i in run.gpu_ids)}"
-    yield f"  started      {iso(run.started_at) or '-'}"
+    yield f"  started      {shown_time(run.started_at)}"
     if run.ended_at:
-        yield f"  ended        {iso(run.ended_at)}"
+        yield f"  ended        {shown_time(run.ended_at)}"
     if status.progress is not None:
         yield f"  progress     {progress_line(status.progress, run.state == JobState.RUNNING, now)}"
     resumed = resumed_line(status.progress, status.previous_progress, run.n - 1)
@@ -223,7 +222,7 @@ def _finding_lines(label: str, f: Finding) -> Iterator[str]:
 
 
 def _moment(at: float | None) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(at)) if at is not None else ""
+    return shown_time(at, "time") if at is not None else ""
 
 
 def stop_report(result: StopResult) -> Iterator[str]:
@@ -256,7 +255,7 @@ _THREAD_STATES = {
 def dump_heading(result: DumpResult) -> str:
     job, run = result.job, result.run
     who = f"job {job.id} ({one_line(job.name)}), run {run.n}"
-    when = iso(result.at)
+    when = shown_time(result.at)
     if result.live:
         took = f" in {result.elapsed_s:.2f}s" if result.elapsed_s is not None else ""
         return f"{who} — {run.state}: stacks of {len(result.stacks)} process(es), taken {when}{took}"

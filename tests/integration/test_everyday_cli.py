@@ -1,0 +1,157 @@
+"""Everyday command-line habits, part B of issue 21, with the real CLI: `logs -f` from the tail and of several
+jobs at once, one time zone and --utc, what `status` says a job runs under, `ps`'s columns and filters."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from tests.conftest import CLI_TIMEOUT_S, Jobwarden, make_fifo, read_fifo, write_fifo
+from tests.integration.test_terminal_safety import HOSTILE, RED, assert_clean, in_a_terminal
+
+pytestmark = pytest.mark.integration
+
+# prints N numbered lines, says it is ready, waits for a word on the go FIFO, prints it and ends
+PRINTER = """
+import sys
+ready, go, n, tag = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+for i in range(n):
+    print(f"{tag} {i}", flush=True)
+open(ready, "w").write("ready\\n")
+print(open(go).read().strip(), flush=True)
+"""
+
+
+def start_printer(jw: Jobwarden, tmp: Path, n: int, tag: str) -> tuple[str, Path]:
+    ready, go = make_fifo(tmp / f"ready-{tag}"), make_fifo(tmp / f"go-{tag}")
+    job = jw.start(sys.executable, "-c", PRINTER, str(ready), str(go), str(n), tag, options=("--name", tag))
+    read_fifo(ready)
+    return str(job["id"]), go
+
+
+def follower(jw: Jobwarden, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "jobwarden", "logs", *args],
+        env=jw.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def read_until(stream: IO[str], last: str) -> list[str]:
+    """The follower's lines up to and with the one that ends with `last` (its handshake: it has read the
+    tail, so what the job writes next is followed)."""
+    lines: list[str] = []
+    while True:
+        line = stream.readline()
+        assert line, f"the follower ended before {last!r}: {lines}"
+        lines.append(line.rstrip("\n"))
+        if line.rstrip("\n").endswith(last):
+            return lines
+
+
+def finish(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=CLI_TIMEOUT_S)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# --- logs -f, -n ---------------------------------------------------------------------------------------
+
+
+def test_logs_follow_starts_at_the_last_ten_lines_then_follows(jw: Jobwarden, tmp_path: Path) -> None:
+    job, go = start_printer(jw, tmp_path, 25, "line")
+    proc = follower(jw, "-f", job)
+    assert proc.stdout is not None
+    first = read_until(proc.stdout, "line 24")
+    assert first == [f"line {i}" for i in range(15, 25)]  # the tail, as tail -f
+    write_fifo(go, "after\n")
+    rest, err = finish(proc)
+    assert proc.returncode == 0, err
+    assert rest == "after\n"  # followed from where the tail ended: nothing lost, nothing twice
+
+
+def test_logs_n_all_follows_from_the_start_and_n_counts(jw: Jobwarden, tmp_path: Path) -> None:
+    job, go = start_printer(jw, tmp_path, 25, "line")
+    proc = follower(jw, "-f", "-n", "all", job)
+    assert proc.stdout is not None
+    assert read_until(proc.stdout, "line 24") == [f"line {i}" for i in range(25)]
+    write_fifo(go, "after\n")
+    rest, _ = finish(proc)
+    assert rest == "after\n"
+    assert jw("logs", "-n", "3", job).stdout == "line 23\nline 24\nafter\n"
+    assert jw("logs", "-n", "0", job).stdout == ""
+    assert jw("logs", "-n", "ALL", job).stdout.count("\n") == 26
+    assert jw("logs", job).stdout.count("\n") == 26  # without -f, every line as before
+
+
+@pytest.mark.parametrize("value", ["-5", "+5", "five", "1.5", ""])
+def test_logs_refuses_a_bad_line_count_naming_n(jw: Jobwarden, value: str) -> None:
+    jw("run", "-w", "--", "echo", "hi", check=True)
+    result = jw("logs", "-n", value, "1")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("jobwarden: -n: bad line count"), result.stderr
+    assert "Traceback" not in result.stderr and "all" in result.stderr
+
+
+def test_logs_follows_several_jobs_each_line_prefixed(jw: Jobwarden, tmp_path: Path) -> None:
+    a, go_a = start_printer(jw, tmp_path, 12, "alpha")
+    b, go_b = start_printer(jw, tmp_path, 3, "b")
+    proc = follower(jw, "-f", a, b)
+    assert proc.stdout is not None
+    shown = read_until(proc.stdout, "b 2")  # each job's tail, job after job
+    pa, pb = f"{a} alpha |", f"{b} b     |"  # one width: the lines start in one column
+    assert shown == [f"{pa} alpha {i}" for i in range(2, 12)] + [f"{pb} b {i}" for i in range(3)]
+    write_fifo(go_b, "b ends first\n")
+    assert read_until(proc.stdout, "b ends first") == [f"{pb} b ends first"]
+    write_fifo(go_a, "alpha ends\n")
+    rest, err = finish(proc)  # ends once both have
+    assert proc.returncode == 0, err
+    assert rest == f"{pa} alpha ends\n"
+    both = jw("logs", "-n", "1", b, a).stdout  # without -f: each job's lines, in the order asked
+    assert both == f"{b} b     | b ends first\n{a} alpha | alpha ends\n"
+    refused = jw("logs", "--run", "1", a, b)
+    assert refused.returncode == 2 and "--run goes with one JOB" in refused.stderr
+
+
+def test_several_jobs_in_a_terminal_are_sanitised_and_coloured(jw: Jobwarden, tmp_path: Path) -> None:
+    code = f"import sys\nprint('out:' + sys.argv[1] + ' {RED}')\nprint('bar 10%\\rbar 90%')\n"
+    one = jw.start(sys.executable, "-c", code, HOSTILE)
+    two = jw.start("echo", "plain")
+    for job in (one, two):
+        assert jw("wait", str(job["id"])).returncode == 0
+    env = {k: v for k, v in jw.env.items() if k != "NO_COLOR"}
+    shown = in_a_terminal(env, "logs", "-f", str(one["id"]), str(two["id"]))
+    assert_clean(shown.replace("\x1b[36m", "").replace("\x1b[35m", ""), "logs -f of two jobs", colours=True)
+    assert RED in shown and "plain" in shown
+    assert "bar 90%" in shown and "bar 10%" not in shown  # a redrawn line as its last frame
+    assert f"\x1b[36m{one['id']} " in shown and f"\x1b[35m{two['id']} echo" in shown  # coloured prefixes
+
+
+def test_a_pipe_gets_the_jobs_bytes_after_the_prefix(jw: Jobwarden) -> None:
+    one = jw.start("printf", "a\\rb\\n\\033[31mx\\n")
+    two = jw.start("echo", "two")
+    for job in (one, two):
+        assert jw("wait", str(job["id"])).returncode == 0
+    out = subprocess.run(
+        [sys.executable, "-m", "jobwarden", "logs", str(one["id"]), str(two["id"])],
+        env=jw.env,
+        capture_output=True,
+        timeout=CLI_TIMEOUT_S,
+    ).stdout
+    assert out == b"1 printf | a\rb\n1 printf | \x1b[31mx\n2 echo   | two\n"
+
+
+def test_logs_without_a_job_is_refused_by_the_parser(jw: Jobwarden) -> None:
+    result = jw("logs", "-f")
+    assert result.returncode == 2 and "JOB" in result.stderr
