@@ -62,6 +62,19 @@ class JobStatus(NamedTuple):
     attempts: list[Attempt]
     log_path: Path
     progress: Progress | None = None  # the run's latest progress (progress.model), null when it showed none
+    peak_rss_bytes: int | None = None  # the most memory the run's processes held together
+
+    @property
+    def restarts(self) -> int:
+        """How many times the job was started again after its first run (up to the run shown)."""
+        return max(0, self.run.n - 1)
+
+    @property
+    def runs_under(self) -> dict[str, Any]:
+        """Its limits and policies as in force, secrets left out (control.runsunder)."""
+        from jobwarden.control.runsunder import runs_under
+
+        return runs_under(self.job, self.run, self.restarts)
 
     @property
     def previous_progress(self) -> Progress | None:
@@ -169,6 +182,10 @@ class JobStatus(NamedTuple):
             "kept": [dict(k) for k in run.kept],
             "notify_failures": self.notify_failures,
             "progress": self._progress_json(),
+            "runs_under": self.runs_under,
+            "elapsed_s": _elapsed(self.run),
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "restarts": self.restarts,
         }
 
     def _progress_json(self) -> dict[str, Any] | None:
@@ -198,6 +215,13 @@ _WHAT = {
     "process-stopped": "stopped",
     "gpu-idle": "GPU idle",
 }
+
+
+def _elapsed(run: RunRecord) -> float | None:
+    from jobwarden.control.runsunder import elapsed_s
+
+    value = elapsed_s(run, SystemClock().wall())
+    return None if value is None else round(value, 3)
 
 
 def _what(rule: str) -> str:
@@ -244,6 +268,9 @@ def job_status(store: Store, procfs: ProcFS, job_ref: str | int, run_n: int | No
         attempts=[_attempt(r, reached.get((job.id, r.n))) for r in runs],
         log_path=store.layout.output_log(job.id, run.n),
         progress=store.progress(job.id, run.n),
+        peak_rss_bytes=run.mem_peak_bytes
+        if run.mem_peak_bytes is not None
+        else store.peak_rss(job.id, run.n),
     )
 
 

@@ -13,6 +13,7 @@ from jobwarden.config import counted, format_duration, format_size
 from jobwarden.model import ENDED_STATES, JobState, Ranks
 from jobwarden.text.habits import habit_lines
 from jobwarden.text.progress import progress_cell, progress_line, resumed_line
+from jobwarden.text.runsunder import runs_under_lines, summary_line
 from jobwarden.text.sanitize import one_line
 from jobwarden.text.term import colour_wanted, table
 
@@ -129,6 +130,9 @@ def status_report(status: JobStatus, now: float) -> Iterator[str]:
     yield f"  started      {shown_time(run.started_at)}"
     if run.ended_at:
         yield f"  ended        {shown_time(run.ended_at)}"
+    summary = summary_line(status, now)
+    if summary:
+        yield summary
     if status.progress is not None:
         yield f"  progress     {progress_line(status.progress, run.state == JobState.RUNNING, now)}"
     resumed = resumed_line(status.progress, status.previous_progress, run.n - 1)
@@ -137,6 +141,7 @@ def status_report(status: JobStatus, now: float) -> Iterator[str]:
     if run.error:
         yield f"  error        {one_line(run.error)}"
     yield f"  log          {status.log_path}"
+    yield from runs_under_lines(status)
     yield from habit_lines(status)  # rerun of, log dropped, kept processes, failed notifications
     for path in status.disk_full_paths:
         yield f"  WARNING      the disk holding the log filled up ({one_line(path)}); output may be lost"
