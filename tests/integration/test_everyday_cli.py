@@ -155,3 +155,67 @@ def test_a_pipe_gets_the_jobs_bytes_after_the_prefix(jw: Jobwarden) -> None:
 def test_logs_without_a_job_is_refused_by_the_parser(jw: Jobwarden) -> None:
     result = jw("logs", "-f")
     assert result.returncode == 2 and "JOB" in result.stderr
+
+
+# --- one time zone -------------------------------------------------------------------------------------
+
+
+def test_times_are_local_with_their_offset_and_utc_on_request(jw: Jobwarden) -> None:
+    jw.env["TZ"] = "Asia/Kolkata"  # +05:30: an offset no test machine has by chance
+    jw("run", "-w", "--name", "tz", "--", "true", check=True)
+    started_json = jw.status(1)["started_at"]  # JSON stays UTC ISO 8601
+    assert started_json.endswith("Z")
+    utc_hms = started_json[11:19]
+    local = next(line for line in jw("status", "1").stdout.splitlines() if "started" in line)
+    assert local.endswith(" +05:30"), local
+    hours, minutes = int(utc_hms[:2]), int(utc_hms[3:5])
+    shifted = (hours * 60 + minutes + 330) % (24 * 60)
+    assert f" {shifted // 60:02d}:{shifted % 60:02d}:{utc_hms[6:8]} +05:30" in local  # 24-hour, shifted
+    utc = next(line for line in jw("--utc", "status", "1").stdout.splitlines() if "started" in line)
+    assert utc.endswith(f"{started_json[:10]} {utc_hms} UTC"), utc
+    jw.env["JOBWARDEN_UTC"] = "1"
+    by_env = next(line for line in jw("status", "1").stdout.splitlines() if "started" in line)
+    assert by_env == utc
+
+
+# --- status: what the job runs under -------------------------------------------------------------------
+
+
+def test_status_says_what_the_job_runs_under_without_secrets(jw: Jobwarden) -> None:
+    secret_url = "https://hooks.example.invalid:8443/services/T0/B0/TOKEN-IN-PATH?key=QUERYKEY"
+    jw(
+        "run", "-w", "--name", "under", "--timeout", "1h", "--hang-timeout", "5m", "--on-hang", "stop",
+        "--mem-limit", "2G", "--restart", "on-failure", "--max-restarts", "1", "--restart-delay", "0.1s",
+        "--env", "API_TOKEN=VALUE-NOT-SHOWN", "--env", "SEED=1", "--notify", secret_url,
+        "--on-event", "logger --tag TOKEN-IN-ARGS", "--", "sh", "-c", "exit 3",
+    )  # fmt: skip
+    shown = jw("status", "1").stdout
+    for secret in ("VALUE-NOT-SHOWN", "TOKEN-IN-PATH", "QUERYKEY", "TOKEN-IN-ARGS"):
+        assert secret not in shown
+    lines = {line[:15].strip(): line[15:] for line in shown.splitlines() if line.startswith("  ")}
+    assert lines["timeout"] == "1h00m, then stopped (SIGTERM, SIGKILL 10s later)"
+    assert lines["hang timeout"] == "5m00s; on a hang: stop"
+    assert lines["memory limit"] == "2.0G"
+    assert lines["restart"] == "on-failure, at most 1 time"
+    assert lines["notify"].startswith("hooks.example.invalid:8443 ")
+    assert lines["on event"] == "logger"
+    assert lines["env"] == "API_TOKEN, SEED (--env; values not shown)"
+    assert " peak memory " in lines["elapsed"] and lines["elapsed"].endswith("restarts 1 of 1")
+    record = jw.status(1)
+    assert "VALUE-NOT-SHOWN" not in str(record) and "TOKEN-IN-PATH" not in str(record)
+    under = record["runs_under"]
+    assert under["timeout_s"] == 3600 and under["hang_timeout_s"] == 300 and under["on_hang"] == "stop"
+    assert under["mem_limit_bytes"] == 2 << 30 and under["restart"] == "on-failure"
+    assert under["max_restarts"] == 1 and under["restarts"] == 1 and record["restarts"] == 1
+    assert under["env_keys"] == ["API_TOKEN", "SEED"] and under["notify_host"] == "hooks.example.invalid:8443"
+    assert record["elapsed_s"] is not None and record["elapsed_s"] >= 0
+
+
+def test_status_of_a_plain_job_shows_the_default_hang_timeout_and_nothing_unset(jw: Jobwarden) -> None:
+    jw("run", "-w", "--", "true", check=True)
+    shown = jw("status", "1").stdout
+    assert "  hang timeout 10m00s (default); on a hang: dump" in shown
+    for unset in ("  timeout ", "memory limit", "  restart ", "  notify ", "  env ", "  queue "):
+        assert unset not in shown
+    assert "restarts 0" in shown
+    assert jw.status(1)["runs_under"]["env_keys"] == []
