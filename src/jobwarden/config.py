@@ -191,6 +191,35 @@ def parse_lines(text: str, option: str = "-n") -> int | None:
     return int(raw)
 
 
+# `ps --state`: each run state, and `hung` (running, with a current hang finding)
+STATE_WORDS = (
+    "queued",
+    "starting",
+    "running",
+    "hung",
+    "stopping",
+    "restarting",
+    "succeeded",
+    "failed",
+    "stopped",
+    "lost",
+)
+
+
+def parse_states(text: str, option: str = "--state") -> frozenset[str]:
+    """`ps --state failed,lost`: a comma-separated list of state words (STATE_WORDS), any case."""
+    words = [w.strip().lower() for w in text.split(",")]
+    if not any(words):
+        raise UsageError(f"{option}: no state given", f"e.g. {option} running,failed")
+    for word in words:
+        if word not in STATE_WORDS:
+            shown = word if word.isprintable() and len(word) <= 40 else repr(word[:40])
+            raise UsageError(
+                f"{option}: unknown state {shown!r}", f"use one or more of {', '.join(STATE_WORDS)}"
+            )
+    return frozenset(words)
+
+
 def parse_mem_limit(text: str) -> int:
     """--mem-limit: a size (parse_size) that is big enough to run anything at all."""
     limit = parse_size(text, "--mem-limit")

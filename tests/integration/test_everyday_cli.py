@@ -3,8 +3,10 @@ jobs at once, one time zone and --utc, what `status` says a job runs under, `ps`
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import IO
 
@@ -18,6 +20,7 @@ pytestmark = pytest.mark.integration
 # prints N numbered lines, says it is ready, waits for a word on the go FIFO, prints it and ends
 PRINTER = """
 import sys
+import time
 ready, go, n, tag = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 for i in range(n):
     print(f"{tag} {i}", flush=True)
@@ -219,3 +222,99 @@ def test_status_of_a_plain_job_shows_the_default_hang_timeout_and_nothing_unset(
         assert unset not in shown
     assert "restarts 0" in shown
     assert jw.status(1)["runs_under"]["env_keys"] == []
+
+
+# --- ps: age, GPUs, filters, whole lines, a hung job -----------------------------------------------------
+
+
+def ps_rows(jw: Jobwarden, *args: str) -> list[dict[str, str]]:
+    """`ps`'s table as dicts by heading (the columns split where the heading's words start)."""
+    lines = jw("ps", *args, check=True).stdout.splitlines()
+    heads = lines[0].split()
+    starts = [lines[0].index(f"{h} " if h != heads[-1] else h) for h in heads]
+    return [
+        {
+            h: line[s : (starts[i + 1] if i + 1 < len(starts) else None)].strip()
+            for i, (h, s) in enumerate(zip(heads, starts, strict=True))
+        }
+        for line in lines[1:]
+    ]
+
+
+def test_ps_filters_by_state_name_and_since_and_says_ages(jw: Jobwarden, tmp_path: Path) -> None:
+    jw("run", "-w", "--name", "lr-1", "--", "true", check=True)
+    jw("run", "-w", "--name", "lr-2", "--", "false")
+    jw("run", "-w", "--name", "other", "--", "false")
+    live, go = start_printer(jw, tmp_path, 1, "lr-live")
+    try:
+        assert [r["NAME"] for r in ps_rows(jw, "--state", "failed")] == ["lr-2", "other"]  # no --all needed
+        assert [r["NAME"] for r in ps_rows(jw, "--state", "FAILED,running", "--name", "lr-*")] == [
+            "lr-2",
+            "lr-live",
+        ]
+        assert [r["NAME"] for r in ps_rows(jw, "--all", "--name", "lr-?")] == ["lr-1", "lr-2"]
+        assert [r["NAME"] for r in ps_rows(jw, "--state", "failed", "--last", "1")] == ["other"]
+        assert len(ps_rows(jw, "--since", "1h")) == 4  # the ended ones ended within the hour
+        with sqlite3.connect(jw.home / "jobwarden.db") as db:  # as if job 1 had ended two hours ago
+            db.execute("UPDATE runs SET ended_at = ended_at - 7200 WHERE job_id = 1")
+        db.close()
+        assert [r["NAME"] for r in ps_rows(jw, "--since", "1h")] == ["lr-2", "other", "lr-live"]
+        assert [r["NAME"] for r in ps_rows(jw, "--all", "--since", "1h")] == ["lr-2", "other", "lr-live"]
+        rows = {r["NAME"]: r for r in ps_rows(jw, "--all")}
+        assert rows["lr-1"]["AGE"].startswith("2h") and rows["lr-1"]["AGE"].endswith(" ago")
+        assert rows["lr-live"]["AGE"][-1] == "s" and "ago" not in rows["lr-live"]["AGE"]
+        assert "GPU" not in rows["lr-1"]  # no job was given a GPU: no column
+        as_json = {j["name"]: j for j in jw.json("ps", "--state", "failed")}
+        assert set(as_json) == {"lr-2", "other"} and as_json["other"]["hung"] is False
+        for bad, said in (
+            ("bogus", "unknown state 'bogus'"),
+            ("", "no state given"),
+            ("run,", "unknown state"),
+        ):
+            refused = jw("ps", "--state", bad)
+            assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.stderr
+        assert "--since: bad duration" in jw("ps", "--since", "yesterday").stderr
+    finally:
+        write_fifo(go, "end\n")
+        jw("wait", live)
+
+
+def test_ps_shows_whole_commands_into_a_pipe_and_with_wide_and_the_gpus_given(jw: Jobwarden) -> None:
+    long_arg = "x" * 300
+    jw("run", "-w", "--", "echo", long_arg, check=True)
+    with sqlite3.connect(jw.home / "jobwarden.db") as db:  # GPUs as a machine with them would have given
+        db.execute("UPDATE runs SET gpu_ids = '[0, 3]' WHERE job_id = 1")
+    db.close()
+    jw.env["COLUMNS"] = "80"
+    piped = jw("ps", "--all").stdout  # not a terminal: never cut
+    assert long_arg in piped and "…" not in piped
+    assert ps_rows(jw, "--all")[0]["GPU"] == "0,3"
+    assert jw.json("ps", "--all")[0]["gpu_ids"] == [0, 3]
+    env = {k: v for k, v in jw.env.items() if k != "NO_COLOR"}
+    cut = in_a_terminal(env, "ps", "--all")
+    assert long_arg not in cut and "…" in cut  # a terminal: cut to its width
+    wide = in_a_terminal(env, "ps", "--all", "-w")
+    assert long_arg in wide.replace("\r\n", "").replace("\n", "") and "VERDICT" in wide
+
+
+def test_a_hung_job_looks_hung_in_ps(jw: Jobwarden, tmp_path: Path) -> None:
+    ready = make_fifo(tmp_path / "ready")
+    code = "import sys, time\nopen(sys.argv[1], 'w').write('r\\n')\ntime.sleep(600)\n"
+    job = jw.start(
+        sys.executable, "-c", code, str(ready), options=("--name", "stuck", "--hang-timeout", "2s")
+    )
+    read_fifo(ready)
+    try:
+        deadline = time.monotonic() + 60
+        while not (listed := jw.json("ps", "--state", "hung")):
+            assert time.monotonic() < deadline, "not hung within 60s"
+            time.sleep(0.2)  # polling the store's view, with a deadline
+        assert [j["id"] for j in listed] == [job["id"]] and listed[0]["state"] == "running"
+        assert listed[0]["hung"] is True
+        row = ps_rows(jw)[0]
+        assert row["STATE"] == "hung [no-progress]"
+        assert [j["id"] for j in jw.json("ps", "--state", "running")] == [job["id"]]  # still running
+        env = {k: v for k, v in jw.env.items() if k != "NO_COLOR"}
+        assert "\x1b[35;1mhung [no-progress]" in in_a_terminal(env, "ps")  # its own colour, not green
+    finally:
+        jw("stop", str(job["id"]))

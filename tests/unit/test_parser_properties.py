@@ -94,6 +94,25 @@ def test_a_count_is_a_bounded_whole_number_or_a_usage_error(text: str) -> None:
     assert 0 <= value <= config.MAX_COUNT and value == int(text.strip())
 
 
+@given(ARGUMENTS)
+def test_a_line_count_is_a_bounded_whole_number_all_or_a_usage_error_naming_n(text: str) -> None:
+    try:
+        value = config.parse_lines(text)
+    except UsageError as err:
+        assert err.message.startswith("-n: bad line count")
+        return
+    if value is None:
+        assert text.strip().lower() == "all"
+    else:
+        assert 0 <= value <= config.MAX_COUNT and value == int(text.strip())
+
+
+@given(st.integers(min_value=1, max_value=config.MAX_COUNT))
+def test_a_negative_line_count_is_refused(n: int) -> None:
+    with pytest.raises(UsageError, match="must be 0 or more, or all"):
+        config.parse_lines(f"-{n}")
+
+
 # --- job references -------------------------------------------------------------------------------------
 
 

@@ -347,9 +347,27 @@ def cmd_ps(args: argparse.Namespace) -> int:
     last = None if args.last is None else config.parse_count(args.last, "--last")
     if last == 0:
         raise UsageError("bad --last '0': must be 1 or more", "e.g. jobwarden ps --all --last 50")
+    states = None if args.state is None else config.parse_states(args.state)
+    since = None if args.since is None else config.parse_duration(args.since, "--since")
+    filtered = states is not None or args.name is not None
+    # an ended state asked for needs the ended jobs; a filter pages after filtering, not before
+    include_ended = args.all or bool(states and states - _UNFINISHED_WORDS)
     with Store(_home()) as store:
-        views = job_views(store, _procfs(), include_ended=args.all, limit=last, metrics=args.json)
+        views = job_views(
+            store,
+            _procfs(),
+            include_ended=include_ended,
+            limit=None if filtered else last,
+            metrics=args.json,
+            ended_since=None if since is None or include_ended else SystemClock().wall() - since,
+        )
         full = home_disk_full(store)
+    if filtered or (since is not None and include_ended):
+        from jobwarden.control.views import filtered_views
+
+        ended_since = None if since is None else SystemClock().wall() - since
+        views = filtered_views(views, states, args.name, ended_since)
+        views = views[-last:] if last is not None else views
     if full is not None:
         print(
             f"jobwarden: WARNING: the disk holding {_home()} is full ({full} bytes free): no job's end or "
@@ -359,8 +377,13 @@ def cmd_ps(args: argparse.Namespace) -> int:
     if args.json:
         _print_json([v.summary_json() for v in views])
     else:
-        _print_lines(render.ps_table(views, SystemClock().wall(), wide=args.wide))
+        # into a pipe or a file, whole lines: `ps | grep` must find what a terminal would cut
+        width = None if sys.stdout.isatty() else 0
+        _print_lines(render.ps_table(views, SystemClock().wall(), wide=args.wide, width=width))
     return 0
+
+
+_UNFINISHED_WORDS = frozenset({"queued", "starting", "running", "hung", "stopping", "restarting", "lost"})
 
 
 def _job_status(job_ref: str, run_n: int | None) -> JobStatus:

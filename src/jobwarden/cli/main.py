@@ -273,7 +273,26 @@ def _explain_arguments(explain: argparse.ArgumentParser) -> None:
 def _ps_arguments(ps: argparse.ArgumentParser) -> None:
     ps.add_argument("-a", "--all", action="store_true", help="include ended jobs")
     ps.add_argument("--last", metavar="N", help="only the N newest of the jobs listed")
-    ps.add_argument("-w", "--wide", action="store_true", help="a VERDICT column: each finding's title")
+    ps.add_argument(
+        "-w",
+        "--wide",
+        action="store_true",
+        help="a VERDICT column (each finding's title) and whole commands, never cut to the terminal",
+    )
+    ps.add_argument(
+        "--state",
+        metavar="STATE[,STATE]",
+        help="only jobs in these states (queued, starting, running, hung, stopping, restarting, succeeded, "
+        "failed, stopped, lost); ended states need no --all",
+    )
+    ps.add_argument(
+        "--name", metavar="PATTERN", help="only jobs whose name matches (shell wildcards: 'lr-*')"
+    )
+    ps.add_argument(
+        "--since",
+        metavar="DUR",
+        help="only jobs not over, or that ended in the last DUR (e.g. 2h: what the last 2 hours saw)",
+    )
     ps.add_argument("--json", action="store_true", help="the jobs as a JSON list")
 
 

@@ -35,6 +35,7 @@ _COLORS = {
     "stopping": "33",
     "starting": "36",
     "queued": "36",
+    "hung": "35;1",  # running but hung: not the green of a healthy run
 }
 
 
@@ -67,19 +68,36 @@ def _runtime(view: JobView, now: float) -> str:
     return format_duration((run.ended_at or now) - run.started_at)
 
 
-def ps_table(views: list[JobView], now: float, wide: bool = False) -> Iterator[str]:
+def ps_table(views: list[JobView], now: float, wide: bool = False, width: int | None = None) -> Iterator[str]:
     """One row per job; its verdict as `[rule]` after its state, and with `wide` its title in a column of
-    its own."""
+    its own and its whole command. A hung job's state reads `hung`. AGE: how long ago an ended job ended,
+    how old a job not over is. `width`: what the command is cut to fit (None: the terminal's; 0: never)."""
     if not views:
         yield "no jobs (jobwarden ps --all shows ended ones)"
         return
-    # a PROGRESS column where a job shows progress (a list of scripts without bars keeps its width)
+    # a PROGRESS column where a job shows progress (a list of scripts without bars keeps its width), a GPU
+    # column where a job was given GPUs
     progress = any(v.progress is not None for v in views)
-    head = ("ID", "NAME", "STATE", "RUN", "PID", "TIME", "CPU", "MEM", *_PROGRESS[:progress])
+    gpus = any(v.run.gpu_ids for v in views)
+    head = (
+        "ID",
+        "NAME",
+        "STATE",
+        "RUN",
+        "PID",
+        "AGE",
+        "TIME",
+        "CPU",
+        "MEM",
+        *_GPU[:gpus],
+        *_PROGRESS[:progress],
+    )
     rows: list[tuple[str, ...]] = [(*head, *_VERDICT[:wide], "COMMAND")]
+    looks: list[str] = []
     for v in views:
         run = v.run
-        state = run.state.value
+        look = "hung" if v.hung else run.state.value
+        state = look
         if run.state in ENDED_STATES and (run.signal or run.exit_code):
             state += f" ({run.signal or run.exit_code})"
         if v.end_unrecorded:
@@ -93,24 +111,35 @@ def ps_table(views: list[JobView], now: float, wide: bool = False) -> Iterator[s
             state,
             str(run.n),
             str(run.pid or "-"),
+            _age_cell(v, now),
             _runtime(v, now),
             cpu,
             format_size(v.rss_bytes),
+            *((",".join(map(str, run.gpu_ids)) or "-",) if gpus else ()),
             *((progress_cell(v.progress, run.state == JobState.RUNNING, now),) if progress else ()),
         )
         verdict = (one_line(v.finding_title or "-")[:_VERDICT_WIDTH],) if wide else ()
         rows.append((*cells, *verdict, one_line(shlex.join(v.job.command))))
+        looks.append(look)
     colored = colour_wanted()  # asked once: `ps --all` may print 10,000 lines
-    for i, padded in enumerate(table(rows)):
+    for i, padded in enumerate(table(rows, 0 if wide else width)):
         if i:
-            padded[2] = _color(padded[2], views[i - 1].run.state.value, colored)
+            padded[2] = _color(padded[2], looks[i - 1], colored)
         yield "  ".join(padded).rstrip()
+
+
+def _age_cell(view: JobView, now: float) -> str:
+    """'3h ago' for an ended run (when it ended); a job not over: how long since it was made."""
+    if view.run.ended_at is not None and view.run.state in ENDED_STATES:
+        return f"{format_duration(now - view.run.ended_at)} ago"
+    return format_duration(now - view.job.created_at)
 
 
 _VERDICT_WIDTH = 70
 
 
 _PROGRESS = ("PROGRESS",)
+_GPU = ("GPU",)
 _VERDICT = ("VERDICT",)
 
 
