@@ -184,7 +184,8 @@ def parse_lines(text: str, option: str = "-n") -> int | None:
         )
     if not raw.isdecimal():
         raise UsageError(
-            f"{option}: bad line count {text!r}: must be a whole number or all", f"e.g. {option} 20"
+            f"{option}: bad line count {text!r}: must be a whole number or all",
+            f"e.g. {option} 20 for the last 20 lines, or {option} all for every line",
         )
     if len(raw.lstrip("0")) > len(str(MAX_COUNT)) or int(raw) > MAX_COUNT:
         raise UsageError(f"{option}: bad line count {text!r}: more than {MAX_COUNT}", f"e.g. {option} 20")
