@@ -600,6 +600,14 @@ def cmd_jobs_to_complete(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_runs_to_complete(args: argparse.Namespace) -> int:
+    from jobwarden.cli.completion import run_numbers
+
+    for n in run_numbers(args.words):
+        print(n)
+    return 0
+
+
 def cmd_top(args: argparse.Namespace) -> int:
     from jobwarden.tui.command import top  # textual and rich load here, never on other commands' path
 
@@ -647,7 +655,13 @@ def note_namesakes(args: argparse.Namespace) -> None:
         for one in ref:
             note_namesakes(argparse.Namespace(**{**vars(args), "job": one}))
         return
-    if not isinstance(ref, str) or not ref or ref.isdigit() or ref.startswith("@") or args.command == "_jobs":
+    if (
+        not isinstance(ref, str)
+        or not ref
+        or ref.isdigit()
+        or ref.startswith("@")
+        or args.command.startswith("_")
+    ):
         return
     from jobwarden.cli.everyday import note_namesakes as note
 
@@ -671,6 +685,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "health": cmd_health,
     "completion": cmd_completion,
     "_jobs": cmd_jobs_to_complete,
+    "_runs": cmd_runs_to_complete,
     "top": cmd_top,
     "web": cmd_web,
     "rerun": cmd_rerun,

@@ -402,6 +402,10 @@ def _health_arguments(health: argparse.ArgumentParser) -> None:
     health.add_argument("--json", action="store_true", help="the verdict as JSON")
 
 
+def _runs_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("words", nargs=argparse.REMAINDER)
+
+
 def _json_only(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="the report as JSON")
 
@@ -433,6 +437,7 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
     ),
     "completion": ("print a shell completion script (bash, zsh or fish)", _completion_arguments),
     "_jobs": ("", lambda parser: None),  # hidden: the ids and names a completion offers
+    "_runs": ("", _runs_arguments),  # hidden: a job's run numbers, for a completion of --run
     "top": (
         "a live view of the jobs in the terminal; stop, dump, explain (needs jobwarden[tui])",
         _top_arguments,
