@@ -318,3 +318,38 @@ def test_a_hung_job_looks_hung_in_ps(jw: Jobwarden, tmp_path: Path) -> None:
         assert "\x1b[35;1mhung [no-progress]" in in_a_terminal(env, "ps")  # its own colour, not green
     finally:
         jw("stop", str(job["id"]))
+
+
+# --- words: nothing said twice ------------------------------------------------------------------------
+
+
+COMMON_ENDS = {
+    "exit": ("sh", "-c", "echo out; exit 3"),
+    "signal": ("sh", "-c", "kill -KILL $$"),
+    "exception": (sys.executable, "-c", "raise ValueError('boom')"),
+    "success": ("true",),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMMON_ENDS))
+def test_no_line_is_said_twice_in_run_f_status_or_explain(jw: Jobwarden, case: str) -> None:
+    ended = jw("run", "-f", "--name", case, "--", *COMMON_ENDS[case])
+    outputs = {
+        "run -f (its own lines)": ended.stderr,
+        "status": jw("status", "1", check=True).stdout,
+        "explain": jw("explain", "1", check=True).stdout,
+    }
+    for where, text in outputs.items():
+        lines = [line.strip(" -") for line in text.splitlines() if line.strip()]
+        repeated = {line for line in lines if lines.count(line) > 1}
+        assert not repeated, f"{case}: {where} says twice: {repeated}\n{text}"
+
+
+def test_an_evidence_line_that_repeats_the_title_is_not_shown_but_kept_in_json(jw: Jobwarden) -> None:
+    jw("run", "-w", "--", "sh", "-c", "echo why; exit 3")
+    shown = jw("explain", "1").stdout
+    assert "root cause: Exited with code 3" in shown
+    assert "- exit code 3" not in shown  # the title said it
+    assert "- output: why" in shown
+    evidence = jw.json("explain", "1")["findings"][0]["evidence"]
+    assert "exit code 3" in evidence  # the record keeps it whole

@@ -259,19 +259,27 @@ def job_status(store: Store, procfs: ProcFS, job_ref: str | int, run_n: int | No
     run = refresh(store, procfs, job, store.run(job.id, run_n))
     runs = store.runs(job.id)
     reached = store.progress_of_runs((job.id, r.n) for r in runs)
+    events = store.events(job.id, run.n)
     return JobStatus(
         job=job,
         run=run,
         processes=live_processes(store, procfs, job, run),
         findings=findings_for(store, job, run),
-        events=store.events(job.id, run.n),
+        events=events,
         attempts=[_attempt(r, reached.get((job.id, r.n))) for r in runs],
         log_path=store.layout.output_log(job.id, run.n),
         progress=store.progress(job.id, run.n),
-        peak_rss_bytes=run.mem_peak_bytes
-        if run.mem_peak_bytes is not None
-        else store.peak_rss(job.id, run.n),
+        peak_rss_bytes=_peak(store, run, events),
     )
+
+
+def _peak(store: Store, run: RunRecord, events: list[Event]) -> int | None:
+    """The most memory the run held: its samples' peak, or the cgroup's at an OOM kill (a spike between two
+    samples: `status` must not say 10M where `explain` says the job hit its 64M limit)."""
+    sampled = run.mem_peak_bytes if run.mem_peak_bytes is not None else store.peak_rss(run.job_id, run.n)
+    seen = [v for e in events if e.kind == "oom" and isinstance(v := e.data.get("peak_bytes"), int)]
+    peaks = [p for p in (sampled, *seen) if p is not None]
+    return max(peaks) if peaks else None
 
 
 def _attempt(run: RunRecord, progress: Progress | None) -> Attempt:

@@ -249,10 +249,36 @@ def explain_report(status: JobStatus, now: float | None = None) -> Iterator[str]
 def _finding_lines(label: str, f: Finding) -> Iterator[str]:
     yield f"{label}: {one_line(f.title)}  [{f.rule}, {f.severity}]"
     yield f"  {one_line(f.summary)}"
+    said = [_words(f.title), _words(f.summary)]
     for line in f.evidence:
-        yield f"    - {one_line(line)}"
+        if not said_before(line, said):  # the evidence stays whole in --json
+            yield f"    - {one_line(line)}"
     if f.remedy:
         yield f"  what to do: {one_line(f.remedy)}"
+
+
+_WORD = re.compile(r"[a-z0-9_./:-]+")
+
+
+def _words(text: str) -> frozenset[str]:
+    """A sentence's words, lower case, a final -ed or -s dropped: "exited" and "exit" say the same."""
+    found = set()
+    for word in _WORD.findall(text.lower()):
+        word = word.strip(".:-/")
+        if len(word) > 4 and word.endswith("ed"):
+            word = word[:-2]
+        elif len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+            word = word[:-1]
+        if word:
+            found.add(word)
+    return frozenset(found)
+
+
+def said_before(line: str, said: list[frozenset[str]]) -> bool:
+    """Whether every word of `line` is in one sentence already said (the title or summary above it): an
+    evidence line "exit code 1" under "Exited with code 1" says nothing new."""
+    words = _words(line)
+    return bool(words) and any(words <= sentence for sentence in said)
 
 
 def _moment(at: float | None) -> str:
