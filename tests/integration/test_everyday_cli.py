@@ -285,15 +285,17 @@ def test_ps_shows_whole_commands_into_a_pipe_and_with_wide_and_the_gpus_given(jw
     with sqlite3.connect(jw.home / "jobwarden.db") as db:  # GPUs as a machine with them would have given
         db.execute("UPDATE runs SET gpu_ids = '[0, 3]' WHERE job_id = 1")
     db.close()
-    jw.env["COLUMNS"] = "80"
+    jw.env.pop("COLUMNS", None)
     piped = jw("ps", "--all").stdout  # not a terminal: never cut
     assert long_arg in piped and "…" not in piped
+    jw.env["COLUMNS"] = "80"  # unless COLUMNS says a width, as procps' ps does
+    assert long_arg not in jw("ps", "--all").stdout
     assert ps_rows(jw, "--all")[0]["GPU"] == "0,3"
     assert jw.json("ps", "--all")[0]["gpu_ids"] == [0, 3]
     env = {k: v for k, v in jw.env.items() if k != "NO_COLOR"}
     cut = in_a_terminal(env, "ps", "--all")
     assert long_arg not in cut and "…" in cut  # a terminal: cut to its width
-    wide = in_a_terminal(env, "ps", "--all", "-w")
+    wide = in_a_terminal(env, "ps", "--all", "-w")  # -w: never cut, even in a terminal
     assert long_arg in wide.replace("\r\n", "").replace("\n", "") and "VERDICT" in wide
 
 

@@ -377,8 +377,9 @@ def cmd_ps(args: argparse.Namespace) -> int:
     if args.json:
         _print_json([v.summary_json() for v in views])
     else:
-        # into a pipe or a file, whole lines: `ps | grep` must find what a terminal would cut
-        width = None if sys.stdout.isatty() else 0
+        # into a pipe or a file, whole lines: `ps | grep` must find what a terminal would cut; unless
+        # COLUMNS says a width, as procps' ps does
+        width = None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 0
         _print_lines(render.ps_table(views, SystemClock().wall(), wide=args.wide, width=width))
     return 0
 
