@@ -8,7 +8,7 @@ import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 
-MIN_LAST_COLUMN = 20  # a table's last column (a command) is cut to fit, but never below this
+MIN_LAST_COLUMN = 12  # a table's last column (a command) is cut to fit, but never below this (ps at 72 wide)
 
 
 def terminal_width() -> int:
