@@ -94,8 +94,7 @@ def test_a_live_dump_and_a_stored_one() -> None:
     live = DumpResult(JOB, run(JobState.RUNNING), AT, "dump", (python_process(),), live=True, elapsed_s=0.4)
     text = list(dump_report(live))
     assert (
-        text[0]
-        == f"job 7 (train), run 2 — running: stacks of 1 process(es), taken {shown_time(AT)} in 0.40s"
+        text[0] == f"job 7 (train), run 2 — running: stacks of 1 process(es), taken {shown_time(AT)} in 0.40s"
     )
     assert text[1] == "" and text[2].startswith("process 100")
     ended = run(JobState.FAILED, signal="SIGKILL", ended_at=AT + 5)
