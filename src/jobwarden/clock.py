@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -53,6 +54,9 @@ def iso(ts: float | None) -> str | None:
 
 UTC_ENV = "JOBWARDEN_UTC"
 _utc: bool | None = None  # None: not decided yet (read from the environment on first use)
+# asked when neither --utc nor JOBWARDEN_UTC decided: the CLI sets it to read the config file's
+# `[display] utc`, only once a time is shown (the file costs the commands that show none nothing)
+default_utc: Callable[[], bool] | None = None
 
 
 def show_utc(on: bool) -> None:
@@ -66,7 +70,9 @@ def showing_utc() -> bool:
     if _utc is None:
         import os
 
-        _utc = os.environ.get(UTC_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+        said = os.environ.get(UTC_ENV, "").strip().lower()
+        # the environment first (JOBWARDEN_UTC=0 overrides the config file), then the config file
+        _utc = said in ("1", "true", "yes", "on") if said else bool(default_utc and default_utc())
     return _utc
 
 

@@ -179,6 +179,20 @@ def test_times_are_local_with_their_offset_and_utc_on_request(jw: Jobwarden) -> 
     jw.env["JOBWARDEN_UTC"] = "1"
     by_env = next(line for line in jw("status", "1").stdout.splitlines() if "started" in line)
     assert by_env == utc
+    jw.env.pop("JOBWARDEN_UTC")
+    config = Path(jw.env["XDG_CONFIG_HOME"]) / "jobwarden" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text("[display]\nutc = true\n")
+    config.chmod(0o600)
+    by_file = next(line for line in jw("status", "1").stdout.splitlines() if "started" in line)
+    assert by_file == utc
+    assert "[display] utc = true" in jw("doctor").stdout
+    jw.env["JOBWARDEN_UTC"] = "0"  # the environment overrides the file
+    assert next(line for line in jw("status", "1").stdout.splitlines() if "started" in line) == local
+    jw.env.pop("JOBWARDEN_UTC")
+    config.write_text("[display]\nutc = 'yes'\n")
+    bad = jw("status", "1")
+    assert bad.returncode == 2 and "display.utc" in bad.stderr and "not true or false" in bad.stderr
 
 
 # --- status: what the job runs under -------------------------------------------------------------------

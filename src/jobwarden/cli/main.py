@@ -461,6 +461,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         show_utc(True)
         os.environ[UTC_ENV] = "1"  # and in what this command starts: a shim writes times in findings
+    else:
+        from jobwarden import clock
+
+        clock.default_utc = _config_utc
     from jobwarden.cli import handlers
 
     try:
@@ -479,6 +483,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141
     except Exception as err:  # a bug of ours: one clear line, the traceback only when asked for
         return _internal_error(err)
+
+
+def _config_utc() -> bool:
+    """The config file's `[display] utc`, read once the first time is shown."""
+    from jobwarden.control.configfile import display_utc
+
+    return display_utc()
 
 
 def _internal_error(err: Exception) -> int:
