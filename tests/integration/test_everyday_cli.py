@@ -369,3 +369,16 @@ def test_an_evidence_line_that_repeats_the_title_is_not_shown_but_kept_in_json(j
     assert "- output: why" in shown
     evidence = jw.json("explain", "1")["findings"][0]["evidence"]
     assert "exit code 3" in evidence  # the record keeps it whole
+
+
+def test_status_peak_memory_is_the_oom_kills_not_the_last_sample(jw: Jobwarden) -> None:
+    if not Path("/sys/fs/cgroup/memory").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        pytest.skip("no memory cgroup on this machine")
+    hog = "x = bytearray(400 << 20)\nx[::4096] = b'x' * len(x[::4096])\n"  # every page touched at once
+    jw("run", "-w", "--mem-limit", "64M", "--", sys.executable, "-c", hog)
+    record = jw.status(1)
+    if "oom-kill" not in [f["rule"] for f in record["findings"]]:
+        pytest.skip("the memory limit was kept by jobwarden's watchdog, not a cgroup's OOM kill")
+    assert record["peak_rss_bytes"] >= 48 << 20  # the cgroup's peak at the kill, not a sample's 10M
+    line = next(line for line in jw("status", "1").stdout.splitlines() if line.startswith("  elapsed"))
+    assert " peak memory 6" in line  # 6x.xM: what explain says the job reached
