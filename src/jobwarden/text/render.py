@@ -275,10 +275,15 @@ def _words(text: str) -> frozenset[str]:
 
 
 def said_before(line: str, said: list[frozenset[str]]) -> bool:
-    """Whether every word of `line` is in one sentence already said (the title or summary above it): an
-    evidence line "exit code 1" under "Exited with code 1" says nothing new."""
+    """Whether `line` repeats a sentence already said (the title or summary above it): every word of it is
+    there ("exit code 1" under "Exited with code 1"), or all but one in ten of a long line ("quiet for 1s
+    (window 1s): no output, heartbeat, CPU, I/O or GPU work" under "No output, heartbeat, CPU, I/O or GPU
+    work for 1s (the hang window is 1s)")."""
     words = _words(line)
-    return bool(words) and any(words <= sentence for sentence in said)
+    if not words:
+        return False
+    spare = len(words) // 10 if len(words) >= 8 else 0
+    return any(len(words - sentence) <= spare for sentence in said)
 
 
 def _moment(at: float | None) -> str:
