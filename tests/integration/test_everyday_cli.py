@@ -232,10 +232,26 @@ def test_status_of_a_plain_job_shows_the_default_hang_timeout_and_nothing_unset(
     jw("run", "-w", "--", "true", check=True)
     shown = jw("status", "1").stdout
     assert "  hang timeout 10m00s (default); on a hang: dump" in shown
-    for unset in ("  timeout ", "memory limit", "  restart ", "  notify ", "  env ", "  queue "):
+    for unset in (
+        "  timeout ",
+        "memory limit",
+        "  restart ",
+        "  notify ",
+        "  env ",
+        "  queue ",
+        "  mp start",
+        "  py hooks",
+        "  log max",
+        "  keep running",
+    ):
         assert unset not in shown
     assert "restarts 0" in shown
     assert jw.status(1)["runs_under"]["env_keys"] == []
+    options = ("--mp-start", "spawn", "--no-py-hooks", "--log-max", "1G", "--keep-running", "tensorboard")
+    jw("run", "-w", *options, "--", "true", check=True)
+    lines = {line[:15].strip(): line[15:] for line in jw("status", "2").stdout.splitlines()}
+    assert lines["mp start"] == "spawn (--mp-start)" and lines["py hooks"].startswith("off (--no-py-hooks)")
+    assert lines["log max"] == "1.0G" and lines["keep running"] == "tensorboard"
 
 
 # --- ps: age, GPUs, filters, whole lines, a hung job -----------------------------------------------------

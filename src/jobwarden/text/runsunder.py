@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from jobwarden.config import counted, format_duration, format_size
+from jobwarden.config import DEFAULT_LOG_MAX_BYTES, counted, format_duration, format_size
 from jobwarden.text.sanitize import one_line
 
 if TYPE_CHECKING:
@@ -55,6 +55,15 @@ def runs_under_lines(status: JobStatus) -> Iterator[str]:
     if u["env_keys"]:
         keys = ", ".join(one_line(k) for k in u["env_keys"])
         yield f"  env          {keys} (--env; values not shown)"
+    if u["mp_start"]:
+        yield f"  mp start     {u['mp_start']} (--mp-start)"
+    if not u["py_hooks"]:
+        yield "  py hooks     off (--no-py-hooks): no stacks of deadlocks, no fork records"
+    if u["log_max_bytes"] != DEFAULT_LOG_MAX_BYTES:
+        cap = format_size(u["log_max_bytes"]) if u["log_max_bytes"] else "off: the log may fill the disk"
+        yield f"  log max      {cap}"
+    for pattern in u["keep_running"]:
+        yield f"  keep running {one_line(pattern)}"
     if u["queue"]:
         yield f"  queue        {one_line(u['queue'])}"
     if u["after"]:
