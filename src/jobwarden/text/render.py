@@ -122,7 +122,7 @@ def ps_table(views: list[JobView], now: float, wide: bool = False, width: int | 
         rows.append((*cells, *verdict, one_line(shlex.join(v.job.command))))
         looks.append(look)
     colored = colour_wanted()  # asked once: `ps --all` may print 10,000 lines
-    for i, padded in enumerate(table(rows, 0 if wide else width)):
+    for i, padded in enumerate(table(rows, 0 if wide else width, _PS_MIN_COMMAND)):
         if i:
             padded[2] = _color(padded[2], looks[i - 1], colored)
         yield "  ".join(padded).rstrip()
@@ -138,6 +138,7 @@ def _age_cell(view: JobView, now: float) -> str:
 _VERDICT_WIDTH = 70
 
 
+_PS_MIN_COMMAND = 12  # ps's command column may shrink further than a table's: its AGE column fits 72 wide
 _PROGRESS = ("PROGRESS",)
 _GPU = ("GPU",)
 _VERDICT = ("VERDICT",)
