@@ -176,6 +176,8 @@ def test_times_are_local_with_their_offset_and_utc_on_request(jw: Jobwarden) -> 
     assert f" {shifted // 60:02d}:{shifted % 60:02d}:{utc_hms[6:8]} +05:30" in local  # 24-hour, shifted
     utc = next(line for line in jw("--utc", "status", "1").stdout.splitlines() if "started" in line)
     assert utc.endswith(f"{started_json[:10]} {utc_hms} UTC"), utc
+    after = next(line for line in jw("status", "1", "--utc").stdout.splitlines() if "started" in line)
+    assert after == utc  # after the subcommand too
     jw.env["JOBWARDEN_UTC"] = "1"
     by_env = next(line for line in jw("status", "1").stdout.splitlines() if "started" in line)
     assert by_env == utc

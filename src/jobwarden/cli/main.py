@@ -50,6 +50,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             else:  # no help: left out of the command list
                 parser = sub.add_parser(name, formatter_class=_HelpFormatter)
             add_arguments(parser)
+            if not name.startswith("_"):  # `jobwarden status 3 --utc` as well as `jobwarden --utc status 3`
+                parser.add_argument(
+                    "--utc", action="store_true", default=argparse.SUPPRESS, help="show times in UTC"
+                )
     return p
 
 
