@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -43,3 +44,62 @@ def iso(ts: float | None) -> str | None:
     if ts is None:
         return None
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
+
+
+# --- time as a user reads it: one zone and one format for every command ---------------------------------
+#
+# Local time with its UTC offset by default, 24-hour; UTC everywhere with `jobwarden --utc` (or
+# JOBWARDEN_UTC=1 in the environment, which the shim inherits, so the times it writes into findings agree).
+# JSON keeps ISO 8601 in UTC (`iso`): it is read by programs, not people.
+
+UTC_ENV = "JOBWARDEN_UTC"
+_utc: bool | None = None  # None: not decided yet (read from the environment on first use)
+# asked when neither --utc nor JOBWARDEN_UTC decided: the CLI sets it to read the config file's
+# `[display] utc`, only once a time is shown (the file costs the commands that show none nothing)
+default_utc: Callable[[], bool] | None = None
+
+
+def show_utc(on: bool) -> None:
+    """Every time shown from now on in UTC (`--utc`)."""
+    global _utc
+    _utc = on
+
+
+def showing_utc() -> bool:
+    global _utc
+    if _utc is None:
+        import os
+
+        said = os.environ.get(UTC_ENV, "").strip().lower()
+        # the environment first (JOBWARDEN_UTC=0 overrides the config file), then the config file
+        _utc = said in ("1", "true", "yes", "on") if said else bool(default_utc and default_utc())
+    return _utc
+
+
+def _parts(ts: float) -> tuple[time.struct_time, str]:
+    """The time's fields in the zone shown, and that zone's offset ("+01:00", "Z" for UTC)."""
+    if showing_utc():
+        return time.gmtime(ts), "Z"
+    local = time.localtime(ts)
+    offset = local.tm_gmtoff or 0
+    sign = "-" if offset < 0 else "+"
+    hours, minutes = divmod(abs(offset) // 60, 60)
+    return local, f"{sign}{hours:02d}:{minutes:02d}"
+
+
+def shown_time(ts: float | None, style: str = "full") -> str:
+    """`ts` as every command shows it. Styles: `full` '2026-11-25 14:02:11 +01:00' (a start, an end);
+    `time` '14:02:11' and `minute` '14:02' (a moment within a report whose full times are shown,
+    with a 'Z' in UTC so that a short time is never read in the wrong zone); `ms` '14:02:11.250' (the
+    order of ranks' ends). None: '-'."""
+    if ts is None:
+        return "-"
+    fields, zone = _parts(ts)
+    if style == "full":
+        return time.strftime("%Y-%m-%d %H:%M:%S", fields) + (" UTC" if zone == "Z" else f" {zone}")
+    suffix = "Z" if zone == "Z" else ""
+    if style == "minute":
+        return time.strftime("%H:%M", fields) + suffix
+    if style == "ms":
+        return time.strftime("%H:%M:%S", fields) + f".{int(ts * 1000) % 1000:03d}{suffix}"
+    return time.strftime("%H:%M:%S", fields) + suffix

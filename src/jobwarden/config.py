@@ -170,6 +170,57 @@ def parse_count(text: str, what: str = "count") -> int:
     return int(raw)
 
 
+def parse_lines(text: str, option: str = "-n") -> int | None:
+    """`logs -n`: how many of the last lines to show, a whole number 0 or more; `all` (None): every line.
+    A negative number is refused, not read as "all but": `tail -n -5` means the last 5, `head -n -5` the
+    opposite, and a user means one of them."""
+    raw = text.strip().lower()
+    if raw == "all":
+        return None
+    if raw.startswith(("-", "+")) and raw[1:].isdecimal():
+        raise UsageError(
+            f"{option}: bad line count {text!r}: must be 0 or more, or all",
+            f"e.g. {option} 5 for the last 5 lines, or {option} all for every line",
+        )
+    if not raw.isdecimal():
+        raise UsageError(
+            f"{option}: bad line count {text!r}: must be a whole number or all",
+            f"e.g. {option} 20 for the last 20 lines, or {option} all for every line",
+        )
+    if len(raw.lstrip("0")) > len(str(MAX_COUNT)) or int(raw) > MAX_COUNT:
+        raise UsageError(f"{option}: bad line count {text!r}: more than {MAX_COUNT}", f"e.g. {option} 20")
+    return int(raw)
+
+
+# `ps --state`: each run state, and `hung` (running, with a current hang finding)
+STATE_WORDS = (
+    "queued",
+    "starting",
+    "running",
+    "hung",
+    "stopping",
+    "restarting",
+    "succeeded",
+    "failed",
+    "stopped",
+    "lost",
+)
+
+
+def parse_states(text: str, option: str = "--state") -> frozenset[str]:
+    """`ps --state failed,lost`: a comma-separated list of state words (STATE_WORDS), any case."""
+    words = [w.strip().lower() for w in text.split(",")]
+    if not any(words):
+        raise UsageError(f"{option}: no state given", f"e.g. {option} running,failed")
+    for word in words:
+        if word not in STATE_WORDS:
+            shown = word if word.isprintable() and len(word) <= 40 else repr(word[:40])
+            raise UsageError(
+                f"{option}: unknown state {shown!r}", f"use one or more of {', '.join(STATE_WORDS)}"
+            )
+    return frozenset(words)
+
+
 def parse_mem_limit(text: str) -> int:
     """--mem-limit: a size (parse_size) that is big enough to run anything at all."""
     limit = parse_size(text, "--mem-limit")

@@ -253,6 +253,10 @@ ROOT_CAUSE_ORDER = (
     "supervisor-lost",
 )
 _RANKS = {rule: i for i, rule in enumerate(ROOT_CAUSE_ORDER)}
+# A running job with a current finding of these is hung: `ps` shows it so, `ps --state hung` lists it. The
+# rules whose finding lasts as long as the hang (rules.table.ENDS_WITH_THE_HANG, a test keeps them equal),
+# named here for the reason above.
+HUNG_RULES = frozenset({"no-progress", "fork-deadlock", "collective-hang", "uninterruptible-io"})
 
 
 def root_cause_rank(rule: str) -> int:

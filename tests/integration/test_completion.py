@@ -210,3 +210,72 @@ def test_fish_offers_hostile_names_verbatim_and_runs_none(on_path: Jobwarden, tm
     offered = {row.split("\t")[0] for row in done.stdout.splitlines()}
     assert {name.format(marker=marker) for name in HOSTILE} <= offered
     assert not marker.exists()
+
+
+# --- option values and run numbers (issue 21) ------------------------------------------------------------
+
+
+def _fish_complete(jw: Jobwarden, tmp_path: Path, line: str) -> list[str]:
+    script = tmp_path / "jobwarden.fish"
+    script.write_text(jw("completion", "fish", check=True).stdout)
+    done = subprocess.run(
+        [_shell("fish"), "--no-config", "-c", f"source {script}; complete -C {line!r}"],
+        env=jw.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return [row.split("\t")[0] for row in done.stdout.splitlines()]
+
+
+def _restarted_job(jw: Jobwarden) -> None:
+    """Job 1, `flaky`, with three runs; job 2 with one."""
+    options = ("--name", "flaky", "--restart", "on-failure", "--max-restarts", "2", "--restart-delay", "0.1s")
+    jw("run", "-w", *options, "--", "false")
+    jw("run", "-w", "--name", "once", "--", "true", check=True)
+
+
+def test_bash_completes_option_values_and_run_numbers(on_path: Jobwarden) -> None:
+    _restarted_job(on_path)
+
+    def complete(*words: str) -> list[str]:
+        return _bash_complete(on_path, ["jobwarden", *words])
+
+    assert complete("run", "--on-hang", "") == ["dump", "stop", "restart"]
+    assert complete("run", "--on-hang", "re") == ["restart"]
+    assert complete("run", "--restart", "on") == ["on-failure"]
+    assert complete("run", "--mp-start", "") == ["spawn", "forkserver"]
+    assert complete("run", "--max-restarts", "u") == ["unlimited"]
+    assert complete("ps", "--state", "fa") == ["failed"]
+    assert complete("ps", "--state", "failed,lo") == ["failed,lost"]  # the word after the comma
+    assert complete("boot", "e") == ["enable"]
+    assert complete("explain", "1", "--run", "") == ["1", "2", "3"]  # job 1's runs
+    assert complete("explain", "flaky", "--run", "") == ["1", "2", "3"]  # by name
+    assert complete("status", "--json", "2", "--run", "") == ["1"]
+    assert complete("logs", "@last", "--run", "") == ["1"]
+    assert complete("metrics", "9", "--run", "") == []  # no such job: nothing, no error
+
+
+def test_fish_completes_option_values_and_run_numbers(on_path: Jobwarden, tmp_path: Path) -> None:
+    _restarted_job(on_path)
+    assert _fish_complete(on_path, tmp_path, "jobwarden run --on-hang ") == ["dump", "restart", "stop"]
+    assert _fish_complete(on_path, tmp_path, "jobwarden run --restart on") == ["on-failure"]
+    assert "failed,lost" in _fish_complete(on_path, tmp_path, "jobwarden ps --state failed,")
+    assert _fish_complete(on_path, tmp_path, "jobwarden explain 1 --run ") == ["1", "2", "3"]
+    assert _fish_complete(on_path, tmp_path, "jobwarden status once --run ") == ["1"]
+
+
+@pytest.mark.parametrize("shell", sorted(SHELLS_IN_A_TERMINAL))
+def test_a_run_number_completes_in_a_terminal(
+    on_path: Jobwarden, tmp_path: Path, tmux: list[str], shell: str
+) -> None:
+    _restarted_job(on_path)
+    script = tmp_path / "script"
+    script.write_text(on_path("completion", shell, check=True).stdout)
+    flags, setup = SHELLS_IN_A_TERMINAL[shell]
+    env = {**on_path.env, "TERM": "xterm-256color"}
+    shown = _typed_then_tab(
+        tmux, env, [_shell(shell), *flags], setup.format(script=script), "jobwarden explain once --run "
+    )
+    assert shown == "ready> jobwarden explain once --run 1"

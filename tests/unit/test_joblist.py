@@ -34,6 +34,8 @@ SUMMARY_KEYS = [
     "rss_bytes",
     "command",
     "progress",
+    "hung",
+    "gpu_ids",
 ]
 
 

@@ -94,6 +94,42 @@ def test_a_count_is_a_bounded_whole_number_or_a_usage_error(text: str) -> None:
     assert 0 <= value <= config.MAX_COUNT and value == int(text.strip())
 
 
+@given(ARGUMENTS)
+def test_a_line_count_is_a_bounded_whole_number_all_or_a_usage_error_naming_n(text: str) -> None:
+    try:
+        value = config.parse_lines(text)
+    except UsageError as err:
+        assert err.message.startswith("-n: bad line count")
+        return
+    if value is None:
+        assert text.strip().lower() == "all"
+    else:
+        assert 0 <= value <= config.MAX_COUNT and value == int(text.strip())
+
+
+@given(st.integers(min_value=1, max_value=config.MAX_COUNT))
+def test_a_negative_line_count_is_refused(n: int) -> None:
+    with pytest.raises(UsageError, match="must be 0 or more, or all"):
+        config.parse_lines(f"-{n}")
+
+
+@given(ARGUMENTS | st.lists(st.sampled_from(config.STATE_WORDS), min_size=1).map(",".join))
+def test_a_state_list_is_known_words_or_a_usage_error_naming_state(text: str) -> None:
+    try:
+        states = config.parse_states(text)
+    except UsageError as err:
+        assert err.message.startswith("--state: ") and "\n" not in err.message
+        return
+    assert states and states <= set(config.STATE_WORDS)
+    assert states == {w.strip().lower() for w in text.split(",")}
+
+
+@given(st.lists(st.sampled_from(config.STATE_WORDS), min_size=1), st.booleans())
+def test_every_listed_state_is_taken_in_any_case(words: list[str], upper: bool) -> None:
+    text = ",".join(w.upper() if upper else w for w in words)
+    assert config.parse_states(text) == set(words)
+
+
 # --- job references -------------------------------------------------------------------------------------
 
 

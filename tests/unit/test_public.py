@@ -125,14 +125,16 @@ def test_run_leaves_the_options_after_the_command_to_the_command() -> None:
 
 def test_logs_options_parse() -> None:
     args = build_parser().parse_args(["logs", "exp1", "-f", "-n", "50", "--since", "10m", "--run", "2"])
-    assert (args.job, args.follow, args.lines, args.since, args.run) == ("exp1", True, 50, "10m", 2)
+    assert (args.job, args.follow, args.lines, args.since, args.run) == (["exp1"], True, "50", "10m", 2)
+    several = build_parser().parse_args(["logs", "-f", "3", "5", "@last"])
+    assert several.job == ["3", "5", "@last"]
 
 
-def test_logs_n_must_be_a_number(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
-        build_parser().parse_args(["logs", "exp1", "-n", "many"])
-    assert info.value.code == 2
-    assert "-n" in capsys.readouterr().err
+@pytest.mark.parametrize("value", ["many", "-5", "1.5"])
+def test_logs_n_must_be_a_count_or_all(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["logs", "1", "-n", value]) == 2  # refused before any store is opened
+    err = capsys.readouterr().err
+    assert err.startswith("jobwarden: -n: bad line count") and "-n all" in err
 
 
 def test_stop_grace_and_ps_all_parse() -> None:

@@ -3,6 +3,7 @@ idle look-alikes folded, frameless threads on one line."""
 
 from __future__ import annotations
 
+from jobwarden.clock import shown_time
 from jobwarden.control.dump import DumpResult
 from jobwarden.joboptions import JobOptions
 from jobwarden.model import JobState
@@ -93,15 +94,14 @@ def test_a_live_dump_and_a_stored_one() -> None:
     live = DumpResult(JOB, run(JobState.RUNNING), AT, "dump", (python_process(),), live=True, elapsed_s=0.4)
     text = list(dump_report(live))
     assert (
-        text[0]
-        == "job 7 (train), run 2 — running: stacks of 1 process(es), taken 2023-11-14T22:13:20.000Z in 0.40s"
+        text[0] == f"job 7 (train), run 2 — running: stacks of 1 process(es), taken {shown_time(AT)} in 0.40s"
     )
     assert text[1] == "" and text[2].startswith("process 100")
     ended = run(JobState.FAILED, signal="SIGKILL", ended_at=AT + 5)
     stored = DumpResult(JOB, ended, AT, "hang", (python_process(),), live=False)
     assert next(iter(dump_report(stored))) == (
         "job 7 (train), run 2 has no live process (failed: killed by SIGKILL); these are the last stacks "
-        "taken while it ran: 2023-11-14T22:13:20.000Z, by hang"
+        f"taken while it ran: {shown_time(AT)}, by hang"
     )
     empty = DumpResult(JOB, run(JobState.RUNNING), AT, "dump", (), live=True, elapsed_s=0.0)
     assert list(dump_report(empty))[1] == "  no live process"

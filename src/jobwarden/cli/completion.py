@@ -1,6 +1,9 @@
-"""`jobwarden completion bash|zsh|fish`: a script that completes the subcommands, each one's options, and
-job ids and names. The commands and options are read from the parser itself, so a new option completes
-without an edit here; the jobs are asked of `jobwarden _jobs` at each completion (a single cheap query).
+"""`jobwarden completion bash|zsh|fish`: a script that completes the subcommands, each one's options, the
+values an option takes (`--on-hang stop`, `--restart on-failure`, `ps --state failed,lost`), job ids and
+names, and a job's run numbers (`explain JOB --run 2`). The commands, options and their choices are read
+from the parser itself, so a new option completes without an edit here (values that argparse does not
+check, as `--restart`, are listed in VALUES); the jobs are asked of `jobwarden _jobs` at each completion
+(a single cheap query), a job's runs of `jobwarden _runs` (which finds the JOB in the words typed).
 
 Install: `jobwarden completion bash > ~/.local/share/bash-completion/completions/jobwarden`, or
 `source <(jobwarden completion zsh)` in ~/.zshrc, or
@@ -12,10 +15,23 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
+from jobwarden.config import STATE_WORDS
 from jobwarden.errors import UsageError
 
 SHELLS = ("bash", "zsh", "fish")
 JOBS_COMMAND = "_jobs"  # hidden: prints the ids and names to complete, one a line
+RUNS_COMMAND = "_runs"  # hidden: `_runs CMD WORD...` prints the run numbers of the JOB among the words
+RUN_OPTION = "--run"
+# the values of options that take a word argparse does not check itself (it has their metavar only)
+VALUES = {
+    "--restart": ("no", "on-failure", "always"),
+    "--max-restarts": ("unlimited",),
+    "--hang-timeout": ("off",),
+    "--log-max": ("off",),
+    "--engine": ("auto", "slurm", "ray", "container", "none"),
+    "--state": STATE_WORDS,
+}
+LISTS = frozenset({"--state"})  # comma-separated: the word after the last comma completes
 
 
 class Subcommand:
@@ -26,6 +42,22 @@ class Subcommand:
             opt for action in parser._actions for opt in action.option_strings if opt.startswith("--")
         )
         self.takes_job = any(action.dest == "job" for action in parser._actions)
+        # each option's values: its choices, else VALUES'
+        self.values = {
+            opt: tuple(str(c) for c in action.choices) if action.choices else VALUES[opt]
+            for action in parser._actions
+            for opt in action.option_strings
+            if opt.startswith("--") and (action.choices or opt in VALUES)
+        }
+        # a positional word with choices (`boot enable`)
+        self.words = next(
+            (
+                tuple(str(c) for c in a.choices)
+                for a in parser._actions
+                if not a.option_strings and a.choices and not isinstance(a, argparse._SubParsersAction)
+            ),
+            (),
+        )
 
 
 def subcommands(parser: argparse.ArgumentParser) -> list[Subcommand]:
@@ -69,6 +101,22 @@ def _bash(commands: list[Subcommand]) -> Iterator[str]:
     yield '    if [[ "$cmd" == run && " ${COMP_WORDS[*]:0:COMP_CWORD} " == *" -- "* ]]; then'
     yield '        COMPREPLY=($(compgen -c -- "$cur")); return  # the job\'s own command'
     yield "    fi"
+    yield '    local prev="${COMP_WORDS[COMP_CWORD-1]}"'
+    yield '    case "$cmd $prev" in'
+    for c in commands:
+        for option, values in sorted(c.values.items()):
+            words = " ".join(values)
+            if option in LISTS:  # `failed,lo` completes `lo` after what the commas hold
+                yield (
+                    f'        "{c.name} {option}") local done="" part="$cur"; [[ "$cur" == *,* ]] && '
+                    'done="${cur%,*}," part="${cur##*,}"; '
+                    f'COMPREPLY=($(compgen -P "$done" -W "{words}" -- "$part")); return ;;'
+                )
+            else:
+                yield f'        "{c.name} {option}") COMPREPLY=($(compgen -W "{words}" -- "$cur")); return ;;'
+        if RUN_OPTION in c.options:
+            yield f'        "{c.name} {RUN_OPTION}") _jobwarden_runs "$cmd" "$i" "$cur"; return ;;'
+    yield "    esac"
     yield '    if [[ "$cur" == -* ]]; then'
     yield '        case "$cmd" in'
     for c in commands:
@@ -80,9 +128,13 @@ def _bash(commands: list[Subcommand]) -> Iterator[str]:
     if with_jobs:
         yield f'        {with_jobs}) _jobwarden_jobs "$cur" ;;'
     yield f'        completion) COMPREPLY=($(compgen -W "{" ".join(SHELLS)}" -- "$cur")) ;;'
+    for c in commands:
+        if c.words:
+            yield f'        {c.name}) COMPREPLY=($(compgen -W "{" ".join(c.words)}" -- "$cur")) ;;'
     yield "    esac"
     yield "}"
     yield from _bash_jobs()
+    yield from _BASH_RUNS.replace("RUNS_COMMAND", RUNS_COMMAND).strip("\n").splitlines()
     yield "complete -F _jobwarden jobwarden"
 
 
@@ -108,6 +160,17 @@ _jobwarden_jobs() {
 """
 
 
+# the words between the subcommand (at $2) and `--run`, by a loop: zsh's bashcompinit reads a slice
+# ${COMP_WORDS[@]:i+1} as a modifier
+_BASH_RUNS = r"""
+_jobwarden_runs() {
+    local words=() j
+    for ((j = $2 + 1; j < COMP_CWORD - 1; j++)); do words+=("${COMP_WORDS[j]}"); done
+    COMPREPLY=($(compgen -W "$(jobwarden RUNS_COMMAND "$1" "${words[@]}" 2>/dev/null)" -- "$3"))
+}
+"""
+
+
 def _fish(commands: list[Subcommand]) -> Iterator[str]:
     yield "# jobwarden completion for fish (jobwarden completion fish)"
     yield "complete -c jobwarden -f"
@@ -116,7 +179,20 @@ def _fish(commands: list[Subcommand]) -> Iterator[str]:
     for c in commands:
         seen = f'"__fish_seen_subcommand_from {c.name}"'
         for option in c.options:
-            yield f"complete -c jobwarden -n {seen} -l {option[2:]}"
+            values = c.values.get(option)
+            if option == RUN_OPTION:
+                runs = f"(jobwarden {RUNS_COMMAND} (commandline -opc)[2..-1] 2>/dev/null)"
+                yield f'complete -c jobwarden -n {seen} -l {option[2:]} -x -a "{runs}"'
+            elif values and option in LISTS:  # `failed,` then each word after it
+                # evaluated at each completion: the token up to its last comma, times each value
+                head = r"(string replace -r \'[^,]*$\' \'\' -- (commandline -ct))"
+                yield f"complete -c jobwarden -n {seen} -l {option[2:]} -x -a '{head}{{{','.join(values)}}}'"
+            elif values:
+                yield f"complete -c jobwarden -n {seen} -l {option[2:]} -x -a {_fish_quote(' '.join(values))}"
+            else:
+                yield f"complete -c jobwarden -n {seen} -l {option[2:]}"
+        if c.words:
+            yield f"complete -c jobwarden -n {seen} -a {_fish_quote(' '.join(c.words))}"
         if c.takes_job:
             yield f'complete -c jobwarden -n {seen} -a "(jobwarden {JOBS_COMMAND} 2>/dev/null)"'
     yield f'complete -c jobwarden -n "__fish_seen_subcommand_from completion" -a "{" ".join(SHELLS)}"'
@@ -124,3 +200,32 @@ def _fish(commands: list[Subcommand]) -> Iterator[str]:
 
 def _fish_quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def run_numbers(words: list[str]) -> list[int]:
+    """`jobwarden _runs CMD WORD...`: the run numbers of the job the words name (the words typed after
+    the subcommand, a last `--run` or not); none when they name no job or one that does not exist."""
+    from jobwarden.cli.main import build_parser
+    from jobwarden.errors import JobwardenError
+    from jobwarden.paths import home_dir
+    from jobwarden.store import Store
+
+    if not words:
+        return []
+    command, rest = words[0], [w for w in words[1:]]
+    while rest and rest[-1] == RUN_OPTION:
+        rest.pop()
+    try:
+        args, _ = build_parser(command).parse_known_args([command, *rest])
+    except SystemExit:  # words argparse refuses (it said so on stderr, which the script drops)
+        return []
+    ref = getattr(args, "job", None)
+    if isinstance(ref, list):
+        ref = ref[0] if len(ref) == 1 else None
+    if not isinstance(ref, str):
+        return []
+    try:
+        with Store(home_dir()) as store:
+            return [run.n for run in store.runs(store.job(ref).id)]
+    except JobwardenError:
+        return []

@@ -225,7 +225,9 @@ def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
     def done() -> bool:
         return not shim_alive(procfs, run.shim_pid, run.shim_start) if run.shim_pid else True
 
-    out = _JobOutput()
+    from jobwarden.cli.logscmd import JobOutput
+
+    out = JobOutput()
     try:
         for chunk in follow(path, 0, done):
             out.write(chunk)
@@ -345,9 +347,27 @@ def cmd_ps(args: argparse.Namespace) -> int:
     last = None if args.last is None else config.parse_count(args.last, "--last")
     if last == 0:
         raise UsageError("bad --last '0': must be 1 or more", "e.g. jobwarden ps --all --last 50")
+    states = None if args.state is None else config.parse_states(args.state)
+    since = None if args.since is None else config.parse_duration(args.since, "--since")
+    filtered = states is not None or args.name is not None
+    # an ended state asked for needs the ended jobs; a filter pages after filtering, not before
+    include_ended = args.all or bool(states and states - _UNFINISHED_WORDS)
     with Store(_home()) as store:
-        views = job_views(store, _procfs(), include_ended=args.all, limit=last, metrics=args.json)
+        views = job_views(
+            store,
+            _procfs(),
+            include_ended=include_ended,
+            limit=None if filtered else last,
+            metrics=args.json,
+            ended_since=None if since is None or include_ended else SystemClock().wall() - since,
+        )
         full = home_disk_full(store)
+    if filtered or (since is not None and include_ended):
+        from jobwarden.control.views import filtered_views
+
+        ended_since = None if since is None else SystemClock().wall() - since
+        views = filtered_views(views, states, args.name, ended_since)
+        views = views[-last:] if last is not None else views
     if full is not None:
         print(
             f"jobwarden: WARNING: the disk holding {_home()} is full ({full} bytes free): no job's end or "
@@ -357,8 +377,14 @@ def cmd_ps(args: argparse.Namespace) -> int:
     if args.json:
         _print_json([v.summary_json() for v in views])
     else:
-        _print_lines(render.ps_table(views, SystemClock().wall(), wide=args.wide))
+        # into a pipe or a file, whole lines: `ps | grep` must find what a terminal would cut; unless
+        # COLUMNS says a width, as procps' ps does
+        width = None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 0
+        _print_lines(render.ps_table(views, SystemClock().wall(), wide=args.wide, width=width))
     return 0
+
+
+_UNFINISHED_WORDS = frozenset({"queued", "starting", "running", "hung", "stopping", "restarting", "lost"})
 
 
 def _job_status(job_ref: str, run_n: int | None) -> JobStatus:
@@ -459,71 +485,9 @@ def _explain_group(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from jobwarden.store import Store
-    from jobwarden.store.logfiles import since_offset, stream_from, tail_lines
+    from jobwarden.cli.logscmd import logs
 
-    with Store(_home()) as store:
-        job = store.job(args.job)
-        run = store.run(job.id, args.run)
-        path = store.layout.output_log(job.id, run.n)
-        index = store.layout.output_index(job.id, run.n)
-    out = _JobOutput()
-    start = 0
-    if args.since:  # streamed: `logs --since 2d` of a 1 GiB log holds a chunk, never the range
-        start = since_offset(index, SystemClock().wall() - config.parse_duration(args.since, "--since"))
-    if args.lines is not None:
-        out.write(b"".join(tail_lines(path, args.lines, start=start)))
-    elif args.since or not args.follow:
-        for chunk in stream_from(path, start):
-            out.write(chunk)
-    out.close()
-    if args.follow:
-        return _follow_from_end(job.id, run, path, bool(args.lines is not None or args.since))
-    return 0
-
-
-class _JobOutput:
-    """The job's bytes on our stdout: exact into a pipe or a file; into a terminal through the sanitiser,
-    with the job's colours kept (as `less -R` does; not with NO_COLOR) and its carriage returns (a
-    progress bar redraws its line), a sequence cut between two reads held back until it is whole."""
-
-    def __init__(self) -> None:
-        from jobwarden.text.sanitize import TerminalStream
-
-        self.stream = None
-        if sys.stdout.isatty():
-            self.stream = TerminalStream(colours=not os.environ.get("NO_COLOR"), carriage_returns=True)
-
-    def write(self, data: bytes) -> None:
-        if self.stream is not None:
-            data = self.stream.feed(data).encode("utf-8", "replace")
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-
-    def close(self) -> None:
-        if self.stream is not None:
-            sys.stdout.buffer.write(self.stream.close().encode("utf-8", "replace"))
-        sys.stdout.buffer.flush()
-
-
-def _follow_from_end(job_id: int, run: Any, path: Path, already_printed: bool) -> int:
-    from jobwarden.control.shimproc import shim_alive
-    from jobwarden.store.logfiles import follow
-
-    procfs = _procfs()
-    start = path.stat().st_size if (already_printed and path.exists()) else 0
-
-    def done() -> bool:
-        return not shim_alive(procfs, run.shim_pid, run.shim_start)
-
-    out = _JobOutput()
-    try:
-        for chunk in follow(path, start, done):
-            out.write(chunk)
-    except KeyboardInterrupt:
-        return 130
-    out.close()
-    return 0
+    return logs(_home(), _procfs(), args)
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -666,6 +630,14 @@ def cmd_jobs_to_complete(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_runs_to_complete(args: argparse.Namespace) -> int:
+    from jobwarden.cli.completion import run_numbers
+
+    for n in run_numbers(args.words):
+        print(n)
+    return 0
+
+
 def cmd_top(args: argparse.Namespace) -> int:
     from jobwarden.tui.command import top  # textual and rich load here, never on other commands' path
 
@@ -709,7 +681,17 @@ def cmd_boot(args: argparse.Namespace) -> int:
 def note_namesakes(args: argparse.Namespace) -> None:
     """A JOB given by a name (never an id or @last: those cost nothing) that older live jobs share."""
     ref = getattr(args, "job", None)
-    if not isinstance(ref, str) or not ref or ref.isdigit() or ref.startswith("@") or args.command == "_jobs":
+    if isinstance(ref, list):  # `logs -f 3 5 7`
+        for one in ref:
+            note_namesakes(argparse.Namespace(**{**vars(args), "job": one}))
+        return
+    if (
+        not isinstance(ref, str)
+        or not ref
+        or ref.isdigit()
+        or ref.startswith("@")
+        or args.command.startswith("_")
+    ):
         return
     from jobwarden.cli.everyday import note_namesakes as note
 
@@ -734,6 +716,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "health": cmd_health,
     "completion": cmd_completion,
     "_jobs": cmd_jobs_to_complete,
+    "_runs": cmd_runs_to_complete,
     "top": cmd_top,
     "web": cmd_web,
     "rerun": cmd_rerun,

@@ -37,6 +37,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"jobwarden {__version__}")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    p.add_argument(
+        "--utc",
+        action="store_true",
+        help="show every time in UTC (default: local time with its offset; or set JOBWARDEN_UTC=1)",
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (help_text, add_arguments) in _SUBCOMMANDS.items():
         if only is None or only == name:
@@ -45,6 +50,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             else:  # no help: left out of the command list
                 parser = sub.add_parser(name, formatter_class=_HelpFormatter)
             add_arguments(parser)
+            if not name.startswith("_"):  # `jobwarden status 3 --utc` as well as `jobwarden --utc status 3`
+                parser.add_argument(
+                    "--utc", action="store_true", default=argparse.SUPPRESS, help="show times in UTC"
+                )
     return p
 
 
@@ -268,7 +277,26 @@ def _explain_arguments(explain: argparse.ArgumentParser) -> None:
 def _ps_arguments(ps: argparse.ArgumentParser) -> None:
     ps.add_argument("-a", "--all", action="store_true", help="include ended jobs")
     ps.add_argument("--last", metavar="N", help="only the N newest of the jobs listed")
-    ps.add_argument("-w", "--wide", action="store_true", help="a VERDICT column: each finding's title")
+    ps.add_argument(
+        "-w",
+        "--wide",
+        action="store_true",
+        help="a VERDICT column (each finding's title) and whole commands, never cut to the terminal",
+    )
+    ps.add_argument(
+        "--state",
+        metavar="STATE[,STATE]",
+        help="only jobs in these states (queued, starting, running, hung, stopping, restarting, succeeded, "
+        "failed, stopped, lost); ended states need no --all",
+    )
+    ps.add_argument(
+        "--name", metavar="PATTERN", help="only jobs whose name matches (shell wildcards: 'lr-*')"
+    )
+    ps.add_argument(
+        "--since",
+        metavar="DUR",
+        help="only jobs not over, or that ended in the last DUR (e.g. 2h: what the last 2 hours saw)",
+    )
     ps.add_argument("--json", action="store_true", help="the jobs as a JSON list")
 
 
@@ -279,11 +307,21 @@ def _status_arguments(status: argparse.ArgumentParser) -> None:
 
 
 def _logs_arguments(logs: argparse.ArgumentParser) -> None:
-    logs.add_argument("job", metavar="JOB", help="an id, a name (its newest job) or @last")
     logs.add_argument(
-        "-f", "--follow", action="store_true", help="keep printing what the job writes until it ends"
+        "job",
+        metavar="JOB",
+        nargs="+",
+        help="an id, a name (its newest job) or @last; several: their lines interleaved, each prefixed",
     )
-    logs.add_argument("-n", "--lines", type=int, metavar="N", help="only the last N lines")
+    logs.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="print the last 10 lines (see -n), then what the job writes until it ends",
+    )
+    logs.add_argument(
+        "-n", "--lines", metavar="N|all", help="only the last N lines (default: all; with -f, 10)"
+    )
     logs.add_argument("--since", metavar="DUR", help="only output written in the last DUR (e.g. 10m)")
     logs.add_argument("--run", type=int, metavar="N", help="an earlier attempt")
 
@@ -379,6 +417,10 @@ def _health_arguments(health: argparse.ArgumentParser) -> None:
     health.add_argument("--json", action="store_true", help="the verdict as JSON")
 
 
+def _runs_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("words", nargs=argparse.REMAINDER)
+
+
 def _json_only(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="the report as JSON")
 
@@ -414,6 +456,7 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
     ),
     "completion": ("print a shell completion script (bash, zsh or fish)", _completion_arguments),
     "_jobs": ("", lambda parser: None),  # hidden: the ids and names a completion offers
+    "_runs": ("", _runs_arguments),  # hidden: a job's run numbers, for a completion of --run
     "top": (
         "a live view of the jobs in the terminal; stop, dump, explain (needs jobwarden[tui])",
         _top_arguments,
@@ -432,6 +475,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     first = argv[0] if argv else None
     args = build_parser(first if first in _SUBCOMMANDS else None).parse_args(argv)
     trace.set_level(args.verbose)
+    if args.utc:
+        from jobwarden.clock import UTC_ENV, show_utc
+
+        show_utc(True)
+        os.environ[UTC_ENV] = "1"  # and in what this command starts: a shim writes times in findings
+    else:
+        from jobwarden import clock
+
+        clock.default_utc = _config_utc
     from jobwarden.cli import handlers
 
     try:
@@ -450,6 +502,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141
     except Exception as err:  # a bug of ours: one clear line, the traceback only when asked for
         return _internal_error(err)
+
+
+def _config_utc() -> bool:
+    """The config file's `[display] utc`, read once the first time is shown."""
+    from jobwarden.control.configfile import display_utc
+
+    return display_utc()
 
 
 def _internal_error(err: Exception) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
-from jobwarden.clock import iso
+from jobwarden.clock import shown_time
 from jobwarden.config import format_duration, format_size
 from jobwarden.control.metrics import Sample, per_second, sparkline
 from jobwarden.progress.model import loss_name
@@ -117,7 +117,7 @@ def metrics_report(name: str, job_id: int, run: int, samples: Sequence[Sample], 
     resolution = f"points of {format_duration(step)}" if step else "every sample"
     yield (
         f"job {job_id} ({one_line(name)}), run {run}: {len(samples)} samples over {format_duration(span)} "
-        f"({resolution}), from {iso(samples[0].at)} to {iso(samples[-1].at)}"
+        f"({resolution}), from {shown_time(samples[0].at)} to {shown_time(samples[-1].at)}"
     )
     yield from metric_lines(samples, width)
 

@@ -9,6 +9,9 @@
     [web]
     url = "http://gpu-box:8765"   # the job page's address in notifications: <url>/jobs/<id>
 
+    [display]
+    utc = true                    # every command shows times in UTC, as `jobwarden --utc` does
+
 The file costs `run` one stat() when there is none: tomllib is imported only when there is a file to
 read. A value is checked by the code that checks the flag, and a bad one is an error naming the file, the
 line and the key. The file can run commands (`on_event`), so one that another user may write is refused,
@@ -50,7 +53,8 @@ RUN_KEYS: dict[str, str] = {
     "queue": "str",
 }
 WEB_KEYS: dict[str, str] = {"url": "str"}
-TABLES = {"run": RUN_KEYS, "web": WEB_KEYS}
+DISPLAY_KEYS: dict[str, str] = {"utc": "bool"}
+TABLES = {"run": RUN_KEYS, "web": WEB_KEYS, "display": DISPLAY_KEYS}
 CHOICES = {"on_hang": ("dump", "stop", "restart"), "mp_start": ("spawn", "forkserver")}
 # keys that are one setting together: a flag given for one of them sets the group, the file none of it
 # (`run --restart no` with `max_restarts = 5` in the file means no restart, not a contradiction)
@@ -84,12 +88,15 @@ class UserConfig(NamedTuple):
     path: Path
     run: dict[str, Any]
     web_url: str | None = None
+    utc: bool = False  # [display] utc
 
     def shown(self) -> list[str]:
         """`key = value` for `doctor`, URLs cut to their host: a webhook's path is its secret."""
         shown = [f"{key} = {_redacted(key, value)}" for key, value in sorted(self.run.items())]
         if self.web_url:
             shown.append(f"[web] url = {self.web_url}")
+        if self.utc:
+            shown.append("[display] utc = true")
         return shown
 
 
@@ -163,7 +170,23 @@ def parse_config(text: str, path: Path) -> UserConfig:
     url = web.get("url")
     if url is not None:
         url = _web_url(text, path, url)
-    return UserConfig(path, run, url)
+    display = data.get("display", {})
+    for key, value in display.items():
+        if key not in DISPLAY_KEYS:
+            raise _error(
+                path, _line_of(text, "display", key), f"display.{key}", "unknown key", "[display] holds utc"
+            )
+        if not isinstance(value, bool):
+            raise _error(path, _line_of(text, "display", key), f"display.{key}", "not true or false")
+    return UserConfig(path, run, url, bool(display.get("utc", False)))
+
+
+def display_utc() -> bool:
+    """Whether the config file in force says `[display] utc = true` (read when a time is first shown)."""
+    if not os.path.lexists(config_file()):
+        return False
+    user = load_config()
+    return bool(user and user.utc)
 
 
 def _run_value(text: str, path: Path, key: str, value: object) -> Any:

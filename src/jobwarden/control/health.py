@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from jobwarden.clock import iso
+from jobwarden.clock import iso, shown_time
 from jobwarden.control.views import refresh
 from jobwarden.errors import JobNotFound, StoreError
 from jobwarden.model import JobState
@@ -88,7 +88,7 @@ def judge(run: RunRecord, hung_at: float | None, progress: Progress) -> Health:
         how = f"exit code {run.exit_code}" if run.exit_code is not None else run.signal or run.end_reason
         return Health(FAILED, f"{run.state}" + (f" ({how})" if how else ""), *which)
     if hung_at is not None and not any(at is not None and at > hung_at for at in progress):
-        return Health(HUNG, f"hung: no sign of progress since {iso(hung_at)}", *which, hung_at)
+        return Health(HUNG, f"hung: no sign of progress since {shown_time(hung_at)}", *which, hung_at)
     return Health(OK, f"{run.state}", *which)
 
 

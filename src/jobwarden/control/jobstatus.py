@@ -7,11 +7,10 @@ same dictionaries, so a field added here appears in every frontend at once.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from jobwarden.clock import SystemClock, iso
+from jobwarden.clock import SystemClock, iso, shown_time
 from jobwarden.control.views import live_processes, refresh
 from jobwarden.model import Finding, ProcessSnapshot, Ranks
 from jobwarden.osapi.procfs import ProcFS
@@ -63,6 +62,19 @@ class JobStatus(NamedTuple):
     attempts: list[Attempt]
     log_path: Path
     progress: Progress | None = None  # the run's latest progress (progress.model), null when it showed none
+    peak_rss_bytes: int | None = None  # the most memory the run's processes held together
+
+    @property
+    def restarts(self) -> int:
+        """How many times the job was started again after its first run (up to the run shown)."""
+        return max(0, self.run.n - 1)
+
+    @property
+    def runs_under(self) -> dict[str, Any]:
+        """Its limits and policies as in force, secrets left out (control.runsunder)."""
+        from jobwarden.control.runsunder import runs_under
+
+        return runs_under(self.job, self.run, self.restarts)
 
     @property
     def previous_progress(self) -> Progress | None:
@@ -170,6 +182,10 @@ class JobStatus(NamedTuple):
             "kept": [dict(k) for k in run.kept],
             "notify_failures": self.notify_failures,
             "progress": self._progress_json(),
+            "runs_under": self.runs_under,
+            "elapsed_s": _elapsed(self.run),
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "restarts": self.restarts,
         }
 
     def _progress_json(self) -> dict[str, Any] | None:
@@ -201,20 +217,27 @@ _WHAT = {
 }
 
 
+def _elapsed(run: RunRecord) -> float | None:
+    from jobwarden.control.runsunder import elapsed_s
+
+    value = elapsed_s(run, SystemClock().wall())
+    return None if value is None else round(value, 3)
+
+
 def _what(rule: str) -> str:
     return _WHAT.get(rule, rule)
 
 
 def _span(since: float | None, until: float | None) -> str:
-    """'14:02–14:19' (local time); with seconds when both fall in the same minute."""
+    """'14:02–14:19' (clock.shown_time's zone); with seconds when both fall in the same minute."""
     if since is None or until is None:
         return f"until {_hm(until, True)}" if until is not None else ""
-    seconds = time.strftime("%H:%M", time.localtime(since)) == time.strftime("%H:%M", time.localtime(until))
+    seconds = shown_time(since, "minute") == shown_time(until, "minute")
     return f"{_hm(since, seconds)}–{_hm(until, seconds)}"
 
 
 def _hm(at: float, seconds: bool) -> str:
-    return time.strftime("%H:%M:%S" if seconds else "%H:%M", time.localtime(at))
+    return shown_time(at, "time" if seconds else "minute")
 
 
 def _process_json(p: ProcessSnapshot) -> dict[str, Any]:
@@ -236,16 +259,27 @@ def job_status(store: Store, procfs: ProcFS, job_ref: str | int, run_n: int | No
     run = refresh(store, procfs, job, store.run(job.id, run_n))
     runs = store.runs(job.id)
     reached = store.progress_of_runs((job.id, r.n) for r in runs)
+    events = store.events(job.id, run.n)
     return JobStatus(
         job=job,
         run=run,
         processes=live_processes(store, procfs, job, run),
         findings=findings_for(store, job, run),
-        events=store.events(job.id, run.n),
+        events=events,
         attempts=[_attempt(r, reached.get((job.id, r.n))) for r in runs],
         log_path=store.layout.output_log(job.id, run.n),
         progress=store.progress(job.id, run.n),
+        peak_rss_bytes=_peak(store, run, events),
     )
+
+
+def _peak(store: Store, run: RunRecord, events: list[Event]) -> int | None:
+    """The most memory the run held: its samples' peak, or the cgroup's at an OOM kill (a spike between two
+    samples: `status` must not say 10M where `explain` says the job hit its 64M limit)."""
+    sampled = run.mem_peak_bytes if run.mem_peak_bytes is not None else store.peak_rss(run.job_id, run.n)
+    seen = [v for e in events if e.kind == "oom" and isinstance(v := e.data.get("peak_bytes"), int)]
+    peaks = [p for p in (sampled, *seen) if p is not None]
+    return max(peaks) if peaks else None
 
 
 def _attempt(run: RunRecord, progress: Progress | None) -> Attempt:

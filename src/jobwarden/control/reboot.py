@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
 
-from jobwarden.clock import SystemClock, iso
+from jobwarden.clock import SystemClock, shown_time
 from jobwarden.control.shimproc import fork_shim
 from jobwarden.errors import StoreError
 from jobwarden.model import UNFINISHED_STATES, EndReason, Finding, JobState
@@ -86,7 +86,7 @@ def reboot_finding(
         severity="error",
         evidence=(
             f"the run's supervisor ran under boot id {run.boot_id}",
-            f"this boot ({boot_now or 'boot id unknown'}) began at {iso(booted_at)}",
+            f"this boot ({boot_now or 'boot id unknown'}) began at {shown_time(booted_at)}",
         ),
         remedy=(
             "`jobwarden resume` starts it again as its next run (it has --restart), with every such job; "

@@ -12,7 +12,14 @@ from jobwarden.clock import SystemClock, iso
 from jobwarden.control.reboot import ended_by_reboot, mark_rebooted
 from jobwarden.control.shimproc import shim_alive
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
-from jobwarden.model import ACTIVE_STATES, ENDED_STATES, JobState, ProcessSnapshot, root_cause_rank
+from jobwarden.model import (
+    ACTIVE_STATES,
+    ENDED_STATES,
+    HUNG_RULES,
+    JobState,
+    ProcessSnapshot,
+    root_cause_rank,
+)
 from jobwarden.osapi.cgroup import cgroup_path, find_job_cgroup
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.markers import find_marked, job_markers
@@ -142,6 +149,11 @@ class JobView(NamedTuple):
     end_unrecorded: bool = False
     progress: Progress | None = None  # the run's latest, kept after it ended (how far it got)
 
+    @property
+    def hung(self) -> bool:
+        """Running, and its current verdict is a hang (model.HUNG_RULES): shown so, not as `running`."""
+        return self.run.state == JobState.RUNNING and self.finding in HUNG_RULES
+
     def summary_json(self) -> dict[str, Any]:
         r = self.run
         return {
@@ -160,7 +172,30 @@ class JobView(NamedTuple):
             "rss_bytes": self.rss_bytes,
             "command": list(self.job.command),
             "progress": self.progress.to_json(SystemClock().wall()) if self.progress else None,
+            "hung": self.hung,
+            "gpu_ids": list(r.gpu_ids),
         }
+
+
+def filtered_views(
+    views: list[JobView], states: frozenset[str] | None, name: str | None, ended_since: float | None
+) -> list[JobView]:
+    """`ps --state/--name/--since`: the views whose state word is one of `states` (`hung` a running one
+    with a current hang finding; `running` includes those), whose name matches the shell pattern `name`,
+    and, with `ended_since`, that are not over or ended at or after it."""
+    from fnmatch import fnmatchcase
+
+    kept = []
+    for v in views:
+        run = v.run
+        if states is not None and str(run.state) not in states and not ("hung" in states and v.hung):
+            continue
+        if name is not None and not fnmatchcase(v.job.name, name):
+            continue
+        if ended_since is not None and run.ended_at is not None and run.ended_at < ended_since:
+            continue
+        kept.append(v)
+    return kept
 
 
 def job_views(
@@ -171,13 +206,20 @@ def job_views(
     limit: int | None = None,
     offset: int = 0,
     metrics: bool = False,
+    ended_since: float | None = None,
 ) -> list[JobView]:
     """The job list, oldest job first: each job's latest run as it really is. Without `include_ended`,
     only the jobs not over (their runs found by index: a long history costs nothing). `limit` and
     `offset` page from the newest job (limit=50: the 50 newest); without `include_ended` they page
     through the unfinished jobs. `metrics`: each progress with the metrics the job reported (for the
-    JSON lists, `ps --json` and the web's; a table shows none, and 10,000 runs' cost ~25 ms to decode)."""
-    listed = store.job_list(unfinished_only=not include_ended, limit=limit, offset=offset)
+    JSON lists, `ps --json` and the web's; a table shows none, and 10,000 runs' cost ~25 ms to decode).
+    `ended_since` (without `include_ended`): the unfinished jobs and those ended at or after it."""
+    if include_ended:
+        listed = store.job_list(limit=limit, offset=offset)
+    elif ended_since is not None:
+        listed = store.job_list(ended_since=ended_since, limit=limit, offset=offset)
+    else:
+        listed = store.job_list(unfinished_only=True, limit=limit, offset=offset)
     # each run's latest progress, one query for the whole list, given to each view as it is made
     progress = store.progress_of_runs(((job.id, run.n) for job, run in listed), metrics=metrics).get
     views = []
@@ -187,7 +229,7 @@ def job_views(
             views.append(JobView(job, run, None, None, *verdict, False, progress((job.id, run.n))))
             continue
         run = refresh(store, procfs, job, run)
-        if run.state in ENDED_STATES and not include_ended:
+        if run.state in ENDED_STATES and not include_ended and ended_since is None:
             continue  # it ended between the query and the look at its shim
         cpu = rss = None
         if run.state in _WATCHED:

@@ -8,9 +8,9 @@ Example: "Rank 1 (pid 4242) exited with code 3 at 12:03:07.120, first in the job
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
+from jobwarden.clock import shown_time
 from jobwarden.model import Finding
 from jobwarden.rules import death as exits
 from jobwarden.rules import frames
@@ -160,5 +160,6 @@ def _how(i: Incident) -> str:
 
 
 def clock(at: float) -> str:
-    """'12:03:07.120', local time: deaths milliseconds apart must read apart."""
-    return time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at * 1000) % 1000:03d}"
+    """'12:03:07.120' in the zone every command shows (clock.shown_time): deaths milliseconds apart must
+    read apart."""
+    return shown_time(at, "ms")

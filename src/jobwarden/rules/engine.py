@@ -5,8 +5,7 @@ from that state."""
 
 from __future__ import annotations
 
-import time
-
+from jobwarden.clock import shown_time
 from jobwarden.model import Finding
 from jobwarden.rules.evidence import RunEvidence, job_ref
 
@@ -108,4 +107,4 @@ def _container_remedy(ev: RunEvidence) -> str:
 
 
 def _hms(at: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(at))
+    return shown_time(at, "time")

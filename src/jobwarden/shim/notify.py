@@ -103,10 +103,10 @@ def _summary(
 
 def recovered_text(title: str, since: float | None, until: float) -> str:
     """'No progress for 10m (hung 14:02-14:19)': what a `recovered` notification says was wrong, and when."""
-    import time
+    from jobwarden.clock import shown_time
 
-    span = f"{time.strftime('%H:%M', time.localtime(since))}–" if since is not None else "until "
-    return f"{title} (hung {span}{time.strftime('%H:%M', time.localtime(until))})"
+    span = f"{shown_time(since, 'minute')}–" if since is not None else "until "
+    return f"{title} (hung {span}{shown_time(until, 'minute')})"
 
 
 def redact(url: str) -> str:

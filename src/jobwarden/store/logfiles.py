@@ -308,9 +308,12 @@ def read_from(path: Path, offset: int, align_to_line: bool = True, limit: int = 
 _TAIL_MAX_BYTES = 8 << 20
 
 
-def tail_lines(path: Path, n: int, block: int = 1 << 16, start: int = 0) -> list[bytes]:
+def tail_lines(
+    path: Path, n: int, block: int = 1 << 16, start: int = 0, end: int | None = None
+) -> list[bytes]:
     """The last `n` lines, read backwards in blocks: cheap on a 100 GiB log. With `start`, none of the
-    lines that begin before the first line start at or after it (`logs --since 1h -n 20`)."""
+    lines that begin before the first line start at or after it (`logs --since 1h -n 20`); with `end`,
+    the last lines before that offset (`logs -f` follows from there: nothing written meanwhile is lost)."""
     if n <= 0:
         return []
     try:
@@ -319,7 +322,8 @@ def tail_lines(path: Path, n: int, block: int = 1 << 16, start: int = 0) -> list
         return []
     with fh:
         first = _line_start(fh, start) if start > 0 else 0  # `logs --since`: not before its range
-        end = fh.seek(0, os.SEEK_END)
+        size = fh.seek(0, os.SEEK_END)
+        end = size if end is None else min(end, size)
         # never into a range --log-max freed: its zeros are not output (the newest data starts after it)
         window = max(0, end - _TAIL_MAX_BYTES - block)
         spans = data_spans(fh.fileno(), window, end) if end else []
@@ -358,16 +362,31 @@ def follow(path: Path, offset: int, is_done: Callable[[], bool], poll_s: float =
     it was read is a marker line."""
     while True:
         done = is_done()  # read before the data: no output written before the end is missed
-        try:
-            with open(path, "rb") as fh:
-                end = min(os.fstat(fh.fileno()).st_size, offset + CHUNK)
-                chunks = list(_with_markers(fh, offset, end)) if end > offset else []
-        except FileNotFoundError:
-            chunks, end = [], offset
-        if chunks:
-            offset = end
-            yield b"".join(chunks)
+        data, offset = read_new(path, offset)
+        if data:
+            yield data
         elif done:
             return
         else:
             time.sleep(poll_s)
+
+
+def read_new(path: Path, offset: int) -> tuple[bytes, int]:
+    """What the log holds from `offset` (at most CHUNK bytes; a marker line for a range --log-max freed),
+    and the offset to read from next: one look of `follow`, for a reader that follows several logs."""
+    try:
+        with open(path, "rb") as fh:
+            end = min(os.fstat(fh.fileno()).st_size, offset + CHUNK)
+            chunks = list(_with_markers(fh, offset, end)) if end > offset else []
+    except FileNotFoundError:
+        return b"", offset
+    return (b"".join(chunks), end) if chunks else (b"", offset)
+
+
+def line_start(path: Path, offset: int) -> int:
+    """The offset of the first line that starts at or after `offset` (`logs --since`)."""
+    try:
+        with open(path, "rb") as fh:
+            return _line_start(fh, offset)
+    except FileNotFoundError:
+        return 0

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from jobwarden.clock import shown_time
 from jobwarden.config import counted
 from jobwarden.text.sanitize import one_line
 
@@ -97,4 +97,4 @@ def _span(a: int, b: int) -> str:
 def clock_time(at: float | None) -> str:
     if at is None:
         return "?"
-    return time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 1000):03d}"
+    return shown_time(at, "ms")

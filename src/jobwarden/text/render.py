@@ -5,15 +5,15 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from jobwarden.clock import iso
+from jobwarden.clock import shown_time
 from jobwarden.config import counted, format_duration, format_size
 from jobwarden.model import ENDED_STATES, JobState, Ranks
 from jobwarden.text.habits import habit_lines
 from jobwarden.text.progress import progress_cell, progress_line, resumed_line
+from jobwarden.text.runsunder import runs_under_lines, summary_line
 from jobwarden.text.sanitize import one_line
 from jobwarden.text.term import colour_wanted, table
 
@@ -35,6 +35,7 @@ _COLORS = {
     "stopping": "33",
     "starting": "36",
     "queued": "36",
+    "hung": "35;1",  # running but hung: not the green of a healthy run
 }
 
 
@@ -67,19 +68,36 @@ def _runtime(view: JobView, now: float) -> str:
     return format_duration((run.ended_at or now) - run.started_at)
 
 
-def ps_table(views: list[JobView], now: float, wide: bool = False) -> Iterator[str]:
+def ps_table(views: list[JobView], now: float, wide: bool = False, width: int | None = None) -> Iterator[str]:
     """One row per job; its verdict as `[rule]` after its state, and with `wide` its title in a column of
-    its own."""
+    its own and its whole command. A hung job's state reads `hung`. AGE: how long ago an ended job ended,
+    how old a job not over is. `width`: what the command is cut to fit (None: the terminal's; 0: never)."""
     if not views:
         yield "no jobs (jobwarden ps --all shows ended ones)"
         return
-    # a PROGRESS column where a job shows progress (a list of scripts without bars keeps its width)
+    # a PROGRESS column where a job shows progress (a list of scripts without bars keeps its width), a GPU
+    # column where a job was given GPUs
     progress = any(v.progress is not None for v in views)
-    head = ("ID", "NAME", "STATE", "RUN", "PID", "TIME", "CPU", "MEM", *_PROGRESS[:progress])
+    gpus = any(v.run.gpu_ids for v in views)
+    head = (
+        "ID",
+        "NAME",
+        "STATE",
+        "RUN",
+        "PID",
+        "AGE",
+        "TIME",
+        "CPU",
+        "MEM",
+        *_GPU[:gpus],
+        *_PROGRESS[:progress],
+    )
     rows: list[tuple[str, ...]] = [(*head, *_VERDICT[:wide], "COMMAND")]
+    looks: list[str] = []
     for v in views:
         run = v.run
-        state = run.state.value
+        look = "hung" if v.hung else run.state.value
+        state = look
         if run.state in ENDED_STATES and (run.signal or run.exit_code):
             state += f" ({run.signal or run.exit_code})"
         if v.end_unrecorded:
@@ -93,24 +111,36 @@ def ps_table(views: list[JobView], now: float, wide: bool = False) -> Iterator[s
             state,
             str(run.n),
             str(run.pid or "-"),
+            _age_cell(v, now),
             _runtime(v, now),
             cpu,
             format_size(v.rss_bytes),
+            *((",".join(map(str, run.gpu_ids)) or "-",) if gpus else ()),
             *((progress_cell(v.progress, run.state == JobState.RUNNING, now),) if progress else ()),
         )
         verdict = (one_line(v.finding_title or "-")[:_VERDICT_WIDTH],) if wide else ()
         rows.append((*cells, *verdict, one_line(shlex.join(v.job.command))))
+        looks.append(look)
     colored = colour_wanted()  # asked once: `ps --all` may print 10,000 lines
-    for i, padded in enumerate(table(rows)):
+    for i, padded in enumerate(table(rows, 0 if wide else width, _PS_MIN_COMMAND)):
         if i:
-            padded[2] = _color(padded[2], views[i - 1].run.state.value, colored)
+            padded[2] = _color(padded[2], looks[i - 1], colored)
         yield "  ".join(padded).rstrip()
+
+
+def _age_cell(view: JobView, now: float) -> str:
+    """'3h ago' for an ended run (when it ended); a job not over: how long since it was made."""
+    if view.run.ended_at is not None and view.run.state in ENDED_STATES:
+        return f"{format_duration(now - view.run.ended_at)} ago"
+    return format_duration(now - view.job.created_at)
 
 
 _VERDICT_WIDTH = 70
 
 
+_PS_MIN_COMMAND = 12  # ps's command column may shrink further than a table's: its AGE column fits 72 wide
 _PROGRESS = ("PROGRESS",)
+_GPU = ("GPU",)
 _VERDICT = ("VERDICT",)
 
 
@@ -127,9 +157,12 @@ def status_report(status: JobStatus, now: float) -> Iterator[str]:
         yield f"  queued       {one_line(run.queued_reason)}"
     if run.gpu_ids:
         yield f"  gpus         {','.join(str(i) for i in run.gpu_ids)}"
-    yield f"  started      {iso(run.started_at) or '-'}"
+    yield f"  started      {shown_time(run.started_at)}"
     if run.ended_at:
-        yield f"  ended        {iso(run.ended_at)}"
+        yield f"  ended        {shown_time(run.ended_at)}"
+    summary = summary_line(status, now)
+    if summary:
+        yield summary
     if status.progress is not None:
         yield f"  progress     {progress_line(status.progress, run.state == JobState.RUNNING, now)}"
     resumed = resumed_line(status.progress, status.previous_progress, run.n - 1)
@@ -138,6 +171,7 @@ def status_report(status: JobStatus, now: float) -> Iterator[str]:
     if run.error:
         yield f"  error        {one_line(run.error)}"
     yield f"  log          {status.log_path}"
+    yield from runs_under_lines(status)
     yield from habit_lines(status)  # rerun of, log dropped, kept processes, failed notifications
     for path in status.disk_full_paths:
         yield f"  WARNING      the disk holding the log filled up ({one_line(path)}); output may be lost"
@@ -216,14 +250,45 @@ def explain_report(status: JobStatus, now: float | None = None) -> Iterator[str]
 def _finding_lines(label: str, f: Finding) -> Iterator[str]:
     yield f"{label}: {one_line(f.title)}  [{f.rule}, {f.severity}]"
     yield f"  {one_line(f.summary)}"
+    said = [_words(f.title), _words(f.summary)]
     for line in f.evidence:
-        yield f"    - {one_line(line)}"
+        if not said_before(line, said):  # the evidence stays whole in --json
+            yield f"    - {one_line(line)}"
     if f.remedy:
         yield f"  what to do: {one_line(f.remedy)}"
 
 
+_WORD = re.compile(r"[a-z0-9_./:-]+")
+
+
+def _words(text: str) -> frozenset[str]:
+    """A sentence's words, lower case, a final -ed or -s dropped: "exited" and "exit" say the same."""
+    found = set()
+    for word in _WORD.findall(text.lower()):
+        word = word.strip(".:-/")
+        if len(word) > 4 and word.endswith("ed"):
+            word = word[:-2]
+        elif len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+            word = word[:-1]
+        if word:
+            found.add(word)
+    return frozenset(found)
+
+
+def said_before(line: str, said: list[frozenset[str]]) -> bool:
+    """Whether `line` repeats a sentence already said (the title or summary above it): every word of it is
+    there ("exit code 1" under "Exited with code 1"), or all but one in ten of a long line ("quiet for 1s
+    (window 1s): no output, heartbeat, CPU, I/O or GPU work" under "No output, heartbeat, CPU, I/O or GPU
+    work for 1s (the hang window is 1s)")."""
+    words = _words(line)
+    if not words:
+        return False
+    spare = len(words) // 10 if len(words) >= 8 else 0
+    return any(len(words - sentence) <= spare for sentence in said)
+
+
 def _moment(at: float | None) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(at)) if at is not None else ""
+    return shown_time(at, "time") if at is not None else ""
 
 
 def stop_report(result: StopResult) -> Iterator[str]:
@@ -256,7 +321,7 @@ _THREAD_STATES = {
 def dump_heading(result: DumpResult) -> str:
     job, run = result.job, result.run
     who = f"job {job.id} ({one_line(job.name)}), run {run.n}"
-    when = iso(result.at)
+    when = shown_time(result.at)
     if result.live:
         took = f" in {result.elapsed_s:.2f}s" if result.elapsed_s is not None else ""
         return f"{who} — {run.state}: stacks of {len(result.stacks)} process(es), taken {when}{took}"

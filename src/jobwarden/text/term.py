@@ -41,12 +41,17 @@ def for_terminal(lines: Iterable[str]) -> Iterator[str]:
             yield terminal_text(line, colours=colours)
 
 
-def table(rows: Sequence[tuple[str, ...]], width: int | None = None) -> list[list[str]]:
+def table(
+    rows: Sequence[tuple[str, ...]], width: int | None = None, min_last: int = MIN_LAST_COLUMN
+) -> list[list[str]]:
     """Cells padded to their column's width; the last column cut so that a row fits `width` (the
-    terminal's by default). Returned as cells, so that a caller can colour one after padding."""
+    terminal's by default; 0: never cut). Returned as cells, so that a caller can colour one after
+    padding."""
     width = terminal_width() if width is None else width
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    room = max(MIN_LAST_COLUMN, width - sum(widths) - 2 * len(widths))
+    if width <= 0:
+        return [[*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]] for row in rows]
+    room = max(min_last, width - sum(widths) - 2 * len(widths))
     return [[*(c.ljust(w) for c, w in zip(row, widths, strict=False)), _cut(row[-1], room)] for row in rows]
 
 

@@ -1,0 +1,52 @@
+"""One time zone for every command (clock.shown_time): local with its offset, or UTC with --utc; and the
+hung look of `ps` kept in step with the rules whose finding lasts as long as a hang."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from jobwarden import clock
+from jobwarden.model import HUNG_RULES
+from jobwarden.rules.table import ENDS_WITH_THE_HANG
+
+AT = 1_764_000_000.25  # 2025-11-24 16:00:00.250 UTC
+
+
+@pytest.fixture
+def zone() -> Iterator[None]:
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "America/St_Johns"  # -03:30 in November: a half-hour offset west of UTC
+    time.tzset()
+    clock.show_utc(False)
+    yield
+    clock.show_utc(False)
+    if old is None:
+        os.environ.pop("TZ")
+    else:
+        os.environ["TZ"] = old
+    time.tzset()
+
+
+def test_local_time_carries_its_offset_and_is_24_hour(zone: None) -> None:
+    assert clock.shown_time(AT) == "2025-11-24 12:30:00 -03:30"
+    assert clock.shown_time(AT, "time") == "12:30:00"
+    assert clock.shown_time(AT, "minute") == "12:30"
+    assert clock.shown_time(AT, "ms") == "12:30:00.250"
+    assert clock.shown_time(AT + 6 * 3600) == "2025-11-24 18:30:00 -03:30"  # never 6:30 PM
+    assert clock.shown_time(None) == "-"
+
+
+def test_utc_everywhere_when_asked(zone: None) -> None:
+    clock.show_utc(True)
+    assert clock.shown_time(AT) == "2025-11-24 16:00:00 UTC"
+    assert clock.shown_time(AT, "time") == "16:00:00Z"  # a short time says its zone too
+    assert clock.shown_time(AT, "minute") == "16:00Z"
+    assert clock.shown_time(AT, "ms") == "16:00:00.250Z"
+
+
+def test_the_hung_look_follows_the_rules_that_last_as_long_as_the_hang() -> None:
+    assert HUNG_RULES == ENDS_WITH_THE_HANG
