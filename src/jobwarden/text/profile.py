@@ -3,9 +3,11 @@ come from the job's code: sanitised (text.sanitize) before a terminal sees them.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from jobwarden.clock import shown_time
 from jobwarden.text.sanitize import one_line
 
 SHOWN = 15
@@ -48,5 +50,13 @@ def profile_line(summary: Mapping[str, Any], shown: int = 3) -> str:
     samples: what the job was doing, not the `<module>` and `main` every sample passes through)."""
     hot = list(summary.get("hot") or summary.get("top") or [])
     frames = ", ".join(f"{e['fraction']:.0%} {frame_label(e)}" for e in hot[:shown])
-    when = f"{summary.get('trigger', 'cli')}, {summary.get('at', '')}, {summary.get('duration_s')}s"
+    when = f"{summary.get('trigger', 'cli')}, {_moment(summary.get('at'))}, {summary.get('duration_s')}s"
     return f"profile ({when}): {frames or 'idle'}"
+
+
+def _moment(at: object) -> str:
+    """The summary's ISO time (UTC) in the time zone every command shows."""
+    try:
+        return shown_time(datetime.datetime.fromisoformat(str(at).replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return one_line(str(at))
