@@ -1,0 +1,247 @@
+"""The pages as a user sees them (issue 21), in a real browser (Debian's chromium through selenium): what
+was drawn is measured in the page itself, text extents against the canvas, not compared as pixels.
+Set JOBWARDEN_SHOTS=DIR to keep a screenshot of each page looked at."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Jobwarden
+from tests.integration.test_web_browser import browser, text_of, wait_until
+from tests.integration.webtools import Client, web_server
+
+pytestmark = [pytest.mark.integration, pytest.mark.browser]
+__all__ = ["browser"]  # the fixture, used by name
+
+MIB = 1 << 20
+# holds 80 MiB for a few seconds under a 300 MiB limit: samples to draw, a peak and a limit line
+HOLDER = "import time\nx = bytearray(80 << 20)\nfor i in range(len(x) // 4096): x[i * 4096] = 1\ntime.sleep(4)\n"
+# what a training script's terminal output looks like: colours, a progress bar redrawn with \r, a title
+COLOURED = (
+    "import sys\n"
+    "w = sys.stdout.write\n"
+    "w('\\x1b[31mred words\\x1b[0m then plain\\n')\n"
+    "w('\\x1b[1;32mbold green\\x1b[0m \\x1b[38;5;208morange\\x1b[0m \\x1b[38;2;10;20;30mtrue\\x1b[0m\\n')\n"
+    "w('epoch 1:   0%|          |\\repoch 1:  50%|#####     |\\repoch 1: 100%|##########|\\n')\n"
+    "w('\\x1b]0;a window title\\x07after the title\\x1b[K\\n')\n"
+    "w('needle in the log\\n')\n"
+    "for i in range(30): w(f'filler line {i}\\n')\n"
+    "w('another needle\\n')\n"
+)
+
+
+def shoot(driver: Any, name: str) -> None:
+    where = os.environ.get("JOBWARDEN_SHOTS")
+    if where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(Path(where) / f"{name}.png"))
+
+
+def page(served: Any, path: str) -> str:
+    return served.url.replace("/?token=", f"{path}?token=")
+
+
+# Measures every chart as drawn: each y label's width in the axis's own font against the room the axis
+# has; each x label's extent against the canvas and its neighbours; the x scale against the run's span.
+MEASURE = """
+const out = {};
+for (const [id, {plot: u, box}] of Object.entries(window.jwPlots)) {
+  const dpr = devicePixelRatio, y = u.axes[1], x = u.axes[0];
+  u.ctx.font = y.font[0];
+  const yWidths = y._values.map((v) => u.ctx.measureText(String(v)).width / dpr);
+  u.ctx.font = x.font[0];
+  const left = u.bbox.left / dpr;
+  const xLabels = x._splits.map((t, i) => {
+    const lines = String(x._values[i]).split("\\n");
+    const w = Math.max(...lines.map((l) => u.ctx.measureText(l).width / dpr));
+    const at = left + u.valToPos(t, "x");
+    return {text: x._values[i], from: at - w / 2, to: at + w / 2};
+  });
+  const canvas = box.querySelector("canvas").getBoundingClientRect();
+  const outer = box.getBoundingClientRect();
+  const t = u.data[0];
+  out[id] = {
+    yWidest: Math.max(...yWidths), yRoom: y._size - y.ticks.size - y.gap, yLabels: y._values,
+    xLabels, width: u.width, canvasLeft: canvas.left - outer.left, canvasRight: outer.right - canvas.right,
+    boxWidth: outer.width, xMin: u.scales.x.min, xMax: u.scales.x.max, first: t[0], last: t[t.length - 1],
+    series: u.series.slice(1).map((s) => s.label), data: u.data.slice(1),
+  };
+}
+return out;
+"""
+
+
+def test_the_charts_span_the_run_with_every_label_inside(jw: Jobwarden, browser: Any) -> None:
+    ran = jw("run", "--wait", "--mem-limit", "300M", "--name", "holder", "--", sys.executable, "-c", HOLDER)
+    assert ran.returncode == 0, ran.stderr
+    job_id = int(ran.stdout.split()[0])
+    status = jw.status(job_id)
+    with web_server(jw.home) as served:
+        browser.get(page(served, f"/jobs/{job_id}"))
+        wait_until(browser, lambda d: d.execute_script("return Object.keys(window.jwPlots || {}).length >= 4"),
+                   "the charts drawn")  # fmt: skip
+        charts = browser.execute_script(MEASURE)
+        shoot(browser, "job-page")
+    assert "gpu_util" not in charts and "gpu_mem" not in charts  # no GPU was measured: no GPU chart
+    started = _epoch(status["started_at"])
+    ended = _epoch(status["ended_at"])
+    for name, c in charts.items():
+        assert c["yWidest"] <= c["yRoom"], (name, c["yLabels"], c["yWidest"], c["yRoom"])  # never clipped
+        labels = c["xLabels"]
+        assert labels, name
+        assert labels[0]["from"] >= 0 and labels[-1]["to"] <= c["width"], (name, labels, c["width"])
+        for before, after in zip(labels, labels[1:], strict=False):
+            assert before["to"] + 4 <= after["from"], (name, before, after)  # no overlap
+        for label in labels:
+            assert "AM" not in label["text"] and "PM" not in label["text"]  # 24-hour
+            assert re.match(r"^\d\d:\d\d(:\d\d)?(\n\d\d-\d\d)?$", label["text"]), label
+        # the run's own span, not ±30 s around it
+        assert abs(c["xMin"] - started) <= 1.0 and abs(c["xMax"] - ended) <= 1.0, (name, c, started, ended)
+        assert c["canvasLeft"] >= 0 and c["canvasRight"] >= 0, (name, c)  # the canvas inside its box
+        assert c["width"] >= c["boxWidth"] - 20, (name, c)  # the chart uses the box's width
+    rss = charts["rss"]
+    assert rss["series"] == ["RSS (mean)", "peak", "limit"]
+    assert set(rss["data"][2]) == {300 * MIB}  # the --mem-limit, drawn as a line
+    assert max(v for v in rss["data"][1] if v is not None) >= 80 * MIB  # the bytearray's 80 MiB held
+    for mean, peak in zip(rss["data"][0], rss["data"][1], strict=True):
+        assert mean is None or peak >= mean
+
+
+def _epoch(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def test_the_log_shows_colours_and_last_frames_never_an_escape(jw: Jobwarden, browser: Any) -> None:
+    ran = jw("run", "--wait", "--name", "colours", "--", sys.executable, "-c", COLOURED)
+    assert ran.returncode == 0, ran.stderr
+    job_id = int(ran.stdout.split()[0])
+    assert "\x1b[31m" in jw.output(job_id)  # the raw bytes are in the log
+    with web_server(jw.home) as served:
+        for path in (f"/jobs/{job_id}", f"/jobs/{job_id}/log"):
+            browser.get(page(served, path))
+            wait_until(browser, lambda d: "another needle" in text_of(d, "#log"), f"the log on {path}")
+            html = browser.execute_script("return document.getElementById('log').innerHTML")
+            text = text_of(browser, "#log")
+            assert "\x1b" not in html and "\x07" not in html and "[31m" not in text, html
+            red = browser.execute_script(
+                "return Array.from(document.querySelectorAll('#log span.ansi-fg-1')).map((s) => s.textContent)"
+            )
+            assert red == ["red words"]
+            colour = browser.execute_script(
+                "const s = document.querySelector('#log span.ansi-fg-1'); return getComputedStyle(s).color"
+            )
+            assert colour != browser.execute_script("return getComputedStyle(document.getElementById('log')).color")
+            lines = text.splitlines()
+            assert "epoch 1: 100%|##########|" in lines and not any("50%" in line for line in lines)
+            assert "after the title" in lines and "a window title" not in text
+            assert "bold green orange true" in lines
+            search = browser.find_element("id", "log-search")
+            search.clear()
+            search.send_keys("NEEDLE\n")
+            wait_until(browser, lambda d: text_of(d, "#log-hits") == "1 of 2 lines", "the first of 2 found")
+            assert text_of(browser, "#log div.current") == "needle in the log"
+            search.send_keys("\n")
+            wait_until(browser, lambda d: text_of(d, "#log-hits") == "2 of 2 lines", "the second found")
+            assert text_of(browser, "#log div.current") == "another needle"
+            if path.endswith("/log"):
+                shoot(browser, "full-log")
+            download = browser.find_element("id", "download-log").get_attribute("href")
+            got = browser.execute_async_script(
+                "const done = arguments[arguments.length - 1];"
+                "fetch(arguments[0]).then((r) => r.text()).then(done)",
+                download,
+            )
+            log = jw.home / "jobs" / str(job_id) / "run-1" / "output.log"
+            assert got == log.read_bytes().decode()  # the download is the log as the job wrote it
+
+
+def test_the_list_at_phone_width_shows_state_and_finding(jw: Jobwarden, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    jw("run", "--wait", "--name", "fine", "--", "true", check=True)
+    bad = jw.start(sys.executable, "-c", "raise ValueError('bad shard 7')", options=("--name", "bad"))
+    assert jw("wait", str(bad["id"])).returncode == 1
+    root = jw.json("explain", str(bad["id"]))["findings"][0]
+    browser.set_window_size(400, 800)
+    with web_server(jw.home) as served:
+        browser.get(served.url)
+        row = f'tr[data-job="{bad["id"]}"]'
+        wait_until(browser, lambda d: text_of(d, row), "the failed job listed")
+        shoot(browser, "list-phone")
+        width = browser.execute_script("return document.documentElement.clientWidth")
+        assert width <= 400
+        for css in (f"{row} .state", f"{row} td.verdict .ftitle", f"{row} td.name a"):
+            found = browser.find_element(By.CSS_SELECTOR, css)
+            box = browser.execute_script("return arguments[0].getBoundingClientRect().toJSON()", found)
+            assert found.is_displayed() and box["left"] >= 0 and box["right"] <= width, (css, box, width)
+        assert text_of(browser, f"{row} .state") == "failed"
+        assert root["title"] in text_of(browser, f"{row} td.verdict")
+        verdict = browser.find_element(By.CSS_SELECTOR, f"{row} td.verdict")
+        assert "sev-error" in str(verdict.get_attribute("class"))
+        assert not browser.find_element(By.CSS_SELECTOR, f"{row} td.cmd").is_displayed()  # room kept
+        scrolls = browser.execute_script("return document.documentElement.scrollWidth")
+        assert scrolls <= width, "the page scrolls sideways at phone width"
+        # the state filter and the name search
+        from selenium.webdriver.support.ui import Select
+
+        Select(browser.find_element(By.ID, "state-filter")).select_by_value("failed")
+        wait_until(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")) == 1, "failed only")
+        Select(browser.find_element(By.ID, "state-filter")).select_by_value("all")
+        browser.find_element(By.ID, "name-filter").send_keys("fin")
+        wait_until(browser, lambda d: text_of(d, "#jobs tbody") and "fine" in text_of(d, "#jobs tbody")
+                   and "bad" not in text_of(d, "#jobs tbody"), "the name search")  # fmt: skip
+        icon = browser.execute_async_script(
+            "const done = arguments[arguments.length - 1];"
+            "const href = document.querySelector('link[rel=icon]').href;"
+            "fetch(href).then((r) => done([href, r.status, r.headers.get('content-type')]))"
+        )
+        assert icon[0].startswith(Client(served).origin) and icon[1:] == [200, "image/svg+xml"]
+
+
+def test_rerun_starts_the_same_job_again_and_is_refused_without_the_token(
+    jw: Jobwarden, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    ran = jw("run", "--wait", "--name", "again", "--env", "SECRET_TOKEN=hunter2", "--timeout", "1h",
+             "--", sys.executable, "-c", "print('hello')")  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    job_id = int(ran.stdout.split()[0])
+    with web_server(jw.home) as served:
+        browser.get(page(served, f"/jobs/{job_id}"))
+        wait_until(browser, lambda d: text_of(d, "#state") == "succeeded", "the job page")
+        facts = text_of(browser, "#facts")
+        assert "SECRET_TOKEN" in facts and "hunter2" not in browser.page_source  # the key, never its value
+        assert "timeout 1h00m" in facts
+        assert browser.find_element(By.ID, "dump").get_attribute("disabled")  # nothing to dump: ended
+        rerun = f"{Client(served).origin}/api/v1/jobs/{job_id}/rerun"
+        statuses = browser.execute_async_script(
+            """const done = arguments[arguments.length - 1];
+            Promise.all([
+              fetch(arguments[0], {method: "POST", credentials: "omit", headers: {"X-Jobwarden": "1"}}),
+              fetch(arguments[0], {method: "POST", credentials: "same-origin"}),
+            ]).then((rs) => done(rs.map((r) => r.status)));""",
+            rerun,
+        )
+        assert statuses == [401, 403]  # no token, or no header only our page sends: refused
+        assert [j["id"] for j in jw.json("ps", "--all")] == [job_id]  # nothing started
+        browser.find_element(By.ID, "rerun").click()
+        wait_until(browser, lambda d: d.find_elements(By.ID, "rerun-link"), "the rerun's result")
+        shoot(browser, "job-page-rerun")
+        result = text_of(browser, "#action-result")
+    jobs = jw.json("ps", "--all")
+    assert len(jobs) == 2
+    new = max(j["id"] for j in jobs)
+    assert f"started job {new}" in result and f"rerun of job {job_id}" in result
+    assert jw("wait", str(new)).returncode == 0
+    status = jw.status(new)
+    assert status["rerun_of"] == job_id and status["command"] == jw.status(job_id)["command"]
+    assert jw.output(new) == "hello\n"
