@@ -245,3 +245,35 @@ def test_rerun_starts_the_same_job_again_and_is_refused_without_the_token(
     status = jw.status(new)
     assert status["rerun_of"] == job_id and status["command"] == jw.status(job_id)["command"]
     assert jw.output(new) == "hello\n"
+
+
+def test_a_peak_between_points_is_kept_and_gpu_charts_come_with_gpu_samples(jw: Jobwarden, browser: Any) -> None:
+    """1,200 readings in the run's span, thinned to 600 points for the page: one 200 MiB spike among
+    100 MiB readings must still reach 200 MiB (a mean would show 150)."""
+    from jobwarden.store import Store
+    from jobwarden.store.rollup import Reading
+
+    ran = jw("run", "--wait", "--", sys.executable, "-c", "import time; time.sleep(2)")
+    assert ran.returncode == 0, ran.stderr
+    job_id = int(ran.stdout.split()[0])
+    status = jw.status(job_id)
+    start, end = _epoch(status["started_at"]), _epoch(status["ended_at"])
+    step = (end - start) / 1300
+    readings = [
+        Reading(start + (i + 50) * step, 1, 5.0, (200 if i == 601 else 100) * MIB,
+                gpu_util=40.0, gpu_memory_bytes=2 << 30)  # fmt: skip
+        for i in range(1200)
+    ]
+    with Store(jw.home) as store:
+        store.add_samples(job_id, 1, readings)
+    with web_server(jw.home) as served:
+        browser.get(page(served, f"/jobs/{job_id}"))
+        wait_until(browser, lambda d: d.execute_script("return !!(window.jwPlots || {}).gpu_mem"), "GPU charts")
+        charts = browser.execute_script(MEASURE)
+    mean, peak = charts["rss"]["data"][0], charts["rss"]["data"][1]
+    assert len(mean) <= 600
+    assert max(v for v in peak if v is not None) == 200 * MIB
+    assert max(v for v in mean if v is not None) < 200 * MIB  # thinned: the spike's point is a mean
+    assert max(v for v in charts["gpu_mem"]["data"][0] if v is not None) == 2 << 30
+    for name in ("gpu_util", "gpu_mem"):
+        assert charts[name]["yWidest"] <= charts[name]["yRoom"], name
