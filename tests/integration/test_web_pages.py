@@ -4,6 +4,7 @@ Set JOBWARDEN_SHOTS=DIR to keep a screenshot of each page looked at."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import sys
@@ -21,7 +22,9 @@ __all__ = ["browser"]  # the fixture, used by name
 
 MIB = 1 << 20
 # holds 80 MiB for a few seconds under a 300 MiB limit: samples to draw, a peak and a limit line
-HOLDER = "import time\nx = bytearray(80 << 20)\nfor i in range(len(x) // 4096): x[i * 4096] = 1\ntime.sleep(4)\n"
+HOLDER = (
+    "import time\nx = bytearray(80 << 20)\nfor i in range(len(x) // 4096): x[i * 4096] = 1\ntime.sleep(4)\n"
+)
 # what a training script's terminal output looks like: colours, a progress bar redrawn with \r, a title
 COLOURED = (
     "import sys\n"
@@ -84,8 +87,8 @@ def test_the_charts_span_the_run_with_every_label_inside(jw: Jobwarden, browser:
     status = jw.status(job_id)
     with web_server(jw.home) as served:
         browser.get(page(served, f"/jobs/{job_id}"))
-        wait_until(browser, lambda d: d.execute_script("return Object.keys(window.jwPlots || {}).length >= 4"),
-                   "the charts drawn")  # fmt: skip
+        drawn = "return Object.keys(window.jwPlots || {}).length >= 4"
+        wait_until(browser, lambda d: d.execute_script(drawn), "the charts drawn")
         charts = browser.execute_script(MEASURE)
         shoot(browser, "job-page")
     assert "gpu_util" not in charts and "gpu_mem" not in charts  # no GPU was measured: no GPU chart
@@ -96,7 +99,7 @@ def test_the_charts_span_the_run_with_every_label_inside(jw: Jobwarden, browser:
         labels = c["xLabels"]
         assert labels, name
         assert labels[0]["from"] >= 0 and labels[-1]["to"] <= c["width"], (name, labels, c["width"])
-        for before, after in zip(labels, labels[1:], strict=False):
+        for before, after in itertools.pairwise(labels):
             assert before["to"] + 4 <= after["from"], (name, before, after)  # no overlap
         for label in labels:
             assert "AM" not in label["text"] and "PM" not in label["text"]  # 24-hour
@@ -132,13 +135,15 @@ def test_the_log_shows_colours_and_last_frames_never_an_escape(jw: Jobwarden, br
             text = text_of(browser, "#log")
             assert "\x1b" not in html and "\x07" not in html and "[31m" not in text, html
             red = browser.execute_script(
-                "return Array.from(document.querySelectorAll('#log span.ansi-fg-1')).map((s) => s.textContent)"
+                "return [...document.querySelectorAll('#log span.ansi-fg-1')].map((s) => s.textContent)"
             )
             assert red == ["red words"]
             colour = browser.execute_script(
                 "const s = document.querySelector('#log span.ansi-fg-1'); return getComputedStyle(s).color"
             )
-            assert colour != browser.execute_script("return getComputedStyle(document.getElementById('log')).color")
+            assert colour != browser.execute_script(
+                "return getComputedStyle(document.getElementById('log')).color"
+            )
             lines = text.splitlines()
             assert "epoch 1: 100%|##########|" in lines and not any("50%" in line for line in lines)
             assert "after the title" in lines and "a window title" not in text
@@ -193,7 +198,9 @@ def test_the_list_at_phone_width_shows_state_and_finding(jw: Jobwarden, browser:
         from selenium.webdriver.support.ui import Select
 
         Select(browser.find_element(By.ID, "state-filter")).select_by_value("failed")
-        wait_until(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")) == 1, "failed only")
+        wait_until(
+            browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")) == 1, "failed only"
+        )
         Select(browser.find_element(By.ID, "state-filter")).select_by_value("all")
         browser.find_element(By.ID, "name-filter").send_keys("fin")
         wait_until(browser, lambda d: text_of(d, "#jobs tbody") and "fine" in text_of(d, "#jobs tbody")
@@ -247,7 +254,9 @@ def test_rerun_starts_the_same_job_again_and_is_refused_without_the_token(
     assert jw.output(new) == "hello\n"
 
 
-def test_a_peak_between_points_is_kept_and_gpu_charts_come_with_gpu_samples(jw: Jobwarden, browser: Any) -> None:
+def test_a_peak_between_points_is_kept_and_gpu_charts_come_with_gpu_samples(
+    jw: Jobwarden, browser: Any
+) -> None:
     """1,200 readings in the run's span, thinned to 600 points for the page: one 200 MiB spike among
     100 MiB readings must still reach 200 MiB (a mean would show 150)."""
     from jobwarden.store import Store
@@ -260,15 +269,23 @@ def test_a_peak_between_points_is_kept_and_gpu_charts_come_with_gpu_samples(jw: 
     start, end = _epoch(status["started_at"]), _epoch(status["ended_at"])
     step = (end - start) / 1300
     readings = [
-        Reading(start + (i + 50) * step, 1, 5.0, (200 if i == 601 else 100) * MIB,
-                gpu_util=40.0, gpu_memory_bytes=2 << 30)  # fmt: skip
+        Reading(
+            start + (i + 50) * step,
+            1,
+            5.0,
+            (200 if i == 601 else 100) * MIB,
+            gpu_util=40.0,
+            gpu_memory_bytes=2 << 30,
+        )
         for i in range(1200)
     ]
     with Store(jw.home) as store:
         store.add_samples(job_id, 1, readings)
     with web_server(jw.home) as served:
         browser.get(page(served, f"/jobs/{job_id}"))
-        wait_until(browser, lambda d: d.execute_script("return !!(window.jwPlots || {}).gpu_mem"), "GPU charts")
+        wait_until(
+            browser, lambda d: d.execute_script("return !!(window.jwPlots || {}).gpu_mem"), "GPU charts"
+        )
         charts = browser.execute_script(MEASURE)
     mean, peak = charts["rss"]["data"][0], charts["rss"]["data"][1]
     assert len(mean) <= 600
