@@ -91,10 +91,16 @@ def test_the_charts_span_the_run_with_every_label_inside(jw: Jobwarden, browser:
         wait_until(browser, lambda d: d.execute_script(drawn), "the charts drawn")
         charts = browser.execute_script(MEASURE)
         shoot(browser, "job-page")
+        browser.set_window_size(400, 900)  # a phone: the charts narrow, their labels still inside
+        narrow = "return Object.values(window.jwPlots).every(({plot}) => plot.width < 400)"
+        wait_until(browser, lambda d: d.execute_script(narrow), "the charts resized")
+        phone = browser.execute_script(MEASURE)
+        browser.execute_script("document.getElementById('charts').scrollIntoView()")
+        shoot(browser, "job-page-phone")
     assert "gpu_util" not in charts and "gpu_mem" not in charts  # no GPU was measured: no GPU chart
     started = _epoch(status["started_at"])
     ended = _epoch(status["ended_at"])
-    for name, c in charts.items():
+    for name, c in [*charts.items(), *((f"{n} at 400 px", c) for n, c in phone.items())]:
         assert c["yWidest"] <= c["yRoom"], (name, c["yLabels"], c["yWidest"], c["yRoom"])  # never clipped
         labels = c["xLabels"]
         assert labels, name
@@ -294,3 +300,39 @@ def test_a_peak_between_points_is_kept_and_gpu_charts_come_with_gpu_samples(
     assert max(v for v in charts["gpu_mem"]["data"][0] if v is not None) == 2 << 30
     for name in ("gpu_util", "gpu_mem"):
         assert charts[name]["yWidest"] <= charts[name]["yRoom"], name
+
+
+def test_the_list_pages_through_a_thousand_jobs(jw: Jobwarden, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    from jobwarden.model import JobSpec, JobState
+    from jobwarden.store import Store
+
+    count = 1050
+    with Store(jw.home) as store:
+        for i in range(1, count + 1):
+            job_id, n = store.create_job(JobSpec(("true",), str(jw.tmp), f"exp{i}", {}), {}, 1e9 + i)
+            state = JobState.FAILED if i % 3 == 0 else JobState.SUCCEEDED
+            store.update_run(
+                job_id, n, state=state, started_at=1e9 + i, ended_at=1e9 + i + 60, exit_code=i % 3
+            )
+    rows = "#jobs tbody tr"
+    with web_server(jw.home) as served:
+        browser.get(served.url)
+        wait_until(browser, lambda d: text_of(d, "#page-info") == f"1–100 of {count}", "the first page")
+        assert len(browser.find_elements(By.CSS_SELECTOR, rows)) == 100
+        assert text_of(browser, f"{rows}:first-child td.id") == str(count)  # the newest first
+        assert text_of(browser, f"{rows}:first-child td.dur") == "1m00s"
+        browser.find_element(By.ID, "next").click()
+        wait_until(browser, lambda d: text_of(d, "#page-info") == f"101–200 of {count}", "the second page")
+        assert text_of(browser, f"{rows}:first-child td.id") == str(count - 100)
+        from selenium.webdriver.support.ui import Select
+
+        Select(browser.find_element(By.ID, "state-filter")).select_by_value("failed")
+        wait_until(browser, lambda d: text_of(d, "#page-info") == f"1–100 of {count // 3}", "failed only")
+        assert {r.get_attribute("data-state") for r in browser.find_elements(By.CSS_SELECTOR, rows)} == {
+            "failed"
+        }
+        browser.find_element(By.ID, "name-filter").send_keys("exp999")
+        wait_until(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 1, "one job found")
+        assert browser.find_element(By.ID, "pager").get_attribute("hidden") is not None  # one page: no pager
