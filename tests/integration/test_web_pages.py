@@ -95,6 +95,8 @@ def test_the_charts_span_the_run_with_every_label_inside(jw: Jobwarden, browser:
         narrow = "return Object.values(window.jwPlots).every(({plot}) => plot.width < 400)"
         wait_until(browser, lambda d: d.execute_script(narrow), "the charts resized")
         phone = browser.execute_script(MEASURE)
+        sideways = "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        assert browser.execute_script(sideways) <= 0, "the job page scrolls sideways at phone width"
         browser.execute_script("document.getElementById('charts').scrollIntoView()")
         shoot(browser, "job-page-phone")
     assert "gpu_util" not in charts and "gpu_mem" not in charts  # no GPU was measured: no GPU chart

@@ -222,7 +222,8 @@ function lossOf(sample) {
 const peakOf = (peak, mean) => (s) => s[peak] ?? s[mean] ?? null;
 const memLimit = () => (lastStatus && lastStatus.options && lastStatus.options.mem_limit_bytes) || null;
 const PEAK = { width: 1, dash: [3, 3] };
-const LIMIT = { width: 1.5, dash: [8, 5], when: () => memLimit() !== null }; // a line where --mem-limit was set
+// where --mem-limit was set: a series for the legend and the y range, drawn across the whole width by limitLine
+const LIMIT = { width: 0, points: { show: false }, when: () => memLimit() !== null };
 
 // series: [value (a sample's key or a function of it), label, colour, style]
 // a percent tick with the decimals its step needs ("0.5%", not "1%" twice)
@@ -310,6 +311,23 @@ function timeTitle(u) {
   return lo === undefined || lo === null ? `local time (${jw.zone()})` : `${dayOf(lo)}, local time (${jw.zone(lo)})`;
 }
 
+// The memory limit from the run's start to its end, not only between the samples
+function limitLine(u) {
+  const limit = memLimit();
+  if (limit === null) return;
+  const y = Math.round(u.valToPos(limit, "y", true)) + 0.5;
+  const { ctx } = u;
+  ctx.save();
+  ctx.strokeStyle = "#cf222e";
+  ctx.lineWidth = 1.5 * devicePixelRatio;
+  ctx.setLineDash([8 * devicePixelRatio, 5 * devicePixelRatio]);
+  ctx.beginPath();
+  ctx.moveTo(u.bbox.left, y);
+  ctx.lineTo(u.bbox.left + u.bbox.width, y);
+  ctx.stroke();
+  ctx.restore();
+}
+
 function chartWidth(box) {
   return Math.max(200, box.clientWidth - 14);
 }
@@ -339,7 +357,10 @@ function makeChart(def, data) {
         ...(def.whole ? { incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] } : {}) },
     ],
   };
-  opts.hooks = { drawClear: [(u) => { u.axes[0].label = timeTitle(u); }] }; // before the axes are drawn
+  opts.hooks = {
+    drawClear: [(u) => { u.axes[0].label = timeTitle(u); }], // before the axes are drawn
+    draw: def.id === "rss" ? [limitLine] : [],
+  };
   plots[def.id] = { plot: new uPlot(opts, data, box), box, empty };
 }
 
