@@ -61,10 +61,16 @@ def wait_until(driver: Any, condition: Callable[[Any], Any], what: str) -> Any:
 
 
 def text_of(driver: Any, css: str) -> str:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    found = driver.find_elements(By.CSS_SELECTOR, css)
-    return str(found[0].text) if found else ""
+    for _ in range(10):  # the page redrew it between finding and reading: find it again
+        found = driver.find_elements(By.CSS_SELECTOR, css)
+        try:
+            return str(found[0].text) if found else ""
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{css} is redrawn faster than it can be read")
 
 
 def test_the_list_shows_a_running_job(jw: Jobwarden, tmp_path: Path, browser: Any) -> None:

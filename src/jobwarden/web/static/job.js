@@ -74,8 +74,13 @@ function optionsText(options) {
 
 // What is true now, root cause first; what stopped being true (a hang that ended, a process continued)
 // only as a muted line of history under it.
+let findingsShown = null;
+
 function renderFindings(findings) {
   const box = document.getElementById("findings");
+  const key = JSON.stringify(findings);
+  if (key === findingsShown) return; // unchanged: the cards stay (a selection in them too)
+  findingsShown = key;
   const current = findings.filter((f) => !f.resolved_at);
   const resolved = findings.filter((f) => f.resolved_at);
   const history = resolved.map((f) => jw.el("p", { class: "muted resolved", "data-rule": f.rule },
