@@ -338,3 +338,40 @@ def test_the_list_pages_through_a_thousand_jobs(jw: Jobwarden, browser: Any) -> 
         browser.find_element(By.ID, "name-filter").send_keys("exp999")
         wait_until(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 1, "one job found")
         assert browser.find_element(By.ID, "pager").get_attribute("hidden") is not None  # one page: no pager
+
+
+# the bytes that make escape sequences, and a few that do not
+_PIECES = [*"\x1b[]\x07\\\r\x9b\x9c\x90\x9dm0138;:52PX_K? aé\t\x00\x7f\x85€", "<b>"]
+
+
+def test_the_page_shows_a_line_as_the_terminal_sanitiser_does(jw: Jobwarden, browser: Any) -> None:
+    """ansi.js is a second parser of the job's bytes: for any line it must show exactly the text that
+    jobwarden.text.sanitize leaves of it (what `logs` and `top` show), as text nodes and spans only."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from jobwarden.text.sanitize import last_frame, terminal_text
+
+    jw("run", "--wait", "--", "true", check=True)
+    with web_server(jw.home) as served:
+        browser.get(page(served, "/jobs/1/log"))
+        wait_until(browser, lambda d: d.execute_script("return typeof ansi === 'object'"), "ansi.js loaded")
+
+        @settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=200)
+        @given(
+            st.lists(st.lists(st.sampled_from(_PIECES), max_size=40).map("".join), min_size=1, max_size=20)
+        )
+        def same_text(lines: list[str]) -> None:
+            shown = browser.execute_script(
+                """const box = document.createElement("div");
+                return arguments[0].map((line) => {
+                  box.replaceChildren(...ansi.render(line, ansi.fresh()));
+                  const tags = [...box.querySelectorAll("*")].map((e) => e.tagName);
+                  return [box.textContent, tags.every((t) => t === "SPAN")];
+                });""",
+                lines,
+            )
+            assert [s[0] for s in shown] == [terminal_text(last_frame(line)) for line in lines]
+            assert all(s[1] for s in shown)
+
+        same_text()

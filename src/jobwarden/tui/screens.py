@@ -5,6 +5,7 @@ view says its name and how to leave it (q or Esc) in the same place, its title l
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -46,16 +47,33 @@ class TextScreen(Screen[None]):
     def on_mount(self) -> None:
         self.show_lines(self.lines)
 
-    def show_lines(self, lines: list[str]) -> None:
+    def show_lines(self, lines: list[str], again: bool = False) -> None:
         page = self.query_one("#page", RichLog)
-        if lines == self.lines and page.lines:
+        if lines == self.lines and page.lines and not again:
             return
         self.lines = lines
         page.clear()
+        width = max(20, self.app.size.width - 2)  # the scroll bar's column
         for line in lines:  # Text: never markup; sanitised: no escape reaches the terminal
-            page.write(Text(terminal_text(line)), scroll_end=self.follow)
+            clean = terminal_text(line)
+            for piece in [clean] if self.follow else hanging(clean, width):
+                page.write(Text(piece), scroll_end=self.follow)
         if not self.follow:
             page.scroll_home(animate=False)
+
+    def on_resize(self) -> None:
+        if self.lines and not self.follow:
+            self.show_lines(self.lines, again=True)  # wrapped anew at the new width
+
+
+def hanging(line: str, width: int) -> list[str]:
+    """A line too long for `width`, cut at spaces, its continuations indented under its text ("  what to
+    do: ..." goes on four columns in), as `explain` reads in a terminal wide enough."""
+    if len(line) <= width:
+        return [line]
+    lead = len(line) - len(line.lstrip(" "))
+    indent = " " * min(lead + 4, width // 2)
+    return textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [line]
 
 
 class LogScreen(TextScreen):

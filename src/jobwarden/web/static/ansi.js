@@ -5,10 +5,17 @@
 "use strict";
 
 const ansi = (() => {
-  // CSI (ESC [ params intermediates final), OSC (ESC ] ... BEL or ESC \, or to the end of the line where
-  // it is cut), any other ESC sequence (ESC intermediates final)
-  const ESCAPES = /\x1b(?:\[([0-9;:?<=>]*)[\x20-\x2f]*([\x40-\x7e])?|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[\x20-\x2f]*[\x30-\x7e]?)/g;
-  const CONTROLS = /[\x00-\x08\x0b-\x1f\x7f]/g; // all but tab and newline: no bell, no backspace games
+  // jobwarden.text.sanitize's patterns, the same in both places so that the page shows what `logs` and
+  // `top` show: SGR (its parameters captured), any other CSI (ESC [ or C1 CSI), a string sequence (OSC,
+  // DCS, SOS, PM, APC) through its terminator, any other escape sequence, a lone control character but
+  // tab (and newline, split off before)
+  const UNSAFE = new RegExp([
+    "(?:\x1b\\[|\x9b)([0-9;:]*)m",
+    "(?:\x1b\\[|\x9b)[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]",
+    "(?:\x1b[\\]PX^_]|[\x90\x98\x9d\x9e\x9f])[\\s\\S]*?(?:\x07|\x1b\\\\|\x9c)",
+    "\x1b[\x20-\x2f]*[\x30-\x7e]",
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f]",
+  ].join("|"), "g");
 
   function fresh() {
     return { fg: null, bg: null, bold: false, dim: false, italic: false, underline: false, inverse: false, strike: false };
@@ -93,19 +100,24 @@ const ansi = (() => {
   // One line's nodes; `state` (the colours in force) carries on to the next line, as in a terminal.
   function render(line, state) {
     const [before, shown] = lastFrame(line);
-    for (const m of before.matchAll(ESCAPES)) if (m[2] === "m") apply(state, m[1] || ""); // colours set by drawn-over frames still hold
+    for (const m of before.matchAll(UNSAFE)) if (m[1] !== undefined) apply(state, m[1]); // colours set by drawn-over frames still hold
     const nodes = [];
     let at = 0;
-    for (const m of shown.matchAll(ESCAPES)) {
-      if (m.index > at) nodes.push(styled(shown.slice(at, m.index).replace(CONTROLS, ""), state));
-      if (m[0][1] === "[" && m[2] === "m") apply(state, m[1] || "");
+    for (const m of shown.matchAll(UNSAFE)) {
+      if (m.index > at) nodes.push(styled(shown.slice(at, m.index), state));
+      if (m[1] !== undefined) apply(state, m[1]);
       at = m.index + m[0].length;
     }
-    if (at < shown.length) nodes.push(styled(shown.slice(at).replace(CONTROLS, ""), state));
-    return nodes.filter((n) => n.textContent !== "");
+    if (at < shown.length) nodes.push(styled(shown.slice(at), state));
+    return nodes;
   }
 
-  return { fresh, render, lastFrame, apply };
+  // The text render() shows of a line, for the tests: jobwarden.text.sanitize's terminal_text(last_frame())
+  function text(line) {
+    return render(line, fresh()).map((n) => n.textContent).join("");
+  }
+
+  return { fresh, render, lastFrame, apply, text };
 })();
 
 // A log on a page: lines appended as they come (an unfinished last line redrawn as it grows), at most
