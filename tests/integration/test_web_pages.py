@@ -183,11 +183,15 @@ def test_the_list_at_phone_width_shows_state_and_finding(jw: Jobwarden, browser:
     bad = jw.start(sys.executable, "-c", "raise ValueError('bad shard 7')", options=("--name", "bad"))
     assert jw("wait", str(bad["id"])).returncode == 1
     root = jw.json("explain", str(bad["id"]))["findings"][0]
-    browser.set_window_size(400, 800)
     with web_server(jw.home) as served:
         browser.get(served.url)
         row = f'tr[data-job="{bad["id"]}"]'
         wait_until(browser, lambda d: text_of(d, row), "the failed job listed")
+        heads = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "#jobs th") if h.is_displayed()]
+        assert heads[:7] == ["ID", "name", "state", "finding", "progress", "ran", "ended"], heads
+        assert text_of(browser, f"{row} td.ago").endswith(" ago")
+        shoot(browser, "list")
+        browser.set_window_size(400, 800)
         shoot(browser, "list-phone")
         width = browser.execute_script("return document.documentElement.clientWidth")
         assert width <= 400

@@ -57,7 +57,7 @@ const OPTION_WORDS = {
   restart_delay_s: ["restart-delay", "s"], mem_limit_bytes: ["mem-limit", "bytes"], log_max_bytes: ["log-max", "bytes"],
   engine_budget_s: ["engine budget", "s"],
 };
-const OPTION_DEFAULTS = { on_hang: "dump", py_hooks: true, restart: "no", own_cgroup: true, attempt: 0, version: undefined };
+const OPTION_DEFAULTS = { on_hang: "dump", py_hooks: true, restart: "no", own_cgroup: true, attempt: 0 };
 
 function optionsText(options) {
   if (!options) return null;
@@ -66,7 +66,7 @@ function optionsText(options) {
     if (v === null || k === "version" || OPTION_DEFAULTS[k] === v || (k === "max_restarts" && options.restart === "no")) continue;
     if (k === "grace_s" && v === 10) continue;
     const [word, unit] = OPTION_WORDS[k] || [k.replace(/_/g, "-"), ""];
-    const shown = unit === "s" ? jw.duration(v) : unit === "bytes" ? jw.bytes(v) : Array.isArray(v) ? v.join(",") : String(v);
+    const shown = k === "hang_timeout_s" && v === 0 ? "off" : unit === "s" ? jw.duration(v) : unit === "bytes" ? jw.bytes(v) : Array.isArray(v) ? v.join(",") : String(v);
     parts.push(`${word} ${shown}`);
   }
   return parts.length ? parts.join(" · ") : "defaults";
