@@ -109,6 +109,8 @@ def test_the_charts_span_the_run_with_every_label_inside(jw: Jobwarden, browser:
         assert labels[0]["from"] >= 0 and labels[-1]["to"] <= c["width"], (name, labels, c["width"])
         for before, after in itertools.pairwise(labels):
             assert before["to"] + 4 <= after["from"], (name, before, after)  # no overlap
+        texts = [label["text"].split("\n")[0] for label in labels]
+        assert len(set(texts)) == len(texts), (name, texts)  # no time said twice
         for label in labels:
             assert "AM" not in label["text"] and "PM" not in label["text"]  # 24-hour
             assert re.match(r"^\d\d:\d\d(:\d\d)?(\n\d\d-\d\d)?$", label["text"]), label

@@ -280,6 +280,9 @@ function fromZero(u, min, max) {
   return [0, max > 0 ? max * 1.08 : 1];
 }
 
+// ticks a whole number of seconds, minutes, hours or days apart: a label is never said twice
+const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
+  172800, 604800, 2592000];
 const HALF_TIME_LABEL = 34; // px: "00:00:00" in the axis font is about 50
 const RIGHT_ROOM = 34; // px right of the plot, for the half of the last time label that sticks out
 
@@ -357,7 +360,7 @@ function makeChart(def, data) {
       }),
     ],
     axes: [
-      { font: axisFont, space: 90, values: timeLabels, label: "local time", labelSize: 16, labelFont: axisFont, size: 42 },
+      { font: axisFont, space: 90, values: timeLabels, incrs: TIME_STEPS, label: "local time", labelSize: 16, labelFont: axisFont, size: 42 },
       { font: axisFont, size: labelRoom, values: (u, vals, i, space, incr) => vals.map((v) => (def.tick || def.fmt)(v, incr)),
         ...(def.whole ? { incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] } : {}) },
     ],
@@ -383,11 +386,15 @@ async function refreshSamples() {
       if (def.optional && !plots[def.id] && allNull(data)) continue; // not measured for this job: no chart
       if (!plots[def.id]) makeChart(def, data);
       else plots[def.id].plot.setData(data);
-      plots[def.id].empty.hidden = !allNull(data);
+      const none = allNull(data);
+      plots[def.id].empty.hidden = !none;
+      plots[def.id].plot.root.hidden = none; // no axes drawn around nothing
+      plots[def.id].box.classList.toggle("nodata", none);
     }
     const note = document.getElementById("charts-note");
     note.hidden = samples.length > 0;
-    note.textContent = "no samples recorded yet";
+    note.textContent = lastStatus && ENDED.includes(lastStatus.state)
+      ? "no samples were recorded (the run ended before its first)" : "no samples recorded yet";
     document.getElementById("charts").dataset.drawn = samples.length;
   } catch (e) {
     jw.showError(`cannot read the samples: ${e.message}`);
