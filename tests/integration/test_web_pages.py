@@ -381,3 +381,36 @@ def test_the_page_shows_a_line_as_the_terminal_sanitiser_does(jw: Jobwarden, bro
             assert all(s[1] for s in shown)
 
         same_text()
+
+
+def test_each_attempt_shows_its_own_findings(jw: Jobwarden, browser: Any) -> None:
+    crash = "import sys; raise ValueError(f'bad shard {sys.argv[1]}')"
+    options = ("--restart", "on-failure", "--max-restarts", "1", "--restart-delay", "0.1s")
+    ran = jw("run", "--wait", *options, "--", sys.executable, "-c", crash, "7")
+    assert ran.returncode == 1, ran.stderr
+    job_id = int(ran.stdout.split()[0])
+    titles = [jw.json("explain", str(job_id), "--run", str(n))["findings"][0]["title"] for n in (1, 2)]
+    with web_server(jw.home) as served:
+        browser.get(page(served, f"/jobs/{job_id}"))
+        for n, title in zip((1, 2), titles, strict=True):
+            cell = f'#attempts tr[data-run="{n}"] td.attempt-findings'
+            wait_until(browser, lambda d, cell=cell: text_of(d, cell), f"run {n}'s findings")
+            assert title in text_of(browser, cell)
+            assert "sev-error" in str(
+                browser.find_element("css selector", f"{cell} div").get_attribute("class")
+            )
+
+
+def test_the_processes_say_their_roles(jw: Jobwarden, tmp_path: Path, browser: Any) -> None:
+    from tests.integration.test_top_views import start_family
+
+    job_id, main, rank, worker = start_family(jw, tmp_path)
+    try:
+        with web_server(jw.home) as served:
+            browser.get(page(served, f"/jobs/{job_id}"))
+            for pid, role in ((main, "main"), (rank, "rank"), (worker, "worker")):
+                cell = f'#processes tr[data-pid="{pid}"] td.role'
+                wait_until(browser, lambda d, cell=cell: text_of(d, cell), f"process {pid} listed")
+                assert text_of(browser, cell) == role
+    finally:
+        jw("stop", str(job_id))

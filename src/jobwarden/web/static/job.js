@@ -137,14 +137,24 @@ function renderAttempts(runs, load = true) {
       findingsCell(r.n))));
 }
 
-function renderProcesses(procs) {
+// main (the job's own process), rank (given a RANK by its launcher; its children inherit the variable, so
+// one whose parent has the same rank is that rank's worker), worker: as `top` says it (tui/cells.py)
+function role(p, procs, mainPid) {
+  if (p.pid === mainPid) return "main";
+  const parent = procs.find((q) => q.pid === p.ppid);
+  if (p.rank !== null && p.rank !== undefined && (!parent || parent.rank !== p.rank)) return "rank";
+  return "worker";
+}
+
+function renderProcesses(procs, mainPid) {
   document.getElementById("no-processes").hidden = procs.length > 0;
   document.querySelector("#processes tbody").replaceChildren(...procs.map((p) =>
-    jw.el("tr", {},
+    jw.el("tr", { "data-pid": p.pid },
       jw.el("td", { class: "num" }, p.pid), jw.el("td", { class: "num" }, p.ppid ?? ""),
       jw.el("td", {}, p.state || ""), jw.el("td", { class: "num" }, jw.percent(p.cpu_percent)),
       jw.el("td", { class: "num" }, jw.bytes(p.rss_bytes)), jw.el("td", { class: "num" }, jw.bytes(p.gpu_memory_bytes)),
-      jw.el("td", {}, p.rank ?? ""), jw.el("td", { class: "cmd", title: p.cmdline }, p.cmdline))));
+      jw.el("td", {}, p.rank ?? ""), jw.el("td", { class: "role" }, role(p, procs, mainPid)),
+      jw.el("td", { class: "cmd", title: p.cmdline }, p.cmdline))));
 }
 
 function metricsText(metrics) {
@@ -199,7 +209,7 @@ async function refreshStatus() {
     renderProgress(s);
     renderFindings(s.findings);
     renderAttempts(s.runs);
-    renderProcesses(s.processes);
+    renderProcesses(s.processes, s.pid);
     jw.showError("");
     jw.stamp();
   } catch (e) {
