@@ -129,7 +129,8 @@ def stacks(app: App, req: Request, ref: str) -> Response:
 def profile(app: App, req: Request, ref: str) -> Response:
     """The run's newest profile (`jobwarden profile`, or the one taken on a speed finding): its summary
     as `profile --json` prints it, or with ?format=speedscope the samples as stored (speedscope.app opens
-    them). 404 when the run has none."""
+    them). A run without one: the summary is null (the job page asks every few seconds; none yet is no
+    error), the samples 404."""
     from jobwarden.control.profile import newest_speedscope, newest_summary
 
     wanted = req.param("format") or "summary"
@@ -139,6 +140,8 @@ def profile(app: App, req: Request, ref: str) -> Response:
         job = store.job(ref)
         run = store.run(job.id, req.int_param("run", minimum=1))
         found = (newest_speedscope if wanted == "speedscope" else newest_summary)(store, job.id, run.n)
+    if found is None and wanted == "summary":
+        return json_response(None)
     if found is None:
         raise HTTPProblem(
             404, f"job {job.id} run {run.n} has no profile", f"take one: jobwarden profile {job.id}"
