@@ -64,10 +64,16 @@ def wait_until(driver: Any, condition: Callable[[Any], Any], what: str) -> Any:
 
 
 def text_of(driver: Any, css: str) -> str:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    found = driver.find_elements(By.CSS_SELECTOR, css)
-    return str(found[0].text) if found else ""
+    for _ in range(10):  # the page redrew it between finding and reading: find it again
+        found = driver.find_elements(By.CSS_SELECTOR, css)
+        try:
+            return str(found[0].text) if found else ""
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{css} is redrawn faster than it can be read")
 
 
 def test_the_list_shows_a_running_job(jw: Jobwarden, tmp_path: Path, browser: Any) -> None:
@@ -93,7 +99,7 @@ def test_the_list_shows_each_runs_verdict_with_its_title_on_hover(jw: Jobwarden,
         browser.get(served.url)
         cell = f'tr[data-job="{job["id"]}"] td.verdict'
         wait_until(browser, lambda d: text_of(d, cell), "the verdict listed")
-        assert text_of(browser, cell) == f"[{root['rule']}]"
+        assert text_of(browser, cell) == f"{root['title']} [{root['rule']}]"  # title, then rule
         assert browser.find_element(By.CSS_SELECTOR, cell).get_attribute("title") == root["title"]
 
 
@@ -170,7 +176,9 @@ def test_the_job_page_follows_the_log_and_shows_the_findings(
         assert "What to do" in finding
         assert text_of(browser, "#log").splitlines()[-1] == "ValueError: boom from the web test"
         wait_until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-cpu canvas"), "the CPU chart")
-        for chart in ("cpu", "rss", "nprocs", "io", "gpu_util", "gpu_mem"):
+        for chart in ("cpu", "rss", "nprocs", "io"):  # GPU charts only where GPUs were measured
+            if browser.find_element(By.CSS_SELECTOR, f"#chart-{chart} .empty").is_displayed():
+                continue  # nothing sampled in a short run: it says so, with no empty axes
             size = browser.find_element(By.CSS_SELECTOR, f"#chart-{chart} canvas").size
             assert size["width"] >= 280 and size["height"] >= 150, (chart, size)
         errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]

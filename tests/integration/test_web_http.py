@@ -172,8 +172,14 @@ def test_the_api_answers_what_the_cli_prints(jw: Jobwarden, tmp_path: Path) -> N
         assert [{k: j[k] for k in c} for j, c in zip(listed, cli, strict=True)] == cli
         assert all(j["gpu_ids"] == [] and j["queued_reason"] is None for j in listed)
         for ref in ("1", "crash", "2"):
-            assert client.get(f"/api/v1/jobs/{ref}").json() == jw.json("status", ref)
-            assert client.get(f"/api/v1/jobs/{ref}?run=1").json() == jw.json("status", ref, "--run", "1")
+            # what `status --json` prints, plus the page's options and env keys
+            for query, args in (("", ()), ("?run=1", ("--run", "1"))):
+                status, cli_status = (
+                    client.get(f"/api/v1/jobs/{ref}{query}").json(),
+                    jw.json("status", ref, *args),
+                )
+                assert {k: status[k] for k in cli_status} == cli_status
+                assert status["env_keys"] == [] and status["options"]["grace_s"] == 10.0
             assert client.get(f"/api/v1/jobs/{ref}/explain").json() == jw.json("explain", ref)
         assert jw.json("explain", "1")["findings"], "a crash has a finding"
         assert client.get("/api/v1/jobs/2/log?tail=1").text == "two\n"
@@ -380,3 +386,25 @@ def test_a_session_in_use_is_renewed_and_an_expired_one_is_refused(jw: Jobwarden
         value = renewed.headers["Set-Cookie"].split(";")[0].partition("=")[2]
         assert sessions.age(f"{name}={value}", name, time.time()) is not None
         assert client.request("GET", "/api/v1/jobs", {"Cookie": f"{name}={expired}"}).status == 401
+
+
+def test_the_status_names_env_keys_never_values_and_rerun_starts_it_again(jw: Jobwarden) -> None:
+    hook = "https://hooks.example.com/services/T000/B000/secretpath"
+    ran = jw("run", "--wait", "--env", "API_TOKEN=hunter2", "--notify", hook, "--", "sh", "-c", "echo again")
+    assert ran.returncode == 0, ran.stderr
+    with web_server(jw.home) as served:
+        client = Client(served)
+        answer = client.get("/api/v1/jobs/1")
+        assert answer.json()["env_keys"] == ["API_TOKEN"]
+        assert answer.json()["options"]["notify"] == "https://hooks.example.com/…"
+        assert b"hunter2" not in answer.body and b"secretpath" not in answer.body
+        assert client.post("/api/v1/jobs/1/rerun", {"X-Jobwarden": ""}).status == 403  # Stop's protection
+        assert client.request("POST", "/api/v1/jobs/1/rerun", {"X-Jobwarden": "1"}, b"{}").status == 401
+        assert [j["id"] for j in jw.json("ps", "--all")] == [1]
+        started = client.post("/api/v1/jobs/1/rerun")
+        assert started.status == 200, started.body
+        assert started.json()["rerun_of"] == 1 and started.json()["id"] == 2
+    assert jw("wait", "2").returncode == 0
+    assert jw.status(2)["rerun_of"] == 1 and jw.output(2) == "again\n"
+    with web_server(jw.home, read_only=True) as served:
+        assert Client(served).post("/api/v1/jobs/1/rerun").status == 403

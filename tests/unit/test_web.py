@@ -103,12 +103,12 @@ def test_uplot_is_vendored_unmodified_with_its_licence() -> None:
 
 
 def test_pages_load_only_their_own_files() -> None:
-    for page in ("list.html", "job.html"):
+    for page in ("list.html", "job.html", "log.html"):
         html = (STATIC / page).read_text()
         assert "<script>" not in html and "<style" not in html and " on" + "click=" not in html
         assert "http://" not in html and "https://" not in html
     scripts = [p.name for p in STATIC.iterdir() if p.name.endswith(".js")]
-    assert sorted(scripts) == ["common.js", "flame.js", "job.js", "list.js"]
+    assert sorted(scripts) == ["ansi.js", "common.js", "flame.js", "job.js", "list.js", "log.js"]
     for name in scripts:
         assert "innerHTML" not in (STATIC / name).read_text(), name  # job text only as text nodes
 

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from jobwarden.config import format_duration, format_size
 from jobwarden.control.views import JobView
-from jobwarden.model import Finding, JobState
+from jobwarden.model import Finding, JobState, ProcessSnapshot
 from jobwarden.progress.model import Progress
 from jobwarden.text.progress import progress_cell, progress_line
 from jobwarden.text.render import how_it_ended
@@ -22,6 +22,11 @@ from jobwarden.text.sanitize import one_line
 from jobwarden.tui.data import Detail, JobRow, sparkline
 
 COLUMNS = ("ID", "NAME", "STATE", "RUN", "PID", "TIME", "CPU", "MEM", "GPU", "PROGRESS", "FINDING")
+# under NARROW_BELOW columns (80 wide): what tells one job from another and how it does, nothing cut
+NARROW_COLUMNS = ("ID", "NAME", "STATE", "TIME", "CPU", "MEM", "PROG", "FINDING")
+NARROW_BELOW = 110
+NARROW_NAME = 14
+NARROW_FINDING = 18
 STATE_STYLES = {
     "running": "green",
     "succeeded": "green",
@@ -63,6 +68,42 @@ def row_cells(row: JobRow, now: float, wide: bool = False) -> tuple[Text, ...]:
         _verdict(view, wide),
     )
     return tuple(c if isinstance(c, Text) else Text(c) for c in cells)
+
+
+def columns_for(width: int) -> tuple[str, ...]:
+    return NARROW_COLUMNS if width < NARROW_BELOW else COLUMNS
+
+
+def narrow_cells(row: JobRow, now: float) -> tuple[Text, ...]:
+    """A row in 80 columns: the name and finding cut to their share, the state a word (and its code)."""
+    view, run = row.view, row.view.run
+    runtime = format_duration((run.ended_at or now) - run.started_at) if run.started_at else "-"
+    state = state_text(view)
+    if len(state) > 10:  # "stopped (SIGTERM)": the word says it; status has the rest
+        state = Text(str(run.state), style=state.style)
+    cells = (
+        str(view.job.id),
+        _cut(one_line(view.job.name), NARROW_NAME),
+        state,
+        runtime,
+        f"{view.cpu_percent:.0f}%" if view.cpu_percent is not None else "-",
+        format_size(view.rss_bytes),
+        _short_progress(view.progress),
+        _cut(f"[{view.finding}]", NARROW_FINDING) if view.finding else "",
+    )
+    return tuple(c if isinstance(c, Text) else Text(c) for c in cells)
+
+
+def _short_progress(p: Progress | None) -> str:
+    if p is None:
+        return ""
+    if p.fraction is not None:
+        return f"{p.fraction * 100:.0f}%"
+    return f"{p.step}" if p.step is not None else ""
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _verdict(view: JobView, wide: bool) -> str:
@@ -158,6 +199,62 @@ def findings_text(findings: list[Finding], width: int) -> Text:
     return text
 
 
+PROCESS_HEADER = ("PID", "RANK", "ROLE", "CPU", "RSS", "GPU MEM")
+PROCESSES_SHOWN = 6  # the detail pane's share; `status` and the web page list them all
+
+
+def process_role(p: ProcessSnapshot, main_pid: int | None, ranks: dict[int, int | None]) -> str:
+    """main (the job's own process), rank (a process a launcher gave a RANK to; its children inherit
+    that variable, so a process whose parent has the same rank is that rank's worker), worker."""
+    if p.pid == main_pid:
+        return "main"
+    rank = p.ranks.rank if p.ranks else None
+    if rank is not None and ranks.get(p.ppid) != rank:
+        return "rank"
+    return "worker"
+
+
+def _process_order(sort: str, p: ProcessSnapshot) -> float:
+    if sort == "mem":
+        return -p.rss_bytes
+    if sort == "pid":
+        return p.pid
+    return -(p.cpu_percent or 0.0)  # cpu: the busiest first
+
+
+def processes_text(processes: list[ProcessSnapshot], main_pid: int | None, width: int, sort: str) -> Text:
+    """The selected job's processes, the busiest first: pid, rank, role, CPU, RSS, GPU memory, command."""
+    if not processes:
+        return Text("  no live process", style="dim")
+    ranks = {p.pid: (p.ranks.rank if p.ranks else None) for p in processes}
+    shown = sorted(processes, key=lambda p: (p.pid != main_pid, _process_order(sort, p)))[:PROCESSES_SHOWN]
+    widths = (7, 4, 6, 5, 9, 9)
+    command_width = max(10, width - sum(widths) - len(widths) - 3)
+    text = Text(
+        "  " + " ".join(h.rjust(w) for h, w in zip(PROCESS_HEADER, widths, strict=True)), style="bold"
+    )
+    text.append(" COMMAND\n", style="bold")
+    for i, p in enumerate(shown):
+        rank = ranks[p.pid]
+        cells = (
+            str(p.pid),
+            "-" if rank is None else str(rank),
+            process_role(p, main_pid, ranks),
+            f"{p.cpu_percent:.0f}%" if p.cpu_percent is not None else "-",
+            format_size(p.rss_bytes),
+            format_size(p.gpu_memory_bytes),
+        )
+        text.append("  " + " ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)) + " ")
+        text.append(_cut(one_line(p.cmdline), command_width), style="dim")
+        if i < len(shown) - 1:
+            text.append("\n")
+    if len(processes) > len(shown):
+        text.append(
+            f"\n  … {len(processes) - len(shown)} more (jobwarden status shows them all)", style="dim"
+        )
+    return text
+
+
 HELP = (
     "jobwarden top — keys",
     "",
@@ -167,6 +264,9 @@ HELP = (
     "  e        explain: why it ended or is stuck, root cause first",
     "  l        the job's log, full screen",
     "  a        show ended jobs too / only active ones",
+    "  o        sort the jobs by: id, CPU, memory, run time, state (again: the next)",
+    "  p        sort the selected job's processes by: CPU, memory, pid",
+    "  /        filter the jobs by name or state as you type; Enter keeps it, Esc clears it",
     "  ?        this help",
-    "  q        quit (in a view: back to the list; Esc too)",
+    "  q        quit; in a view (explain, dump, log, help) q or Esc goes back to the list",
 )

@@ -1,8 +1,11 @@
 """`top`'s pop-up views: a text page (explain, dump, help, the full log) and the y/N question before a
-stop. Texts arrive as lines and are shown through textual's Log widget, which never parses markup."""
+stop. Texts arrive as lines and are shown as rich Text in a RichLog with markup off (nothing parsed),
+wrapped at the screen's width: an explanation's long remedy is read whole, not cut at the edge. Every
+view says its name and how to leave it (q or Esc) in the same place, its title line."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -12,18 +15,22 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Footer, Log, Static
+from textual.widgets import Footer, RichLog, Static
 
 from jobwarden.text.sanitize import terminal_text
 
+BACK = "q/esc: back"
+
 
 class TextScreen(Screen[None]):
-    """A full-screen page of lines; q or Esc goes back."""
+    """A full-screen page of lines, wrapped; q or Esc goes back."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q", "app.pop_screen", "Back")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q", "app.pop_screen", "Back", key_display="q/esc")
+    ]
     DEFAULT_CSS = """
     TextScreen #title { background: $boost; text-style: bold; }
-    TextScreen Log { height: 1fr; }
+    TextScreen RichLog { height: 1fr; }
     """
 
     def __init__(self, title: str, lines: list[str], follow: bool = False) -> None:
@@ -31,22 +38,42 @@ class TextScreen(Screen[None]):
         self.title_text, self.lines, self.follow = title, lines, follow
 
     def compose(self) -> ComposeResult:
-        yield Static(Text(terminal_text(self.title_text)), id="title")
-        yield Log(auto_scroll=self.follow, id="page")
+        yield Static(Text(f"{terminal_text(self.title_text)} — {BACK}"), id="title")
+        yield RichLog(
+            wrap=True, markup=False, highlight=False, auto_scroll=self.follow, min_width=20, id="page"
+        )
         yield Footer()
 
     def on_mount(self) -> None:
         self.show_lines(self.lines)
 
-    def show_lines(self, lines: list[str]) -> None:
-        page = self.query_one("#page", Log)
-        if lines == self.lines and page.line_count:
+    def show_lines(self, lines: list[str], again: bool = False) -> None:
+        page = self.query_one("#page", RichLog)
+        if lines == self.lines and page.lines and not again:
             return
         self.lines = lines
         page.clear()
-        page.write_lines(terminal_text(line) for line in lines)  # the Log widget writes escapes as they are
+        width = max(20, self.app.size.width - 2)  # the scroll bar's column
+        for line in lines:  # Text: never markup; sanitised: no escape reaches the terminal
+            clean = terminal_text(line)
+            for piece in [clean] if self.follow else hanging(clean, width):
+                page.write(Text(piece), scroll_end=self.follow)
         if not self.follow:
             page.scroll_home(animate=False)
+
+    def on_resize(self) -> None:
+        if self.lines and not self.follow:
+            self.show_lines(self.lines, again=True)  # wrapped anew at the new width
+
+
+def hanging(line: str, width: int) -> list[str]:
+    """A line too long for `width`, cut at spaces, its continuations indented under its text ("  what to
+    do: ..." goes on four columns in), as `explain` reads in a terminal wide enough."""
+    if len(line) <= width:
+        return [line]
+    lead = len(line) - len(line.lstrip(" "))
+    indent = " " * min(lead + 4, width // 2)
+    return textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [line]
 
 
 class LogScreen(TextScreen):

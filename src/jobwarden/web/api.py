@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import urlsplit
 
 from jobwarden import __version__, config
 from jobwarden.clock import SystemClock, iso
 from jobwarden.control.metrics import job_samples
 from jobwarden.control.prometheus import exposition
+from jobwarden.joboptions import JobOptions
 from jobwarden.web.app import App
 from jobwarden.web.messages import (
     API_HEADERS,
@@ -62,7 +64,23 @@ def _status(app: App, req: Request, ref: str) -> Any:
 
 
 def status(app: App, req: Request, ref: str) -> Response:
-    return json_response(_status(app, req, ref).to_json())
+    """`status --json`, plus what the job page shows of how the job was started: its options and the
+    *names* of its `--env` keys (never a value: they may be tokens)."""
+    found = _status(app, req, ref)
+    return json_response(
+        {**found.to_json(), "options": shown_options(found.job.options), "env_keys": sorted(found.job.env)}
+    )
+
+
+def shown_options(options: JobOptions) -> dict[str, Any]:
+    """The job's options as the page lists them: those set, a --notify URL by its host alone (a
+    webhook's path is its secret)."""
+    shown = {k: v for k, v in options.to_json().items() if v not in (None, [], ())}
+    if options.notify:
+        host = urlsplit(options.notify).hostname
+        shown["notify"] = f"{urlsplit(options.notify).scheme}://{host}/…" if host else "set"
+    shown.pop("web_url", None)
+    return shown
 
 
 def explain(app: App, req: Request, ref: str) -> Response:
@@ -140,6 +158,15 @@ def stop(app: App, req: Request, ref: str) -> Response:
     grace = _body(req).get("grace")
     grace_s = config.parse_duration(str(grace), "grace") if grace is not None else None
     return json_response(stop_job(app.home, app.procfs, ref, grace_s).to_json())
+
+
+def rerun(app: App, req: Request, ref: str) -> Response:
+    """`rerun --json`: the same command, cwd, `--env` values and options as a new job (control.rerun,
+    the code `jobwarden rerun` runs)."""
+    from jobwarden.control.rerun import rerun as rerun_job
+
+    launched, old = rerun_job(app.home, ref)
+    return json_response({**launched.to_json(), "rerun_of": old.id})
 
 
 def dump(app: App, req: Request, ref: str) -> Response:

@@ -17,8 +17,9 @@ _TYPES = {
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
     ".txt": "text/plain; charset=utf-8",
+    ".svg": "image/svg+xml",
 }
-_STATIC_NAME = re.compile(r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*(\.[A-Za-z0-9_-]+)*\.(js|css)$")
+_STATIC_NAME = re.compile(r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*(\.[A-Za-z0-9_-]+)*\.(js|css|svg)$")
 _PAGE_HEADERS = {"Cache-Control": "no-store"}
 _ASSET_HEADERS = {"Cache-Control": "private, max-age=300"}
 
@@ -36,9 +37,23 @@ def job_list(app: App, req: Request) -> Response:
 
 
 def job_page(app: App, req: Request, ref: str) -> Response:
+    return _job_shell(app, "job.html", ref)
+
+
+def log_page(app: App, req: Request, ref: str) -> Response:
+    """The whole log, coloured and searchable (static/log.js reads it by offset)."""
+    return _job_shell(app, "log.html", ref)
+
+
+def favicon(app: App, req: Request) -> Response:
+    """What a browser asks for by itself: our icon, from here (no page loads anything from elsewhere)."""
+    return Response(200, _read("favicon.svg"), _TYPES[".svg"], dict(_ASSET_HEADERS))
+
+
+def _job_shell(app: App, name: str, ref: str) -> Response:
     with app.store() as store:
         job = store.job(ref)  # an unknown job: 404 before any page is drawn
-    page = _read("job.html").decode()
+    page = _read(name).decode()
     page = page.replace("{{JOB_ID}}", str(job.id)).replace("{{JOB_NAME}}", html.escape(job.name))
     return Response(200, page.encode(), _TYPES[".html"], dict(_PAGE_HEADERS))
 

@@ -35,6 +35,8 @@ _JOB = "/api/v1/jobs/([^/]+)"
 ROUTES: list[Route] = [
     _route("GET", "/", pages.job_list, "page"),
     _route("GET", "/jobs/([^/]+)", pages.job_page, "page"),
+    _route("GET", "/jobs/([^/]+)/log", pages.log_page, "page"),
+    _route("GET", "/favicon.ico", pages.favicon, "asset"),
     _route("GET", "/static/(.+)", pages.asset, "asset"),
     _route("GET", "/healthz", api.healthz, "open", any_host=True),  # a container's liveness probe
     _route("GET", "/metrics", api.metrics),
@@ -49,6 +51,7 @@ ROUTES: list[Route] = [
     _route("GET", f"{_JOB}/log/stream", logview.follower, "stream"),  # the server writes it as it goes
     _route("POST", f"{_JOB}/stop", api.stop),
     _route("POST", f"{_JOB}/dump", api.dump),
+    _route("POST", f"{_JOB}/rerun", api.rerun),
 ]
 
 

@@ -56,10 +56,40 @@ const jw = {
     return n === null || n === undefined ? "" : `${n.toFixed(1)} %`;
   },
 
+  // One time zone everywhere: the browser's local time, 24-hour, its offset said once per page
+  // ("2026-11-25 14:02:07", the zone in the header by jw.zone()).
   time(iso) {
     if (!iso) return "";
-    const d = new Date(iso);
-    return d.toLocaleString(undefined, { hour12: false });
+    return jw.stamp24(new Date(iso).getTime() / 1000, true);
+  },
+
+  pad(n) { return String(n).padStart(2, "0"); },
+
+  // seconds since 1970 as local "YYYY-MM-DD HH:MM:SS" (date: with the date)
+  stamp24(t, date) {
+    const d = new Date(t * 1000);
+    const clock = `${jw.pad(d.getHours())}:${jw.pad(d.getMinutes())}:${jw.pad(d.getSeconds())}`;
+    return date ? `${d.getFullYear()}-${jw.pad(d.getMonth() + 1)}-${jw.pad(d.getDate())} ${clock}` : clock;
+  },
+
+  // "UTC+01:00": the offset of the local time the page shows
+  zone(t) {
+    const off = -new Date((t || Date.now() / 1000) * 1000).getTimezoneOffset();
+    const a = Math.abs(off);
+    return `UTC${off < 0 ? "−" : "+"}${jw.pad(Math.floor(a / 60))}:${jw.pad(a % 60)}`;
+  },
+
+  // "3m ago", "2h ago": how long since an ISO time
+  ago(iso) {
+    if (!iso) return "";
+    return `${jw.duration(Date.now() / 1000 - new Date(iso).getTime() / 1000)} ago`;
+  },
+
+  // how long a run ran (to now while it runs)
+  runtime(started, ended) {
+    if (!started) return "";
+    const end = ended ? new Date(ended).getTime() : Date.now();
+    return jw.duration((end - new Date(started).getTime()) / 1000);
   },
 
   stateBadge(state) {
@@ -137,6 +167,6 @@ const jw = {
 
   stamp() {
     const u = document.getElementById("updated");
-    if (u) u.textContent = `updated ${new Date().toLocaleTimeString(undefined, { hour12: false })}`;
+    if (u) u.textContent = `updated ${jw.stamp24(Date.now() / 1000)} (${jw.zone()})`;
   },
 };

@@ -33,6 +33,10 @@ function renderSummary(s) {
     ["started", jw.time(s.started_at)], ["ended", jw.time(s.ended_at)],
     ["GPUs", s.gpu_ids.length ? s.gpu_ids.join(",") : null], ["error", s.error],
     ["orphans left", s.orphans_left && s.orphans_left.length ? JSON.stringify(s.orphans_left) : null],
+    ["rerun of", s.rerun_of ? jw.el("a", { href: `/jobs/${s.rerun_of}` }, `job ${s.rerun_of}`) : null],
+    ["options", optionsText(s.options)],
+    // the names of its --env keys: their values may be tokens, and are never sent
+    ["env keys", s.env_keys && s.env_keys.length ? s.env_keys.join(", ") : null],
   ];
   const dl = document.getElementById("facts");
   dl.replaceChildren();
@@ -42,12 +46,41 @@ function renderSummary(s) {
   }
   const live = !ENDED.includes(s.state);
   document.getElementById("stop").disabled = !live;
+  const dump = document.getElementById("dump");
+  if (!dump.dataset.busy) dump.disabled = !live; // an ended run has no process to take stacks of
+  dump.title = live ? "take the stacks of every process now" : "the run has ended: its last stacks are below";
+}
+
+// The options it runs under, as `run` would take them ("timeout 1h · mem-limit 2.0 GiB · restart on-failure")
+const OPTION_WORDS = {
+  timeout_s: ["timeout", "s"], grace_s: ["grace", "s"], hang_timeout_s: ["hang-timeout", "s"],
+  restart_delay_s: ["restart-delay", "s"], mem_limit_bytes: ["mem-limit", "bytes"], log_max_bytes: ["log-max", "bytes"],
+  engine_budget_s: ["engine budget", "s"],
+};
+const OPTION_DEFAULTS = { on_hang: "dump", py_hooks: true, restart: "no", own_cgroup: true, attempt: 0 };
+
+function optionsText(options) {
+  if (!options) return null;
+  const parts = [];
+  for (const [k, v] of Object.entries(options)) {
+    if (v === null || k === "version" || OPTION_DEFAULTS[k] === v || (k === "max_restarts" && options.restart === "no")) continue;
+    if (k === "grace_s" && v === 10) continue;
+    const [word, unit] = OPTION_WORDS[k] || [k.replace(/_/g, "-"), ""];
+    const shown = k === "hang_timeout_s" && v === 0 ? "off" : unit === "s" ? jw.duration(v) : unit === "bytes" ? jw.bytes(v) : Array.isArray(v) ? v.join(",") : String(v);
+    parts.push(`${word} ${shown}`);
+  }
+  return parts.length ? parts.join(" · ") : "defaults";
 }
 
 // What is true now, root cause first; what stopped being true (a hang that ended, a process continued)
 // only as a muted line of history under it.
+let findingsShown = null;
+
 function renderFindings(findings) {
   const box = document.getElementById("findings");
+  const key = JSON.stringify(findings);
+  if (key === findingsShown) return; // unchanged: the cards stay (a selection in them too)
+  findingsShown = key;
   const current = findings.filter((f) => !f.resolved_at);
   const resolved = findings.filter((f) => f.resolved_at);
   const history = resolved.map((f) => jw.el("p", { class: "muted resolved", "data-rule": f.rule },
@@ -69,25 +102,59 @@ function renderFindings(findings) {
   }), ...history);
 }
 
-function renderAttempts(runs) {
+// Each attempt's own findings (its verdict), read once per attempt that has ended and again for the live one
+const attemptFindings = {};
+
+async function loadAttemptFindings(runs) {
+  const wanted = runs.slice(-20).filter((r) => !(r.n in attemptFindings) || !ENDED.includes(r.state));
+  let changed = false;
+  for (const r of wanted) {
+    try {
+      const e = await jw.get(`${API}/explain?run=${r.n}`);
+      attemptFindings[r.n] = e.findings.filter((f) => !f.resolved_at);
+      changed = true;
+    } catch (err) { /* the attempt was removed meanwhile: shown without */ }
+  }
+  if (changed && lastStatus) renderAttempts(lastStatus.runs, false);
+}
+
+function findingsCell(n) {
+  const found = attemptFindings[n] || [];
+  return jw.el("td", { class: "attempt-findings" }, ...found.map((f) =>
+    jw.el("div", { class: `sevtext sev-${f.severity}`, "data-rule": f.rule, title: f.summary }, `${f.title} [${f.rule}]`)));
+}
+
+function renderAttempts(runs, load = true) {
+  if (load) loadAttemptFindings(runs);
   document.querySelector("#attempts tbody").replaceChildren(...runs.map((r) =>
-    jw.el("tr", {},
+    jw.el("tr", { "data-run": r.n },
       jw.el("td", {}, jw.el("a", { href: `/jobs/${encodeURIComponent(JOB)}?run=${r.n}` }, r.n)),
       jw.el("td", {}, jw.stateBadge(r.state)), jw.el("td", {}, jw.time(r.started_at)),
       jw.el("td", {}, jw.time(r.ended_at)), jw.el("td", { class: "num" }, r.exit_code ?? ""),
       jw.el("td", {}, r.signal || ""), jw.el("td", {}, r.end_reason || ""),
       // how far each attempt got: from its first step seen to its last (where the next one resumed)
-      jw.el("td", { class: "num" }, r.step === null ? "" : `${r.first_step !== null && r.first_step !== r.step ? `${r.first_step} → ` : ""}${r.step}${r.total ? `/${r.total}` : ""}`))));
+      jw.el("td", { class: "num" }, r.step === null ? "" : `${r.first_step !== null && r.first_step !== r.step ? `${r.first_step} → ` : ""}${r.step}${r.total ? `/${r.total}` : ""}`),
+      findingsCell(r.n))));
 }
 
-function renderProcesses(procs) {
+// main (the job's own process), rank (given a RANK by its launcher; its children inherit the variable, so
+// one whose parent has the same rank is that rank's worker), worker: as `top` says it (tui/cells.py)
+function role(p, procs, mainPid) {
+  if (p.pid === mainPid) return "main";
+  const parent = procs.find((q) => q.pid === p.ppid);
+  if (p.rank !== null && p.rank !== undefined && (!parent || parent.rank !== p.rank)) return "rank";
+  return "worker";
+}
+
+function renderProcesses(procs, mainPid) {
   document.getElementById("no-processes").hidden = procs.length > 0;
   document.querySelector("#processes tbody").replaceChildren(...procs.map((p) =>
-    jw.el("tr", {},
+    jw.el("tr", { "data-pid": p.pid },
       jw.el("td", { class: "num" }, p.pid), jw.el("td", { class: "num" }, p.ppid ?? ""),
       jw.el("td", {}, p.state || ""), jw.el("td", { class: "num" }, jw.percent(p.cpu_percent)),
       jw.el("td", { class: "num" }, jw.bytes(p.rss_bytes)), jw.el("td", { class: "num" }, jw.bytes(p.gpu_memory_bytes)),
-      jw.el("td", {}, p.rank ?? ""), jw.el("td", { class: "cmd", title: p.cmdline }, p.cmdline))));
+      jw.el("td", {}, p.rank ?? ""), jw.el("td", { class: "role" }, role(p, procs, mainPid)),
+      jw.el("td", { class: "cmd", title: p.cmdline }, p.cmdline))));
 }
 
 function metricsText(metrics) {
@@ -142,7 +209,7 @@ async function refreshStatus() {
     renderProgress(s);
     renderFindings(s.findings);
     renderAttempts(s.runs);
-    renderProcesses(s.processes);
+    renderProcesses(s.processes, s.pid);
     jw.showError("");
     jw.stamp();
   } catch (e) {
@@ -151,6 +218,10 @@ async function refreshStatus() {
 }
 
 // --- charts -----------------------------------------------------------------------------------------
+// Each chart spans the run itself (its start to its end, or to now), its y axis as wide as its widest
+// label (never clipped), its x axis in local 24-hour time with room between labels. Where a point
+// merges several readings (a long run thinned to a few hundred points) its peak is drawn too, so a
+// 200 MiB spike before an OOM kill is not flattened into a mean of 143.
 
 function rate(t, v) {
   // cumulative byte counters as bytes per second between samples
@@ -163,30 +234,120 @@ function lossOf(sample) {
   return name === null ? null : sample.metrics[name];
 }
 
+const peakOf = (peak, mean) => (s) => s[peak] ?? s[mean] ?? null;
+const memLimit = () => (lastStatus && lastStatus.options && lastStatus.options.mem_limit_bytes) || null;
+const PEAK = { width: 1, dash: [3, 3] };
+// where --mem-limit was set: a series for the legend and the y range, drawn across the whole width by limitLine
+const LIMIT = { width: 0, points: { show: false }, when: () => memLimit() !== null };
+
+// series: [value (a sample's key or a function of it), label, colour, style]
+// a percent tick with the decimals its step needs ("0.5%", not "1%" twice)
+const pct = (v, incr) => `${v.toFixed(incr !== undefined && incr < 1 ? (incr < 0.1 ? 2 : 1) : 0)}%`;
+
 const CHARTS = [
   // progress first, shown only where the job shows it (a step counter, a loss)
-  { id: "step_rate", title: "Step rate (steps per second, measured by jobwarden)", series: [["step_rate", "steps/s", "#0550ae"]], fmt: (v) => `${jw.figure(v)}/s`, optional: true },
-  { id: "loss", title: "Loss (as the job reports it)", series: [[lossOf, "loss", "#bc4c00"]], fmt: (v) => String(Number(Number(v).toPrecision(4))), optional: true },
-  { id: "cpu", title: "CPU (% of one core)", series: [["cpu_percent", "CPU %", "#0969da"]], fmt: (v) => `${v.toFixed(0)}%` },
-  { id: "rss", title: "Memory (RSS)", series: [["rss_bytes", "RSS", "#8250df"]], fmt: jw.bytes },
-  { id: "nprocs", title: "Processes", series: [["nprocs", "processes", "#1a7f37"]], fmt: (v) => v.toFixed(0) },
+  { id: "step_rate", title: "Step rate (steps per second, measured by jobwarden)", series: [["step_rate", "steps/s", "#0550ae"]], fmt: (v) => `${jw.figure(v)}/s`, optional: true, first: true },
+  { id: "loss", title: "Loss (as the job reports it)", series: [[lossOf, "loss", "#bc4c00"]], fmt: (v) => String(Number(Number(v).toPrecision(4))), optional: true, first: true, anyRange: true },
+  { id: "cpu", title: "CPU (% of one core)", series: [["cpu_percent", "CPU % (mean)", "#0969da"], [peakOf("cpu_max_percent", "cpu_percent"), "peak", "#54aeff", PEAK]], fmt: (v) => `${v.toFixed(1)}%`, tick: pct },
+  { id: "rss", title: "Memory (RSS)", series: [["rss_bytes", "RSS (mean)", "#8250df"], [peakOf("rss_max_bytes", "rss_bytes"), "peak", "#c297ff", PEAK], [memLimit, "limit", "#cf222e", LIMIT]], fmt: jw.bytes },
+  { id: "nprocs", title: "Processes", series: [["nprocs", "processes", "#1a7f37"]], fmt: (v) => v.toFixed(0), whole: true },
   { id: "io", title: "I/O (per second)", series: [["io_read_bytes", "read", "#bf8700"], ["io_write_bytes", "write", "#cf222e"]], fmt: (v) => `${jw.bytes(v)}/s`, rate: true },
-  { id: "gpu_util", title: "GPU utilisation", series: [["gpu_util", "GPU util %", "#116329"]], fmt: (v) => `${v.toFixed(0)}%` },
-  { id: "gpu_mem", title: "GPU memory", series: [["gpu_memory_bytes", "GPU memory", "#953800"]], fmt: jw.bytes },
+  // only where GPUs were measured: a CPU job has no empty GPU charts
+  { id: "gpu_util", title: "GPU utilisation", series: [["gpu_util", "GPU util %", "#116329"]], fmt: (v) => `${v.toFixed(1)}%`, tick: pct, optional: true },
+  { id: "gpu_mem", title: "GPU memory", series: [["gpu_memory_bytes", "GPU memory", "#953800"]], fmt: jw.bytes, optional: true },
 ];
 const plots = {};
+window.jwPlots = plots; // the browser tests measure what was drawn
+
+// the chart's series now (a limit line only where there is a limit)
+function seriesOf(def) {
+  return def.series.filter(([, , , style]) => !(style && style.when) || style.when());
+}
 
 function chartData(def, samples) {
   const t = samples.map((s) => s.t);
-  return [t, ...def.series.map(([key]) => {
+  return [t, ...seriesOf(def).map(([key]) => {
     const v = samples.map((s) => (typeof key === "function" ? key(s) : s[key] === undefined ? null : s[key]));
     return def.rate ? rate(t, v) : v;
   })];
 }
 
-function xRange(u, min, max) {
-  if (min === null || max === null) { const now = Date.now() / 1000; return [now - 60, now]; }
-  return max - min < 60 ? [min - 30, max + 30] : [min, max];
+const seconds = (iso) => (iso ? Date.parse(iso) / 1000 : null);
+
+// The run's own span: from its start to its end (or now), widened only to hold a sample outside it
+function runSpan(u, min, max) {
+  const s = lastStatus;
+  let lo = seconds(s && s.started_at) ?? min;
+  let hi = seconds(s && s.ended_at) ?? (s && ENDED.includes(s.state) ? max : Date.now() / 1000);
+  if (min !== null && (lo === null || min < lo)) lo = min;
+  if (max !== null && (hi === null || max > hi)) hi = max;
+  if (lo === null || hi === null) { const now = Date.now() / 1000; return [now - 60, now]; }
+  return hi - lo < 1 ? [lo, lo + 1] : [lo, hi];
+}
+
+// from 0 to a little over the top (a limit line included), so a flat line is not drawn as noise
+function fromZero(u, min, max) {
+  return [0, max > 0 ? max * 1.08 : 1];
+}
+
+// ticks a whole number of seconds, minutes, hours or days apart: a label is never said twice
+const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
+  172800, 604800, 2592000];
+const HALF_TIME_LABEL = 34; // px: "00:00:00" in the axis font is about 50
+const RIGHT_ROOM = 34; // px right of the plot, for the half of the last time label that sticks out
+
+// y: as wide as the widest label (uPlot's own sizing cycle), measured in the axis's own font
+function labelRoom(u, values, axisIdx, cycleNum) {
+  const axis = u.axes[axisIdx];
+  if (cycleNum > 1) return axis._size;
+  u.ctx.font = axis.font[0];
+  const widest = Math.max(0, ...(values || []).map((v) => u.ctx.measureText(String(v)).width / devicePixelRatio));
+  // at least half a time label: the first one, centred on the plot's left edge, stays on the canvas
+  return Math.ceil(Math.max(widest + axis.ticks.size + axis.gap + 6, HALF_TIME_LABEL));
+}
+
+// x: local 24-hour times; where the day changes its date under the time (the first day is in the title)
+function timeLabels(u, splits, axisIdx, space, incr) {
+  let day = splits.length ? dayOf(splits[0]) : null;
+  return splits.map((t) => {
+    const d = new Date(t * 1000);
+    const clock = incr < 60 ? jw.stamp24(t) : `${jw.pad(d.getHours())}:${jw.pad(d.getMinutes())}`;
+    const today = dayOf(t);
+    const label = day === today ? clock : `${clock}\n${today.slice(5)}`;
+    day = today;
+    return label;
+  });
+}
+
+function dayOf(t) {
+  return jw.stamp24(t, true).slice(0, 10);
+}
+
+// the x axis's title: the day and the zone ("2026-11-25, local time UTC+01:00")
+function timeTitle(u) {
+  const lo = u.scales.x.min;
+  return lo === undefined || lo === null ? `local time (${jw.zone()})` : `${dayOf(lo)}, local time (${jw.zone(lo)})`;
+}
+
+// The memory limit from the run's start to its end, not only between the samples
+function limitLine(u) {
+  const limit = memLimit();
+  if (limit === null) return;
+  const y = Math.round(u.valToPos(limit, "y", true)) + 0.5;
+  const { ctx } = u;
+  ctx.save();
+  ctx.strokeStyle = "#cf222e";
+  ctx.lineWidth = 1.5 * devicePixelRatio;
+  ctx.setLineDash([8 * devicePixelRatio, 5 * devicePixelRatio]);
+  ctx.beginPath();
+  ctx.moveTo(u.bbox.left, y);
+  ctx.lineTo(u.bbox.left + u.bbox.width, y);
+  ctx.stroke();
+  ctx.restore();
+}
+
+function chartWidth(box) {
+  return Math.max(200, box.clientWidth - 14);
 }
 
 function makeChart(def, data) {
@@ -194,15 +355,29 @@ function makeChart(def, data) {
   const empty = jw.el("p", { class: "empty", hidden: true }, "no data (not measured for this job)");
   box.append(empty);
   const charts = document.getElementById("charts");
-  charts.insertBefore(box, def.optional ? charts.querySelector(".chart:not(.progress-chart)") : null);
-  if (def.optional) box.classList.add("progress-chart");
+  charts.insertBefore(box, def.first ? charts.querySelector(".chart:not(.progress-chart)") : null);
+  if (def.first) box.classList.add("progress-chart");
   const fmt = (u, v) => (v === null || v === undefined ? "–" : def.fmt(v));
+  const axisFont = "11px system-ui, -apple-system, sans-serif";
   const opts = {
-    width: Math.max(300, box.clientWidth - 14), height: 180, legend: { live: true },
-    // a short run (or one sample) would otherwise be drawn across years
-    scales: { x: { time: true, range: xRange } },
-    series: [{}, ...def.series.map(([, label, color]) => ({ label, stroke: color, width: 1.5, value: fmt, spanGaps: false }))],
-    axes: [{}, { size: 70, values: (u, vals) => vals.map((v) => def.fmt(v)) }],
+    width: chartWidth(box), height: 190, legend: { live: true }, padding: [10, RIGHT_ROOM, 0, 0],
+    scales: { x: { time: true, range: runSpan }, y: def.anyRange ? {} : { range: fromZero } },
+    series: [
+      { value: (u, t) => (t === null ? "–" : jw.stamp24(t, true)) },
+      ...seriesOf(def).map(([, label, color, style]) => {
+        const { when, ...look } = style || {};
+        return { label, stroke: color, width: 1.5, value: fmt, spanGaps: false, ...look };
+      }),
+    ],
+    axes: [
+      { font: axisFont, space: 90, values: timeLabels, incrs: TIME_STEPS, label: "local time", labelSize: 16, labelFont: axisFont, size: 42 },
+      { font: axisFont, size: labelRoom, values: (u, vals, i, space, incr) => vals.map((v) => (def.tick || def.fmt)(v, incr)),
+        ...(def.whole ? { incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] } : {}) },
+    ],
+  };
+  opts.hooks = {
+    drawClear: [(u) => { u.axes[0].label = timeTitle(u); }], // before the axes are drawn
+    draw: def.id === "rss" ? [limitLine] : [],
   };
   plots[def.id] = { plot: new uPlot(opts, data, box), box, empty };
 }
@@ -218,64 +393,48 @@ async function refreshSamples() {
     const samples = await jw.get(`${API}/samples${RUN_Q}${sep}points=600`);
     for (const def of CHARTS) {
       const data = chartData(def, samples);
-      if (def.optional && !plots[def.id] && allNull(data)) continue; // a job without progress: no chart
+      if (def.optional && !plots[def.id] && allNull(data)) continue; // not measured for this job: no chart
       if (!plots[def.id]) makeChart(def, data);
       else plots[def.id].plot.setData(data);
-      plots[def.id].empty.hidden = !allNull(data);
+      const none = allNull(data);
+      plots[def.id].empty.hidden = !none;
+      plots[def.id].plot.root.hidden = none; // no axes drawn around nothing
+      plots[def.id].box.classList.toggle("nodata", none);
     }
     const note = document.getElementById("charts-note");
     note.hidden = samples.length > 0;
-    note.textContent = "no samples recorded yet";
+    note.textContent = lastStatus && ENDED.includes(lastStatus.state)
+      ? "no samples were recorded (the run ended before its first)" : "no samples recorded yet";
+    document.getElementById("charts").dataset.drawn = samples.length;
   } catch (e) {
     jw.showError(`cannot read the samples: ${e.message}`);
   }
 }
 
 window.addEventListener("resize", () => {
-  for (const { plot, box } of Object.values(plots)) plot.setSize({ width: Math.max(300, box.clientWidth - 14), height: 180 });
+  for (const { plot, box } of Object.values(plots)) plot.setSize({ width: chartWidth(box), height: 190 });
 });
 
 // --- live log ---------------------------------------------------------------------------------------
+// Colours as the terminal shows them, a progress bar's redraws as its last frame (ansi.js).
 
-const logBox = document.getElementById("log");
-let partialLine = false;
-
-function lastSegment(line) {
-  // a progress bar redraws its line with \r: show what the terminal would
-  const i = line.lastIndexOf("\r", line.length - 2);
-  return i >= 0 ? line.slice(i + 1) : line;
-}
-
-function appendLog(text) {
-  const stick = logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 8;
-  const parts = text.split("\n");
-  const complete = parts[parts.length - 1] === "";
-  if (complete) parts.pop();
-  parts.forEach((part, i) => {
-    if (i === 0 && partialLine && logBox.lastChild) {
-      logBox.lastChild.textContent = lastSegment(logBox.lastChild.textContent + part);
-    } else {
-      logBox.append(jw.el("div", {}, lastSegment(part)));
-    }
-  });
-  partialLine = !complete;
-  while (logBox.childElementCount > MAX_LOG_LINES) logBox.firstChild.remove();
-  if (stick) logBox.scrollTop = logBox.scrollHeight;
-}
+const logView = new LogView(document.getElementById("log"), MAX_LOG_LINES);
 
 function followLog() {
   const state = document.getElementById("log-state");
   const source = new EventSource(`${API}/log/stream${RUN_Q}`);
-  source.addEventListener("log", (ev) => { appendLog(JSON.parse(ev.data).text); state.textContent = "following"; });
+  source.addEventListener("log", (ev) => { logView.append(JSON.parse(ev.data).text); state.textContent = "following"; });
   source.addEventListener("end", (ev) => {
     const end = JSON.parse(ev.data);
     state.textContent = `run ended: ${end.state}`;
-    logBox.dataset.ended = end.state;
+    logView.box.dataset.ended = end.state;
     source.close();
     refreshStatus();
   });
   source.onerror = () => { if (source.readyState !== EventSource.CLOSED) state.textContent = "reconnecting…"; };
-  document.getElementById("full-log").href = `${API}/log${RUN_Q}`;
+  document.getElementById("full-log").href = `/jobs/${encodeURIComponent(JOB)}/log${RUN_Q}`;
+  document.getElementById("download-log").href = `${API}/log${RUN_Q}`;
+  searchBox(logView, document.getElementById("log-search"), document.getElementById("log-hits"));
 }
 
 // --- stacks, stop, dump ----------------------------------------------------------------------------
@@ -300,7 +459,8 @@ function say(text) { document.getElementById("action-result").textContent = text
 function setupActions(readOnly) {
   const stop = document.getElementById("stop");
   const dump = document.getElementById("dump");
-  if (readOnly) { stop.hidden = true; dump.hidden = true; say("read-only"); return; }
+  const rerun = document.getElementById("rerun");
+  if (readOnly) { stop.hidden = true; dump.hidden = true; rerun.hidden = true; say("read-only"); return; }
   let armedUntil = 0;
   stop.addEventListener("click", async () => {
     if (Date.now() > armedUntil) { // first click arms, the second (within 5 s) stops: no modal dialog
@@ -318,13 +478,25 @@ function setupActions(readOnly) {
     refreshStatus();
   });
   dump.addEventListener("click", async () => {
-    dump.disabled = true; say("taking stacks…");
+    dump.disabled = true; dump.dataset.busy = "1"; say("taking stacks…");
     try {
       const r = await jw.post(`${API}/dump`);
       say(`stacks of ${r.length} process(es)`);
     } catch (e) { say(`dump failed: ${e.message}`); }
-    dump.disabled = false;
+    delete dump.dataset.busy;
+    dump.disabled = lastStatus !== null && ENDED.includes(lastStatus.state);
     refreshStacks();
+  });
+  // `jobwarden rerun`: the same command, cwd, --env and options as a new job (the server runs the same code)
+  rerun.addEventListener("click", async () => {
+    rerun.disabled = true; say("starting it again…");
+    try {
+      const r = await jw.post(`${API}/rerun`);
+      const result = document.getElementById("action-result");
+      result.replaceChildren(`started job ${r.id} (${r.state}), a rerun of job ${r.rerun_of}: `,
+        jw.el("a", { id: "rerun-link", href: `/jobs/${encodeURIComponent(r.id)}` }, `open job ${r.id}`));
+    } catch (e) { say(`rerun failed: ${e.message}`); }
+    rerun.disabled = false;
   });
 }
 
