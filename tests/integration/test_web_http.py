@@ -408,3 +408,24 @@ def test_the_status_names_env_keys_never_values_and_rerun_starts_it_again(jw: Jo
     assert jw.status(2)["rerun_of"] == 1 and jw.output(2) == "again\n"
     with web_server(jw.home, read_only=True) as served:
         assert Client(served).post("/api/v1/jobs/1/rerun").status == 403
+
+
+def test_the_list_answers_a_page_filtered_on_the_server(jw: Jobwarden) -> None:
+    for name, code in (("prep", 0), ("train-a", 3), ("train-b", 0), ("train-c", 3)):
+        jw("run", "--wait", "--name", name, "--", sys.executable, "-c", f"raise SystemExit({code})")
+    with web_server(jw.home) as served:
+        client = Client(served)
+        whole = client.get("/api/v1/jobs")  # no page asked: the whole list, as `ps --all --json`
+        assert [j["id"] for j in whole.json()] == [1, 2, 3, 4] and "X-Total-Count" not in whole.headers
+        failed = client.get("/api/v1/jobs?state=failed&limit=1")
+        assert [j["name"] for j in failed.json()] == ["train-c"]  # newest first
+        assert failed.headers["X-Total-Count"] == "2"
+        assert json.loads(failed.headers["X-State-Counts"]) == {"succeeded": 2, "failed": 2}
+        second = client.get("/api/v1/jobs?state=failed&limit=1&offset=1").json()
+        assert [j["name"] for j in second] == ["train-a"]
+        named = client.get("/api/v1/jobs?name=TRAIN&limit=100")
+        assert [j["id"] for j in named.json()] == [4, 3, 2] and named.headers["X-Total-Count"] == "3"
+        assert client.get("/api/v1/jobs?name=1").json()[0]["name"] == "prep"  # an id is a name too
+        assert client.get("/api/v1/jobs?state=active").json() == []
+        refused = client.get("/api/v1/jobs?limit=0")
+        assert refused.status == 400 and "limit" in refused.json()["error"]

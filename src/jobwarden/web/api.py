@@ -42,18 +42,55 @@ def server(app: App, req: Request) -> Response:
     return json_response({"version": __version__, "read_only": app.read_only})
 
 
+LIST_PAGE_MAX = 1000  # jobs in one page of the list
+
+
 def jobs(app: App, req: Request) -> Response:
-    """`ps --all --json`, plus what the list page shows beside it (GPUs, why a queued job waits)."""
+    """`ps --all --json`, plus what the list page shows beside it (GPUs, why a queued job waits). With any
+    of `limit`, `offset`, `state`, `name`: one page of the list as the list page shows it, newest first,
+    of the jobs in `state` (all, active: not over, hung: running with a current hang finding, or a state)
+    whose name contains `name` or whose id it is; the number of jobs that match in X-Total-Count and each
+    state's count over all jobs in X-State-Counts (JSON). A page of 100 out of 10,000 jobs is 70 KB where
+    the whole list is 6.6 MB: the page asks every 5 s."""
     from jobwarden.control.views import job_views
 
+    paged = any(req.param(k) is not None for k in ("limit", "offset", "state", "name"))
+    limit = req.int_param("limit", minimum=1, maximum=LIST_PAGE_MAX) or (LIST_PAGE_MAX if paged else None)
+    offset = req.int_param("offset") or 0
+    state, name = req.param("state") or "all", (req.param("name") or "").strip().lower()
+    counts: dict[str, int] = {}
+    matching: list[Any] = []
     with app.store() as store:
-        views = job_views(store, app.procfs, include_ended=True, metrics=True)  # progress with its loss
-    return json_response(
+        # the progress's metrics (its loss) decoded for the jobs answered only: 10,000 cost ~165 ms
+        views = job_views(store, app.procfs, include_ended=True, metrics=not paged)
+        if paged:
+            for v in views:
+                counts[str(v.run.state)] = counts.get(str(v.run.state), 0) + 1
+            matching = [v for v in reversed(views) if _listed(v, state, name)]
+            views = matching[offset : offset + (limit or 0)]
+            progress = store.progress_of_runs(((v.job.id, v.run.n) for v in views), metrics=True)
+            views = [v._replace(progress=progress.get((v.job.id, v.run.n))) for v in views]
+    response = json_response(
         [
             {**v.summary_json(), "gpu_ids": list(v.run.gpu_ids), "queued_reason": v.run.queued_reason}
             for v in views
         ]
     )
+    if paged:
+        response.headers["X-Total-Count"] = str(len(matching))
+        response.headers["X-State-Counts"] = json.dumps(counts, separators=(",", ":"))
+    return response
+
+
+def _listed(view: Any, state: str, name: str) -> bool:
+    run = view.run
+    if state == "active" and not run.state.is_active:  # ended, or lost with its shim
+        return False
+    if state == "hung" and not view.hung:
+        return False
+    if state not in ("all", "active", "hung") and str(run.state) != state:
+        return False
+    return not name or name in view.job.name.lower() or str(view.job.id) == name
 
 
 def _status(app: App, req: Request, ref: str) -> Any:
