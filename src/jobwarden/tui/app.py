@@ -6,7 +6,6 @@ period or a dump attaches py-spy to every process."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import ClassVar
 
@@ -17,7 +16,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.widgets import DataTable, Footer, Input, Log, Static
 
-from jobwarden.clock import SystemClock
+from jobwarden.clock import SystemClock, shown_time
 from jobwarden.errors import JobwardenError
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.text import render
@@ -155,7 +154,7 @@ class TopApp(App[None]):
         self._fill_table(rows, now)
         count = f"{len(rows)} job{'s' if len(rows) != 1 else ''}"
         which = "all" if self.include_ended else "active; a: all"
-        clock = time.strftime("%H:%M:%S", time.localtime(now))
+        clock = shown_time(now, "time")  # the zone every command shows (--utc: a Z)
         mode = " — read-only" if self.read_only else ""
         order = f" — by {self.sort}" if self.sort != "id" else ""
         bar = Text(f"jobwarden top — {count} ({which}){order} — every {self.interval:g}s — {clock}{mode}")
