@@ -29,7 +29,7 @@ from jobwarden.model import Finding
 from jobwarden.osapi.shell import run_shell
 from jobwarden.store import Store
 
-EVENTS = ("failed", "hung", "stalled", "recovered", "restarted", "succeeded")
+EVENTS = ("failed", "hung", "stalled", "recovered", "restarted", "succeeded", "slowed")
 DEFAULT_TIMEOUT_S = 10.0
 _MAX_PENDING = 64  # a job restarting in a tight loop must not pile up threads' worth of work
 _MAX_RESPONSE = 1 << 16
