@@ -41,6 +41,7 @@ SPEED_ENV = "JOBWARDEN_SPEED"
 READ_EVERY_S = 2.0
 JUDGE_EVERY_S = 4.0
 WINDOW_S = 20.0
+MIN_WINDOW_S = 8.0  # the first judgement waits for this much of a window: a start-up is no verdict
 CGROUP_EVERY_S = 30.0  # the job's cpu cgroup (and its quota) looked up again
 SEGMENT_S = 5.0  # a stretch of the step counter lasts at least this ...
 SEGMENT_STEPS = 5  # ... and holds this many steps, or lasts SEGMENT_MAX_S
@@ -137,11 +138,14 @@ class SpeedWatch:
             self._next_read = mono + READ_EVERY_S
             self._read(mono, members)
         self._note_gpu(mono, snaps, gpu)
-        if mono < self._next_judge or len(self.reads) < 2:
+        if mono < self._next_judge or len(self.reads) < 2 or self._window() < MIN_WINDOW_S:
             return [], []
         self._next_judge = mono + JUDGE_EVERY_S
         ev = self.evidence(mono, members, gpu)
         return self._record(judge(ev), now)
+
+    def _window(self) -> float:
+        return self.reads[-1].mono - self.reads[0].mono
 
     def _read(self, mono: float, members: list[Member]) -> None:
         if mono - self._cgroup_at >= CGROUP_EVERY_S and self.main_pid is not None:

@@ -56,7 +56,7 @@ def cpu_throttled(ev: SpeedEvidence) -> Finding | None:
     threads = max(1, int(ev.quota_cpus))
     return Finding(
         "cpu-throttled",
-        f"CPU quota of {quota} throttles the job {100 * periods:.0f}% of the time",
+        f"CPU quota of {quota} throttles the job: held back in {100 * periods:.0f}% of its periods",
         f"The job's cgroup may use {quota}; it asked for more, and its threads were held back in "
         f"{100 * periods:.0f}% of the quota periods, waiting {100 * ev.wait_share:.0f}% of the time they "
         "could have run.",

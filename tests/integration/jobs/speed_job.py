@@ -1,0 +1,60 @@
+"""Jobs that run slow for a reason the speed rules must name (tests/integration/test_speed.py).
+
+  steps SWITCH   heartbeat steps at 10/s of real work, then at about 3/s once the file SWITCH exists
+  spin [N]       N processes (default 1) that burn CPU until killed
+  quota DIR      put itself into the cpu cgroup DIR (root), then spin
+Each writes "ready" to stdout once it runs as it should.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+
+import jobwarden
+
+
+def burn(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def spin_forever() -> None:
+    while True:
+        pass
+
+
+def steps(switch: str) -> None:
+    step = 0
+    print("ready", flush=True)
+    while True:
+        slow = os.path.exists(switch)
+        burn(0.3 if slow else 0.1)  # the same work, three times as long: a 3x slowdown
+        step += 1
+        jobwarden.heartbeat(step=step)
+
+
+def spin(n: int) -> None:
+    for _ in range(n - 1):
+        multiprocessing.Process(target=spin_forever, daemon=True).start()
+    print("ready", flush=True)
+    spin_forever()
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    if mode == "steps":
+        steps(sys.argv[2])
+    elif mode == "spin":
+        spin(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
+    elif mode == "quota":
+        with open(os.path.join(sys.argv[2], "cgroup.procs"), "w") as fh:
+            fh.write(str(os.getpid()))
+        spin(1)
+
+
+if __name__ == "__main__":
+    main()
