@@ -32,7 +32,7 @@ def parse_cpu_stat(text: str) -> CpuStat | None:
     for line in text.splitlines():
         name, _, value = line.partition(" ")
         value = value.strip()
-        if value.isdigit():
+        if value.isascii() and value.isdigit():
             fields[name] = int(value)
     if "nr_periods" not in fields or "nr_throttled" not in fields:
         return None

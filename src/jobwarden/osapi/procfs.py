@@ -102,7 +102,7 @@ def parse_pressure(text: str) -> Pressure:
         kind, _, rest = line.partition(" ")
         for field in rest.split():
             name, _, value = field.partition("=")
-            if name == "total" and value.isdigit():
+            if name == "total" and value.isascii() and value.isdigit():
                 totals[kind] = int(value)
     if "some" not in totals:
         raise ValueError(f"not a pressure file: {text[:40]!r}")

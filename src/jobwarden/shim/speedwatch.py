@@ -285,7 +285,7 @@ class SpeedWatch:
             user = self._users.get(uid) or self._users.setdefault(uid, _user_name(uid))
             cmdline = self.procfs.cmdline(pid)
             value = self.procfs.environ_values(pid, (JOB_ID_ENV,)).get(JOB_ID_ENV)
-            job_id = int(value) if value and value.isdigit() else None
+            job_id = int(value) if value and value.isascii() and value.isdigit() else None
         return Neighbour(pid=pid, user=user, cpu=round(used, 2), cmdline=cmdline, job_id=job_id)
 
     # --- GPUs -----------------------------------------------------------------------------------------
@@ -351,4 +351,4 @@ def _user_name(uid: int) -> str:
 def claimed_gpus(gpu_env: dict[str, str]) -> tuple[int, ...]:
     """GPU indexes the shim gave the job (its CUDA_VISIBLE_DEVICES, when given as indexes)."""
     value = gpu_env.get("CUDA_VISIBLE_DEVICES", "")
-    return tuple(int(v) for v in value.split(",") if v.strip().isdigit())
+    return tuple(int(v) for v in value.split(",") if v.strip().isascii() and v.strip().isdigit())

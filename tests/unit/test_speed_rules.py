@@ -1,0 +1,314 @@
+"""The speed rules on recorded evidence (rules.speed): each fires on its cause with the share it costs, and
+stays silent where it must — a healthy compute-bound job, a steady bar, a blip, a quota that never bites,
+neighbours that take nothing — plus the counters' parsers (property tests: outside input) and the shim's
+stretches of the step counter."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jobwarden.model import Finding
+from jobwarden.osapi.cpuquota import CpuStat, parse_cpu_stat, parse_quota
+from jobwarden.osapi.procfs import Pressure, parse_pressure, parse_schedstat, parse_stat, parse_stat_counters
+from jobwarden.rules.speed import JUDGED, SPEED_RULES, judge
+from jobwarden.rules.speed.evidence import GpuShare, Neighbour, Segment, SpeedEvidence
+from jobwarden.rules.speed.steps import slowdown
+from jobwarden.shim.speedwatch import Segments, claimed_gpus
+
+from .test_rules import assert_well_formed
+
+T0 = 1_700_000_000.0
+
+# a compute-bound job alone on its 2 CPUs: busy, hardly waiting, nothing throttled
+HEALTHY = SpeedEvidence(
+    window_s=20.0,
+    cpus=2.0,
+    affinity_cpus=2,
+    cpu_s=38.0,
+    run_delay_s=1.5,
+    timeslices=4000,
+    throttled_s=0.0,
+    periods=200,
+    throttled_periods=0,
+    quota_cpus=None,
+    processes=3,
+    threads=9,
+    runnable_threads=2.0,
+    dstate_share=0.0,
+    majflt=3,
+    io_some_s=0.1,
+    memory_some_s=0.0,
+    memory_full_s=0.0,
+    main_pid=100,
+    pids=(100, 101, 102),
+)
+
+
+def steady(rate: float, n: int, start_step: int = 0, seconds: float = 5.0) -> list[Segment]:
+    return [
+        Segment(at=T0 + i * seconds, step=start_step + int(i * rate * seconds), rate=rate, seconds=seconds)
+        for i in range(n)
+    ]
+
+
+def with_segments(*parts: list[Segment]) -> SpeedEvidence:
+    segments: list[Segment] = []
+    for part in parts:
+        for s in part:
+            at = segments[-1].at + segments[-1].seconds if segments else T0
+            step = segments[-1].step + int(segments[-1].rate * segments[-1].seconds) if segments else 0
+            segments.append(replace(s, at=at, step=step))
+    return replace(HEALTHY, segments=tuple(segments))
+
+
+def rules(found: list[Finding]) -> list[str]:
+    return [f.rule for f in found]
+
+
+def one(ev: SpeedEvidence, rule: str) -> Finding:
+    found = judge(ev)
+    assert_well_formed(found)
+    assert rule in rules(found), rules(found)
+    finding = next(f for f in found if f.rule == rule)
+    assert finding.pids == (
+        100,
+    )  # the main process: a finding's key stays the same judgement after judgement
+    assert finding.remedy and finding.evidence
+    return finding
+
+
+def test_judged_rules_are_design_rules() -> None:
+    assert set(JUDGED) <= SPEED_RULES
+
+
+# --- must not fire ------------------------------------------------------------------------------------
+
+
+def test_a_healthy_compute_bound_job_has_no_speed_finding() -> None:
+    assert judge(HEALTHY) == []
+
+
+def test_a_steady_bar_is_not_slowed_down() -> None:
+    assert judge(with_segments(steady(10.0, 40))) == []
+
+
+def test_a_noisy_but_steady_bar_is_not_slowed_down() -> None:
+    rates = [10.0, 8.0, 11.0, 9.5, 7.0, 10.5, 9.0, 8.5, 10.0, 9.0] * 4
+    assert judge(with_segments([Segment(T0, 0, r, 5.0) for r in rates])) == []
+
+
+def test_a_pause_for_a_checkpoint_is_a_blip_not_a_slowdown() -> None:
+    ev = with_segments(steady(10.0, 10), [Segment(T0, 0, 1.0, 8.0)], steady(10.0, 5))
+    assert judge(ev) == []
+
+
+def test_a_slow_warm_up_sets_no_baseline() -> None:
+    # compiling and filling caches: slow first, then steady; the steady rate is not a slowdown of warm-up
+    assert judge(with_segments(steady(2.0, 3), steady(10.0, 20))) == []
+
+
+def test_a_quota_that_never_bites_is_not_throttling() -> None:
+    ev = replace(HEALTHY, quota_cpus=4.0, cpus=2.0, throttled_s=0.01, throttled_periods=2, periods=200)
+    assert judge(ev) == []
+
+
+def test_waiting_with_nobody_named_and_no_own_threads_is_no_contention() -> None:
+    # the run queue says it waited, but nothing outside used its CPUs (a scan not taken yet): no guess
+    ev = replace(HEALTHY, run_delay_s=30.0, neighbours=(), runnable_threads=1.0)
+    assert judge(ev) == []
+
+
+def test_neighbours_that_hardly_run_are_not_named() -> None:
+    small = Neighbour(pid=7, user="bob", cpu=0.05, cmdline="sshd")
+    ev = replace(HEALTHY, run_delay_s=30.0, neighbours=(small,), runnable_threads=1.0)
+    assert judge(ev) == []
+
+
+def test_a_busy_disk_of_someone_else_is_not_the_jobs_io() -> None:
+    # the machine's I/O pressure is high, but no process of the job waits on storage
+    assert judge(replace(HEALTHY, io_some_s=15.0, dstate_share=0.0)) == []
+
+
+def test_memory_pressure_without_faults_of_the_job_is_not_its_thrash() -> None:
+    assert judge(replace(HEALTHY, memory_some_s=5.0, majflt=10)) == []
+
+
+def test_a_gpu_job_that_holds_memory_is_using_its_gpu() -> None:
+    ev = replace(HEALTHY, gpus_claimed=(0,), gpu_bytes=4 << 30, gpu_unused_s=0.0)
+    assert judge(ev) == []
+
+
+def test_a_gpu_job_still_loading_is_not_yet_gpu_not_used() -> None:
+    ev = replace(HEALTHY, gpus_claimed=(0,), gpu_bytes=0, gpu_unused_s=30.0, cuda_mapped=False)
+    assert judge(ev) == []
+
+
+# --- fires --------------------------------------------------------------------------------------------
+
+
+def test_slowed_down_names_the_factor_the_step_and_the_moment() -> None:
+    ev = with_segments(steady(10.0, 12), steady(10 / 3, 4))
+    f = one(ev, "slowed-down")
+    first_slow = ev.segments[12]
+    assert f.title.startswith(f"slowed down 3.0× since step {first_slow.step} (")
+    assert f.severity == "warning" and "67%" in f.summary
+    assert judge(with_segments(steady(10.0, 12), steady(10 / 3, 2))) == []  # 10 s of it: still a blip
+
+
+def test_a_slowdown_to_a_standstill() -> None:
+    f = one(with_segments(steady(10.0, 6), [Segment(T0, 0, 0.0, 60.0)] * 2), "slowed-down")
+    assert "to a standstill" in f.title
+
+
+def test_slowdown_measures_from_the_first_slow_stretch() -> None:
+    segments = steady(10.0, 6) + steady(4.0, 3)
+    found = slowdown([replace(s, at=T0 + i) for i, s in enumerate(segments)])
+    assert found is not None
+    base, first, rate, seconds = found
+    assert base == 10.0 and first.at == T0 + 6 and rate == 4.0 and seconds == 15.0
+
+
+def test_cpu_throttled_says_the_quota_and_the_share() -> None:
+    ev = replace(
+        HEALTHY,
+        quota_cpus=0.25,
+        cpus=0.25,
+        cpu_s=5.0,
+        run_delay_s=15.0,
+        throttled_s=14.0,
+        periods=200,
+        throttled_periods=180,
+    )
+    f = one(ev, "cpu-throttled")
+    assert "0.25 CPUs" in f.title and "90%" in f.title and f.severity == "warning"
+    assert "OMP_NUM_THREADS=1" in f.remedy
+    assert rules(judge(ev)) == ["cpu-throttled"]  # one CPU cause: the quota, not contention as well
+
+
+def test_cpu_contention_names_the_neighbour_its_user_and_job() -> None:
+    hog = Neighbour(pid=4242, user="alice", cpu=0.9, cmdline="python train.py", job_id=17)
+    other = Neighbour(pid=99, user="bob", cpu=0.3, cmdline="make -j")
+    ev = replace(HEALTHY, cpu_s=10.0, run_delay_s=10.0, runnable_threads=1.0, neighbours=(other, hog))
+    f = one(ev, "cpu-contention")
+    assert "pid 4242 (alice, job 17) and 1 more" in f.title and "50%" in f.title
+    assert f.evidence[0].startswith("pid 4242 (alice, jobwarden job 17) used 0.90 CPUs")
+
+
+def test_cpu_oversubscribed_when_its_own_threads_fill_its_cpus() -> None:
+    hog = Neighbour(pid=4242, user="alice", cpu=0.3, cmdline="x")
+    ev = replace(HEALTHY, cpu_s=39.0, run_delay_s=80.0, runnable_threads=8.0, neighbours=(hog,), processes=4)
+    f = one(ev, "cpu-oversubscribed")
+    assert "8 busy threads on 2 CPUs" in f.title and "OMP_NUM_THREADS" in f.remedy
+    assert "cpu-contention" not in rules(judge(ev))
+    # the same threads, but the job gets little of its CPUs: someone else has them
+    assert "cpu-oversubscribed" not in rules(judge(replace(ev, cpu_s=8.0)))
+
+
+def test_io_bound_on_d_state_and_pressure() -> None:
+    f = one(replace(HEALTHY, dstate_share=0.6, io_some_s=12.0), "io-bound")
+    assert "60%" in f.title and f.severity == "warning"
+    assert judge(replace(HEALTHY, dstate_share=0.6, io_some_s=0.5)) == []  # D, but no I/O pressure: short
+
+
+def test_memory_thrash_on_pressure_and_faults() -> None:
+    f = one(replace(HEALTHY, memory_some_s=4.0, memory_full_s=2.0, majflt=5000), "memory-thrash")
+    assert f.severity == "info" and "20%" in f.title  # a fifth of the time: worth saying, not a warning
+
+
+def test_gpu_not_used_after_a_minute_on_the_cpu() -> None:
+    ev = replace(HEALTHY, gpus_claimed=(0, 1), gpu_bytes=0, gpu_unused_s=90.0, cuda_mapped=False)
+    f = one(ev, "gpu-not-used")
+    assert "GPU 0, 1" in f.title and any("no CUDA library" in e for e in f.evidence)
+    assert judge(replace(ev, cuda_mapped=True)) == []  # CUDA loaded: busy on the CPU first, maybe
+
+
+def test_gpu_shared_names_the_other_process() -> None:
+    ev = replace(HEALTHY, gpu_sharers=(GpuShare(0, 555, 2 << 30, "carol", None, "python other.py"),))
+    f = one(ev, "gpu-shared")
+    assert f.title == "GPU 0 shared with pid 555 (carol)"
+
+
+# --- the step counter's stretches ---------------------------------------------------------------------
+
+
+def test_segments_need_time_and_steps_and_restart_on_a_new_bar() -> None:
+    seg = Segments()
+    for t in range(0, 12):
+        seg.observe(float(t), T0 + t, t * 10)
+    assert [(s.step, s.rate) for s in seg.done] == [(0, 10.0), (50, 10.0)]
+    seg.observe(12.0, T0 + 12, 3)  # a new epoch's bar
+    seg.observe(18.0, T0 + 18, 4)  # 6 s but one step: not a stretch yet
+    assert len(seg.done) == 2
+    seg.observe(80.0, T0 + 80, 4)  # past a minute: closed, however few steps it holds
+    assert seg.done[-1] == Segment(at=T0 + 12, step=3, rate=1 / 68, seconds=68.0)
+
+
+def test_claimed_gpus() -> None:
+    assert claimed_gpus({"CUDA_VISIBLE_DEVICES": "0,2"}) == (0, 2)
+    assert claimed_gpus({"CUDA_VISIBLE_DEVICES": "GPU-abc,²"}) == ()
+    assert claimed_gpus({}) == ()
+
+
+# --- parsers of outside input -------------------------------------------------------------------------
+
+
+def test_parsers_on_real_files() -> None:
+    assert parse_schedstat("109292 46900 1\n") == (109292, 46900, 1)
+    assert parse_pressure(
+        "some avg10=95.96 avg60=64.54 avg300=22.09 total=5641003837\nfull avg10=0.00 avg60=0.00 "
+        "avg300=0.00 total=0\n"
+    ) == Pressure(5641003837, 0)
+    v1 = "nr_periods 91\nnr_throttled 90\nthrottled_time 5440000000\nnr_bursts 0\nburst_time 0\n"
+    assert parse_cpu_stat(v1) == CpuStat(91, 90, 5_440_000_000)
+    v2 = "usage_usec 10\nuser_usec 5\nsystem_usec 5\nnr_periods 4\nnr_throttled 2\nthrottled_usec 300\n"
+    assert parse_cpu_stat(v2) == CpuStat(4, 2, 300_000)
+    assert parse_cpu_stat("usage_usec 10\nuser_usec 5\nsystem_usec 5\n") is None  # no cpu controller
+    assert parse_quota(1, "25000\n", "100000\n") == 0.25
+    assert parse_quota(1, "-1\n", "100000\n") is None
+    assert parse_quota(2, "150000 100000\n") == 1.5
+    assert parse_quota(2, "max 100000\n") is None
+    line = Path("/proc/self/stat").read_text()
+    counters = parse_stat_counters(line)
+    assert counters.num_threads >= 1 and counters.majflt >= 0
+    assert parse_stat(line).processor == counters.processor >= 0
+
+
+TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=200) | st.builds(
+    lambda kinds, values: "\n".join(f"{k} {v}" for k, v in zip(kinds, values, strict=False)),
+    st.lists(st.sampled_from(["nr_periods", "nr_throttled", "throttled_time", "throttled_usec", "x"])),
+    st.lists(st.sampled_from(["0", "12", "-1", "²", "1e3", "9" * 30, ""])),
+)
+
+
+@given(TEXT)
+def test_cpu_stat_answers_or_says_none(text: str) -> None:
+    stat = parse_cpu_stat(text)
+    assert stat is None or min(stat) >= 0
+
+
+@given(TEXT, TEXT, st.sampled_from([1, 2]))
+def test_quota_answers_a_positive_number_or_none(quota: str, period: str, version: int) -> None:
+    cpus = parse_quota(version, quota, period)
+    assert cpus is None or cpus > 0
+
+
+@given(TEXT)
+def test_pressure_answers_or_refuses_with_value_error(text: str) -> None:
+    try:
+        p = parse_pressure(text)
+    except ValueError:
+        return
+    assert p.some_us >= 0
+
+
+@given(TEXT)
+def test_schedstat_answers_or_refuses_with_value_error(text: str) -> None:
+    try:
+        s = parse_schedstat(text)
+    except ValueError:
+        return
+    assert len(s) == 3
