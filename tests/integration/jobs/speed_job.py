@@ -1,6 +1,7 @@
 """Jobs that run slow for a reason the speed rules must name (tests/integration/test_speed.py).
 
-  steps SWITCH   heartbeat steps at 10/s of real work, then at about 3/s once the file SWITCH exists
+  steps SWITCH   heartbeat steps at 10/s (a step every 0.1 s, paced by the clock, a little CPU work in
+                 each), then every 0.3 s once the file SWITCH exists: a 3x slowdown whatever the load
   spin [N]       N processes (default 1) that burn CPU until killed
   quota DIR      put itself into the cpu cgroup DIR (root), then spin
 Each writes "ready" to stdout once it runs as it should.
@@ -30,9 +31,11 @@ def spin_forever() -> None:
 def steps(switch: str) -> None:
     step = 0
     print("ready", flush=True)
+    due = time.monotonic()
     while True:
-        slow = os.path.exists(switch)
-        burn(0.3 if slow else 0.1)  # the same work, three times as long: a 3x slowdown
+        due += 0.3 if os.path.exists(switch) else 0.1
+        burn(0.01)
+        time.sleep(max(due - time.monotonic(), 0.0))
         step += 1
         jobwarden.heartbeat(step=step)
 
