@@ -113,6 +113,7 @@ class SpeedWatch:
         self._gpu_busy_since: float | None = None
         self._cuda: tuple[int, bool] | None = None  # (main pid, mapped)
         self._users: dict[int, str] = {}
+        self._seen: dict[ProcessId, tuple[bytes, tuple[int, int, int, int], int]] = {}  # at the last read
 
     # --- each tick ------------------------------------------------------------------------------------
 
@@ -154,20 +155,31 @@ class SpeedWatch:
             with contextlib.suppress(ProcessGone):
                 self._affinity = self.procfs.affinity(self.main_pid)
         per_pid: dict[ProcessId, tuple[int, int, int, int]] = {}
+        seen: dict[ProcessId, tuple[bytes, tuple[int, int, int, int], int]] = {}
         threads = 0
         for m in members:
+            before = self._seen.get(m.ident)
+            state = m.snapshot.state if m.snapshot else "R"
+            if before is not None and before[0] is m.raw_stat and state not in ("R", "D"):
+                # the same stat line, asleep: it did not run (nor wait to run) since: nothing to read
+                seen[m.ident] = before
+                per_pid[m.ident], threads = before[1], threads + before[2]
+                continue
             try:
                 sched = self.procfs.schedstat(m.pid)
             except (ProcessGone, AccessDenied):
                 continue
             if sched is None:
                 continue
-            majflt = 0
+            majflt = nthreads = 0
             if m.raw_stat:
                 with contextlib.suppress(ValueError, IndexError):
                     counters = parse_stat_counters(m.raw_stat.decode("ascii", "replace"))
-                    majflt, threads = counters.majflt, threads + counters.num_threads
-            per_pid[m.ident] = (sched.exec_ns, sched.run_delay_ns, sched.timeslices, majflt)
+                    majflt, nthreads = counters.majflt, counters.num_threads
+            values = (sched.exec_ns, sched.run_delay_ns, sched.timeslices, majflt)
+            per_pid[m.ident], threads = values, threads + nthreads
+            seen[m.ident] = (m.raw_stat, values, nthreads)
+        self._seen = seen
         cg = self._cgroup
         io = (cg.pressure("io") if cg else None) or self.procfs.pressure("io")
         mem = (cg.pressure("memory") if cg else None) or self.procfs.pressure("memory")
