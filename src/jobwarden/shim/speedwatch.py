@@ -29,7 +29,7 @@ from jobwarden.osapi.cpuquota import CpuCgroup, CpuStat, cpu_cgroup_of
 from jobwarden.osapi.procfs import ProcFS, parse_stat_counters
 from jobwarden.paths import JOB_ID_ENV
 from jobwarden.rules.speed import SPEED_RULES, judge
-from jobwarden.rules.speed.cpu import THROTTLED_SHARE, WAIT_SHARE
+from jobwarden.rules.speed.cpu import THROTTLED_SHARE, WAIT_SHARE, cpu_oversubscribed
 from jobwarden.rules.speed.evidence import GpuShare, Neighbour, Segment, SpeedEvidence
 from jobwarden.shim.findings import LiveFindings
 
@@ -47,6 +47,7 @@ SEGMENT_S = 5.0  # a stretch of the step counter lasts at least this ...
 SEGMENT_STEPS = 5  # ... and holds this many steps, or lasts SEGMENT_MAX_S
 SEGMENT_MAX_S = 60.0
 SEGMENTS_KEPT = 720  # an hour at 5 s: the run's earlier rate
+SCAN_EVERY_S = 8.0  # /proc scanned for the job's neighbours at most this often
 RESOLVE_AFTER = 2  # judgements in a row a finding's rule must stay silent before it is resolved
 CUDA_LIBS = (b"libcuda.so", b"libcudart", b"libtorch_cuda")
 
@@ -109,6 +110,7 @@ class SpeedWatch:
         self._dstate_ticks: deque[tuple[float, bool]] = deque()
         self._outside: dict[ProcessId, int] | None = None  # CPU ticks of other processes at the last scan
         self._outside_at = 0.0
+        self._named: list[Neighbour] = []  # who used the job's CPUs, as the last scan found
         self._silent: dict[str, int] = {}
         self._gpu_busy_since: float | None = None
         self._cuda: tuple[int, bool] | None = None  # (main pid, mapped)
@@ -251,19 +253,24 @@ class SpeedWatch:
         if ev.wait_share >= WAIT_SHARE and throttled_share < THROTTLED_SHARE:
             ev = self._why_waiting(ev, mono, members)
         else:
-            self._outside = None  # a scan from long ago is no base for the next one
+            self._outside, self._named = None, []  # a scan from long ago is no base for the next one
         return ev
 
     def _why_waiting(self, ev: SpeedEvidence, mono: float, members: list[Member]) -> SpeedEvidence:
-        """The job waits for CPUs: its own runnable threads, and who else ran on its CPUs."""
+        """The job waits for CPUs: its own runnable threads first (cheap: its own /proc), and only when
+        they do not explain it, who else ran on its CPUs (a scan of /proc, at most every SCAN_EVERY_S)."""
         runnable = 0
         if ev.cpu_used >= 0.5 * ev.cpus:
             for m in members:
                 with contextlib.suppress(ProcessGone, AccessDenied):
                     runnable += len(self.procfs.threads_in_state(m.pid, "R"))
-        return replace(
-            ev, runnable_threads=float(runnable), neighbours=tuple(self._neighbours(mono, members))
-        )
+        ev = replace(ev, runnable_threads=float(runnable))
+        if cpu_oversubscribed(ev) is not None:
+            self._outside = None
+            return ev
+        if self._outside is None or mono - self._outside_at >= SCAN_EVERY_S:
+            self._named = self._neighbours(mono, members)
+        return replace(ev, neighbours=tuple(self._named))
 
     def _neighbours(self, mono: float, members: list[Member]) -> list[Neighbour]:
         """Processes outside the job that used its CPUs since the previous scan (none at the first)."""
