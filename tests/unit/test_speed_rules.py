@@ -8,14 +8,17 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from jobwarden.model import Finding
 from jobwarden.osapi.cpuquota import CpuStat, parse_cpu_stat, parse_quota
 from jobwarden.osapi.procfs import Pressure, parse_pressure, parse_schedstat, parse_stat, parse_stat_counters
+from jobwarden.probes import fakenvml
+from jobwarden.probes.gpu import open_gpu_probe
 from jobwarden.rules.speed import JUDGED, SPEED_RULES, judge
-from jobwarden.rules.speed.evidence import GpuShare, Neighbour, Segment, SpeedEvidence
+from jobwarden.rules.speed.evidence import GpuClock, GpuShare, Neighbour, Segment, SpeedEvidence
 from jobwarden.rules.speed.steps import slowdown
 from jobwarden.shim.speedwatch import Segments, claimed_gpus
 
@@ -312,3 +315,49 @@ def test_schedstat_answers_or_refuses_with_value_error(text: str) -> None:
     except ValueError:
         return
     assert len(s) == 3
+
+
+# --- GPU clocks: fake NVML through the real probe, then the rule --------------------------------------
+
+HW_THERMAL, GPU_IDLE_REASON, APP_CLOCKS = 0x40, 0x1, 0x2
+
+
+def test_gpu_throttled_on_a_thermal_slowdown() -> None:
+    clock = GpuClock(0, sm_mhz=990, sm_max_mhz=1980, reasons=HW_THERMAL, utilization=98.0)
+    f = one(replace(HEALTHY, gpu_clocks=(clock,)), "gpu-throttled")
+    assert f.title == "GPU 0 runs at 50% of its clock: hardware thermal slowdown"
+    assert f.severity == "warning" and "0x40" in f.evidence[0]
+
+
+@pytest.mark.parametrize(
+    ("mhz", "reasons"),
+    [
+        (300, GPU_IDLE_REASON),  # an idle GPU lowers its clock: nothing to lose
+        (1200, APP_CLOCKS),  # clocks someone chose: not a limit
+        (1900, HW_THERMAL),  # within 10 % of the most: a wobble
+        (1980, 0),
+    ],
+)
+def test_gpu_clocks_that_are_no_throttling(mhz: int, reasons: int) -> None:
+    clock = GpuClock(0, sm_mhz=mhz, sm_max_mhz=1980, reasons=reasons)
+    assert judge(replace(HEALTHY, gpu_clocks=(clock,))) == []
+
+
+def test_the_probe_reads_clocks_and_reasons_from_fake_nvml(tmp_path: Path) -> None:
+    state = tmp_path / "nvml.json"
+    hot = {**fakenvml.device(0), "clocks": {"sm": 990, "sm_max": 1980}, "clock_reasons": HW_THERMAL}
+    fakenvml.write_state(state, {"devices": [hot, fakenvml.device(1)]})
+    probe = open_gpu_probe({fakenvml.FAKE_NVML_ENV: str(state)})
+    assert probe is not None
+    with probe:
+        first, second = probe.devices()
+    assert (first.sm_clock_mhz, first.sm_clock_max_mhz, first.clock_reasons) == (990, 1980, HW_THERMAL)
+    assert (second.sm_clock_mhz, second.sm_clock_max_mhz, second.clock_reasons) == (None, None, None)
+    nvml = fakenvml.FakeNvml(state)
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(fakenvml.NVMLError):  # per-process utilisation: not in this state file
+        nvml.nvmlDeviceGetProcessUtilization(handle, 0)
+    fakenvml.update_state(state, lambda s: s["devices"][0].update(process_utilization=[{"pid": 7, "sm": 80}]))
+    (sample,) = nvml.nvmlDeviceGetProcessUtilization(handle, 0)
+    assert (sample.pid, sample.smUtil, sample.memUtil) == (7, 80, 0)

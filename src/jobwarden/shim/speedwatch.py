@@ -30,7 +30,7 @@ from jobwarden.osapi.procfs import ProcFS, parse_stat_counters
 from jobwarden.paths import JOB_ID_ENV
 from jobwarden.rules.speed import SPEED_RULES, judge
 from jobwarden.rules.speed.cpu import THROTTLED_SHARE, WAIT_SHARE, cpu_oversubscribed
-from jobwarden.rules.speed.evidence import GpuShare, Neighbour, Segment, SpeedEvidence
+from jobwarden.rules.speed.evidence import GpuClock, GpuShare, Neighbour, Segment, SpeedEvidence
 from jobwarden.shim.findings import LiveFindings
 
 if TYPE_CHECKING:
@@ -332,8 +332,17 @@ class SpeedWatch:
             if p.gpu_index in mine and "compute" in p.kind and p.pid != self.shim_pid:
                 n = self._describe(p.pid, 0.0)
                 sharers.append(GpuShare(p.gpu_index, p.pid, p.used_bytes, n.user, n.job_id, n.cmdline))
+        clocks = tuple(
+            GpuClock(d.index, d.sm_clock_mhz, d.sm_clock_max_mhz, d.clock_reasons, d.utilization_percent)
+            for d in gpu.devices
+            if d.index in mine
+            and d.sm_clock_mhz is not None
+            and d.sm_clock_max_mhz is not None
+            and d.clock_reasons is not None
+        )
         return replace(
             ev,
+            gpu_clocks=clocks,
             gpus_claimed=self.gpus_claimed,
             gpu_bytes=usage.total_bytes if usage else None,
             gpu_unused_s=unused,

@@ -43,6 +43,7 @@ def _judges() -> list[Callable[[SpeedEvidence], Finding | None]]:
     return [
         gpu.gpu_not_used,
         gpu.gpu_shared,
+        gpu.gpu_throttled,
         cpu.cpu_throttled,
         cpu.cpu_oversubscribed,
         cpu.cpu_contention,
@@ -53,7 +54,15 @@ def _judges() -> list[Callable[[SpeedEvidence], Finding | None]]:
 
 
 CPU_CAUSES = ("cpu-throttled", "cpu-oversubscribed", "cpu-contention")
-JUDGED = ("gpu-not-used", "gpu-shared", *CPU_CAUSES, "io-bound", "memory-thrash", "slowed-down")
+JUDGED = (
+    "gpu-not-used",
+    "gpu-shared",
+    "gpu-throttled",
+    *CPU_CAUSES,
+    "io-bound",
+    "memory-thrash",
+    "slowed-down",
+)
 
 
 def judge(evidence: SpeedEvidence) -> list[Finding]:

@@ -41,6 +41,17 @@ class GpuShare:
 
 
 @dataclass(frozen=True)
+class GpuClock:
+    """One of the job's GPUs as NVML last read it: its SM clock against its most, and why it is lower."""
+
+    gpu_index: int
+    sm_mhz: int
+    sm_max_mhz: int
+    reasons: int  # NVML clock event reasons (nvmlClocksEventReason*)
+    utilization: float | None = None
+
+
+@dataclass(frozen=True)
 class SpeedEvidence:
     window_s: float  # the seconds the deltas below cover
     cpus: float  # the job's CPU allowance: affinity ∩ quota
@@ -69,6 +80,7 @@ class SpeedEvidence:
     gpu_unused_s: float = 0.0  # how long it has held none while its CPUs worked
     cuda_mapped: bool | None = None  # a CUDA library in a process's maps (None: not looked)
     gpu_sharers: tuple[GpuShare, ...] = ()
+    gpu_clocks: tuple[GpuClock, ...] = ()
     main_pid: int | None = None
     pids: tuple[int, ...] = field(default=())
 

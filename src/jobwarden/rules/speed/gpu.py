@@ -9,6 +9,16 @@ from jobwarden.model import Finding
 from jobwarden.rules.speed.evidence import SpeedEvidence
 
 UNUSED_AFTER_S = 60.0  # a job loads its data and model before it touches the GPU
+CLOCK_SHARE = 0.9  # an SM clock below this share of its most, for a reason that is a limit, is throttling
+GPU_IDLE = 0x1
+# nvmlClocksEventReason* that are limits, not choices (research/slowness.md 2.10; NVML docs)
+LIMITS = {
+    0x4: "software power cap",
+    0x8: "hardware slowdown (temperature or power too high)",
+    0x20: "software thermal slowdown",
+    0x40: "hardware thermal slowdown",
+    0x80: "hardware power brake",
+}
 
 
 def _pids(ev: SpeedEvidence) -> tuple[int, ...]:
@@ -36,6 +46,40 @@ def gpu_not_used(ev: SpeedEvidence) -> Finding | None:
         "Check that the framework sees the GPU (python -c 'import torch; print(torch.cuda.is_available())'; "
         "a '+cpu' build of torch never does), that the model and batches are moved to it "
         "(.to('cuda')), and that CUDA_VISIBLE_DEVICES is not empty; or run it without a GPU.",
+        _pids(ev),
+    )
+
+
+def gpu_throttled(ev: SpeedEvidence) -> Finding | None:
+    slowed = [
+        c
+        for c in ev.gpu_clocks
+        if c.sm_max_mhz > 0
+        and c.sm_mhz < CLOCK_SHARE * c.sm_max_mhz
+        and not c.reasons & GPU_IDLE
+        and any(c.reasons & bit for bit in LIMITS)
+    ]
+    if not slowed:
+        return None
+    worst = min(slowed, key=lambda c: c.sm_mhz / c.sm_max_mhz)
+    lost = 1 - worst.sm_mhz / worst.sm_max_mhz
+    why = [name for bit, name in LIMITS.items() if worst.reasons & bit]
+    lines = [
+        f"GPU {c.gpu_index}: SM clock {c.sm_mhz} MHz of {c.sm_max_mhz} MHz, NVML clock event reasons "
+        f"0x{c.reasons:x} ({', '.join(n for b, n in LIMITS.items() if c.reasons & b)})"
+        + (f", utilisation {c.utilization:.0f}%" if c.utilization is not None else "")
+        for c in slowed
+    ]
+    return Finding(
+        "gpu-throttled",
+        f"GPU {worst.gpu_index} runs at {100 * (1 - lost):.0f}% of its clock: {why[0]}",
+        f"The GPU's SM clock is {worst.sm_mhz} MHz of {worst.sm_max_mhz} MHz because of a {why[0]}: "
+        f"compute-bound kernels run about {100 * lost:.0f}% slower.",
+        "warning" if lost >= 0.2 else "info",
+        tuple(lines),
+        "Thermal: check the GPU's cooling and airflow (nvidia-smi -q -d TEMPERATURE,PERFORMANCE), "
+        "neighbouring GPUs' heat; power: the board's power limit (nvidia-smi -q -d POWER) or the "
+        "machine's power supply. Ask the machine's administrator: the job cannot fix it.",
         _pids(ev),
     )
 
