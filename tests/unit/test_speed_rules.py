@@ -18,7 +18,7 @@ from jobwarden.osapi.procfs import Pressure, parse_pressure, parse_schedstat, pa
 from jobwarden.probes import fakenvml
 from jobwarden.probes.gpu import open_gpu_probe
 from jobwarden.rules.speed import JUDGED, SPEED_RULES, judge
-from jobwarden.rules.speed.evidence import GpuClock, GpuShare, Neighbour, Segment, SpeedEvidence
+from jobwarden.rules.speed.evidence import GpuClock, GpuShare, Neighbour, Segment, SpeedEvidence, StepMove
 from jobwarden.rules.speed.steps import slowdown
 from jobwarden.shim.speedwatch import Segments, claimed_gpus
 
@@ -361,3 +361,38 @@ def test_the_probe_reads_clocks_and_reasons_from_fake_nvml(tmp_path: Path) -> No
     fakenvml.update_state(state, lambda s: s["devices"][0].update(process_utilization=[{"pid": 7, "sm": 80}]))
     (sample,) = nvml.nvmlDeviceGetProcessUtilization(handle, 0)
     assert (sample.pid, sample.smUtil, sample.memUtil) == (7, 80, 0)
+
+
+# --- periodic stalls from the counter's moves -----------------------------------------------------------
+
+
+def moves_with_stalls(
+    every: int, stall_s: float, n: int = 400, at_steps: frozenset[int] = frozenset()
+) -> tuple[StepMove, ...]:
+    """A counter seen once a second moving 10 steps a time, standing still `stall_s` every `every` steps
+    (or at the steps `at_steps`)."""
+    moves, at = [], 0.0
+    for i in range(n):
+        step = i * 10
+        moves.append(StepMove(at, step))
+        stall = step in at_steps if at_steps else step > 0 and step % every == 0
+        at += stall_s if stall else 1.0
+    return tuple(moves)
+
+
+def test_a_checkpoint_every_500_steps_is_a_periodic_stall() -> None:
+    f = one(replace(HEALTHY, moves=moves_with_stalls(500, 12.0)), "periodic-stall")
+    assert f.title.startswith("progress stops for 12s every 500 steps: ") and f.title.endswith(
+        "% of the time"
+    )
+    assert f.severity == "info"  # 7 of 400 moves: 15 % of the time
+
+
+def test_stalls_that_are_short_rare_or_irregular_are_not_periodic() -> None:
+    assert judge(replace(HEALTHY, moves=moves_with_stalls(500, 2.5))) == []  # a 2.5 s pause: noise
+    assert judge(replace(HEALTHY, moves=moves_with_stalls(2000, 12.0))) == []  # one stall: not periodic
+    irregular = frozenset({300, 1500, 1700, 2900, 3100, 3800})
+    assert judge(replace(HEALTHY, moves=moves_with_stalls(0, 12.0, at_steps=irregular))) == []
+    assert judge(replace(HEALTHY, moves=moves_with_stalls(100, 0.0, n=50))) == []  # steady
+    stalled = moves_with_stalls(1000, 5.0)  # regular, but 5 s every 100 s: under a tenth of the time
+    assert judge(replace(HEALTHY, moves=stalled)) == []

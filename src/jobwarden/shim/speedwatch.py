@@ -30,7 +30,7 @@ from jobwarden.osapi.procfs import ProcFS, parse_stat_counters
 from jobwarden.paths import JOB_ID_ENV
 from jobwarden.rules.speed import SPEED_RULES, judge
 from jobwarden.rules.speed.cpu import THROTTLED_SHARE, WAIT_SHARE, cpu_oversubscribed
-from jobwarden.rules.speed.evidence import GpuClock, GpuShare, Neighbour, Segment, SpeedEvidence
+from jobwarden.rules.speed.evidence import GpuClock, GpuShare, Neighbour, Segment, SpeedEvidence, StepMove
 from jobwarden.shim.findings import LiveFindings
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ SEGMENT_S = 5.0  # a stretch of the step counter lasts at least this ...
 SEGMENT_STEPS = 5  # ... and holds this many steps, or lasts SEGMENT_MAX_S
 SEGMENT_MAX_S = 60.0
 SEGMENTS_KEPT = 720  # an hour at 5 s: the run's earlier rate
+MOVES_KEPT = 600  # ten minutes of moves seen once a second
 SCAN_EVERY_S = 8.0  # /proc scanned for the job's neighbours at most this often
 RESOLVE_AFTER = 2  # judgements in a row a finding's rule must stay silent before it is resolved
 CUDA_LIBS = (b"libcuda.so", b"libcudart", b"libtorch_cuda")
@@ -67,15 +68,21 @@ class _Read(NamedTuple):
 
 
 class Segments:
-    """The step counter cut into stretches of at least SEGMENT_S and SEGMENT_STEPS steps."""
+    """The step counter cut into stretches of at least SEGMENT_S and SEGMENT_STEPS steps, and its last
+    MOVES_KEPT moves (periodic stalls)."""
 
     def __init__(self) -> None:
         self.done: deque[Segment] = deque(maxlen=SEGMENTS_KEPT)
+        self.moves: deque[StepMove] = deque(maxlen=MOVES_KEPT)
         self._start: tuple[float, float, int] | None = None  # mono, wall, step
 
     def observe(self, mono: float, wall: float, step: int | None) -> None:
         if step is None:
             return
+        if not self.moves or self.moves[-1].step != step:
+            if self.moves and step < self.moves[-1].step:
+                self.moves.clear()  # a new bar: its steps are not the old one's
+            self.moves.append(StepMove(mono, step))
         start = self._start
         if start is None or step < start[2]:  # a new bar, or one reset for a new epoch
             self._start = (mono, wall, step)
@@ -243,6 +250,7 @@ class SpeedWatch:
             memory_full_s=_delta_s(first.mem_full_us, last.mem_full_us),
             pressure_scope="cgroup" if cg_scope else "machine",
             segments=tuple(self.segments.done),
+            moves=tuple(self.segments.moves),
             unit=self.unit,
             main_pid=self.main_pid,
             pids=tuple(m.pid for m in members),

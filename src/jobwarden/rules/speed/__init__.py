@@ -37,7 +37,7 @@ SPEED_RULES = frozenset(
 
 
 def _judges() -> list[Callable[[SpeedEvidence], Finding | None]]:
-    from jobwarden.rules.speed import cpu, gpu, steps, storage
+    from jobwarden.rules.speed import cpu, gpu, stalls, steps, storage
 
     # CPU causes first and only one of them: a quota, then the job's own threads, then its neighbours
     return [
@@ -49,6 +49,7 @@ def _judges() -> list[Callable[[SpeedEvidence], Finding | None]]:
         cpu.cpu_contention,
         storage.io_bound,
         storage.memory_thrash,
+        stalls.periodic_stall,
         steps.slowed_down,
     ]
 

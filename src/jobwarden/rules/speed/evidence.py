@@ -29,6 +29,14 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class StepMove:
+    """The step counter seen at a new value: when (seconds, the shim's monotonic clock) and which."""
+
+    at: float
+    step: int
+
+
+@dataclass(frozen=True)
 class GpuShare:
     """A process outside the job computing on one of the job's GPUs."""
 
@@ -74,6 +82,7 @@ class SpeedEvidence:
     pressure_scope: str = "machine"  # "cgroup" when the pressure figures are the job's own cgroup's
     neighbours: tuple[Neighbour, ...] = ()
     segments: tuple[Segment, ...] = ()  # oldest first
+    moves: tuple[StepMove, ...] = ()  # the counter's recent moves, oldest first
     unit: str = "it"
     gpus_claimed: tuple[int, ...] = ()  # GPU indexes given to the job (CUDA_VISIBLE_DEVICES, --gpus)
     gpu_bytes: int | None = None  # GPU memory its processes hold (None: no NVML)
