@@ -183,6 +183,20 @@ def test_a_step_time_change_is_slowed_down_and_notified(jw: Jobwarden, tmp_path:
         stop(jw, job)
 
 
+def test_a_pause_every_50_steps_is_a_periodic_stall(jw: Jobwarden) -> None:
+    job = jw.start(PY, str(JOB), "stalls")["id"]
+    try:
+        ready(jw, job)
+        f = eventually("periodic-stall", lambda: finding(jw, job, "periodic-stall"), 120)
+        assert f["title"].startswith("progress stops for "), f["title"]
+        # the heartbeat is written at most twice a second: the step seen before a pause may be a few early
+        every = int(f["title"].split(" every ")[1].split()[0])
+        assert 40 <= every <= 60, f["title"]
+        explained(jw, job, "periodic-stall")
+    finally:
+        stop(jw, job)
+
+
 def sent(events: Path) -> list[tuple[str, str | None]]:
     if not events.exists():
         return []

@@ -2,6 +2,7 @@
 
   steps SWITCH   heartbeat steps at 10/s (a step every 0.1 s, paced by the clock, a little CPU work in
                  each), then every 0.3 s once the file SWITCH exists: a 3x slowdown whatever the load
+  stalls         heartbeat steps at 10/s, standing still 6 s every 50 steps (a checkpoint's pause)
   spin [N]       N processes (default 1) that burn CPU until killed
   quota DIR      put itself into the cpu cgroup DIR (root), then spin
 Each writes "ready" to stdout once it runs as it should.
@@ -40,6 +41,15 @@ def steps(switch: str) -> None:
         jobwarden.heartbeat(step=step)
 
 
+def stalls() -> None:
+    step = 0
+    print("ready", flush=True)
+    while True:
+        time.sleep(6.0 if step and step % 50 == 0 else 0.1)
+        step += 1
+        jobwarden.heartbeat(step=step)
+
+
 def spin(n: int) -> None:
     for _ in range(n - 1):
         multiprocessing.Process(target=spin_forever, daemon=True).start()
@@ -51,6 +61,8 @@ def main() -> None:
     mode = sys.argv[1]
     if mode == "steps":
         steps(sys.argv[2])
+    elif mode == "stalls":
+        stalls()
     elif mode == "spin":
         spin(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
     elif mode == "quota":
