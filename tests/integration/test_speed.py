@@ -171,6 +171,7 @@ def test_a_step_time_change_is_slowed_down_and_notified(jw: Jobwarden, tmp_path:
         assert finding(jw, job, "slowed-down") is None  # a steady bar so far
         switch.touch()
         slowed = eventually("slowed-down", lambda: finding(jw, job, "slowed-down"))
+        assert any(j["id"] == job and j["finding"] for j in jw.json("ps"))  # ps shows a current finding
         assert slowed["title"].startswith("slowed down ") and "× since step " in slowed["title"]
         factor = float(slowed["title"].split()[2].rstrip("×"))
         assert 2.0 <= factor <= 4.0, slowed["title"]
@@ -179,6 +180,17 @@ def test_a_step_time_change_is_slowed_down_and_notified(jw: Jobwarden, tmp_path:
         explained(jw, job, "slowed-down")
         # each speed finding that appears is a `slowed` event (another one may come first: a neighbour)
         eventually("the slowed event", lambda: ("slowed", slowed["title"]) in sent(events))
+        switch.unlink()  # back to 10 steps/s: no longer true, resolved with the moment
+        resolved = eventually(
+            "slowed-down resolved",
+            lambda: next(
+                (f for f in jw.status(job)["findings"] if f["rule"] == "slowed-down" and f["resolved_at"]),
+                None,
+            ),
+        )
+        assert resolved["title"] == slowed["title"] and finding(jw, job, "slowed-down") is None
+        row = next(j for j in jw.json("ps") if j["id"] == job)
+        assert row["finding"] != "slowed-down"  # ps shows only what is true now
     finally:
         stop(jw, job)
 
