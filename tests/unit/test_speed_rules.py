@@ -162,9 +162,10 @@ def test_slowed_down_names_the_factor_the_step_and_the_moment() -> None:
     assert judge(with_segments(steady(10.0, 12), steady(10 / 3, 2))) == []  # 10 s of it: still a blip
 
 
-def test_a_slowdown_to_a_standstill() -> None:
-    f = one(with_segments(steady(10.0, 6), [Segment(T0, 0, 0.0, 60.0)] * 2), "slowed-down")
-    assert "to a standstill" in f.title
+def test_a_standstill_is_no_slowdown() -> None:
+    # a counter that stopped is `stalled` (progress watch) and then hung: not "slowed down"
+    assert judge(with_segments(steady(10.0, 6), [Segment(T0, 0, 0.0, 60.0)] * 2)) == []
+    assert rules(judge(with_segments(steady(10.0, 6), [Segment(T0, 0, 0.5, 60.0)] * 2))) == ["slowed-down"]
 
 
 def test_slowdown_measures_from_the_first_slow_stretch() -> None:

@@ -58,7 +58,7 @@ def slowdown(segments: Sequence[Segment]) -> tuple[float, Segment, float, float]
 
 
 def _rate(rate: float, unit: str) -> str:
-    return f"{rate:.3g} {unit}/s" if rate >= 1 else f"{1 / rate:.3g} s/{unit}" if rate > 0 else f"0 {unit}/s"
+    return f"{rate:.3g} {unit}/s" if rate >= 1 else f"{1 / rate:.3g} s/{unit}"
 
 
 def slowed_down(ev: SpeedEvidence) -> Finding | None:
@@ -66,9 +66,10 @@ def slowed_down(ev: SpeedEvidence) -> Finding | None:
     if found is None:
         return None
     base, first, rate, seconds = found
-    factor = base / rate if rate > 0 else float("inf")
+    if rate <= 0:  # standing still is no slowdown: the progress watch's `stalled` and the hang rules say it
+        return None
     clock = time.strftime("%H:%M", time.localtime(first.at))
-    times = f"{factor:.1f}×" if rate > 0 else "to a standstill"
+    times = f"{base / rate:.1f}×"
     lost = 1 - rate / base
     return Finding(
         "slowed-down",
