@@ -275,6 +275,7 @@ def test_parsers_on_real_files() -> None:
     assert parse_quota(1, "-1\n", "100000\n") is None
     assert parse_quota(2, "150000 100000\n") == 1.5
     assert parse_quota(2, "max 100000\n") is None
+    assert parse_quota(2, "5 0") is None and parse_quota(2, "-1 100000") is None  # found by hypothesis
     line = Path("/proc/self/stat").read_text()
     counters = parse_stat_counters(line)
     assert counters.num_threads >= 1 and counters.majflt >= 0

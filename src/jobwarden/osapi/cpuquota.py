@@ -53,9 +53,10 @@ def parse_quota(version: int, quota_text: str | None, period_text: str | None = 
             quota, _, period = (quota_text or "").strip().partition(" ")
             if quota == "max" or not quota:
                 return None
-            return int(quota) / int(period or "100000")
-        quota_us = int((quota_text or "").strip())
-        period_us = int((period_text or "").strip())
+            quota_us, period_us = int(quota), int(period or "100000")
+        else:
+            quota_us = int((quota_text or "").strip())
+            period_us = int((period_text or "").strip())
     except ValueError:
         return None
     if quota_us <= 0 or period_us <= 0:

@@ -31,7 +31,8 @@ def _pids(ev: SpeedEvidence) -> tuple[int, ...]:
 def _common(ev: SpeedEvidence) -> list[str]:
     return [
         f"over {ev.window_s:.0f}s: {ev.cpu_s:.1f}s on a CPU, {ev.run_delay_s:.1f}s runnable but waiting "
-        f"(run queue delay, /proc/PID/schedstat) across {ev.processes} processes, {ev.threads} threads",
+        f"(run queue delay, /proc/PID/schedstat), {ev.timeslices} switches onto a CPU, across "
+        f"{ev.processes} processes, {ev.threads} threads",
         f"allowance {_cpus(ev.cpus)} (affinity {ev.affinity_cpus}"
         + (f", quota {_cpus(ev.quota_cpus)})" if ev.quota_cpus is not None else ", no quota)"),
     ]
