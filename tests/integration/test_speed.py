@@ -209,6 +209,48 @@ def test_a_pause_every_50_steps_is_a_periodic_stall(jw: Jobwarden) -> None:
         stop(jw, job)
 
 
+def test_fake_nvml_another_process_on_the_jobs_gpu_and_a_thermal_slowdown(
+    jw: Jobwarden, tmp_path: Path
+) -> None:
+    from jobwarden.probes import fakenvml
+
+    nvml, done = tmp_path / "nvml.json", tmp_path / "done"
+    fakenvml.write_state(
+        nvml, {"devices": [fakenvml.device(0, name="NVIDIA H100 80GB HBM3", utilization=95)]}
+    )
+    jw.env[fakenvml.FAKE_NVML_ENV] = str(nvml)
+    code = (  # holds 5 GiB of GPU 0, computes "on it" until told to end
+        "import os, time\n"
+        "from jobwarden.probes import fakenvml\n"
+        f"fakenvml.hold({str(nvml)!r}, 0, os.getpid(), 5 << 30)\n"
+        "print('ready', flush=True)\n"
+        f"while not os.path.exists({str(done)!r}):\n"
+        "    time.sleep(0.05)\n"
+    )
+    job = jw.start(PY, "-c", code)["id"]
+    other = subprocess.Popen([PY, "-c", "import time; time.sleep(600)"])
+    try:
+        ready(jw, job)
+        fakenvml.hold(nvml, 0, other.pid, 2 << 30)  # someone else's process computes on GPU 0 too
+        shared = eventually("gpu-shared", lambda: finding(jw, job, "gpu-shared"))
+        assert shared["title"].startswith(f"GPU 0 shared with pid {other.pid} (")
+        explained(jw, job, "gpu-shared")
+
+        def hot(state: dict[str, Any]) -> None:
+            state["devices"][0].update(clocks={"sm": 990, "sm_max": 1980}, clock_reasons=0x40)
+
+        fakenvml.update_state(nvml, hot)
+        throttled = eventually("gpu-throttled", lambda: finding(jw, job, "gpu-throttled"))
+        assert throttled["title"] == "GPU 0 runs at 50% of its clock: hardware thermal slowdown"
+        fakenvml.release(nvml, other.pid)
+        eventually("gpu-shared resolved", lambda: finding(jw, job, "gpu-shared") is None)
+    finally:
+        other.kill()
+        other.wait()
+        done.touch()
+        assert jw("wait", str(job), "--timeout", "60s").returncode == 0
+
+
 def sent(events: Path) -> list[tuple[str, str | None]]:
     if not events.exists():
         return []
