@@ -112,6 +112,52 @@ def quota_cgroup(tmp_path: Path) -> Iterator[Path]:
         path.rmdir()
 
 
+def whole_disk(path: Path) -> str | None:
+    """MAJ:MIN of the disk a file lives on (a partition's disk: throttles apply to whole disks)."""
+    dev = os.stat(path).st_dev
+    sysfs = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    if not sysfs.exists():
+        return None  # tmpfs, overlay: no block device to throttle
+    if (sysfs / "partition").exists():
+        return (sysfs.resolve().parent / "dev").read_text().strip()
+    return f"{os.major(dev)}:{os.minor(dev)}"
+
+
+@pytest.fixture
+def slow_disk_cgroup(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A v1 blkio cgroup reading tmp_path's disk at 4 MB/s, and a 16 MiB file there to read."""
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(16 << 20))
+    parent, disk = Path("/sys/fs/cgroup/blkio"), whole_disk(data)
+    if os.geteuid() != 0 or not (parent / "blkio.throttle.read_bps_device").exists() or disk is None:
+        if CI:
+            pytest.fail("CI runs as root on a disk with a v1 blkio hierarchy")
+        pytest.skip("needs root, a v1 blkio hierarchy and a file on a block device")
+    os.sync()
+    path = parent / f"jobwarden-speed-test-{os.getpid()}"
+    path.mkdir()
+    try:
+        (path / "blkio.throttle.read_bps_device").write_text(f"{disk} {4 << 20}")
+        yield path, data
+    finally:
+        deadline = time.monotonic() + 30
+        while (path / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.1)  # the stopped job's last process leaving
+        path.rmdir()
+
+
+def test_reads_from_a_throttled_disk_are_io_bound(jw: Jobwarden, slow_disk_cgroup: tuple[Path, Path]) -> None:
+    cgroup, data = slow_disk_cgroup
+    job = jw.start(PY, str(JOB), "io", str(cgroup), str(data))["id"]
+    try:
+        ready(jw, job)
+        f = eventually("io-bound", lambda: finding(jw, job, "io-bound"))
+        assert f["title"].startswith("waits on storage ") and "D state" in f["evidence"][0]
+        explained(jw, job, "io-bound")
+    finally:
+        stop(jw, job)
+
+
 def test_a_cpu_quota_is_cpu_throttled(jw: Jobwarden, quota_cgroup: Path) -> None:
     job = jw.start(PY, str(JOB), "quota", str(quota_cgroup))["id"]
     try:

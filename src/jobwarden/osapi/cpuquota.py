@@ -128,6 +128,9 @@ def cpu_cgroup_of(pid: int, proc_root: str = "/proc") -> CpuCgroup | None:
     v1 = next((m for m in mounts if m.fstype == "cgroup" and "cpu" in m.options and "cpu" in own), None)
     v2 = next((m for m in mounts if m.fstype == "cgroup2" and "" in own), None)
     pressure_dir = _under(v2, own[""]) if v2 is not None else None
+    # the root cgroup's pressure is the machine's (/proc/pressure): only a cgroup of its own is the job's
+    if pressure_dir is not None and (v2 is None or pressure_dir == v2.point):
+        pressure_dir = None
     if pressure_dir is not None and not (pressure_dir / "cpu.pressure").exists():
         pressure_dir = None
     if v1 is not None:

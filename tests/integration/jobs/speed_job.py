@@ -5,6 +5,8 @@
   stalls         heartbeat steps at 10/s, standing still 6 s every 50 steps (a checkpoint's pause)
   spin [N]       N processes (default 1) that burn CPU until killed
   quota DIR      put itself into the cpu cgroup DIR (root), then spin
+  io DIR FILE    put itself into the blkio cgroup DIR (root), then read FILE again and again, dropping it
+                 from the page cache before each pass: every read waits on the (throttled) disk
 Each writes "ready" to stdout once it runs as it should.
 """
 
@@ -57,6 +59,18 @@ def spin(n: int) -> None:
     spin_forever()
 
 
+def read_forever(path: str) -> None:
+    print("ready", flush=True)
+    while True:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            while os.read(fd, 1 << 20):
+                pass
+        finally:
+            os.close(fd)
+
+
 def main() -> None:
     mode = sys.argv[1]
     if mode == "steps":
@@ -65,6 +79,10 @@ def main() -> None:
         stalls()
     elif mode == "spin":
         spin(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
+    elif mode == "io":
+        with open(os.path.join(sys.argv[2], "cgroup.procs"), "w") as fh:
+            fh.write(str(os.getpid()))
+        read_forever(sys.argv[3])
     elif mode == "quota":
         with open(os.path.join(sys.argv[2], "cgroup.procs"), "w") as fh:
             fh.write(str(os.getpid()))
