@@ -158,6 +158,26 @@ def test_reads_from_a_throttled_disk_are_io_bound(jw: Jobwarden, slow_disk_cgrou
         stop(jw, job)
 
 
+def test_a_memory_limit_below_the_working_set_is_memory_thrash(jw: Jobwarden, tmp_path: Path) -> None:
+    # research 5.7: a memcg limit below the working set re-reads the file on every pass
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(64 << 20))
+    job = jw.start(PY, str(JOB), "thrash", str(data), options=("--mem-limit", "64M"))
+    try:
+        if not str(job.get("containment") or jw.status(job["id"])["containment"]).startswith("cgroup-"):
+            if CI:
+                pytest.fail("CI runs as root with a writable memory cgroup")
+            pytest.skip("needs a memory cgroup for --mem-limit")
+        ready(jw, job["id"])
+        f = eventually("memory-thrash", lambda: finding(jw, job["id"], "memory-thrash"))
+        assert f["title"].startswith("re-reads evicted memory: ")
+        assert "pages read back after eviction" in f["evidence"][0]
+        assert finding(jw, job["id"], "io-bound") is None  # the cause, not the I/O wait it makes
+        explained(jw, job["id"], "memory-thrash")
+    finally:
+        stop(jw, job["id"])
+
+
 def test_a_cpu_quota_is_cpu_throttled(jw: Jobwarden, quota_cgroup: Path) -> None:
     job = jw.start(PY, str(JOB), "quota", str(quota_cgroup))["id"]
     try:

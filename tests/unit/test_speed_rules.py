@@ -223,6 +223,17 @@ def test_memory_thrash_on_pressure_and_faults() -> None:
     assert f.severity == "info" and "20%" in f.title  # a fifth of the time: worth saying, not a warning
 
 
+def test_page_cache_thrash_shows_as_refaults_and_is_the_cause_of_the_io_wait() -> None:
+    # research 5.7: a memcg limit below the working set re-reads the file each pass; memory pressure
+    # stays tiny and major faults too (readahead), the refaults and the I/O wait do not
+    ev = replace(HEALTHY, refault_pages=40_000, dstate_share=0.5, io_some_s=8.0, memory_some_s=0.05)
+    f = one(ev, "memory-thrash")
+    assert f.title == "re-reads evicted memory: stalled 40% of the time" and f.severity == "warning"
+    assert f.evidence[0].startswith("40000 pages read back after eviction")
+    assert rules(judge(ev)) == ["memory-thrash"]  # not io-bound as well: the wait is for evicted pages
+    assert rules(judge(replace(ev, refault_pages=5_000))) == ["io-bound"]  # a few refaults: just slow I/O
+
+
 def test_gpu_not_used_after_a_minute_on_the_cpu() -> None:
     ev = replace(HEALTHY, gpus_claimed=(0, 1), gpu_bytes=0, gpu_unused_s=90.0, cuda_mapped=False)
     f = one(ev, "gpu-not-used")

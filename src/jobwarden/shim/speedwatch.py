@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.model import Finding, ProcessId, ProcessSnapshot
+from jobwarden.osapi.cgroup import JobCgroup
 from jobwarden.osapi.cpuquota import CpuCgroup, CpuStat, cpu_cgroup_of
 from jobwarden.osapi.procfs import ProcFS, parse_stat_counters
 from jobwarden.paths import JOB_ID_ENV
@@ -65,6 +66,7 @@ class _Read(NamedTuple):
     mem_some_us: int | None
     mem_full_us: int | None
     threads: int
+    refaults: int | None
 
 
 class Segments:
@@ -100,8 +102,10 @@ class SpeedWatch:
         live: LiveFindings,
         gpus_claimed: Sequence[int] = (),
         shim_pid: int | None = None,
+        memory_cgroup: JobCgroup | None = None,
     ) -> None:
         self.procfs, self.live = procfs, live
+        self.memory_cgroup = memory_cgroup  # the job's own (jobwarden's): its refaults are the job's
         self.gpus_claimed = tuple(gpus_claimed)
         self.shim_pid = shim_pid if shim_pid is not None else os.getpid()
         self.segments = Segments()
@@ -201,6 +205,7 @@ class SpeedWatch:
                 mem.some_us if mem else None,
                 mem.full_us if mem else None,
                 threads,
+                self.memory_cgroup.refaults() if self.memory_cgroup else None,
             )
         )
         while len(self.reads) > 2 and self.reads[1].mono <= mono - WINDOW_S:
@@ -248,6 +253,11 @@ class SpeedWatch:
             io_some_s=_delta_s(first.io_us, last.io_us),
             memory_some_s=_delta_s(first.mem_some_us, last.mem_some_us),
             memory_full_s=_delta_s(first.mem_full_us, last.mem_full_us),
+            refault_pages=(
+                max(last.refaults - first.refaults, 0)
+                if first.refaults is not None and last.refaults is not None
+                else None
+            ),
             pressure_scope="cgroup" if cg_scope else "machine",
             segments=tuple(self.segments.done),
             moves=tuple(self.segments.moves),

@@ -350,7 +350,7 @@ class Supervisor(StoppingSupervisor):
         from jobwarden.shim.speedwatch import SpeedWatch, claimed_gpus, speed_enabled
 
         if speed_enabled():
-            self.speed = SpeedWatch(self.procfs, live, claimed_gpus(self.gpu_env))
+            self.speed = SpeedWatch(self.procfs, live, claimed_gpus(self.gpu_env), memory_cgroup=self.cgroup)
 
     def _start_progress(self) -> None:
         if os.environ.get(config.PROGRESS_ENV, "on") == "off":

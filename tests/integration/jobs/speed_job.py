@@ -5,6 +5,8 @@
   stalls         heartbeat steps at 10/s, standing still 6 s every 50 steps (a checkpoint's pause)
   spin [N]       N processes (default 1) that burn CPU until killed
   quota DIR      put itself into the cpu cgroup DIR (root), then spin
+  thrash FILE    hold 24 MiB, then read FILE (larger than what a 64 MiB limit leaves for the page cache)
+                 again and again: the pages of each pass were evicted by the pass before
   io DIR FILE    put itself into the blkio cgroup DIR (root), then read FILE again and again, dropping it
                  from the page cache before each pass: every read waits on the (throttled) disk
 Each writes "ready" to stdout once it runs as it should.
@@ -71,6 +73,21 @@ def read_forever(path: str) -> None:
             os.close(fd)
 
 
+def thrash(path: str) -> None:
+    held = bytearray(24 << 20)
+    for i in range(0, len(held), 4096):
+        held[i] = 1
+    fd = os.open(path, os.O_RDONLY)  # its pages are charged to whoever read them first: drop them
+    os.fsync(fd)  # a dirty page is not dropped
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    print("ready", flush=True)
+    while True:
+        with open(path, "rb") as fh:
+            while fh.read(1 << 20):
+                pass
+
+
 def main() -> None:
     mode = sys.argv[1]
     if mode == "steps":
@@ -79,6 +96,8 @@ def main() -> None:
         stalls()
     elif mode == "spin":
         spin(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
+    elif mode == "thrash":
+        thrash(sys.argv[2])
     elif mode == "io":
         with open(os.path.join(sys.argv[2], "cgroup.procs"), "w") as fh:
             fh.write(str(os.getpid()))

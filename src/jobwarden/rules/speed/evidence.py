@@ -76,6 +76,7 @@ class SpeedEvidence:
     runnable_threads: float | None = None  # threads in R when looked at (only when worth reading)
     dstate_share: float = 0.0  # share of readings with a process of the job in D (waiting on storage)
     majflt: int = 0  # major faults over the window
+    refault_pages: int | None = None  # pages the job's memory cgroup read back after eviction (None: unknown)
     io_some_s: float | None = None  # the job's cgroup's (else the machine's) I/O pressure, seconds stalled
     memory_some_s: float | None = None
     memory_full_s: float | None = None
