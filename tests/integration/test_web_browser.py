@@ -55,9 +55,12 @@ def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def wait_until(driver: Any, condition: Callable[[Any], Any], what: str) -> Any:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(condition, f"never: {what}")
+    # the pages re-render every few seconds: an element found a moment before may be gone; look again
+    wait = WebDriverWait(driver, WAIT_S, 0.1, ignored_exceptions=(StaleElementReferenceException,))
+    return wait.until(condition, f"never: {what}")
 
 
 def text_of(driver: Any, css: str) -> str:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import urllib.error
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +130,13 @@ def test_a_notifier_is_made_from_the_job_options() -> None:
     notifier = Notifier.from_options(run_options(notify="https://x/h", on_event="cat"), print)
     assert (notifier.url, notifier.command, notifier.active) == ("https://x/h", "cat", True)
     assert not Notifier.from_options(JobOptions(), print).active
+
+
+def test_a_stall_and_the_hang_it_became_end_in_one_recovered(tmp_path: Path) -> None:
+    out = tmp_path / "events"
+    notifier = Notifier(None, f"cat >> {out}; echo >> {out}", lambda line: None)
+    for kind in ("recovered", "stalled", "hung", "recovered", "recovered", "hung", "restarted", "recovered"):
+        notifier.deliver({"event": kind, "run": 1})
+    notifier.close(60)
+    delivered = [json.loads(line)["event"] for line in out.read_text().splitlines() if line.strip()]
+    assert delivered == ["stalled", "hung", "recovered", "hung", "restarted"]

@@ -77,3 +77,10 @@ def test_a_mem_limit_already_set_is_not_suggested() -> None:
     assert "run with --mem-limit" in remedy(killed, "killed-externally")
     limited = dataclasses.replace(killed, mem_limit_bytes=1 << 30)
     assert "--mem-limit" not in remedy(limited, "killed-externally")
+
+
+def test_a_kill_inside_a_container_is_looked_up_on_the_host() -> None:
+    killed = evidence(exit_code=None, signal="SIGKILL", end_reason="signalled", engine="container")
+    text = remedy(killed, "killed-externally")
+    assert "OOMKilled" in text and "on the host" in text
+    assert "--mem-limit" not in text and "`last`" not in text  # no limit to set inside, no login to read

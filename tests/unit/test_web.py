@@ -108,7 +108,7 @@ def test_pages_load_only_their_own_files() -> None:
         assert "<script>" not in html and "<style" not in html and " on" + "click=" not in html
         assert "http://" not in html and "https://" not in html
     scripts = [p.name for p in STATIC.iterdir() if p.name.endswith(".js")]
-    assert sorted(scripts) == ["common.js", "job.js", "list.js"]
+    assert sorted(scripts) == ["common.js", "flame.js", "job.js", "list.js"]
     for name in scripts:
         assert "innerHTML" not in (STATIC / name).read_text(), name  # job text only as text nodes
 

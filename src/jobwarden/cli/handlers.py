@@ -403,11 +403,24 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.job is None:
         raise UsageError("explain needs a JOB (an id or a name), or --group ID")
     status = _job_status(args.job, args.run)
+    profiled = _newest_profile(status.job.id, status.run.n)
     if args.json:
-        _print_json(status.explain_json())
+        _print_json({**status.explain_json(), "profile": profiled})
     else:
         _print_lines(render.explain_report(status, SystemClock().wall()))
+        if profiled is not None:  # what the job was doing when last profiled (on a speed finding too)
+            from jobwarden.text.profile import profile_line
+
+            _print_lines(["", profile_line(profiled)])
     return 0
+
+
+def _newest_profile(job_id: int, run: int) -> dict[str, Any] | None:
+    from jobwarden.control.profile import newest_summary
+    from jobwarden.store import Store
+
+    with Store(_home()) as store:
+        return newest_summary(store, job_id, run)
 
 
 _GROUP_ONLY = {  # explain's flags of a group's verdict, as the user types them: the Namespace's names
@@ -561,6 +574,22 @@ def cmd_dump(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from jobwarden.control.profile import parse_profile_duration, parse_rate, profile_job
+    from jobwarden.text.profile import profile_report
+
+    duration = parse_profile_duration(args.duration)
+    rate = parse_rate(args.rate)
+    result = profile_job(
+        _home(), _procfs(), args.job, duration_s=duration, rate_hz=rate, run_n=args.run, trigger=args.trigger
+    )
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        _print_lines(profile_report(result.summary, str(result.path) if result.path else None))
+    return 0
+
+
 def cmd_rm(args: argparse.Namespace) -> int:
     from jobwarden.control.lifecycle import remove
 
@@ -698,6 +727,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "explain": cmd_explain,
     "dump": cmd_dump,
     "metrics": cmd_metrics,
+    "profile": cmd_profile,
     "rm": cmd_rm,
     "orphans": cmd_orphans,
     "doctor": cmd_doctor,

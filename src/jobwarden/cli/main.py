@@ -321,6 +321,17 @@ def _dump_arguments(dump: argparse.ArgumentParser) -> None:
     dump.add_argument("--json", action="store_true", help="the stacks as JSON")
 
 
+def _profile_arguments(profile: argparse.ArgumentParser) -> None:
+    profile.add_argument("job", metavar="JOB", help="an id, a name (its newest job) or @last")
+    profile.add_argument("--duration", metavar="DUR", help="how long to sample (default 10s, at most 5m)")
+    profile.add_argument(
+        "--rate", metavar="HZ", help="samples per second (default: chosen from the job's thread count)"
+    )
+    profile.add_argument("--run", type=int, metavar="N", help=argparse.SUPPRESS)
+    profile.add_argument("--trigger", choices=("cli", "auto"), default="cli", help=argparse.SUPPRESS)
+    profile.add_argument("--json", action="store_true", help="the profile's summary and top list as JSON")
+
+
 def _completion_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("shell", metavar="SHELL", help="bash, zsh or fish")
 
@@ -386,6 +397,10 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
     "explain": ("why a job died or is stuck", _explain_arguments),
     "metrics": ("a job's CPU, memory, I/O and GPU use over time", _metrics_arguments),
     "dump": ("the Python and native stacks of every process of a job, now", _dump_arguments),
+    "profile": (
+        "a sampled profile of every process of a running job (py-spy), stored with the run",
+        _profile_arguments,
+    ),
     "rm": ("forget ended jobs and delete their logs (one JOB, or --ended)", _rm_arguments),
     "orphans": (
         "list processes that should not be alive: leftovers of ended jobs, stray GPU holders",

@@ -80,3 +80,26 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         proc.kill()
+
+
+def start_helper(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int, int]:
+    """Start `argv` (an absolute path first) in a session of its own, stdin and stdout /dev/null, stderr
+    ours, without waiting: (pid, pidfd). posix_spawn, not Popen: nothing is left to warn that it still
+    runs when the caller lets it go. Raises ToolUnavailable."""
+    from jobwarden.osapi import pidfd as pidfds
+
+    devnull = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1)]
+    try:
+        pid = os.posix_spawn(argv[0], list(argv), dict(env), file_actions=devnull, setsid=True)
+    except OSError as error:
+        raise ToolUnavailable(f"cannot run {argv[0]}: {error.strerror}") from error
+    try:
+        return pid, pidfds.open_pidfd(pid)
+    except OsApiError as err:  # it ended (and was reaped) at once
+        raise ToolUnavailable(f"{argv[0]} ended at once: {err.message}") from err
+
+
+def reap_helper(pidfd: int) -> None:
+    """Collect an ended helper's status if nobody did (the shim's reaper may have)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)

@@ -340,8 +340,7 @@ def _signal_death(ev: RunEvidence, who: Subject, lines: Sequence[str]) -> Findin
             "OOM killer (no OOM evidence was collected for this run).",
             "error",
             pid_note + _tail_evidence(lines, 3, who.is_main),
-            "check who sent it (`last`, scheduler logs, `dmesg | grep -i oom`)"
-            + ("" if ev.mem_limit_bytes else "; run with --mem-limit to make memory kills explicit"),
+            _who_sent_it(ev),
             who.pids,
         )
     return Finding(
@@ -443,4 +442,17 @@ def _supervisor_lost(ev: RunEvidence) -> Finding | None:
         ("event: supervisor-lost",),
         f"`jobwarden adopt {job_ref(ev)}` starts a new supervisor for the surviving processes",
         _pids(ev),
+    )
+
+
+def _who_sent_it(ev: RunEvidence) -> str:
+    """Where to look for the sender of a kill. Inside a container the kernel's log is the host's (dmesg is
+    refused there) and --mem-limit has nothing to limit: the container's own limit is the one."""
+    if ev.engine == "container":
+        return (
+            "check who sent it on the host: `docker inspect` / `podman inspect` (State.OOMKilled), `kubectl "
+            "describe pod` (OOMKilled, Evicted), the host's `dmesg | grep -i oom`"
+        )
+    return "check who sent it (`last`, scheduler logs, `dmesg | grep -i oom`)" + (
+        "" if ev.mem_limit_bytes else "; run with --mem-limit to make memory kills explicit"
     )

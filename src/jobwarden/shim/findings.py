@@ -33,6 +33,8 @@ class LiveFindings:
     def __init__(self, store: Store, write: Callable[..., bool]) -> None:
         self.store, self.write = store, write
         self._current: dict[Key, Finding] = {}
+        # told of each batch of findings recorded as new (the automatic profile on a speed finding)
+        self.listeners: list[Callable[[list[Finding]], None]] = []
 
     def is_new(self, finding: Finding) -> bool:
         return key_of(finding) not in self._current
@@ -49,6 +51,9 @@ class LiveFindings:
             self.write(self.store.add_finding, since, finding)
             self._current[key] = finding
             new.append(finding)
+        if new:
+            for listener in self.listeners:
+                listener(new)
         return new
 
     def resolve_where(self, stopped_being_true: Callable[[Finding], bool], at: float) -> list[Finding]:

@@ -97,8 +97,10 @@ class SupervisorLoop:
         self.speed: SpeedWatch | None = None  # why it is slow (shim.speedwatch)
         self.restart_after_hang = False
         self.notifier = notifier
-        if notifier is not None:
-            self.tree.helpers = notifier.helper_pids
+        from jobwarden.shim.autoprofile import AutoProfiler
+
+        self.autoprofile = AutoProfiler(self.layout.home, job.id, run, clock.monotonic, log)
+        self.tree.helpers = self._helper_pids
         self.memory: MemoryGuard | None = None
         self.oom: OomEvidence | None = None
         self.gpu_env: dict[str, str] = {}
@@ -107,7 +109,13 @@ class SupervisorLoop:
         # attached inside an engine (Slurm, Ray): its signals come relayed by the CLI (shim.enginestop)
         self.engine = EngineLink(job.options, self.record, clock.monotonic) if job.options.engine else None
 
+    def _helper_pids(self) -> set[int]:
+        """The shim's own children, never the job's: --on-event hooks, the automatic profile."""
+        notified = self.notifier.helper_pids() if self.notifier is not None else set()
+        return notified | self.autoprofile.helper_pids()
+
     def close(self) -> None:
+        self.autoprofile.close()
         # unhooked first: a signal after the close (SIGCHLD of an --on-event command still being
         # delivered) made CPython write to a closed fd: "Exception ignored ... signal wakeup fd"
         self.jobos.uninstall_signals(self._wake_w)
@@ -233,6 +241,7 @@ class SupervisorLoop:
             self._watch_speed(snaps, progress, now)
         if self.diag:
             self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic()))
+        self.autoprofile.poll()
 
     def prune_py_files(self) -> None:
         try:

@@ -150,6 +150,9 @@ class Notifier:
         self._closed = False
         # readable once `close` gives up: a running hook is killed then, so none outlives the shim
         self._cancel: tuple[int, int] | None = None
+        # a stall and the hang it became are one trouble: both end as the job moves again, and the user
+        # hears `recovered` once (the progress watch and the hang watchdog each see the end)
+        self._in_trouble = False
 
     @classmethod
     def from_options(cls, options: JobOptions, log: Callable[[str], None]) -> Notifier:
@@ -162,9 +165,14 @@ class Notifier:
         return bool(self.url or self.command)
 
     def deliver(self, event: dict[str, object]) -> None:
-        """Queue `event` and return at once."""
+        """Queue `event` and return at once. A `recovered` with no `hung` or `stalled` before it since the
+        last one is not delivered."""
         if not self.active:
             return
+        kind = event.get("event")
+        if kind == "recovered" and not self._in_trouble:
+            return
+        self._in_trouble = kind in ("hung", "stalled")
         with self._lock:
             if self._closed:
                 self.log(f"notify: closed; {event.get('event')!r} not delivered")

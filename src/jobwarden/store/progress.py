@@ -65,7 +65,7 @@ class ProgressMethods:
         row = self._exec(
             f"SELECT metrics, {_AS_PROGRESS} FROM progress WHERE job_id = ? AND run = ?", (job_id, run)
         ).fetchone()
-        return None if row is None else _progress(row[1:], _metrics(row[0]))
+        return None if row is None else _progress(row[1:], stored_metrics(row[0]))
 
     def progress_of_runs(
         self, runs: Iterable[tuple[int, int]], metrics: bool = False
@@ -88,7 +88,7 @@ class ProgressMethods:
         for row in self._exec(sql, params):
             key = (row[0], row[1])
             if key in wanted:
-                found[key] = make((*row[3:8], _metrics(row[2]) if row[2] else (), *row[8:]))
+                found[key] = make((*row[3:8], stored_metrics(row[2]) if row[2] else (), *row[8:]))
         return found
 
 
@@ -118,9 +118,10 @@ def _progress(row: Sequence[Any], metrics: Metrics) -> Progress:
     return Progress._make((*row[:5], metrics, *row[5:]))
 
 
-def _metrics(text: str | None) -> Metrics:
-    """The stored metrics, as the shim wrote them (progress.model.finite_metrics kept them finite and
-    few); a list decodes thousands, so only the shape is checked: an object of numbers."""
+def stored_metrics(text: str | None) -> Metrics:
+    """The stored metrics (a run's progress, a sample, a point), as the shim wrote them
+    (progress.model.finite_metrics kept them finite and few); a list decodes thousands, so only the shape
+    is checked: an object of numbers, anything else left out (the job named them)."""
     if not text:
         return ()
     try:

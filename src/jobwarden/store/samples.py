@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from jobwarden.paths import Layout
 from jobwarden.store.db import translate, write
+from jobwarden.store.progress import stored_metrics
 from jobwarden.store.rollup import RAW, Bucket, Gauge, GpuReading, Reading, expiry
 
 MIB = 1 << 20
@@ -220,21 +221,6 @@ def _metrics_json(metrics: Iterable[tuple[str, float]]) -> str | None:
     return json.dumps(found, separators=(",", ":")) if found else None
 
 
-def _metrics_of(text: str | None) -> tuple[tuple[str, float], ...]:
-    """Stored metrics back; anything but a JSON object of numbers is left out (the job named them)."""
-    if not text:
-        return ()
-    try:
-        found = json.loads(text)
-    except ValueError:
-        return ()
-    if not isinstance(found, dict):
-        return ()
-    return tuple(
-        (str(k), float(v)) for k, v in found.items() if isinstance(v, int | float) and not isinstance(v, bool)
-    )
-
-
 def _reading(row: sqlite3.Row) -> Reading:
     keys = row.keys()
 
@@ -257,7 +243,7 @@ def _reading(row: sqlite3.Row) -> Reading:
         gpus=tuple(GpuReading(*g) for g in _gpu_list(column("gpus"), 3)),
         step=_number(column("step")),
         step_rate=_number(column("step_rate")),
-        metrics=_metrics_of(column("metrics")),
+        metrics=stored_metrics(column("metrics")),
     )
 
 
@@ -326,7 +312,7 @@ def _bucket(row: sqlite3.Row) -> Bucket:
     if "step" in names:  # a database before progress (schema 9) has none of these
         b.step = value["step"]
         b.step_rate = Gauge.stored(value["step_rate_avg"], value["step_rate_max"], n)
-        b.metrics = {name: Gauge.stored(v, None, n) for name, v in _metrics_of(row["metrics"])}
+        b.metrics = {name: Gauge.stored(v, None, n) for name, v in stored_metrics(row["metrics"])}
     return b
 
 

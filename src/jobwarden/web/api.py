@@ -11,7 +11,14 @@ from jobwarden.clock import SystemClock, iso
 from jobwarden.control.metrics import job_samples
 from jobwarden.control.prometheus import exposition
 from jobwarden.web.app import App
-from jobwarden.web.messages import HTTPProblem, Request, Response, json_response, text_response
+from jobwarden.web.messages import (
+    API_HEADERS,
+    HTTPProblem,
+    Request,
+    Response,
+    json_response,
+    text_response,
+)
 
 STACK_DUMPS_SHOWN = 3  # the job page shows the last dumps; older ones stay in the store
 MAX_WALL_TIME = 1e11  # seconds since 1970: year 5138, past any `since` a page sends
@@ -59,7 +66,13 @@ def status(app: App, req: Request, ref: str) -> Response:
 
 
 def explain(app: App, req: Request, ref: str) -> Response:
-    return json_response(_status(app, req, ref).explain_json())
+    """`explain --json`, with the newest profile's summary as the CLI gives it."""
+    from jobwarden.control.profile import newest_summary
+
+    status = _status(app, req, ref)
+    with app.store() as store:
+        profiled = newest_summary(store, status.job.id, status.run.n)
+    return json_response({**status.explain_json(), "profile": profiled})
 
 
 def samples(app: App, req: Request, ref: str) -> Response:
@@ -93,6 +106,31 @@ def stacks(app: App, req: Request, ref: str) -> Response:
             for d in dumps
         ]
     )
+
+
+def profile(app: App, req: Request, ref: str) -> Response:
+    """The run's newest profile (`jobwarden profile`, or the one taken on a speed finding): its summary
+    as `profile --json` prints it, or with ?format=speedscope the samples as stored (speedscope.app opens
+    them). A run without one: the summary is null (the job page asks every few seconds; none yet is no
+    error), the samples 404."""
+    from jobwarden.control.profile import newest_speedscope, newest_summary
+
+    wanted = req.param("format") or "summary"
+    if wanted not in ("summary", "speedscope"):
+        raise HTTPProblem(400, f"format: {wanted!r} is neither summary nor speedscope")
+    with app.store() as store:
+        job = store.job(ref)
+        run = store.run(job.id, req.int_param("run", minimum=1))
+        found = (newest_speedscope if wanted == "speedscope" else newest_summary)(store, job.id, run.n)
+    if found is None and wanted == "summary":
+        return json_response(None)
+    if found is None:
+        raise HTTPProblem(
+            404, f"job {job.id} run {run.n} has no profile", f"take one: jobwarden profile {job.id}"
+        )
+    if isinstance(found, bytes):
+        return Response(200, found, "application/json", dict(API_HEADERS))
+    return json_response(found)
 
 
 def stop(app: App, req: Request, ref: str) -> Response:

@@ -105,6 +105,15 @@ def resume_mode(ready: str, go: str, checkpoint: str) -> None:
     held(ready, go)
 
 
+def _read_now(fd: int) -> bytes:
+    """What the FIFO holds now; nothing while no writer has it open, or while one has opened it and not
+    yet written (EAGAIN)."""
+    try:
+        return os.read(fd, 100)
+    except BlockingIOError:
+        return b""
+
+
 def spin_mode(ready: str, go: str) -> None:
     """Moves ~20 steps a second for 12 s (the watchdog learns its pace), then spins at its step (a busy
     loop: the CPU burns, no step is made) until GO is written, then finishes."""
@@ -116,7 +125,7 @@ def spin_mode(ready: str, go: str) -> None:
         time.sleep(0.05)
     signal_ready(ready)
     fd = os.open(go, os.O_RDONLY | os.O_NONBLOCK)
-    while not os.read(fd, 100):  # a spin: nothing but CPU until the test writes
+    while not _read_now(fd):  # a spin: nothing but CPU until the test writes
         pass
     for _ in range(200):
         bar.update(1)
