@@ -172,7 +172,8 @@ class Notifier:
         kind = event.get("event")
         if kind == "recovered" and not self._in_trouble:
             return
-        self._in_trouble = kind in ("hung", "stalled")
+        if kind != "slowed":  # a speed finding during a stall is no end of it: its `recovered` still comes
+            self._in_trouble = kind in ("hung", "stalled")
         with self._lock:
             if self._closed:
                 self.log(f"notify: closed; {event.get('event')!r} not delivered")
