@@ -194,6 +194,10 @@ class GpuDevice:
     memory_total_bytes: int
     memory_used_bytes: int
     utilization_percent: float | None
+    # the SM clock now and at most, and NVML's clock event reasons (bitmask); None: not supported
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    clock_reasons: int | None = None
 
 
 @dataclass(frozen=True)

@@ -140,3 +140,13 @@ def test_a_stall_and_the_hang_it_became_end_in_one_recovered(tmp_path: Path) -> 
     notifier.close(60)
     delivered = [json.loads(line)["event"] for line in out.read_text().splitlines() if line.strip()]
     assert delivered == ["stalled", "hung", "recovered", "hung", "restarted"]
+
+
+def test_a_slowdown_during_a_stall_does_not_swallow_its_recovered(tmp_path: Path) -> None:
+    out = tmp_path / "events"
+    notifier = Notifier(None, f"cat >> {out}; echo >> {out}", lambda line: None)
+    for kind in ("stalled", "slowed", "recovered", "slowed", "recovered"):
+        notifier.deliver({"event": kind, "run": 1})
+    notifier.close(60)
+    delivered = [json.loads(line)["event"] for line in out.read_text().splitlines() if line.strip()]
+    assert delivered == ["stalled", "slowed", "recovered", "slowed"]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from jobwarden.errors import AccessDenied, ProcessGone
-from jobwarden.osapi.procfs import ProcFS, ProcStat, parse_stat
+from jobwarden.osapi.procfs import ProcFS, ProcStat, StatCounters, parse_stat, parse_stat_counters
 
 # `python -c ...` with a second thread, captured from /proc/self/stat and /proc/self/task/*/stat.
 CAPTURED_PYTHON_STAT = (
@@ -119,7 +119,9 @@ def test_parse_stat_reads_the_fields_by_proc5_number() -> None:
         start_time=56071,
         rss_pages=2362,
         exit_code=0,
+        processor=1,
     )
+    assert parse_stat_counters(CAPTURED_PYTHON_STAT) == StatCounters(majflt=0, num_threads=2, processor=1)
 
 
 def test_parse_stat_cpu_ticks_add_user_and_system_time() -> None:

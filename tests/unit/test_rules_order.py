@@ -37,6 +37,18 @@ def test_order_covers_every_per_run_rule_of_the_design() -> None:
     assert len(ORDER) == len(set(ORDER))
 
 
+def test_the_speed_rules_are_the_designs_speed_table() -> None:
+    from jobwarden.rules.speed import SPEED_RULES
+
+    design = next((p for p in DESIGNS if p.exists()), None)
+    if design is None:
+        pytest.skip("the shared design document is not beside this checkout")
+    speed = design.read_text().partition("Speed rules")[2].partition("\n## ")[0]
+    table = re.findall(r"^\| `([a-z-]+)` \|", speed, flags=re.MULTILINE)
+    assert set(table) == SPEED_RULES and len(table) == len(SPEED_RULES)
+    assert not SPEED_RULES & set(ORDER)  # judged on a running job, never ranked as a root cause
+
+
 def test_oom_then_the_lost_worker_then_the_users_stop() -> None:
     rec = recording("pool_sigkill")
     (dead,) = rec.deaths()

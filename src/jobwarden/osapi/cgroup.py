@@ -199,6 +199,18 @@ class JobCgroup(NamedTuple):
             oom_kills=self.oom_kills(),
         )
 
+    def refaults(self) -> int | None:
+        """Pages read back in after memory pressure evicted them (memory.stat workingset_refault_*: file
+        and anon, hierarchical); None without a memory controller or the counter (Linux < 5.9)."""
+        if not self.has_memory_controller:
+            return None
+        text = _read(self.path / "memory.stat")
+        prefix = "total_" if self.version == 1 else ""
+        found = [_keyed(text, f"{prefix}workingset_refault_{kind}") for kind in ("file", "anon")]
+        if all(n is None for n in found):
+            return _keyed(text, f"{prefix}workingset_refault")
+        return sum(n or 0 for n in found)
+
     def hierarchy_path(self, proc_root: str = "/proc") -> str | None:
         """The cgroup's path inside its hierarchy ('/a/jobwarden-12'), as the kernel log prints it in
         'oom-kill:...,task_memcg=/a/jobwarden-12'. None when no mount holds it."""

@@ -27,6 +27,7 @@ class ProcStat(NamedTuple):
     start_time: int  # (22) clock ticks after boot: with pid, the process identity
     rss_pages: int  # (24)
     exit_code: int  # (52) wait status, meaningful while a zombie (kernel >= 3.5)
+    processor: int = -1  # (39) the CPU it last ran on
 
     @property
     def cpu_ticks(self) -> int:
@@ -51,7 +52,61 @@ def parse_stat(text: str) -> ProcStat:
         start_time=int(f[19]),
         rss_pages=int(f[21]),
         exit_code=int(f[49]) if len(f) > 49 else 0,
+        processor=int(f[36]) if len(f) > 36 else -1,
     )
+
+
+class SchedStat(NamedTuple):
+    """/proc/PID/schedstat (kernel Documentation/scheduler/sched-stats.rst): time on a CPU, time runnable
+    but waiting on a run queue, and how many times it was put on a CPU. The run delay counts both a
+    cgroup quota's throttling and other processes' use of the CPUs (measured: research/slowness.md 5.4)."""
+
+    exec_ns: int
+    run_delay_ns: int
+    timeslices: int
+
+
+def parse_schedstat(text: str) -> SchedStat:
+    """'109292 46900 1'; a kernel without schedstats leaves the file out (ProcessGone) or empty."""
+    fields = text.split()
+    if len(fields) < 3:
+        raise ValueError(f"not a schedstat line: {text[:40]!r}")
+    return SchedStat(int(fields[0]), int(fields[1]), int(fields[2]))
+
+
+class StatCounters(NamedTuple):
+    """The counters of a stat line the speed rules read (proc(5) numbering), beyond ProcStat's."""
+
+    majflt: int  # (12) major faults: pages read back from storage
+    num_threads: int  # (20)
+    processor: int  # (39) the CPU it last ran on
+
+
+def parse_stat_counters(text: str) -> StatCounters:
+    f = text.rpartition(")")[2].split()
+    return StatCounters(majflt=int(f[9]), num_threads=int(f[17]), processor=int(f[36]) if len(f) > 36 else -1)
+
+
+class Pressure(NamedTuple):
+    """One PSI file (/proc/pressure/*, a v2 cgroup's *.pressure): the total microseconds some (and, where
+    the kernel keeps it, all) of the tasks stalled on the resource. docs.kernel.org/accounting/psi.html"""
+
+    some_us: int
+    full_us: int | None
+
+
+def parse_pressure(text: str) -> Pressure:
+    """'some avg10=0.00 avg60=0.00 avg300=0.00 total=123' and an optional 'full ...' line."""
+    totals: dict[str, int] = {}
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        for field in rest.split():
+            name, _, value = field.partition("=")
+            if name == "total" and value.isascii() and value.isdigit():
+                totals[kind] = int(value)
+    if "some" not in totals:
+        raise ValueError(f"not a pressure file: {text[:40]!r}")
+    return Pressure(totals["some"], totals.get("full"))
 
 
 class ProcIO(NamedTuple):
@@ -246,6 +301,46 @@ class ProcFS:
             raise ProcessGone(pid) from err
         finally:
             os.close(fd)
+
+    def schedstat(self, pid: int) -> SchedStat | None:
+        """CPU time and run-queue wait so far; None on a kernel without schedstats. One os.read: the shim
+        reads it for every member every few seconds."""
+        try:
+            fd = os.open(self.root / str(pid) / "schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if (self.root / str(pid)).exists():
+                return None
+            raise ProcessGone(pid) from None
+        except OSError as err:
+            raise ProcessGone(pid) from err
+        try:
+            return parse_schedstat(os.read(fd, 256).decode("ascii", "replace"))
+        except ValueError:
+            return None
+        except OSError as err:
+            raise ProcessGone(pid) from err
+        finally:
+            os.close(fd)
+
+    def pressure(self, resource: str) -> Pressure | None:
+        """The machine's pressure on `resource` (cpu, io, memory); None where the kernel keeps no PSI."""
+        try:
+            with open(self.root / "pressure" / resource, "rb") as fh:
+                return parse_pressure(fh.read(512).decode("ascii", "replace"))
+        except (OSError, ValueError):
+            return None
+
+    def affinity(self, pid: int) -> frozenset[int]:
+        """The CPUs the process may run on (sched_getaffinity: taskset, a cpuset, Slurm's binding)."""
+        try:
+            return frozenset(os.sched_getaffinity(pid))
+        except OSError as err:
+            raise ProcessGone(pid) from err
+
+    def maps_any(self, pid: int, needles: tuple[bytes, ...]) -> bool:
+        """Whether a mapped file's path holds one of `needles` (a CUDA library: b"libcuda")."""
+        raw = self._read(pid, "maps", "read the memory map of")
+        return any(n in raw for n in needles)
 
     def signal_masks(self, pid: int) -> SignalMasks:
         return parse_signal_masks(self._read(pid, "status", "read the status of").decode("utf-8", "replace"))

@@ -12,6 +12,9 @@ The state file:
                   "utilization": {"gpu": 0, "memory": 0},   # null: NOT_SUPPORTED, as on some boards
                   "compute": [{"pid": 4242, "used": 5476083302}],   # "used": null = not available
                   "graphics": [],
+                  "clocks": {"sm": 1410, "sm_max": 1980},   # MHz; absent: NOT_SUPPORTED
+                  "clock_reasons": 0,          # NVML clock event reasons bitmask; absent: NOT_SUPPORTED
+                  "process_utilization": [{"pid": 4242, "sm": 80, "mem": 30}],   # absent: NOT_SUPPORTED
                   "error": null}],             # e.g. "GpuIsLost": every call on this GPU fails
      "error": null,                            # e.g. "DriverNotLoaded": every call fails (driver reload)
      "init_error": null}                       # raised by nvmlInit only
@@ -128,6 +131,16 @@ class _ProcessInfo:  # nvmlFriendlyObject of c_nvmlProcessInfo_v3_t
     computeInstanceId: int = 0xFFFFFFFF
 
 
+@dataclass
+class _ProcessUtilization:  # c_nvmlProcessUtilizationSample_t
+    pid: int
+    timeStamp: int
+    smUtil: int
+    memUtil: int
+    encUtil: int = 0
+    decUtil: int = 0
+
+
 @dataclass(frozen=True)
 class _Handle:  # c_nvmlDevice_t: opaque to callers
     index: int
@@ -224,6 +237,33 @@ class FakeNvml:
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: _Handle) -> list[_ProcessInfo]:
         return self._processes(handle, "graphics")
 
+    def nvmlDeviceGetClockInfo(self, handle: _Handle, type: int) -> int:
+        return self._clock(handle, "sm")
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: _Handle, type: int) -> int:
+        return self._clock(handle, "sm_max")
+
+    def _clock(self, handle: _Handle, key: str) -> int:
+        clocks = self._device(handle).get("clocks")
+        if not clocks or clocks.get(key) is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return int(clocks[key])
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: _Handle) -> int:
+        reasons = self._device(handle).get("clock_reasons")
+        if reasons is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return int(reasons)
+
+    def nvmlDeviceGetProcessUtilization(self, handle: _Handle, timeStamp: int) -> list[_ProcessUtilization]:
+        samples = self._device(handle).get("process_utilization")
+        if samples is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return [
+            _ProcessUtilization(int(p["pid"]), timeStamp + 1, int(p.get("sm", 0)), int(p.get("mem", 0)))
+            for p in samples
+        ]
+
     def _processes(self, handle: _Handle, kind: str) -> list[_ProcessInfo]:
         entries = self._device(handle).get(kind, [])
         if entries is None:
@@ -246,6 +286,10 @@ nvmlDeviceGetMemoryInfo = _default.nvmlDeviceGetMemoryInfo
 nvmlDeviceGetUtilizationRates = _default.nvmlDeviceGetUtilizationRates
 nvmlDeviceGetComputeRunningProcesses = _default.nvmlDeviceGetComputeRunningProcesses
 nvmlDeviceGetGraphicsRunningProcesses = _default.nvmlDeviceGetGraphicsRunningProcesses
+nvmlDeviceGetClockInfo = _default.nvmlDeviceGetClockInfo
+nvmlDeviceGetMaxClockInfo = _default.nvmlDeviceGetMaxClockInfo
+nvmlDeviceGetCurrentClocksEventReasons = _default.nvmlDeviceGetCurrentClocksEventReasons
+nvmlDeviceGetProcessUtilization = _default.nvmlDeviceGetProcessUtilization
 
 
 # --- writing the state: for tests, and for test jobs that take or free a GPU -----------------------

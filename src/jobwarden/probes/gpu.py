@@ -44,7 +44,11 @@ NVML_CALLS: dict[str, int] = {
     "nvmlDeviceGetUtilizationRates": 1,
     "nvmlDeviceGetComputeRunningProcesses": 1,
     "nvmlDeviceGetGraphicsRunningProcesses": 1,
+    "nvmlDeviceGetClockInfo": 2,
+    "nvmlDeviceGetMaxClockInfo": 2,
+    "nvmlDeviceGetCurrentClocksEventReasons": 1,
 }
+NVML_CLOCK_SM = 1  # nvmlClockType_t
 
 # Codes after which no call can succeed until NVML is initialised again (nvml.h)
 _LIBRARY_WIDE = {
@@ -146,7 +150,22 @@ class GpuProbe:
             memory_total_bytes=int(memory.total),
             memory_used_bytes=int(memory.used),
             utilization_percent=self._utilization(handle),
+            sm_clock_mhz=self._optional_int(self._nvml.nvmlDeviceGetClockInfo, handle, NVML_CLOCK_SM),
+            sm_clock_max_mhz=self._optional_int(self._nvml.nvmlDeviceGetMaxClockInfo, handle, NVML_CLOCK_SM),
+            # "Throttle" was its name before NVML 12.5; a binding with neither reads as not supported
+            clock_reasons=self._optional_int(
+                getattr(self._nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                or getattr(self._nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None),
+                handle,
+            ),
         )
+
+    def _optional_int(self, fn: Callable[..., Any] | None, *args: Any) -> int | None:
+        """A reading some boards do not offer (NOT_SUPPORTED): None, never a failed sample."""
+        if fn is None:
+            return None
+        value = self._call(fn, *args, device=True, optional=True)
+        return None if value is None else int(value)
 
     def _utilization(self, handle: Any) -> float | None:
         rates = self._call(self._nvml.nvmlDeviceGetUtilizationRates, handle, device=True, optional=True)

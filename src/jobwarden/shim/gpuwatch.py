@@ -21,6 +21,7 @@ class GpuWatch:
         self.probe = probe
         self.devices: list[GpuDevice] = []
         self.processes: list[GpuProcess] = []  # the job's own
+        self.others: list[GpuProcess] = []  # everyone else's (the speed watch's gpu-shared)
         self.usage: JobGpuUsage | None = None
         self.error: str | None = None
         self._next = 0.0
@@ -35,10 +36,12 @@ class GpuWatch:
         wanted = set(pids)
         try:
             self.devices = self.probe.devices()
-            held = [p for p in self.probe.processes() if p.pid in wanted]
+            every = self.probe.processes()
         except GpuProbeError as err:
             self.error, self.usage = err.message, None
             return None
+        held = [p for p in every if p.pid in wanted]
+        self.others = [p for p in every if p.pid not in wanted]
         self.error, self.processes = None, held
         self.usage = job_gpu_usage(self.devices, held, wanted)
         util = self.usage.max_utilization

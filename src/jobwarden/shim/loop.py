@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it l
     from jobwarden.shim.notify import Notifier
     from jobwarden.shim.progresswatch import ProgressWatch
     from jobwarden.shim.resources import MemoryGuard
+    from jobwarden.shim.speedwatch import SpeedWatch
 
 
 LOG_CAP_CHECK_S = 0.1  # while a log grows by an eighth of its cap a tick, its cap is looked at this often
@@ -93,6 +94,7 @@ class SupervisorLoop:
         self.pyfiles = PyFiles(self.layout.py_dir(job.id, run), procfs)
         self.diag: Diagnoser | None = None
         self.progress: ProgressWatch | None = None  # the run's step counter (shim.progresswatch)
+        self.speed: SpeedWatch | None = None  # why it is slow (shim.speedwatch)
         self.restart_after_hang = False
         self.notifier = notifier
         from jobwarden.shim.autoprofile import AutoProfiler
@@ -235,6 +237,8 @@ class SupervisorLoop:
             from jobwarden.shim.notify import record_outcomes
 
             record_outcomes(self.store, self.job.id, self.notifier, log)
+        if self.speed is not None:
+            self._watch_speed(snaps, progress, now)
         if self.diag:
             self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic()))
         self.autoprofile.poll()
@@ -273,6 +277,34 @@ class SupervisorLoop:
         cpu = sum(s.cpu_percent or 0.0 for s in snaps)
         busy = cpu >= CPU_FLOOR_PERCENT or (gpu_util is not None and gpu_util >= GPU_FLOOR_PERCENT)
         return self.progress.tick(now, self.clock.monotonic(), list(self.tree.members), busy)
+
+    def _watch_speed(self, snaps: list[ProcessSnapshot], progress: Any, now: float) -> None:
+        """The speed rules, judged every few seconds; a speed finding that appears is a `slowed` event."""
+        assert self.speed is not None
+        if self.main is not None:
+            self.speed.main_pid = self.main.pid
+        elif self.speed.main_pid not in self.tree.members:
+            self.speed.main_pid = min(self.tree.members, default=None)
+        step = progress.step if progress is not None else None
+        unit = progress.unit if progress is not None else None
+        gpu = self.diag.gpu if self.diag else None
+        new, resolved = self.speed.tick(
+            now, self.clock.monotonic(), self.tree.members.values(), snaps, step, unit, gpu
+        )
+        if not new and not resolved:
+            return
+        from jobwarden.shim.diagnosis import Verdict
+
+        self._act_on(Verdict("speed", tuple(new), tuple(resolved)))
+        if new and self.notifier:
+            from jobwarden.shim.notify import event_payload, job_page
+
+            page = job_page(self.job.options.web_url, self.job.id)
+            self.notifier.deliver(
+                event_payload(
+                    "slowed", self.job.id, self.job.name, self.run, "running", finding=new[0].title, page=page
+                )
+            )
 
     def _with_gpu_memory(self, snaps: list[ProcessSnapshot]) -> list[ProcessSnapshot]:
         """Each process's GPU memory (NVML, sampled every few seconds) for `status` and the store."""

@@ -29,7 +29,7 @@ from jobwarden.model import Finding
 from jobwarden.osapi.shell import run_shell
 from jobwarden.store import Store
 
-EVENTS = ("failed", "hung", "stalled", "recovered", "restarted", "succeeded")
+EVENTS = ("failed", "hung", "stalled", "recovered", "restarted", "succeeded", "slowed")
 DEFAULT_TIMEOUT_S = 10.0
 _MAX_PENDING = 64  # a job restarting in a tight loop must not pile up threads' worth of work
 _MAX_RESPONSE = 1 << 16
@@ -172,7 +172,8 @@ class Notifier:
         kind = event.get("event")
         if kind == "recovered" and not self._in_trouble:
             return
-        self._in_trouble = kind in ("hung", "stalled")
+        if kind != "slowed":  # a speed finding during a stall is no end of it: its `recovered` still comes
+            self._in_trouble = kind in ("hung", "stalled")
         with self._lock:
             if self._closed:
                 self.log(f"notify: closed; {event.get('event')!r} not delivered")

@@ -343,6 +343,17 @@ class Supervisor(StoppingSupervisor):
             from jobwarden.shim.progresswatch import StepSign
 
             self.diag.steps = StepSign(self.progress)  # a running step counter is the sign that counts
+        self._start_speed()
+
+    def _start_speed(self) -> None:
+        """The speed findings (shim.speedwatch), recorded beside the diagnosis's own live findings."""
+        live = getattr(self.diag, "live", None)  # the loop's fake diagnosis keeps none
+        if live is None:
+            return
+        from jobwarden.shim.speedwatch import SpeedWatch, claimed_gpus, speed_enabled
+
+        if speed_enabled():
+            self.speed = SpeedWatch(self.procfs, live, claimed_gpus(self.gpu_env), memory_cgroup=self.cgroup)
 
     def _start_progress(self) -> None:
         if os.environ.get(config.PROGRESS_ENV, "on") == "off":

@@ -238,9 +238,12 @@ def explain_report(status: JobStatus, now: float | None = None) -> Iterator[str]
         running = run.state == JobState.RUNNING
         yield "  nothing wrong found: it is running" if running else "  nothing wrong found"
         return
-    for i, f in enumerate(status.current_findings):
+    from jobwarden.rules.speed import SPEED_RULES  # a frozenset: nothing of the rules is loaded
+
+    causes = [f for f in status.current_findings if f.rule not in SPEED_RULES]
+    for f in status.current_findings:
         yield ""
-        label = "root cause" if i == 0 else "also"
+        label = "why it is slow" if f.rule in SPEED_RULES else "root cause" if f is causes[0] else "also"
         yield from _finding_lines(label, f)
     for f in status.resolved_findings:
         yield ""

@@ -2,7 +2,19 @@
 in, findings out.
 
 SPEED_RULES names them for the parts that act on any of them without judging (the automatic profile when
-one becomes current, the `slowed` notification), so those never import the rules themselves."""
+one becomes current, the `slowed` notification), so those never import the rules themselves. `judge`
+asks every rule judged from counters (rules.speed.evidence.SpeedEvidence), in the order they are listed:
+a cause before the slowdown it explains."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from jobwarden.model import Finding
+
+if TYPE_CHECKING:
+    from jobwarden.rules.speed.evidence import SpeedEvidence
 
 SPEED_RULES = frozenset(
     {
@@ -22,3 +34,46 @@ SPEED_RULES = frozenset(
         "gpu-shared",
     }
 )
+
+
+def _judges() -> list[Callable[[SpeedEvidence], Finding | None]]:
+    from jobwarden.rules.speed import cpu, gpu, stalls, steps, storage
+
+    # CPU causes first and only one of them: a quota, then the job's own threads, then its neighbours
+    return [
+        gpu.gpu_not_used,
+        gpu.gpu_shared,
+        gpu.gpu_throttled,
+        cpu.cpu_throttled,
+        cpu.cpu_oversubscribed,
+        cpu.cpu_contention,
+        storage.io_bound,
+        storage.memory_thrash,
+        stalls.periodic_stall,
+        steps.slowed_down,
+    ]
+
+
+CPU_CAUSES = ("cpu-throttled", "cpu-oversubscribed", "cpu-contention")
+JUDGED = (
+    "gpu-not-used",
+    "gpu-shared",
+    "gpu-throttled",
+    *CPU_CAUSES,
+    "io-bound",
+    "memory-thrash",
+    "slowed-down",
+)
+
+
+def judge(evidence: SpeedEvidence) -> list[Finding]:
+    """The speed findings `evidence` supports, causes first, one CPU cause at most."""
+    found: list[Finding] = []
+    for rule in _judges():
+        finding = rule(evidence)
+        if finding is None:
+            continue
+        if finding.rule in CPU_CAUSES and any(f.rule in CPU_CAUSES for f in found):
+            continue
+        found.append(finding)
+    return found

@@ -1,0 +1,110 @@
+"""What the speed rules judge: a window of the job's counters (deltas over the last seconds, already summed
+over its processes by the shim) and its step rate history. Plain data: recorded in tests as it is built by
+the shim, so every rule is judged on evidence and never touches /proc."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """A process outside the job that used the job's CPUs during the window."""
+
+    pid: int
+    user: str
+    cpu: float  # CPUs it used on average (0.9: most of one)
+    cmdline: str
+    job_id: int | None = None  # the jobwarden job it belongs to, if any
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The step counter over a stretch of time: from `step` at `at` (wall clock), `rate` steps per second."""
+
+    at: float
+    step: int
+    rate: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class StepMove:
+    """The step counter seen at a new value: when (seconds, the shim's monotonic clock) and which."""
+
+    at: float
+    step: int
+
+
+@dataclass(frozen=True)
+class GpuShare:
+    """A process outside the job computing on one of the job's GPUs."""
+
+    gpu_index: int
+    pid: int
+    used_bytes: int | None
+    user: str = "?"
+    job_id: int | None = None
+    cmdline: str = ""
+
+
+@dataclass(frozen=True)
+class GpuClock:
+    """One of the job's GPUs as NVML last read it: its SM clock against its most, and why it is lower."""
+
+    gpu_index: int
+    sm_mhz: int
+    sm_max_mhz: int
+    reasons: int  # NVML clock event reasons (nvmlClocksEventReason*)
+    utilization: float | None = None
+
+
+@dataclass(frozen=True)
+class SpeedEvidence:
+    window_s: float  # the seconds the deltas below cover
+    cpus: float  # the job's CPU allowance: affinity ∩ quota
+    affinity_cpus: int
+    quota_cpus: float | None = None
+    cpu_s: float = 0.0  # CPU time the job's processes got
+    run_delay_s: float = 0.0  # time they were runnable and waited for a CPU (schedstat)
+    timeslices: int = 0  # times they were put on a CPU (switches in)
+    throttled_s: float | None = None  # wall time the cgroup's quota held the job back; None: no counter
+    periods: int = 0
+    throttled_periods: int = 0
+    processes: int = 0
+    threads: int = 0
+    runnable_threads: float | None = None  # threads in R when looked at (only when worth reading)
+    dstate_share: float = 0.0  # share of readings with a process of the job in D (waiting on storage)
+    majflt: int = 0  # major faults over the window
+    refault_pages: int | None = None  # pages the job's memory cgroup read back after eviction (None: unknown)
+    io_some_s: float | None = None  # the job's cgroup's (else the machine's) I/O pressure, seconds stalled
+    memory_some_s: float | None = None
+    memory_full_s: float | None = None
+    pressure_scope: str = "machine"  # "cgroup" when the pressure figures are the job's own cgroup's
+    neighbours: tuple[Neighbour, ...] = ()
+    segments: tuple[Segment, ...] = ()  # oldest first
+    moves: tuple[StepMove, ...] = ()  # the counter's recent moves, oldest first
+    unit: str = "it"
+    gpus_claimed: tuple[int, ...] = ()  # GPU indexes given to the job (CUDA_VISIBLE_DEVICES, --gpus)
+    gpu_bytes: int | None = None  # GPU memory its processes hold (None: no NVML)
+    gpu_unused_s: float = 0.0  # how long it has held none while its CPUs worked
+    cuda_mapped: bool | None = None  # a CUDA library in a process's maps (None: not looked)
+    gpu_sharers: tuple[GpuShare, ...] = ()
+    gpu_clocks: tuple[GpuClock, ...] = ()
+    main_pid: int | None = None
+    pids: tuple[int, ...] = field(default=())
+
+    @property
+    def wants_s(self) -> float:
+        """Time the job's threads were runnable: on a CPU or waiting for one."""
+        return self.cpu_s + self.run_delay_s
+
+    @property
+    def wait_share(self) -> float:
+        """Of the time its threads could run, the share they waited for a CPU."""
+        return self.run_delay_s / self.wants_s if self.wants_s > 0 else 0.0
+
+    @property
+    def cpu_used(self) -> float:
+        """CPUs the job used on average over the window."""
+        return self.cpu_s / self.window_s if self.window_s > 0 else 0.0

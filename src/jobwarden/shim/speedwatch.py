@@ -1,0 +1,400 @@
+"""Why the running job is slow, watched by its shim: the speed counters read every few seconds, the step
+rate cut into stretches every tick, and the speed rules (rules.speed) asked every JUDGE_EVERY_S over the
+last WINDOW_S. Findings are recorded through the diagnosis's LiveFindings like any live finding, and
+resolved once their rule stayed silent for two judgements running (a flapping finding would notify twice).
+
+Cheap by construction (a 64-process job must cost its shim at most 1 % of a core, scripts/bench-speed):
+- every tick: nothing but the tree's own stat lines (already read) and the progress the watch computed;
+- every READ_EVERY_S: one read of /proc/PID/schedstat per member, three PSI files, one cgroup cpu.stat;
+- only when the run queue delay says the job waits: its threads' states (oversubscription), and a scan
+  of /proc for the processes that use its CPUs (contention), at most every judgement.
+All counters are cumulative, so a process read less often loses nothing but resolution.
+
+JOBWARDEN_SPEED=off turns it off (the benchmark's baseline).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, NamedTuple
+
+from jobwarden.errors import AccessDenied, ProcessGone
+from jobwarden.model import Finding, ProcessId, ProcessSnapshot
+from jobwarden.osapi.cgroup import JobCgroup
+from jobwarden.osapi.cpuquota import CpuCgroup, CpuStat, cpu_cgroup_of
+from jobwarden.osapi.procfs import ProcFS, parse_stat_counters
+from jobwarden.paths import JOB_ID_ENV
+from jobwarden.rules.speed import SPEED_RULES, judge
+from jobwarden.rules.speed.cpu import THROTTLED_SHARE, WAIT_SHARE, cpu_oversubscribed
+from jobwarden.rules.speed.evidence import GpuClock, GpuShare, Neighbour, Segment, SpeedEvidence, StepMove
+from jobwarden.shim.findings import LiveFindings
+
+if TYPE_CHECKING:
+    from jobwarden.shim.gpuwatch import GpuWatch
+    from jobwarden.shim.tree import Member
+
+SPEED_ENV = "JOBWARDEN_SPEED"
+READ_EVERY_S = 2.0
+JUDGE_EVERY_S = 4.0
+WINDOW_S = 20.0
+MIN_WINDOW_S = 8.0  # the first judgement waits for this much of a window: a start-up is no verdict
+CGROUP_EVERY_S = 30.0  # the job's cpu cgroup (and its quota) looked up again
+SEGMENT_S = 5.0  # a stretch of the step counter lasts at least this ...
+SEGMENT_STEPS = 5  # ... and holds this many steps, or lasts SEGMENT_MAX_S
+SEGMENT_MAX_S = 60.0
+SEGMENTS_KEPT = 720  # an hour at 5 s: the run's earlier rate
+MOVES_KEPT = 600  # ten minutes of moves seen once a second
+SCAN_EVERY_S = 8.0  # /proc scanned for the job's neighbours at most this often
+RESOLVE_AFTER = 2  # judgements in a row a finding's rule must stay silent before it is resolved
+CUDA_LIBS = (b"libcuda.so", b"libcudart", b"libtorch_cuda")
+
+
+def speed_enabled() -> bool:
+    return os.environ.get(SPEED_ENV, "on") != "off"
+
+
+class _Read(NamedTuple):
+    mono: float
+    per_pid: dict[ProcessId, tuple[int, int, int, int]]  # exec ns, run delay ns, slices, major faults
+    cpu: CpuStat | None
+    io_us: int | None
+    mem_some_us: int | None
+    mem_full_us: int | None
+    threads: int
+    refaults: int | None
+
+
+class Segments:
+    """The step counter cut into stretches of at least SEGMENT_S and SEGMENT_STEPS steps, and its last
+    MOVES_KEPT moves (periodic stalls)."""
+
+    def __init__(self) -> None:
+        self.done: deque[Segment] = deque(maxlen=SEGMENTS_KEPT)
+        self.moves: deque[StepMove] = deque(maxlen=MOVES_KEPT)
+        self._start: tuple[float, float, int] | None = None  # mono, wall, step
+
+    def observe(self, mono: float, wall: float, step: int | None) -> None:
+        if step is None:
+            return
+        if not self.moves or self.moves[-1].step != step:
+            if self.moves and step < self.moves[-1].step:
+                self.moves.clear()  # a new bar: its steps are not the old one's
+            self.moves.append(StepMove(mono, step))
+        start = self._start
+        if start is None or step < start[2]:  # a new bar, or one reset for a new epoch
+            self._start = (mono, wall, step)
+            return
+        seconds, steps = mono - start[0], step - start[2]
+        if seconds >= SEGMENT_S and (steps >= SEGMENT_STEPS or seconds >= SEGMENT_MAX_S):
+            self.done.append(Segment(at=start[1], step=start[2], rate=steps / seconds, seconds=seconds))
+            self._start = (mono, wall, step)
+
+
+class SpeedWatch:
+    def __init__(
+        self,
+        procfs: ProcFS,
+        live: LiveFindings,
+        gpus_claimed: Sequence[int] = (),
+        shim_pid: int | None = None,
+        memory_cgroup: JobCgroup | None = None,
+    ) -> None:
+        self.procfs, self.live = procfs, live
+        self.memory_cgroup = memory_cgroup  # the job's own (jobwarden's): its refaults are the job's
+        self.gpus_claimed = tuple(gpus_claimed)
+        self.shim_pid = shim_pid if shim_pid is not None else os.getpid()
+        self.segments = Segments()
+        self.reads: deque[_Read] = deque()
+        self.main_pid: int | None = None
+        self.unit = "it"
+        self._next_read = 0.0
+        self._next_judge = 0.0
+        self._cgroup: CpuCgroup | None = None
+        self._cgroup_at = -CGROUP_EVERY_S
+        self._affinity: frozenset[int] = frozenset()
+        self._ticks = 0
+        self._dstate_ticks: deque[tuple[float, bool]] = deque()
+        self._outside: dict[ProcessId, int] | None = None  # CPU ticks of other processes at the last scan
+        self._outside_at = 0.0
+        self._named: list[Neighbour] = []  # who used the job's CPUs, as the last scan found
+        self._silent: dict[str, int] = {}
+        self._gpu_busy_since: float | None = None
+        self._cuda: tuple[int, bool] | None = None  # (main pid, mapped)
+        self._users: dict[int, str] = {}
+        self._seen: dict[ProcessId, tuple[bytes, tuple[int, int, int, int], int]] = {}  # at the last read
+
+    # --- each tick ------------------------------------------------------------------------------------
+
+    def tick(
+        self,
+        now: float,
+        mono: float,
+        members: Iterable[Member],
+        snaps: Sequence[ProcessSnapshot],
+        step: int | None,
+        unit: str | None = None,
+        gpu: GpuWatch | None = None,
+    ) -> tuple[list[Finding], list[Finding]]:
+        """Cheap every tick; reads every READ_EVERY_S; judges every JUDGE_EVERY_S. (new, resolved)."""
+        self.segments.observe(mono, now, step)
+        if unit:
+            self.unit = unit
+        self._dstate_ticks.append((mono, any(s.state == "D" for s in snaps)))
+        while self._dstate_ticks and self._dstate_ticks[0][0] < mono - WINDOW_S:
+            self._dstate_ticks.popleft()
+        members = list(members)
+        if mono >= self._next_read:
+            self._next_read = mono + READ_EVERY_S
+            self._read(mono, members)
+        self._note_gpu(mono, snaps, gpu)
+        if mono < self._next_judge or len(self.reads) < 2 or self._window() < MIN_WINDOW_S:
+            return [], []
+        self._next_judge = mono + JUDGE_EVERY_S
+        ev = self.evidence(mono, members, gpu)
+        return self._record(judge(ev), now)
+
+    def _window(self) -> float:
+        return self.reads[-1].mono - self.reads[0].mono
+
+    def _read(self, mono: float, members: list[Member]) -> None:
+        if mono - self._cgroup_at >= CGROUP_EVERY_S and self.main_pid is not None:
+            self._cgroup_at = mono
+            self._cgroup = cpu_cgroup_of(self.main_pid, str(self.procfs.root))
+            with contextlib.suppress(ProcessGone):
+                self._affinity = self.procfs.affinity(self.main_pid)
+        per_pid: dict[ProcessId, tuple[int, int, int, int]] = {}
+        seen: dict[ProcessId, tuple[bytes, tuple[int, int, int, int], int]] = {}
+        threads = 0
+        for m in members:
+            before = self._seen.get(m.ident)
+            state = m.snapshot.state if m.snapshot else "R"
+            if before is not None and before[0] is m.raw_stat and state not in ("R", "D"):
+                # the same stat line, asleep: it did not run (nor wait to run) since: nothing to read
+                seen[m.ident] = before
+                per_pid[m.ident], threads = before[1], threads + before[2]
+                continue
+            try:
+                sched = self.procfs.schedstat(m.pid)
+            except (ProcessGone, AccessDenied):
+                continue
+            if sched is None:
+                continue
+            majflt = nthreads = 0
+            if m.raw_stat:
+                with contextlib.suppress(ValueError, IndexError):
+                    counters = parse_stat_counters(m.raw_stat.decode("ascii", "replace"))
+                    majflt, nthreads = counters.majflt, counters.num_threads
+            values = (sched.exec_ns, sched.run_delay_ns, sched.timeslices, majflt)
+            per_pid[m.ident], threads = values, threads + nthreads
+            seen[m.ident] = (m.raw_stat, values, nthreads)
+        self._seen = seen
+        cg = self._cgroup
+        io = (cg.pressure("io") if cg else None) or self.procfs.pressure("io")
+        mem = (cg.pressure("memory") if cg else None) or self.procfs.pressure("memory")
+        self.reads.append(
+            _Read(
+                mono,
+                per_pid,
+                cg.cpu_stat() if cg else None,
+                io.some_us if io else None,
+                mem.some_us if mem else None,
+                mem.full_us if mem else None,
+                threads,
+                self.memory_cgroup.refaults() if self.memory_cgroup else None,
+            )
+        )
+        while len(self.reads) > 2 and self.reads[1].mono <= mono - WINDOW_S:
+            self.reads.popleft()
+
+    # --- the evidence ---------------------------------------------------------------------------------
+
+    def allowance(self) -> tuple[float, int, float | None]:
+        """(CPUs the job may use, CPUs of its affinity, its quota in CPUs)."""
+        affinity = len(self._affinity) or os.cpu_count() or 1
+        quota = self._cgroup.quota_cpus if self._cgroup else None
+        return (min(float(affinity), quota) if quota is not None else float(affinity)), affinity, quota
+
+    def evidence(self, mono: float, members: list[Member], gpu: GpuWatch | None = None) -> SpeedEvidence:
+        first, last = self.reads[0], self.reads[-1]
+        window = last.mono - first.mono
+        exec_ns = delay_ns = slices = majflt = 0
+        for ident, (e, d, s, f) in last.per_pid.items():
+            before = first.per_pid.get(ident, (0, 0, 0, 0))  # born in the window: all of it is new
+            exec_ns, delay_ns = exec_ns + e - before[0], delay_ns + d - before[1]
+            slices, majflt = slices + s - before[2], majflt + f - before[3]
+        throttled_s = periods = throttled = None
+        if first.cpu and last.cpu:
+            throttled_s = (last.cpu.throttled_ns - first.cpu.throttled_ns) / 1e9
+            periods = last.cpu.nr_periods - first.cpu.nr_periods
+            throttled = last.cpu.nr_throttled - first.cpu.nr_throttled
+        cpus, affinity, quota = self.allowance()
+        dticks = [d for _, d in self._dstate_ticks]
+        cg_scope = self._cgroup is not None and self._cgroup.pressure_dir is not None
+        ev = SpeedEvidence(
+            window_s=window,
+            cpus=cpus,
+            affinity_cpus=affinity,
+            quota_cpus=quota,
+            cpu_s=exec_ns / 1e9,
+            run_delay_s=delay_ns / 1e9,
+            timeslices=slices,
+            throttled_s=throttled_s,
+            periods=periods or 0,
+            throttled_periods=throttled or 0,
+            processes=len(last.per_pid),
+            threads=last.threads,
+            dstate_share=sum(dticks) / len(dticks) if dticks else 0.0,
+            majflt=majflt,
+            io_some_s=_delta_s(first.io_us, last.io_us),
+            memory_some_s=_delta_s(first.mem_some_us, last.mem_some_us),
+            memory_full_s=_delta_s(first.mem_full_us, last.mem_full_us),
+            refault_pages=(
+                max(last.refaults - first.refaults, 0)
+                if first.refaults is not None and last.refaults is not None
+                else None
+            ),
+            pressure_scope="cgroup" if cg_scope else "machine",
+            segments=tuple(self.segments.done),
+            moves=tuple(self.segments.moves),
+            unit=self.unit,
+            main_pid=self.main_pid,
+            pids=tuple(m.pid for m in members),
+        )
+        if gpu is not None:
+            ev = self._with_gpu(ev, mono, gpu)
+        throttled_share = ev.throttled_periods / ev.periods if ev.periods else 0.0
+        if ev.wait_share >= WAIT_SHARE and throttled_share < THROTTLED_SHARE:
+            ev = self._why_waiting(ev, mono, members)
+        else:
+            self._outside, self._named = None, []  # a scan from long ago is no base for the next one
+        return ev
+
+    def _why_waiting(self, ev: SpeedEvidence, mono: float, members: list[Member]) -> SpeedEvidence:
+        """The job waits for CPUs: its own runnable threads first (cheap: its own /proc), and only when
+        they do not explain it, who else ran on its CPUs (a scan of /proc, at most every SCAN_EVERY_S)."""
+        runnable = 0
+        if ev.cpu_used >= 0.5 * ev.cpus:
+            for m in members:
+                with contextlib.suppress(ProcessGone, AccessDenied):
+                    runnable += len(self.procfs.threads_in_state(m.pid, "R"))
+        ev = replace(ev, runnable_threads=float(runnable))
+        if cpu_oversubscribed(ev) is not None:
+            self._outside = None
+            return ev
+        if self._outside is None or mono - self._outside_at >= SCAN_EVERY_S:
+            self._named = self._neighbours(mono, members)
+        return replace(ev, neighbours=tuple(self._named))
+
+    def _neighbours(self, mono: float, members: list[Member]) -> list[Neighbour]:
+        """Processes outside the job that used its CPUs since the previous scan (none at the first)."""
+        job = {m.pid for m in members} | {self.shim_pid}
+        cpus = self._affinity
+        ticks: dict[ProcessId, int] = {}
+        last_cpu: dict[ProcessId, int] = {}
+        for st in self.procfs.iter_stats():
+            if st.pid in job or st.ppid == 2 or st.pid == 2:
+                continue
+            ident = ProcessId(st.pid, st.start_time)
+            ticks[ident] = st.cpu_ticks
+            last_cpu[ident] = st.processor
+        before, before_at = self._outside, self._outside_at
+        self._outside, self._outside_at = ticks, mono
+        if before is None or mono <= before_at:
+            return []
+        seconds = mono - before_at
+        found = []
+        for ident, t in ticks.items():
+            used = (t - before.get(ident, t)) / self.procfs.ticks_per_s / seconds
+            if used < 0.05 or (cpus and last_cpu.get(ident, -1) not in cpus):
+                continue
+            found.append(self._describe(ident.pid, used))
+        return sorted(found, key=lambda n: -n.cpu)[:10]
+
+    def _describe(self, pid: int, used: float) -> Neighbour:
+        user, job_id, cmdline = "?", None, "?"
+        with contextlib.suppress(ProcessGone, AccessDenied):
+            uid = self.procfs.uid(pid)
+            user = self._users.get(uid) or self._users.setdefault(uid, _user_name(uid))
+            cmdline = self.procfs.cmdline(pid)
+            value = self.procfs.environ_values(pid, (JOB_ID_ENV,)).get(JOB_ID_ENV)
+            job_id = int(value) if value and value.isascii() and value.isdigit() else None
+        return Neighbour(pid=pid, user=user, cpu=round(used, 2), cmdline=cmdline, job_id=job_id)
+
+    # --- GPUs -----------------------------------------------------------------------------------------
+
+    def _note_gpu(self, mono: float, snaps: Sequence[ProcessSnapshot], gpu: GpuWatch | None) -> None:
+        usage = gpu.usage if gpu else None
+        cpu = sum(s.cpu_percent or 0.0 for s in snaps)
+        if not self.gpus_claimed or usage is None or usage.total_bytes or cpu < 50.0:
+            self._gpu_busy_since = None
+        elif self._gpu_busy_since is None:
+            self._gpu_busy_since = mono
+
+    def _with_gpu(self, ev: SpeedEvidence, mono: float, gpu: GpuWatch) -> SpeedEvidence:
+        usage = gpu.usage
+        unused = mono - self._gpu_busy_since if self._gpu_busy_since is not None else 0.0
+        cuda = None
+        if unused > 0 and self.main_pid is not None:
+            if self._cuda is None or self._cuda[0] != self.main_pid:
+                with contextlib.suppress(ProcessGone, AccessDenied):
+                    self._cuda = (self.main_pid, self.procfs.maps_any(self.main_pid, CUDA_LIBS))
+            cuda = self._cuda[1] if self._cuda else None
+        mine = {p.gpu_index for p in gpu.processes} | set(self.gpus_claimed)
+        sharers = []
+        for p in getattr(gpu, "others", ()):
+            if p.gpu_index in mine and "compute" in p.kind and p.pid != self.shim_pid:
+                n = self._describe(p.pid, 0.0)
+                sharers.append(GpuShare(p.gpu_index, p.pid, p.used_bytes, n.user, n.job_id, n.cmdline))
+        clocks = tuple(
+            GpuClock(d.index, d.sm_clock_mhz, d.sm_clock_max_mhz, d.clock_reasons, d.utilization_percent)
+            for d in gpu.devices
+            if d.index in mine
+            and d.sm_clock_mhz is not None
+            and d.sm_clock_max_mhz is not None
+            and d.clock_reasons is not None
+        )
+        return replace(
+            ev,
+            gpu_clocks=clocks,
+            gpus_claimed=self.gpus_claimed,
+            gpu_bytes=usage.total_bytes if usage else None,
+            gpu_unused_s=unused,
+            cuda_mapped=cuda,
+            gpu_sharers=tuple(sharers),
+        )
+
+    # --- findings -------------------------------------------------------------------------------------
+
+    def _record(self, found: list[Finding], now: float) -> tuple[list[Finding], list[Finding]]:
+        fired = {f.rule for f in found}
+        for rule in SPEED_RULES:
+            self._silent[rule] = 0 if rule in fired else self._silent.get(rule, 0) + 1
+        new = self.live.record([f for f in found if self.live.is_new(f)], now)
+        resolved = self.live.resolve_where(
+            lambda f: f.rule in SPEED_RULES and self._silent.get(f.rule, 0) >= RESOLVE_AFTER, now
+        )
+        return new, resolved
+
+
+def _delta_s(before: int | None, after: int | None) -> float | None:
+    if before is None or after is None:
+        return None
+    return max(after - before, 0) / 1e6
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def claimed_gpus(gpu_env: dict[str, str]) -> tuple[int, ...]:
+    """GPU indexes the shim gave the job (its CUDA_VISIBLE_DEVICES, when given as indexes)."""
+    value = gpu_env.get("CUDA_VISIBLE_DEVICES", "")
+    return tuple(int(v) for v in value.split(",") if v.strip().isascii() and v.strip().isdigit())

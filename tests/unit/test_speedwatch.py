@@ -1,0 +1,132 @@
+"""The shim's speed watch over a /proc of files (the OS seam) and a real store: the counters it sums into
+evidence, what it does not read again, and a finding's life — recorded once, resolved after two silent
+judgements, with the moment."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobwarden.model import JobSpec, JobState, ProcessId, ProcessSnapshot
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.shim.findings import LiveFindings
+from jobwarden.shim.speedwatch import JUDGE_EVERY_S, READ_EVERY_S, SpeedWatch
+from jobwarden.shim.tree import Member
+from jobwarden.store import Store
+
+T0 = 1_700_000_000.0
+
+
+def stat_line(pid: int, state: str = "S", majflt: int = 0) -> bytes:
+    fields = ["0"] * 50
+    fields[0], fields[1], fields[9], fields[17], fields[19], fields[36] = (
+        state,
+        "1",
+        str(majflt),
+        "1",
+        "500",
+        "0",
+    )
+    return f"{pid} (python) {' '.join(fields)}\n".encode()
+
+
+class FakeProc:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir()
+        (root / "pressure").mkdir()
+        for name in ("io", "memory"):
+            self.pressure(name, 0)
+
+    def pressure(self, name: str, total_us: int) -> None:
+        (self.root / "pressure" / name).write_text(
+            f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total_us}\n"
+            f"full avg10=0.00 avg60=0.00 avg300=0.00 total={total_us // 2}\n"
+        )
+
+    def process(self, pid: int, exec_ns: int, delay_ns: int) -> None:
+        (self.root / str(pid)).mkdir(exist_ok=True)
+        (self.root / str(pid) / "schedstat").write_text(f"{exec_ns} {delay_ns} 10\n")
+
+
+def member(pid: int, state: str, majflt: int = 0) -> Member:
+    m = Member(ProcessId(pid, 500), -1, 1, "python train.py")
+    m.raw_stat = stat_line(pid, state, majflt)
+    m.snapshot = ProcessSnapshot(pid, 1, 500, state, "python train.py", 1 << 20, 0.0)
+    return m
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[tuple[Store, int, int]]:
+    with Store(tmp_path / "home") as s:
+        spec = JobSpec(command=("python", "train.py"), cwd="/tmp", name="train.py", env={})
+        job_id, run = s.create_job(spec, {}, T0)
+        s.update_run(job_id, run, state=JobState.RUNNING, started_at=T0)
+        yield s, job_id, run
+
+
+def watch_for(store: tuple[Store, int, int], proc: FakeProc) -> SpeedWatch:
+    s, job_id, run = store
+
+    def write(method: object, *args: object) -> bool:
+        method(job_id, run, *args)  # type: ignore[operator]
+        return True
+
+    watch = SpeedWatch(ProcFS(proc.root), LiveFindings(s, write), shim_pid=1)
+    watch.main_pid = 1000
+    return watch
+
+
+def test_the_window_sums_each_process_delta_and_an_asleep_one_is_not_read_again(
+    tmp_path: Path, store: tuple[Store, int, int]
+) -> None:
+    proc = FakeProc(tmp_path / "proc")
+    busy, asleep = member(1000, "R", majflt=7), member(1001, "S")
+    proc.process(1000, 0, 0)
+    proc.process(1001, 5_000_000_000, 1_000_000_000)
+    watch = watch_for(store, proc)
+    t = 0.0
+    while t <= 10.0:
+        proc.process(1000, int(t * 0.5e9), int(t * 0.5e9))  # half of its runnable time waiting
+        if t >= 4:
+            (proc.root / "1001" / "schedstat").unlink(missing_ok=True)  # asleep: never read again
+        busy.raw_stat = stat_line(1000, "R", majflt=7 + int(t))  # the tree read a new stat line
+        watch.tick(T0 + t, t, [busy, asleep], [], None)
+        t += READ_EVERY_S
+    ev = watch.evidence(t, [busy, asleep])
+    assert ev.window_s == pytest.approx(10.0)
+    assert (ev.cpu_s, ev.run_delay_s) == pytest.approx((5.0, 5.0))  # the sleeper's counters did not move
+    assert ev.wait_share == pytest.approx(0.5)
+    assert ev.majflt == 10 and ev.processes == 2 and ev.threads == 2
+    assert ev.memory_some_s == 0.0 and ev.pressure_scope == "machine"
+
+
+def test_a_slowdown_is_recorded_once_and_resolved_when_the_rate_comes_back(
+    tmp_path: Path, store: tuple[Store, int, int]
+) -> None:
+    s, job_id, run = store
+    proc = FakeProc(tmp_path / "proc")
+    proc.process(1000, 0, 0)
+    main = member(1000, "S")
+    watch = watch_for(store, proc)
+    recorded, resolved = [], []
+    step, t = 0.0, 0.0
+    for seconds, rate in ((40, 10.0), (40, 10 / 3), (40, 10.0)):
+        end = t + seconds
+        while t < end:
+            new, gone = watch.tick(T0 + t, t, [main], [], int(step))
+            recorded += [(t, f) for f in new]
+            resolved += [(t, f) for f in gone]
+            t += 1.0
+            step += rate
+    assert [f.rule for _, f in recorded] == ["slowed-down"]
+    at, slowed = recorded[0]
+    assert 40 + 15 <= at <= 40 + 30  # after more than a blip, well within the goal of 30 s
+    assert slowed.title.startswith(("slowed down 3.0× since step 400 (", "slowed down 3.1× since step 400 ("))
+    ((gone_at, gone),) = resolved
+    assert gone.rule == "slowed-down" and gone.resolved_at == T0 + gone_at
+    assert 80 < gone_at <= 80 + 5 + 2 * JUDGE_EVERY_S + 6  # a stretch, then two silent judgements
+    (stored,) = [f for _, f in s.findings(job_id, run)]
+    assert stored.rule == "slowed-down" and stored.resolved_at == T0 + gone_at
