@@ -10,9 +10,9 @@ jobwarden's own clock, never the bar's smoothed one.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
+from jobwarden.clock import shown_time
 from jobwarden.model import Finding
 from jobwarden.rules.speed.evidence import Segment, SpeedEvidence
 
@@ -68,7 +68,7 @@ def slowed_down(ev: SpeedEvidence) -> Finding | None:
     base, first, rate, seconds = found
     if rate <= 0:  # standing still is no slowdown: the progress watch's `stalled` and the hang rules say it
         return None
-    clock = time.strftime("%H:%M", time.localtime(first.at))
+    clock = shown_time(first.at, "minute")
     times = f"{base / rate:.1f}×"
     lost = 1 - rate / base
     return Finding(
