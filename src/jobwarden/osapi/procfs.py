@@ -266,6 +266,23 @@ class ProcFS:
                 continue
         return stats
 
+    def task_schedstats(self, pid: int) -> dict[int, SchedStat]:
+        """/proc/PID/task/TID/schedstat of every thread of `pid`, by thread id: the process's own file is
+        its main thread's alone. Threads that end while being read, or a kernel without schedstats, leave
+        theirs out."""
+        try:
+            tids = os.listdir(self.root / str(pid) / "task")
+        except FileNotFoundError as err:
+            raise ProcessGone(pid) from err
+        found: dict[int, SchedStat] = {}
+        for tid in tids:
+            try:
+                with open(self.root / str(pid) / "task" / tid / "schedstat") as fh:
+                    found[int(tid)] = parse_schedstat(fh.read())
+            except (FileNotFoundError, ProcessLookupError, ValueError):
+                continue
+        return found
+
     def threads_in_state(self, pid: int, states: str) -> list[int]:
         """Thread ids of `pid` whose state is one of `states` (e.g. 'D' before a blocking stack dump)."""
         return [t.pid for t in self.task_stats(pid) if t.state in states]

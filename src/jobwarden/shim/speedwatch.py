@@ -31,7 +31,17 @@ from jobwarden.osapi.procfs import ProcFS, parse_stat_counters
 from jobwarden.paths import JOB_ID_ENV
 from jobwarden.rules.speed import SPEED_RULES, judge
 from jobwarden.rules.speed.cpu import THROTTLED_SHARE, WAIT_SHARE, cpu_oversubscribed
-from jobwarden.rules.speed.evidence import GpuClock, GpuShare, Neighbour, Segment, SpeedEvidence, StepMove
+from jobwarden.rules.speed.evidence import (
+    GpuClock,
+    GpuShare,
+    Neighbour,
+    Segment,
+    SpeedEvidence,
+    StepMove,
+    ThreadsRead,
+    WorkerBatch,
+)
+from jobwarden.rules.speed.threads import STARTUP_S, command_key, worker_kind
 from jobwarden.shim.findings import LiveFindings
 
 if TYPE_CHECKING:
@@ -52,6 +62,10 @@ MOVES_KEPT = 600  # ten minutes of moves seen once a second
 SCAN_EVERY_S = 8.0  # /proc scanned for the job's neighbours at most this often
 RESOLVE_AFTER = 2  # judgements in a row a finding's rule must stay silent before it is resolved
 CUDA_LIBS = (b"libcuda.so", b"libcudart", b"libtorch_cuda")
+THREADS_CPU = 70.0  # % of a core a process must use before its threads are read (gil-bound); not 90: on a
+# loaded machine a GIL-bound process gets less than its one core, and it is still GIL-bound
+BATCH_S = 3.0  # workers of one parent first seen this close together are one batch
+BATCHES_KEPT = 64
 
 
 def speed_enabled() -> bool:
@@ -127,6 +141,12 @@ class SpeedWatch:
         self._cuda: tuple[int, bool] | None = None  # (main pid, mapped)
         self._users: dict[int, str] = {}
         self._seen: dict[ProcessId, tuple[bytes, tuple[int, int, int, int], int]] = {}  # at the last read
+        self._tasks: dict[ProcessId, tuple[float, dict[int, tuple[int, int]]]] = {}  # thread exec, delay ns
+        self._thread_reads: deque[tuple[float, ThreadsRead]] = deque()
+        self._kids: dict[ProcessId, tuple[int, float, float]] = {}  # worker: (batch, first seen, startup CPU)
+        self._batches: deque[tuple[int, WorkerBatch]] = deque(maxlen=BATCHES_KEPT)  # (number, batch)
+        self._batch_no = 0
+        self._not_workers: set[ProcessId] = set()
 
     # --- each tick ------------------------------------------------------------------------------------
 
@@ -148,6 +168,7 @@ class SpeedWatch:
         while self._dstate_ticks and self._dstate_ticks[0][0] < mono - WINDOW_S:
             self._dstate_ticks.popleft()
         members = list(members)
+        self._note_workers(mono, members)
         if mono >= self._next_read:
             self._next_read = mono + READ_EVERY_S
             self._read(mono, members)
@@ -193,6 +214,7 @@ class SpeedWatch:
             per_pid[m.ident], threads = values, threads + nthreads
             seen[m.ident] = (m.raw_stat, values, nthreads)
         self._seen = seen
+        self._read_threads(mono, members, seen)
         cg = self._cgroup
         io = (cg.pressure("io") if cg else None) or self.procfs.pressure("io")
         mem = (cg.pressure("memory") if cg else None) or self.procfs.pressure("memory")
@@ -210,6 +232,92 @@ class SpeedWatch:
         )
         while len(self.reads) > 2 and self.reads[1].mono <= mono - WINDOW_S:
             self.reads.popleft()
+
+    # --- the job's own workers and threads (worker-respawn, gil-bound) --------------------------------
+
+    def _note_workers(self, mono: float, members: list[Member]) -> None:
+        """Python workers (rules.speed.threads.worker_kind) by the batch their parent started them in, and
+        the CPU each used in its first STARTUP_S. Every tick, from the tree's members alone: a new member
+        is classified once."""
+        present = {m.ident for m in members}
+        by_pid = {m.pid: m for m in members}
+        for m in members:
+            if m.ident in self._not_workers:
+                continue
+            kid = self._kids.get(m.ident)
+            if kid is not None:
+                if mono - kid[1] <= STARTUP_S and m.last_ticks is not None:
+                    self._kids[m.ident] = (kid[0], kid[1], m.last_ticks / self.procfs.ticks_per_s)
+                continue
+            parent = by_pid.get(m.ppid)
+            kind = worker_kind(m.cmdline, parent.cmdline) if parent is not None else None
+            if kind is None:
+                if len(self._not_workers) > 4096:
+                    self._not_workers.clear()
+                self._not_workers.add(m.ident)
+                continue
+            self._kids[m.ident] = (self._join_batch(mono, m.ppid, command_key(m.cmdline), kind), mono, 0.0)
+        self._not_workers &= present
+        gone = [ident for ident in self._kids if ident not in present]
+        for i, (no, b) in enumerate(self._batches):
+            kids = [(ident, k) for ident, k in self._kids.items() if k[0] == no]
+            startup = max((k[2] for _, k in kids), default=0.0)
+            ended = b.ended_at
+            if kids and ended is None and all(ident in gone for ident, _ in kids):
+                ended = mono
+            if startup != b.startup_cpu_s or ended != b.ended_at:
+                self._batches[i] = (
+                    no,
+                    replace(b, startup_cpu_s=max(startup, b.startup_cpu_s), ended_at=ended),
+                )
+        for ident in gone:
+            del self._kids[ident]
+
+    def _join_batch(self, mono: float, parent: int, command: str, kind: str) -> int:
+        for i, (no, b) in enumerate(self._batches):
+            if b.parent_pid == parent and b.command == command and mono - b.born_at <= BATCH_S:
+                self._batches[i] = (no, replace(b, count=b.count + 1))
+                return no
+        self._batch_no += 1
+        self._batches.append((self._batch_no, WorkerBatch(parent, command, kind, mono, 1)))
+        return self._batch_no
+
+    def _read_threads(
+        self,
+        mono: float,
+        members: list[Member],
+        seen: dict[ProcessId, tuple[bytes, tuple[int, int, int, int], int]],
+    ) -> None:
+        """Per-thread CPU and run delay of the processes that use about a core with two threads or more:
+        only those can be GIL-bound, so the shim reads no task files of anything else."""
+        tasks: dict[ProcessId, tuple[float, dict[int, tuple[int, int]]]] = {}
+        for m in members:
+            cpu = m.snapshot.cpu_percent if m.snapshot else None
+            if cpu is None or cpu < THREADS_CPU or m.ident not in seen or seen[m.ident][2] < 2:
+                continue
+            try:
+                now = {
+                    tid: (t.exec_ns, t.run_delay_ns) for tid, t in self.procfs.task_schedstats(m.pid).items()
+                }
+            except (ProcessGone, AccessDenied):
+                continue
+            tasks[m.ident] = (mono, now)
+            before = self._tasks.get(m.ident)
+            if before is None or mono <= before[0]:
+                continue
+            seconds = mono - before[0]
+            busy, waiting = [], 0
+            for tid, (e, d) in now.items():
+                e0, d0 = before[1].get(tid, (0, 0))
+                if e - e0 > 0:
+                    busy.append((e - e0) / 1e9 / seconds)
+                waiting += max(d - d0, 0)
+            busiest = tuple(sorted(busy, reverse=True)[:16])
+            read = ThreadsRead(m.pid, seconds, busiest, waiting / 1e9 / seconds, m.cmdline)
+            self._thread_reads.append((mono, read))
+        self._tasks = tasks  # a process that is no longer busy starts afresh: no stale base
+        while self._thread_reads and self._thread_reads[0][0] < mono - WINDOW_S:
+            self._thread_reads.popleft()
 
     # --- the evidence ---------------------------------------------------------------------------------
 
@@ -264,6 +372,8 @@ class SpeedWatch:
             unit=self.unit,
             main_pid=self.main_pid,
             pids=tuple(m.pid for m in members),
+            worker_batches=tuple(b for _, b in self._batches),
+            thread_reads=tuple(r for _, r in self._thread_reads),
         )
         if gpu is not None:
             ev = self._with_gpu(ev, mono, gpu)

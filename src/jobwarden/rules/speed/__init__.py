@@ -37,7 +37,7 @@ SPEED_RULES = frozenset(
 
 
 def _judges() -> list[Callable[[SpeedEvidence], Finding | None]]:
-    from jobwarden.rules.speed import cpu, gpu, stalls, steps, storage
+    from jobwarden.rules.speed import cpu, gpu, stalls, steps, storage, threads
 
     # CPU causes first and only one of them: a quota, then the job's own threads, then its neighbours
     return [
@@ -51,6 +51,8 @@ def _judges() -> list[Callable[[SpeedEvidence], Finding | None]]:
         storage.memory_thrash,
         stalls.periodic_stall,
         steps.slowed_down,
+        threads.worker_respawn,
+        threads.gil_bound,
     ]
 
 
@@ -63,6 +65,8 @@ JUDGED = (
     "io-bound",
     "memory-thrash",
     "slowed-down",
+    "worker-respawn",
+    "gil-bound",
 )
 
 

@@ -60,6 +60,31 @@ class GpuClock:
 
 
 @dataclass(frozen=True)
+class WorkerBatch:
+    """Children one parent of the job started together with the same command line (numbers aside): a
+    batch of Python workers (multiprocessing spawn/forkserver, or forked from a Python parent)."""
+
+    parent_pid: int
+    command: str  # the workers' command line, digits blanked (a spawn worker's pipe handle differs)
+    kind: str  # "spawn", "forkserver", "fork"
+    born_at: float  # the shim's monotonic clock: when the first of them was seen
+    count: int
+    ended_at: float | None = None  # when the last of them was seen gone; None: some still run
+    startup_cpu_s: float = 0.0  # CPU the busiest of them had used in its first seconds (imports, unpickling)
+
+
+@dataclass(frozen=True)
+class ThreadsRead:
+    """One busy multi-threaded process over one read interval (/proc/PID/task/TID/schedstat deltas)."""
+
+    pid: int
+    seconds: float
+    busy: tuple[float, ...]  # CPUs each of its threads that ran used, busiest first
+    waiting: float  # CPUs' worth of time its threads were runnable but waited for a CPU (run delay)
+    cmdline: str = ""
+
+
+@dataclass(frozen=True)
 class SpeedEvidence:
     window_s: float  # the seconds the deltas below cover
     cpus: float  # the job's CPU allowance: affinity ∩ quota
@@ -93,6 +118,8 @@ class SpeedEvidence:
     gpu_clocks: tuple[GpuClock, ...] = ()
     main_pid: int | None = None
     pids: tuple[int, ...] = field(default=())
+    worker_batches: tuple[WorkerBatch, ...] = ()  # oldest first (worker-respawn)
+    thread_reads: tuple[ThreadsRead, ...] = ()  # busy processes' threads, oldest first (gil-bound)
 
     @property
     def wants_s(self) -> float:
