@@ -27,7 +27,7 @@ from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.model import Finding, ProcessId, ProcessSnapshot
 from jobwarden.osapi.cgroup import JobCgroup
 from jobwarden.osapi.cpuquota import CpuCgroup, CpuStat, cpu_cgroup_of
-from jobwarden.osapi.procfs import ProcFS, parse_stat_counters
+from jobwarden.osapi.procfs import ProcFS, TaskCounters, parse_stat_counters
 from jobwarden.paths import JOB_ID_ENV
 from jobwarden.rules.speed import SPEED_RULES, judge
 from jobwarden.rules.speed.cpu import THROTTLED_SHARE, WAIT_SHARE, cpu_oversubscribed
@@ -39,6 +39,7 @@ from jobwarden.rules.speed.evidence import (
     SpeedEvidence,
     StepMove,
     ThreadsRead,
+    ThreadUse,
     WorkerBatch,
 )
 from jobwarden.rules.speed.threads import STARTUP_S, command_key, worker_kind
@@ -62,8 +63,9 @@ MOVES_KEPT = 600  # ten minutes of moves seen once a second
 SCAN_EVERY_S = 8.0  # /proc scanned for the job's neighbours at most this often
 RESOLVE_AFTER = 2  # judgements in a row a finding's rule must stay silent before it is resolved
 CUDA_LIBS = (b"libcuda.so", b"libcudart", b"libtorch_cuda")
-THREADS_CPU = 70.0  # % of a core a process must use before its threads are read (gil-bound); not 90: on a
-# loaded machine a GIL-bound process gets less than its one core, and it is still GIL-bound
+THREADS_CPU = 50.0  # % of a core a process must use before its threads are read (gil-bound); not 90: on a
+# loaded machine a GIL-bound process gets less than its one core (measured 0.58 at load 6 on 2 cores)
+THREADS_PROCESSES = 4  # the busiest processes whose threads are read at one read, at most
 BATCH_S = 3.0  # workers of one parent first seen this close together are one batch
 BATCHES_KEPT = 64
 
@@ -141,7 +143,7 @@ class SpeedWatch:
         self._cuda: tuple[int, bool] | None = None  # (main pid, mapped)
         self._users: dict[int, str] = {}
         self._seen: dict[ProcessId, tuple[bytes, tuple[int, int, int, int], int]] = {}  # at the last read
-        self._tasks: dict[ProcessId, tuple[float, dict[int, tuple[int, int]]]] = {}  # thread exec, delay ns
+        self._tasks: dict[ProcessId, tuple[float, dict[int, TaskCounters]]] = {}
         self._thread_reads: deque[tuple[float, ThreadsRead]] = deque()
         self._kids: dict[ProcessId, tuple[int, float, float]] = {}  # worker: (batch, first seen, startup CPU)
         self._batches: deque[tuple[int, WorkerBatch]] = deque(maxlen=BATCHES_KEPT)  # (number, batch)
@@ -252,24 +254,24 @@ class SpeedWatch:
             parent = by_pid.get(m.ppid)
             kind = worker_kind(m.cmdline, parent.cmdline) if parent is not None else None
             if kind is None:
-                if len(self._not_workers) > 4096:
-                    self._not_workers.clear()
                 self._not_workers.add(m.ident)
                 continue
             self._kids[m.ident] = (self._join_batch(mono, m.ppid, command_key(m.cmdline), kind), mono, 0.0)
-        self._not_workers &= present
-        gone = [ident for ident in self._kids if ident not in present]
+        self._not_workers &= present  # bounded by the tree
+        gone = {ident for ident in self._kids if ident not in present}
+        if not self._kids:
+            return
+        by_batch: dict[int, list[tuple[bool, float]]] = {}  # batch: (gone, start-up CPU) of each worker
+        for ident, (no, _, startup) in self._kids.items():
+            by_batch.setdefault(no, []).append((ident in gone, startup))
         for i, (no, b) in enumerate(self._batches):
-            kids = [(ident, k) for ident, k in self._kids.items() if k[0] == no]
-            startup = max((k[2] for _, k in kids), default=0.0)
-            ended = b.ended_at
-            if kids and ended is None and all(ident in gone for ident, _ in kids):
-                ended = mono
+            kids = by_batch.get(no)
+            if not kids:
+                continue
+            startup = max(b.startup_cpu_s, *(k[1] for k in kids))
+            ended = mono if b.ended_at is None and all(k[0] for k in kids) else b.ended_at
             if startup != b.startup_cpu_s or ended != b.ended_at:
-                self._batches[i] = (
-                    no,
-                    replace(b, startup_cpu_s=max(startup, b.startup_cpu_s), ended_at=ended),
-                )
+                self._batches[i] = (no, replace(b, startup_cpu_s=startup, ended_at=ended))
         for ident in gone:
             del self._kids[ident]
 
@@ -290,15 +292,19 @@ class SpeedWatch:
     ) -> None:
         """Per-thread CPU and run delay of the processes that use about a core with two threads or more:
         only those can be GIL-bound, so the shim reads no task files of anything else."""
-        tasks: dict[ProcessId, tuple[float, dict[int, tuple[int, int]]]] = {}
-        for m in members:
-            cpu = m.snapshot.cpu_percent if m.snapshot else None
-            if cpu is None or cpu < THREADS_CPU or m.ident not in seen or seen[m.ident][2] < 2:
-                continue
+        tasks: dict[ProcessId, tuple[float, dict[int, TaskCounters]]] = {}
+        busy = [
+            m
+            for m in members
+            if m.snapshot
+            and (m.snapshot.cpu_percent or 0.0) >= THREADS_CPU
+            and m.ident in seen
+            and seen[m.ident][2] >= 2
+        ]
+        busy.sort(key=lambda m: -(m.snapshot.cpu_percent or 0.0) if m.snapshot else 0.0)
+        for m in busy[:THREADS_PROCESSES]:
             try:
-                now = {
-                    tid: (t.exec_ns, t.run_delay_ns) for tid, t in self.procfs.task_schedstats(m.pid).items()
-                }
+                now = self.procfs.task_counters(m.pid)
             except (ProcessGone, AccessDenied):
                 continue
             tasks[m.ident] = (mono, now)
@@ -306,15 +312,19 @@ class SpeedWatch:
             if before is None or mono <= before[0]:
                 continue
             seconds = mono - before[0]
-            busy, waiting = [], 0
-            for tid, (e, d) in now.items():
-                e0, d0 = before[1].get(tid, (0, 0))
-                if e - e0 > 0:
-                    busy.append((e - e0) / 1e9 / seconds)
-                waiting += max(d - d0, 0)
-            busiest = tuple(sorted(busy, reverse=True)[:16])
-            read = ThreadsRead(m.pid, seconds, busiest, waiting / 1e9 / seconds, m.cmdline)
-            self._thread_reads.append((mono, read))
+            used = []
+            for tid, c in now.items():
+                b = before[1].get(tid, TaskCounters(0, 0, 0))
+                if c.exec_ns > b.exec_ns:
+                    used.append(
+                        ThreadUse(
+                            (c.exec_ns - b.exec_ns) / 1e9 / seconds,
+                            max(c.run_delay_ns - b.run_delay_ns, 0) / 1e9 / seconds,
+                            max(c.voluntary_switches - b.voluntary_switches, 0) / seconds,
+                        )
+                    )
+            used.sort(key=lambda t: -t.cpu)
+            self._thread_reads.append((mono, ThreadsRead(m.pid, seconds, tuple(used[:16]), m.cmdline)))
         self._tasks = tasks  # a process that is no longer busy starts afresh: no stale base
         while self._thread_reads and self._thread_reads[0][0] < mono - WINDOW_S:
             self._thread_reads.popleft()

@@ -74,13 +74,21 @@ class WorkerBatch:
 
 
 @dataclass(frozen=True)
+class ThreadUse:
+    """One thread over one read interval."""
+
+    cpu: float  # CPUs it used
+    waiting: float  # CPUs' worth of time it was runnable but waited for a CPU (run-queue delay)
+    sleeps: float  # voluntary context switches a second: it waited on a lock (the GIL), I/O, a sleep
+
+
+@dataclass(frozen=True)
 class ThreadsRead:
-    """One busy multi-threaded process over one read interval (/proc/PID/task/TID/schedstat deltas)."""
+    """One busy multi-threaded process over one read interval (/proc/PID/task/TID deltas)."""
 
     pid: int
     seconds: float
-    busy: tuple[float, ...]  # CPUs each of its threads that ran used, busiest first
-    waiting: float  # CPUs' worth of time its threads were runnable but waited for a CPU (run delay)
+    threads: tuple[ThreadUse, ...]  # those that ran, busiest first
     cmdline: str = ""
 
 

@@ -8,11 +8,13 @@ it already keeps: the same parent starting a batch of children with the same com
 batch gone, again and again.
 
 gil-bound (research/slowness.md 2.13): two spinning Python threads share one core: one holds the GIL, the
-other sleeps on it (a futex wait, state S, not run-queue delay). So the signature is per-thread CPU from
-/proc/PID/task/TID/schedstat: two threads or more each doing real work, the process using about one CPU
-in all, and its threads wanting no more (CPU plus run-queue delay about one CPU): threads in native code
-that release the GIL (a torch matmul's intra-op pool) use two CPUs, or, on a loaded machine, wait on the
-run queue for the second, and so never look like this."""
+other sleeps on it (a futex wait, every 5 ms its switch interval). So the signature is per thread, from
+/proc/PID/task/TID: two threads or more that want a CPU, using about one CPU together, each giving up its
+CPU of its own accord over and over (voluntary context switches). Measured on this loaded 2-core machine
+(load 6-7): two spinning Python threads 0.29 CPU each, 0.4 CPU waiting each, 130-150 voluntary switches a
+second each; a torch matmul's two intra-op threads 0.33 CPU each, 0.67 waiting each, 0-2 voluntary
+switches a second (preempted only). CPU and run delay alone cannot tell them apart under load; the sleeps
+can, and do not depend on the load."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import statistics
 from collections import defaultdict
 
 from jobwarden.model import Finding
-from jobwarden.rules.speed.evidence import SpeedEvidence, ThreadsRead, WorkerBatch
+from jobwarden.rules.speed.evidence import SpeedEvidence, ThreadsRead, ThreadUse, WorkerBatch
 
 WARN_SHARE = 0.40  # a cost above this share is a warning; below, info
 
@@ -31,12 +33,10 @@ RESPAWNS = 2  # batches that replaced an ended one before it is a habit (three b
 ENDED_SLACK_S = 3.0  # the old batch may be seen gone a tick or two after the new one is seen born
 STARTUP_S = 5.0  # a worker's CPU in its first seconds is its start-up cost (the shim measures this long)
 
-BUSY_THREAD = 0.20  # CPUs a thread must use to count as busy (a logger's or a monitor's thread does not)
-GIL_MAX_CPU = 1.15  # the busy threads together use at most about one CPU ...
-GIL_MAX_WANT = (
-    1.30  # ... and want no more: CPU plus run-queue delay (native threads on a loaded machine wait)
-)
-GIL_MIN_WANT = 0.70  # below, the process is partly idle (I/O, sleeps): not held back by the GIL
+BUSY_WANT = 0.30  # CPUs' worth a thread must want (use or wait for) to count as busy: not a logger's
+BUSY_CPU = 0.05  # ... and use at least this much of it
+GIL_SLEEPS = 20.0  # voluntary switches a second of a thread that takes turns (measured 130-150; native 0-2)
+GIL_MAX_CPU = 1.15  # the busy threads together use at most about one CPU
 GIL_READS = 3  # reads of one process (READ_EVERY_S apart) before judging
 GIL_SHARE = 0.75  # of its observed time showing the signature
 
@@ -164,12 +164,15 @@ def worker_respawn(ev: SpeedEvidence) -> Finding | None:
 # --- gil-bound ------------------------------------------------------------------------------------------
 
 
+def _busy(read: ThreadsRead) -> list[ThreadUse]:
+    return [t for t in read.threads if t.cpu + t.waiting >= BUSY_WANT and t.cpu >= BUSY_CPU]
+
+
 def gil_signature(read: ThreadsRead) -> bool:
-    """Two threads or more busy, about one CPU used in all, and no more wanted."""
-    busy = [b for b in read.busy if b >= BUSY_THREAD]
-    used = sum(read.busy)
-    want = used + read.waiting
-    return len(busy) >= 2 and used <= GIL_MAX_CPU and GIL_MIN_WANT <= want <= GIL_MAX_WANT
+    """Two threads or more busy that take turns (each sleeps often), about one CPU used by them all."""
+    busy = _busy(read)
+    turns = [t for t in busy if t.sleeps >= GIL_SLEEPS]
+    return len(turns) >= 2 and sum(t.cpu for t in busy) <= GIL_MAX_CPU
 
 
 def gil_bound(ev: SpeedEvidence) -> Finding | None:
@@ -186,8 +189,8 @@ def gil_bound(ev: SpeedEvidence) -> Finding | None:
         gil = [r for r in reads if gil_signature(r)]
         if sum(r.seconds for r in gil) / total < GIL_SHARE:
             continue
-        used = sum(sum(r.busy) * r.seconds for r in gil) / sum(r.seconds for r in gil)
-        threads = statistics.median_low([sum(1 for b in r.busy if b >= BUSY_THREAD) for r in gil])
+        used = _used(gil)
+        threads = statistics.median_low([len(_busy(r)) for r in gil])
         could = min(float(threads), ev.cpus)
         share = max(1.0 - used / could, 0.0)
         if best is None or share > best[0]:
@@ -196,15 +199,18 @@ def gil_bound(ev: SpeedEvidence) -> Finding | None:
         return None
     share, pid, gil = best
     last = gil[-1]
-    threads = statistics.median_low([sum(1 for b in r.busy if b >= BUSY_THREAD) for r in gil])
-    used = sum(sum(r.busy) * r.seconds for r in gil) / sum(r.seconds for r in gil)
+    threads = statistics.median_low([len(_busy(r)) for r in gil])
+    used = _used(gil)
     seconds = sum(r.seconds for r in gil)
     evidence = [
         f"pid {pid}: {threads} busy threads used {used:.2f} CPUs together over {seconds:.0f}s "
         f"(/proc/PID/task/TID/schedstat), allowance {ev.cpus:g} CPUs",
-        "last read: threads at "
-        + ", ".join(f"{b:.2f}" for b in last.busy[:8])
-        + f" CPUs, {last.waiting:.2f} CPUs' worth waiting on the run queue (they want no more CPU)",
+        "last read, its busy threads: "
+        + "; ".join(
+            f"{t.cpu:.2f} CPU, {t.waiting:.2f} waiting for one, {t.sleeps:.0f} sleeps/s"
+            for t in _busy(last)[:8]
+        )
+        + " (they give up the CPU of their own accord: they wait for each other, not for a CPU)",
     ]
     if last.cmdline:
         evidence.append(f"command: {last.cmdline[:100]}")
@@ -212,8 +218,8 @@ def gil_bound(ev: SpeedEvidence) -> Finding | None:
         "gil-bound",
         f"{threads} Python threads share one CPU (the GIL): {used:.2f} CPUs used of {_could(threads, ev)}",
         f"Process {pid} runs {threads} busy threads but uses about one CPU in all while it may use "
-        f"{ev.cpus:g}: the threads take turns, the others asleep rather than waiting for a CPU, the "
-        "signature of Python's global interpreter lock. It loses up to "
+        f"{ev.cpus:g}: the threads take turns, each sleeping until another lets go, the signature of "
+        "Python's global interpreter lock (or of one lock they all need). It loses up to "
         f"{100 * share:.0f}% of what its threads could do in parallel. `jobwarden profile` (py-spy "
         "record --gil) shows which code holds it.",
         _severity(share),
@@ -228,3 +234,9 @@ def gil_bound(ev: SpeedEvidence) -> Finding | None:
 def _could(threads: int, ev: SpeedEvidence) -> str:
     n = min(float(threads), ev.cpus)
     return f"{n:g} it could use"
+
+
+def _used(reads: list[ThreadsRead]) -> float:
+    """CPUs the busy threads used together, on average over `reads`."""
+    seconds = sum(r.seconds for r in reads)
+    return sum(sum(t.cpu for t in _busy(r)) * r.seconds for r in reads) / seconds if seconds > 0 else 0.0
