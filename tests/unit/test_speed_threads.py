@@ -70,6 +70,11 @@ def test_the_step_clock_measures_a_respawn_when_it_shows_it() -> None:
     assert f is not None and f.severity == "warning"
     assert "about 3.9s lost each time (65% of the time)" in f.title, f.title
     assert "(step clock)" in f.evidence[1]
+    # the newest batch has no step after it yet: its start-up CPU is shown, the step clock's cost is said
+    moves = moves[:-20]
+    f = worker_respawn(replace(ev, moves=tuple(moves)))
+    assert f is not None and "about 3.9s lost each time (65% of the time)" in f.title, f.title
+    assert "about 0.3s lost (start-up CPU)" in f.evidence[-2]
 
 
 @pytest.mark.parametrize(

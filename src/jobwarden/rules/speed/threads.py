@@ -89,6 +89,15 @@ def _lost_s(ev: SpeedEvidence, batch: WorkerBatch, typical: float | None) -> tup
     return batch.startup_cpu_s, "start-up CPU"
 
 
+def _per_respawn(costs: list[tuple[float, str]]) -> tuple[float, str]:
+    """Seconds a respawn costs on average: the step clock's measures where there are any (the newest batch
+    has none before the next step), else the start-up CPU's."""
+    clocked = [c for c, what in costs if what == "step clock"]
+    if clocked:
+        return statistics.fmean(clocked), "step clock"
+    return statistics.fmean(c for c, _ in costs), "start-up CPU"
+
+
 def _typical_step_s(ev: SpeedEvidence) -> float | None:
     gaps = [
         (b.at - a.at) / (b.step - a.step)
@@ -113,7 +122,7 @@ def worker_respawn(ev: SpeedEvidence) -> Finding | None:
         if span <= 0:
             continue
         costs = [_lost_s(ev, b, typical) for b in again]
-        share = min(sum(c for c, _ in costs) / span, 1.0)
+        share = min(_per_respawn(costs)[0] * len(again) / span, 1.0)
         if best is None or share > best[0]:
             best = (share, batches[0].parent_pid, again, costs)
     if best is None:
@@ -121,8 +130,7 @@ def worker_respawn(ev: SpeedEvidence) -> Finding | None:
     share, parent, again, costs = best
     first, last = again[0], again[-1]
     every = (last.born_at - first.born_at) / (len(again) - 1) if len(again) > 1 else 0.0
-    per = sum(c for c, _ in costs) / len(costs)
-    how = costs[-1][1]
+    per, how = _per_respawn(costs)
     spawn = first.kind in ("spawn", "forkserver")
     evidence = [
         f"pid {parent} started {len(again) + 1} batches of {first.count} worker"
