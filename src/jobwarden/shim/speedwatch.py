@@ -330,7 +330,9 @@ class SpeedWatch:
             job_id = int(value) if value and value.isascii() and value.isdigit() else None
         return Neighbour(pid=pid, user=user, cpu=round(used, 2), cmdline=cmdline, job_id=job_id)
 
-    def _with_loading(self, ev: SpeedEvidence, first: _Read, last: _Read, members: list[Member]) -> SpeedEvidence:
+    def _with_loading(
+        self, ev: SpeedEvidence, first: _Read, last: _Read, members: list[Member]
+    ) -> SpeedEvidence:
         """The main thread's sampled stacks, and the DataLoader's workers (comm pt_data_worker, as torch
         names them) with the CPU they used over the window."""
         workers = [m.ident for m in members if m.comm == LOADER_WORKER_COMM]

@@ -47,7 +47,7 @@ class StackSampler:
         self.procfs = procfs
         self.every_s = every_s if every_s is not None else stack_every_s()
         self.samples: deque[StackSample] = deque(maxlen=STACKS_KEPT)
-        self._binary: Path | None | bool = False  # False: not looked for yet
+        self._binary: Path | bool | None = False  # False: not looked for yet
         self._pid: int | None = None
         self._torch = False  # the sampled pid has torch mapped (looked again until it has)
         self._next = 0.0

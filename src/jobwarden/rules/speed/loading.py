@@ -24,6 +24,7 @@ WARN_SHARE = 0.7
 WORKER_BUSY = 0.5  # CPUs per worker on average: the workers are busy, not waiting for indexes
 IDLE_CPUS = 0.75  # the allowance left unused that a worker process would use
 
+TORCH_DATA = "torch/utils/data/"
 DATALOADER = "torch/utils/data/dataloader.py"
 FETCH = "torch/utils/data/_utils/fetch.py"
 WAITS = frozenset({"_get_data", "_try_get_data"})  # the multi-process iterator waiting on its queue
@@ -46,16 +47,20 @@ def loads_in_main(sample: StackSample) -> bool:
     return any(_name(f) == "fetch" and file.endswith(FETCH) for f, file in sample.frames)
 
 
-def _innermost(samples: tuple[StackSample, ...], under: str) -> str | None:
-    """The most frequent frame just below `under`'s fetch/wait in the samples: what the loading does."""
+def _loading_frame(samples: tuple[StackSample, ...]) -> str | None:
+    """What the loading does, most often: the first frame under the fetch that is not torch's own (the
+    dataset's __getitem__), else the one just under it (the collate)."""
     counts: dict[str, int] = {}
     for s in samples:
-        for i, (f, file) in enumerate(s.frames):
-            if _name(f) == under and i > 0 and not file.endswith(DATALOADER):
-                inner = s.frames[i - 1]
-                key = f"{inner[0]} ({inner[1]})"
-                counts[key] = counts.get(key, 0) + 1
-                break
+        at = next(
+            (i for i, (f, file) in enumerate(s.frames) if _name(f) == "fetch" and file.endswith(FETCH)), 0
+        )
+        inner = s.frames[:at]
+        if not inner:
+            continue
+        own = next((fr for fr in reversed(inner) if TORCH_DATA not in fr[1]), inner[-1])
+        key = f"{own[0]} ({own[1]})"
+        counts[key] = counts.get(key, 0) + 1
     return max(counts, key=lambda k: counts[k]) if counts else None
 
 
@@ -109,7 +114,7 @@ def data_loading_in_main(ev: SpeedEvidence) -> Finding | None:
     if share < SHARE or idle < IDLE_CPUS:
         return None
     workers = max(1, int(idle))
-    what = _innermost(tuple(loading), "fetch")
+    what = _loading_frame(tuple(loading))
     return Finding(
         "data-loading-in-main",
         f"data loading runs in the main process {100 * share:.0f}% of the time (num_workers=0)",
