@@ -5,14 +5,20 @@ the loop waits, no idle CPU to give a worker, too few samples."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from jobwarden.model import ProcessSnapshot
+from jobwarden.osapi.procfs import ProcFS
 from jobwarden.rules.speed import judge
 from jobwarden.rules.speed.evidence import SpeedEvidence, StackSample
 from jobwarden.rules.speed.loading import loads_in_main, waits_on_workers
+from jobwarden.shim.stacksample import StackSampler
 
 from .test_speed_rules import HEALTHY, one, rules
 
@@ -141,3 +147,84 @@ def test_the_rules_take_any_stacks(
         if f.rule in ("input-bound", "data-loading-in-main"):
             share = int(f.title.split("%")[0].rsplit(" ", 1)[1])
             assert 50 <= share <= 100
+
+
+# --- the shim's sampler (shim.stacksample): when it dumps, what it keeps -------------------------------
+
+PID = 4242
+
+
+def snap(cpu: float) -> ProcessSnapshot:
+    return ProcessSnapshot(PID, 1, 1, "R", "python train.py", 1 << 20, cpu)
+
+
+def fake_proc(tmp_path: Path, maps: str) -> ProcFS:
+    (tmp_path / "proc" / str(PID)).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "proc" / str(PID) / "maps").write_text(maps)
+    return ProcFS(tmp_path / "proc")
+
+
+def fake_py_spy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in for py-spy that answers one dump: the main thread (tid = pid) waiting on its workers and
+    a pin-memory thread; it records each call."""
+    threads = [
+        {
+            "os_thread_id": PID + 1,
+            "thread_name": "pt_data_pin",
+            "frames": [{"name": "_pin_memory_loop", "filename": "x.py", "line": 1}],
+        },
+        {
+            "os_thread_id": PID,
+            "thread_name": "MainThread",
+            "frames": [{"name": n, "filename": f, "line": 1} for n, f in WAITING],
+        },
+    ]
+    script = tmp_path / "py-spy"
+    script.write_text(
+        f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'calls'}\ncat <<'EOF'\n{json.dumps(threads)}\nEOF\n"
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("JOBWARDEN_PY_SPY", str(script))
+    return tmp_path / "calls"
+
+
+def settle(sampler: StackSampler, mono: float) -> None:
+    """Wait (with a deadline) for the dump in flight, then let a tick collect it."""
+    pending = sampler._pending
+    if pending is not None:
+        pending.join(timeout=30)
+        assert not pending.is_alive()
+    sampler.tick(mono, PID, [snap(0.0)])
+
+
+def test_the_sampler_dumps_the_main_thread_only_when_busy_with_torch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = fake_py_spy(tmp_path, monkeypatch)
+    procfs = fake_proc(tmp_path, "7f00 r-xp /venv/lib/python3.11/site-packages/numpy/core/_multiarray.so\n")
+    sampler = StackSampler(procfs, every_s=10.0)
+    sampler.tick(0.0, PID, [snap(95.0)])  # busy, no torch: no dump
+    assert sampler._pending is None
+    fake_proc(tmp_path, "7f00 r-xp /venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so\n")
+    sampler.tick(5.0, PID, [snap(95.0)])  # within the interval
+    assert sampler._pending is None
+    sampler.tick(10.0, PID, [snap(20.0)])  # torch, idle: no dump
+    assert sampler._pending is None
+    sampler.tick(20.0, PID, [snap(95.0)])
+    settle(sampler, 21.0)
+    assert [s.frames for s in sampler.samples] == [WAITING] and sampler.samples[0].at == 20.0
+    assert calls.read_text().split() == ["dump", "--pid", str(PID), "--json", "--nonblocking"]
+    sampler.tick(30.0, PID, [snap(95.0)])
+    settle(sampler, 31.0)
+    assert len(sampler.samples) == 2 and sampler.span_s() == 10.0
+    sampler.tick(32.0, PID + 7, [snap(95.0)])  # another main process: its samples are not this one's
+    assert not sampler.samples
+
+
+def test_the_sampler_without_py_spy_takes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOBWARDEN_PY_SPY", str(tmp_path / "absent"))
+    sampler = StackSampler(fake_proc(tmp_path, "libtorch_python.so\n"), every_s=1.0)
+    for t in range(5):
+        sampler.tick(float(t), PID, [snap(95.0)])
+        assert sampler._pending is None
+    assert not sampler.samples

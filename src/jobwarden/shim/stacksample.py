@@ -4,7 +4,7 @@ job is busy, and its main process has torch loaded (libtorch in /proc/PID/maps: 
 
 Cheap for the job by construction: --nonblocking reads the target's memory without pausing it (the job
 loses only the CPU py-spy takes, about 20-30 ms per dump of a torch process, research/slowness.md 5.6: at
-one dump per 10 s, under 0.3 % of a core); the dump runs on a worker thread so the shim's loop never
+one dump per 10 s, under 0.3 % of a core); the dump runs on a daemon thread so the shim's loop never
 waits on it. The last STACKS_KEPT samples are kept; a share of them is a share of the loop's time.
 
 JOBWARDEN_SPEED_STACK_EVERY_S changes the interval (tests sample every 2 s to decide within a minute)."""
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from jobwarden.errors import AccessDenied, ProcessGone
@@ -51,8 +51,7 @@ class StackSampler:
         self._pid: int | None = None
         self._torch = False  # the sampled pid has torch mapped (looked again until it has)
         self._next = 0.0
-        self._pool: ThreadPoolExecutor | None = None
-        self._pending: tuple[float, Future[StackSample | None]] | None = None
+        self._pending: _Dump | None = None
 
     def tick(self, mono: float, main_pid: int | None, snaps: Sequence[ProcessSnapshot]) -> None:
         self._collect()
@@ -70,9 +69,7 @@ class StackSampler:
             self._binary = find_py_spy()
         if not isinstance(self._binary, Path):
             return  # no py-spy: the rules that need stacks stay silent
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speed-stack")
-        self._pending = (mono, self._pool.submit(_sample, self._binary, main_pid, mono))
+        self._pending = _Dump(self._binary, main_pid, mono)
 
     def _has_torch(self, pid: int) -> bool:
         if not self._torch:
@@ -81,19 +78,30 @@ class StackSampler:
         return self._torch
 
     def _collect(self) -> None:
-        if self._pending is None or not self._pending[1].done():
+        if self._pending is None or self._pending.is_alive():
             return
-        future, self._pending = self._pending[1], None
-        sample = future.result() if future.exception() is None else None
+        sample, self._pending = self._pending.sample, None
         if sample is not None and sample.frames:
             self.samples.append(sample)
 
     def span_s(self) -> float:
         return self.samples[-1].at - self.samples[0].at if len(self.samples) > 1 else 0.0
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+
+class _Dump(threading.Thread):
+    """One dump on a daemon thread: the shim's loop never waits on py-spy, nor does its exit."""
+
+    def __init__(self, binary: Path, pid: int, at: float) -> None:
+        super().__init__(name="speed-stack", daemon=True)
+        self.binary, self.pid, self.at = binary, pid, at
+        self.sample: StackSample | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.sample = _sample(self.binary, self.pid, self.at)
+        except Exception:  # a sample is optional: nothing py-spy or the OS does may take the shim down
+            self.sample = None
 
 
 def _sample(binary: Path, pid: int, at: float) -> StackSample | None:
