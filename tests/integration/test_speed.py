@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Jobwarden
+from tests.integration.test_findings_life import eventually as findings_eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 JOB = Path(__file__).resolve().parent / "jobs" / "speed_job.py"
@@ -29,13 +30,8 @@ CI = os.environ.get("CI") == "true"
 
 
 def eventually(what: str, check: Callable[[], Any], timeout_s: float = 90) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s}s"
-        time.sleep(0.5)
+    """The speed watch judges every few seconds: a longer default deadline than the live findings'."""
+    return findings_eventually(what, check, timeout_s)
 
 
 def speed_findings(jw: Jobwarden, job: int) -> list[dict[str, Any]]:

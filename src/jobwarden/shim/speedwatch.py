@@ -44,6 +44,7 @@ from jobwarden.rules.speed.evidence import (
 )
 from jobwarden.rules.speed.threads import STARTUP_S, command_key, worker_kind
 from jobwarden.shim.findings import LiveFindings
+from jobwarden.shim.stacksample import StackSampler
 
 if TYPE_CHECKING:
     from jobwarden.shim.gpuwatch import GpuWatch
@@ -62,6 +63,7 @@ SEGMENTS_KEPT = 720  # an hour at 5 s: the run's earlier rate
 MOVES_KEPT = 600  # ten minutes of moves seen once a second
 SCAN_EVERY_S = 8.0  # /proc scanned for the job's neighbours at most this often
 RESOLVE_AFTER = 2  # judgements in a row a finding's rule must stay silent before it is resolved
+LOADER_WORKER_COMM = "pt_data_worker"
 CUDA_LIBS = (b"libcuda.so", b"libcudart", b"libtorch_cuda")
 THREADS_CPU = 50.0  # % of a core a process must use before its threads are read (gil-bound); not 90: on a
 # loaded machine a GIL-bound process gets less than its one core (measured 0.58 at load 6 on 2 cores)
@@ -149,6 +151,7 @@ class SpeedWatch:
         self._batches: deque[tuple[int, WorkerBatch]] = deque(maxlen=BATCHES_KEPT)  # (number, batch)
         self._batch_no = 0
         self._not_workers: set[ProcessId] = set()
+        self.stacks = StackSampler(procfs)  # the main thread's stack now and then (rules.speed.loading)
 
     # --- each tick ------------------------------------------------------------------------------------
 
@@ -175,6 +178,7 @@ class SpeedWatch:
             self._next_read = mono + READ_EVERY_S
             self._read(mono, members)
         self._note_gpu(mono, snaps, gpu)
+        self.stacks.tick(mono, self.main_pid, snaps)
         if mono < self._next_judge or len(self.reads) < 2 or self._window() < MIN_WINDOW_S:
             return [], []
         self._next_judge = mono + JUDGE_EVERY_S
@@ -387,6 +391,7 @@ class SpeedWatch:
         )
         if gpu is not None:
             ev = self._with_gpu(ev, mono, gpu)
+        ev = self._with_loading(ev, first, last, members)
         throttled_share = ev.throttled_periods / ev.periods if ev.periods else 0.0
         if ev.wait_share >= WAIT_SHARE and throttled_share < THROTTLED_SHARE:
             ev = self._why_waiting(ev, mono, members)
@@ -444,6 +449,24 @@ class SpeedWatch:
             value = self.procfs.environ_values(pid, (JOB_ID_ENV,)).get(JOB_ID_ENV)
             job_id = int(value) if value and value.isascii() and value.isdigit() else None
         return Neighbour(pid=pid, user=user, cpu=round(used, 2), cmdline=cmdline, job_id=job_id)
+
+    def _with_loading(
+        self, ev: SpeedEvidence, first: _Read, last: _Read, members: list[Member]
+    ) -> SpeedEvidence:
+        """The main thread's sampled stacks, and the DataLoader's workers (comm pt_data_worker, as torch
+        names them) with the CPU they used over the window."""
+        workers = [m.ident for m in members if m.comm == LOADER_WORKER_COMM]
+        ns = 0
+        for ident in workers:
+            if ident in last.per_pid:
+                ns += last.per_pid[ident][0] - first.per_pid.get(ident, (0, 0, 0, 0))[0]
+        return replace(
+            ev,
+            stack_samples=tuple(self.stacks.samples),
+            stack_span_s=self.stacks.span_s(),
+            loader_workers=len(workers),
+            loader_worker_cpu=ns / 1e9 / ev.window_s if ev.window_s > 0 else 0.0,
+        )
 
     # --- GPUs -----------------------------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ SPEED_RULES = frozenset(
 
 
 def _judges() -> list[Callable[[SpeedEvidence], Finding | None]]:
-    from jobwarden.rules.speed import cpu, gpu, stalls, steps, storage, threads
+    from jobwarden.rules.speed import cpu, gpu, loading, stalls, steps, storage, threads
 
     # CPU causes first and only one of them: a quota, then the job's own threads, then its neighbours
     return [
@@ -50,6 +50,8 @@ def _judges() -> list[Callable[[SpeedEvidence], Finding | None]]:
         storage.io_bound,
         storage.memory_thrash,
         stalls.periodic_stall,
+        loading.input_bound,
+        loading.data_loading_in_main,
         steps.slowed_down,
         threads.worker_respawn,
         threads.gil_bound,
@@ -64,6 +66,8 @@ JUDGED = (
     *CPU_CAUSES,
     "io-bound",
     "memory-thrash",
+    "input-bound",
+    "data-loading-in-main",
     "slowed-down",
     "worker-respawn",
     "gil-bound",

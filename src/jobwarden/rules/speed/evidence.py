@@ -93,6 +93,14 @@ class ThreadsRead:
 
 
 @dataclass(frozen=True)
+class StackSample:
+    """The job's main thread as one py-spy dump saw it: (function, file) per frame, innermost first."""
+
+    at: float
+    frames: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class SpeedEvidence:
     window_s: float  # the seconds the deltas below cover
     cpus: float  # the job's CPU allowance: affinity ∩ quota
@@ -126,6 +134,10 @@ class SpeedEvidence:
     gpu_clocks: tuple[GpuClock, ...] = ()
     main_pid: int | None = None
     pids: tuple[int, ...] = field(default=())
+    stack_samples: tuple[StackSample, ...] = ()  # the main thread's stack now and then, oldest first
+    stack_span_s: float = 0.0  # the time the samples cover
+    loader_workers: int = 0  # DataLoader worker processes (comm pt_data_worker) in the job
+    loader_worker_cpu: float = 0.0  # CPUs they used on average over the window
     worker_batches: tuple[WorkerBatch, ...] = ()  # oldest first (worker-respawn)
     thread_reads: tuple[ThreadsRead, ...] = ()  # busy processes' threads, oldest first (gil-bound)
 

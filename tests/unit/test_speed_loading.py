@@ -1,0 +1,230 @@
+"""The data-loading speed rules (rules.speed.loading) on main-thread stacks recorded with `py-spy dump
+--nonblocking` from tests/integration/jobs/loader_job.py (torch 2.13, Python 3.11): each fires on its
+cause with its share, and stays silent where it must: a DataLoader that keeps up, workers that idle while
+the loop waits, no idle CPU to give a worker, too few samples."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jobwarden.model import ProcessSnapshot
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.rules.speed import judge
+from jobwarden.rules.speed.evidence import SpeedEvidence, StackSample
+from jobwarden.rules.speed.loading import loads_in_main, waits_on_workers
+from jobwarden.shim.stacksample import StackSampler
+
+from .test_speed_rules import HEALTHY, one, rules
+
+SITE = "/venv/lib/python3.11/site-packages/"
+PYLIB = "/usr/lib/python3.11/"
+JOB = "/work/train.py"
+
+# num_workers=0, a CPU-heavy __getitem__: the main thread fetches its own batch
+IN_MAIN = (
+    ("Burning.__getitem__", JOB),
+    ("_MapDatasetFetcher.fetch.<locals>.<listcomp>", SITE + "torch/utils/data/_utils/fetch.py"),
+    ("_MapDatasetFetcher.fetch", SITE + "torch/utils/data/_utils/fetch.py"),
+    ("_SingleProcessDataLoaderIter._next_data", SITE + "torch/utils/data/dataloader.py"),
+    ("_BaseDataLoaderIter.__next__", SITE + "torch/utils/data/dataloader.py"),
+    ("main", JOB),
+    ("<module>", JOB),
+)
+# one busy worker, a trivial model: the main thread waits on the workers' result queue
+WAITING = (
+    ("_PollLikeSelector.select", PYLIB + "selectors.py"),
+    ("wait", PYLIB + "multiprocessing/connection.py"),
+    ("Connection._poll", PYLIB + "multiprocessing/connection.py"),
+    ("_ConnectionBase.poll", PYLIB + "multiprocessing/connection.py"),
+    ("Queue.get", PYLIB + "multiprocessing/queues.py"),
+    ("_MultiProcessingDataLoaderIter._try_get_data", SITE + "torch/utils/data/dataloader.py"),
+    ("_MultiProcessingDataLoaderIter._get_data", SITE + "torch/utils/data/dataloader.py"),
+    ("_MultiProcessingDataLoaderIter._next_data", SITE + "torch/utils/data/dataloader.py"),
+    ("_BaseDataLoaderIter.__next__", SITE + "torch/utils/data/dataloader.py"),
+    ("main", JOB),
+    ("<module>", JOB),
+)
+# the model step (torch ops in C: only the job's own frames)
+COMPUTING = (("main", JOB), ("<module>", JOB))
+# a user's own fetch() in their own file is no DataLoader
+OWN_FETCH = (("fetch", JOB), ("main", JOB))
+
+
+def samples(*stacks: tuple[tuple[str, str], ...]) -> tuple[StackSample, ...]:
+    return tuple(StackSample(float(10 * i), s) for i, s in enumerate(stacks))
+
+
+def loading(
+    stacks: tuple[StackSample, ...], workers: int = 0, worker_cpu: float = 0.0, **kw: float
+) -> SpeedEvidence:
+    span = stacks[-1].at - stacks[0].at if stacks else 0.0
+    return replace(
+        HEALTHY,
+        stack_samples=stacks,
+        stack_span_s=span,
+        loader_workers=workers,
+        loader_worker_cpu=worker_cpu,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_the_classifiers_on_recorded_stacks() -> None:
+    assert waits_on_workers(StackSample(0, WAITING)) and not loads_in_main(StackSample(0, WAITING))
+    assert loads_in_main(StackSample(0, IN_MAIN)) and not waits_on_workers(StackSample(0, IN_MAIN))
+    for other in (COMPUTING, OWN_FETCH, ()):
+        assert not waits_on_workers(StackSample(0, other)) and not loads_in_main(StackSample(0, other))
+
+
+def test_a_loop_waiting_on_busy_workers_is_input_bound() -> None:
+    ev = loading(samples(*[WAITING] * 6, *[COMPUTING] * 2), workers=1, worker_cpu=0.95, cpu_s=20.0)
+    f = one(ev, "input-bound")
+    assert f.title == "the loop waits on its DataLoader 75% of the time"
+    assert f.severity == "warning"
+    assert "6 of 8 py-spy dumps over the last 70s" in f.evidence[0]
+    assert "1 pt_data_worker process used 0.95 CPUs" in f.evidence[1]
+    assert "num_workers=2" in f.remedy and "pin_memory" in f.remedy and "prefetch_factor" in f.remedy
+    # no CPU of its allowance left: more workers would only take turns with the loop
+    full = one(replace(ev, cpu_s=39.0), "input-bound")
+    assert "num_workers" not in full.remedy and full.remedy.startswith("Give the job more CPUs")
+    assert "data-loading-in-main" not in rules(judge(ev))
+
+
+def test_input_bound_needs_busy_workers_a_majority_and_enough_samples() -> None:
+    waiting = samples(*[WAITING] * 6, *[COMPUTING] * 2)
+    assert "input-bound" in rules(judge(loading(waiting, workers=2, worker_cpu=1.6)))
+    # the workers idle while the loop waits: not a lack of workers (a slow hand-over, a lock)
+    assert "input-bound" not in rules(judge(loading(waiting, workers=2, worker_cpu=0.3)))
+    # a DataLoader that keeps up: the loop computes most of the time
+    keeps_up = samples(*[WAITING] * 2, *[COMPUTING] * 6)
+    assert "input-bound" not in rules(judge(loading(keeps_up, workers=1, worker_cpu=0.95)))
+    assert "input-bound" not in rules(judge(loading(samples(*[WAITING] * 4), workers=1, worker_cpu=0.95)))
+    assert "input-bound" not in rules(judge(loading(samples(*[WAITING] * 8), workers=0)))
+    assert not rules(judge(HEALTHY))  # no samples (no py-spy, no torch): nothing said
+
+
+def test_loading_in_the_main_process_with_idle_cpus() -> None:
+    ev = loading(samples(*[IN_MAIN] * 5, *[COMPUTING] * 2), cpu_s=20.0)  # 1 of 2 CPUs used
+    f = one(ev, "data-loading-in-main")
+    assert f.title == "data loading runs in the main process 71% of the time (num_workers=0)"
+    assert f.severity == "warning"
+    assert "5 of 7 py-spy dumps" in f.evidence[0]
+    assert "most often in Burning.__getitem__ (/work/train.py)" in f.evidence[0]
+    assert "num_workers=1" in f.remedy
+    assert "input-bound" not in rules(judge(ev))
+
+
+def test_loading_in_main_needs_idle_cpus_no_workers_and_a_majority() -> None:
+    in_main = samples(*[IN_MAIN] * 5, *[COMPUTING] * 2)
+    assert "data-loading-in-main" in rules(judge(loading(in_main, cpu_s=20.0)))
+    # its CPUs are full (a quota of one, or the job's other processes): workers would only take turns
+    assert "data-loading-in-main" not in rules(judge(loading(in_main, cpu_s=19.0, cpus=1.0)))
+    assert "data-loading-in-main" not in rules(judge(loading(in_main, cpu_s=38.0)))
+    # workers exist: the main process's own fetching is another loader's (validation), not num_workers=0
+    assert "data-loading-in-main" not in rules(judge(loading(in_main, workers=1, worker_cpu=0.9, cpu_s=20.0)))
+    mostly_model = samples(*[IN_MAIN] * 2, *[COMPUTING] * 6)
+    assert "data-loading-in-main" not in rules(judge(loading(mostly_model, cpu_s=20.0)))
+    assert "data-loading-in-main" not in rules(judge(loading(samples(*[IN_MAIN] * 4), cpu_s=20.0)))
+
+
+frame = st.tuples(st.text(max_size=40), st.text(max_size=80))
+
+
+@given(
+    st.lists(st.lists(frame, max_size=12), max_size=14), st.integers(0, 4), st.floats(0, 8), st.floats(0, 40)
+)
+def test_the_rules_take_any_stacks(
+    stacks: list[list[tuple[str, str]]], workers: int, cpu: float, cpu_s: float
+) -> None:
+    # the frames are py-spy's reading of the job's memory: outside input; never a crash, a share in [0, 1]
+    ev = loading(samples(*(tuple(s) for s in stacks)), workers=workers, worker_cpu=cpu, cpu_s=cpu_s)
+    for f in judge(ev):
+        if f.rule in ("input-bound", "data-loading-in-main"):
+            share = int(f.title.split("%")[0].rsplit(" ", 1)[1])
+            assert 50 <= share <= 100
+
+
+# --- the shim's sampler (shim.stacksample): when it dumps, what it keeps -------------------------------
+
+PID = 4242
+
+
+def snap(cpu: float) -> ProcessSnapshot:
+    return ProcessSnapshot(PID, 1, 1, "R", "python train.py", 1 << 20, cpu)
+
+
+def fake_proc(tmp_path: Path, maps: str) -> ProcFS:
+    (tmp_path / "proc" / str(PID)).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "proc" / str(PID) / "maps").write_text(maps)
+    return ProcFS(tmp_path / "proc")
+
+
+def fake_py_spy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in for py-spy that answers one dump: the main thread (tid = pid) waiting on its workers and
+    a pin-memory thread; it records each call."""
+    threads = [
+        {
+            "os_thread_id": PID + 1,
+            "thread_name": "pt_data_pin",
+            "frames": [{"name": "_pin_memory_loop", "filename": "x.py", "line": 1}],
+        },
+        {
+            "os_thread_id": PID,
+            "thread_name": "MainThread",
+            "frames": [{"name": n, "filename": f, "line": 1} for n, f in WAITING],
+        },
+    ]
+    script = tmp_path / "py-spy"
+    script.write_text(
+        f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'calls'}\ncat <<'EOF'\n{json.dumps(threads)}\nEOF\n"
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("JOBWARDEN_PY_SPY", str(script))
+    return tmp_path / "calls"
+
+
+def settle(sampler: StackSampler, mono: float) -> None:
+    """Wait (with a deadline) for the dump in flight, then let a tick collect it."""
+    pending = sampler._pending
+    if pending is not None:
+        pending.join(timeout=30)
+        assert not pending.is_alive()
+    sampler.tick(mono, PID, [snap(0.0)])
+
+
+def test_the_sampler_dumps_the_main_thread_only_when_busy_with_torch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = fake_py_spy(tmp_path, monkeypatch)
+    procfs = fake_proc(tmp_path, "7f00 r-xp /venv/lib/python3.11/site-packages/numpy/core/_multiarray.so\n")
+    sampler = StackSampler(procfs, every_s=10.0)
+    sampler.tick(0.0, PID, [snap(95.0)])  # busy, no torch: no dump
+    assert sampler._pending is None
+    fake_proc(tmp_path, "7f00 r-xp /venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so\n")
+    sampler.tick(5.0, PID, [snap(95.0)])  # within the interval
+    assert sampler._pending is None
+    sampler.tick(10.0, PID, [snap(20.0)])  # torch, idle: no dump
+    assert sampler._pending is None
+    sampler.tick(20.0, PID, [snap(95.0)])
+    settle(sampler, 21.0)
+    assert [s.frames for s in sampler.samples] == [WAITING] and sampler.samples[0].at == 20.0
+    assert calls.read_text().split() == ["dump", "--pid", str(PID), "--json", "--nonblocking"]
+    sampler.tick(30.0, PID, [snap(95.0)])
+    settle(sampler, 31.0)
+    assert len(sampler.samples) == 2 and sampler.span_s() == 10.0
+    sampler.tick(32.0, PID + 7, [snap(95.0)])  # another main process: its samples are not this one's
+    assert not sampler.samples
+
+
+def test_the_sampler_without_py_spy_takes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOBWARDEN_PY_SPY", str(tmp_path / "absent"))
+    sampler = StackSampler(fake_proc(tmp_path, "libtorch_python.so\n"), every_s=1.0)
+    for t in range(5):
+        sampler.tick(float(t), PID, [snap(95.0)])
+        assert sampler._pending is None
+    assert not sampler.samples
