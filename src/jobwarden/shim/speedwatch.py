@@ -27,11 +27,22 @@ from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.model import Finding, ProcessId, ProcessSnapshot
 from jobwarden.osapi.cgroup import JobCgroup
 from jobwarden.osapi.cpuquota import CpuCgroup, CpuStat, cpu_cgroup_of
-from jobwarden.osapi.procfs import ProcFS, parse_stat_counters
+from jobwarden.osapi.procfs import ProcFS, TaskCounters, parse_stat_counters
 from jobwarden.paths import JOB_ID_ENV
 from jobwarden.rules.speed import SPEED_RULES, judge
 from jobwarden.rules.speed.cpu import THROTTLED_SHARE, WAIT_SHARE, cpu_oversubscribed
-from jobwarden.rules.speed.evidence import GpuClock, GpuShare, Neighbour, Segment, SpeedEvidence, StepMove
+from jobwarden.rules.speed.evidence import (
+    GpuClock,
+    GpuShare,
+    Neighbour,
+    Segment,
+    SpeedEvidence,
+    StepMove,
+    ThreadsRead,
+    ThreadUse,
+    WorkerBatch,
+)
+from jobwarden.rules.speed.threads import STARTUP_S, command_key, worker_kind
 from jobwarden.shim.findings import LiveFindings
 from jobwarden.shim.stacksample import StackSampler
 
@@ -54,6 +65,11 @@ SCAN_EVERY_S = 8.0  # /proc scanned for the job's neighbours at most this often
 RESOLVE_AFTER = 2  # judgements in a row a finding's rule must stay silent before it is resolved
 LOADER_WORKER_COMM = "pt_data_worker"
 CUDA_LIBS = (b"libcuda.so", b"libcudart", b"libtorch_cuda")
+THREADS_CPU = 50.0  # % of a core a process must use before its threads are read (gil-bound); not 90: on a
+# loaded machine a GIL-bound process gets less than its one core (measured 0.58 at load 6 on 2 cores)
+THREADS_PROCESSES = 4  # the busiest processes whose threads are read at one read, at most
+BATCH_S = 3.0  # workers of one parent first seen this close together are one batch
+BATCHES_KEPT = 64
 
 
 def speed_enabled() -> bool:
@@ -129,6 +145,12 @@ class SpeedWatch:
         self._cuda: tuple[int, bool] | None = None  # (main pid, mapped)
         self._users: dict[int, str] = {}
         self._seen: dict[ProcessId, tuple[bytes, tuple[int, int, int, int], int]] = {}  # at the last read
+        self._tasks: dict[ProcessId, tuple[float, dict[int, TaskCounters]]] = {}
+        self._thread_reads: deque[tuple[float, ThreadsRead]] = deque()
+        self._kids: dict[ProcessId, tuple[int, float, float]] = {}  # worker: (batch, first seen, startup CPU)
+        self._batches: deque[tuple[int, WorkerBatch]] = deque(maxlen=BATCHES_KEPT)  # (number, batch)
+        self._batch_no = 0
+        self._not_workers: set[ProcessId] = set()
         self.stacks = StackSampler(procfs)  # the main thread's stack now and then (rules.speed.loading)
 
     # --- each tick ------------------------------------------------------------------------------------
@@ -151,6 +173,7 @@ class SpeedWatch:
         while self._dstate_ticks and self._dstate_ticks[0][0] < mono - WINDOW_S:
             self._dstate_ticks.popleft()
         members = list(members)
+        self._note_workers(mono, members)
         if mono >= self._next_read:
             self._next_read = mono + READ_EVERY_S
             self._read(mono, members)
@@ -197,6 +220,7 @@ class SpeedWatch:
             per_pid[m.ident], threads = values, threads + nthreads
             seen[m.ident] = (m.raw_stat, values, nthreads)
         self._seen = seen
+        self._read_threads(mono, members, seen)
         cg = self._cgroup
         io = (cg.pressure("io") if cg else None) or self.procfs.pressure("io")
         mem = (cg.pressure("memory") if cg else None) or self.procfs.pressure("memory")
@@ -214,6 +238,100 @@ class SpeedWatch:
         )
         while len(self.reads) > 2 and self.reads[1].mono <= mono - WINDOW_S:
             self.reads.popleft()
+
+    # --- the job's own workers and threads (worker-respawn, gil-bound) --------------------------------
+
+    def _note_workers(self, mono: float, members: list[Member]) -> None:
+        """Python workers (rules.speed.threads.worker_kind) by the batch their parent started them in, and
+        the CPU each used in its first STARTUP_S. Every tick, from the tree's members alone: a new member
+        is classified once."""
+        present = {m.ident for m in members}
+        by_pid = {m.pid: m for m in members}
+        for m in members:
+            if m.ident in self._not_workers:
+                continue
+            kid = self._kids.get(m.ident)
+            if kid is not None:
+                if mono - kid[1] <= STARTUP_S and m.last_ticks is not None:
+                    self._kids[m.ident] = (kid[0], kid[1], m.last_ticks / self.procfs.ticks_per_s)
+                continue
+            parent = by_pid.get(m.ppid)
+            kind = worker_kind(m.cmdline, parent.cmdline) if parent is not None else None
+            if kind is None:
+                self._not_workers.add(m.ident)
+                continue
+            self._kids[m.ident] = (self._join_batch(mono, m.ppid, command_key(m.cmdline), kind), mono, 0.0)
+        self._not_workers &= present  # bounded by the tree
+        gone = {ident for ident in self._kids if ident not in present}
+        if not self._kids:
+            return
+        by_batch: dict[int, list[tuple[bool, float]]] = {}  # batch: (gone, start-up CPU) of each worker
+        for ident, (no, _, startup) in self._kids.items():
+            by_batch.setdefault(no, []).append((ident in gone, startup))
+        for i, (no, b) in enumerate(self._batches):
+            kids = by_batch.get(no)
+            if not kids:
+                continue
+            startup = max(b.startup_cpu_s, *(k[1] for k in kids))
+            ended = mono if b.ended_at is None and all(k[0] for k in kids) else b.ended_at
+            if startup != b.startup_cpu_s or ended != b.ended_at:
+                self._batches[i] = (no, replace(b, startup_cpu_s=startup, ended_at=ended))
+        for ident in gone:
+            del self._kids[ident]
+
+    def _join_batch(self, mono: float, parent: int, command: str, kind: str) -> int:
+        for i, (no, b) in enumerate(self._batches):
+            if b.parent_pid == parent and b.command == command and mono - b.born_at <= BATCH_S:
+                self._batches[i] = (no, replace(b, count=b.count + 1))
+                return no
+        self._batch_no += 1
+        self._batches.append((self._batch_no, WorkerBatch(parent, command, kind, mono, 1)))
+        return self._batch_no
+
+    def _read_threads(
+        self,
+        mono: float,
+        members: list[Member],
+        seen: dict[ProcessId, tuple[bytes, tuple[int, int, int, int], int]],
+    ) -> None:
+        """Per-thread CPU and run delay of the processes that use about a core with two threads or more:
+        only those can be GIL-bound, so the shim reads no task files of anything else."""
+        tasks: dict[ProcessId, tuple[float, dict[int, TaskCounters]]] = {}
+        busy = [
+            m
+            for m in members
+            if m.snapshot
+            and (m.snapshot.cpu_percent or 0.0) >= THREADS_CPU
+            and m.ident in seen
+            and seen[m.ident][2] >= 2
+        ]
+        busy.sort(key=lambda m: -(m.snapshot.cpu_percent or 0.0) if m.snapshot else 0.0)
+        for m in busy[:THREADS_PROCESSES]:
+            try:
+                now = self.procfs.task_counters(m.pid)
+            except (ProcessGone, AccessDenied):
+                continue
+            tasks[m.ident] = (mono, now)
+            before = self._tasks.get(m.ident)
+            if before is None or mono <= before[0]:
+                continue
+            seconds = mono - before[0]
+            used = []
+            for tid, c in now.items():
+                b = before[1].get(tid, TaskCounters(0, 0, 0))
+                if c.exec_ns > b.exec_ns:
+                    used.append(
+                        ThreadUse(
+                            (c.exec_ns - b.exec_ns) / 1e9 / seconds,
+                            max(c.run_delay_ns - b.run_delay_ns, 0) / 1e9 / seconds,
+                            max(c.voluntary_switches - b.voluntary_switches, 0) / seconds,
+                        )
+                    )
+            used.sort(key=lambda t: -t.cpu)
+            self._thread_reads.append((mono, ThreadsRead(m.pid, seconds, tuple(used[:16]), m.cmdline)))
+        self._tasks = tasks  # a process that is no longer busy starts afresh: no stale base
+        while self._thread_reads and self._thread_reads[0][0] < mono - WINDOW_S:
+            self._thread_reads.popleft()
 
     # --- the evidence ---------------------------------------------------------------------------------
 
@@ -268,6 +386,8 @@ class SpeedWatch:
             unit=self.unit,
             main_pid=self.main_pid,
             pids=tuple(m.pid for m in members),
+            worker_batches=tuple(b for _, b in self._batches),
+            thread_reads=tuple(r for _, r in self._thread_reads),
         )
         if gpu is not None:
             ev = self._with_gpu(ev, mono, gpu)

@@ -37,7 +37,7 @@ SPEED_RULES = frozenset(
 
 
 def _judges() -> list[Callable[[SpeedEvidence], Finding | None]]:
-    from jobwarden.rules.speed import cpu, gpu, loading, stalls, steps, storage
+    from jobwarden.rules.speed import cpu, gpu, loading, stalls, steps, storage, threads
 
     # CPU causes first and only one of them: a quota, then the job's own threads, then its neighbours
     return [
@@ -53,6 +53,8 @@ def _judges() -> list[Callable[[SpeedEvidence], Finding | None]]:
         loading.input_bound,
         loading.data_loading_in_main,
         steps.slowed_down,
+        threads.worker_respawn,
+        threads.gil_bound,
     ]
 
 
@@ -67,6 +69,8 @@ JUDGED = (
     "input-bound",
     "data-loading-in-main",
     "slowed-down",
+    "worker-respawn",
+    "gil-bound",
 )
 
 

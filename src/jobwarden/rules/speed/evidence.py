@@ -60,6 +60,39 @@ class GpuClock:
 
 
 @dataclass(frozen=True)
+class WorkerBatch:
+    """Children one parent of the job started together with the same command line (numbers aside): a
+    batch of Python workers (multiprocessing spawn/forkserver, or forked from a Python parent)."""
+
+    parent_pid: int
+    command: str  # the workers' command line, digits blanked (a spawn worker's pipe handle differs)
+    kind: str  # "spawn", "forkserver", "fork"
+    born_at: float  # the shim's monotonic clock: when the first of them was seen
+    count: int
+    ended_at: float | None = None  # when the last of them was seen gone; None: some still run
+    startup_cpu_s: float = 0.0  # CPU the busiest of them had used in its first seconds (imports, unpickling)
+
+
+@dataclass(frozen=True)
+class ThreadUse:
+    """One thread over one read interval."""
+
+    cpu: float  # CPUs it used
+    waiting: float  # CPUs' worth of time it was runnable but waited for a CPU (run-queue delay)
+    sleeps: float  # voluntary context switches a second: it waited on a lock (the GIL), I/O, a sleep
+
+
+@dataclass(frozen=True)
+class ThreadsRead:
+    """One busy multi-threaded process over one read interval (/proc/PID/task/TID deltas)."""
+
+    pid: int
+    seconds: float
+    threads: tuple[ThreadUse, ...]  # those that ran, busiest first
+    cmdline: str = ""
+
+
+@dataclass(frozen=True)
 class StackSample:
     """The job's main thread as one py-spy dump saw it: (function, file) per frame, innermost first."""
 
@@ -105,6 +138,8 @@ class SpeedEvidence:
     stack_span_s: float = 0.0  # the time the samples cover
     loader_workers: int = 0  # DataLoader worker processes (comm pt_data_worker) in the job
     loader_worker_cpu: float = 0.0  # CPUs they used on average over the window
+    worker_batches: tuple[WorkerBatch, ...] = ()  # oldest first (worker-respawn)
+    thread_reads: tuple[ThreadsRead, ...] = ()  # busy processes' threads, oldest first (gil-bound)
 
     @property
     def wants_s(self) -> float:
