@@ -185,6 +185,26 @@ def test_at_the_same_moment_a_death_by_signal_comes_before_an_exit() -> None:
     assert explain(ev)[0].pids[0] == RANK1
 
 
+def test_a_kill_that_came_after_a_worker_had_failed_did_not_cause_it() -> None:
+    # Ray's shutdown: a worker exits 3 with no traceback, the driver raises about it, and 0.9 s later the
+    # raylet SIGKILLs an idle worker: both deaths stamped by the kernel, the kill plainly after the exit
+    worker, idle = 171, 98
+    ev = failed(
+        deaths=(
+            ProcessDeath(worker, 60, "ray::IDLE", T, 3, None),
+            ProcessDeath(idle, 60, "ray::IDLE", T + 0.93, None, "SIGKILL"),
+            main_death(T + 1.5),
+        ),
+    )
+    assert (root_incident(ev).pid, root_incident(ev).weight) == (worker, WEAK)  # type: ignore[union-attr]
+    assert explain(ev)[0].pids[0] == worker
+    # within the deaths' own clock a kill a moment before the exit still leads: it may have caused it
+    close = dataclasses.replace(
+        ev, deaths=(*ev.deaths[:1], dataclasses.replace(ev.deaths[1], at=T + 0.05), ev.deaths[2])
+    )
+    assert root_incident(close).pid == idle  # type: ignore[union-attr]
+
+
 def test_nothing_is_rearranged_while_the_run_is_alive_or_after_it_succeeded() -> None:
     worker = ProcessDeath(811, MAIN, "python a.py", T, None, "SIGKILL")
     assert explain(failed(state="running", exit_code=None, end_reason=None, deaths=(worker,))) == []

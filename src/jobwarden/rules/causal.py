@@ -17,12 +17,13 @@ first *cause* is the root cause. Every incident is weighed by its evidence, what
   or exit code after another process failed, or is a peer's communication error then (closed or reset by
   peer, broken pipe, EOF); a death by SIGPIPE then too. A report never leads while anything else failed.
 
-The root is the first CAUSE, else the first WEAK, else the first TEARDOWN, else the first REPORT. Weights
-come from what each failure says, not from the clock, so clock skew between the hooks' moments and the
-kernel's can reorder causes among themselves but never lift a report above its cause; "after another
-failed" is judged with TOLERANCE_S of slack. Moments come from the hooks (an exception's, a relayed one's
-when its worker formatted it), the kernel's process events or the reaping parent, else from when the shim
-noticed, within milliseconds: every member's pidfd wakes it.
+The root is the first CAUSE, else the first WEAK, else the first TEARDOWN, else the first REPORT; a WEAK
+that surely came before the first CAUSE (two deaths on the kernel's clock) leads it: that cause came
+after. Weights come from what each failure says, not from the clock, so clock skew between the hooks'
+moments and the kernel's can reorder causes among themselves but never lift a report above its cause;
+"after another failed" is judged with TOLERANCE_S of slack. Moments come from the hooks (an exception's,
+a relayed one's when its worker formatted it), the kernel's process events or the reaping parent, else
+from when the shim noticed, within milliseconds: every member's pidfd wakes it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from jobwarden.rules.memory import oom_killed
 
 CAUSE, WEAK, TEARDOWN, REPORT = 3, 2, 1, 0
 TOLERANCE_S = 1.0  # "after": hooks and kernel stamp moments with clocks that may disagree by this much
+SAME_CLOCK_S = 0.1  # two deaths' moments: the kernel's, or the shim's within a few ms of it
 CARRIED_ON_S = 10.0  # a child's bare exit its parent outlived this long, with nothing failing meanwhile
 UNKNOWN_PID = -1  # a relayed exception whose process nothing names (no hooks to record it)
 
@@ -95,11 +97,21 @@ def root_incident(ev: RunEvidence, found: Sequence[Incident] | None = None) -> I
     """The first cause; else the first weakly evidenced one, the first teardown, the first report. None
     when the run has no incident (still running, hung, succeeded)."""
     found = incidents(ev) if found is None else found
-    for weight in (CAUSE, WEAK, TEARDOWN, REPORT):
-        first = next((i for i in found if i.weight == weight), None)
-        if first is not None:
-            return first
-    return None
+    firsts = [
+        next((i for i in found if i.weight == weight), None) for weight in (CAUSE, WEAK, TEARDOWN, REPORT)
+    ]
+    cause, weak = firsts[0], firsts[1]
+    if cause is not None and weak is not None and _surely_before(weak, cause):
+        return weak  # a kill that came after a process had already failed did not cause that failure
+    return next((i for i in firsts if i is not None), None)
+
+
+def _surely_before(a: Incident, b: Incident) -> bool:
+    """`a` happened before `b` whatever the clocks: two deaths are stamped by the kernel's events or the
+    shim within milliseconds of each other (SAME_CLOCK_S); a hook's moment may disagree by TOLERANCE_S.
+    (Ray's shutdown SIGKILLs an idle worker a second after another exited 3: that kill caused nothing.)"""
+    same_clock = a.exception is None and b.exception is None
+    return a.at < b.at - (SAME_CLOCK_S if same_clock else TOLERANCE_S)
 
 
 def _demote_answered(found: list[Incident], tree: _Tree) -> list[Incident]:
