@@ -279,9 +279,10 @@ def test_the_job_page_draws_the_flame_graph(jw: Jobwarden, tmp_path: Path, brows
             drawn = driver.find_elements(By.CSS_SELECTOR, "#flame svg g.frame")
             names = {g.get_attribute("data-function") for g in drawn}
             assert "_worker_loop" in names and any(n.startswith("pid ") for n in names)
-            # one box per worker: together they hold a good part of the samples
+            # a box in each worker (more where a worker's samples reach it by two paths, e.g. through a
+            # comprehension's frame): together they hold a good part of the samples
             boxes = driver.find_elements(By.CSS_SELECTOR, frame)
-            assert len(boxes) == 2
+            assert len(boxes) >= 2
             share = sum(float(b.get_attribute("data-share")) for b in boxes)
             assert 0.2 < share <= 1.0
             labels = " ".join(t.text for t in driver.find_elements(By.CSS_SELECTOR, "#flame svg text"))

@@ -315,11 +315,9 @@ def test_a_spin_is_stalled_then_hung_then_recovers(jw: Jobwarden, tmp_path: Path
     kinds = _event_kinds(jw, job.id)
     assert "progress-stalled" in kinds and "progress-recovered" in kinds
     delivered = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
-    assert [e["event"] for e in delivered if e["event"] in ("stalled", "recovered")] == [
-        "stalled",
-        "recovered",
-    ]
-    assert "no step for" in delivered[0]["text"]
+    trouble = [e for e in delivered if e["event"] in ("stalled", "recovered")]  # a `slowed` may come too
+    assert [e["event"] for e in trouble] == ["stalled", "recovered"]
+    assert "no step for" in trouble[0]["text"]
 
 
 def _event_kinds(jw: Jobwarden, job: int) -> list[str]:
