@@ -130,3 +130,25 @@ def test_a_slowdown_is_recorded_once_and_resolved_when_the_rate_comes_back(
     assert 80 < gone_at <= 80 + 5 + 2 * JUDGE_EVERY_S + 6  # a stretch, then two silent judgements
     (stored,) = [f for _, f in s.findings(job_id, run)]
     assert stored.rule == "slowed-down" and stored.resolved_at == T0 + gone_at
+
+
+@pytest.mark.parametrize(("home", "named"), [("/home/me/jw", 7), ("/srv/other-home", None), (None, None)])
+def test_a_neighbours_job_is_named_only_when_it_is_of_this_home(
+    tmp_path: Path,
+    store: tuple[Store, int, int],
+    monkeypatch: pytest.MonkeyPatch,
+    home: str | None,
+    named: int | None,
+) -> None:
+    monkeypatch.setenv("JOBWARDEN_HOME", "/home/me/jw")
+    proc = FakeProc(tmp_path / "proc")
+    proc.process(4242, 0, 0)
+    env = [b"PATH=/usr/bin", b"JOBWARDEN_JOB_ID=7", b"SECRET=hunter2"]
+    if home is not None:
+        env.append(b"JOBWARDEN_HOME=" + home.encode())
+    (proc.root / "4242" / "environ").write_bytes(b"\0".join(env) + b"\0")
+    (proc.root / "4242" / "cmdline").write_bytes(b"python\0other.py\0")
+    s, _, _ = store
+    watch = SpeedWatch(ProcFS(proc.root), LiveFindings(s, lambda method, *a: method(*a)), shim_pid=1)
+    neighbour = watch._describe(4242, 0.9)
+    assert neighbour.job_id == named and "hunter2" not in repr(neighbour)

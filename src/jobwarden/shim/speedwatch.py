@@ -28,7 +28,7 @@ from jobwarden.model import Finding, ProcessId, ProcessSnapshot
 from jobwarden.osapi.cgroup import JobCgroup
 from jobwarden.osapi.cpuquota import CpuCgroup, CpuStat, cpu_cgroup_of
 from jobwarden.osapi.procfs import ProcFS, TaskCounters, parse_stat_counters
-from jobwarden.paths import JOB_ID_ENV
+from jobwarden.paths import HOME_ENV, JOB_ID_ENV
 from jobwarden.rules.speed import SPEED_RULES, judge
 from jobwarden.rules.speed.cpu import THROTTLED_SHARE, WAIT_SHARE, cpu_oversubscribed
 from jobwarden.rules.speed.evidence import (
@@ -446,8 +446,11 @@ class SpeedWatch:
             uid = self.procfs.uid(pid)
             user = self._users.get(uid) or self._users.setdefault(uid, _user_name(uid))
             cmdline = self.procfs.cmdline(pid)
-            value = self.procfs.environ_values(pid, (JOB_ID_ENV,)).get(JOB_ID_ENV)
-            job_id = int(value) if value and value.isascii() and value.isdigit() else None
+            env = self.procfs.environ_values(pid, (JOB_ID_ENV, HOME_ENV))
+            value = env.get(JOB_ID_ENV)
+            # a job id means something only in the store it came from: this one's (same user, same home)
+            ours = uid == os.getuid() and env.get(HOME_ENV) == os.environ.get(HOME_ENV)
+            job_id = int(value) if ours and value and value.isascii() and value.isdigit() else None
         return Neighbour(pid=pid, user=user, cpu=round(used, 2), cmdline=cmdline, job_id=job_id)
 
     def _with_loading(
