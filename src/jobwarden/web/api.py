@@ -12,6 +12,7 @@ from jobwarden.clock import SystemClock, iso
 from jobwarden.control.metrics import job_samples
 from jobwarden.control.prometheus import exposition
 from jobwarden.joboptions import JobOptions
+from jobwarden.model import ACTIVE_STATES
 from jobwarden.web.app import App
 from jobwarden.web.messages import (
     API_HEADERS,
@@ -52,7 +53,7 @@ def jobs(app: App, req: Request) -> Response:
     whose name contains `name` or whose id it is; the number of jobs that match in X-Total-Count and each
     state's count over all jobs in X-State-Counts (JSON). A page of 100 out of 10,000 jobs is 70 KB where
     the whole list is 6.6 MB: the page asks every 5 s."""
-    from jobwarden.control.views import job_views
+    from jobwarden.control.views import filtered_views, job_views
 
     paged = any(req.param(k) is not None for k in ("limit", "offset", "state", "name"))
     limit = req.int_param("limit", minimum=1, maximum=LIST_PAGE_MAX) or (LIST_PAGE_MAX if paged else None)
@@ -66,7 +67,8 @@ def jobs(app: App, req: Request) -> Response:
         if paged:
             for v in views:
                 counts[str(v.run.state)] = counts.get(str(v.run.state), 0) + 1
-            matching = [v for v in reversed(views) if _listed(v, state, name)]
+            kept = filtered_views(views, _LIST_STATES.get(state, frozenset({state})), None, None)
+            matching = [v for v in reversed(kept) if _named(v, name)]
             views = matching[offset : offset + (limit or 0)]
             progress = store.progress_of_runs(((v.job.id, v.run.n) for v in views), metrics=True)
             views = [v._replace(progress=progress.get((v.job.id, v.run.n))) for v in views]
@@ -82,14 +84,15 @@ def jobs(app: App, req: Request) -> Response:
     return response
 
 
-def _listed(view: Any, state: str, name: str) -> bool:
-    run = view.run
-    if state == "active" and not run.state.is_active:  # ended, or lost with its shim
-        return False
-    if state == "hung" and not view.hung:
-        return False
-    if state not in ("all", "active", "hung") and str(run.state) != state:
-        return False
+# the list page's state filter as `ps --state` words: all, active (a shim watches it), or one state
+_LIST_STATES: dict[str, frozenset[str] | None] = {
+    "all": None,
+    "active": frozenset(str(s) for s in ACTIVE_STATES),
+}
+
+
+def _named(view: Any, name: str) -> bool:
+    """The list page's search: a part of the name, any case, or the id."""
     return not name or name in view.job.name.lower() or str(view.job.id) == name
 
 
