@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from jobwarden.clock import Clock, SystemClock
-from jobwarden.control.orphans import Stray, user_name
+from jobwarden.control.orphans import Stray
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.procfs import ProcFS, ProcStat, why_still_alive
 from jobwarden.osapi.terminate import KillPlan, terminate
+from jobwarden.osapi.users import user_name
 from jobwarden.osapi.waiting import wait_readable
 
 _KILL_WAIT_S = 3.0  # SIGKILL takes effect at once unless the process is in D state

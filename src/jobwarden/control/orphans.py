@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pwd
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -27,6 +26,7 @@ from jobwarden.model import JobState
 from jobwarden.observations import GpuProcess
 from jobwarden.osapi.capabilities import in_initial_pid_namespace
 from jobwarden.osapi.procfs import ProcFS, ProcStat
+from jobwarden.osapi.users import user_name
 from jobwarden.probes.markers import read_job_marks
 from jobwarden.store import JobRecord, RunRecord, Store
 
@@ -98,15 +98,6 @@ def stray_reason(
     if run.state == JobState.LOST:
         return f"supervisor of job {job_id} died"
     return None
-
-
-def user_name(uid: int | None) -> str:
-    if uid is None:
-        return "?"
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 @dataclass(frozen=True)

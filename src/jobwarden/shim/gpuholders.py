@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import pwd
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -15,6 +14,7 @@ from jobwarden.errors import AccessDenied, JobNotFound, ProcessGone
 from jobwarden.model import ACTIVE_STATES, JobState
 from jobwarden.observations import GpuProcess
 from jobwarden.osapi.procfs import ProcFS
+from jobwarden.osapi.users import user_name
 from jobwarden.probes.gpu import GpuProbe
 from jobwarden.probes.markers import read_job_marks
 from jobwarden.rules.gpu import GpuOwner
@@ -162,7 +162,7 @@ def _holder(jobs: _Jobs, procfs: ProcFS, proc: GpuProcess) -> GpuHolder:
         base,
         visible=True,
         uid=uid,
-        user=_user(uid),
+        user=user_name(uid),
         cmdline=cmdline,
         ppid=st.ppid,
         start_time=st.start_time,
@@ -175,13 +175,6 @@ def _holder(jobs: _Jobs, procfs: ProcFS, proc: GpuProcess) -> GpuHolder:
         live_job=owner is not None or (job_id is not None and not foreign and jobs.live(job_id, run)),
         reparented_to_init=st.ppid == 1,
     )
-
-
-def _user(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 def _started_at(procfs: ProcFS, start_ticks: int) -> float | None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pwd
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -28,6 +27,7 @@ from jobwarden.model import Finding, ProcessId, ProcessSnapshot
 from jobwarden.osapi.cgroup import JobCgroup
 from jobwarden.osapi.cpuquota import CpuCgroup, CpuStat, cpu_cgroup_of
 from jobwarden.osapi.procfs import ProcFS, TaskCounters, parse_stat_counters
+from jobwarden.osapi.users import user_name
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV
 from jobwarden.rules.speed import SPEED_RULES, judge
 from jobwarden.rules.speed.cpu import THROTTLED_SHARE, WAIT_SHARE, cpu_oversubscribed
@@ -444,7 +444,7 @@ class SpeedWatch:
         user, job_id, cmdline = "?", None, "?"
         with contextlib.suppress(ProcessGone, AccessDenied):
             uid = self.procfs.uid(pid)
-            user = self._users.get(uid) or self._users.setdefault(uid, _user_name(uid))
+            user = self._users.get(uid) or self._users.setdefault(uid, user_name(uid))
             cmdline = self.procfs.cmdline(pid)
             env = self.procfs.environ_values(pid, (JOB_ID_ENV, HOME_ENV))
             value = env.get(JOB_ID_ENV)
@@ -531,13 +531,6 @@ def _delta_s(before: int | None, after: int | None) -> float | None:
     if before is None or after is None:
         return None
     return max(after - before, 0) / 1e6
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 def claimed_gpus(gpu_env: dict[str, str]) -> tuple[int, ...]:
