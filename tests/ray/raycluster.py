@@ -38,6 +38,10 @@ class RayNamespace:
             "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_S),
             "RAY_ADDRESS": DASHBOARD,  # `ray job ...` find the head by it; drivers get their own from Ray
+            # Ray turns token auth on by itself when ~/.ray/auth_token exists (Ray 2.60 writes one at the
+            # first local ray.init()), and then refuses its own clients here: this cluster is loopback only,
+            # inside its own network namespace, so it does without, whatever the machine's home holds
+            "RAY_AUTH_MODE": "disabled",
         }
         self.env.pop("JOBWARDEN_JOB_ID", None)
         self.init_pid = 0
