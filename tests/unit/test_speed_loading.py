@@ -13,12 +13,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobwarden.model import ProcessSnapshot
+from jobwarden.model import ProcessId, ProcessSnapshot
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.rules.speed import judge
 from jobwarden.rules.speed.evidence import SpeedEvidence, StackSample
 from jobwarden.rules.speed.loading import loads_in_main, waits_on_workers
-from jobwarden.shim.stacksample import StackSampler
+from jobwarden.shim.stacksample import StackSampler, loop_candidates
+from jobwarden.shim.tree import Member
 
 from .test_speed_rules import HEALTHY, one, rules
 
@@ -149,82 +150,193 @@ def test_the_rules_take_any_stacks(
             assert 50 <= share <= 100
 
 
-# --- the shim's sampler (shim.stacksample): when it dumps, what it keeps -------------------------------
+# --- the shim's sampler (shim.stacksample): which process, when it dumps, what it keeps -----------------
 
-PID = 4242
+PID = 4242  # the training loop (torch loaded)
+DASH = 4240  # a wrapper shell above it: `jobwarden run -- sh -c "python train.py; ..."`
+TORCH_MAPS = "7f00 r-xp /venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so\n"
+NUMPY_MAPS = "7f00 r-xp /venv/lib/python3.11/site-packages/numpy/core/_multiarray.so\n"
 
 
-def snap(cpu: float) -> ProcessSnapshot:
-    return ProcessSnapshot(PID, 1, 1, "R", "python train.py", 1 << 20, cpu)
+def snap(cpu: float, pid: int = PID) -> ProcessSnapshot:
+    return ProcessSnapshot(pid, 1, 1, "R", "python train.py", 1 << 20, cpu)
 
 
-def fake_proc(tmp_path: Path, maps: str) -> ProcFS:
-    (tmp_path / "proc" / str(PID)).mkdir(parents=True, exist_ok=True)
-    (tmp_path / "proc" / str(PID) / "maps").write_text(maps)
+def member(pid: int, ppid: int, cmdline: str, comm: str = "python") -> Member:
+    return Member(ProcessId(pid, 500 + pid), -1, ppid, cmdline, comm)
+
+
+LOOP = [member(PID, 1, "python train.py")]
+
+
+def fake_proc(tmp_path: Path, maps: str, pid: int = PID, exe: str = "/usr/bin/python3.11") -> ProcFS:
+    """/proc/PID/maps and /proc/PID/exe of one process (the OS seam the sampler reads)."""
+    d = tmp_path / "proc" / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "maps").write_text(maps)
+    if (d / "exe").is_symlink():
+        (d / "exe").unlink()
+    (d / "exe").symlink_to(exe)
     return ProcFS(tmp_path / "proc")
 
 
 def fake_py_spy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stand-in for py-spy that answers one dump: the main thread (tid = pid) waiting on its workers and
-    a pin-memory thread; it records each call."""
+    """A stand-in for py-spy that answers a dump of any pid: its main thread (tid = the pid) waiting on its
+    workers, and a pin-memory thread; it records each call."""
     threads = [
         {
-            "os_thread_id": PID + 1,
+            "os_thread_id": 1,
             "thread_name": "pt_data_pin",
             "frames": [{"name": "_pin_memory_loop", "filename": "x.py", "line": 1}],
         },
         {
-            "os_thread_id": PID,
+            "os_thread_id": "TID",
             "thread_name": "MainThread",
-            "frames": [{"name": n, "filename": f, "line": 1} for n, f in WAITING],
+            "frames": [{"name": n, "filename": f, "line": 10 + i} for i, (n, f) in enumerate(WAITING)],
         },
     ]
     script = tmp_path / "py-spy"
-    script.write_text(
-        f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'calls'}\ncat <<'EOF'\n{json.dumps(threads)}\nEOF\n"
-    )
+    answer = json.dumps(threads).replace('"TID"', "$3")  # py-spy dump --pid PID --json --nonblocking
+    script.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\ncat <<EOF\n{answer}\nEOF\n')
     script.chmod(0o755)
     monkeypatch.setenv("JOBWARDEN_PY_SPY", str(script))
     return tmp_path / "calls"
 
 
-def settle(sampler: StackSampler, mono: float) -> None:
+def settle(sampler: StackSampler, mono: float, members: list[Member] = LOOP) -> None:
     """Wait (with a deadline) for the dump in flight, then let a tick collect it."""
     pending = sampler._pending
     if pending is not None:
         pending.join(timeout=30)
         assert not pending.is_alive()
-    sampler.tick(mono, PID, [snap(0.0)])
+    sampler.tick(mono, members, [snap(0.0)])
+
+
+def dumped(calls: Path) -> list[int]:
+    """The pids py-spy was asked to dump, in order."""
+    if not calls.exists():
+        return []
+    return [int(line.split()[2]) for line in calls.read_text().splitlines()]
 
 
 def test_the_sampler_dumps_the_main_thread_only_when_busy_with_torch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = fake_py_spy(tmp_path, monkeypatch)
-    procfs = fake_proc(tmp_path, "7f00 r-xp /venv/lib/python3.11/site-packages/numpy/core/_multiarray.so\n")
+    procfs = fake_proc(tmp_path, NUMPY_MAPS)
     sampler = StackSampler(procfs, every_s=10.0)
-    sampler.tick(0.0, PID, [snap(95.0)])  # busy, no torch: no dump
+    sampler.tick(0.0, LOOP, [snap(95.0)])  # busy, no torch: no dump
     assert sampler._pending is None
-    fake_proc(tmp_path, "7f00 r-xp /venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so\n")
-    sampler.tick(5.0, PID, [snap(95.0)])  # within the interval
+    fake_proc(tmp_path, TORCH_MAPS)
+    sampler.tick(5.0, LOOP, [snap(95.0)])  # within the interval
     assert sampler._pending is None
-    sampler.tick(10.0, PID, [snap(20.0)])  # torch, idle: no dump
+    sampler.tick(10.0, LOOP, [snap(20.0)])  # torch, idle: no dump
     assert sampler._pending is None
-    sampler.tick(20.0, PID, [snap(95.0)])
+    sampler.tick(20.0, LOOP, [snap(95.0)])
     settle(sampler, 21.0)
     assert [s.frames for s in sampler.samples] == [WAITING] and sampler.samples[0].at == 20.0
+    assert sampler.samples[0].lines[:2] == (10, 11) and sampler.samples[0].stall_at is None
     assert calls.read_text().split() == ["dump", "--pid", str(PID), "--json", "--nonblocking"]
-    sampler.tick(30.0, PID, [snap(95.0)])
+    sampler.tick(30.0, LOOP, [snap(95.0)])
     settle(sampler, 31.0)
-    assert len(sampler.samples) == 2 and sampler.span_s() == 10.0
-    sampler.tick(32.0, PID + 7, [snap(95.0)])  # another main process: its samples are not this one's
-    assert not sampler.samples
+    assert len(sampler.samples) == 2 and sampler.span_s() == 10.0 and sampler.pid == PID
+    sampler.tick(32.0, [member(PID + 7, 1, "python train.py")], [snap(95.0)])  # the loop exited
+    assert not sampler.samples and sampler.pid is None  # its samples are not the next one's
 
 
 def test_the_sampler_without_py_spy_takes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JOBWARDEN_PY_SPY", str(tmp_path / "absent"))
-    sampler = StackSampler(fake_proc(tmp_path, "libtorch_python.so\n"), every_s=1.0)
+    sampler = StackSampler(fake_proc(tmp_path, TORCH_MAPS), every_s=1.0)
     for t in range(5):
-        sampler.tick(float(t), PID, [snap(95.0)])
+        sampler.tick(float(t), LOOP, [snap(95.0)], stall=float(t))
         assert sampler._pending is None
+    assert not sampler.samples and not sampler.stall_samples and not sampler.stall_sampling()
+
+
+def test_under_a_wrapper_the_sampler_picks_the_torch_process_nearest_the_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sh -c "python train.py; ..."`: the root is a shell with no torch; below it the loop, its DataLoader
+    workers (named pt_data_worker, or just forked and not renamed yet: the parent's command line) and a
+    process of its own that also loads torch (deeper: not the loop)."""
+    calls = fake_py_spy(tmp_path, monkeypatch)
+    fake_proc(tmp_path, "7f00 r-xp /usr/lib/x86_64-linux-gnu/libc.so.6\n", DASH, "/usr/bin/dash")
+    for pid in (PID, PID + 1, PID + 2, PID + 3, PID + 4):
+        procfs = fake_proc(tmp_path, TORCH_MAPS, pid)
+    tree = [
+        member(PID + 1, PID, "python train.py", comm="pt_data_worker"),
+        member(PID + 2, PID, "python train.py"),  # forked a moment ago
+        member(PID + 3, PID, "python -c from multiprocessing.spawn import spawn_main; spawn_main(7)"),
+        member(PID + 4, PID, "python eval.py --ckpt last.pt"),
+        member(PID, DASH, "python train.py"),
+        member(DASH, 1, 'sh -c "python train.py; echo done"', comm="sh"),
+    ]
+    sampler = StackSampler(procfs, every_s=10.0)
+    sampler.tick(0.0, tree, [snap(95.0)])
+    settle(sampler, 1.0, tree)
+    assert dumped(calls) == [PID] and sampler.pid == PID and len(sampler.samples) == 1
+    # the loop is held while it runs: its workers come and go, the maps are not read again
+    for pid in (PID + 1, PID + 2, PID + 3, PID + 4):
+        (tmp_path / "proc" / str(pid) / "maps").unlink()
+    sampler.tick(10.0, tree[4:], [snap(95.0)])
+    settle(sampler, 11.0, tree[4:])
+    assert dumped(calls) == [PID, PID] and len(sampler.samples) == 2
+    # it exits: the next pick is the torch process left nearest the root, with samples of its own
+    fake_proc(tmp_path, TORCH_MAPS, PID + 4)
+    rest = [tree[3], tree[5]]
+    sampler.tick(20.0, rest, [snap(95.0)])
     assert not sampler.samples
+    settle(sampler, 21.0, rest)
+    assert dumped(calls) == [PID, PID, PID + 4] and sampler.pid == PID + 4 and len(sampler.samples) == 1
+
+
+def test_the_loop_candidates_leave_out_workers_and_go_by_depth() -> None:
+    tree = [
+        member(30, 20, "python train.py", comm="pt_data_worker"),
+        member(31, 20, "python train.py"),
+        member(20, 10, "python train.py"),
+        member(10, 1, "bash run.sh"),
+        member(11, 10, "tee log.txt"),
+    ]
+    assert [m.pid for m in loop_candidates(tree)] == [10, 11, 20]
+    # a fork of a shell is a subshell, not a worker; a loop of parents does not hang the depth
+    cycle = [member(40, 41, "sh x"), member(41, 40, "sh y")]
+    assert sorted(m.pid for m in loop_candidates(cycle)) == [40, 41]
+
+
+def test_a_stall_is_dumped_once_busy_or_not_torch_or_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = fake_py_spy(tmp_path, monkeypatch)
+    procfs = fake_proc(tmp_path, NUMPY_MAPS)  # a Python job without torch, idle in its pause
+    sampler = StackSampler(procfs, every_s=10.0)
+    sampler.tick(0.0, LOOP, [snap(2.0)])
+    assert sampler._pending is None and not sampler.stall_sampling()
+    sampler.tick(4.0, LOOP, [snap(2.0)], stall=0.5)  # the counter stood still since its move at 0.5 s
+    settle(sampler, 5.0)
+    assert dumped(calls) == [PID] and not sampler.samples
+    [sample] = sampler.stall_samples
+    assert (sample.at, sample.stall_at, sample.frames) == (4.0, 0.5, WAITING)
+    assert sampler.stall_sampling()
+    for t in (6.0, 7.0, 8.0):  # the same stall: no second dump
+        sampler.tick(t, LOOP, [snap(2.0)], stall=0.5)
+        assert sampler._pending is None
+    sampler.tick(30.0, LOOP, [snap(2.0)], stall=20.0)  # the next one
+    settle(sampler, 31.0)
+    assert [s.stall_at for s in sampler.stall_samples] == [0.5, 20.0] and dumped(calls) == [PID, PID]
+
+
+def test_a_stall_of_a_process_that_is_not_python_is_not_dumped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = fake_py_spy(tmp_path, monkeypatch)
+    procfs = fake_proc(tmp_path, "7f00 r-xp /usr/lib/x86_64-linux-gnu/libstdc++.so.6\n", exe="/opt/train")
+    sampler = StackSampler(procfs, every_s=10.0)
+    job = [member(PID, 1, "/opt/train --steps 1000")]
+    sampler.tick(4.0, job, [snap(2.0)], stall=0.5)
+    assert sampler._pending is None and dumped(calls) == [] and not sampler.stall_sampling()
+    # an interpreter embedded in it (libpython mapped) is Python enough for py-spy
+    fake_proc(tmp_path, "7f00 r-xp /usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0\n", exe="/opt/train")
+    sampler.tick(9.0, job, [snap(2.0)], stall=6.0)
+    settle(sampler, 10.0, job)
+    assert dumped(calls) == [PID] and [s.stall_at for s in sampler.stall_samples] == [6.0]

@@ -152,3 +152,23 @@ def test_a_neighbours_job_is_named_only_when_it_is_of_this_home(
     watch = SpeedWatch(ProcFS(proc.root), LiveFindings(s, lambda method, *a: method(*a)), shim_pid=1)
     neighbour = watch._describe(4242, 0.9)
     assert neighbour.job_id == named and "hunter2" not in repr(neighbour)
+
+
+def test_the_sampler_is_told_of_a_stall_once_the_counter_stood_still_as_long_as_one(
+    tmp_path: Path, store: tuple[Store, int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JOBWARDEN_PY_SPY", str(tmp_path / "absent"))  # the tag only, no dump
+    proc = FakeProc(tmp_path / "proc")
+    proc.process(1000, 0, 0)
+    main = member(1000, "S")
+    watch = watch_for(store, proc)
+    told = []
+    for t in range(30):  # a move a second for 20 s, then the counter stands still
+        step = 10 * min(t, 20)
+        watch.tick(T0 + t, float(t), [main], [], step)
+        told.append(watch._stalled(float(t)))
+    # the usual gap is 1 s: a stall after max(4 x 1 s, 3 s), tagged with the last move's moment
+    assert told[:24] == [None] * 24 and told[24:] == [20.0] * 6
+    assert watch.evidence(30.0, [main]).stall_sampling is False  # no py-spy: the finding need not wait
+    watch.tick(T0 + 30, 30.0, [main], [], 210)  # it moves again: no stall
+    assert watch._stalled(30.5) is None

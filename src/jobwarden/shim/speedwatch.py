@@ -42,6 +42,8 @@ from jobwarden.rules.speed.evidence import (
     ThreadUse,
     WorkerBatch,
 )
+from jobwarden.rules.speed.loading import LOADER_WORKER_COMM
+from jobwarden.rules.speed.stalls import STALL_MIN_S, stall_after, usual_gap
 from jobwarden.rules.speed.threads import STARTUP_S, command_key, worker_kind
 from jobwarden.shim.findings import LiveFindings
 from jobwarden.shim.stacksample import StackSampler
@@ -63,7 +65,6 @@ SEGMENTS_KEPT = 720  # an hour at 5 s: the run's earlier rate
 MOVES_KEPT = 600  # ten minutes of moves seen once a second
 SCAN_EVERY_S = 8.0  # /proc scanned for the job's neighbours at most this often
 RESOLVE_AFTER = 2  # judgements in a row a finding's rule must stay silent before it is resolved
-LOADER_WORKER_COMM = "pt_data_worker"
 CUDA_LIBS = (b"libcuda.so", b"libcudart", b"libtorch_cuda")
 THREADS_CPU = 50.0  # % of a core a process must use before its threads are read (gil-bound); not 90: on a
 # loaded machine a GIL-bound process gets less than its one core (measured 0.58 at load 6 on 2 cores)
@@ -151,7 +152,8 @@ class SpeedWatch:
         self._batches: deque[tuple[int, WorkerBatch]] = deque(maxlen=BATCHES_KEPT)  # (number, batch)
         self._batch_no = 0
         self._not_workers: set[ProcessId] = set()
-        self.stacks = StackSampler(procfs)  # the main thread's stack now and then (rules.speed.loading)
+        self.stacks = StackSampler(procfs)  # the loop's stack now and then, and in each stall
+        self._usual: tuple[StepMove, float | None] | None = None  # (the last move, the usual gap then)
 
     # --- each tick ------------------------------------------------------------------------------------
 
@@ -178,12 +180,25 @@ class SpeedWatch:
             self._next_read = mono + READ_EVERY_S
             self._read(mono, members)
         self._note_gpu(mono, snaps, gpu)
-        self.stacks.tick(mono, self.main_pid, snaps)
+        self.stacks.tick(mono, members, snaps, self._stalled(mono))
         if mono < self._next_judge or len(self.reads) < 2 or self._window() < MIN_WINDOW_S:
             return [], []
         self._next_judge = mono + JUDGE_EVERY_S
         ev = self.evidence(mono, members, gpu)
         return self._record(judge(ev), now)
+
+    def _stalled(self, mono: float) -> float | None:
+        """The moment of the counter's last move when it has stood still as long as a stall since
+        (rules.speed.stalls' measure), else None. A comparison a tick; the median of the gaps only once a
+        stall is possible, and once per last move."""
+        moves = self.segments.moves
+        if not moves or mono - moves[-1].at < STALL_MIN_S:
+            return None
+        last = moves[-1]
+        if self._usual is None or self._usual[0] is not last:
+            self._usual = (last, usual_gap(moves))
+        usual = self._usual[1]
+        return last.at if usual is not None and mono - last.at >= stall_after(usual) else None
 
     def _window(self) -> float:
         return self.reads[-1].mono - self.reads[0].mono
@@ -456,8 +471,8 @@ class SpeedWatch:
     def _with_loading(
         self, ev: SpeedEvidence, first: _Read, last: _Read, members: list[Member]
     ) -> SpeedEvidence:
-        """The main thread's sampled stacks, and the DataLoader's workers (comm pt_data_worker, as torch
-        names them) with the CPU they used over the window."""
+        """The loop's sampled stacks (and those of the stalls), and the DataLoader's workers (comm
+        pt_data_worker, as torch names them) with the CPU they used over the window."""
         workers = [m.ident for m in members if m.comm == LOADER_WORKER_COMM]
         ns = 0
         for ident in workers:
@@ -467,6 +482,9 @@ class SpeedWatch:
             ev,
             stack_samples=tuple(self.stacks.samples),
             stack_span_s=self.stacks.span_s(),
+            stack_pid=self.stacks.pid,
+            stall_samples=tuple(self.stacks.stall_samples),
+            stall_sampling=self.stacks.stall_sampling(),
             loader_workers=len(workers),
             loader_worker_cpu=ns / 1e9 / ev.window_s if ev.window_s > 0 else 0.0,
         )
@@ -485,10 +503,12 @@ class SpeedWatch:
         usage = gpu.usage
         unused = mono - self._gpu_busy_since if self._gpu_busy_since is not None else 0.0
         cuda = None
-        if unused > 0 and self.main_pid is not None:
-            if self._cuda is None or self._cuda[0] != self.main_pid:
+        # the loop's process: under a wrapper (`sh -c`, a bash script) the main one maps no library at all
+        pid = self.stacks.loop.pid if self.stacks.loop is not None else self.main_pid
+        if unused > 0 and pid is not None:
+            if self._cuda is None or self._cuda[0] != pid:
                 with contextlib.suppress(ProcessGone, AccessDenied):
-                    self._cuda = (self.main_pid, self.procfs.maps_any(self.main_pid, CUDA_LIBS))
+                    self._cuda = (pid, self.procfs.maps_any(pid, CUDA_LIBS))
             cuda = self._cuda[1] if self._cuda else None
         mine = {p.gpu_index for p in gpu.processes} | set(self.gpus_claimed)
         sharers = []

@@ -2,7 +2,8 @@
 
   steps SWITCH   heartbeat steps at 10/s (a step every 0.1 s, paced by the clock, a little CPU work in
                  each), then every 0.3 s once the file SWITCH exists: a 3x slowdown whatever the load
-  stalls         heartbeat steps at 10/s, standing still 6 s every 50 steps (a checkpoint's pause)
+  stalls         heartbeat steps at 10/s, standing still 6 s every 50 steps in save_checkpoint (a
+                 checkpoint's pause)
   spin [N]       N processes (default 1) that burn CPU until killed
   quota DIR      put itself into the cpu cgroup DIR (root), then spin
   thrash FILE    hold 24 MiB, then read FILE (larger than what a 64 MiB limit leaves for the page cache)
@@ -45,11 +46,18 @@ def steps(switch: str) -> None:
         jobwarden.heartbeat(step=step)
 
 
+def save_checkpoint() -> None:
+    time.sleep(6.0)  # the pause periodic-stall must name: this function (the shim dumps it during the pause)
+
+
 def stalls() -> None:
     step = 0
     print("ready", flush=True)
     while True:
-        time.sleep(6.0 if step and step % 50 == 0 else 0.1)
+        if step and step % 50 == 0:
+            save_checkpoint()
+        else:
+            time.sleep(0.1)
         step += 1
         jobwarden.heartbeat(step=step)
 

@@ -94,10 +94,18 @@ class ThreadsRead:
 
 @dataclass(frozen=True)
 class StackSample:
-    """The job's main thread as one py-spy dump saw it: (function, file) per frame, innermost first."""
+    """The main thread of the job's loop process as one py-spy dump saw it: (function, file) per frame,
+    innermost first, and each frame's line (0: unknown) in `lines` when the dump gave them. A sample taken
+    during a stall of the step counter carries the stall: `stall_at`, the moment (StepMove.at) of the last
+    move before it."""
 
     at: float
     frames: tuple[tuple[str, str], ...]
+    lines: tuple[int, ...] = ()
+    stall_at: float | None = None
+
+    def line(self, i: int) -> int:
+        return self.lines[i] if i < len(self.lines) else 0
 
 
 @dataclass(frozen=True)
@@ -136,6 +144,9 @@ class SpeedEvidence:
     pids: tuple[int, ...] = field(default=())
     stack_samples: tuple[StackSample, ...] = ()  # the main thread's stack now and then, oldest first
     stack_span_s: float = 0.0  # the time the samples cover
+    stack_pid: int | None = None  # the process they were taken of (the job's loop: torch loaded, no worker)
+    stall_samples: tuple[StackSample, ...] = ()  # one per stall of the step counter, oldest first
+    stall_sampling: bool = False  # the shim dumps stalls (py-spy, a Python process): samples may come
     loader_workers: int = 0  # DataLoader worker processes (comm pt_data_worker) in the job
     loader_worker_cpu: float = 0.0  # CPUs they used on average over the window
     worker_batches: tuple[WorkerBatch, ...] = ()  # oldest first (worker-respawn)

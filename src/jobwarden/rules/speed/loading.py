@@ -1,5 +1,7 @@
 """The data-loading speed rules, judged on the main thread's Python stack sampled now and then (a
-non-blocking py-spy dump every few seconds, shim.speedwatch): where the training loop spends its time.
+non-blocking py-spy dump every few seconds, shim.stacksample) of the job's loop process (the one with torch
+loaded that is no DataLoader worker, nearest the root: a wrapper shell is not it): where the training loop
+spends its time.
 
 - `input-bound`: the loop waits on its DataLoader's workers. Its main thread sits under
   `_MultiProcessingDataLoaderIter._next_data → _get_data → _try_get_data → Queue.get` while the
@@ -24,6 +26,7 @@ WARN_SHARE = 0.7
 WORKER_BUSY = 0.5  # CPUs per worker on average: the workers are busy, not waiting for indexes
 IDLE_CPUS = 0.75  # the allowance left unused that a worker process would use
 
+LOADER_WORKER_COMM = "pt_data_worker"  # torch names its DataLoader worker processes so
 TORCH_DATA = "torch/utils/data/"
 DATALOADER = "torch/utils/data/dataloader.py"
 FETCH = "torch/utils/data/_utils/fetch.py"
@@ -68,7 +71,9 @@ _MORE_CPUS = "Give the job more CPUs and the DataLoader more workers, "
 
 
 def _pids(ev: SpeedEvidence) -> tuple[int, ...]:
-    return (ev.main_pid,) if ev.main_pid is not None else ev.pids[:1]
+    """The process whose stack was sampled (the loop), else the job's main one."""
+    pid = ev.stack_pid if ev.stack_pid is not None else ev.main_pid
+    return (pid,) if pid is not None else ev.pids[:1]
 
 
 def input_bound(ev: SpeedEvidence) -> Finding | None:
