@@ -1,5 +1,6 @@
 """The data-loading speed rules on real PyTorch (CPU) training loops (tests/integration/jobs/loader_job.py):
-a CPU-heavy Dataset.__getitem__ with num_workers=0 is data-loading-in-main; a DataLoader that keeps up is
+a CPU-heavy Dataset.__getitem__ with num_workers=0 is data-loading-in-main (the job started through `sh
+-c`: the loop is not the main process); a DataLoader that keeps up is
 neither, and the same job whose worker turns slow while its model turns fast is input-bound. The shim
 samples the main thread's stack every 2 s here (JOBWARDEN_SPEED_STACK_EVERY_S) to decide within a minute.
 
@@ -40,7 +41,9 @@ def needs_torch_and_py_spy(jw: Jobwarden) -> None:
 
 
 def test_a_heavy_getitem_without_workers_is_data_loading_in_main(jw: Jobwarden) -> None:
-    job = jw.start(PY, str(JOB), "main")["id"]
+    # started through a wrapper, as a script or `uv run` does: the job's main process is a shell with no
+    # torch (a command after the loop keeps dash from exec'ing python in its place); the loop is below it
+    job = jw.start("sh", "-c", f'"{PY}" "{JOB}" main; echo "loop ended: $?"')["id"]
     try:
         ready(jw, job)
         f = eventually("data-loading-in-main", lambda: finding(jw, job, "data-loading-in-main"), 120)
@@ -48,6 +51,9 @@ def test_a_heavy_getitem_without_workers_is_data_loading_in_main(jw: Jobwarden) 
             f["title"].startswith("data loading runs in the main process ") and "num_workers=0" in f["title"]
         )
         assert "most often in Burning.__getitem__" in f["evidence"][0], f["evidence"]
+        # the finding names the loop's process, not the shell above it
+        (loop,) = f["pids"]
+        assert loop != jw.status(job)["pid"] and str(JOB) in Path(f"/proc/{loop}/cmdline").read_text()
         assert "num_workers=1" in f["remedy"]
         assert finding(jw, job, "input-bound") is None
         explained(jw, job, "data-loading-in-main")
