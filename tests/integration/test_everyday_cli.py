@@ -96,6 +96,62 @@ def test_logs_n_all_follows_from_the_start_and_n_counts(jw: Jobwarden, tmp_path:
     assert jw("logs", job).stdout.count("\n") == 26  # without -f, every line as before
 
 
+# run 1 says it is ready, prints the word it is sent and fails; run 2 (the restart) prints and ends
+RESTARTER = """
+import os
+import sys
+ready, go = sys.argv[1], sys.argv[2]
+run = os.environ["JOBWARDEN_RUN"]
+print(f"run {run} starts", flush=True)
+if run == "1":
+    open(ready, "w").write("ready\\n")
+    print(open(go).read().strip(), flush=True)
+    sys.exit(3)
+print("run 2 ends", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["logs -f", "run -f", "logs -f of two jobs"])
+def test_following_a_job_that_restarts_goes_on_into_its_next_run(
+    jw: Jobwarden, tmp_path: Path, how: str
+) -> None:
+    """As `pm2 logs` does: the restart's output follows run 1's, with a line on stderr that says so;
+    `--run 1` follows that run only."""
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
+    options = ("--name", "flaky", "--restart", "on-failure", "--max-restarts", "1", "--restart-delay", "0.2s")
+    command = (sys.executable, "-c", RESTARTER, str(ready), str(go))
+    if how == "run -f":
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jobwarden", "run", "-f", *options, "--", *command],
+            env=jw.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        read_fifo(ready)
+        pinned = None
+    else:
+        job = str(jw.start(*command, options=options)["id"])
+        read_fifo(ready)
+        others = [str(jw.start("true")["id"])] if how == "logs -f of two jobs" else []
+        proc = follower(jw, "-f", job, *others)
+        pinned = follower(jw, "-f", "--run", "1", job)
+    try:
+        assert proc.stdout is not None
+        prefix = "1 flaky | " if how == "logs -f of two jobs" else ""
+        assert read_until(proc.stdout, "run 1 starts") == [f"{prefix}run 1 starts"]
+        write_fifo(go, "run 1 fails\n")
+        out, err = finish(proc)
+        assert proc.returncode == 0, err
+        shown = "".join(f"{prefix}{line}\n" for line in ("run 1 fails", "run 2 starts", "run 2 ends"))
+        assert out == shown, err
+        assert "jobwarden: job " in err and " started run 2; following its output" in err, err
+        if pinned is not None:
+            pinned_out, pinned_err = finish(pinned)
+            assert pinned_out == "run 1 starts\nrun 1 fails\n" and "run 2" not in pinned_err
+    finally:
+        for follows in (proc, pinned):
+            if follows is not None:
+                finish(follows)  # reaped whatever happened (finish kills one still running)
+
+
 @pytest.mark.parametrize("value", ["-5", "+5", "five", "1.5", ""])
 def test_logs_refuses_a_bad_line_count_naming_n(jw: Jobwarden, value: str) -> None:
     jw("run", "-w", "--", "echo", "hi", check=True)

@@ -3,7 +3,6 @@ failing, hanging. The caller never blocks, and no failure escapes as an exceptio
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import socket
@@ -11,66 +10,18 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from jobwarden.shim.notify import Notifier, event_payload
 from tests.conftest import Jobwarden, make_fifo, read_fifo, wait_pid_gone, write_fifo
+from tests.integration.webhook import Server
 
 pytestmark = pytest.mark.integration
 EVENT = event_payload(
     "failed", 7, "train.py", 1, "failed", exit_code=3, finding="CUDA out of memory", host="h"
 )
-
-
-class Hook(http.server.BaseHTTPRequestHandler):
-    """Records each POST; answers with the server's status, after its gate opens (a slow server)."""
-
-    def do_POST(self) -> None:
-        server: Server = self.server  # type: ignore[assignment]
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        server.received.append((self.path, self.headers["Content-Type"], json.loads(body)))
-        server.arrived.set()
-        server.gate.wait(60)
-        self.send_response(server.status)
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-class Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), Hook)
-        self.received: list[tuple[str, str, dict[str, Any]]] = []
-        self.status = 200
-        self.gate = threading.Event()
-        self.gate.set()
-        self.arrived = threading.Event()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/services/T0/B0/secret"
-
-
-@pytest.fixture
-def server() -> Iterator[Server]:
-    srv = Server()
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield srv
-    finally:
-        srv.gate.set()
-        srv.shutdown()
-        srv.server_close()
-        thread.join(10)
 
 
 def test_an_event_is_posted_as_json_with_a_slack_text(server: Server) -> None:

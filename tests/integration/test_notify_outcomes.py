@@ -4,45 +4,29 @@ webhook that was removed answers 404) is said in `status`, `explain` and `ps`, n
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Jobwarden
-from tests.integration.test_notify import Server
+from tests.integration.webhook import Server
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def hook() -> Iterator[Server]:
-    """A webhook on loopback (test_notify's server), stopped after the test."""
-    srv = Server()
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        thread.join(10)
-
-
 def test_a_webhook_that_answers_404_is_noticed_in_status_explain_and_ps(
     jw: Jobwarden,
-    hook: Server,
+    server: Server,
 ) -> None:
-    hook.status = 404
-    result = jw("run", "-w", "--name", "nightly", "--notify", hook.url, "--", "true")
+    server.status = 404
+    result = jw("run", "-w", "--name", "nightly", "--notify", server.url, "--", "true")
     assert result.returncode == 0
-    assert [body["event"] for _, _, body in hook.received] == ["succeeded"]
+    assert [body["event"] for _, _, body in server.received] == ["succeeded"]
     status = jw.status(1)
     failure = status["notify_failures"]
     assert len(failure) == 1 and failure[0]["event"] == "succeeded"
-    assert failure[0]["target"] == f"http://127.0.0.1:{hook.server_address[1]}/…"  # never its secret path
+    assert failure[0]["target"] == f"http://127.0.0.1:{server.server_address[1]}/…"  # never its secret path
     assert failure[0]["detail"] == "HTTP 404 (the webhook is gone or its URL is wrong)"
     text = jw("status", "1").stdout
     assert "WARNING      the 'succeeded' notification to http://127.0.0.1:" in text
@@ -54,18 +38,18 @@ def test_a_webhook_that_answers_404_is_noticed_in_status_explain_and_ps(
 
 def test_each_notification_says_when_which_run_and_where_its_page_is(
     jw: Jobwarden,
-    hook: Server,
+    server: Server,
     tmp_path: Path,
 ) -> None:
     config = Path(jw.env["XDG_CONFIG_HOME"]) / "jobwarden" / "config.toml"
     config.parent.mkdir(parents=True)
     config.write_text('[web]\nurl = "http://gpu-box:8765/"\n')
     result = jw(
-        "run", "-w", "--name", "flaky", "--notify", hook.url, "--restart", "on-failure",
+        "run", "-w", "--name", "flaky", "--notify", server.url, "--restart", "on-failure",
         "--max-restarts", "1", "--restart-delay", "0.01s", "--", "sh", "-c", "exit 2",
     )  # fmt: skip
     assert result.returncode == 2
-    bodies = [body for _, _, body in hook.received]
+    bodies = [body for _, _, body in server.received]
     assert [b["event"] for b in bodies] == ["restarted", "failed"]
     restarted, failed = bodies
     assert (restarted["run"], restarted["after_run"], restarted["state"]) == (2, 1, "restarting")

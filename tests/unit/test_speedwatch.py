@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.model import JobSpec, JobState, ProcessId, ProcessSnapshot
+from jobwarden.model import Finding, JobSpec, JobState, ProcessId, ProcessSnapshot
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.shim.findings import LiveFindings
+from jobwarden.shim.findings import REFRESH_EVERY_S, LiveFindings
 from jobwarden.shim.speedwatch import JUDGE_EVERY_S, READ_EVERY_S, SpeedWatch
 from jobwarden.shim.tree import Member
 from jobwarden.store import Store
@@ -152,6 +152,52 @@ def test_a_neighbours_job_is_named_only_when_it_is_of_this_home(
     watch = SpeedWatch(ProcFS(proc.root), LiveFindings(s, lambda method, *a: method(*a)), shim_pid=1)
     neighbour = watch._describe(4242, 0.9)
     assert neighbour.job_id == named and "hunter2" not in repr(neighbour)
+
+
+def test_a_slowdown_that_deepens_is_kept_as_last_seen(tmp_path: Path, store: tuple[Store, int, int]) -> None:
+    """3x slower, then 5x: the stored finding (its one row, its first moment) says what the rule says last
+    (the rate since the change, 40 s at 3x and 60 s at 5x: 3.9x), not its first 3.0x."""
+    s, job_id, run = store
+    proc = FakeProc(tmp_path / "proc")
+    proc.process(1000, 0, 0)
+    main = member(1000, "S")
+    watch = watch_for(store, proc)
+    step, t = 0.0, 0.0
+    for seconds, rate in ((40, 10.0), (40, 10 / 3), (60, 2.0)):
+        end = t + seconds
+        while t < end:
+            watch.tick(T0 + t, t, [main], [], int(step))
+            t += 1.0
+            step += rate
+    (stored,) = [f for _, f in s.findings(job_id, run)]
+    assert stored.rule == "slowed-down" and stored.current
+    last_seen = ("slowed down 3.9× since step 400 (", "slowed down 4.0× since step 400 (")
+    assert stored.title.startswith(last_seen), stored.title
+    assert 40 + 15 <= stored.at - T0 <= 40 + 30  # the moment it became true, not the last rewrite
+
+
+def test_a_current_finding_is_rewritten_when_its_headline_moves_and_otherwise_rarely(
+    store: tuple[Store, int, int],
+) -> None:
+    s, job_id, run = store
+    live = LiveFindings(s, lambda method, *a: method(job_id, run, *a))
+    first = Finding("cpu-throttled", "throttled 40% of the time", "s", "warning", ("throttled 40%",))
+    first = first._replace(pids=(7,))
+    live.record([first], T0)
+    assert live.refresh([first._replace(evidence=("throttled 41%",))], T0 + 4) == []  # figures only: later
+    (headline,) = live.refresh([first._replace(title="throttled 70% of the time", severity="error")], T0 + 8)
+    later = live.refresh([headline._replace(evidence=("throttled 72%",))], T0 + 8 + REFRESH_EVERY_S)
+    assert [f.evidence for f in later] == [("throttled 72%",)]
+    (stored,) = [f for _, f in s.findings(job_id, run)]
+    assert (stored.title, stored.severity, stored.evidence, stored.at) == (
+        "throttled 70% of the time", "error", ("throttled 72%",), T0
+    )  # fmt: skip
+    live.resolve_rules(["cpu-throttled"], T0 + 100)  # resolved by its latest text
+    (stored,) = [f for _, f in s.findings(job_id, run)]
+    assert stored.resolved_at == T0 + 100 and stored.title == "throttled 70% of the time"
+    assert live.refresh([first], T0 + 200) == []  # no longer current: not rewritten
+    (stored,) = [f for _, f in s.findings(job_id, run)]
+    assert stored.title == "throttled 70% of the time"
 
 
 def test_the_sampler_is_told_of_a_stall_once_the_counter_stood_still_as_long_as_one(

@@ -210,35 +210,24 @@ def _print_lines_to(stream: Any, lines: Iterable[str]) -> None:
 
 
 def _follow(job_ref: str, run_n: int | None, exit_with_status: bool) -> int:
-    """`run -f`: the output as it comes; at the end, how the job ended, and its status as ours."""
+    """`run -f`: the output as it comes, the restarts' runs too; at the end, how the job ended, and its
+    status as ours."""
+    from jobwarden.cli.logscmd import JobOutput, LaterRuns, follow_runs, source_of
     from jobwarden.control.lifecycle import wait_job
-    from jobwarden.store import Store
-    from jobwarden.store.logfiles import follow
 
     procfs = _procfs()
-    with Store(_home()) as store:
-        job = store.job(job_ref)
-        run = store.run(job.id, run_n)
-        path = store.layout.output_log(job.id, run.n)
-    from jobwarden.control.shimproc import shim_alive
-
-    def done() -> bool:
-        return not shim_alive(procfs, run.shim_pid, run.shim_start) if run.shim_pid else True
-
-    from jobwarden.cli.logscmd import JobOutput
-
+    source = source_of(_home(), job_ref, run_n)
     out = JobOutput()
     try:
-        for chunk in follow(path, 0, done):
-            out.write(chunk)
+        follow_runs(source, 0, procfs, LaterRuns(_home(), pinned=run_n is not None), out)
         out.close()
     except KeyboardInterrupt:
-        print(f"\njobwarden: stopped following; job {job.id} keeps running", file=sys.stderr)
+        print(f"\njobwarden: stopped following; job {source.job_id} keeps running", file=sys.stderr)
         return 130
     if not exit_with_status:
         return 0
-    ended = wait_job(_home(), procfs, str(job.id))
-    return _said_end(job.name, ended)
+    ended = wait_job(_home(), procfs, str(source.job_id))
+    return _said_end(source.name, ended)
 
 
 def _wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False, said: bool = False) -> int:

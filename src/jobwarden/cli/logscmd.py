@@ -2,7 +2,8 @@
 
 `-f` starts at the last 10 lines, as `tail -f` and `pm2 logs` do (a 1 GiB log is not replayed to follow
 what comes next); `-n all` starts at the beginning. What is followed is read from the offset where the
-first part stopped, so that nothing the job writes in between is lost or shown twice.
+first part stopped, so that nothing the job writes in between is lost or shown twice. A job that restarts
+is followed on into its next run, as `pm2 logs` does (a line on stderr says so), unless `--run` named one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from jobwarden.errors import UsageError
 
 FOLLOW_TAIL = 10  # what `logs -f` shows before following, as tail -f does
 POLL_S = 0.1
+NEXT_RUN_EVERY_S = 1.0  # how often a follower asks the store whether the job started another run
 HELD_MAX = 64 << 10  # a line still without its newline (a progress bar) is shown once it is this long
 LABEL_MAX = 24  # a prefix's name is cut to this: the lines stay readable with long names
 _PREFIX_COLOURS = ("36", "35", "33", "34", "32", "96", "95", "93")  # never red: red is a failure
@@ -71,6 +73,62 @@ class _Source:
         return not shim_alive(procfs, run.shim_pid, run.shim_start) if run.shim_pid else True
 
 
+class LaterRuns:
+    """Whether the job followed has started a run after the one being read (a restart, the same shim's
+    or a new one's), asked of the store at most every NEXT_RUN_EVERY_S. `pinned` (--run N): never."""
+
+    def __init__(self, home: Path, pinned: bool) -> None:
+        self.home, self.pinned = home, pinned
+        self._asked: dict[int, float] = {}
+        self._found: dict[int, _Source] = {}  # job id -> its latest run, when later than the one read
+
+    def after(self, source: _Source, now_or_never: bool = False) -> _Source | None:
+        """The job's latest run, to be read, when it is later than the one `source` reads; else None.
+        `now_or_never`: the run's supervisor is gone, ask the store now (a quick restart may already
+        have come and gone within the interval)."""
+        if self.pinned:
+            return None
+        found = self._found.get(source.job_id)
+        if found is not None and found.run.n > source.run.n:
+            return found
+        now = time.monotonic()
+        if not now_or_never and now - self._asked.get(source.job_id, -NEXT_RUN_EVERY_S) < NEXT_RUN_EVERY_S:
+            return None
+        self._asked[source.job_id] = now
+        latest = source_of(self.home, str(source.job_id), None)
+        if latest.run.n <= source.run.n:
+            return None
+        self._found[source.job_id] = latest
+        return latest
+
+    @staticmethod
+    def move_on(source: _Source, later: _Source) -> None:
+        """Read `later`'s run from its start from now on; say so on stderr (stdout stays the job's bytes)."""
+        source.run, source.path, source.index = later.run, later.path, later.index
+        source.offset, source.held = 0, b""
+        said = f"jobwarden: job {source.job_id} started run {source.run.n}; following its output"
+        print(said, file=sys.stderr, flush=True)
+
+
+def follow_runs(source: _Source, start: int, procfs: Any, later: LaterRuns, out: JobOutput) -> None:
+    """`source`'s output from `start` as it comes, then each later run's, until the last run's supervisor
+    is gone and everything it wrote is out (`logs -f`, `run -f`)."""
+    from jobwarden.store.logfiles import follow
+
+    while True:
+
+        def ended() -> bool:
+            return source.done(procfs) or later.after(source) is not None
+
+        for chunk in follow(source.path, start, ended, POLL_S):
+            out.write(chunk)
+        next_run = later.after(source, now_or_never=True)
+        if next_run is None:
+            return
+        later.move_on(source, next_run)
+        start = 0
+
+
 def logs(home: Path, procfs: Any, args: argparse.Namespace) -> int:
     refs: list[str] = args.job
     lines = config.parse_lines(args.lines) if args.lines is not None else None
@@ -82,27 +140,33 @@ def logs(home: Path, procfs: Any, args: argparse.Namespace) -> int:
             "e.g. jobwarden logs 3 --run 2, or drop --run to see each job's last run",
         )
     sources = _sources(home, refs, args.run)
+    later = LaterRuns(home, pinned=args.run is not None)
     since = None
     if args.since:  # streamed: `logs --since 2d` of a 1 GiB log holds a chunk, never the range
         since = SystemClock().wall() - config.parse_duration(args.since, "--since")
     if len(sources) == 1:
-        return _one(sources[0], procfs, lines, since, args.follow)
-    return _several(sources, procfs, lines, since, args.follow)
+        return _one(sources[0], procfs, lines, since, args.follow, later)
+    return _several(sources, procfs, lines, since, args.follow, later)
 
 
 def _sources(home: Path, refs: list[str], run_n: int | None) -> list[_Source]:
+    sources: list[_Source] = []
+    for ref in refs:
+        source = source_of(home, ref, run_n)
+        if all(s.job_id != source.job_id for s in sources):  # `logs -f 3 @last` when 3 is the last
+            sources.append(source)
+    return sources
+
+
+def source_of(home: Path, ref: str, run_n: int | None) -> _Source:
+    """Run `run_n` of the job `ref` names (its latest by default), to be read."""
     from jobwarden.store import Store
 
-    sources: list[_Source] = []
     with Store(home) as store:
-        for ref in refs:
-            job = store.job(ref)
-            if any(s.job_id == job.id for s in sources):  # `logs -f 3 @last` when 3 is the last
-                continue
-            run = store.run(job.id, run_n)
-            path = store.layout.output_log(job.id, run.n)
-            sources.append(_Source(job.id, job.name, run, path, store.layout.output_index(job.id, run.n)))
-    return sources
+        job = store.job(ref)
+        run = store.run(job.id, run_n)
+        log, index = store.layout.output_log(job.id, run.n), store.layout.output_index(job.id, run.n)
+        return _Source(job.id, job.name, run, log, index)
 
 
 def _start(source: _Source, since: float | None) -> int:
@@ -118,8 +182,9 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _one(source: _Source, procfs: Any, lines: int | None, since: float | None, follow: bool) -> int:
-    from jobwarden.store.logfiles import follow as follow_log
+def _one(
+    source: _Source, procfs: Any, lines: int | None, since: float | None, follow: bool, later: LaterRuns
+) -> int:
     from jobwarden.store.logfiles import stream_from, tail_lines
 
     out = JobOutput()
@@ -133,8 +198,7 @@ def _one(source: _Source, procfs: Any, lines: int | None, since: float | None, f
             for chunk in stream_from(source.path, start):
                 out.write(chunk)
         if follow:
-            for chunk in follow_log(source.path, start, lambda: source.done(procfs), POLL_S):
-                out.write(chunk)
+            follow_runs(source, start, procfs, later, out)
     except KeyboardInterrupt:
         out.close()
         return 130
@@ -146,7 +210,12 @@ def _one(source: _Source, procfs: Any, lines: int | None, since: float | None, f
 
 
 def _several(
-    sources: list[_Source], procfs: Any, lines: int | None, since: float | None, follow: bool
+    sources: list[_Source],
+    procfs: Any,
+    lines: int | None,
+    since: float | None,
+    follow: bool,
+    later: LaterRuns,
 ) -> int:
     from jobwarden.store.logfiles import read_new, stream_from, tail_lines
     from jobwarden.text.sanitize import one_line
@@ -178,23 +247,35 @@ def _several(
             if not follow:
                 writer.flush(source)
         if follow:
-            _follow_several(sources, procfs, writer, read_new)
+            _follow_several(sources, procfs, writer, read_new, later)
     except KeyboardInterrupt:
         return 130
     return 0
 
 
-def _follow_several(sources: list[_Source], procfs: Any, writer: _LineWriter, read_new: Any) -> None:
-    """Poll each log in turn until every job has ended and everything it wrote is out."""
+def _follow_several(
+    sources: list[_Source], procfs: Any, writer: _LineWriter, read_new: Any, later: LaterRuns
+) -> None:
+    """Poll each log in turn until every job has ended and everything it wrote is out; a job that
+    restarts is followed on into its next run."""
     active = list(sources)
     while active:
         wrote = False
         for source in list(active):
-            done = source.done(procfs)  # asked before the read: nothing written before the end is missed
+            # asked before the read: nothing written before the end (or the next run's start) is missed
+            done = source.done(procfs)
+            next_run = later.after(source)
             data, source.offset = read_new(source.path, source.offset)
             if data:
                 writer.add(source, data)
                 wrote = True
+                continue
+            if done and next_run is None:
+                next_run = later.after(source, now_or_never=True)
+            if next_run is not None:
+                writer.flush(source)
+                later.move_on(source, next_run)
+                wrote = True  # read the next run's log at once
             elif done:
                 writer.flush(source)
                 active.remove(source)

@@ -317,13 +317,13 @@ def _logs_arguments(logs: argparse.ArgumentParser) -> None:
         "-f",
         "--follow",
         action="store_true",
-        help="print the last 10 lines (see -n), then what the job writes until it ends",
+        help="print the last 10 lines (see -n), then what the job writes until it ends, its restarts too",
     )
     logs.add_argument(
         "-n", "--lines", metavar="N|all", help="only the last N lines (default: all; with -f, 10)"
     )
     logs.add_argument("--since", metavar="DUR", help="only output written in the last DUR (e.g. 10m)")
-    logs.add_argument("--run", type=int, metavar="N", help="an earlier attempt")
+    logs.add_argument("--run", type=int, metavar="N", help="an earlier attempt (with -f: that run only)")
 
 
 def _stop_arguments(stop: argparse.ArgumentParser) -> None:

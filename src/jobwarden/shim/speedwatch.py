@@ -541,6 +541,7 @@ class SpeedWatch:
         for rule in SPEED_RULES:
             self._silent[rule] = 0 if rule in fired else self._silent.get(rule, 0) + 1
         new = self.live.record([f for f in found if self.live.is_new(f)], now)
+        self.live.refresh(found, now)  # those already current, as last seen ("3.0x" that is now "3.4x")
         resolved = self.live.resolve_where(
             lambda f: f.rule in SPEED_RULES and self._silent.get(f.rule, 0) >= RESOLVE_AFTER, now
         )

@@ -494,6 +494,24 @@ class Store(SampleMethods, ListQueries, ProgressMethods):
             (at, job_id, run, finding.at, _finding_body(finding, finding.at)),
         )
 
+    def update_finding(self, job_id: int, run: int, finding: Finding, latest: Finding) -> None:
+        """`finding`, recorded at `finding.at` and still current, is now as `latest` says (a speed finding's
+        figures move while it stays true: "3.0x" becomes "3.4x"). Named like resolve_finding, by its moment
+        and body; it keeps its moment. A resolved finding keeps the text it had when it stopped being true."""
+        if finding.at is None:
+            raise ValueError("a finding is updated by the moment it was recorded at")
+        self._exec(
+            "UPDATE findings SET body = ? WHERE job_id = ? AND run = ? AND at = ? AND body = ? "
+            "AND resolved_at IS NULL",
+            (
+                _finding_body(latest, finding.at),
+                job_id,
+                run,
+                finding.at,
+                _finding_body(finding, finding.at),
+            ),
+        )
+
     def findings(self, job_id: int, run: int) -> list[tuple[float, Finding]]:
         """Findings the shim recorded while the run was live (hangs, lost workers), oldest first, each with
         when it was found and, once it stopped being true, when that was."""
