@@ -218,3 +218,43 @@ def test_the_sampler_is_told_of_a_stall_once_the_counter_stood_still_as_long_as_
     assert watch.evidence(30.0, [main]).stall_sampling is False  # no py-spy: the finding need not wait
     watch.tick(T0 + 30, 30.0, [main], [], 210)  # it moves again: no stall
     assert watch._stalled(30.5) is None
+
+
+def test_under_a_wrapper_the_cuda_libraries_are_looked_for_in_the_loop_not_the_shell(
+    tmp_path: Path, store: tuple[Store, int, int]
+) -> None:
+    """gpu-not-used says "no CUDA library mapped" of the job: of its loop's process (torch loaded, picked by
+    the stack sampler), not of the `sh -c` above it that maps none."""
+    from jobwarden.probes import fakenvml
+    from jobwarden.probes.gpu import open_gpu_probe
+    from jobwarden.rules.speed.evidence import SpeedEvidence
+    from jobwarden.shim.gpuwatch import GpuWatch
+
+    proc = FakeProc(tmp_path / "proc")
+    for pid, maps in (
+        (1000, "/usr/bin/dash\n"),
+        (1001, "/venv/torch/lib/libtorch_cuda.so\n/x/libtorch_cpu.so\n"),
+    ):
+        proc.process(pid, 0, 0)
+        (proc.root / str(pid) / "maps").write_text(maps)
+    state = tmp_path / "nvml.json"
+    fakenvml.write_state(state, {"devices": [fakenvml.device(0)]})
+    probe = open_gpu_probe({fakenvml.FAKE_NVML_ENV: str(state)})
+    assert probe is not None
+    gpu = GpuWatch(probe)
+    try:
+        s, _, _ = store
+        watch = SpeedWatch(
+            ProcFS(proc.root), LiveFindings(s, lambda m, *a: True), gpus_claimed=(0,), shim_pid=1
+        )
+        watch.main_pid = 1000
+        loop = member(1001, "R")
+        gpu.sample(0.0, [1000, 1001])
+        busy = [ProcessSnapshot(1001, 1000, 500, "R", "python train.py", 1 << 20, 95.0)]
+        watch._note_gpu(0.0, busy, gpu)
+        ev = SpeedEvidence(window_s=10.0, cpus=2.0, affinity_cpus=2)
+        assert watch._with_gpu(ev, 90.0, gpu).cuda_mapped is False  # nothing picked yet: the shell's maps
+        watch.stacks.loop = loop.ident
+        assert watch._with_gpu(ev, 91.0, gpu).cuda_mapped is True
+    finally:
+        gpu.close()
