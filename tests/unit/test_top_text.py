@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from jobwarden.model import ProcessSnapshot, Ranks
@@ -13,6 +13,7 @@ WORD = st.text(st.sampled_from("abcxyz<>[]`'é:;"), min_size=1, max_size=15)
 
 
 @given(st.integers(0, 6), st.lists(WORD, min_size=1, max_size=40), st.integers(20, 120))
+@example(6, [":" * 15], 20)  # the first word cut: textwrap dropped the lead with it
 def test_a_long_line_wraps_under_its_text_and_loses_no_word(lead: int, words: list[str], width: int) -> None:
     line = " " * lead + " ".join(words)
     pieces = hanging(line, width)

@@ -73,7 +73,11 @@ def hanging(line: str, width: int) -> list[str]:
         return [line]
     lead = len(line) - len(line.lstrip(" "))
     indent = " " * min(lead + 4, width // 2)
-    return textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [line]
+    # the lead as the first line's indent, not as text: textwrap drops it when the first word must be cut
+    first = " " * min(lead, width // 2)
+    return textwrap.wrap(
+        line[lead:], width, initial_indent=first, subsequent_indent=indent, break_on_hyphens=False
+    ) or [line]
 
 
 class LogScreen(TextScreen):
