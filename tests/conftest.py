@@ -193,3 +193,21 @@ def jw(tmp_path: Path) -> Iterator[Jobwarden]:
         wait_pid_gone(pid)
     if leaked:
         pytest.fail(f"the test left processes running: {leaked}")
+
+
+# A terminal's size comes from the terminal: pytest-xdist's workers export COLUMNS=80 and LINES=24, which
+# every job and `top` in a tmux the tests start would take over the tmux window's own size
+for _fixed_size in ("COLUMNS", "LINES"):
+    os.environ.pop(_fixed_size, None)
+
+# Tests that share one throwaway cluster (a session's Slurm, the Ray namespace, the container root file
+# system's podman) run on one worker when the suite runs in parallel (scripts/test: pytest-xdist,
+# --dist loadgroup): a second worker would start a second cluster on the same ports and paths
+_ONE_WORKER_GROUPS = ("slurm", "ray", "container")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for group in _ONE_WORKER_GROUPS:
+            if item.get_closest_marker(group) is not None:
+                item.add_marker(pytest.mark.xdist_group(group))

@@ -133,7 +133,16 @@ def write_containers_conf(path: Path) -> Path:
 
 
 def build_wheel(checkout: Path, into: Path) -> Path:
-    """The checkout's own wheel (jobwarden only: py-spy comes as the binary the tests already use)."""
+    """The checkout's own wheel (jobwarden only: py-spy comes as the binary the tests already use), built
+    from a copy of what goes into it: a build in the checkout itself works in its build/ directory, which
+    another build at the same time (a second test worker, a developer's) empties under it."""
+    source = into.parent / "source"
+    shutil.rmtree(source, ignore_errors=True)
+    leave_out = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(checkout / "src", source / "src", ignore=leave_out)
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (checkout / name).exists():
+            shutil.copy2(checkout / name, source / name)
     done = subprocess.run(
         [
             sys.executable,
@@ -145,7 +154,7 @@ def build_wheel(checkout: Path, into: Path) -> Path:
             "--no-build-isolation",
             "-w",
             str(into),
-            str(checkout),
+            str(source),
         ],
         capture_output=True,
         text=True,
