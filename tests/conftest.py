@@ -211,3 +211,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for group in _ONE_WORKER_GROUPS:
             if item.get_closest_marker(group) is not None:
                 item.add_marker(pytest.mark.xdist_group(group))
+
+
+# Figures the tests measured, by topic ("ray": {what: seconds}), shown at the end of the session. Under
+# pytest-xdist each worker hands its own to the controller, which shows them all.
+MEASURED: dict[str, dict[str, float]] = {}
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker
+        workeroutput["measured"] = json.dumps(MEASURED)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """xdist's controller: a worker ended, with what it measured."""
+    for topic, figures in json.loads(getattr(node, "workeroutput", {}).get("measured", "{}")).items():
+        MEASURED.setdefault(topic, {}).update(figures)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for topic, figures in MEASURED.items():
+        for what, seconds in figures.items():
+            terminalreporter.write_line(f"{topic}: {what}: {seconds:.2f}")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import MEASURED
 from tests.ray.raycluster import RayNamespace
 
 
@@ -48,9 +49,4 @@ def ray_ns() -> Iterator[RayNamespace]:
         ns.close()
 
 
-TIMINGS: dict[str, float] = {}  # what the Ray tests measured, shown at the end of the session
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    for what, seconds in TIMINGS.items():
-        terminalreporter.write_line(f"ray: {what}: {seconds:.2f}")
+TIMINGS = MEASURED.setdefault("ray", {})  # what the Ray tests measured, shown at the end of the session
