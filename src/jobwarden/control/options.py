@@ -284,6 +284,7 @@ def _requeue_code(text: str) -> int:
         raise UsageError(
             f"--requeue-exit {code}: must be 144-255 and not 253",
             "srun exits with its tasks' highest code, so a collateral SIGTERM's 143 would mask a lower one; "
-            "253 is srun's own code for an OOM. e.g. --requeue-exit 200 (and RequeueExit=200 in slurm.conf)",
+            "253 is srun's own code for an OOM. e.g. --requeue-exit 200, with RequeueExit=200 in slurm.conf "
+            "(Slurm) or an onExitCodes rule for 200 in the Job's podFailurePolicy (Kubernetes)",
         )
     return code
