@@ -254,7 +254,11 @@ def test_rerun_starts_the_same_job_again_and_is_refused_without_the_token(
         )
         assert statuses == [401, 403]  # no token, or no header only our page sends: refused
         assert [j["id"] for j in jw.json("ps", "--all")] == [job_id]  # nothing started
-        browser.find_element(By.ID, "rerun").click()
+        button = browser.find_element(By.ID, "rerun")
+        button.click()  # the first click only arms it: a new job is a second click away, as Stop
+        wait_until(browser, lambda d: "armed" in str(button.get_attribute("class")), "the button armed")
+        assert "Click again" in button.text and len(jw.json("ps", "--all")) == 1
+        button.click()
         wait_until(browser, lambda d: d.find_elements(By.ID, "rerun-link"), "the rerun's result")
         shoot(browser, "job-page-rerun")
         result = text_of(browser, "#action-result")

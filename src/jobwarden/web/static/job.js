@@ -461,15 +461,8 @@ function setupActions(readOnly) {
   const dump = document.getElementById("dump");
   const rerun = document.getElementById("rerun");
   if (readOnly) { stop.hidden = true; dump.hidden = true; rerun.hidden = true; say("read-only"); return; }
-  let armedUntil = 0;
-  stop.addEventListener("click", async () => {
-    if (Date.now() > armedUntil) { // first click arms, the second (within 5 s) stops: no modal dialog
-      armedUntil = Date.now() + 5000;
-      stop.classList.add("armed"); stop.textContent = "Click again to stop";
-      setTimeout(() => { stop.classList.remove("armed"); stop.textContent = "Stop"; }, 5000);
-      return;
-    }
-    armedUntil = 0; stop.disabled = true; stop.classList.remove("armed"); stop.textContent = "Stopping…";
+  onSecondClick(stop, "Click again to stop", async () => {
+    stop.disabled = true; stop.textContent = "Stopping…";
     try {
       const r = await jw.post(`${API}/stop`);
       say(r.already_ended ? `already ${r.state}` : `stopped: ${r.state}`);
@@ -488,7 +481,7 @@ function setupActions(readOnly) {
     refreshStacks();
   });
   // `jobwarden rerun`: the same command, cwd, --env and options as a new job (the server runs the same code)
-  rerun.addEventListener("click", async () => {
+  onSecondClick(rerun, "Click again to start it again", async () => {
     rerun.disabled = true; say("starting it again…");
     try {
       const r = await jw.post(`${API}/rerun`);
@@ -497,6 +490,26 @@ function setupActions(readOnly) {
         jw.el("a", { id: "rerun-link", href: `/jobs/${encodeURIComponent(r.id)}` }, `open job ${r.id}`));
     } catch (e) { say(`rerun failed: ${e.message}`); }
     rerun.disabled = false;
+  });
+}
+
+// An action that changes something (stop a job, start a new one) on a second click within 5 s: the first
+// arms the button and says so, no modal dialog
+function onSecondClick(button, armedText, action) {
+  const label = button.textContent;
+  let disarm = null; // the pending timer while armed
+  const reset = () => {
+    clearTimeout(disarm); disarm = null;
+    button.classList.remove("armed"); button.textContent = label;
+  };
+  button.addEventListener("click", async () => {
+    if (disarm === null) {
+      button.classList.add("armed"); button.textContent = armedText;
+      disarm = setTimeout(reset, 5000);
+      return;
+    }
+    reset();
+    await action();
   });
 }
 
