@@ -139,7 +139,13 @@ def _typed_then_tab(tmux: list[str], env: dict[str, str], shell: list[str], setu
     )
     _screen(tmux, lambda s: "\nloaded" in s)
     subprocess.run([*tmux, "send-keys", "-t", "sh", line, "Tab"], check=True, timeout=30)
-    return _screen(tmux, lambda s: s.rstrip().splitlines()[-1].rstrip() != f"ready> {line}".rstrip())
+    typed = f"ready> {line}".rstrip()
+
+    def completed(screen: str) -> bool:  # typed whole (the shell echoes it key by key), then grown by Tab
+        last = screen.rstrip().splitlines()[-1].rstrip()
+        return last.startswith(typed) and last != typed
+
+    return _screen(tmux, completed)
 
 
 def _screen(tmux: list[str], done: object) -> str:
