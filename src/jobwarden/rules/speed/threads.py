@@ -36,6 +36,10 @@ STARTUP_S = 5.0  # a worker's CPU in its first seconds is its start-up cost (the
 BUSY_WANT = 0.30  # CPUs' worth a thread must want (use or wait for) to count as busy: not a logger's
 BUSY_CPU = 0.05  # ... and use at least this much of it
 GIL_SLEEPS = 20.0  # voluntary switches a second of a thread that takes turns (measured 130-150; native 0-2)
+# ... and at most this many: the GIL is handed over at most once per switch interval (5 ms: 200 a second
+# for the whole process), so a thread that sleeps far more often sleeps on something else (an fsync loop's
+# writer thread: 770 a second, beside a computing thread at 22, on a loaded machine)
+GIL_MAX_SLEEPS = 400.0
 GIL_MAX_CPU = 1.15  # the busy threads together use at most about one CPU
 GIL_READS = 3  # reads of one process (READ_EVERY_S apart) before judging
 GIL_SHARE = 0.75  # of its observed time showing the signature
@@ -179,7 +183,7 @@ def _busy(read: ThreadsRead) -> list[ThreadUse]:
 def gil_signature(read: ThreadsRead) -> bool:
     """Two threads or more busy that take turns (each sleeps often), about one CPU used by them all."""
     busy = _busy(read)
-    turns = [t for t in busy if t.sleeps >= GIL_SLEEPS]
+    turns = [t for t in busy if GIL_SLEEPS <= t.sleeps <= GIL_MAX_SLEEPS]
     return len(turns) >= 2 and sum(t.cpu for t in busy) <= GIL_MAX_CPU
 
 
