@@ -234,6 +234,13 @@ def test_page_cache_thrash_shows_as_refaults_and_is_the_cause_of_the_io_wait() -
     assert rules(judge(replace(ev, refault_pages=5_000))) == ["io-bound"]  # a few refaults: just slow I/O
 
 
+def test_refaults_that_cost_no_time_are_no_memory_thrash() -> None:
+    # seen on a DataLoader job starting after a big test run had evicted the machine's page cache: 17216
+    # pages read back in 8 s (its workers importing torch again), no stall on memory, no wait on storage
+    ev = replace(HEALTHY, window_s=8.0, refault_pages=17_216, majflt=58, memory_some_s=0.0, io_some_s=0.0)
+    assert judge(ev) == []
+
+
 def test_gpu_not_used_after_a_minute_on_the_cpu() -> None:
     ev = replace(HEALTHY, gpus_claimed=(0, 1), gpu_bytes=0, gpu_unused_s=90.0, cuda_mapped=False)
     f = one(ev, "gpu-not-used")

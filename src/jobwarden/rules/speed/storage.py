@@ -16,6 +16,9 @@ MAJFLT_PER_S = 50.0
 MEMORY_PRESSURE = 0.05
 REFAULTS_PER_S = 1000.0  # 4 MB/s of pages read back after eviction: the working set does not fit
 WARN_SHARE = 0.4
+# memory-thrash must cost this share of the time (stalled on memory, or waiting for the pages read back):
+# pages read back at no cost are no slowness (a job's start-up re-reading libraries that others evicted)
+MIN_THRASH_SHARE = 0.05
 
 
 def _pids(ev: SpeedEvidence) -> tuple[int, ...]:
@@ -64,6 +67,8 @@ def memory_thrash(ev: SpeedEvidence) -> Finding | None:
     # what it costs: the time its tasks stalled on memory, or waited for the pages to be read back
     io = ev.io_some_s / ev.window_s if ev.io_some_s is not None else 0.0
     share = max(pressure, min(io, ev.dstate_share) if ev.dstate_share else 0.0)
+    if share < MIN_THRASH_SHARE:
+        return None
     evidence = [f"{ev.majflt} major faults in {ev.window_s:.0f}s across the job"]
     if ev.refault_pages is not None:
         evidence.insert(
