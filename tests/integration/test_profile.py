@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import sys
 import time
@@ -287,7 +288,9 @@ def test_the_job_page_draws_the_flame_graph(jw: Jobwarden, tmp_path: Path, brows
             assert 0.2 < share <= 1.0
             labels = " ".join(t.text for t in driver.find_elements(By.CSS_SELECTOR, "#flame svg text"))
             assert "_worker_loop" in labels  # wide enough to be labelled
-            assert "samples of 3 process(es)" in driver.find_element(By.CSS_SELECTOR, "#flame p").text
+            caption = driver.find_element(By.CSS_SELECTOR, "#flame p").text
+            assert "samples of 3 process(es)" in caption
+            assert re.search(r"jobwarden profile, \d{4}-\d\d-\d\d \d\d:\d\d:\d\d: ", caption), caption
             SHOTS.mkdir(parents=True, exist_ok=True)
             driver.find_element(By.CSS_SELECTOR, "#flame").location_once_scrolled_into_view  # noqa: B018
             driver.save_screenshot(str(SHOTS / "job-page-flame.png"))

@@ -131,7 +131,7 @@
     p.className = "muted small";
     const io = summary.io_wait_fraction ? `, ${(100 * summary.io_wait_fraction).toFixed(0)} % waiting on I/O` : "";
     p.textContent = `${summary.trigger === "auto" ? "taken on a speed finding" : "jobwarden profile"}, `
-      + `${new Date(summary.at).toLocaleString()}: ${summary.samples} samples of `
+      + `${jw.time(summary.at)}: ${summary.samples} samples of `  // the page's one clock, 24-hour
       + `${(summary.processes || []).length} process(es), ${summary.duration_s} s at ${summary.rate_hz} Hz${io}. `
       + "Click a frame to zoom.";
     return p;
