@@ -7,15 +7,20 @@ systemd user unit into temporary XDG directories."""
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import signal
 import sqlite3
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Jobwarden, kill_shim, wait_pid_gone
+from jobwarden.store import Store
+from tests.conftest import Jobwarden, kill_shim, make_fifo, read_fifo, wait_pid_gone
 
 pytestmark = pytest.mark.integration
 EARLIER_BOOT = "00000000-0000-4000-8000-000000000000"
@@ -91,3 +96,89 @@ def test_boot_enable_writes_a_systemd_user_unit_and_disable_removes_it(jw: Jobwa
     assert not unit.exists() and not link.is_symlink()
     again = jw("boot", "disable", "--method", "systemd")
     assert again.returncode == 0 and again.stdout.startswith("jobwarden resume at boot: already disabled")
+
+
+# Each waits at a gate with the CLI loaded, then runs `resume`: the three act at the same moment.
+_GATED_RESUME = """
+import os, sys
+from jobwarden.cli.main import main
+gate = os.open(sys.argv[1], os.O_RDONLY)
+ready = os.open(sys.argv[2], os.O_WRONLY)
+os.write(ready, b"r")
+os.close(ready)
+os.read(gate, 1)  # end of file once the test closes the gate's writing end: all of them at once
+os.close(gate)
+sys.exit(main(["resume", "--json"]))
+"""
+
+
+def test_three_resumes_at_once_start_one_new_run(jw: Jobwarden, tmp_path: Path) -> None:
+    # boot scripts, cron and a user may all run `resume` at once: exactly one of them starts the next run
+    job = jw.start("sleep", "600", options=("--name", "svc", "--restart", "always"))
+    reboot(jw, [job["id"]])
+    gate, ready = make_fifo(tmp_path / "gate"), make_fifo(tmp_path / "ready")
+    gate_fd = os.open(gate, os.O_RDWR)  # held open: the readers' opens never block, their reads do
+    ready_fd = os.open(ready, os.O_RDWR)
+    resumes = [
+        subprocess.Popen(
+            [sys.executable, "-c", _GATED_RESUME, str(gate), str(ready)],
+            env=jw.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    try:
+        arrived = b""
+        while len(arrived) < 3:
+            assert select.select([ready_fd], [], [], 60)[0], "the resumes never reached the gate"
+            arrived += os.read(ready_fd, 3)
+    finally:
+        os.close(gate_fd)
+        os.close(ready_fd)
+    outputs = [p.communicate(timeout=120) for p in resumes]
+    assert [p.returncode for p in resumes] == [0, 0, 0], outputs
+    said = [r for out, _ in outputs for r in json.loads(out)]
+    started = [r for r in said if r["started"]]
+    assert [(r["id"], r["run"]) for r in started] == [(job["id"], 2)], said
+    for r in said:
+        if not r["started"]:
+            assert r["why"] == "started again by another jobwarden resume, as run 2", r
+    with Store(jw.home) as store:
+        assert [(r.n, r.state) for r in store.runs(job["id"])] == [(1, "failed"), (2, "running")]
+    assert jw.status(job["id"])["pid"] == started[0]["pid"]
+    jw("stop", "svc", check=True)
+
+
+def test_a_reboot_during_a_stops_grace_leaves_the_job_stopped(jw: Jobwarden, tmp_path: Path) -> None:
+    ready = make_fifo(tmp_path / "ready")
+    # it ignores SIGTERM: `stop` waits out its grace, and the machine reboots meanwhile
+    script = f"trap '' TERM; echo up > {ready}; exec sleep 600"
+    job = jw.start("sh", "-c", script, options=("--name", "svc", "--restart", "always"))
+    assert read_fifo(ready) == "up\n"
+    stopper = subprocess.Popen(
+        [sys.executable, "-m", "jobwarden", "stop", "svc", "--grace", "1h"],
+        env=jw.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while jw.status(job["id"])["state"] != "stopping":  # the shim has signalled; the grace runs
+            assert time.monotonic() < deadline, jw.status(job["id"])
+            time.sleep(0.05)
+    finally:
+        stopper.kill()  # the reboot ends the waiting `stop` too
+        stopper.wait()
+    reboot(jw, [job["id"]])
+
+    [resumed] = jw.json("resume")
+    assert (resumed["id"], resumed["started"], resumed["run"]) == (job["id"], False, None)
+    assert resumed["why"] == "not started again: it was being stopped (jobwarden stop) when the machine rebooted"
+    status = jw.status(job["id"])
+    assert (status["state"], status["run"], status["end_reason"]) == ("stopped", 1, "reboot")
+    cause = jw.json("explain", str(job["id"]))["findings"][0]
+    assert cause["rule"] == "machine-rebooted"
+    assert "while `jobwarden stop` ended it" in cause["summary"] and "resume" not in cause["remedy"]
+    assert jw.json("resume") == []

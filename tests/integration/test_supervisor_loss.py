@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -153,3 +154,41 @@ def test_a_run_whose_shim_died_unrecorded_is_found_by_its_markers(jw: Jobwarden)
         finally:
             job.kill()
             job.wait()
+
+
+def test_a_supervisor_killed_in_the_restart_backoff_is_adopted_and_the_restart_carries_on(
+    jw: Jobwarden, tmp_path: Path
+) -> None:
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
+    # run 1 fails at once; run 2 says so, then fails too once let go
+    script = f'[ "$JOBWARDEN_RUN" = 1 ] && exit 3; echo "$JOBWARDEN_RUN" > {ready}; read x < {go}; exit 4'
+    opts = ("--restart", "on-failure", "--max-restarts", "1", "--restart-delay", "1h")
+    job = jw.start("sh", "-c", script, options=opts)
+    deadline = time.monotonic() + 60
+    while jw.status(job["id"])["state"] != "restarting":  # run 1 ended; its shim waits out the hour
+        assert time.monotonic() < deadline, jw.status(job["id"])
+        time.sleep(0.05)
+    kill_shim(jw, job["id"])
+    lost = jw.status(job["id"])
+    assert (lost["state"], lost["run"], lost["pid"]) == ("lost", 2, None)
+    said = jw.json("explain", str(job["id"]))["findings"][0]
+    assert said["rule"] == "supervisor-lost" and "unsupervised" not in json.dumps(said), said
+    assert "during the restart backoff" in said["title"] and "nothing of the job ran" in said["summary"]
+    assert f"jobwarden adopt {job['id']}" in said["remedy"]
+
+    adopted = jw.json("adopt", str(job["id"]))  # carries on with the pending restart: run 2 starts now
+    assert read_fifo(ready) == "2\n"
+    status = jw.status(job["id"])
+    assert (status["state"], status["run"], status["pid"]) == ("running", 2, adopted["pid"])
+    explained = jw.json("explain", str(job["id"]))
+    text = json.dumps(explained["findings"])
+    assert "unsupervised" not in text and "during the restart backoff" in text, text
+    write_fifo(go)
+    # the restart count it had: --max-restarts 1 was spent on run 2, so its failure is the end
+    assert jw("wait", str(job["id"])).returncode == 4
+    with Store(jw.home) as store:
+        assert [(r.n, r.state, r.exit_code) for r in store.runs(job["id"])] == [
+            (1, "failed", 3),
+            (2, "failed", 4),
+        ]
+        assert "not-restarted" in [e.kind for e in store.events(job["id"], 2)]

@@ -4,11 +4,14 @@ first served. Each job says what it waits for, and each start is a handshake on 
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
+from tests.conftest import Jobwarden, kill_shim, make_fifo, read_fifo, wait_pid_gone, write_fifo
 
 pytestmark = pytest.mark.integration
 
@@ -107,3 +110,34 @@ def test_a_queued_job_stopped_before_its_turn_never_starts(jw: Jobwarden, tmp_pa
 def test_bad_queue_input_is_a_one_line_error(jw: Jobwarden, args: tuple[str, ...], message: str) -> None:
     result = jw(*args)
     assert result.returncode == 2 and result.stderr.splitlines()[0] == message
+
+
+def test_after_a_lost_job_waits_while_its_processes_run_and_fails_once_they_are_gone(
+    jw: Jobwarden, tmp_path: Path
+) -> None:
+    started, gate = make_fifo(tmp_path / "started"), make_fifo(tmp_path / "gate")
+    prep = jw.start(*gated(started, gate, "prep"), options=("--name", "prep"))
+    assert read_fifo(started) == "prep\n"
+    job = jw.start("touch", str(tmp_path / "never"), options=("--after", "prep"))
+    kill_shim(jw, prep["id"])  # prep runs on unsupervised: adopted, its end would still be recorded
+    lost_but_running = "waiting for job 1 (prep) to succeed (--after): it is lost (its supervisor died)"
+    deadline = time.monotonic() + 60
+    while (reason := jw.status(job["id"])["queued_reason"]) != lost_but_running + (
+        "; its processes still run: `jobwarden adopt 1` records its end"
+    ):
+        assert time.monotonic() < deadline, reason
+        time.sleep(0.05)
+    os.kill(prep["pid"], signal.SIGKILL)  # now nothing of prep runs: it can never succeed
+    wait_pid_gone(prep["pid"])
+    waited = jw("wait", str(job["id"]), "--timeout", "60s")
+    assert waited.returncode == 1, (waited.returncode, jw.status(job["id"]))
+    status = jw.status(job["id"])
+    assert (status["state"], status["end_reason"], status["pid"]) == ("failed", "dependency-failed", None)
+    assert status["error"] == (
+        "not started: job 1 (prep) was lost: its supervisor died and none of its processes runs, so its end "
+        "was never recorded, and this job was to run after it succeeded"
+    )
+    cause = jw.json("explain", str(job["id"]))["findings"][0]
+    assert cause["rule"] == "dependency-failed"
+    assert "jobwarden rerun 1" in cause["remedy"], cause
+    assert not (tmp_path / "never").exists()

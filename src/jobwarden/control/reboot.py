@@ -5,7 +5,11 @@ ended by the reboot, whatever its pids say now (they count from 1 again and may 
 Any look at such a run (`ps`, `status`, `wait`...) records it: failed, end reason `reboot`, finding
 `machine-rebooted`. `jobwarden resume` (run at boot by `jobwarden boot enable`) does that for every run,
 then starts again, as a new attempt of the same job, those whose restart policy asks for it: pm2's
-resurrect, and OpenPAI's "retried after a system upgrade".
+resurrect, and OpenPAI's "retried after a system upgrade". A run that `jobwarden stop` was ending when the
+machine went down is recorded stopped, and stays so: the reboot finished what the user asked.
+
+Several `resume` may run at once (the boot unit, cron, a user): the new run is taken by a compare-and-set
+in the store (Store.new_run_after), so exactly one of them starts it and the others say so.
 """
 
 from __future__ import annotations
@@ -44,13 +48,16 @@ def ended_by_reboot(procfs: ProcFS, run: RunRecord) -> bool:
 
 def mark_rebooted(store: Store, procfs: ProcFS, job: JobRecord | JobSummary, run: RunRecord) -> RunRecord:
     """running | lost | queued... -> failed (reboot): recorded once, with its finding. The end is the
-    moment this boot began: every process of the run died before it."""
+    moment this boot began: every process of the run died before it. A run the user was stopping
+    (`jobwarden stop` asked, its grace running) -> stopped: what the user asked for, never started again."""
     now = SystemClock().wall()
     try:
         ended = procfs.boot_time()
     except OSError:
         ended = now
     boot = current_boot_id(procfs)
+    stopping = run.stop_requested_at is not None
+    state = JobState.STOPPED if stopping else JobState.FAILED
     error = "the machine rebooted while it ran: every process of it died at the shutdown"
     try:
         if store.update_run_with_event(
@@ -60,7 +67,7 @@ def mark_rebooted(store: Store, procfs: ProcFS, job: JobRecord | JobSummary, run
             ended,
             {"boot_id_then": run.boot_id, "boot_id_now": boot, "state_then": str(run.state)},
             only_if_state=UNFINISHED_STATES,
-            state=JobState.FAILED,
+            state=state,
             end_reason=EndReason.REBOOT,
             ended_at=ended,
             error=error,
@@ -69,13 +76,27 @@ def mark_rebooted(store: Store, procfs: ProcFS, job: JobRecord | JobSummary, run
             restarts = store.job(job.id).options.restart != "no"  # once a run: a list holds summaries
             store.add_finding(job.id, run.n, now, reboot_finding(job.id, run, boot, ended, restarts))
     except StoreError:  # a full disk: still show the truth, record it next time
-        return run._replace(state=JobState.FAILED, end_reason=EndReason.REBOOT, ended_at=ended, error=error)
+        return run._replace(state=state, end_reason=EndReason.REBOOT, ended_at=ended, error=error)
     return store.run(job.id, run.n)
 
 
 def reboot_finding(
     job_id: int, run: RunRecord, boot_now: str | None, booted_at: float, restarts: bool = False
 ) -> Finding:
+    evidence = (
+        f"the run's supervisor ran under boot id {run.boot_id}",
+        f"this boot ({boot_now or 'boot id unknown'}) began at {shown_time(booted_at)}",
+    )
+    if run.stop_requested_at is not None:
+        return Finding(
+            rule=RULE,
+            title="ended by a reboot of the machine while it was being stopped",
+            summary="the machine rebooted while `jobwarden stop` ended it: every process of it died at the "
+            "shutdown, and it stays stopped",
+            severity="info",
+            evidence=(*evidence, f"`jobwarden stop` was asked at {shown_time(run.stop_requested_at)}"),
+            remedy=f"nothing to do; `jobwarden rerun {job_id}` starts it again as a new job",
+        )
     was = {JobState.QUEUED: "waiting to start", JobState.LOST: "running unsupervised"}.get(
         run.state, "running"
     )
@@ -84,10 +105,7 @@ def reboot_finding(
         title="ended by a reboot of the machine",
         summary=f"the machine rebooted while the job was {was}: every process of it died at the shutdown",
         severity="error",
-        evidence=(
-            f"the run's supervisor ran under boot id {run.boot_id}",
-            f"this boot ({boot_now or 'boot id unknown'}) began at {shown_time(booted_at)}",
-        ),
+        evidence=evidence,
         remedy=(
             "`jobwarden resume` starts it again as its next run (it has --restart), with every such job; "
             "`jobwarden boot enable` has that done at each boot"
@@ -134,13 +152,22 @@ def resume(home: Path, procfs: ProcFS) -> list[Resumed]:
         ]
     done = []
     for record, run in ended:
-        if record.options.restart == "no":
-            why = "not started again: it has no --restart (jobwarden rerun starts it by hand)"
+        why = _not_again(record, run)
+        if why:
             done.append(Resumed(record.id, record.name, run.n, None, None, why))
             _note(home, record.id, run.n, why)
             continue
         done.append(_start_again(home, record, run))
     return done
+
+
+def _not_again(job: JobRecord, run: RunRecord) -> str | None:
+    """Why a run the reboot ended is not started again; None: it is."""
+    if run.state == JobState.STOPPED:
+        return "not started again: it was being stopped (jobwarden stop) when the machine rebooted"
+    if job.options.restart == "no":
+        return "not started again: it has no --restart (jobwarden rerun starts it by hand)"
+    return None
 
 
 def _resumed_before(store: Store, job_id: int, n: int) -> bool:
@@ -158,7 +185,13 @@ def _start_again(home: Path, job: JobRecord, ended: RunRecord) -> Resumed:
     state = JobState.QUEUED if options.wants_gpus or options.after or options.queue else JobState.STARTING
     with fork_shim(home, "launch") as shim, Store(home) as store:
         now = SystemClock().wall()
-        n = store.new_run(job.id, state, now)
+        # the compare-and-set: only while the ended run is still the latest (another `resume` may have
+        # started it since we looked); leaving without `start` makes the forked shim exit unseen
+        n = store.new_run_after(job.id, ended.n, state, now)
+        if n is None:
+            taken = store.run(job.id).n
+            why = f"started again by another jobwarden resume, as run {taken}"
+            return Resumed(job.id, job.name, ended.n, None, None, why)
         store.add_event(job.id, n, "resumed", now, after_run=ended.n, reason="the machine rebooted")
         report = shim.start(job.id, n)
     if "error" in report:

@@ -296,10 +296,24 @@ class Store(SampleMethods, ListQueries, ProgressMethods):
 
     def new_run(self, job_id: int, state: JobState, now: float) -> int:
         """The next attempt of a job (a restart); returns its number. The run directory is made too."""
+        n = self._insert_run(job_id, state, now, after=None)
+        assert n is not None  # no condition to fail
+        return n
+
+    def new_run_after(self, job_id: int, after: int, state: JobState, now: float) -> int | None:
+        """The next attempt of a job only while run `after` is still its latest: a compare-and-set, so
+        that of two commands starting the job again at once (`jobwarden resume` twice) one starts it and
+        the other finds it started. None when another run came first."""
+        return self._insert_run(job_id, state, now, after=after)
+
+    def _insert_run(self, job_id: int, state: JobState, now: float, after: int | None) -> int | None:
         try:
-            with write(self._conn):
+            with write(self._conn):  # BEGIN IMMEDIATE: the look and the insert under one write lock
                 row = self._conn.execute("SELECT MAX(n) FROM runs WHERE job_id = ?", (job_id,)).fetchone()
-                n = int(row[0] or 0) + 1
+                latest = int(row[0] or 0)
+                if after is not None and latest != after:
+                    return None
+                n = latest + 1
                 self._conn.execute("INSERT INTO runs (job_id, n, state) VALUES (?, ?, ?)", (job_id, n, state))
                 self._conn.execute(
                     "INSERT INTO events (job_id, run, at, kind) VALUES (?, ?, ?, 'created')", (job_id, n, now)
