@@ -500,6 +500,9 @@ def cmd_adopt(args: argparse.Namespace) -> int:
     report = adopt(_home(), _procfs(), args.job)
     if args.json:
         _print_json(report)
+    elif report.get("restarted"):  # its supervisor had died in a restart's backoff: the restart is made
+        line = f"adopted job {args.job}: started run {report['run']} (pid {report['pid']}), the restart its "
+        _print_lines([line + "supervisor died waiting to make"])
     else:
         pids = [str(p) for p in report.get("pids", [])]  # type: ignore[attr-defined]
         _print_lines([f"adopted job {args.job}: watching {len(pids)} process(es): {' '.join(pids)}"])

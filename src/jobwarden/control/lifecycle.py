@@ -14,7 +14,7 @@ from jobwarden.control.reboot import ended_by_reboot
 from jobwarden.control.shimproc import fork_shim, shim_alive
 from jobwarden.control.views import live_processes, refresh
 from jobwarden.errors import AccessDenied, JobStillRunning, JobwardenError, ProcessGone
-from jobwarden.model import JobState, ProcessId, Survivor
+from jobwarden.model import EndReason, JobState, ProcessId, Survivor
 from jobwarden.osapi import asking
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.procfs import ProcFS
@@ -91,6 +91,8 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None, again:
         if run.state.is_ended:
             return _stop_kept(procfs, run, grace_s if grace_s is not None else job.options.grace_s)
         if run.state == JobState.LOST:
+            if restart_pending(store, run):
+                return StopResult(_stop_pending_restart(store, run), False, [])
             if not live_processes(store, procfs, job, run):
                 return StopResult(run, True, [])
             store.close()
@@ -134,6 +136,25 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None, again:
         return stop(home, procfs, job_ref, grace_s, again=False)
     survivors = [Survivor(p.pid, p.cmdline, "its supervisor died while stopping it") for p in alive]
     return StopResult(final, False, final.survivors + survivors, tuple(sorted(notes)))
+
+
+def _stop_pending_restart(store: Store, run: RunRecord) -> RunRecord:
+    """A restart its lost supervisor never made: nothing runs, and it never will once stopped."""
+    now = SystemClock().wall()
+    # lost -> stopped: the restart is called off (a concurrent `adopt` that started it wins instead)
+    store.update_run_with_event(
+        run.job_id,
+        run.n,
+        "ended",
+        now,
+        {"state": "stopped", "reason": "stopped during the restart backoff its supervisor died in"},
+        only_if_state=(JobState.LOST,),
+        state=JobState.STOPPED,
+        end_reason=EndReason.STOPPED,
+        ended_at=now,
+        stop_requested_at=now,
+    )
+    return store.run(run.job_id, run.n)
 
 
 def kept_alive(procfs: ProcFS, run: RunRecord) -> list[dict[str, Any]]:
@@ -285,17 +306,32 @@ def _adopt(home: Path, procfs: ProcFS, job_ref: str | int) -> dict[str, object]:
             raise JobwardenError(
                 f"job {job.id} is {run.state}: only a lost job (its supervisor died) can be adopted"
             )
+        mode = "adopt"
         if not live_processes(store, procfs, job, run):
-            raise JobwardenError(
-                f"job {job.id} is lost and none of its processes is alive",
-                "nothing to adopt; `jobwarden rm` removes it",
-            )
-    with fork_shim(home, "adopt") as shim:
-        trace.info(f"adopting job {job.id} run {run.n} with a new supervisor, pid {shim.pid}")
+            if not restart_pending(store, run):
+                raise JobwardenError(
+                    f"job {job.id} is lost and none of its processes is alive",
+                    "nothing to adopt; `jobwarden rm` removes it",
+                )
+            mode = "restart"  # its supervisor died in a restart's backoff: the restart is what is left
+    with fork_shim(home, mode) as shim:
+        trace.info(f"adopting job {job.id} run {run.n} with a new supervisor, pid {shim.pid} ({mode})")
         report = shim.start(job.id, run.n)
     if "error" in report:
         raise JobwardenError(f"cannot adopt job {job.id}: {report['error']}")
+    if mode == "restart":
+        pid = report.get("pid")
+        return {**report, "run": run.n, "restarted": True, "pids": [pid] if pid else []}
     return report
+
+
+def restart_pending(store: Store, run: RunRecord) -> bool:
+    """A lost run that never started: its supervisor died while it waited out the backoff before this
+    restart (`restarting`, then `supervisor-lost`, and no process between). Nothing of it ran."""
+    if run.state != JobState.LOST or run.pid is not None or run.started_at is not None:
+        return False
+    kinds = [e.kind for e in store.events(run.job_id, run.n)]
+    return "restarting" in kinds and "started" not in kinds
 
 
 def remove(home: Path, procfs: ProcFS, job_ref: str) -> int:

@@ -168,12 +168,13 @@ def _stopped(ev: RunEvidence) -> Finding | None:
     if ev.end_reason != "stopped":
         return None
     how = f"signal {ev.signal}" if ev.signal else f"exit code {ev.exit_code}"
+    ended = f"its main process ended with {how}" if ev.pid else "before this run's process was started"
     return Finding(
         "stopped-by-user",
         "Stopped by `jobwarden stop`",
-        f"The job was stopped on request; its main process ended with {how}.",
+        f"The job was stopped on request; {ended}.",
         "info",
-        (f"main process {ev.pid}: {how}",),
+        (f"main process {ev.pid}: {how}",) if ev.pid else ("no process of this run was started",),
         "nothing to fix; `jobwarden run` it again to resume",
         _pids(ev),
     )
@@ -433,6 +434,8 @@ def _supervisor_lost(ev: RunEvidence) -> Finding | None:
         )
     if ev.state != "lost" and "supervisor-lost" not in ev.events:
         return None
+    if _lost_between_runs(ev.events):
+        return _lost_in_backoff(ev)
     return Finding(
         "supervisor-lost",
         "The supervisor (shim) died",
@@ -441,6 +444,40 @@ def _supervisor_lost(ev: RunEvidence) -> Finding | None:
         "warning",
         ("event: supervisor-lost",),
         f"`jobwarden adopt {job_ref(ev)}` starts a new supervisor for the surviving processes",
+        _pids(ev),
+    )
+
+
+def _lost_between_runs(events: Sequence[str]) -> bool:
+    """The supervisor died while it waited out the backoff before this run: `restarting`, then
+    `supervisor-lost` with no `started` before it."""
+    if "restarting" not in events or "supervisor-lost" not in events:
+        return False
+    return "started" not in events[: list(events).index("supervisor-lost")]
+
+
+def _lost_in_backoff(ev: RunEvidence) -> Finding:
+    carried_on = "restart-adopted" in ev.events
+    after = (
+        "`jobwarden adopt` carried on with the restart: this run started under a new supervisor"
+        if carried_on
+        else "the restart was never made"
+    )
+    return Finding(
+        "supervisor-lost",
+        "The supervisor (shim) died during the restart backoff",
+        "jobwarden's per-job supervisor died between runs, while it waited to start this one; nothing of "
+        f"the job ran unsupervised (no process of it was running then), and {after}.",
+        "info" if carried_on else "warning",
+        (
+            "event: restarting (the backoff before this run)",
+            "event: supervisor-lost, before this run's process was started",
+            *(("event: restart-adopted",) if carried_on else ()),
+        ),
+        "nothing to do; if supervisors die again, see their shim.log"
+        if carried_on
+        else f"`jobwarden adopt {job_ref(ev)}` starts this run now, with the restart count and policy it "
+        f"had; `jobwarden stop {job_ref(ev)}` calls the restart off",
         _pids(ev),
     )
 

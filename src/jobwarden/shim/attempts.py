@@ -37,14 +37,16 @@ def supervise_job(
 ) -> int:
     notifier = _notifier(job)
     sup = Supervisor(store, job, run, clock, procfs, notifier, jobos)
-    code = sup.adopt(report_fd) if mode == "adopt" else sup.launch(report_fd)
+    code = _begin(sup, mode, report_fd)
     if sup.refused:  # `run` refused the start and removes the job: nothing of it is left to record
         sup.close()
         return code
     from jobwarden.rules.retry import RestartPolicy, decide
 
     policy = RestartPolicy.from_options(job.options)
-    history: list[AttemptOutcome] = []
+    # a restart carried on by `adopt` counts the attempts before it: --max-restarts and the same failure
+    # twice judge the job's whole history, as its first shim would have
+    history = _earlier_outcomes(store, job, run) if mode == "restart" else []
     while True:
         record = store.run(job.id, sup.run)
         history.append(outcome_of(store, job, record, sup.restart_after_hang))
@@ -65,6 +67,25 @@ def supervise_job(
 
         record_outcomes(store, job.id, notifier, log)  # the last event's delivery, said in `status`
     return code
+
+
+def _begin(sup: Supervisor, mode: str, report_fd: int) -> int:
+    """The first attempt this shim supervises: a new run (`launch`), the processes of a lost one
+    (`adopt`), or the restart a lost shim was waiting to make (`restart`)."""
+    if mode == "adopt":
+        return sup.adopt(report_fd)
+    if mode == "restart":
+        return sup.carry_on_restart(report_fd)
+    return sup.launch(report_fd)
+
+
+def _earlier_outcomes(store: Store, job: JobRecord, run: int) -> list[AttemptOutcome]:
+    hang_restart = job.options.on_hang == "restart"
+    return [
+        outcome_of(store, job, r, hang_restart and r.end_reason == EndReason.HUNG)
+        for r in store.runs(job.id)
+        if r.n < run
+    ]
 
 
 def _notifier(job: JobRecord) -> Notifier | None:

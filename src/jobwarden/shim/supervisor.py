@@ -136,6 +136,27 @@ class Supervisor(StoppingSupervisor):
         self._arm_timeout(since=record.started_at)
         return self._supervise()
 
+    def carry_on_restart(self, report_fd: int) -> int:
+        """`adopt` of a run whose shim died during its restart backoff: no process of it ever ran, so
+        there is nothing to watch, only the restart to make. Started now: the backoff spaced automatic
+        restarts, and an adopt is a person's decision to go on."""
+        shim_start = self.procfs.stat(self.pid).start_time
+        # lost -> starting: the compare-and-set, so that the run is started once, by this shim alone
+        if not self.store.update_run_with_event(
+            self.job.id,
+            self.run,
+            "restart-adopted",
+            self.clock.wall(),
+            {"shim_pid": self.pid},
+            only_if_state=(JobState.LOST,),
+            state=JobState.STARTING,
+            shim_pid=self.pid,
+            shim_start=shim_start,
+        ):
+            _report(report_fd, {"error": "it is no longer lost: another command took it over", "exit_code": 1})
+            return 1
+        return self.launch(report_fd)
+
     def _cgroup_join_file(self) -> str | None:
         """The file the job writes "0" to, between fork and exec, to join its cgroup. On v1, `tasks`
         moves only the writing thread, which needs no global threadgroup lock; `cgroup.procs` takes it,
