@@ -175,7 +175,9 @@ def test_a_reboot_during_a_stops_grace_leaves_the_job_stopped(jw: Jobwarden, tmp
 
     [resumed] = jw.json("resume")
     assert (resumed["id"], resumed["started"], resumed["run"]) == (job["id"], False, None)
-    assert resumed["why"] == "not started again: it was being stopped (jobwarden stop) when the machine rebooted"
+    assert (
+        resumed["why"] == "not started again: it was being stopped (jobwarden stop) when the machine rebooted"
+    )
     status = jw.status(job["id"])
     assert (status["state"], status["run"], status["end_reason"]) == ("stopped", 1, "reboot")
     cause = jw.json("explain", str(job["id"]))["findings"][0]

@@ -20,6 +20,7 @@ from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.osapi.waiting import wait_readable
 from jobwarden.store import JobRecord, RunRecord, Store
+from jobwarden.store.records import restart_never_made
 from jobwarden.store.reserve import SpaceReserve, reserve_path
 
 
@@ -326,12 +327,10 @@ def _adopt(home: Path, procfs: ProcFS, job_ref: str | int) -> dict[str, object]:
 
 
 def restart_pending(store: Store, run: RunRecord) -> bool:
-    """A lost run that never started: its supervisor died while it waited out the backoff before this
-    restart (`restarting`, then `supervisor-lost`, and no process between). Nothing of it ran."""
-    if run.state != JobState.LOST or run.pid is not None or run.started_at is not None:
+    """Its supervisor died in a restart's backoff: the restart is what is left to do (store.records)."""
+    if run.state != JobState.LOST or run.pid is not None:  # the events only when it may be so
         return False
-    kinds = [e.kind for e in store.events(run.job_id, run.n)]
-    return "restarting" in kinds and "started" not in kinds
+    return restart_never_made(run, [e.kind for e in store.events(run.job_id, run.n)])
 
 
 def remove(home: Path, procfs: ProcFS, job_ref: str) -> int:

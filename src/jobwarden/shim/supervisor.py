@@ -153,7 +153,9 @@ class Supervisor(StoppingSupervisor):
             shim_pid=self.pid,
             shim_start=shim_start,
         ):
-            _report(report_fd, {"error": "it is no longer lost: another command took it over", "exit_code": 1})
+            _report(
+                report_fd, {"error": "it is no longer lost: another command took it over", "exit_code": 1}
+            )
             return 1
         return self.launch(report_fd)
 
@@ -257,7 +259,7 @@ class Supervisor(StoppingSupervisor):
                     self.store.update_run(self.job.id, self.run, state=JobState.STARTING, queued_reason=None)
                 return True, reported
             if turn.cancelled:
-                self._cancel(turn.cancelled)
+                self._cancel(turn.cancelled, turn.remedy)
                 _report(report_fd, {"pid": None, "state": "failed"})
                 return False, True
             if turn.waiting != shown:
@@ -274,7 +276,7 @@ class Supervisor(StoppingSupervisor):
             if self.stop:
                 return False, reported
 
-    def _cancel(self, why: str) -> None:
+    def _cancel(self, why: str, remedy: str = "") -> None:
         """--after: a dependency failed, so this run never starts (its end is written by _end_unstarted)."""
         from jobwarden.model import Finding
         from jobwarden.shim.queueing import DEPENDENCY_FAILED
@@ -287,7 +289,8 @@ class Supervisor(StoppingSupervisor):
             summary=why,
             severity="error",
             evidence=tuple(f"--after {dep}" for dep in self.job.options.after),
-            remedy=f"see why with `jobwarden explain {self.job.options.after[0]}`; once it succeeds, "
+            remedy=remedy
+            or f"see why with `jobwarden explain {self.job.options.after[0]}`; once it succeeds, "
             f"`jobwarden rerun {self.job.id}`",
         )
         self.store.add_finding(self.job.id, self.run, self.clock.wall(), finding)

@@ -130,6 +130,15 @@ class RunRecord(NamedTuple):
         )
 
 
+def restart_never_made(run: RunRecord, event_kinds: Sequence[str]) -> bool:
+    """A lost run that never started: its supervisor died while it waited out the backoff before this
+    restart (`restarting`, then `supervisor-lost`, and no process between). Nothing of it ran, and
+    `jobwarden adopt` makes the restart (control.lifecycle)."""
+    if run.state != JobState.LOST or run.pid is not None or run.started_at is not None:
+        return False
+    return "restarting" in event_kinds and "started" not in event_kinds
+
+
 def _json_list(text: str | None) -> list[Any]:
     """A JSON list column; most runs hold none (NULL or "[]"), and a list of 10,000 runs skips the parser."""
     return decode_json(text) if text and text != "[]" else []
