@@ -113,3 +113,26 @@ def test_old_databases_open_and_read_with_the_new_columns(tmp_path: Path, fixtur
         run = store.run(jobs[0].id)
         assert (run.boot_id, run.kept) == (None, ())
         assert store.queues() == []
+
+
+def test_a_new_run_after_another_is_taken_once(store: Store) -> None:
+    """`resume` twice at once: the compare-and-set on the latest run lets one of them start it."""
+    job = new_job(store, "svc")
+    assert store.new_run_after(job, 1, JobState.STARTING, NOW) == 2
+    assert store.new_run_after(job, 1, JobState.STARTING, NOW) is None  # run 1 is no longer the latest
+    assert [r.n for r in store.runs(job)] == [1, 2]
+    assert store.new_run_after(job, 2, JobState.STARTING, NOW) == 3
+
+
+def test_a_run_being_stopped_when_the_machine_rebooted_stays_stopped(store: Store, tmp_path: Path) -> None:
+    procfs = fake_proc(tmp_path, "2222-now")
+    job = new_job(store, "svc")
+    # `jobwarden stop` asked, the shim in its grace (stopping), then the reboot
+    store.update_run(
+        job, 1, state=JobState.STOPPING, boot_id="1111-before", stop_requested_at=NOW, stop_grace=60
+    )
+    ended = mark_rebooted(store, procfs, store.job(job), store.run(job))
+    assert (ended.state, ended.end_reason) == (JobState.STOPPED, EndReason.REBOOT)
+    [(_, finding)] = store.findings(job, 1)
+    assert finding.rule == RULE and "while `jobwarden stop` ended it" in finding.summary
+    assert finding.severity == "info" and "resume" not in finding.remedy

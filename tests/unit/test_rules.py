@@ -423,3 +423,22 @@ def test_parse_traceback_returns_type_message_and_innermost_frame() -> None:
 def test_parse_traceback_of_output_without_one() -> None:
     assert parse_traceback(["hello", "Error: no traceback here"]) is None
     assert parse_traceback([]) is None
+
+
+def test_a_supervisor_lost_in_the_restart_backoff_never_says_the_job_ran_unsupervised() -> None:
+    events = ("created", "restarting", "supervisor-lost")
+    (lost,) = explain(evidence(state="lost", exit_code=None, end_reason=None, pid=None, events=events))
+    assert lost.rule == "supervisor-lost" and lost.title.endswith("during the restart backoff")
+    assert "nothing of the job ran unsupervised" in lost.summary and "never made" in lost.summary
+    assert lost.severity == "warning" and "`jobwarden adopt JOB` starts this run now" in lost.remedy
+    # adopted: the restart was made under a new supervisor, and the run goes on
+    carried = (*events, "restart-adopted", "started")
+    (after,) = explain(evidence(state="running", exit_code=None, end_reason=None, events=carried))
+    assert "carried on with the restart" in after.summary and after.severity == "info"
+    # a supervisor lost after this run had started: the job did run on unsupervised
+    (later,) = explain(
+        evidence(
+            state="lost", exit_code=None, end_reason=None, events=("restarting", "started", "supervisor-lost")
+        )
+    )
+    assert "ran on unsupervised" in later.summary

@@ -306,3 +306,42 @@ def test_an_engine_stop_as_an_attempt_ends_is_not_lost_to_the_restart(
     )
     assert len(rig.fake.spawned) == 1
     rig.store.close()
+
+
+def _lost_in_backoff(rig: Rig) -> int:
+    """Run 1 failed; its shim died waiting out the backoff before run 2, which never started."""
+    rig.sup.close()  # supervise_job makes its own
+    rig.store.update_run(rig.job_id, 1, state=JobState.FAILED, exit_code=3, end_reason=EndReason.EXITED)
+    n = rig.store.new_run(rig.job_id, JobState.RESTARTING, rig.clock.wall())
+    rig.store.add_event(rig.job_id, n, "restarting", rig.clock.wall(), after_run=1, delay_s=3600.0)
+    rig.store.update_run(rig.job_id, n, state=JobState.LOST, shim_pid=1, shim_start=1)
+    rig.store.add_event(rig.job_id, n, "supervisor-lost", rig.clock.wall(), shim_pid=1)
+    return n
+
+
+def test_adopt_makes_the_restart_a_lost_shim_was_waiting_for_counting_the_attempts_before(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path, restart="on-failure", max_restarts=1, restart_delay_s=3600.0)
+    n = _lost_in_backoff(rig)
+    rig.fake.at(3, lambda: rig.fake.exit(rig.main, 4))
+    job = rig.store.job(rig.job_id)
+    code = supervise_job(rig.store, job, n, rig.clock, rig.sup.procfs, -1, "restart", rig.fake)
+    run = rig.store.run(rig.job_id, n)
+    # lost -> starting -> running -> failed, at once (no hour of backoff): and no run 3, as
+    # --max-restarts 1 was spent on this run
+    assert (code, run.state, run.exit_code, len(rig.fake.spawned)) == (0, JobState.FAILED, 4, 1)
+    assert [r.n for r in rig.store.runs(rig.job_id)] == [1, 2]
+    kinds = [e.kind for e in rig.store.events(rig.job_id, n)]
+    assert kinds.index("restart-adopted") < kinds.index("started") and "not-restarted" in kinds
+    rig.store.close()
+
+
+def test_a_restart_taken_over_by_another_shim_is_not_made_twice(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, restart="always", restart_delay_s=3600.0)
+    n = _lost_in_backoff(rig)
+    rig.store.update_run(rig.job_id, n, state=JobState.RUNNING)  # another adopt came first
+    job = rig.store.job(rig.job_id)
+    assert supervise_job(rig.store, job, n, rig.clock, rig.sup.procfs, -1, "restart", rig.fake) == 1
+    assert rig.fake.spawned == [] and [r.n for r in rig.store.runs(rig.job_id)] == [1, 2]
+    rig.store.close()

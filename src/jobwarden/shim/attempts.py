@@ -38,7 +38,9 @@ def supervise_job(
     notifier = _notifier(job)
     sup = Supervisor(store, job, run, clock, procfs, notifier, jobos)
     code = _begin(sup, mode, report_fd)
-    if sup.refused:  # `run` refused the start and removes the job: nothing of it is left to record
+    # `run` refused the start and removes the job, or an adopt found nothing to take over (the command
+    # was told why): nothing of it is this shim's to record, nor to restart
+    if sup.refused or (mode != "launch" and code != 0):
         sup.close()
         return code
     from jobwarden.rules.retry import RestartPolicy, decide
