@@ -156,19 +156,24 @@ def test_a_run_whose_shim_died_unrecorded_is_found_by_its_markers(jw: Jobwarden)
             job.wait()
 
 
+def _lost_in_backoff(jw: Jobwarden, script: str, opts: tuple[str, ...]) -> dict:
+    """A job whose run 1 failed and whose shim is SIGKILLed while it waits out the backoff before run 2."""
+    job = jw.start("sh", "-c", script, options=(*opts, "--restart-delay", "1h"))
+    deadline = time.monotonic() + 60
+    while jw.status(job["id"])["state"] != "restarting":  # run 1 ended; its shim waits out the hour
+        assert time.monotonic() < deadline, jw.status(job["id"])
+        time.sleep(0.05)
+    kill_shim(jw, job["id"])
+    return job
+
+
 def test_a_supervisor_killed_in_the_restart_backoff_is_adopted_and_the_restart_carries_on(
     jw: Jobwarden, tmp_path: Path
 ) -> None:
     ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
     # run 1 fails at once; run 2 says so, then fails too once let go
     script = f'[ "$JOBWARDEN_RUN" = 1 ] && exit 3; echo "$JOBWARDEN_RUN" > {ready}; read x < {go}; exit 4'
-    opts = ("--restart", "on-failure", "--max-restarts", "1", "--restart-delay", "1h")
-    job = jw.start("sh", "-c", script, options=opts)
-    deadline = time.monotonic() + 60
-    while jw.status(job["id"])["state"] != "restarting":  # run 1 ended; its shim waits out the hour
-        assert time.monotonic() < deadline, jw.status(job["id"])
-        time.sleep(0.05)
-    kill_shim(jw, job["id"])
+    job = _lost_in_backoff(jw, script, ("--restart", "on-failure", "--max-restarts", "1"))
     lost = jw.status(job["id"])
     assert (lost["state"], lost["run"], lost["pid"]) == ("lost", 2, None)
     said = jw.json("explain", str(job["id"]))["findings"][0]
@@ -192,3 +197,16 @@ def test_a_supervisor_killed_in_the_restart_backoff_is_adopted_and_the_restart_c
             (2, "failed", 4),
         ]
         assert "not-restarted" in [e.kind for e in store.events(job["id"], 2)]
+
+
+def test_stop_calls_off_the_restart_a_supervisor_died_waiting_to_make(jw: Jobwarden) -> None:
+    job = _lost_in_backoff(jw, "exit 3", ("--restart", "always"))
+    assert jw.status(job["id"])["state"] == "lost"
+    stopped = jw.json("stop", str(job["id"]))
+    assert (stopped["state"], stopped["run"], stopped["already_ended"]) == ("stopped", 2, False)
+    cause = jw.json("explain", str(job["id"]))["findings"][0]
+    assert cause["rule"] == "stopped-by-user" and "before this run's process was started" in cause["summary"]
+    refused = jw("adopt", str(job["id"]))
+    assert refused.returncode == 1 and "only a lost job" in refused.stderr
+    with Store(jw.home) as store:
+        assert [r.state for r in store.runs(job["id"])] == ["failed", "stopped"]

@@ -501,8 +501,8 @@ def cmd_adopt(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report)
     elif report.get("restarted"):  # its supervisor had died in a restart's backoff: the restart is made
-        line = f"adopted job {args.job}: started run {report['run']} (pid {report['pid']}), the restart its "
-        _print_lines([line + "supervisor died waiting to make"])
+        how = f"started run {report['run']} (pid {report['pid']})" if report.get("pid") else "queued run"
+        _print_lines([f"adopted job {args.job}: {how}, the restart its supervisor died waiting to make"])
     else:
         pids = [str(p) for p in report.get("pids", [])]  # type: ignore[attr-defined]
         _print_lines([f"adopted job {args.job}: watching {len(pids)} process(es): {' '.join(pids)}"])
