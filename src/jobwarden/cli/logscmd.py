@@ -130,7 +130,9 @@ def follow_runs(source: _Source, start: int, procfs: Any, later: LaterRuns, out:
 
 
 def logs(home: Path, procfs: Any, args: argparse.Namespace) -> int:
-    refs: list[str] = args.job
+    from jobwarden.store.repo import LAST_JOB
+
+    refs: list[str] = args.job or [LAST_JOB]
     lines = config.parse_lines(args.lines) if args.lines is not None else None
     if args.lines is None and args.follow and not args.since:
         lines = FOLLOW_TAIL
@@ -140,6 +142,8 @@ def logs(home: Path, procfs: Any, args: argparse.Namespace) -> int:
             "e.g. jobwarden logs 3 --run 2, or drop --run to see each job's last run",
         )
     sources = _sources(home, refs, args.run)
+    if not args.job:
+        say_newest("logs", sources[0].job_id, sources[0].name)
     later = LaterRuns(home, pinned=args.run is not None)
     since = None
     if args.since:  # streamed: `logs --since 2d` of a 1 GiB log holds a chunk, never the range
@@ -147,6 +151,17 @@ def logs(home: Path, procfs: Any, args: argparse.Namespace) -> int:
     if len(sources) == 1:
         return _one(sources[0], procfs, lines, since, args.follow, later)
     return _several(sources, procfs, lines, since, args.follow, later)
+
+
+def say_newest(command: str, job_id: int, name: str) -> None:
+    """With no JOB, `status` and `logs` show the newest job (as pm2 and pueue show what there is): which
+    one is said on stderr, so that a pipe or --json gets the output alone."""
+    from jobwarden.text.sanitize import terminal_text
+
+    print(
+        f"jobwarden {command}: no JOB given: job {job_id} ({terminal_text(name)}), the newest",
+        file=sys.stderr,
+    )
 
 
 def _sources(home: Path, refs: list[str], run_n: int | None) -> list[_Source]:
