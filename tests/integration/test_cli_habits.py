@@ -6,12 +6,15 @@ started without the option the user meant."""
 from __future__ import annotations
 
 import json
+import os
+import pty
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
+from tests.conftest import CLI_TIMEOUT_S, Jobwarden, make_fifo, read_fifo, write_fifo
 
 pytestmark = pytest.mark.integration
 
@@ -86,3 +89,82 @@ def test_a_mistyped_run_option_starts_nothing(jw: Jobwarden, tmp_path: Path) -> 
     assert "jobwarden run --help lists its options" in result.stderr
     assert not marker.exists()
     assert jw.json("ps", "--all", "--json") == []
+
+
+def test_run_f_says_the_job_at_its_start_and_how_it_ended_at_its_end(jw: Jobwarden) -> None:
+    result = jw("run", "-f", "--name", "said", "--", "sh", "-c", "echo out; exit 3")
+    assert result.returncode == 3
+    assert result.stdout == "out\n"
+    said = result.stderr.splitlines()
+    assert said[0].startswith("jobwarden: job 1 (said) started, pid ")
+    assert said[0].endswith(": following its output; Ctrl-C stops following, never the job")
+    assert said[-1].startswith("jobwarden: job 1 (said) failed: exit code 3")
+
+
+def test_logs_f_says_how_the_job_ended(jw: Jobwarden, tmp_path: Path) -> None:
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
+    script = "import sys; print('hello', flush=True); open(sys.argv[1], 'w').write('up\\n'); "
+    script += "open(sys.argv[2]).read()"
+    job = jw.start(sys.executable, "-c", script, str(ready), str(go), options=("--name", "ends"))
+    read_fifo(ready)
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "jobwarden", "logs", "-f", str(job["id"])],
+        env=jw.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert follower.stdout is not None
+        assert follower.stdout.readline() == "hello\n"  # handshake: it follows the job now
+        write_fifo(go, "bye\n")
+        out, err = follower.communicate(timeout=CLI_TIMEOUT_S)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    assert follower.returncode == 0
+    assert out == ""
+    assert err.splitlines()[-1].startswith(f"jobwarden: job {job['id']} (ends) succeeded: exit code 0")
+
+
+def test_run_on_a_terminal_says_the_job_by_id_and_name(jw: Jobwarden) -> None:
+    """stdout keeps the bare id (JOB=$(jobwarden run ...)); a person at a terminal reads which job it is."""
+    main, sub = pty.openpty()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "jobwarden", "run", "--name", "told", "--", "true"],
+            env=jw.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=sub,
+            text=True,
+            timeout=CLI_TIMEOUT_S,
+        )
+        os.close(sub)
+        sub = -1
+        told = _read_all(main)
+    finally:
+        os.close(main)
+        if sub >= 0:
+            os.close(sub)
+    assert proc.returncode == 0
+    assert proc.stdout == "1\n"
+    assert told.startswith("jobwarden: job 1 (told) started, pid ")
+    assert told.rstrip().endswith(": jobwarden logs -f 1 follows it")
+    assert jw("wait", "1").returncode == 0
+
+
+def _read_all(fd: int) -> str:
+    """What a pty's writers wrote, once all of them closed it (EIO then ends the reading, on Linux)."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode()

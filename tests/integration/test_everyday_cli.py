@@ -211,9 +211,9 @@ def test_a_pipe_gets_the_jobs_bytes_after_the_prefix(jw: Jobwarden) -> None:
     assert out == b"1 printf | a\rb\n1 printf | \x1b[31mx\n2 echo   | two\n"
 
 
-def test_logs_without_a_job_is_refused_by_the_parser(jw: Jobwarden) -> None:
-    result = jw("logs", "-f")
-    assert result.returncode == 2 and "JOB" in result.stderr
+def test_logs_without_a_job_in_an_empty_home_says_there_is_none(jw: Jobwarden) -> None:
+    result = jw("logs", "-f")  # with no JOB: the newest job (test_cli_habits), and here there is none
+    assert result.returncode == 1 and "no job yet in this jobwarden home" in result.stderr
 
 
 # --- one time zone -------------------------------------------------------------------------------------

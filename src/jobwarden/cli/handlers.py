@@ -135,12 +135,23 @@ def launched_said(
     if as_json:
         _print_json({**launched.to_json(), **(extra or {})})
     elif not follow:
-        print(launched.id)
+        print(launched.id)  # alone on stdout: JOB=$(jobwarden run ...)
+        if sys.stderr.isatty():
+            _said_start(launched, f"jobwarden logs -f {launched.id} follows it")
     if follow:
+        _said_start(launched, "following its output; Ctrl-C stops following, never the job")
         return _follow(str(launched.id), None, True)
     if wait:
         return _wait_exit(str(launched.id), said=True)
     return 0
+
+
+def _said_start(launched: Any, then: str) -> None:
+    """'jobwarden: job 4 (train) started, pid 1234: ...' on stderr: which job, by id and name, at once."""
+    from jobwarden.text.sanitize import one_line
+
+    state = launched.state if launched.pid is None else f"started, pid {launched.pid}"
+    print(f"jobwarden: job {launched.id} ({one_line(launched.name)}) {state}: {then}", file=sys.stderr)
 
 
 def _termination_log(path: str | None) -> str | None:

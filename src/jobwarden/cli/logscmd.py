@@ -19,6 +19,7 @@ from typing import Any
 from jobwarden import config
 from jobwarden.clock import SystemClock
 from jobwarden.errors import UsageError
+from jobwarden.model import JobState
 
 FOLLOW_TAIL = 10  # what `logs -f` shows before following, as tail -f does
 POLL_S = 0.1
@@ -149,7 +150,10 @@ def logs(home: Path, procfs: Any, args: argparse.Namespace) -> int:
     if args.since:  # streamed: `logs --since 2d` of a 1 GiB log holds a chunk, never the range
         since = SystemClock().wall() - config.parse_duration(args.since, "--since")
     if len(sources) == 1:
-        return _one(sources[0], procfs, lines, since, args.follow, later)
+        status = _one(sources[0], procfs, lines, since, args.follow, later)
+        if args.follow and status == 0:
+            say_the_end(home, sources[0])
+        return status
     return _several(sources, procfs, lines, since, args.follow, later)
 
 
@@ -219,6 +223,17 @@ def _one(
         return 130
     out.close()
     return 0
+
+
+def say_the_end(home: Path, source: _Source) -> None:
+    """`logs -f` ends when the job does: how it ended, on stderr, as `run -f` says it (never silently)."""
+    from jobwarden.store import Store
+    from jobwarden.text.ending import end_line
+
+    with Store(home) as store:
+        run = store.run(source.job_id, source.run.n)  # the last run followed, as it is now
+    if run.state.is_ended or run.state == JobState.LOST:
+        print(end_line(source.name, run), file=sys.stderr)
 
 
 # --- several jobs: line by line, each line prefixed by its job ----------------------------------------
