@@ -168,3 +168,34 @@ def _read_all(fd: int) -> str:
             break
         chunks.append(chunk)
     return b"".join(chunks).decode()
+
+
+TQDM_JOB = """
+from tqdm import tqdm
+for _ in tqdm(range(300), mininterval=0, miniters=1, ascii=True, ncols=60):
+    pass
+print("done", flush=True)
+"""
+
+
+def test_piped_logs_show_a_bars_last_frame_and_raw_every_redraw(jw: Jobwarden) -> None:
+    job = jw.start(sys.executable, "-c", TQDM_JOB)
+    assert jw("wait", str(job["id"])).returncode == 0
+
+    def piped(*options: str) -> bytes:  # bytes: text mode would turn each \r into a newline
+        return subprocess.run(
+            [sys.executable, "-m", "jobwarden", "logs", str(job["id"]), "-n", "3", *options],
+            env=jw.env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=CLI_TIMEOUT_S,
+            check=True,
+        ).stdout
+
+    shown, raw = piped(), piped("--raw")
+    lines = shown.splitlines()
+    assert lines[-1] == b"done"
+    assert b"\r" not in shown
+    assert lines[0].startswith(b"100%|") and b"300/300" in lines[0]  # the bar as it ended, once
+    assert raw.count(b"\r") > 100  # every redraw, as the job wrote it
+    assert len(shown) < len(raw) / 50

@@ -197,18 +197,22 @@ def test_several_jobs_in_a_terminal_are_sanitised_and_coloured(jw: Jobwarden, tm
     assert f"\x1b[36m{one['id']} " in shown and f"\x1b[35m{two['id']} echo" in shown  # coloured prefixes
 
 
-def test_a_pipe_gets_the_jobs_bytes_after_the_prefix(jw: Jobwarden) -> None:
+def test_a_pipe_gets_the_jobs_lines_after_the_prefix_as_their_last_frame(jw: Jobwarden) -> None:
     one = jw.start("printf", "a\\rb\\n\\033[31mx\\n")
     two = jw.start("echo", "two")
     for job in (one, two):
         assert jw("wait", str(job["id"])).returncode == 0
-    out = subprocess.run(
-        [sys.executable, "-m", "jobwarden", "logs", str(one["id"]), str(two["id"])],
-        env=jw.env,
-        capture_output=True,
-        timeout=CLI_TIMEOUT_S,
-    ).stdout
-    assert out == b"1 printf | a\rb\n1 printf | \x1b[31mx\n2 echo   | two\n"
+
+    def piped(*options: str) -> bytes:
+        return subprocess.run(
+            [sys.executable, "-m", "jobwarden", "logs", *options, str(one["id"]), str(two["id"])],
+            env=jw.env,
+            capture_output=True,
+            timeout=CLI_TIMEOUT_S,
+        ).stdout
+
+    assert piped() == b"1 printf | b\n1 printf | \x1b[31mx\n2 echo   | two\n"
+    assert piped("--raw") == b"1 printf | a\rb\n1 printf | \x1b[31mx\n2 echo   | two\n"
 
 
 def test_logs_without_a_job_in_an_empty_home_says_there_is_none(jw: Jobwarden) -> None:

@@ -359,6 +359,12 @@ def _logs_arguments(logs: argparse.ArgumentParser) -> None:
     )
     logs.add_argument("--since", metavar="DUR", help="only output written in the last DUR (e.g. 10m)")
     logs.add_argument("--run", type=int, metavar="N", help="an earlier attempt (with -f: that run only)")
+    logs.add_argument(
+        "--raw",
+        action="store_true",
+        help="into a pipe, every byte as written (default: a line redrawn with \\r as its last frame, as "
+        "a terminal shows it; a terminal always gets the output sanitised)",
+    )
 
 
 def _stop_arguments(stop: argparse.ArgumentParser) -> None:
