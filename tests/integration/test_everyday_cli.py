@@ -410,6 +410,10 @@ def test_a_hung_job_looks_hung_in_ps(jw: Jobwarden, tmp_path: Path) -> None:
         assert [j["id"] for j in jw.json("ps", "--state", "running")] == [job["id"]]  # still running
         env = {k: v for k, v in jw.env.items() if k != "NO_COLOR"}
         assert "\x1b[35;1mhung [no-progress]" in in_a_terminal(env, "ps")  # its own colour, not green
+        # one state, one word, everywhere: status and explain say `hung` as ps does, never `running`
+        assert jw("status", str(job["id"])).stdout.startswith(f"job {job['id']} (stuck) — hung\n")
+        assert jw("explain", str(job["id"])).stdout.startswith(f"job {job['id']} (stuck), run 1 — hung\n")
+        assert jw.status(job["id"])["hung"] is True
     finally:
         jw("stop", str(job["id"]))
 
