@@ -199,3 +199,10 @@ def test_piped_logs_show_a_bars_last_frame_and_raw_every_redraw(jw: Jobwarden) -
     assert lines[0].startswith(b"100%|") and b"300/300" in lines[0]  # the bar as it ended, once
     assert raw.count(b"\r") > 100  # every redraw, as the job wrote it
     assert len(shown) < len(raw) / 50
+
+
+def test_help_names_the_home_and_the_config_file(jw: Jobwarden) -> None:
+    shown = " ".join(jw("--help", check=True).stdout.split())
+    assert "JOBWARDEN_HOME is where jobs are kept (default ~/.local/state/jobwarden)" in shown
+    assert "~/.config/jobwarden/config.toml" in shown
+    assert "_jobs" not in shown and "_runs" not in shown

@@ -65,6 +65,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = _Parser(
         prog="jobwarden",
         description="Run long jobs detached, contained, and never silently dead.",
+        epilog="environment: JOBWARDEN_HOME is where jobs are kept (default ~/.local/state/jobwarden); "
+        "JOBWARDEN_UTC=1 shows times in UTC; NO_COLOR=1 turns colours off. Defaults for run: "
+        "~/.config/jobwarden/config.toml (jobwarden doctor shows the one in force).",
         formatter_class=_HelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"jobwarden {__version__}")
