@@ -26,6 +26,15 @@ settings.load_profile("jobwarden")
 CLI_TIMEOUT_S = 90  # generous: a loaded 2-core machine is slow, but a hang still ends the test
 
 
+CLONE = Path(__file__).resolve().parents[1]  # the checkout the tests run from
+
+
+def venv_pip() -> str:
+    """The pip beside the interpreter that runs the tests, as typed from the clone (`.venv/bin/pip`)."""
+    pip = Path(sys.executable).parent / "pip"
+    return str(pip.relative_to(CLONE)) if pip.is_relative_to(CLONE) else str(pip)
+
+
 class Jobwarden:
     """Runs the real CLI in a subprocess against one home."""
 

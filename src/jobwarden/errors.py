@@ -29,7 +29,10 @@ class Interrupted(JobwardenError):
 
 class JobNotFound(JobwardenError):
     def __init__(self, ref: str) -> None:
-        super().__init__(f"no job {ref!r}", "list jobs with `jobwarden ps --all`")
+        if ref == "@last":  # store.repo.LAST_JOB: asked for the newest job of a home that has none
+            super().__init__("no job yet in this jobwarden home", "start one: jobwarden run -- COMMAND")
+        else:
+            super().__init__(f"no job {ref!r}", "list jobs with `jobwarden ps --all`")
 
 
 class CommandNotFound(JobwardenError):

@@ -161,3 +161,29 @@ class Layout:
     def heartbeat_file(self, job_id: int, run: int) -> Path:
         """Touched (or written with JSON) by the job to say it makes progress: JOBWARDEN_HEARTBEAT_FILE."""
         return self.run_dir(job_id, run) / "heartbeat"
+
+
+def install_extra_command(extra: str) -> str:
+    """How to add jobwarden's `extra` to the interpreter that runs this jobwarden: its own pip (a venv's
+    `.venv/bin/pip`, not whichever pip is first on PATH), and from a clone the clone itself (`pip install
+    'jobwarden[tui]'` there would fetch another copy from the package index)."""
+    import sys
+
+    import jobwarden
+
+    here = Path(sys.executable).parent
+    pip = str(here / "pip") if (here / "pip").exists() else f"{sys.executable} -m pip"
+    package = Path(jobwarden.__file__).resolve().parent
+    clone = package.parent.parent  # src/jobwarden: a checkout installed in place (pip install -e)
+    if package.parent.name == "src" and (clone / "pyproject.toml").is_file():
+        return f"{_relative(pip)} install -e '{_relative(str(clone))}[{extra}]'"
+    return f"{_relative(pip)} install 'jobwarden[{extra}]'"
+
+
+def _relative(path: str) -> str:
+    """`path` as typed from the current directory when it lies under it (.venv/bin/pip), else whole."""
+    try:
+        inner = Path(path).relative_to(Path.cwd())
+    except ValueError:
+        return path
+    return str(inner) if str(inner) != "." else "."

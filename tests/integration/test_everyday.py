@@ -94,7 +94,7 @@ def test_wait_timeout_exits_124_and_a_missing_job_125(jw: Jobwarden) -> None:
 
 
 def test_at_last_names_the_newest_job_in_every_command(jw: Jobwarden) -> None:
-    assert jw("status", "@last").stderr.startswith("jobwarden: no job '@last'")
+    assert jw("status", "@last").stderr.startswith("jobwarden: no job yet in this jobwarden home")
     jw("run", "-w", "--name", "first", "--", "echo", "one", check=True)
     jw("run", "-w", "--name", "second", "--", "echo", "two", check=True)
     assert jw.json("status", "@last")["name"] == "second"

@@ -197,23 +197,27 @@ def test_several_jobs_in_a_terminal_are_sanitised_and_coloured(jw: Jobwarden, tm
     assert f"\x1b[36m{one['id']} " in shown and f"\x1b[35m{two['id']} echo" in shown  # coloured prefixes
 
 
-def test_a_pipe_gets_the_jobs_bytes_after_the_prefix(jw: Jobwarden) -> None:
+def test_a_pipe_gets_the_jobs_lines_after_the_prefix_as_their_last_frame(jw: Jobwarden) -> None:
     one = jw.start("printf", "a\\rb\\n\\033[31mx\\n")
     two = jw.start("echo", "two")
     for job in (one, two):
         assert jw("wait", str(job["id"])).returncode == 0
-    out = subprocess.run(
-        [sys.executable, "-m", "jobwarden", "logs", str(one["id"]), str(two["id"])],
-        env=jw.env,
-        capture_output=True,
-        timeout=CLI_TIMEOUT_S,
-    ).stdout
-    assert out == b"1 printf | a\rb\n1 printf | \x1b[31mx\n2 echo   | two\n"
+
+    def piped(*options: str) -> bytes:
+        return subprocess.run(
+            [sys.executable, "-m", "jobwarden", "logs", *options, str(one["id"]), str(two["id"])],
+            env=jw.env,
+            capture_output=True,
+            timeout=CLI_TIMEOUT_S,
+        ).stdout
+
+    assert piped() == b"1 printf | b\n1 printf | \x1b[31mx\n2 echo   | two\n"
+    assert piped("--raw") == b"1 printf | a\rb\n1 printf | \x1b[31mx\n2 echo   | two\n"
 
 
-def test_logs_without_a_job_is_refused_by_the_parser(jw: Jobwarden) -> None:
-    result = jw("logs", "-f")
-    assert result.returncode == 2 and "JOB" in result.stderr
+def test_logs_without_a_job_in_an_empty_home_says_there_is_none(jw: Jobwarden) -> None:
+    result = jw("logs", "-f")  # with no JOB: the newest job (test_cli_habits), and here there is none
+    assert result.returncode == 1 and "no job yet in this jobwarden home" in result.stderr
 
 
 # --- one time zone -------------------------------------------------------------------------------------
@@ -406,6 +410,10 @@ def test_a_hung_job_looks_hung_in_ps(jw: Jobwarden, tmp_path: Path) -> None:
         assert [j["id"] for j in jw.json("ps", "--state", "running")] == [job["id"]]  # still running
         env = {k: v for k, v in jw.env.items() if k != "NO_COLOR"}
         assert "\x1b[35;1mhung [no-progress]" in in_a_terminal(env, "ps")  # its own colour, not green
+        # one state, one word, everywhere: status and explain say `hung` as ps does, never `running`
+        assert jw("status", str(job["id"])).stdout.startswith(f"job {job['id']} (stuck) — hung\n")
+        assert jw("explain", str(job["id"])).stdout.startswith(f"job {job['id']} (stuck), run 1 — hung\n")
+        assert jw.status(job["id"])["hung"] is True
     finally:
         jw("stop", str(job["id"]))
 

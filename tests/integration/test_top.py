@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Jobwarden, make_fifo, read_fifo, wait_pid_gone
+from tests.conftest import CLONE, Jobwarden, make_fifo, read_fifo, venv_pip, wait_pid_gone
 
 pytestmark = pytest.mark.integration
 
@@ -213,11 +213,11 @@ def test_without_textual_top_says_how_to_install_it(jw: Jobwarden, tmp_path: Pat
     (broken / "textual").mkdir(parents=True)
     (broken / "textual" / "__init__.py").write_text("raise ImportError('textual is not installed')\n")
     jw.env["PYTHONPATH"] = str(broken)
-    result = jw("top")
+    result = jw("top", cwd=CLONE)
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines() == [
-        "jobwarden: jobwarden top needs the textual library, which is not installed: "
-        "pip install 'jobwarden[tui]'"
+    assert result.stderr.splitlines() == [
+        "jobwarden: jobwarden top needs the textual library, which is not installed",
+        f"  {venv_pip()} install -e '.[tui]'",  # this clone's own venv, not a pip from PATH nor the index
     ]
 
 

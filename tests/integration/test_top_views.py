@@ -80,8 +80,7 @@ def test_top_at_80_by_24_fits_and_shows_the_processes_and_views(
     job_id, main, rank, worker = start_family(jw, tmp_path)
     try:
         top_pid = run_top(jw, tmux, 80, 24)
-        wait_for_screen(tmux, "family", f"job {failed} bad")
-        keys(tmux, "Down")  # the family: its three processes and their roles
+        # what runs comes first, so the family is selected: its three processes and their roles
         screen = wait_for_screen(tmux, f"job {job_id} family", "ROLE", f"{main} ", f"{rank} ", f"{worker} ")
         keep("top-80x24", screen)
         header = next(line for line in screen.splitlines() if " NAME " in line)
@@ -98,7 +97,7 @@ def test_top_at_80_by_24_fits_and_shows_the_processes_and_views(
         keys(tmux, "Escape")
         wait_for_screen(tmux, "ROLE")
         # the failed job's explanation, wrapped: its remedy read whole at 80 columns
-        keys(tmux, "Up")
+        keys(tmux, "Down")
         wait_for_screen(tmux, f"job {failed} bad")
         keys(tmux, "e")
         screen = wait_for_screen(tmux, f"explain {failed}", "q/esc: back", "root cause:", root["title"])
@@ -120,8 +119,7 @@ def test_top_at_200_by_50_shows_every_column_and_titles(
     job_id, main, rank, worker = start_family(jw, tmp_path)
     try:
         top_pid = run_top(jw, tmux, 200, 50)
-        wait_for_screen(tmux, "family", root["title"])
-        keys(tmux, "Down")
+        wait_for_screen(tmux, "family", root["title"])  # the family runs: first, and selected
         screen = wait_for_screen(tmux, f"job {job_id} family", f"{main} ", f"{rank} ", f"{worker} ")
         keep("top-200x50", screen)
         header = next(line for line in screen.splitlines() if " NAME " in line)
@@ -166,3 +164,28 @@ def test_top_sorts_and_filters_and_esc_clears_the_filter(jw: Jobwarden, tmp_path
             await until(pilot, "back", shows(app, "ID  NAME"))
 
     asyncio.run(drive())
+
+
+def test_top_all_lists_what_runs_first_then_the_newest(jw: Jobwarden, tmp_path: Path) -> None:
+    ready, never = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "never")
+    code = "import sys; open(sys.argv[1], 'w').write('up\\n'); open(sys.argv[2]).read()"
+    live = jw.start(sys.executable, "-c", code, str(ready), str(never), options=("--name", "live"))
+    read_fifo(ready)
+    for name in ("older", "newer"):
+        jw("run", "--wait", "--name", name, "--", "true", check=True)
+    app = top_app(jw)
+
+    def listed() -> list[str]:
+        rows = [line.split() for line in screen_text(app).splitlines()]
+        return [words[1] for words in rows if words[:1] in (["1"], ["2"], ["3"])]
+
+    async def drive() -> None:
+        async with app.run_test(size=(100, 24)) as pilot:
+            await until(
+                pilot, "the live job, then the newest ended", lambda: listed() == ["live", "newer", "older"]
+            )
+
+    try:
+        asyncio.run(drive())
+    finally:
+        jw("stop", str(live["id"]))

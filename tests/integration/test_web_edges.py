@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.conftest import Jobwarden
+from tests.conftest import CLONE, Jobwarden, venv_pip
 from tests.integration.webprocess import WebProcess, get, raw_request
 
 pytestmark = pytest.mark.integration
@@ -226,9 +226,9 @@ def test_without_the_web_extra_it_says_what_to_install(jw: Jobwarden, tmp_path: 
     (broken / "uvicorn").mkdir(parents=True)
     (broken / "uvicorn" / "__init__.py").write_text("raise ImportError('uvicorn is not installed')\n")
     jw.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(broken), jw.env.get("PYTHONPATH")]))
-    result = jw("web", "--socket", str(tmp_path / "nowhere" / "web.sock"))
+    result = jw("web", "--socket", str(tmp_path / "nowhere" / "web.sock"), cwd=CLONE)
     assert result.returncode == 1, result
-    assert "pip install 'jobwarden[web]'" in result.stderr and "Traceback" not in result.stderr
+    assert f"  {venv_pip()} install -e '.[web]'\n" in result.stderr and "Traceback" not in result.stderr
 
 
 # --- web.token (item 7) -------------------------------------------------------------------------------

@@ -135,12 +135,23 @@ def launched_said(
     if as_json:
         _print_json({**launched.to_json(), **(extra or {})})
     elif not follow:
-        print(launched.id)
+        print(launched.id)  # alone on stdout: JOB=$(jobwarden run ...)
+        if sys.stderr.isatty():
+            _said_start(launched, f"jobwarden logs -f {launched.id} follows it")
     if follow:
+        _said_start(launched, "following its output; Ctrl-C stops following, never the job")
         return _follow(str(launched.id), None, True)
     if wait:
         return _wait_exit(str(launched.id), said=True)
     return 0
+
+
+def _said_start(launched: Any, then: str) -> None:
+    """'jobwarden: job 4 (train) started, pid 1234: ...' on stderr: which job, by id and name, at once."""
+    from jobwarden.text.sanitize import one_line
+
+    state = launched.state if launched.pid is None else f"started, pid {launched.pid}"
+    print(f"jobwarden: job {launched.id} ({one_line(launched.name)}) {state}: {then}", file=sys.stderr)
 
 
 def _termination_log(path: str | None) -> str | None:
@@ -385,9 +396,14 @@ def _job_status(job_ref: str, run_n: int | None) -> JobStatus:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from jobwarden.store.repo import LAST_JOB
     from jobwarden.text import render
 
-    status = _job_status(args.job, args.run)
+    status = _job_status(args.job or LAST_JOB, args.run)
+    if args.job is None:
+        from jobwarden.cli.logscmd import say_newest
+
+        say_newest("status", status.job.id, status.job.name)
     if args.json:
         _print_json(status.to_json())
     else:
@@ -483,6 +499,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from jobwarden.control.lifecycle import stop
     from jobwarden.text import render
 
+    if args.job is None:
+        raise UsageError("stop needs a JOB: it never guesses which job to end", _running_jobs_hint())
     if args.force and args.grace is not None:
         raise UsageError("--force and --grace exclude each other", "--force is --grace 0: SIGKILL now")
     grace = 0.0 if args.force else config.optional_duration(args.grace, "--grace")
@@ -492,6 +510,20 @@ def cmd_stop(args: argparse.Namespace) -> int:
     else:
         _print_lines(render.stop_report(result))
     return 1 if result.survivors else 0
+
+
+def _running_jobs_hint() -> str:
+    from jobwarden.control.views import job_views
+    from jobwarden.store import Store
+    from jobwarden.text.sanitize import terminal_text
+
+    with Store(_home()) as store:
+        views = job_views(store, _procfs(), include_ended=False)
+    if not views:
+        return "no job is running now"
+    named = ", ".join(f"{v.job.id} ({terminal_text(v.job.name)})" for v in views[-8:])
+    more = f" and {len(views) - 8} more (jobwarden ps)" if len(views) > 8 else ""
+    return f"running: {named}{more}; e.g. jobwarden stop {views[-1].job.id}"
 
 
 def cmd_adopt(args: argparse.Namespace) -> int:

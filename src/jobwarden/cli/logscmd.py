@@ -19,6 +19,7 @@ from typing import Any
 from jobwarden import config
 from jobwarden.clock import SystemClock
 from jobwarden.errors import UsageError
+from jobwarden.model import JobState
 
 FOLLOW_TAIL = 10  # what `logs -f` shows before following, as tail -f does
 POLL_S = 0.1
@@ -29,27 +30,62 @@ _PREFIX_COLOURS = ("36", "35", "33", "34", "32", "96", "95", "93")  # never red:
 
 
 class JobOutput:
-    """The job's bytes on our stdout: exact into a pipe or a file; into a terminal through the sanitiser,
-    with the job's colours kept (as `less -R` does; not with NO_COLOR) and its carriage returns (a
-    progress bar redraws its line), a sequence cut between two reads held back until it is whole."""
+    """The job's bytes on our stdout. Into a terminal through the sanitiser, with the job's colours kept
+    (as `less -R` does; not with NO_COLOR) and its carriage returns (a progress bar redraws its line), a
+    sequence cut between two reads held back until it is whole. Into a pipe or a file, each line as its
+    last frame (what the terminal and the web show: `logs -n 3 | wc -c` counts three lines, not every
+    redraw of a bar), the bytes otherwise exact; `raw`: every byte as written."""
 
-    def __init__(self) -> None:
+    def __init__(self, raw: bool = False) -> None:
         from jobwarden.text.sanitize import TerminalStream
 
-        self.stream = None
+        self.stream: TerminalStream | LastFrames | None = None
         if sys.stdout.isatty():
             self.stream = TerminalStream(colours=not os.environ.get("NO_COLOR"), carriage_returns=True)
+        elif not raw:
+            self.stream = LastFrames()
 
     def write(self, data: bytes) -> None:
         if self.stream is not None:
-            data = self.stream.feed(data).encode("utf-8", "replace")
+            data = _encoded(self.stream.feed(data))
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
 
     def close(self) -> None:
         if self.stream is not None:
-            sys.stdout.buffer.write(self.stream.close().encode("utf-8", "replace"))
+            sys.stdout.buffer.write(_encoded(self.stream.close()))
         sys.stdout.buffer.flush()
+
+
+def _encoded(shown: str | bytes) -> bytes:
+    return shown.encode("utf-8", "replace") if isinstance(shown, str) else shown
+
+
+class LastFrames:
+    """A byte stream with each line cut to its last frame, for a pipe: a line still without its newline
+    is held (its frames but the last dropped as they come, so a bar that never ends its line holds at
+    most HELD_MAX) and given as it stands at close()."""
+
+    def __init__(self) -> None:
+        self.held = b""
+
+    def feed(self, data: bytes) -> bytes:
+        complete, newline, self.held = (self.held + data).rpartition(b"\n")
+        if len(self.held) > HELD_MAX:
+            self.held = self.held[max(0, self.held.rfind(b"\r")) :]
+        if not newline:
+            return b""
+        return b"".join(last_frame_bytes(line) + b"\n" for line in complete.split(b"\n"))
+
+    def close(self) -> bytes:
+        held, self.held = self.held, b""
+        return last_frame_bytes(held)
+
+
+def last_frame_bytes(line: bytes) -> bytes:
+    """A line redrawn with carriage returns as its last frame; the carriage return of a CRLF is kept."""
+    body = line.rstrip(b"\r")
+    return body.rsplit(b"\r", 1)[-1] + line[len(body) :]
 
 
 @dataclass
@@ -130,7 +166,9 @@ def follow_runs(source: _Source, start: int, procfs: Any, later: LaterRuns, out:
 
 
 def logs(home: Path, procfs: Any, args: argparse.Namespace) -> int:
-    refs: list[str] = args.job
+    from jobwarden.store.repo import LAST_JOB
+
+    refs: list[str] = args.job or [LAST_JOB]
     lines = config.parse_lines(args.lines) if args.lines is not None else None
     if args.lines is None and args.follow and not args.since:
         lines = FOLLOW_TAIL
@@ -140,13 +178,29 @@ def logs(home: Path, procfs: Any, args: argparse.Namespace) -> int:
             "e.g. jobwarden logs 3 --run 2, or drop --run to see each job's last run",
         )
     sources = _sources(home, refs, args.run)
+    if not args.job:
+        say_newest("logs", sources[0].job_id, sources[0].name)
     later = LaterRuns(home, pinned=args.run is not None)
     since = None
     if args.since:  # streamed: `logs --since 2d` of a 1 GiB log holds a chunk, never the range
         since = SystemClock().wall() - config.parse_duration(args.since, "--since")
     if len(sources) == 1:
-        return _one(sources[0], procfs, lines, since, args.follow, later)
-    return _several(sources, procfs, lines, since, args.follow, later)
+        status = _one(sources[0], procfs, lines, since, args.follow, later, args.raw)
+        if args.follow and status == 0:
+            say_the_end(home, sources[0])
+        return status
+    return _several(sources, procfs, lines, since, args.follow, later, args.raw)
+
+
+def say_newest(command: str, job_id: int, name: str) -> None:
+    """With no JOB, `status` and `logs` show the newest job (as pm2 and pueue show what there is): which
+    one is said on stderr, so that a pipe or --json gets the output alone."""
+    from jobwarden.text.sanitize import terminal_text
+
+    print(
+        f"jobwarden {command}: no JOB given: job {job_id} ({terminal_text(name)}), the newest",
+        file=sys.stderr,
+    )
 
 
 def _sources(home: Path, refs: list[str], run_n: int | None) -> list[_Source]:
@@ -183,11 +237,17 @@ def _size(path: Path) -> int:
 
 
 def _one(
-    source: _Source, procfs: Any, lines: int | None, since: float | None, follow: bool, later: LaterRuns
+    source: _Source,
+    procfs: Any,
+    lines: int | None,
+    since: float | None,
+    follow: bool,
+    later: LaterRuns,
+    raw: bool,
 ) -> int:
     from jobwarden.store.logfiles import stream_from, tail_lines
 
-    out = JobOutput()
+    out = JobOutput(raw)
     start = _start(source, since)
     try:
         if lines is not None:
@@ -206,6 +266,17 @@ def _one(
     return 0
 
 
+def say_the_end(home: Path, source: _Source) -> None:
+    """`logs -f` ends when the job does: how it ended, on stderr, as `run -f` says it (never silently)."""
+    from jobwarden.store import Store
+    from jobwarden.text.ending import end_line
+
+    with Store(home) as store:
+        run = store.run(source.job_id, source.run.n)  # the last run followed, as it is now
+    if run.state.is_ended or run.state == JobState.LOST:
+        print(end_line(source.name, run), file=sys.stderr)
+
+
 # --- several jobs: line by line, each line prefixed by its job ----------------------------------------
 
 
@@ -216,6 +287,7 @@ def _several(
     since: float | None,
     follow: bool,
     later: LaterRuns,
+    raw: bool,
 ) -> int:
     from jobwarden.store.logfiles import read_new, stream_from, tail_lines
     from jobwarden.text.sanitize import one_line
@@ -230,7 +302,7 @@ def _several(
         if coloured:
             text = f"\033[{_PREFIX_COLOURS[i % len(_PREFIX_COLOURS)]}m{text}\033[0m"
         source.prefix = text.encode() + b" "
-    writer = _LineWriter(terminal, coloured)
+    writer = _LineWriter(terminal, coloured, raw)
     try:
         for source in sources:  # what each job wrote so far, job after job
             start = _start(source, since)
@@ -284,12 +356,12 @@ def _follow_several(
 
 
 class _LineWriter:
-    """Whole lines, each after its job's prefix. Into a pipe, the job's bytes as they are; into a
-    terminal, through the sanitiser (colours kept unless NO_COLOR), a progress bar's redraws as their
-    last frame: lines of several jobs interleave, so no line may be redrawn in place."""
+    """Whole lines, each after its job's prefix, a progress bar's redraws as their last frame (lines of
+    several jobs interleave, so no line may be redrawn in place). Into a terminal through the sanitiser
+    (colours kept unless NO_COLOR); into a pipe the job's bytes, every one with `raw`."""
 
-    def __init__(self, terminal: bool, colours: bool) -> None:
-        self.terminal, self.colours = terminal, colours
+    def __init__(self, terminal: bool, colours: bool, raw: bool) -> None:
+        self.terminal, self.colours, self.raw = terminal, colours, raw
 
     def add(self, source: _Source, data: bytes) -> None:
         data = source.held + data
@@ -308,7 +380,7 @@ class _LineWriter:
         out = bytearray()
         for line in lines:
             out += source.prefix
-            out += self._shown(line) if self.terminal else line
+            out += self._shown(line) if self.terminal else line if self.raw else last_frame_bytes(line)
             out += b"\n"
         sys.stdout.buffer.write(bytes(out))
         sys.stdout.buffer.flush()

@@ -12,10 +12,14 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from jobwarden import __version__, config, trace
 from jobwarden.errors import JobwardenError
 from jobwarden.text.term import terminal_width
+
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -28,11 +32,42 @@ class _HelpFormatter(argparse.HelpFormatter):
         super().__init__(prog, indent_increment, max_help_position, width or terminal_width() - 2)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, except that a mistyped command is answered with the nearest command, and never
+    with the list of every choice (which names the hidden commands a completion uses)."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if isinstance(action, argparse._SubParsersAction) and value not in (action.choices or ()):
+            raise _UnknownCommand(str(value))  # not an ArgumentError: argparse would print its usage
+        super()._check_value(action, value)
+
+
+class _UnknownCommand(Exception):
+    def __init__(self, word: str) -> None:
+        super().__init__(word)
+        self.word = word
+
+
+def public_commands() -> list[str]:
+    return [name for name in _SUBCOMMANDS if not name.startswith("_")]
+
+
+def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
+    """'; did you mean X?' for the candidate nearest `word`, or '' when none is near."""
+    from difflib import get_close_matches
+
+    near = get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return f"; did you mean {near[0]}?" if near else ""
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole CLI; with `only` (a subcommand name), a parser that knows just that subcommand."""
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="jobwarden",
         description="Run long jobs detached, contained, and never silently dead.",
+        epilog="environment: JOBWARDEN_HOME is where jobs are kept (default ~/.local/state/jobwarden); "
+        "JOBWARDEN_UTC=1 shows times in UTC; NO_COLOR=1 turns colours off. Defaults for run: "
+        "~/.config/jobwarden/config.toml (jobwarden doctor shows the one in force).",
         formatter_class=_HelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"jobwarden {__version__}")
@@ -301,7 +336,9 @@ def _ps_arguments(ps: argparse.ArgumentParser) -> None:
 
 
 def _status_arguments(status: argparse.ArgumentParser) -> None:
-    status.add_argument("job", metavar="JOB", help="an id, a name (its newest job) or @last")
+    status.add_argument(
+        "job", metavar="JOB", nargs="?", help="an id, a name (its newest job) or @last (the default)"
+    )
     status.add_argument("--run", type=int, metavar="N", help="an earlier attempt (default: the last)")
     status.add_argument("--json", action="store_true", help="the whole record as JSON")
 
@@ -310,8 +347,9 @@ def _logs_arguments(logs: argparse.ArgumentParser) -> None:
     logs.add_argument(
         "job",
         metavar="JOB",
-        nargs="+",
-        help="an id, a name (its newest job) or @last; several: their lines interleaved, each prefixed",
+        nargs="*",
+        help="an id, a name (its newest job) or @last (the default); several: their lines interleaved, each "
+        "prefixed",
     )
     logs.add_argument(
         "-f",
@@ -324,10 +362,18 @@ def _logs_arguments(logs: argparse.ArgumentParser) -> None:
     )
     logs.add_argument("--since", metavar="DUR", help="only output written in the last DUR (e.g. 10m)")
     logs.add_argument("--run", type=int, metavar="N", help="an earlier attempt (with -f: that run only)")
+    logs.add_argument(
+        "--raw",
+        action="store_true",
+        help="into a pipe, every byte as written (default: a line redrawn with \\r as its last frame, as "
+        "a terminal shows it; a terminal always gets the output sanitised)",
+    )
 
 
 def _stop_arguments(stop: argparse.ArgumentParser) -> None:
-    stop.add_argument("job", metavar="JOB", help="an id, a name (its newest job) or @last")
+    stop.add_argument(
+        "job", metavar="JOB", nargs="?", help="an id, a name (its newest job) or @last; never guessed"
+    )
     stop.add_argument("--grace", metavar="DUR", help="SIGTERM -> SIGKILL delay (default: the job's, 10s)")
     stop.add_argument(
         "--force", action="store_true", help="SIGKILL what is left now; cuts short a stop already waiting"
@@ -473,7 +519,9 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     first = argv[0] if argv else None
-    args = build_parser(first if first in _SUBCOMMANDS else None).parse_args(argv)
+    args = _parse(build_parser(first if first in _SUBCOMMANDS else None), argv)
+    if args is None:
+        return 2
     trace.set_level(args.verbose)
     if args.utc:
         from jobwarden.clock import UTC_ENV, show_utc
@@ -502,6 +550,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141
     except Exception as err:  # a bug of ours: one clear line, the traceback only when asked for
         return _internal_error(err)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace | None:
+    """The arguments, or None once an unknown option was reported: named with the nearest option of its
+    command, and nothing run (`run --hang-timout 5m -- CMD` must not start CMD without its timeout)."""
+    from jobwarden.text.sanitize import terminal_text
+
+    try:
+        args, unknown = parser.parse_known_args(argv)
+    except _UnknownCommand as err:
+        hint = _did_you_mean(err.word, public_commands())
+        print(f"jobwarden: unknown command {terminal_text(repr(err.word))}{hint}", file=sys.stderr)
+        print("  jobwarden --help lists the commands", file=sys.stderr)
+        return None
+    if not unknown:
+        return args
+    command = getattr(args, "command", None)
+    sub = _subparser(parser, command) or parser
+    options = [o for action in sub._actions for o in action.option_strings if o.startswith("--")]
+    word = next((u for u in unknown if u.startswith("-")), unknown[0])
+    what = (
+        f"unknown option {word.split('=', 1)[0]}" if word.startswith("-") else f"unexpected argument {word}"
+    )
+    where = f"jobwarden {command}" if command else "jobwarden"
+    hint = _did_you_mean(word.split("=", 1)[0], options) if word.startswith("--") else ""
+    print(f"{where}: {terminal_text(what)}{hint}", file=sys.stderr)
+    print(f"  {where} --help lists its options", file=sys.stderr)
+    return None
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]  # type: ignore[no-any-return]
+    return None
 
 
 def _config_utc() -> bool:

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from jobwarden.clock import SystemClock, iso, shown_time
 from jobwarden.control.views import live_processes, refresh
-from jobwarden.model import Finding, ProcessSnapshot, Ranks
+from jobwarden.model import Finding, JobState, ProcessSnapshot, Ranks
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.progress.model import Progress
 from jobwarden.shim.explainer import findings_for
@@ -80,6 +80,16 @@ class JobStatus(NamedTuple):
     def previous_progress(self) -> Progress | None:
         """How far the attempt before this one got (a restarted run resumes from somewhere)."""
         return next((a.progress for a in self.attempts if a.n == self.run.n - 1), None)
+
+    @property
+    def hung(self) -> bool:
+        """Running, and its root cause now is a hang (model.HUNG_RULES): `hung` wherever its state is
+        shown, as `ps` shows it, never `running` in one place and `hung` in another."""
+        from jobwarden.model import HUNG_RULES
+        from jobwarden.rules.speed import SPEED_RULES
+
+        cause = next((f.rule for f in self.current_findings if f.rule not in SPEED_RULES), None)
+        return self.run.state == JobState.RUNNING and cause in HUNG_RULES
 
     @property
     def current_findings(self) -> list[Finding]:
@@ -157,6 +167,7 @@ class JobStatus(NamedTuple):
             "id": job.id,
             "name": job.name,
             "state": str(run.state),
+            "hung": self.hung,  # as in `ps --json`: running, and its root cause now is a hang
             "run": run.n,
             "pid": run.pid,
             "exit_code": run.exit_code,
@@ -198,6 +209,7 @@ class JobStatus(NamedTuple):
             "id": self.job.id,
             "run": run.n,
             "state": str(run.state),
+            "hung": self.hung,
             "exit_code": run.exit_code,
             "signal": run.signal,
             "verdict": self.verdict,

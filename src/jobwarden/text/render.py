@@ -48,7 +48,11 @@ def _color(text: str, state: str, colored: bool | None = None) -> str:
     return f"\033[{_COLORS[state]}m{text}\033[0m"
 
 
-def how_it_ended(run: RunRecord) -> str:
+def how_it_ended(run: RunRecord, hung: bool = False) -> str:
+    """The run's state in one word, and how it ended: 'failed: exit code 1'. `hung`: a running run whose
+    root cause now is a hang reads `hung`, as `ps` shows it."""
+    if hung and run.state == JobState.RUNNING:
+        return "hung"
     state = str(run.state)
     if run.end_reason == "hung":
         return f"{state}: ended as hung (--on-hang)"
@@ -146,7 +150,8 @@ _VERDICT = ("VERDICT",)
 
 def status_report(status: JobStatus, now: float) -> Iterator[str]:
     job, run = status.job, status.run
-    yield f"job {job.id} ({one_line(job.name)}) — {_color(how_it_ended(run), str(run.state))}"
+    look = "hung" if status.hung else str(run.state)
+    yield f"job {job.id} ({one_line(job.name)}) — {_color(how_it_ended(run, status.hung), look)}"
     yield f"  command      {one_line(shlex.join(job.command))}"
     yield f"  cwd          {one_line(job.cwd)}"
     yield f"  run          {run.n}"
@@ -223,7 +228,7 @@ def _or_dash(value: object) -> str:
 
 def explain_report(status: JobStatus, now: float | None = None) -> Iterator[str]:
     job, run = status.job, status.run
-    yield f"job {job.id} ({one_line(job.name)}), run {run.n} — {how_it_ended(run)}"
+    yield f"job {job.id} ({one_line(job.name)}), run {run.n} — {how_it_ended(run, status.hung)}"
     p = status.progress
     if p is not None:  # how far it got: a crash at 62% is not a crash at the start
         yield f"  progress: {progress_line(p, run.state == JobState.RUNNING, p.at if now is None else now)}"

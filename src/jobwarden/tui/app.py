@@ -177,9 +177,9 @@ class TopApp(App[None]):
             "time": lambda r: (r.view.run.ended_at or now) - (r.view.run.started_at or now),
             "state": lambda r: str(r.view.run.state),
         }
-        ordered = sorted(rows, key=lambda r: r.view.job.id)  # the list as it comes: oldest first
-        if self.sort == "id":
-            return ordered
+        if self.sort == "id":  # what runs first, then the newest: `top --all` keeps the live jobs in view
+            return sorted(rows, key=lambda r: (r.view.run.state.is_ended, -r.view.job.id))
+        ordered = sorted(rows, key=lambda r: r.view.job.id)
         return sorted(ordered, key=keys[self.sort], reverse=self.sort != "state")
 
     def _fill_table(self, rows: list[data.JobRow], now: float) -> None:

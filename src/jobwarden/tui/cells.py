@@ -29,6 +29,7 @@ NARROW_NAME = 14
 NARROW_FINDING = 18
 STATE_STYLES = {
     "running": "green",
+    "hung": "bold magenta",  # running but hung: not the green of a healthy run, as `ps` colours it
     "succeeded": "green",
     "failed": "red",
     "lost": "bold red",
@@ -44,10 +45,11 @@ TITLE_WIDTH = 60
 
 def state_text(view: JobView) -> Text:
     run = view.run
-    label = str(run.state)
+    look = "hung" if view.hung else str(run.state)  # one word for a state, as `ps` and `explain` say it
+    label = look
     if run.state.is_ended and (run.signal or run.exit_code):
         label += f" ({run.signal or run.exit_code})"
-    return Text(label, style=STATE_STYLES.get(str(run.state), ""))
+    return Text(label, style=STATE_STYLES.get(look, ""))
 
 
 def row_cells(row: JobRow, now: float, wide: bool = False) -> tuple[Text, ...]:
@@ -124,7 +126,8 @@ def detail_text(detail: Detail | None, width: int) -> Text:
     text.append(f"job {job.id} ", style="bold")
     text.append(one_line(job.name), style="bold")
     text.append(" — ")
-    text.append(how_it_ended(run), style=STATE_STYLES.get(str(run.state), ""))
+    look = "hung" if status.hung else str(run.state)
+    text.append(how_it_ended(run, status.hung), style=STATE_STYLES.get(look, ""))
     text.append(f"   run {run.n}   pid {run.pid or '-'}   {len(status.processes)} process(es) alive\n")
     text.append(f"  {one_line(shlex.join(job.command))[: max(20, width - 4)]}\n", style="dim")
     text.append_text(_usage_line(detail))

@@ -12,9 +12,6 @@ from pathlib import Path
 from jobwarden import config
 from jobwarden.errors import JobwardenError, UsageError
 
-INSTALL_HINT = "jobwarden top needs the textual library, which is not installed: pip install 'jobwarden[tui]'"
-
-
 MIN_INTERVAL_S = 0.1  # each refresh reads the whole store: faster would only load the machine
 
 
@@ -40,7 +37,11 @@ def textual_importable() -> bool:
 def top(home: Path, interval_text: str, include_ended: bool, read_only: bool) -> int:
     interval = parse_interval(interval_text)
     if not textual_importable():
-        raise JobwardenError(INSTALL_HINT)
+        from jobwarden.paths import install_extra_command
+
+        raise JobwardenError(
+            "jobwarden top needs the textual library, which is not installed", install_extra_command("tui")
+        )
     # textual reads keys from stdin and draws on stderr; stdout is where a redirected `top` is looked for
     if not all(stream.isatty() for stream in (sys.stdin, sys.stdout, sys.stderr)):
         _print_list_once(home, include_ended)

@@ -9,8 +9,6 @@ from pathlib import Path
 
 from jobwarden.errors import JobwardenError
 
-INSTALL_HINT = "jobwarden web needs uvicorn and h11, which are not installed: pip install 'jobwarden[web]'"
-
 
 def web_importable() -> bool:
     try:
@@ -30,7 +28,11 @@ def web(
     allow_hosts: Sequence[str],
 ) -> int:
     if not web_importable():
-        raise JobwardenError(INSTALL_HINT)
+        from jobwarden.paths import install_extra_command
+
+        raise JobwardenError(
+            "jobwarden web needs uvicorn and h11, which are not installed", install_extra_command("web")
+        )
     from jobwarden.web.server import serve
 
     return serve(home, host, port, socket_path, read_only, allow_hosts)

@@ -22,7 +22,7 @@ function howItEnded(s) {
 }
 
 function renderSummary(s) {
-  document.getElementById("state").replaceChildren(jw.stateBadge(s.state));
+  document.getElementById("state").replaceChildren(jw.stateBadge(s.hung ? "hung" : s.state));
   document.getElementById("ended").textContent = ENDED.includes(s.state) || s.state === "lost"
     ? [howItEnded(s), s.end_reason ? `(${s.end_reason})` : ""].join(" ") : `run ${s.run}`;
   const queued = document.getElementById("queued");

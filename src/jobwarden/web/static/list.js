@@ -19,7 +19,7 @@ function row(job) {
   const link = jw.el("a", { href: `/jobs/${encodeURIComponent(job.id)}` }, job.id);
   const ended = job.exit_code !== null ? ` (exit ${job.exit_code})` : job.signal ? ` (${job.signal})` : "";
   const gpus = job.gpu_ids && job.gpu_ids.length ? job.gpu_ids.join(",") : "";
-  const state = cell("state-cell", jw.stateBadge(job.state), ended);
+  const state = cell("state-cell", jw.stateBadge(job.hung ? "hung" : job.state), ended);
   if (job.state === "queued" && job.queued_reason) state.append(jw.el("div", { class: "muted small" }, job.queued_reason));
   const over = ENDED_STATES.includes(job.state);
   return jw.el("tr", { "data-job": job.id, "data-state": job.state },
