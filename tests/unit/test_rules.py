@@ -94,6 +94,7 @@ def test_stopped_by_user() -> None:
     assert findings[0].severity == "info"
     assert findings[0].pids == (4665,)
     assert "SIGTERM" in findings[0].summary
+    assert "`jobwarden rerun " in findings[0].remedy and "does not resume" in findings[0].remedy
     assert_well_formed(findings)
 
 
@@ -283,8 +284,14 @@ def test_orphans_left() -> None:
         "pid 4711: python -m torch.utils.data worker",
         "pid 4712: python -m torch.utils.data worker",
     )
-    assert "were ended by jobwarden" in orphans.summary
+    assert orphans.summary.endswith("2 of its descendants were still running; jobwarden ended them.")
     assert_well_formed(findings)
+
+
+def test_one_orphan_is_counted_in_the_singular() -> None:
+    (orphans,) = [f for f in explain(evidence(orphans_left=ORPHANS[:1])) if f.rule == "orphans-left"]
+    assert orphans.summary.startswith("When the main process ended, 1 of its descendants was still running")
+    assert "were" not in orphans.summary
 
 
 def test_orphans_left_that_survived_the_cleanup() -> None:

@@ -175,7 +175,8 @@ def _stopped(ev: RunEvidence) -> Finding | None:
         f"The job was stopped on request; {ended}.",
         "info",
         (f"main process {ev.pid}: {how}",) if ev.pid else ("no process of this run was started",),
-        "nothing to fix; `jobwarden run` it again to resume",
+        f"nothing to fix; `jobwarden rerun {job_ref(ev)}` starts it again from the start (a rerun does not "
+        "resume: the job's own checkpoints do)",
         _pids(ev),
     )
 
@@ -407,18 +408,28 @@ def _orphans_left(ev: RunEvidence) -> Finding | None:
     if not ev.orphans_left:
         return None
     listed = tuple(f"pid {o['pid']}: {o['cmdline']}" for o in ev.orphans_left[:10])
-    cleaned = "could not all be ended" if ev.survivors else "were ended by jobwarden"
+    cleaned = _cleaned(len(ev.orphans_left), bool(ev.survivors))
     return Finding(
         "orphans-left",
         f"{counted(len(ev.orphans_left), 'descendant')} outlived the main process",
-        f"When the main process ended, {len(ev.orphans_left)} of its descendants were still "
-        f"running; they {cleaned}.",
+        f"When the main process ended, {_were_still_running(len(ev.orphans_left))}; {cleaned}.",
         "warning",
         listed,
         "join or terminate worker processes before exiting (Pool.close()/join(), "
         "DataLoader shutdown, `wait` in shell scripts)",
         tuple(int(o["pid"]) for o in ev.orphans_left),
     )
+
+
+def _cleaned(n: int, survived: bool) -> str:
+    if survived:
+        return "it could not be ended" if n == 1 else "they could not all be ended"
+    return "jobwarden ended it" if n == 1 else "jobwarden ended them"
+
+
+def _were_still_running(n: int) -> str:
+    """'1 of its descendants was still running', '3 of its descendants were still running'."""
+    return f"{n} of its descendants {'was' if n == 1 else 'were'} still running"
 
 
 def _supervisor_lost(ev: RunEvidence) -> Finding | None:
