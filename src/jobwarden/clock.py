@@ -87,6 +87,18 @@ def _parts(ts: float) -> tuple[time.struct_time, str]:
     return local, f"{sign}{hours:02d}:{minutes:02d}"
 
 
+SHORT_SPAN_S = 600  # a span shorter than this is shown to the second: '06:33:23–06:33:38', not '06:33–06:33'
+
+
+def shown_span(since: float | None, until: float | None) -> str:
+    """'14:02–14:19' (shown_time's zone); to the second when the span is short or within one minute."""
+    if since is None or until is None:
+        return f"until {shown_time(until, 'time')}" if until is not None else ""
+    short = until - since < SHORT_SPAN_S or shown_time(since, "minute") == shown_time(until, "minute")
+    style = "time" if short else "minute"
+    return f"{shown_time(since, style)}–{shown_time(until, style)}"
+
+
 def shown_time(ts: float | None, style: str = "full") -> str:
     """`ts` as every command shows it. Styles: `full` '2026-11-25 14:02:11 +01:00' (a start, an end);
     `time` '14:02:11' and `minute` '14:02' (a moment within a report whose full times are shown,

@@ -57,6 +57,30 @@ def test_hung_until_a_sign_of_progress_comes_after_the_hang() -> None:
     assert judge(run_record(JobState.STOPPING), HUNG_AT, NOTHING).status == HUNG
 
 
+def test_a_hang_names_the_last_sign_of_life_not_the_moment_it_was_judged() -> None:
+    from jobwarden.clock import shown_time
+
+    hung = judge(run_record(JobState.RUNNING), HUNG_AT, Progress(HUNG_AT - 15, None, HUNG_AT - 40))
+    assert hung.reason == (
+        f"hung since {shown_time(HUNG_AT)}; last sign of progress: its output at {shown_time(HUNG_AT - 15)}"
+    )
+    silent = judge(run_record(JobState.RUNNING), HUNG_AT, NOTHING)
+    assert silent.reason.endswith("; no sign of progress seen since it started")
+
+
+def test_a_short_span_is_shown_to_the_second() -> None:
+    from jobwarden.clock import shown_span, shown_time
+
+    assert (
+        shown_span(HUNG_AT, HUNG_AT + 15)
+        == f"{shown_time(HUNG_AT, 'time')}–{shown_time(HUNG_AT + 15, 'time')}"
+    )
+    assert shown_span(HUNG_AT, HUNG_AT + 3600) == (
+        f"{shown_time(HUNG_AT, 'minute')}–{shown_time(HUNG_AT + 3600, 'minute')}"
+    )
+    assert ":" in shown_span(HUNG_AT, HUNG_AT).split("–")[0][3:]  # 06:33:23–06:33:23, never 06:33–06:33
+
+
 def test_no_job_is_exit_2_and_a_probe_never_creates_the_home(tmp_path: Path) -> None:
     home = tmp_path / "home"
     verdict = health(home)

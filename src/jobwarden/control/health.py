@@ -88,8 +88,19 @@ def judge(run: RunRecord, hung_at: float | None, progress: Progress) -> Health:
         how = f"exit code {run.exit_code}" if run.exit_code is not None else run.signal or run.end_reason
         return Health(FAILED, f"{run.state}" + (f" ({how})" if how else ""), *which)
     if hung_at is not None and not any(at is not None and at > hung_at for at in progress):
-        return Health(HUNG, f"hung: no sign of progress since {shown_time(hung_at)}", *which, hung_at)
+        return Health(HUNG, f"hung since {shown_time(hung_at)}; {_last_sign(progress)}", *which, hung_at)
     return Health(OK, f"{run.state}", *which)
+
+
+def _last_sign(progress: Progress) -> str:
+    """The last sign of life before the hang, which is what a person asks for: the moment the watchdog
+    called it hung is a window later."""
+    signs = {"output": progress.output_at, "heartbeat": progress.heartbeat_at, "CPU work": progress.busy_at}
+    known = {what: at for what, at in signs.items() if at is not None}
+    if not known:
+        return "no sign of progress seen since it started"
+    what, at = max(known.items(), key=lambda item: item[1])
+    return f"last sign of progress: its {what} at {shown_time(at)}"
 
 
 def health(home: Path, job_ref: str | None = None, procfs: ProcFS | None = None) -> Health:

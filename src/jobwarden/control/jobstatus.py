@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from jobwarden.clock import SystemClock, iso, shown_time
+from jobwarden.clock import SystemClock, iso, shown_span
 from jobwarden.control.views import live_processes, refresh
 from jobwarden.model import Finding, JobState, ProcessSnapshot, Ranks
 from jobwarden.osapi.procfs import ProcFS
@@ -107,7 +107,8 @@ class JobStatus(NamedTuple):
         told instead of a root cause. None when something is still wrong, or nothing ever was."""
         if self.current_findings or not self.resolved_findings:
             return None
-        spans = ", ".join(f"{_what(f.rule)} {_span(f.at, f.resolved_at)}" for f in self.resolved_findings)
+        ended = self.resolved_findings
+        spans = ", ".join(f"{_what(f.rule)} {shown_span(f.at, f.resolved_at)}" for f in ended)
         return f"{spans}, then recovered; {self.run.state}"
 
     @property
@@ -238,18 +239,6 @@ def _elapsed(run: RunRecord) -> float | None:
 
 def _what(rule: str) -> str:
     return _WHAT.get(rule, rule)
-
-
-def _span(since: float | None, until: float | None) -> str:
-    """'14:02–14:19' (clock.shown_time's zone); with seconds when both fall in the same minute."""
-    if since is None or until is None:
-        return f"until {_hm(until, True)}" if until is not None else ""
-    seconds = shown_time(since, "minute") == shown_time(until, "minute")
-    return f"{_hm(since, seconds)}–{_hm(until, seconds)}"
-
-
-def _hm(at: float, seconds: bool) -> str:
-    return shown_time(at, "time" if seconds else "minute")
 
 
 def _process_json(p: ProcessSnapshot) -> dict[str, Any]:

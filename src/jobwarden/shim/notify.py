@@ -103,10 +103,9 @@ def _summary(
 
 def recovered_text(title: str, since: float | None, until: float) -> str:
     """'No progress for 10m (hung 14:02-14:19)': what a `recovered` notification says was wrong, and when."""
-    from jobwarden.clock import shown_time
+    from jobwarden.clock import shown_span
 
-    span = f"{shown_time(since, 'minute')}–" if since is not None else "until "
-    return f"{title} (hung {span}{shown_time(until, 'minute')})"
+    return f"{title} (hung {shown_span(since, until)})"
 
 
 def redact(url: str) -> str:
