@@ -4,6 +4,7 @@ webhook that was removed answers 404) is said in `status`, `explain` and `ps`, n
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -60,3 +61,24 @@ def test_each_notification_says_when_which_run_and_where_its_page_is(
         assert body["text"].endswith(" http://gpu-box:8765/jobs/1")
         assert datetime.fromisoformat(str(body["at"]).replace("Z", "+00:00")).year >= 2024
     assert jw.status(1)["notify_failures"] == []
+
+
+def test_a_failure_notification_carries_the_message_and_first_evidence_as_text(
+    jw: Jobwarden,
+    server: Server,
+) -> None:
+    """The title alone ("Uncaught RuntimeError") sends the reader to a terminal: the message comes with
+    it, and what the job wrote (here a Slack mention and a link) arrives as text, never as markup."""
+    boom = "raise RuntimeError('shard 7 missing <!channel> <http://evil|click> & co')"
+    result = jw("run", "-w", "--name", "loader", "--notify", server.url, "--", sys.executable, "-c", boom)
+    assert result.returncode == 1
+    ((_, _, failed),) = server.received
+    lines = failed["text"].splitlines()
+    assert lines[0].endswith("(loader) run 1 failed (exit code 1): Uncaught RuntimeError")
+    assert lines[1] == "> RuntimeError: shard 7 missing &lt;!channel&gt; &lt;http://evil|click&gt; &amp; co"
+    assert lines[2].startswith("> raised at ")
+    assert "<!channel>" not in failed["text"] and "<http" not in failed["text"]
+    assert (
+        failed["summary"] == "RuntimeError: shard 7 missing <!channel> <http://evil|click> & co"
+    )  # JSON: as is
+    assert failed["evidence"][0].startswith("RuntimeError: shard 7 missing")

@@ -150,3 +150,30 @@ def test_a_slowdown_during_a_stall_does_not_swallow_its_recovered(tmp_path: Path
     notifier.close(60)
     delivered = [json.loads(line)["event"] for line in out.read_text().splitlines() if line.strip()]
     assert delivered == ["stalled", "slowed", "recovered", "slowed"]
+
+
+def test_the_cause_follows_the_title_capped_deduplicated_and_never_markup() -> None:
+    from jobwarden.model import Finding
+
+    long_message = "ValueError: " + "x" * 5000
+    cause = Finding(
+        "python-exception",
+        "Uncaught ValueError",
+        long_message,
+        "error",
+        (long_message, "raised at train.py:41 in step", "exit code 1"),
+        "fix it",
+        (7,),
+    )
+    text = str(
+        event_payload("failed", 4, "t", 1, "failed", finding=cause.title, host="h", cause=cause)["text"]
+    )
+    head, message, where = text.splitlines()
+    assert head == "jobwarden on h: job 4 (t) run 1 failed: Uncaught ValueError"
+    assert message.startswith("> ValueError: xxx") and message.endswith("…") and len(message) <= 302
+    assert where == "> raised at train.py:41 in step"  # the first evidence line that says more
+    marked = Finding("exit-code", "Exited with <code>", "a <@U123> & b", "error", (), "", ())
+    assert (
+        event_payload("failed", 4, "t", 1, "failed", finding=marked.title, host="h", cause=marked)["text"]
+        == "jobwarden on h: job 4 (t) run 1 failed: Exited with &lt;code&gt;\n> a &lt;@U123&gt; &amp; b"
+    )

@@ -151,11 +151,11 @@ def _payload(
     from jobwarden.shim.explainer import findings_for  # the rules, only when someone listens
     from jobwarden.shim.notify import event_payload, job_page
 
-    top = None
+    cause = None
     if event != "succeeded":
         try:
             findings = findings_for(store, job, record)
-            top = findings[0].title if findings else None
+            cause = findings[0] if findings else None
         except StoreError:
             pass
     return event_payload(
@@ -166,9 +166,10 @@ def _payload(
         str(record.state),
         record.exit_code,
         record.signal,
-        top,
+        cause.title if cause is not None else None,
         at=iso(record.ended_at) if record.ended_at is not None else None,
         page=job_page(job.options.web_url, job.id),
+        cause=cause,
     )
 
 

@@ -363,10 +363,20 @@ class SupervisorLoop:
         if self.notifier:
             from jobwarden.shim.notify import event_payload, job_page
 
-            top = verdict.findings[0].title if verdict.findings else None
+            top = verdict.findings[0] if verdict.findings else None
             page = job_page(self.job.options.web_url, self.job.id)
+            title = top.title if top is not None else None
             self.notifier.deliver(
-                event_payload("hung", self.job.id, self.job.name, self.run, "running", finding=top, page=page)
+                event_payload(
+                    "hung",
+                    self.job.id,
+                    self.job.name,
+                    self.run,
+                    "running",
+                    finding=title,
+                    page=page,
+                    cause=top,
+                )
             )
         if action in ("stop", "restart") and not self.stop:
             # running -> stopping: the stacks are stored; end the hung run (and restart it, if asked)

@@ -48,14 +48,19 @@ def event_payload(
     host: str | None = None,
     at: str | None = None,
     page: str | None = None,
+    cause: Finding | None = None,
 ) -> dict[str, object]:
-    """The JSON every notification carries. `finding`: the title of the most likely root cause; `at`:
-    when it happened (default now); `page`: the job's page on a `jobwarden web` (the config file's
-    [web] url), also at the end of `text`."""
+    """The JSON every notification carries. `finding`: the title of the most likely root cause; `cause`:
+    that finding, whose summary (the error's message) and first evidence line follow the title in `text`
+    (a title alone, "Uncaught RuntimeError", sends the reader to a terminal); `at`: when it happened
+    (default now); `page`: the job's page on a `jobwarden web` (the config file's [web] url), also at the
+    end of `text`."""
     from jobwarden.clock import iso
 
     host = host or socket.gethostname()
     text = _summary(event, job_id, job_name, run, exit_code, signal, finding, host)
+    details = cause_lines(cause) if cause is not None else []
+    text = "\n".join([slack_escaped(text), *(f"> {slack_escaped(line)}" for line in details)])
     return {
         "text": f"{text} {page}" if page else text,
         "event": event,
@@ -66,10 +71,40 @@ def event_payload(
         "exit_code": exit_code,
         "signal": signal,
         "finding": finding,
+        "summary": cause.summary if cause is not None else None,
+        "evidence": list(cause.evidence[:EVIDENCE_SENT]) if cause is not None else [],
         "host": host,
         "at": at or iso(time.time()),
         "url": page,
     }
+
+
+DETAIL_CHARS = 300  # each line of detail in `text`: a message the job wrote may be megabytes
+EVIDENCE_SENT = 5  # the structured `evidence` field: the first lines, as explain shows them first
+
+
+def cause_lines(cause: Finding) -> list[str]:
+    """The summary and the first evidence line that says more, each on one line and cut; nothing twice,
+    never the title again."""
+    from jobwarden.text.sanitize import one_line
+
+    said = {one_line(cause.title)}
+    lines = []
+    for text in (cause.summary, *cause.evidence):
+        line = one_line(text)
+        if not line or line in said:
+            continue
+        said.add(line)
+        lines.append(line if len(line) <= DETAIL_CHARS else line[: DETAIL_CHARS - 1] + "…")
+        if len(lines) == 2:
+            break
+    return lines
+
+
+def slack_escaped(text: str) -> str:
+    """The three characters Slack-style renderers read as markup (<!channel>, <url|link>, entities):
+    text the job controls (an error message, a name) becomes text, never a mention or a link."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def job_page(web_url: str | None, job_id: int) -> str | None:
