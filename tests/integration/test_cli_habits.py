@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -206,3 +208,47 @@ def test_help_names_the_home_and_the_config_file(jw: Jobwarden) -> None:
     assert "JOBWARDEN_HOME is where jobs are kept (default ~/.local/state/jobwarden)" in shown
     assert "~/.config/jobwarden/config.toml" in shown
     assert "_jobs" not in shown and "_runs" not in shown
+
+
+LONG_FAILURE = """
+class ShardIndexOutOfRangeWhileResumingFromTheLatestCheckpointOfTheRunError(Exception):
+    pass
+raise ShardIndexOutOfRangeWhileResumingFromTheLatestCheckpointOfTheRunError("shard 7")
+"""
+BAR_THEN_WAIT = """
+import sys
+sys.stdout.write(" 45%|####5     | 450/1000 [00:01<00:02, 5.40it/s]")
+sys.stdout.flush()
+open(sys.argv[1], "w").write("up\\n")
+open(sys.argv[2]).read()
+"""
+
+
+def test_ps_fits_a_100_column_terminal_and_wide_cuts_nothing(jw: Jobwarden, tmp_path: Path) -> None:
+    from tests.integration.test_terminal_safety import in_a_terminal
+
+    name = "a-rather-long-experiment-name-lr3e-4-bs512"
+    failed = jw.start(sys.executable, "-c", LONG_FAILURE, options=("--name", name))
+    assert jw("wait", str(failed["id"])).returncode == 1
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
+    live = jw.start(sys.executable, "-c", BAR_THEN_WAIT, str(ready), str(go), options=("--name", "bar"))
+    read_fifo(ready)
+    try:
+        deadline = time.monotonic() + 60
+        while jw.json("ps")[0]["progress"] is None:  # the shim reads the bar within its next look
+            assert time.monotonic() < deadline, "no progress read within 60s"
+            time.sleep(0.1)
+        env = {**jw.env, "COLUMNS": "100"}
+        shown = ANSI.sub("", in_a_terminal(env, "ps", "--all")).replace("\r\n", "\n").splitlines()
+        assert len(shown) == 3, shown
+        assert all(len(line) <= 100 for line in shown), shown  # no row wraps
+        assert any("45%" in line for line in shown) and any("a-rather" in line for line in shown)
+        title = "Uncaught ShardIndexOutOfRangeWhileResumingFromTheLatestCheckpointOfTheRunError"
+        wide = ANSI.sub("", in_a_terminal(env, "ps", "--all", "--wide"))
+        assert title in wide.replace("\r\n", "\n")  # --wide cuts nothing, the verdict's title included
+    finally:
+        write_fifo(go, "bye\n")
+        jw("wait", str(live["id"]))
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")

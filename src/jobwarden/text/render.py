@@ -122,11 +122,13 @@ def ps_table(views: list[JobView], now: float, wide: bool = False, width: int | 
             *((",".join(map(str, run.gpu_ids)) or "-",) if gpus else ()),
             *((progress_cell(v.progress, run.state == JobState.RUNNING, now),) if progress else ()),
         )
-        verdict = (one_line(v.finding_title or "-")[:_VERDICT_WIDTH],) if wide else ()
+        verdict = (one_line(v.finding_title or "-"),) if wide else ()  # --wide cuts nothing
         rows.append((*cells, *verdict, one_line(shlex.join(v.job.command))))
         looks.append(look)
     colored = colour_wanted()  # asked once: `ps --all` may print 10,000 lines
-    for i, padded in enumerate(table(rows, 0 if wide else width, _PS_MIN_COMMAND)):
+    # a narrow terminal: the name, the state's [rule] and the progress give way before a row wraps
+    shrink = {1: _PS_MIN_NAME, 2: _PS_MIN_STATE, **({len(head) - 1: _PS_MIN_PROGRESS} if progress else {})}
+    for i, padded in enumerate(table(rows, 0 if wide else width, _PS_MIN_COMMAND, shrink)):
         if i:
             padded[2] = _color(padded[2], looks[i - 1], colored)
         yield "  ".join(padded).rstrip()
@@ -139,7 +141,9 @@ def _age_cell(view: JobView, now: float) -> str:
     return format_duration(now - view.job.created_at)
 
 
-_VERDICT_WIDTH = 70
+_PS_MIN_NAME = 10
+_PS_MIN_STATE = 12  # 'failed (137) [oom-kill]' -> 'failed (137) …'
+_PS_MIN_PROGRESS = 9  # '45% 450/1000 5.4it/s ETA 1m42s' -> '45% …'
 
 
 _PS_MIN_COMMAND = 12  # ps's command column may shrink further than a table's: its AGE column fits 72 wide
