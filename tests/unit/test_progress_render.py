@@ -88,3 +88,11 @@ def test_the_bar_in_eighths() -> None:
     assert progress_bar(0.5, 8) == "████    "
     assert progress_bar(0.5625, 8) == "████▌   "
     assert progress_bar(2.0, 4) == "████"
+
+
+def test_a_percentage_is_rounded_down_as_the_web_page_rounds_it() -> None:
+    """605/1000 read 61% on the page and 60% in the CLI: one figure, rounded down in both (common.js
+    uses Math.floor); and never 100% before the last step."""
+    assert progress_cell(p(step=605), False).startswith("60% 605/1000")
+    assert progress_cell(p(step=999), False).startswith("99% 999/1000")
+    assert progress_line(p(step=605), False, NOW).startswith("stopped at 60%, step 605/1000")

@@ -38,13 +38,18 @@ def counter_text(p: Progress) -> str:
     if p.step is None:
         return f"epoch {_number(p.epoch)}" if p.epoch is not None else ""
     if p.total:
-        fraction = p.fraction or 0.0
-        return f"{fraction * 100:.0f}% {p.step}/{p.total}"
+        return f"{whole_percent(p.fraction)}% {p.step}/{p.total}"
     return f"step {p.step}"
 
 
 def _number(value: float) -> str:
     return f"{value:.0f}" if value == int(value) else f"{value:.2f}".rstrip("0")
+
+
+def whole_percent(fraction: float | None) -> int:
+    """Rounded down, as the web page rounds it (common.js): one figure in both places, and 100 % only at
+    the end (rounding 99.6 % up would show a run done that is not)."""
+    return int((fraction or 0.0) * 100)
 
 
 def progress_cell(p: Progress | None, live: bool, now: float | None = None) -> str:
@@ -81,7 +86,7 @@ def progress_line(p: Progress, live: bool, now: float) -> str:
         reached = p.step is not None and p.total is not None and p.step >= p.total
         verb = "reached" if reached else "stopped at"  # a bar closed by a crash stopped where it was
         if p.step is not None and p.total:
-            where = f"{verb} {(p.fraction or 0.0) * 100:.0f}%, step {p.step}/{p.total}"
+            where = f"{verb} {whole_percent(p.fraction)}%, step {p.step}/{p.total}"
         elif p.step is not None:
             where = f"{verb} step {p.step}"
         else:

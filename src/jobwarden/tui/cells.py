@@ -16,7 +16,7 @@ from jobwarden.config import format_duration, format_size
 from jobwarden.control.views import JobView
 from jobwarden.model import Finding, JobState, ProcessSnapshot
 from jobwarden.progress.model import Progress
-from jobwarden.text.progress import progress_cell, progress_line
+from jobwarden.text.progress import progress_cell, progress_line, whole_percent
 from jobwarden.text.render import how_it_ended
 from jobwarden.text.sanitize import one_line
 from jobwarden.tui.data import Detail, JobRow, sparkline
@@ -100,7 +100,7 @@ def _short_progress(p: Progress | None) -> str:
     if p is None:
         return ""
     if p.fraction is not None:
-        return f"{p.fraction * 100:.0f}%"
+        return f"{whole_percent(p.fraction)}%"
     return f"{p.step}" if p.step is not None else ""
 
 

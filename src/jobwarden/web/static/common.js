@@ -128,7 +128,8 @@ const jw = {
 
   counter(p) {
     if (p.step === null) return p.epoch !== null ? `epoch ${p.epoch}` : "";
-    if (p.total) return `${Math.round((p.fraction || 0) * 100)}% ${p.step}/${p.total}`;
+    // rounded down, as text/progress.py's whole_percent: one figure on the page and in the CLI
+    if (p.total) return `${Math.floor((p.fraction || 0) * 100)}% ${p.step}/${p.total}`;
     return `step ${p.step}`;
   },
 
@@ -153,7 +154,7 @@ const jw = {
     if (p.fraction !== null) {
       const fill = jw.el("div", { class: "fill" });
       fill.style.width = `${(p.fraction * 100).toFixed(1)}%`;
-      box.append(jw.el("div", { class: "bar", role: "progressbar", "aria-valuenow": Math.round(p.fraction * 100), "aria-valuemin": 0, "aria-valuemax": 100 }, fill));
+      box.append(jw.el("div", { class: "bar", role: "progressbar", "aria-valuenow": Math.floor(p.fraction * 100), "aria-valuemin": 0, "aria-valuemax": 100 }, fill));
     }
     box.append(jw.el("span", { class: "ptext" }, jw.progressText(p, live)));
     return box;

@@ -180,7 +180,7 @@ function renderProgress(s) {
   const live = s.state === "running";
   let text = jw.progressText(p, live);
   if (!live && p.step !== null) {
-    const where = p.total ? `${Math.round((p.fraction || 0) * 100)}%, step ${p.step}/${p.total}` : `step ${p.step}`;
+    const where = p.total ? `${Math.floor((p.fraction || 0) * 100)}%, step ${p.step}/${p.total}` : `step ${p.step}`;
     text = `${p.total && p.step >= p.total ? "reached" : "stopped at"} ${where}`;
   }
   const cell = jw.progressCell(p, live);
