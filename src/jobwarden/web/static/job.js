@@ -124,6 +124,10 @@ function findingsCell(n) {
     jw.el("div", { class: `sevtext sev-${f.severity}`, "data-rule": f.rule, title: f.summary }, `${f.title} [${f.rule}]`)));
 }
 
+function resumedFrom(r) {
+  return r.n > 1 && r.first_step !== null && r.first_step > 0 && r.first_step !== r.step ? `${r.first_step} → ` : "";
+}
+
 function renderAttempts(runs, load = true) {
   if (load) loadAttemptFindings(runs);
   document.querySelector("#attempts tbody").replaceChildren(...runs.map((r) =>
@@ -132,8 +136,9 @@ function renderAttempts(runs, load = true) {
       jw.el("td", {}, jw.stateBadge(r.state)), jw.el("td", {}, jw.time(r.started_at)),
       jw.el("td", {}, jw.time(r.ended_at)), jw.el("td", { class: "num" }, r.exit_code ?? ""),
       jw.el("td", {}, r.signal || ""), jw.el("td", {}, r.end_reason || ""),
-      // how far each attempt got: from its first step seen to its last (where the next one resumed)
-      jw.el("td", { class: "num" }, r.step === null ? "" : `${r.first_step !== null && r.first_step !== r.step ? `${r.first_step} → ` : ""}${r.step}${r.total ? `/${r.total}` : ""}`),
+      // how far each attempt got, and where a restarted one resumed (a first run starts at its start: the
+      // first step seen, 10 of a run begun at 0, is only when jobwarden first looked)
+      jw.el("td", { class: "num" }, r.step === null ? "" : `${resumedFrom(r)}${r.step}${r.total ? `/${r.total}` : ""}`),
       findingsCell(r.n))));
 }
 
