@@ -287,7 +287,7 @@ def test_gpus_on_a_machine_without_any_are_refused_and_never_listed(jw: Jobwarde
     result = jw("run", "--gpus", "1", "--", "true")
     assert result.returncode == 2
     first, remedy = result.stderr.splitlines()[:2]
-    assert first.startswith("jobwarden: --gpus: this machine has no GPUs (no NVIDIA driver:")
+    assert first.startswith("jobwarden: --gpus: this machine has no GPUs: no NVIDIA driver (")
     assert "pynvml" not in result.stderr and "without --gpus" in remedy
     assert jw("ps", "--all").stdout.startswith("no jobs")
 

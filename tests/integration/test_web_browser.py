@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -364,3 +365,34 @@ def test_the_printed_address_opens_in_the_browser(jw: Jobwarden, browser: Any, h
     with WebProcess(jw, "--host", host, "--port", "0") as web:
         browser.get(web.url)
         listed(browser, "mine")
+
+
+def test_the_charts_legends_show_the_newest_values_before_any_hover(
+    jw: Jobwarden, tmp_path: Path, browser: Any
+) -> None:
+    """uPlot's legend shows the values under the cursor: with no cursor on a chart it read "–" for every
+    series until hovered; it shows the newest sample instead."""
+    from selenium.webdriver.common.by import By
+
+    ready, go = make_fifo(tmp_path / "ready"), make_fifo(tmp_path / "go")
+    code = "import sys; open(sys.argv[1], 'w').write('up\\n'); open(sys.argv[2]).read()"
+    job = jw.start(sys.executable, "-c", code, str(ready), str(go))
+    read_fifo(ready)
+    deadline = time.monotonic() + WAIT_S
+    while len(jw.json("metrics", str(job["id"]))) < 2:  # samples to chart: the shim's own pace
+        assert time.monotonic() < deadline, "fewer than 2 samples within the deadline"
+        time.sleep(0.2)
+    write_fifo(go, "end\n")
+    assert jw("wait", str(job["id"])).returncode == 0
+    with web_server(jw.home) as served:
+        browser.get(served.url.replace("/?token=", f"/jobs/{job['id']}?token="))
+        wait_until(
+            browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-cpu .u-legend"), "the CPU chart"
+        )
+
+        def legend_values(d: Any) -> list[str]:
+            cells = d.find_elements(By.CSS_SELECTOR, "#chart-nprocs .u-legend .u-value")
+            return [str(c.text) for c in cells]
+
+        shown = wait_until(browser, lambda d: [v for v in legend_values(d) if v not in ("", "--")], "values")
+        assert "–" not in shown, shown  # the time and the process count: the newest sample's

@@ -134,6 +134,6 @@ def test_without_gpus_run_says_there_are_none(
     monkeypatch.setattr(gpu, "DRIVER_FILES", (str(home / "no-nvidiactl"),))
     assert main(["run", "--gpus", "1", "--", "true"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err[0].startswith("jobwarden: --gpus: this machine has no GPUs (no NVIDIA driver")
+    assert err[0].startswith("jobwarden: --gpus: this machine has no GPUs: no NVIDIA driver (")
     assert "pynvml" not in "\n".join(err) and "without --gpus" in err[1]
     assert started == [] and not home.exists()

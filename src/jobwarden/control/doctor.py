@@ -243,7 +243,11 @@ def check_nvml(nvml: tuple[str, str, str], driver: bool) -> Check:
     if status == "ok":
         return Check(name, OK, detail)
     if not driver:
-        return Check(name, OK, f"no NVIDIA driver on this machine ({detail}): GPU memory is not watched")
+        # one sentence, whatever else NVML's absence was put down to: no driver is the reason
+        from jobwarden.probes.gpu import DRIVER_FILES
+
+        missing = " and ".join(DRIVER_FILES)
+        return Check(name, OK, f"no GPUs here: no NVIDIA driver ({missing} are missing); nothing to watch")
     if status == "no-module":
         return Check(
             name,

@@ -237,7 +237,7 @@ def _merge(seen: GpuProcess | None, index: int, info: Any, kind: str) -> GpuProc
 # is installed (the binding's absence is then beside the point)
 DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/nvidiactl")
 NO_GPUS = GpuUnavailable(
-    "this machine has no GPUs (no NVIDIA driver: " + " and ".join(DRIVER_FILES) + " are missing)",
+    "this machine has no GPUs: no NVIDIA driver (" + " and ".join(DRIVER_FILES) + " are missing)",
     "run it without --gpus/--gpu-ids, or on a machine with GPUs",
 )
 

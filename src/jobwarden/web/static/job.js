@@ -362,13 +362,21 @@ function makeChart(def, data) {
   const charts = document.getElementById("charts");
   charts.insertBefore(box, def.first ? charts.querySelector(".chart:not(.progress-chart)") : null);
   if (def.first) box.classList.add("progress-chart");
-  const fmt = (u, v) => (v === null || v === undefined ? "–" : def.fmt(v));
+  // the legend shows the value under the cursor, and the newest one when no cursor is on the chart
+  // (uPlot asks with idx null then, and showed "–" until the chart was hovered)
+  const fmt = (u, v, si, idx) => {
+    const shown = idx === null || idx === undefined ? newest(u.data[si]) : v;
+    return shown === null || shown === undefined ? "–" : def.fmt(shown);
+  };
   const axisFont = "11px system-ui, -apple-system, sans-serif";
   const opts = {
     width: chartWidth(box), height: 190, legend: { live: true }, padding: [10, RIGHT_ROOM, 0, 0],
     scales: { x: { time: true, range: runSpan }, y: def.anyRange ? {} : { range: fromZero } },
     series: [
-      { value: (u, t) => (t === null ? "–" : jw.stamp24(t, true)) },
+      { value: (u, t, si, idx) => {
+        const shown = idx === null || idx === undefined ? newest(u.data[0]) : t;
+        return shown === null || shown === undefined ? "–" : jw.stamp24(shown, true);
+      } },
       ...seriesOf(def).map(([, label, color, style]) => {
         const { when, ...look } = style || {};
         return { label, stroke: color, width: 1.5, value: fmt, spanGaps: false, ...look };
@@ -385,6 +393,12 @@ function makeChart(def, data) {
     draw: def.id === "rss" ? [limitLine] : [],
   };
   plots[def.id] = { plot: new uPlot(opts, data, box), box, empty };
+  plots[def.id].plot.setLegend({ idx: null });
+}
+
+function newest(values) {
+  for (let i = (values || []).length - 1; i >= 0; i--) if (values[i] !== null && values[i] !== undefined) return values[i];
+  return null;
 }
 
 function allNull(data) {
@@ -400,7 +414,10 @@ async function refreshSamples() {
       const data = chartData(def, samples);
       if (def.optional && !plots[def.id] && allNull(data)) continue; // not measured for this job: no chart
       if (!plots[def.id]) makeChart(def, data);
-      else plots[def.id].plot.setData(data);
+      else {
+        plots[def.id].plot.setData(data);
+        if (plots[def.id].plot.cursor.idx === null) plots[def.id].plot.setLegend({ idx: null }); // the newest
+      }
       const none = allNull(data);
       plots[def.id].empty.hidden = !none;
       plots[def.id].plot.root.hidden = none; // no axes drawn around nothing
