@@ -95,7 +95,12 @@ def test_containment() -> None:
 @pytest.mark.parametrize(
     ("nvml", "driver", "status", "words"),
     [
-        (("no-module", "pynvml is not installed", "pip install nvidia-ml-py"), False, OK, "no GPUs here: no NVIDIA"),
+        (
+            ("no-module", "pynvml is not installed", "pip install nvidia-ml-py"),
+            False,
+            OK,
+            "no GPUs here: no NVIDIA",
+        ),
         (("no-module", "pynvml is not installed", "pip install nvidia-ml-py"), True, WARN, "not installed"),
         (("unavailable", "NVML cannot start", "reboot"), True, WARN, "NVML could not be used"),
         (("ok", "NVML works: 8 GPUs", ""), True, OK, "8 GPUs"),
