@@ -396,3 +396,34 @@ def test_the_charts_legends_show_the_newest_values_before_any_hover(
 
         shown = wait_until(browser, lambda d: [v for v in legend_values(d) if v not in ("", "--")], "values")
         assert "–" not in shown, shown  # the time and the process count: the newest sample's
+
+
+def test_at_1400_px_names_stay_on_one_line_and_the_command_takes_the_room_left(
+    jw: Jobwarden, browser: Any
+) -> None:
+    """A name wrapped onto two lines while the command was cut at a fixed 420 px: names stay whole on
+    one line, the command takes what the other columns leave (whole when short) and never pushes the
+    table past the window; its full text is its title."""
+    name = "resnet50-imagenet-lr3e-4-bs512-warmup"
+    long_command = "echo training with a command line of a usual length --epochs 90 --lr 3e-4 --seed 1"
+    for command in (("true",), ("sh", "-c", long_command)):
+        job = jw.start(*command, options=("--name", name))
+        assert jw("wait", str(job["id"])).returncode == 0
+    browser.set_window_size(1400, 900)
+    with web_server(jw.home) as served:
+        browser.get(served.url)
+        wait_until(browser, lambda d: name in text_of(d, "#jobs td.name"), "the jobs' rows")
+        cells = browser.execute_script(
+            "return [...document.querySelectorAll('#jobs tbody tr')].map((tr) => {"
+            " const n = tr.querySelector('td.name'), c = tr.querySelector('td.cmd');"
+            " const line = parseFloat(getComputedStyle(n).lineHeight);"
+            " return {name: n.getBoundingClientRect().height, line: line,"
+            " cut: c.scrollWidth > c.clientWidth, title: c.title, text: c.textContent}; })"
+        )
+        width = browser.execute_script("return document.documentElement.scrollWidth")
+    assert width <= 1400, width  # no sideways scrolling
+    for row in cells:
+        assert row["name"] < 2 * row["line"], row  # one line
+        assert row["title"] == row["text"]  # the whole command on hover
+    short = next(row for row in cells if row["text"] == "true")
+    assert not short["cut"], short
