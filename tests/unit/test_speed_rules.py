@@ -202,6 +202,20 @@ def test_cpu_contention_names_the_neighbour_its_user_and_job() -> None:
     assert f.evidence[0].startswith("pid 4242 (alice, jobwarden job 17) used 0.90 CPUs")
 
 
+@pytest.mark.parametrize(
+    ("cpu_s", "run_delay_s", "why"),
+    [
+        (0.4, 1.2, "a loop that sleeps most of its step: 0.08 of a CPU wanted, 75% of it waited"),
+        (0.01, 0.04, "deadlocked: 0.0s on a CPU, 0.0s runnable but waiting, and 80% of that"),
+    ],
+)
+def test_a_wait_on_a_tiny_demand_is_no_contention(cpu_s: float, run_delay_s: float, why: str) -> None:
+    hog = Neighbour(pid=4242, user="alice", cpu=1.9, cmdline="python train.py", job_id=17)
+    ev = replace(HEALTHY, cpu_s=cpu_s, run_delay_s=run_delay_s, runnable_threads=4.0, neighbours=(hog,))
+    assert ev.wait_share >= 0.25, why
+    assert rules(judge(ev)) == [], why
+
+
 def test_cpu_oversubscribed_when_its_own_threads_fill_its_cpus() -> None:
     hog = Neighbour(pid=4242, user="alice", cpu=0.3, cmdline="x")
     ev = replace(HEALTHY, cpu_s=39.0, run_delay_s=80.0, runnable_threads=8.0, neighbours=(hog,), processes=4)

@@ -14,6 +14,10 @@ WAIT_SHARE = 0.25  # of the time runnable spent waiting for a CPU: below, schedu
 WARN_SHARE = 0.40  # a cost above this share is a warning; below, info
 NEIGHBOUR_CPU = 0.2  # a neighbour that used less than this many CPUs is not named
 OVERSUBSCRIBED = 1.5  # runnable threads per allowed CPU
+# What the job wanted of a CPU (on one, or runnable and waiting) on average over the window: below this, a
+# wait is no loss. A loop that sleeps most of its step, or a deadlocked job ("0.0s on a CPU, 0.0s waiting"),
+# shows a high share of a tiny demand, and a neighbour costs it nothing.
+MIN_DEMAND_CPUS = 0.2
 
 
 def _severity(share: float) -> str:
@@ -71,8 +75,14 @@ def cpu_throttled(ev: SpeedEvidence) -> Finding | None:
     )
 
 
+def _loses_to_waiting(ev: SpeedEvidence) -> bool:
+    """Its threads wait for a CPU a large share of a demand worth the name."""
+    demand = ev.wants_s / ev.window_s if ev.window_s > 0 else 0.0
+    return ev.wait_share >= WAIT_SHARE and demand >= MIN_DEMAND_CPUS
+
+
 def cpu_oversubscribed(ev: SpeedEvidence) -> Finding | None:
-    if ev.wait_share < WAIT_SHARE or ev.runnable_threads is None or ev.cpus <= 0:
+    if not _loses_to_waiting(ev) or ev.runnable_threads is None or ev.cpus <= 0:
         return None
     if ev.runnable_threads < OVERSUBSCRIBED * ev.cpus or ev.runnable_threads < ev.cpus + 1:
         return None
@@ -102,7 +112,7 @@ def _neighbour(n: Neighbour) -> str:
 
 
 def cpu_contention(ev: SpeedEvidence) -> Finding | None:
-    if ev.wait_share < WAIT_SHARE:
+    if not _loses_to_waiting(ev):
         return None
     named = [n for n in ev.neighbours if n.cpu >= NEIGHBOUR_CPU]
     if not named:
