@@ -30,6 +30,7 @@ class ExitCollector:
         self._unheld: dict[int, Birth] = {}  # born, but gone before a pidfd could be opened
         self._unknown: dict[int, ProcessEnd] = {}  # ended with no status yet: a later report fills it in
         self._gone: dict[int, None] = {}  # pids recorded ended, oldest first: a late report is not news
+        self.helper_cpu_s: dict[int, float] = {}  # CPU seconds of children reaped that were not members
 
     def fds(self) -> list[int]:
         return self.sightings.fds() if self.sightings else []
@@ -37,8 +38,10 @@ class ExitCollector:
     def collect(self, now: float, main: Member | None = None) -> list[ProcessEnd]:
         """Every end known now: members whose pidfd fired, and processes the shim never held. The main
         process, when adopted (reaped by init, not by us), is waited for until its status is out."""
-        for pid, raw in reap_any():
+        for pid, raw, cpu_s in reap_any():
             self.reaped[pid] = raw
+            if pid not in self.tree.members:  # a helper (the automatic profile): what it cost
+                _remember(self.helper_cpu_s, pid, cpu_s)
         ends = self._from_events() if self.sightings else []
         for member in self.tree.exited():
             end = self._end_of(member, now)

@@ -99,7 +99,10 @@ class SupervisorLoop:
         self.notifier = notifier
         from jobwarden.shim.autoprofile import AutoProfiler
 
-        self.autoprofile = AutoProfiler(self.layout.home, job.id, run, clock.monotonic, log)
+        self.autoprofile = AutoProfiler(
+            self.layout.home, job.id, run, clock.monotonic, log, note=self._note_profile
+        )
+        self.autoprofile.cpu_of = lambda pid: self.exits.helper_cpu_s.pop(pid, None)  # reaped in the loop
         self.tree.helpers = self._helper_pids
         self.memory: MemoryGuard | None = None
         self.oom: OomEvidence | None = None
@@ -108,6 +111,10 @@ class SupervisorLoop:
         self.refused = False  # a GPU request this machine cannot meet, refused before `run` returned
         # attached inside an engine (Slurm, Ray): its signals come relayed by the CLI (shim.enginestop)
         self.engine = EngineLink(job.options, self.record, clock.monotonic) if job.options.engine else None
+
+    def _note_profile(self, kind: str, **fields: Any) -> None:
+        """What the automatic profile did (taken, with its cost; or why not), an event of the run."""
+        self.record.event(kind, self.clock.wall(), **fields)
 
     def _helper_pids(self) -> set[int]:
         """The shim's own children, never the job's: --on-event hooks, the automatic profile."""
