@@ -31,9 +31,20 @@ class ExitCollector:
         self._unknown: dict[int, ProcessEnd] = {}  # ended with no status yet: a later report fills it in
         self._gone: dict[int, None] = {}  # pids recorded ended, oldest first: a late report is not news
         self.helper_cpu_s: dict[int, float] = {}  # CPU seconds of children reaped that were not members
+        self._news = False  # a birth or death of the job's came by an event (take_news)
 
-    def fds(self) -> list[int]:
-        return self.sightings.fds() if self.sightings else []
+    def fds(self, kernel: bool = True) -> list[int]:
+        """What to wait on for births and deaths; kernel=False: not the host's process events (muted)."""
+        return self.sightings.fds(kernel) if self.sightings else []
+
+    def kernel_fd(self) -> int | None:
+        listener = self.sightings.listener if self.sightings else None
+        return listener.fileno() if listener is not None else None
+
+    def take_news(self) -> bool:
+        """Whether a birth or death of the job's came since the last call."""
+        news, self._news = self._news, False
+        return news
 
     def collect(self, now: float, main: Member | None = None) -> list[ProcessEnd]:
         """Every end known now: members whose pidfd fired, and processes the shim never held. The main
@@ -95,10 +106,12 @@ class ExitCollector:
         # the kernel reports every fork of the host: only children of the job's processes are ours; a
         # process that announced itself runs the hooks with this run's py dir
         if birth.exec:
+            self._news = self._news or birth.pid in self.tree.members
             self.tree.refresh(birth.pid)  # torchrun's rank is its child until exec gives it its RANK
             return
         if not (birth.announced or self._ours(birth.ppid)) or birth.pid in self.tree.members:
             return
+        self._news = True
         member = self.tree.add_pid(birth.pid, birth.start_time)
         if member is not None:
             if member.ranks is None and birth.ranks is not None:
@@ -107,6 +120,8 @@ class ExitCollector:
             _remember(self._unheld, birth.pid, birth)
 
     def _on_death(self, death: Death) -> ProcessEnd | None:
+        if death.pid in self.tree.members or self._ours(death.ppid):
+            self._news = True
         if death.pid in self.tree.members:
             self._told.setdefault(death.pid, (death.status, death.at))  # its pidfd fires next
             return None

@@ -26,6 +26,7 @@ from jobwarden.shim.pyfiles import PyFiles
 from jobwarden.shim.recorder import RunRecorder, log
 from jobwarden.shim.sampler import Sampler
 from jobwarden.shim.tree import Member
+from jobwarden.shim.watchdog import CPU_FLOOR_PERCENT
 from jobwarden.store import JobRecord, Store
 from jobwarden.store.logfiles import LogWatcher
 
@@ -40,6 +41,17 @@ if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it l
 
 
 LOG_CAP_CHECK_S = 0.1  # while a log grows by an eighth of its cap a tick, its cap is looked at this often
+# While nothing moves (no CPU, output, heartbeat, I/O, GPU use, birth or death), the tick doubles from
+# config.TICK_S up to this: an idle supervisor then costs an eighth. Deaths still wake the loop at once
+# (pidfds), a hang is judged when its window ends (the tracker's due time), and the first tick that sees
+# movement brings the pace back to TICK_S.
+IDLE_TICK_MAX_S = 8.0
+# The kernel's process events are the whole host's: on a busy machine they woke every supervisor a
+# hundred times a second for nothing. After a wake that brought none of the job's, the connector is left
+# out of the wait this long (its events queue, and every wake drains them); any of the job's keeps it
+# listening at once for KERNEL_HOT_S. Deaths of members never wait on it: their pidfds are in every wait.
+KERNEL_MUTE_S = 0.25
+KERNEL_HOT_S = 2.0
 
 
 def _hang_rules() -> frozenset[str]:
@@ -89,6 +101,8 @@ class SupervisorLoop:
         self.record = RunRecorder(store, job.id, run, self.logs, clock)
         self._trims: TrimNotes | None = None  # --log-max: what was dropped, said in `status`
         self._log_due: float | None = None  # a look at the log's cap before the next tick (a fast writer)
+        self._kernel_muted_until = 0.0  # the host's process events left out of the wait until then
+        self._kernel_hot_until = 0.0  # the job's own came lately: listen to every one until then
         self.record.open_group(job)
         self.sampler = Sampler(procfs, self.record)
         self.pyfiles = PyFiles(self.layout.py_dir(job.id, run), procfs)
@@ -139,15 +153,25 @@ class SupervisorLoop:
         """Until the main process has ended and the tree is empty, or the run must be stopped."""
         next_tick = self.clock.monotonic()
         next_full = next_tick + config.FULL_SCAN_EVERY_S
-        while self.main_status is None and (self.main is not None or self.tree.members):
+        pace = config.TICK_S
+        # a stop a tick decided (a hang with --on-hang stop) ends the loop at once, not a tick later
+        while not self.stop and self.main_status is None and (self.main is not None or self.tree.members):
             now = self.clock.monotonic()
+            muted = now < self._kernel_muted_until
             deadline = min(next_tick, self.timeout_at or next_tick, self._log_due or next_tick)
+            if muted:  # back to listening when the mute ends, even with no tick due
+                deadline = min(deadline, self._kernel_muted_until)
             # every member's pidfd: a worker's death wakes the loop at once, not at the next tick; a birth
             # or death event too, so that a short-lived process is held (or recorded) as it happens
-            fds = [self._wake_r, *self.exits.fds(), *(m.pidfd for m in self.tree.members.values())]
-            self.jobos.wait(fds, deadline - now)
+            fds = [
+                self._wake_r,
+                *self.exits.fds(kernel=not muted),
+                *(m.pidfd for m in self.tree.members.values()),
+            ]
+            ready = self.jobos.wait(fds, deadline - now)
             self._handle_signals(self._drain_signals())
             self._collect_exits()
+            self._pace_kernel_events(ready)
             if self.stop or self.main_status is not None:
                 break
             if not self.main and not self.tree.members:
@@ -159,18 +183,28 @@ class SupervisorLoop:
                 self._cap_log()
             if self.clock.monotonic() >= next_tick:
                 full = self.clock.monotonic() >= next_full
+                moved = True
                 try:
-                    self._tick(full)
+                    moved = self._tick(full)
                 except Exception:  # sampling must never end supervision
                     import traceback  # only for this report: loading it would slow every `run`
 
                     log(f"tick failed:\n{traceback.format_exc()}")
-                next_tick = self.clock.monotonic() + config.TICK_S
+                pace = config.TICK_S if moved else min(pace * 2, IDLE_TICK_MAX_S)
+                next_tick = self.clock.monotonic() + pace
                 due = self.diag.tracker.due_at() if self.diag else None
                 if due is not None:  # judge a hang when its window ends, not up to a tick later
                     next_tick = min(next_tick, max(due, self.clock.monotonic() + 0.1))
                 if full:
                     next_full = self.clock.monotonic() + config.FULL_SCAN_EVERY_S
+
+    def _pace_kernel_events(self, ready: set[int]) -> None:
+        """Mute the host's process events after a wake that brought none of the job's (KERNEL_MUTE_S)."""
+        now = self.clock.monotonic()
+        if self.exits.take_news():
+            self._kernel_hot_until = now + KERNEL_HOT_S
+        elif now >= self._kernel_hot_until and self.exits.kernel_fd() in ready:
+            self._kernel_muted_until = now + KERNEL_MUTE_S
 
     def _drain_signals(self) -> set[int]:
         received: set[int] = set()
@@ -217,7 +251,17 @@ class SupervisorLoop:
             self._act_on(self.diag.on_exits(ends, self.clock.wall(), self.clock.monotonic(), self.main))
         return ends
 
-    def _tick(self, full: bool) -> None:
+    def _tick(self, full: bool) -> bool:
+        """One look at the tree; True when something moved (the pace stays at TICK_S)."""
+        members = set(self.tree.members)
+        seen_at = self.diag.tracker.last_progress_at if self.diag else None
+        snaps = self._sample_and_judge(full)
+        if self.diag is None or (self.progress is not None and self.progress.counting()):
+            return True
+        busy = sum(s.cpu_percent or 0.0 for s in snaps) >= CPU_FLOOR_PERCENT
+        return busy or self.diag.tracker.last_progress_at != seen_at or set(self.tree.members) != members
+
+    def _sample_and_judge(self, full: bool) -> list[ProcessSnapshot]:
         if not self.record.reserve.kept:  # an adopted run's, or one the start had no room for
             self.record.reserve.keep()
         if self.store.reopen_if_wal_replaced():  # someone deleted jobwarden.db-wal: its records come back
@@ -249,6 +293,7 @@ class SupervisorLoop:
         if self.diag:
             self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic()))
         self.autoprofile.poll()
+        return snaps
 
     def prune_py_files(self) -> None:
         try:

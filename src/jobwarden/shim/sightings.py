@@ -74,9 +74,9 @@ class Sightings:
         ]
         return " + ".join(names) or "none (1 s scan only)"
 
-    def fds(self) -> list[int]:
+    def fds(self, kernel: bool = True) -> list[int]:
         fds = [self.fifo_fd] if self.fifo_fd is not None else []
-        if self.listener is not None:
+        if self.listener is not None and kernel:
             fds.append(self.listener.fileno())
         return fds
 
