@@ -190,13 +190,19 @@ class SupervisorLoop:
                     import traceback  # only for this report: loading it would slow every `run`
 
                     log(f"tick failed:\n{traceback.format_exc()}")
-                pace = config.TICK_S if moved else min(pace * 2, IDLE_TICK_MAX_S)
+                pace = config.TICK_S if moved else min(pace * 2, self._idle_pace_cap())
                 next_tick = self.clock.monotonic() + pace
                 due = self.diag.tracker.due_at() if self.diag else None
                 if due is not None:  # judge a hang when its window ends, not up to a tick later
                     next_tick = min(next_tick, max(due, self.clock.monotonic() + 0.1))
                 if full:
                     next_full = self.clock.monotonic() + config.FULL_SCAN_EVERY_S
+
+    def _idle_pace_cap(self) -> float:
+        """The slowest idle tick: IDLE_TICK_MAX_S, and at least three looks per hang window (quiet I/O
+        is progress only from its second reading: a 2 s window once judged a reading job hung)."""
+        window = self.diag.tracker.window_s if self.diag else None
+        return min(IDLE_TICK_MAX_S, max(config.TICK_S, window / 3)) if window else IDLE_TICK_MAX_S
 
     def _pace_kernel_events(self, ready: set[int]) -> None:
         """Mute the host's process events after a wake that brought none of the job's (KERNEL_MUTE_S)."""
