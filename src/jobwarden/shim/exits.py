@@ -32,6 +32,7 @@ class ExitCollector:
         self._gone: dict[int, None] = {}  # pids recorded ended, oldest first: a late report is not news
         self.helper_cpu_s: dict[int, float] = {}  # CPU seconds of children reaped that were not members
         self._news = False  # a birth or death of the job's came by an event (take_news)
+        self._followed: tuple[frozenset[int], int | None] | None = None  # what the kernel's filter lets by
 
     def fds(self, kernel: bool = True) -> list[int]:
         """What to wait on for births and deaths; kernel=False: not the host's process events (muted)."""
@@ -91,10 +92,29 @@ class ExitCollector:
 
     def _from_events(self) -> list[ProcessEnd]:
         assert self.sightings is not None
+        mark = self.sightings.mark()  # before the drain: whoever is born from now on may be the job's
         births, deaths = self.sightings.drain()
         for birth in births:
             self._on_birth(birth)
-        return [end for death in deaths if (end := self._on_death(death)) is not None]
+        ends = [end for death in deaths if (end := self._on_death(death)) is not None]
+        if births or deaths or self._followed is None:  # a newer window: the host's newcomers drop out
+            self.follow(mark)
+        else:
+            self.follow()
+        return ends
+
+    def follow(self, born_after: int | None = None) -> None:
+        """The kernel's filter follows the members (and, with born_after, the processes born since):
+        set again when they changed or a newer mark came, never for nothing."""
+        if self.sightings is None:
+            return
+        members = frozenset(self.tree.members)
+        if born_after is None:
+            if self._followed is None or self._followed[0] == members:
+                return
+            born_after = self._followed[1]  # the window stays as wide as it was
+        self._followed = (members, born_after)
+        self.sightings.follow(members, born_after)
 
     def _ours(self, parent: int) -> bool:
         """A child of one of the job's processes. Not a child of the shim itself: those are its own helpers

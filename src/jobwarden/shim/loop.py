@@ -190,6 +190,7 @@ class SupervisorLoop:
                     import traceback  # only for this report: loading it would slow every `run`
 
                     log(f"tick failed:\n{traceback.format_exc()}")
+                self.exits.follow()  # members the scan found: the kernel sends their children's births
                 pace = config.TICK_S if moved else min(pace * 2, self._idle_pace_cap())
                 next_tick = self.clock.monotonic() + pace
                 due = self.diag.tracker.due_at() if self.diag else None
