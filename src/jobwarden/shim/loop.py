@@ -13,7 +13,6 @@ import os
 import signal
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from jobwarden import config
 from jobwarden.clock import Clock
 from jobwarden.errors import StoreError
 from jobwarden.model import EndReason, ProcessEnd, ProcessSnapshot
@@ -22,6 +21,7 @@ from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, STORE_ENV
 from jobwarden.shim.enginestop import EngineLink, engine_signals
 from jobwarden.shim.jobos import JobOS, SystemJobOS
+from jobwarden.shim.pacing import KernelPace, Pace, idle_cap
 from jobwarden.shim.pyfiles import PyFiles
 from jobwarden.shim.recorder import RunRecorder, log
 from jobwarden.shim.sampler import Sampler
@@ -41,17 +41,6 @@ if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it l
 
 
 LOG_CAP_CHECK_S = 0.1  # while a log grows by an eighth of its cap a tick, its cap is looked at this often
-# While nothing moves (no CPU, output, heartbeat, I/O, GPU use, birth or death), the tick doubles from
-# config.TICK_S up to this: an idle supervisor then costs an eighth. Deaths still wake the loop at once
-# (pidfds), a hang is judged when its window ends (the tracker's due time), and the first tick that sees
-# movement brings the pace back to TICK_S.
-IDLE_TICK_MAX_S = 8.0
-# The kernel's process events are the whole host's: on a busy machine they woke every supervisor a
-# hundred times a second for nothing. After a wake that brought none of the job's, the connector is left
-# out of the wait this long (its events queue, and every wake drains them); any of the job's keeps it
-# listening at once for KERNEL_HOT_S. Deaths of members never wait on it: their pidfds are in every wait.
-KERNEL_MUTE_S = 0.25
-KERNEL_HOT_S = 2.0
 
 
 def _hang_rules() -> frozenset[str]:
@@ -101,8 +90,7 @@ class SupervisorLoop:
         self.record = RunRecorder(store, job.id, run, self.logs, clock)
         self._trims: TrimNotes | None = None  # --log-max: what was dropped, said in `status`
         self._log_due: float | None = None  # a look at the log's cap before the next tick (a fast writer)
-        self._kernel_muted_until = 0.0  # the host's process events left out of the wait until then
-        self._kernel_hot_until = 0.0  # the job's own came lately: listen to every one until then
+        self.kernel_pace = KernelPace()  # when the host's process events may wake the loop
         self.record.open_group(job)
         self.sampler = Sampler(procfs, self.record)
         self.pyfiles = PyFiles(self.layout.py_dir(job.id, run), procfs)
@@ -151,27 +139,10 @@ class SupervisorLoop:
 
     def _watch(self) -> None:
         """Until the main process has ended and the tree is empty, or the run must be stopped."""
-        next_tick = self.clock.monotonic()
-        next_full = next_tick + config.FULL_SCAN_EVERY_S
-        pace = config.TICK_S
+        pace = Pace(self.clock.monotonic())
         # a stop a tick decided (a hang with --on-hang stop) ends the loop at once, not a tick later
         while not self.stop and self.main_status is None and (self.main is not None or self.tree.members):
-            now = self.clock.monotonic()
-            muted = now < self._kernel_muted_until
-            deadline = min(next_tick, self.timeout_at or next_tick, self._log_due or next_tick)
-            if muted:  # back to listening when the mute ends, even with no tick due
-                deadline = min(deadline, self._kernel_muted_until)
-            # every member's pidfd: a worker's death wakes the loop at once, not at the next tick; a birth
-            # or death event too, so that a short-lived process is held (or recorded) as it happens
-            fds = [
-                self._wake_r,
-                *self.exits.fds(kernel=not muted),
-                *(m.pidfd for m in self.tree.members.values()),
-            ]
-            ready = self.jobos.wait(fds, deadline - now)
-            self._handle_signals(self._drain_signals())
-            self._collect_exits()
-            self._pace_kernel_events(ready)
+            self._wait_for_news(pace.next_tick)
             if self.stop or self.main_status is not None:
                 break
             if not self.main and not self.tree.members:
@@ -181,37 +152,44 @@ class SupervisorLoop:
                 break
             if self._log_due is not None and self.clock.monotonic() >= self._log_due:
                 self._cap_log()
-            if self.clock.monotonic() >= next_tick:
-                full = self.clock.monotonic() >= next_full
-                moved = True
-                try:
-                    moved = self._tick(full)
-                except Exception:  # sampling must never end supervision
-                    import traceback  # only for this report: loading it would slow every `run`
+            if self.clock.monotonic() >= pace.next_tick:
+                self._paced_tick(pace)
 
-                    log(f"tick failed:\n{traceback.format_exc()}")
-                self.exits.follow()  # members the scan found: the kernel sends their children's births
-                pace = config.TICK_S if moved else min(pace * 2, self._idle_pace_cap())
-                next_tick = self.clock.monotonic() + pace
-                due = self.diag.tracker.due_at() if self.diag else None
-                if due is not None:  # judge a hang when its window ends, not up to a tick later
-                    next_tick = min(next_tick, max(due, self.clock.monotonic() + 0.1))
-                if full:
-                    next_full = self.clock.monotonic() + config.FULL_SCAN_EVERY_S
-
-    def _idle_pace_cap(self) -> float:
-        """The slowest idle tick: IDLE_TICK_MAX_S, and at least three looks per hang window (quiet I/O
-        is progress only from its second reading: a 2 s window once judged a reading job hung)."""
-        window = self.diag.tracker.window_s if self.diag else None
-        return min(IDLE_TICK_MAX_S, max(config.TICK_S, window / 3)) if window else IDLE_TICK_MAX_S
-
-    def _pace_kernel_events(self, ready: set[int]) -> None:
-        """Mute the host's process events after a wake that brought none of the job's (KERNEL_MUTE_S)."""
+    def _wait_for_news(self, next_tick: float) -> None:
+        """Sleep until the next tick, a signal, a member's death, or a birth or death event, and take
+        in what came. Every member's pidfd is waited on: a worker's death wakes the loop at once; the
+        events too, so that a short-lived process is held (or recorded) as it happens."""
         now = self.clock.monotonic()
-        if self.exits.take_news():
-            self._kernel_hot_until = now + KERNEL_HOT_S
-        elif now >= self._kernel_hot_until and self.exits.kernel_fd() in ready:
-            self._kernel_muted_until = now + KERNEL_MUTE_S
+        muted_until = self.kernel_pace.muted_until(now)
+        muted = muted_until is not None
+        deadline = min(next_tick, self.timeout_at or next_tick, self._log_due or next_tick)
+        if muted_until is not None:  # back to listening when the mute ends, even with no tick due
+            deadline = min(deadline, muted_until)
+        fds = [
+            self._wake_r,
+            *self.exits.fds(kernel=not muted),
+            *(m.pidfd for m in self.tree.members.values()),
+        ]
+        ready = self.jobos.wait(fds, deadline - now)
+        self._handle_signals(self._drain_signals())
+        self._collect_exits()
+        woke = self.exits.kernel_fd() in ready
+        self.kernel_pace.after_wake(self.clock.monotonic(), self.exits.take_news(), woke)
+
+    def _paced_tick(self, pace: Pace) -> None:
+        now = self.clock.monotonic()
+        full = now >= pace.next_full
+        moved = True
+        try:
+            moved = self._tick(full)
+        except Exception:  # sampling must never end supervision
+            import traceback  # only for this report: loading it would slow every `run`
+
+            log(f"tick failed:\n{traceback.format_exc()}")
+        self.exits.follow()  # members the scan found: the kernel sends their children's births
+        due = self.diag.tracker.due_at() if self.diag else None  # a hang judged when its window ends
+        window = self.diag.tracker.window_s if self.diag else None
+        pace.after_tick(self.clock.monotonic(), moved, idle_cap(window), due, full)
 
     def _drain_signals(self) -> set[int]:
         received: set[int] = set()
