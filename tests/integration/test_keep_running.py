@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from jobwarden.store import Store
 from tests.conftest import Jobwarden, alive, make_fifo, read_fifo, start_time, wait_pid_gone
 
 pytestmark = pytest.mark.integration
@@ -69,3 +70,40 @@ def test_a_bad_pattern_is_refused_at_run(jw: Jobwarden) -> None:
     result = jw("run", "--keep-running", "tensor(board", "--", "true")
     assert result.returncode == 2
     assert result.stderr.startswith("jobwarden: --keep-running 'tensor(board': not a regular expression")
+
+
+def test_a_pattern_that_backtracks_for_ever_keeps_nothing_and_the_end_is_recorded_on_time(
+    jw: Jobwarden, tmp_path: Path
+) -> None:
+    """Issue 25, harm 7: `(a|a)+$` against 34 a's and a `!` backtracks 2**34 ways; `re` ran for ever in
+    the shim's end, the end was never recorded and `stop` hung. A normal pattern beside it still keeps."""
+    pids = make_fifo(tmp_path / "pids")
+    bait = "a" * 34 + "!"
+    script = (
+        f"{sys.executable} -c '{SERVER}' {bait} & bait=$!; "
+        f"{sys.executable} -c '{SERVER}' tensorboard-standin & board=$!; "
+        f'echo "$bait $board" > {pids}'
+    )
+    options = ("--keep-running", "(a|a)+$", "--keep-running", "tensorboard-stand")
+    job = jw.start("sh", "-c", script, options=options)
+    bait_pid, board = (int(p) for p in read_fifo(pids).split())
+    board_start = start_time(board)
+    assert board_start is not None
+
+    assert jw("wait", str(job["id"]), timeout=60).returncode == 0  # the end is recorded
+    wait_pid_gone(bait_pid)  # kept by nothing: ended with the job
+    assert alive(board, board_start)
+    status = jw.status(job["id"])
+    assert [k["pid"] for k in status["kept"]] == [board]
+    with Store(jw.home) as store:
+        slow = [e for e in store.events(job["id"], 1) if e.kind == "keep-running-too-slow"]
+    assert [e.data["pattern"] for e in slow] == ["(a|a)+$"]
+    assert jw("stop", str(job["id"]), timeout=60).returncode == 0
+    wait_pid_gone(board)
+
+
+def test_a_pattern_with_a_repeat_inside_a_repeat_is_refused_at_run(jw: Jobwarden) -> None:
+    result = jw("run", "--keep-running", "(a+)+$", "--", "true")
+    assert result.returncode == 2
+    assert result.stderr.startswith("jobwarden: --keep-running '(a+)+$': a repeat inside a repeat")
+    assert "Traceback" not in result.stderr

@@ -10,7 +10,15 @@ import struct
 import subprocess
 import time
 
-from jobwarden.osapi.procevents import ProcEvent, ProcEventListener, parse, wall_time
+from jobwarden.osapi.procevents import (
+    MAX_FOLLOWED,
+    ProcEvent,
+    ProcEventListener,
+    follow_filter,
+    last_pid,
+    parse,
+    wall_time,
+)
 from tests.conftest import require_kernel_process_events
 
 HEAD = struct.pack("=IHHII", 0, 3, 0, 0, 0) + struct.pack("=IIIIHH", 1, 1, 0, 0, 0, 0)  # nlmsghdr + cn_msg
@@ -67,3 +75,56 @@ def test_a_real_listener_sees_a_fork_and_a_death_by_sigkill() -> None:
         assert fork.at_ns <= end.at_ns
     finally:
         listener.close()
+
+
+def events_until_exit(listener: ProcEventListener, pid: int) -> list[ProcEvent]:
+    """Every event read up to `pid`'s exit (the kernel queues them in order: all before it are in)."""
+    seen: list[ProcEvent] = []
+    deadline = time.monotonic() + 10
+    while not any(e.kind == "exit" and e.pid == pid for e in seen):
+        left = deadline - time.monotonic()
+        assert left > 0, f"no exit event for {pid}: {seen[-5:]}"
+        select.select([listener], [], [], left)
+        seen += listener.read()
+    return seen + listener.read()
+
+
+def test_the_kernel_drops_the_events_of_processes_not_followed() -> None:
+    """Issue 25: the host's every fork and exit woke every supervisor. Followed: this process; its child
+    is seen born and ended, the grandchild (a child of a process not followed) is not."""
+    require_kernel_process_events()
+    listener = ProcEventListener.open()
+    try:
+        assert listener.follow([os.getpid()], born_after=None)
+        child = subprocess.Popen(["sh", "-c", "sleep 0 & wait"])
+        child.wait(timeout=30)
+        seen = events_until_exit(listener, child.pid)
+    finally:
+        listener.close()
+    about_child = {(e.kind, e.pid) for e in seen if child.pid in (e.pid, e.ppid)}
+    assert about_child == {("fork", child.pid), ("exit", child.pid)}  # none of its own child's
+    assert all(e.ppid == os.getpid() or e.pid == os.getpid() for e in seen)  # nor anyone else's
+
+
+def test_a_process_born_after_the_mark_is_followed_before_the_supervisor_knows_it() -> None:
+    """A shell the job starts forks its own children at once, before the shim has followed the shell:
+    their births pass as born after the mark read before the last drain."""
+    require_kernel_process_events()
+    listener = ProcEventListener.open()
+    try:
+        assert listener.follow([os.getpid()], born_after=last_pid())
+        child = subprocess.Popen(["sh", "-c", "sleep 0 & wait"])
+        child.wait(timeout=30)
+        seen = events_until_exit(listener, child.pid)
+    finally:
+        listener.close()
+    grandchildren = [e for e in seen if e.kind == "fork" and e.ppid == child.pid]
+    assert len(grandchildren) == 1
+    assert ("exit", grandchildren[0].pid) in {(e.kind, e.pid) for e in seen}
+
+
+def test_the_filter_fits_the_kernels_limit_and_follows_every_process_past_it() -> None:
+    code = follow_filter(range(1, MAX_FOLLOWED + 1), born_after=100)
+    assert len(code) <= 4096  # BPF_MAXINSNS
+    assert all(0 <= k < 2**32 for _, _, _, k in code)
+    assert len(follow_filter(None, None)) < 200  # past MAX_FOLLOWED: only threads' events are dropped

@@ -141,7 +141,43 @@ def _pattern(text: str) -> str:
         raise UsageError(
             f"--keep-running {text!r}: not a regular expression ({err})", "e.g. --keep-running 'tensorboard'"
         ) from None
+    if _star_height(_regex_parser().parse(text)) > 1:
+        raise UsageError(
+            f"--keep-running {text!r}: a repeat inside a repeat can take for ever to search a command line",
+            "repeat once: e.g. 'a+$' for '(a+)+$', or make the inner repeat possessive: '(a++)+$'",
+        )
     return text
+
+
+def _regex_parser() -> Any:
+    """`re`'s own parser (re._parser: private, but the one `re` compiles from since Python 3.11)."""
+    import importlib
+
+    return importlib.import_module("re._parser")
+
+
+def _star_height(items: Any) -> int:
+    """How deeply unbounded repeats nest in a parsed pattern: 2 and more can backtrack exponentially
+    (`(a+)+$` against 34 a's and a `!` ran for ever). Atomic groups and possessive repeats never
+    backtrack into what they matched, so they add nothing. A heuristic: `(a|aa)+$` passes it, and the
+    shim bounds every search anyway (shim.keeping)."""
+    height = 0
+    for op, av in items:
+        name = str(op)
+        inner = 0 if name == "ATOMIC_GROUP" else max(map(_star_height, _subpatterns(av)), default=0)
+        if name in ("MAX_REPEAT", "MIN_REPEAT") and av[1] == _regex_parser().MAXREPEAT:
+            inner += 1
+        height = max(height, inner)
+    return height
+
+
+def _subpatterns(av: Any) -> list[Any]:
+    """The parsed sub-patterns inside an item's argument (a group's body, a branch's alternatives...)."""
+    if isinstance(av, _regex_parser().SubPattern):
+        return [av]
+    if isinstance(av, tuple | list):
+        return [sub for part in av for sub in _subpatterns(part)]
+    return []
 
 
 def queue_name(text: str) -> str:

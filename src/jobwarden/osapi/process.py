@@ -95,18 +95,32 @@ def signal_name(signum: int) -> str:
         return f"SIG{signum}"
 
 
-def reap_any() -> list[tuple[int, int]]:
-    """Collect every exited child without blocking: [(pid, raw wait status)]."""
+def reap_any() -> list[tuple[int, int, float]]:
+    """Collect every exited child without blocking: [(pid, raw wait status, CPU seconds it used)]. The
+    CPU time (wait4's rusage) counts the children it waited for too: what a helper (py-spy) cost."""
     reaped = []
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             break
         if pid == 0:
             break
-        reaped.append((pid, status))
+        reaped.append((pid, status, usage.ru_utime + usage.ru_stime))
     return reaped
+
+
+def reap_measured(pid: int, pidfd: int) -> float | None:
+    """Reap our exited child `pid` (held by `pidfd`): the CPU seconds it used, or None when it is not
+    exited or someone reaped it already."""
+    try:
+        # WNOWAIT: still our unreaped child, so the pid cannot have been reused by another process
+        if os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            return None
+        reaped, _, usage = os.wait4(pid, os.WNOHANG)
+    except (ChildProcessError, OSError):
+        return None
+    return usage.ru_utime + usage.ru_stime if reaped == pid else None
 
 
 def fork_detached() -> int:

@@ -23,11 +23,14 @@ from __future__ import annotations
 # before it starts the job, on the path of `jobwarden run`; _socket costs 0.5 ms.
 import _socket
 import contextlib
+import ctypes
 import errno
 import os
 import select
 import struct
+import sys
 import time
+from collections.abc import Collection
 from typing import NamedTuple
 
 from jobwarden.errors import JobwardenError
@@ -106,6 +109,21 @@ class ProcEventListener:
         self._sock = sock
         self._filtered = filtered
         self.lost = 0  # events the kernel dropped because the buffer was full (ENOBUFS)
+        self.following: bool | None = None  # a pid filter is attached (None: never asked; False: refused)
+
+    def follow(self, pids: Collection[int], born_after: int | None) -> bool:
+        """Have the kernel drop every event but those of `pids` and of processes born after the pid
+        `born_after` (see follow_filter). False when the kernel refuses the filter: every event comes."""
+        code = follow_filter(pids if len(pids) <= MAX_FOLLOWED else None, born_after)
+        buf = ctypes.create_string_buffer(b"".join(_INSN.pack(*insn) for insn in code))
+        fprog = struct.pack("HxxxxxxQ", len(code), ctypes.addressof(buf))  # struct sock_fprog
+        try:
+            self._sock.setsockopt(_SOL_SOCKET, _SO_ATTACH_FILTER, fprog)
+        except OSError:
+            self.following = False
+            return False
+        self.following = True
+        return True
 
     @classmethod
     def open(cls) -> ProcEventListener:
@@ -150,6 +168,120 @@ class ProcEventListener:
         with contextlib.suppress(OSError):
             self._sock.send(_control(_MCAST_IGNORE, self._filtered))
         self._sock.close()
+
+
+# --- the kernel-side filter ---------------------------------------------------------------------------
+# The connector sends every fork, exec and exit of the host to every listener: each supervisor parsed them
+# all (74 a second on a busy 2-core machine, most of an idle supervisor's CPU). A classic BPF socket filter
+# (Documentation/networking/filter.rst; SO_ATTACH_FILTER works on netlink sockets, as udev's monitors use
+# it) lets through only what concerns the job:
+#   fork  a process (not a thread) whose parent is followed, or was born after `born_after`;
+#   exec  of a followed process;
+#   exit  of a process (not a thread) followed, or whose parent is followed or born after `born_after`.
+# `born_after` is the host's last pid when the supervisor last drained its events: a member born since is
+# not followed yet, and its own children (a shell's, forked at once) must not be missed meanwhile.
+# Offsets: nlmsghdr 16 + cn_msg 20 = 36: what; 52: the event's data (see parse).
+MAX_FOLLOWED = 400  # 8 instructions a pid at most in the 4096 the kernel allows (BPF_MAXINSNS)
+_SOL_SOCKET, _SO_ATTACH_FILTER = 1, 26
+_INSN = struct.Struct("HBBI")  # struct sock_filter: code, jt, jf, k
+_LD_B, _LD_W, _LDX_M, _ST = 0x30, 0x20, 0x61, 0x02  # BPF_LD|BPF_B|BPF_ABS, ...|BPF_W|..., LDX M[], ST M[]
+_LSH, _ADD_X, _TAX = 0x64, 0x0C, 0x07
+_JEQ, _JEQ_X, _JGT, _JA, _RET = 0x15, 0x1D, 0x25, 0x05, 0x06
+_PASS, _DROP = 0xFFFFFFFF, 0
+
+
+def follow_filter(pids: Collection[int] | None, born_after: int | None) -> list[tuple[int, int, int, int]]:
+    """The filter's instructions; pids None: every process (only threads' events are dropped)."""
+    asm = _Asm()
+    asm.host_u32(36)  # what
+    for what, label in ((_FORK, "fork"), (_EXEC, "exec"), (_EXIT, "exit")):
+        asm.jump_if(_JEQ, what, label)
+    asm.ret(_DROP)
+    asm.label("fork")
+    asm.same_fields(60, 64)  # child pid == child tgid: a new process, not a new thread
+    asm.host_u32(56)  # parent tgid
+    asm.followed(pids, born_after)
+    asm.label("exec")
+    asm.same_fields(52, 56)
+    asm.host_u32(56)
+    asm.followed(pids, None)
+    asm.label("exit")
+    asm.same_fields(52, 56)  # a thread's exit is no process's end
+    asm.host_u32(56)
+    asm.jump_if_among(pids, "pass")
+    asm.host_u32(72)  # parent tgid
+    asm.followed(pids, born_after)
+    asm.label("pass")
+    asm.ret(_PASS)
+    return asm.resolve()
+
+
+class _Asm:
+    """Just enough of an assembler for follow_filter: forward jumps to labels, through BPF_JA (a
+    conditional jump reaches 255 instructions at most)."""
+
+    def __init__(self) -> None:
+        self.code: list[tuple[int, int, int, int | str]] = []
+        self.labels: dict[str, int] = {}
+
+    def label(self, name: str) -> None:
+        self.labels[name] = len(self.code)
+
+    def ret(self, value: int) -> None:
+        self.code.append((_RET, 0, 0, value))
+
+    def jump_if(self, op: int, value: int, label: str) -> None:
+        self.code += [(op, 0, 1, value), (_JA, 0, 0, label)]  # true: the next one, the jump; false: past it
+
+    def jump_if_among(self, pids: Collection[int] | None, label: str) -> None:
+        if pids is None:
+            self.code.append((_JA, 0, 0, label))
+            return
+        for pid in sorted(pids):
+            self.jump_if(_JEQ, pid, label)
+
+    def followed(self, pids: Collection[int] | None, born_after: int | None) -> None:
+        """A (a pid) followed, or born after `born_after`: pass; else drop."""
+        self.jump_if_among(pids, "pass")
+        if born_after is not None:
+            self.jump_if(_JGT, born_after, "pass")
+        self.ret(_DROP)
+
+    def same_fields(self, a: int, b: int) -> None:
+        """Drop unless the u32 at `a` equals the one at `b` (the byte order does not matter to ==)."""
+        self.code += [(_LD_W, 0, 0, a), (_TAX, 0, 0, 0), (_LD_W, 0, 0, b), (_JEQ_X, 1, 0, 0)]
+        self.ret(_DROP)
+
+    def host_u32(self, offset: int) -> None:
+        """A = the u32 at `offset` in host byte order (BPF_LD|BPF_W reads network order), byte by byte."""
+        weights = range(4) if sys.byteorder == "little" else range(3, -1, -1)  # byte i weighs 256**w
+        first = True
+        for i, weight in sorted(zip(range(4), weights, strict=True), key=lambda iw: -iw[1]):
+            self.code.append((_LD_B, 0, 0, offset + i))
+            if weight:
+                self.code.append((_LSH, 0, 0, 8 * weight))
+            if not first:
+                self.code += [(_LDX_M, 0, 0, 0), (_ADD_X, 0, 0, 0)]
+            self.code.append((_ST, 0, 0, 0))
+            first = False
+
+    def resolve(self) -> list[tuple[int, int, int, int]]:
+        out = []
+        for at, (op, jt, jf, k) in enumerate(self.code):
+            if isinstance(k, str):  # BPF_JA: k counts from the next instruction
+                k = self.labels[k] - at - 1
+            out.append((op, jt, jf, k))
+        return out
+
+
+def last_pid(proc_root: str = "/proc") -> int | None:
+    """The pid the kernel gave last (the fifth field of /proc/loadavg): processes born after it have
+    greater pids, until the numbers wrap at pid_max."""
+    try:
+        with open(os.path.join(proc_root, "loadavg"), encoding="ascii") as fh:
+            return int(fh.read().split()[4])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _grow_buffer(sock: _socket.socket) -> None:

@@ -17,23 +17,22 @@ import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
 from jobwarden.model import Finding, ProcessEnd, ProcessSnapshot
-from jobwarden.observations import OomEvidence, ProcessDeath, ProcessFacts
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.probes.pyhooks import read_adverts, read_fork_requests, read_forks, read_heartbeat
-from jobwarden.probes.stacks import capture_stacks
-from jobwarden.rules import RunEvidence, explain
-from jobwarden.rules.evidence import death_of
-from jobwarden.rules.table import ENDS_WITH_THE_HANG, LIVE  # what the shim may conclude while the run is live
+from jobwarden.probes.pyhooks import read_heartbeat
 from jobwarden.shim.findings import LiveFindings
-from jobwarden.shim.gpuwatch import GpuWatch
-from jobwarden.shim.progresswatch import StepSign
 from jobwarden.shim.tree import JobTree, Member
 from jobwarden.shim.watchdog import Progress, ProgressTracker
 from jobwarden.store import JobRecord, Store
-from jobwarden.store.logfiles import tail_lines
+
+if TYPE_CHECKING:  # the rules, the stack capture and the GPU watch load at the first judgement, or with a
+    # GPU: an idle job never judged never pays for them (the shim's memory, issue 25)
+    from jobwarden.observations import OomEvidence, ProcessDeath, ProcessFacts
+    from jobwarden.shim.gpuwatch import GpuWatch
+    from jobwarden.shim.progresswatch import StepSign
 
 STACK_TIMEOUT_S = 5.0
 LOG_TAIL_LINES = 40
@@ -55,7 +54,13 @@ class Verdict:
     @property
     def recovered(self) -> bool:
         """A hang ended: the run shows progress again."""
-        return any(f.rule in ENDS_WITH_THE_HANG for f in self.resolved)
+        return bool(self.resolved) and any(f.rule in _hang_rules() for f in self.resolved)
+
+
+def _hang_rules() -> frozenset[str]:
+    from jobwarden.rules.table import ENDS_WITH_THE_HANG
+
+    return ENDS_WITH_THE_HANG
 
 
 class Diagnoser:
@@ -95,6 +100,8 @@ class Diagnoser:
     ) -> Verdict | None:
         """Processes that ended, with their wait status. An abnormal death of a descendant is judged at
         once, with the stacks of its parent (a Pool parent waiting for a result it will never get)."""
+        from jobwarden.rules.evidence import death_of
+
         suspicious: list[ProcessDeath] = []
         for end in ended:
             death = death_of(end, is_main=end.pid == self.main_pid)
@@ -120,7 +127,7 @@ class Diagnoser:
             verdict = self.judge("oom", now, now_mono, snaps=snaps) or verdict
         if self.tracker.observe(now_mono, self._progress(snaps, now_mono)) and self._hung:
             self._hung = False  # hung -> progressing again: the hang's findings are history now
-            resolved += self.live.resolve_rules(ENDS_WITH_THE_HANG, now)
+            resolved += self.live.resolve_rules(_hang_rules(), now)
         idle_for = self.gpu.idle_for(now_mono) if self.gpu else None
         window = self.tracker.window_s
         if idle_for is None:
@@ -155,7 +162,7 @@ class Diagnoser:
         ):
             return None
         self._hung = False
-        resolved = self.live.resolve_rules(ENDS_WITH_THE_HANG, now)
+        resolved = self.live.resolve_rules(_hang_rules(), now)
         return Verdict("resolved", (), tuple(resolved)) if resolved else None
 
     def _resolve_stopped(self, stopped_now: set[int], now: float) -> list[Finding]:
@@ -208,6 +215,11 @@ class Diagnoser:
         hung: bool = False,
     ) -> Verdict | None:
         """Gather the evidence, ask the rules, record what is new (with the stacks it rests on)."""
+        from jobwarden.probes.pyhooks import read_fork_requests, read_forks
+        from jobwarden.probes.stacks import capture_stacks
+        from jobwarden.rules import RunEvidence, explain
+        from jobwarden.rules.table import LIVE  # what the shim may conclude while the run is live
+
         snaps = snaps or self.tree.sample(now)
         stacks = capture_stacks(stack_pids, procfs=self.procfs, py_dir=self.py_dir, timeout_s=STACK_TIMEOUT_S)
         evidence = RunEvidence(
@@ -245,11 +257,13 @@ class Diagnoser:
         # a hang is true since the run went quiet, not since the window ran out
         since = now - self.tracker.quiet_for(now_mono) if hung else now
         recorded = self.live.record(
-            [f._replace(at=since if f.rule in ENDS_WITH_THE_HANG else now) for f in new], now
+            [f._replace(at=since if f.rule in _hang_rules() else now) for f in new], now
         )
         return Verdict(trigger, tuple(recorded))
 
     def _log_tail(self) -> tuple[str, ...]:
+        from jobwarden.store.logfiles import tail_lines
+
         path = self.layout.output_log(self.job.id, self.run)
         return tuple(b.decode("utf-8", "replace").rstrip("\n") for b in tail_lines(path, LOG_TAIL_LINES))
 
@@ -261,6 +275,9 @@ class Diagnoser:
         return True
 
     def facts(self, snaps: Sequence[ProcessSnapshot]) -> tuple[ProcessFacts, ...]:
+        from jobwarden.observations import ProcessFacts
+        from jobwarden.probes.pyhooks import read_adverts
+
         adverts = read_adverts(self.py_dir)
         facts = []
         for s in snaps:

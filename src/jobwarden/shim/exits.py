@@ -30,15 +30,30 @@ class ExitCollector:
         self._unheld: dict[int, Birth] = {}  # born, but gone before a pidfd could be opened
         self._unknown: dict[int, ProcessEnd] = {}  # ended with no status yet: a later report fills it in
         self._gone: dict[int, None] = {}  # pids recorded ended, oldest first: a late report is not news
+        self.helper_cpu_s: dict[int, float] = {}  # CPU seconds of children reaped that were not members
+        self._news = False  # a birth or death of the job's came by an event (take_news)
+        self._followed: tuple[frozenset[int], int | None] | None = None  # what the kernel's filter lets by
 
-    def fds(self) -> list[int]:
-        return self.sightings.fds() if self.sightings else []
+    def fds(self, kernel: bool = True) -> list[int]:
+        """What to wait on for births and deaths; kernel=False: not the host's process events (muted)."""
+        return self.sightings.fds(kernel) if self.sightings else []
+
+    def kernel_fd(self) -> int | None:
+        listener = self.sightings.listener if self.sightings else None
+        return listener.fileno() if listener is not None else None
+
+    def take_news(self) -> bool:
+        """Whether a birth or death of the job's came since the last call."""
+        news, self._news = self._news, False
+        return news
 
     def collect(self, now: float, main: Member | None = None) -> list[ProcessEnd]:
         """Every end known now: members whose pidfd fired, and processes the shim never held. The main
         process, when adopted (reaped by init, not by us), is waited for until its status is out."""
-        for pid, raw in reap_any():
+        for pid, raw, cpu_s in reap_any():
             self.reaped[pid] = raw
+            if pid not in self.tree.members:  # a helper (the automatic profile): what it cost
+                _remember(self.helper_cpu_s, pid, cpu_s)
         ends = self._from_events() if self.sightings else []
         for member in self.tree.exited():
             end = self._end_of(member, now)
@@ -77,10 +92,29 @@ class ExitCollector:
 
     def _from_events(self) -> list[ProcessEnd]:
         assert self.sightings is not None
+        mark = self.sightings.mark()  # before the drain: whoever is born from now on may be the job's
         births, deaths = self.sightings.drain()
         for birth in births:
             self._on_birth(birth)
-        return [end for death in deaths if (end := self._on_death(death)) is not None]
+        ends = [end for death in deaths if (end := self._on_death(death)) is not None]
+        if births or deaths or self._followed is None:  # a newer window: the host's newcomers drop out
+            self.follow(mark)
+        else:
+            self.follow()
+        return ends
+
+    def follow(self, born_after: int | None = None) -> None:
+        """The kernel's filter follows the members (and, with born_after, the processes born since):
+        set again when they changed or a newer mark came, never for nothing."""
+        if self.sightings is None:
+            return
+        members = frozenset(self.tree.members)
+        if born_after is None:
+            if self._followed is None or self._followed[0] == members:
+                return
+            born_after = self._followed[1]  # the window stays as wide as it was
+        self._followed = (members, born_after)
+        self.sightings.follow(members, born_after)
 
     def _ours(self, parent: int) -> bool:
         """A child of one of the job's processes. Not a child of the shim itself: those are its own helpers
@@ -92,10 +126,12 @@ class ExitCollector:
         # the kernel reports every fork of the host: only children of the job's processes are ours; a
         # process that announced itself runs the hooks with this run's py dir
         if birth.exec:
+            self._news = self._news or birth.pid in self.tree.members
             self.tree.refresh(birth.pid)  # torchrun's rank is its child until exec gives it its RANK
             return
         if not (birth.announced or self._ours(birth.ppid)) or birth.pid in self.tree.members:
             return
+        self._news = True
         member = self.tree.add_pid(birth.pid, birth.start_time)
         if member is not None:
             if member.ranks is None and birth.ranks is not None:
@@ -104,6 +140,8 @@ class ExitCollector:
             _remember(self._unheld, birth.pid, birth)
 
     def _on_death(self, death: Death) -> ProcessEnd | None:
+        if death.pid in self.tree.members or self._ours(death.ppid):
+            self._news = True
         if death.pid in self.tree.members:
             self._told.setdefault(death.pid, (death.status, death.at))  # its pidfd fires next
             return None

@@ -249,12 +249,24 @@ class FakeMemoryGuard(MemoryGuard):
         pass
 
 
+class _ScheduledTracker(ProgressTracker):
+    """A verdict the test scheduled is due at its moment, as a real hang is at its window's end: the
+    loop's tick comes then, however slow its idle pace."""
+
+    def __init__(self, fake: FakeJobOS, window_s: float | None, now_mono: float) -> None:
+        super().__init__(window_s, now_mono)
+        self.fake = fake
+
+    def due_at(self) -> float | None:
+        return min((at for at, _ in self.fake.verdicts), default=None)
+
+
 class FakeDiagnoser(Diagnoser):
     """Says what the test scheduled, when it is due; judges nothing itself."""
 
     def __init__(self, fake: FakeJobOS, window_s: float | None, now_mono: float) -> None:
         self.fake = fake
-        self.tracker = ProgressTracker(window_s, now_mono)
+        self.tracker = _ScheduledTracker(fake, window_s, now_mono)
         self.gpu = None
         self.oom = None
         self.main_pid = None

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from jobwarden.observations import GpuDevice, GpuProcess
-from jobwarden.probes.fakenvml import FAKE_NVML_ENV
-from jobwarden.probes.gpu import GpuProbe, GpuProbeError, JobGpuUsage, job_gpu_usage, try_open_gpu_probe
+if TYPE_CHECKING:  # loaded only where a GPU may be: a CPU-only job's shim never imports NVML's probe
+    from jobwarden.observations import GpuDevice, GpuProcess
+    from jobwarden.probes.gpu import GpuProbe, JobGpuUsage
+
+FAKE_NVML_ENV = "JOBWARDEN_FAKE_NVML"  # probes.fakenvml's, without loading it (tempfile, dataclasses)
 
 SAMPLE_EVERY_S = 5.0  # NVML calls cost milliseconds each; utilisation is itself an average over ~1 s
 IDLE_PERCENT = 5.0
@@ -32,6 +35,8 @@ class GpuWatch:
         fell off the bus must not end supervision."""
         if now_mono < self._next:
             return self.usage
+        from jobwarden.probes.gpu import GpuProbeError, job_gpu_usage
+
         self._next = now_mono + SAMPLE_EVERY_S
         wanted = set(pids)
         try:
@@ -65,5 +70,7 @@ def open_gpu_watch(claimed: bool) -> GpuWatch | None:
     initialising it costs the shim tens of milliseconds, for nothing on a CPU-only machine."""
     if not (claimed or os.path.exists("/dev/nvidiactl") or FAKE_NVML_ENV in os.environ):
         return None
+    from jobwarden.probes.gpu import GpuProbe, try_open_gpu_probe
+
     probe = try_open_gpu_probe()
     return GpuWatch(probe) if isinstance(probe, GpuProbe) else None

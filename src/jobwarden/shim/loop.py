@@ -13,7 +13,6 @@ import os
 import signal
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from jobwarden import config
 from jobwarden.clock import Clock
 from jobwarden.errors import StoreError
 from jobwarden.model import EndReason, ProcessEnd, ProcessSnapshot
@@ -22,10 +21,12 @@ from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, STORE_ENV
 from jobwarden.shim.enginestop import EngineLink, engine_signals
 from jobwarden.shim.jobos import JobOS, SystemJobOS
+from jobwarden.shim.pacing import KernelPace, Pace, idle_cap
 from jobwarden.shim.pyfiles import PyFiles
 from jobwarden.shim.recorder import RunRecorder, log
 from jobwarden.shim.sampler import Sampler
 from jobwarden.shim.tree import Member
+from jobwarden.shim.watchdog import CPU_FLOOR_PERCENT
 from jobwarden.store import JobRecord, Store
 from jobwarden.store.logfiles import LogWatcher
 
@@ -89,6 +90,7 @@ class SupervisorLoop:
         self.record = RunRecorder(store, job.id, run, self.logs, clock)
         self._trims: TrimNotes | None = None  # --log-max: what was dropped, said in `status`
         self._log_due: float | None = None  # a look at the log's cap before the next tick (a fast writer)
+        self.kernel_pace = KernelPace()  # when the host's process events may wake the loop
         self.record.open_group(job)
         self.sampler = Sampler(procfs, self.record)
         self.pyfiles = PyFiles(self.layout.py_dir(job.id, run), procfs)
@@ -99,7 +101,10 @@ class SupervisorLoop:
         self.notifier = notifier
         from jobwarden.shim.autoprofile import AutoProfiler
 
-        self.autoprofile = AutoProfiler(self.layout.home, job.id, run, clock.monotonic, log)
+        self.autoprofile = AutoProfiler(
+            self.layout.home, job.id, run, clock.monotonic, log, note=self._note_profile
+        )
+        self.autoprofile.cpu_of = lambda pid: self.exits.helper_cpu_s.pop(pid, None)  # reaped in the loop
         self.tree.helpers = self._helper_pids
         self.memory: MemoryGuard | None = None
         self.oom: OomEvidence | None = None
@@ -108,6 +113,10 @@ class SupervisorLoop:
         self.refused = False  # a GPU request this machine cannot meet, refused before `run` returned
         # attached inside an engine (Slurm, Ray): its signals come relayed by the CLI (shim.enginestop)
         self.engine = EngineLink(job.options, self.record, clock.monotonic) if job.options.engine else None
+
+    def _note_profile(self, kind: str, **fields: Any) -> None:
+        """What the automatic profile did (taken, with its cost; or why not), an event of the run."""
+        self.record.event(kind, self.clock.wall(), **fields)
 
     def _helper_pids(self) -> set[int]:
         """The shim's own children, never the job's: --on-event hooks, the automatic profile."""
@@ -130,17 +139,10 @@ class SupervisorLoop:
 
     def _watch(self) -> None:
         """Until the main process has ended and the tree is empty, or the run must be stopped."""
-        next_tick = self.clock.monotonic()
-        next_full = next_tick + config.FULL_SCAN_EVERY_S
-        while self.main_status is None and (self.main is not None or self.tree.members):
-            now = self.clock.monotonic()
-            deadline = min(next_tick, self.timeout_at or next_tick, self._log_due or next_tick)
-            # every member's pidfd: a worker's death wakes the loop at once, not at the next tick; a birth
-            # or death event too, so that a short-lived process is held (or recorded) as it happens
-            fds = [self._wake_r, *self.exits.fds(), *(m.pidfd for m in self.tree.members.values())]
-            self.jobos.wait(fds, deadline - now)
-            self._handle_signals(self._drain_signals())
-            self._collect_exits()
+        pace = Pace(self.clock.monotonic())
+        # a stop a tick decided (a hang with --on-hang stop) ends the loop at once, not a tick later
+        while not self.stop and self.main_status is None and (self.main is not None or self.tree.members):
+            self._wait_for_news(pace.next_tick)
             if self.stop or self.main_status is not None:
                 break
             if not self.main and not self.tree.members:
@@ -150,20 +152,44 @@ class SupervisorLoop:
                 break
             if self._log_due is not None and self.clock.monotonic() >= self._log_due:
                 self._cap_log()
-            if self.clock.monotonic() >= next_tick:
-                full = self.clock.monotonic() >= next_full
-                try:
-                    self._tick(full)
-                except Exception:  # sampling must never end supervision
-                    import traceback  # only for this report: loading it would slow every `run`
+            if self.clock.monotonic() >= pace.next_tick:
+                self._paced_tick(pace)
 
-                    log(f"tick failed:\n{traceback.format_exc()}")
-                next_tick = self.clock.monotonic() + config.TICK_S
-                due = self.diag.tracker.due_at() if self.diag else None
-                if due is not None:  # judge a hang when its window ends, not up to a tick later
-                    next_tick = min(next_tick, max(due, self.clock.monotonic() + 0.1))
-                if full:
-                    next_full = self.clock.monotonic() + config.FULL_SCAN_EVERY_S
+    def _wait_for_news(self, next_tick: float) -> None:
+        """Sleep until the next tick, a signal, a member's death, or a birth or death event, and take
+        in what came. Every member's pidfd is waited on: a worker's death wakes the loop at once; the
+        events too, so that a short-lived process is held (or recorded) as it happens."""
+        now = self.clock.monotonic()
+        muted_until = self.kernel_pace.muted_until(now)
+        muted = muted_until is not None
+        deadline = min(next_tick, self.timeout_at or next_tick, self._log_due or next_tick)
+        if muted_until is not None:  # back to listening when the mute ends, even with no tick due
+            deadline = min(deadline, muted_until)
+        fds = [
+            self._wake_r,
+            *self.exits.fds(kernel=not muted),
+            *(m.pidfd for m in self.tree.members.values()),
+        ]
+        ready = self.jobos.wait(fds, deadline - now)
+        self._handle_signals(self._drain_signals())
+        self._collect_exits()
+        woke = self.exits.kernel_fd() in ready
+        self.kernel_pace.after_wake(self.clock.monotonic(), self.exits.take_news(), woke)
+
+    def _paced_tick(self, pace: Pace) -> None:
+        now = self.clock.monotonic()
+        full = now >= pace.next_full
+        moved = True
+        try:
+            moved = self._tick(full)
+        except Exception:  # sampling must never end supervision
+            import traceback  # only for this report: loading it would slow every `run`
+
+            log(f"tick failed:\n{traceback.format_exc()}")
+        self.exits.follow()  # members the scan found: the kernel sends their children's births
+        due = self.diag.tracker.due_at() if self.diag else None  # a hang judged when its window ends
+        window = self.diag.tracker.window_s if self.diag else None
+        pace.after_tick(self.clock.monotonic(), moved, idle_cap(window), due, full)
 
     def _drain_signals(self) -> set[int]:
         received: set[int] = set()
@@ -210,7 +236,17 @@ class SupervisorLoop:
             self._act_on(self.diag.on_exits(ends, self.clock.wall(), self.clock.monotonic(), self.main))
         return ends
 
-    def _tick(self, full: bool) -> None:
+    def _tick(self, full: bool) -> bool:
+        """One look at the tree; True when something moved (the pace stays at TICK_S)."""
+        members = set(self.tree.members)
+        seen_at = self.diag.tracker.last_progress_at if self.diag else None
+        snaps = self._sample_and_judge(full)
+        if self.diag is None or (self.progress is not None and self.progress.counting()):
+            return True
+        busy = sum(s.cpu_percent or 0.0 for s in snaps) >= CPU_FLOOR_PERCENT
+        return busy or self.diag.tracker.last_progress_at != seen_at or set(self.tree.members) != members
+
+    def _sample_and_judge(self, full: bool) -> list[ProcessSnapshot]:
         if not self.record.reserve.kept:  # an adopted run's, or one the start had no room for
             self.record.reserve.keep()
         if self.store.reopen_if_wal_replaced():  # someone deleted jobwarden.db-wal: its records come back
@@ -242,6 +278,7 @@ class SupervisorLoop:
         if self.diag:
             self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic()))
         self.autoprofile.poll()
+        return snaps
 
     def prune_py_files(self) -> None:
         try:

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from jobwarden.clock import Clock
 from jobwarden.errors import JobwardenError, StoreError
 from jobwarden.model import JobState
-from jobwarden.observations import GpuProcess, OomEvidence
 from jobwarden.osapi.cgroup import JobCgroup
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.probes.gpu import try_open_gpu_probe
 from jobwarden.probes.memory import MemoryWatchdog, tree_memory
 from jobwarden.probes.oom import OomWatch
-from jobwarden.rules.gpu import stray_gpu_findings
-from jobwarden.shim.gpuholders import gpu_owners
-from jobwarden.shim.gpus import Admission, GpuRequest, describe_wait, try_admit
 from jobwarden.store import JobRecord, Store
+
+if TYPE_CHECKING:  # the GPU side loads with a GpuQueue only: a job that asked for no GPU never needs it
+    from jobwarden.observations import OomEvidence
+    from jobwarden.shim.gpus import Admission, GpuRequest
 
 
 class MemoryGuard:
@@ -79,11 +79,15 @@ class GpuQueue:
         self, store: Store, job: JobRecord, run: int, procfs: ProcFS, clock: Clock, request: GpuRequest
     ) -> None:
         self.store, self.job, self.run, self.procfs, self.clock = store, job, run, procfs, clock
+        from jobwarden.probes.gpu import try_open_gpu_probe
+
         self.request = request
         self.probe = try_open_gpu_probe()
         self._strays_named = False
 
     def try_claim(self) -> Admission:
+        from jobwarden.shim.gpus import try_admit
+
         return try_admit(
             self.store,
             self.job.id,
@@ -98,6 +102,11 @@ class GpuQueue:
     def note_waiting(self, admission: Admission) -> None:
         """queued: `status` shows why; the first time, a stray-gpu-process finding for each GPU held by a
         process of no live job (a leftover loop), with its remedy."""
+        from jobwarden.observations import GpuProcess
+        from jobwarden.rules.gpu import stray_gpu_findings
+        from jobwarden.shim.gpuholders import gpu_owners
+        from jobwarden.shim.gpus import describe_wait
+
         now = self.clock.wall()
         try:
             self.store.update_run(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -74,11 +75,25 @@ class Sightings:
         ]
         return " + ".join(names) or "none (1 s scan only)"
 
-    def fds(self) -> list[int]:
+    def fds(self, kernel: bool = True) -> list[int]:
         fds = [self.fifo_fd] if self.fifo_fd is not None else []
-        if self.listener is not None:
+        if self.listener is not None and kernel:
             fds.append(self.listener.fileno())
         return fds
+
+    def mark(self) -> int | None:
+        """The host's last pid, read before a drain: what follow() lets through as born since."""
+        if self.listener is None or self.listener.following is False:
+            return None
+        from jobwarden.osapi.procevents import last_pid
+
+        return last_pid()
+
+    def follow(self, pids: Collection[int], born_after: int | None) -> None:
+        """Let the kernel send only the events of `pids` and of processes born after `born_after`
+        (osapi.procevents.follow_filter); where it refuses the filter, every event still comes."""
+        if self.listener is not None and self.listener.following is not False:
+            self.listener.follow(pids, born_after)
 
     def drain(self) -> tuple[list[Birth], list[Death]]:
         births: list[Birth] = []

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 from typing import Any
 
@@ -76,16 +75,21 @@ class StoppingSupervisor(SupervisorLoop):
         """--keep-running: the members whose command line matches (as read now: a shell may have exec'd
         the program since it was first seen), and their descendants, are released, out of the job's
         cgroup where it can be left: not orphans, never signalled; recorded as kept."""
-        patterns = [re.compile(p) for p in self.job.options.keep_running]
+        patterns = self.job.options.keep_running
         if not patterns:
             return []
         self.tree.discover(full=True)
-        chosen: dict[int, Member] = {}
         for member in self.tree.members.values():
             with contextlib.suppress(ProcessGone, AccessDenied):
                 member.cmdline = self.procfs.cmdline(member.pid)
-            if any(p.search(member.cmdline) for p in patterns):
-                chosen[member.pid] = member
+        from jobwarden.shim.keeping import choose
+
+        # each search bounded: a pattern that backtracks for ever must not keep the end from being recorded
+        matched = choose(patterns, {pid: m.cmdline for pid, m in self.tree.members.items()})
+        for pattern in matched.too_slow:
+            log(f"--keep-running {pattern!r}: a search ran out of time (it backtracks): kept nothing")
+            self.record.event("keep-running-too-slow", self.clock.wall(), pattern=pattern)
+        chosen = {pid: m for pid, m in self.tree.members.items() if pid in matched.pids}
         grown = True
         while grown:  # and what they started
             more = {m.pid: m for m in self.tree.members.values() if m.ppid in chosen and m.pid not in chosen}
