@@ -86,12 +86,10 @@ EVIDENCE_SENT = 5  # the structured `evidence` field: the first lines, as explai
 def cause_lines(cause: Finding) -> list[str]:
     """The summary and the first evidence line that says more, each on one line and cut; nothing twice,
     never the title again."""
-    from jobwarden.text.sanitize import one_line
-
-    said = {one_line(cause.title)}
+    said = {_one_line(cause.title)}
     lines = []
     for text in (cause.summary, *cause.evidence):
-        line = one_line(text)
+        line = _one_line(text)
         if not line or line in said:
             continue
         said.add(line)
@@ -99,6 +97,11 @@ def cause_lines(cause: Finding) -> list[str]:
         if len(lines) == 2:
             break
     return lines
+
+
+def _one_line(text: str) -> str:
+    """A traceback's message on one line: a chat shows it as the quote's one line, not as lines of its own."""
+    return " ".join(text.split())
 
 
 def slack_escaped(text: str) -> str:
