@@ -34,6 +34,8 @@ def advert(pid: int = 100, **changes: object) -> dict[str, object]:
         "ptracer": True,
         "mp_start": None,
         "exe": [2049, 77],
+        "fault_fd": 4,
+        "fault_file_id": [2049, 78],
         **changes,
     }
 
@@ -45,7 +47,17 @@ def test_an_advert_is_read(tmp_path: Path) -> None:
     (tmp_path / "100.json").write_text(json.dumps(advert(mp_start="spawn")))
     assert read_adverts(tmp_path) == {
         100: HookAdvert(
-            100, 5000, "3.8.18", "/usr/bin/python3", 40, Path("/run/py/100.stacks"), True, "spawn", (2049, 77)
+            100,
+            5000,
+            "3.8.18",
+            "/usr/bin/python3",
+            40,
+            Path("/run/py/100.stacks"),
+            True,
+            "spawn",
+            (2049, 77),
+            fault_fd=4,
+            fault_file_id=(2049, 78),
         )
     }
     assert read_adverts(tmp_path)[100].process == ProcessId(100, 5000)
@@ -86,6 +98,12 @@ def test_temporary_and_foreign_files_are_not_adverts(tmp_path: Path) -> None:
 def test_an_advert_without_a_handler_does_not_dump() -> None:
     assert not HookAdvert.from_json(advert(fault_signal=0, fault_file="")).dumps_on_signal
     assert HookAdvert.from_json(advert()).dumps_on_signal
+    older_hooks = advert(fault_fd=None, fault_file_id=None)  # no descriptor to check: never signalled
+    assert not HookAdvert.from_json(older_hooks).dumps_on_signal
+    withdrawn = HookAdvert.from_json(
+        advert(fault_signal=0, fault_withdrawn="the job set signal 40 to SIG_IGN")
+    )
+    assert withdrawn.withdrawn == "the job set signal 40 to SIG_IGN" and not withdrawn.dumps_on_signal
 
 
 def fake_proc(
@@ -97,7 +115,17 @@ def fake_proc(
     (d / "stat").write_text(f"{pid} (python3) {' '.join(fields)}\n")
     (d / "status").write_text(f"Name:\tpython3\nSigBlk:\t0000000000000000\nSigCgt:\t{sig_cgt}\n")
     (d / "exe").symlink_to(program_file(root, runs))
+    (d / "fd").mkdir()
+    stacks = root / f"{pid}.stacks"
+    stacks.touch()
+    (d / "fd" / "4").symlink_to(stacks)  # faulthandler's descriptor, still the hooks' file
     return ProcFS(root)
+
+
+def stacks_advert(root: Path, pid: int = 100, **changes: object) -> dict[str, object]:
+    """The advert of fake_proc's process: its stacks file at descriptor 4."""
+    stacks = root / f"{pid}.stacks"
+    return advert(pid, fault_file=str(stacks), fault_fd=4, fault_file_id=program_of(stacks), **changes)
 
 
 def program_file(root: Path, name: str) -> Path:
@@ -127,7 +155,22 @@ def test_may_signal_checks_identity_program_and_handler(
 ) -> None:
     procfs = fake_proc(tmp_path, 100, start_time, sig_cgt, state, runs)
     python = program_of(program_file(tmp_path, "python3"))
-    assert may_signal(HookAdvert.from_json(advert(exe=python)), procfs) is allowed
+    assert may_signal(HookAdvert.from_json(stacks_advert(tmp_path, exe=python)), procfs) is allowed
+
+
+def test_may_signal_only_while_the_descriptor_is_the_stacks_file(tmp_path: Path) -> None:
+    """The job closed faulthandler's descriptor and opened its own file under the number: a dump would
+    be written into the job's data."""
+    procfs = fake_proc(tmp_path, 100, 5000, "0000008000000000")
+    python = program_of(program_file(tmp_path, "python3"))
+    ours = HookAdvert.from_json(stacks_advert(tmp_path, exe=python))
+    assert may_signal(ours, procfs) is True
+    (tmp_path / "100" / "fd" / "4").unlink()
+    (tmp_path / "data.csv").touch()
+    (tmp_path / "100" / "fd" / "4").symlink_to(tmp_path / "data.csv")
+    assert may_signal(ours, procfs) is False
+    (tmp_path / "100" / "fd" / "4").unlink()  # closed
+    assert may_signal(ours, procfs) is False
 
 
 def test_may_signal_a_process_that_is_gone(tmp_path: Path) -> None:

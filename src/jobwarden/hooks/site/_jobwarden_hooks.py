@@ -70,10 +70,18 @@ class _Job:
         self.shim_pid = shim_pid
         self.mp_start = mp_start
         self.stacks_fd: int | None = None
+        self.stacks_id: tuple[int, int] | None = None  # (st_dev, st_ino) of stacks_fd's file: still ours?
         self.libc: object = None  # ctypes' libc, loaded only where Yama makes the prctl matter
-        self.forks: dict[int, tuple[float, int]] = {}  # forking thread -> (at, parent pid) of its record
+        self.yama: bytes | None = None  # the Yama ptrace scope, read once (fork does not change it)
+        self.program: list[int] | None = None  # (device, inode) of the interpreter (fork keeps it)
+        # forking thread -> (at, parent pid, site, forks at that site) of a fork made beside other threads
+        self.forks: dict[int, tuple[float, int, int, int]] = {}
+        self.fork_counts: dict[tuple[int, ...], list[int]] = {}  # fork site -> [site number, forks there]
         self.warned = False
         self.events_fd = -1  # the shim's FIFO, opened on first use; -2: it cannot be opened
+        self.events_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the FIFO events_fd was
+        self.advert: dict[str, object] = {}  # this process's advert as last written
+        self.fault_taken = ""  # why the fault signal is no longer ours (the job set it): never re-taken
         self.exception_seen = False
         self.caught = 0  # exceptions recorded as formatted by this process (CAUGHT_RECORDS at most)
         self.recording = False  # inside a record: an exception formatted meanwhile is ours, not the job's
@@ -188,6 +196,17 @@ def _start_time() -> int:
         return int(fh.read().rpartition(b")")[2].split()[19])
 
 
+def file_id(fd: int) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of what `fd` refers to now, None if it is closed. The hooks keep two descriptors
+    by number; a job that closes every descriptor (a daemonizer's os.closerange) and opens its own files
+    gets those numbers back: before writing to or closing one, the hooks check it is still their file."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 # --- telling the shim: births and reaped children ----------------------------------------------------
 
 EVENTS_FIFO = "events.fifo"
@@ -202,9 +221,12 @@ def _announce(job: _Job, line: str) -> None:
     if job.events_fd == -2:
         return
     try:
+        if job.events_fd >= 0 and file_id(job.events_fd) != job.events_id:
+            job.events_fd = -1  # closed behind our back (os.closerange): the number may be the job's now
         if job.events_fd < 0:
             path = os.path.join(job.py_dir, EVENTS_FIFO)
             job.events_fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+            job.events_id = file_id(job.events_fd)
         os.write(job.events_fd, line.encode())
     except OSError as err:
         if job.events_fd < 0 or err.errno not in (errno.EAGAIN, errno.EPIPE):  # full: try again next time
@@ -485,8 +507,9 @@ def install_fault_handler(job: _Job, pid: int) -> str:
     """Dump every thread to `<pid>.stacks` on the fault signal; the file's path, or '' if not installed.
 
     faulthandler's handler is C code that needs neither the GIL nor the main thread, so it answers even when
-    the process is deadlocked in a C extension. chain=False: the signal was chosen for us alone."""
-    if job.fault_signal <= 0:
+    the process is deadlocked in C. chain=False: the signal was chosen for us alone. Once the job has set
+    the signal itself (`fault_taken`), a forked child keeps the job's handler: it is never taken back."""
+    if job.fault_signal <= 0 or job.fault_taken:
         return ""
     import faulthandler  # built in: no file to load
 
@@ -500,8 +523,9 @@ def install_fault_handler(job: _Job, pid: int) -> str:
         if fd >= 0:
             os.close(fd)
         raise
-    previous, job.stacks_fd = job.stacks_fd, fd
-    if previous is not None:
+    previous, previous_id = job.stacks_fd, job.stacks_id
+    job.stacks_fd, job.stacks_id = fd, file_id(fd)
+    if previous is not None and previous_id is not None and file_id(previous) == previous_id:
         os.close(previous)  # after fork: the parent's file, which faulthandler no longer uses
     if not faulthandler.is_enabled():
         # On a fatal signal (SIGSEGV in an extension, SIGABRT) every thread's Python stack then goes to
@@ -513,6 +537,17 @@ def install_fault_handler(job: _Job, pid: int) -> str:
     return path
 
 
+def yama_scope(job: _Job, scope_path: str = YAMA_SCOPE) -> bytes:
+    """The Yama ptrace scope (b"" without Yama), read once per job process tree: fork() keeps it."""
+    if job.yama is None:
+        try:
+            with open(scope_path, "rb") as fh:
+                job.yama = fh.read().strip()
+        except OSError:
+            job.yama = b""
+    return job.yama
+
+
 def declare_ptracer(job: _Job, scope_path: str = YAMA_SCOPE) -> bool:
     """Let the shim and its descendants (py-spy) attach as far as Yama goes; True if nothing is in the way.
 
@@ -520,12 +555,8 @@ def declare_ptracer(job: _Job, scope_path: str = YAMA_SCOPE) -> bool:
     process names the shim with PR_SET_PTRACER (yama_lsm.c accepts the declared tracer or a descendant of it).
     The declaration is not inherited by fork(): the child calls this again. Without Yama, or at scope 0,
     there is nothing to declare; at scopes 2 and 3 a declaration does not help."""
-    try:
-        with open(scope_path, "rb") as fh:
-            scope = fh.read().strip()
-    except OSError:
-        return True
-    if scope == b"0":
+    scope = yama_scope(job, scope_path)
+    if scope in (b"", b"0"):
         return True
     if scope != b"1" or job.shim_pid <= 0:
         return False
@@ -537,18 +568,37 @@ def declare_ptracer(job: _Job, scope_path: str = YAMA_SCOPE) -> bool:
     return int(prctl(PR_SET_PTRACER, ctypes.c_ulong(job.shim_pid), 0, 0, 0)) == 0
 
 
-def write_advert(job: _Job, pid: int, fault_file: str, ptracer: bool, start_time: int) -> None:
-    advert = {
+def write_advert(
+    job: _Job,
+    pid: int,
+    fault_file: str,
+    ptracer: bool,
+    start_time: int,
+    forked: dict[str, object] | None = None,
+) -> None:
+    """`<pid>.json`. With the fault file, the descriptor faulthandler writes to and what file it is: the
+    shim signals only while /proc/PID/fd/N is still that file (the job may have closed it and reused the
+    number for its own data). `forked`: the fork record this process was forked under, in its parent."""
+    if job.program is None:
+        job.program = _program()
+    on_signal = bool(fault_file) and job.stacks_fd is not None and job.stacks_id is not None
+    advert: dict[str, object] = {
         "pid": pid,
         "start_time": start_time,
         "python": ".".join(str(part) for part in sys.version_info[:3]),
         "executable": sys.executable or "",
-        "fault_signal": job.fault_signal if fault_file else 0,
+        "fault_signal": job.fault_signal if on_signal else 0,
         "fault_file": fault_file,
+        "fault_fd": job.stacks_fd if on_signal else None,
+        "fault_file_id": list(job.stacks_id) if on_signal and job.stacks_id else None,
+        "fault_withdrawn": job.fault_taken or None,
         "ptracer": ptracer,
         "mp_start": job.mp_start,
-        "exe": _program(),
+        "exe": job.program,
     }
+    if forked is not None:
+        advert["forked"] = forked
+    job.advert = advert
     _write_atomic(job.path(pid, ".json"), dumps(advert))
 
 
@@ -562,7 +612,7 @@ def _program() -> list[int] | None:
     return [st.st_dev, st.st_ino]
 
 
-def _hook_process(job: _Job, pid: int) -> None:
+def _hook_process(job: _Job, pid: int, forked: dict[str, object] | None = None) -> None:
     """Everything a process of the job does for itself: at start-up, and again in a forked child. First
     the announcement: the sooner the shim holds the process, the shorter a life it can miss."""
     start_time = _start_time()
@@ -570,6 +620,7 @@ def _hook_process(job: _Job, pid: int) -> None:
     job.exception_seen = False
     job.caught = 0  # a forked child's own records (the counters came with the parent's memory)
     job.fork_sites = set()
+    job.fork_counts = {}
     fault_file = ""
     try:
         fault_file = install_fault_handler(job, pid)
@@ -580,7 +631,52 @@ def _hook_process(job: _Job, pid: int) -> None:
         ptracer = declare_ptracer(job)
     except Exception as err:
         _report(job, "PR_SET_PTRACER", err)
-    write_advert(job, pid, fault_file, ptracer, start_time)
+    write_advert(job, pid, fault_file, ptracer, start_time, forked)
+
+
+# --- the job takes the fault signal for itself ----------------------------------------------------------
+
+
+def _wrap_signal(job: _Job) -> None:
+    """Withdraw the fault signal from the advert as soon as the job sets anything on it (a handler, SIG_IGN,
+    SIG_DFL): the shim must then never send it, or the job's own handler runs ("clean up and exit on any
+    signal") or the default action ends it. signal.signal() calls _signal.signal through the module, so
+    wrapping the built-in sees both. The wrapper returns what the original returns and raises what it
+    raises: it only looks, after a call that succeeded."""
+    if job.fault_signal <= 0:
+        return
+    import _signal  # type: ignore[import-not-found]  # built in: no file to load (signal imports enum)
+
+    original = _signal.signal
+
+    def signal(signalnum: Any, handler: Any) -> Any:
+        previous = original(signalnum, handler)
+        try:
+            if _job is not None and not _job.fault_taken and signalnum == _job.fault_signal:
+                _fault_signal_taken(_job, handler)
+        except Exception as err:
+            _report(_job, "fault signal taken", err)
+        return previous
+
+    signal.__doc__ = original.__doc__
+    _signal.signal = signal
+
+
+def _fault_signal_taken(job: _Job, handler: object) -> None:
+    if handler == 0:
+        what = "its default action (SIG_DFL)"
+    elif handler == 1:
+        what = "SIG_IGN"
+    else:
+        what = "a handler of its own"
+    job.fault_taken = f"the job set signal {job.fault_signal} to {what}"
+    advert = dict(job.advert)
+    if not advert:
+        return
+    advert.update(fault_signal=0, fault_file="", fault_fd=None, fault_file_id=None)
+    advert["fault_withdrawn"] = job.fault_taken
+    job.advert = advert
+    _write_atomic(job.path(os.getpid(), ".json"), dumps(advert))
 
 
 # --- fork() while threads run -----------------------------------------------------------------------
@@ -597,13 +693,15 @@ def frames_of(frame: FrameType | None, limit: int = FRAMES_PER_THREAD) -> list[d
     return found
 
 
+FORK_RECORDS_PER_SITE = 2  # full records per fork site: the first forks are the story, the rest repeats
+MAX_FORK_SITES = 32  # sites recorded in full per process; forks at further sites are only counted
+
+
 def fork_record(forking_frame: FrameType | None, at: float) -> dict[str, object] | None:
     """The forking thread's stack and every other thread's, or None when no other thread runs."""
     me = _thread.get_ident()
     current = sys._current_frames()
-    threading = sys.modules.get("threading")
-    # threading._active is read without its lock: active_count() would take a lock inside fork()
-    known: dict[int, object] = dict(getattr(threading, "_active", None) or {})
+    known = _known_threads()
     idents = [i for i in list(current) + [i for i in known if i not in current] if i != me]
     if not idents:
         return None
@@ -626,6 +724,30 @@ def fork_record(forking_frame: FrameType | None, at: float) -> dict[str, object]
     }
 
 
+def _known_threads() -> dict[int, object]:
+    threading = sys.modules.get("threading")
+    # threading._active is read without its lock: active_count() would take a lock inside fork()
+    return dict(getattr(threading, "_active", None) or {})
+
+
+def _others_run() -> bool:
+    """Another thread runs besides the forking one: no I/O, a few microseconds."""
+    if len(sys._current_frames()) > 1:
+        return True
+    me = _thread.get_ident()
+    return any(ident != me for ident in _known_threads())
+
+
+def fork_site(frame: FrameType | None, limit: int = FRAMES_PER_THREAD) -> tuple[int, ...]:
+    """The call site of a fork, as a key: the code objects and lines of the forking stack. No I/O and no
+    text: forks at the same place are told apart from others in microseconds."""
+    key: list[int] = []
+    while frame is not None and len(key) < 2 * limit:
+        key += (id(frame.f_code), frame.f_lineno)
+        frame = frame.f_back
+    return tuple(key)
+
+
 def _os_threads() -> int | None:
     """Native threads count too (a CUDA or OpenMP pool can hold a lock the child will need)."""
     try:
@@ -635,16 +757,34 @@ def _os_threads() -> int | None:
 
 
 def _before_fork() -> None:
+    """Record a fork made while other threads run: the first FORK_RECORDS_PER_SITE at each call site in
+    full, then only a count, written when it reaches a power of two. With busy threads every syscall that
+    releases the GIL costs the forking thread up to threads x the switch interval (5 ms) to get it back,
+    so a fork at a site already recorded does no I/O at all."""
     job = _job
     if job is None:
         return
     try:
+        if not _others_run():
+            return
         # Called from C by os.fork(): the frame below this one is the Python code that forks.
-        at = time.time()
-        record = fork_record(sys._getframe(1), at)
-        if record is not None:
-            _append(job.path(os.getpid(), ".forks.jsonl"), dumps(record))
-            job.forks[_thread.get_ident()] = (at, os.getpid())
+        frame = sys._getframe(1)
+        key = fork_site(frame)
+        counted = job.fork_counts.get(key)
+        if counted is None:
+            counted = job.fork_counts[key] = [len(job.fork_counts) + 1, 0]
+        counted[1] += 1
+        site, n = counted
+        at, pid = time.time(), os.getpid()
+        job.forks[_thread.get_ident()] = (at, pid, site, n)
+        if n <= FORK_RECORDS_PER_SITE and site <= MAX_FORK_SITES:
+            record = fork_record(frame, at)
+            if record is not None:
+                record.update(site=site, n=n)
+                _append(job.path(pid, ".forks.jsonl"), dumps(record))
+        elif n & (n - 1) == 0 and site <= MAX_FORK_SITES:  # 4, 8, 16...: log2 short lines in all
+            count = {"parent_pid": pid, "site": site, "forks": n, "at": at}
+            _append(job.path(pid, ".forks.jsonl"), dumps(count))
     except Exception as err:
         _report(job, "fork record", err)
 
@@ -663,12 +803,11 @@ def _after_fork_in_child() -> None:
         recorded = job.forks.pop(_thread.get_ident(), None)
         job.forks.clear()
         job.warned = False
-        pid = os.getpid()
-        if recorded is not None:  # first: the link from the parent's record is what a hung child needs
-            at, parent = recorded
-            line = dumps({"child_pid": pid, "parent_pid": parent, "fork_at": at})
-            _append(job.path(parent, ".forks.jsonl"), line)
-        _hook_process(job, pid)
+        forked: dict[str, object] | None = None
+        if recorded is not None:  # in the child's own advert: the link a hung child needs, one per child
+            at, parent, site, n = recorded
+            forked = {"parent_pid": parent, "fork_at": at, "site": site, "n": n}
+        _hook_process(job, os.getpid(), forked)
     except Exception as err:
         _report(job, "after fork", err)
 
@@ -1087,6 +1226,7 @@ def _activate(job: _Job) -> None:
         job.error_file_owner = os.getpid()
     _hook_process(job, os.getpid())
     _wrap_waits()
+    _wrap_signal(job)
     _install_excepthook(job)
     os.register_at_fork(
         before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
