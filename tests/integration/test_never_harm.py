@@ -183,3 +183,70 @@ def test_the_hooks_never_touch_the_jobs_files_after_it_closed_theirs(jw: Jobward
     assert data.read_bytes() == b"child data\nparent data\n"
     assert jw.status(job)["state"] == "running"
     jw("stop", str(job), check=True)
+
+
+# --- issue 25: fork records stay bounded, and a fork deadlock is still named -------------------------
+
+# A thread holds a lock for ever and another spins; the main thread forks FORKS short-lived children at
+# one call site, then (the spinner stopped, so that the job looks hung) one more there, which takes the
+# lock copied held and never gets it.
+FORKS = 300
+FORKS_BESIDE_THREADS = """
+import os, sys, threading
+
+report, forks = sys.argv[1], int(sys.argv[2])
+lock, held, spin = threading.Lock(), threading.Event(), [True]
+
+def holder():
+    with lock:
+        held.set()
+        threading.Event().wait()
+
+def spinner():
+    while spin[0]:
+        pass
+
+threading.Thread(target=holder, name="lock-holder", daemon=True).start()
+threading.Thread(target=spinner, name="spinner", daemon=True).start()
+held.wait()
+
+def fork_one(last):
+    pid = os.fork()
+    if pid == 0:
+        if last:
+            with lock:
+                pass
+        os._exit(0)
+    return pid
+
+for n in range(forks + 1):
+    if n == forks:
+        spin[0] = False
+    child = fork_one(n == forks)
+    if n < forks:
+        os.waitpid(child, 0)
+with open(report, "w") as fh:
+    fh.write(f"{child}\\n")
+os.waitpid(child, 0)
+"""
+
+
+def test_fork_records_stay_bounded_and_name_the_fork_deadlock(jw: Jobwarden, tmp_path: Path) -> None:
+    report = make_fifo(tmp_path / "report")
+    options = ("--hang-timeout", "2s", "--on-hang", "dump")
+    job = jw.start(sys.executable, "-c", FORKS_BESIDE_THREADS, str(report), str(FORKS), options=options)
+    child = int(read_fifo(report))
+    finding = wait_for_finding(jw, job["id"], "fork-deadlock")
+    parent = jw.status(job["id"])["pid"]
+    records = Store(jw.home).layout.py_dir(job["id"], 1) / f"{parent}.forks.jsonl"
+    lines = records.read_text().splitlines()
+    # 2 full records, then a count at 4, 8, ... 256: O(log n) lines, no line per child
+    assert len(lines) <= 2 + 8, f"{len(lines)} lines of fork records"
+    assert records.stat().st_size < 64 << 10
+
+    assert child in finding["pids"]
+    evidence = "\n".join(finding["evidence"])
+    assert "lock-holder" in evidence  # the thread that held the lock at the site's recorded forks
+    assert "fork_one" in evidence  # the fork site
+    assert f"forked at least {FORKS + 1} times there" in evidence
+    jw("stop", str(job["id"]), check=True)

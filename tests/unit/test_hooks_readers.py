@@ -236,6 +236,36 @@ def test_a_child_that_never_reported_leaves_child_pid_none(tmp_path: Path) -> No
     assert [(r.at, r.child_pid) for r in read_forks(tmp_path)] == [(1.0, None), (2.0, 103)]
 
 
+def test_a_child_forked_after_its_sites_full_records_gets_the_sites_record(tmp_path: Path) -> None:
+    """The hooks record the first 2 forks of a site, then counts at powers of two; each child names its
+    fork in its own advert (pid 300 and 301: forks 4 and 5 of site 1; pid 302: fork 1 of site 2)."""
+    (tmp_path / "100.forks.jsonl").write_text(
+        "\n".join(
+            [
+                fork_line(100, 1.0, site=1, n=1),
+                fork_line(100, 2.0, site=1, n=2),
+                json.dumps({"parent_pid": 100, "site": 1, "forks": 4, "at": 4.0}),
+                fork_line(100, 6.0, site=2, n=1),
+            ]
+        )
+        + "\n"
+    )
+    links = {300: (4.0, 1, 4), 301: (5.0, 1, 5), 302: (6.0, 2, 1), 303: (7.0, 9, 1)}  # 9: no record
+    for child, (at, site, n) in links.items():
+        forked = {"parent_pid": 100, "fork_at": at, "site": site, "n": n}
+        (tmp_path / f"{child}.json").write_text(json.dumps(advert(child, forked=forked)))
+    found = [(r.at, r.child_pid, r.site_forks, r.exact) for r in read_forks(tmp_path)]
+    assert found == [
+        (1.0, None, 5, True),
+        (2.0, None, 5, True),
+        (4.0, 300, 5, False),
+        (5.0, 301, 5, False),
+        (6.0, 302, 1, True),
+    ]
+    (later,) = [r for r in read_forks(tmp_path) if r.child_pid == 301]
+    assert later.threads[0].name == "holder" and later.stack[0].function == "Popen._launch"
+
+
 def test_partial_and_corrupt_lines_are_skipped(tmp_path: Path) -> None:
     lines = [
         fork_line(100, 1.0),
