@@ -82,6 +82,10 @@ class _Job:
         self.events_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the FIFO events_fd was
         self.advert: dict[str, object] = {}  # this process's advert as last written
         self.fault_taken = ""  # why the fault signal is no longer ours (the job set it): never re-taken
+        self.pid = os.getpid()  # os.getpid() is a syscall: this process's pid, set again after fork
+        self.reaped: list[str] = []  # `reaped` lines of clean exits not written yet
+        self.reaped_since = 0.0  # monotonic time of the oldest of them
+        self.flush_registered = False  # atexit writes what is left
         self.exception_seen = False
         self.caught = 0  # exceptions recorded as formatted by this process (CAUGHT_RECORDS at most)
         self.recording = False  # inside a record: an exception formatted meanwhile is ours, not the job's
@@ -269,15 +273,56 @@ def announce_birth(job: _Job, pid: int, start_time: int) -> None:
     _announce(job, f"born {pid} {start_time} {os.getppid()} {_rank()}\n")
 
 
+# A clean exit's line waits for company: with busy threads every syscall that releases the GIL costs the
+# reaping thread up to threads x 5 ms to get it back, and a fork loop reaps once per fork. A death by a
+# signal or with an exit code goes at once, with what waits; the shim has the others' statuses from its
+# pidfds meanwhile, and a late line still fills in one it lacked.
+REAPED_BATCH = 64  # lines of ~45 bytes: one write stays below PIPE_BUF (4096), atomic
+REAPED_WAIT_S = 5.0
+
+
 def _reaped(pid: int, status: int) -> None:
     """A child of this process ended and was reaped here: after this, nothing but this line knows how."""
     job = _job
     if job is None or pid <= 0 or not (os.WIFEXITED(status) or os.WIFSIGNALED(status)):
         return
-    try:  # noqa: SIM105 - importing contextlib would cost every Python start of the job
-        _announce(job, f"reaped {os.getpid()} {pid} {status} {time.time():.6f}\n")
+    try:
+        line = f"reaped {job.pid} {pid} {status} {time.time():.6f}\n"
+        if status != 0:
+            _flush_reaped(job, line)
+            return
+        now = time.monotonic()
+        if not job.reaped:
+            job.reaped_since = now
+            _flush_at_exit(job)
+        job.reaped.append(line)
+        if len(job.reaped) >= REAPED_BATCH or now - job.reaped_since >= REAPED_WAIT_S:
+            _flush_reaped(job)
     except Exception:  # a report must never change what the wait returns
         pass
+
+
+def _flush_reaped(job: _Job, line: str = "") -> None:
+    waiting, job.reaped = job.reaped, []
+    _announce(job, "".join(waiting) + line)
+
+
+def _flush_at_exit(job: _Job) -> None:
+    if job.flush_registered:
+        return
+    job.flush_registered = True
+    import atexit  # built in
+
+    atexit.register(_flush_left)
+
+
+def _flush_left() -> None:
+    job = _job
+    if job is not None and job.reaped:
+        try:  # noqa: SIM105 - importing contextlib would cost every Python start of the job
+            _flush_reaped(job)
+        except Exception:
+            pass
 
 
 def status_of_waitid(result: object) -> int | None:
@@ -615,6 +660,8 @@ def _program() -> list[int] | None:
 def _hook_process(job: _Job, pid: int, forked: dict[str, object] | None = None) -> None:
     """Everything a process of the job does for itself: at start-up, and again in a forked child. First
     the announcement: the sooner the shim holds the process, the shorter a life it can miss."""
+    job.pid = pid
+    job.reaped = []  # a forked child's: the parent's lines stay the parent's to write
     start_time = _start_time()
     announce_birth(job, pid, start_time)
     job.exception_seen = False
@@ -775,7 +822,7 @@ def _before_fork() -> None:
             counted = job.fork_counts[key] = [len(job.fork_counts) + 1, 0]
         counted[1] += 1
         site, n = counted
-        at, pid = time.time(), os.getpid()
+        at, pid = time.time(), job.pid
         job.forks[_thread.get_ident()] = (at, pid, site, n)
         if n <= FORK_RECORDS_PER_SITE and site <= MAX_FORK_SITES:
             record = fork_record(frame, at)
