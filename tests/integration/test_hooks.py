@@ -174,7 +174,11 @@ def test_the_advert_is_written_and_the_fault_signal_dumps_every_thread(job: Job)
     advert = read_adverts(job.py_dir)[proc.pid]
     assert advert.start_time == start_time(proc.pid)
     assert (advert.python, advert.executable) == (said["python"], said["executable"])
-    assert (advert.fault_signal, advert.fault_file) == (FAULT_SIGNAL, job.py_dir / f"{proc.pid}.stacks")
+    # a memfd, read through /proc while the process lives: no file on disk for each process
+    assert (advert.fault_signal, advert.fault_file) == (
+        FAULT_SIGNAL,
+        Path(f"/proc/{proc.pid}/fd/{advert.fault_fd}"),
+    )
     assert (advert.ptracer, advert.mp_start) == (expected_ptracer(), None)
     assert may_signal(advert, ProcFS())
 
@@ -208,11 +212,18 @@ LOCK_HOLDER = """
 """
 
 OS_FORK = """
+    def advert_of(pid):
+        with open(os.path.join(os.environ["JOBWARDEN_PY_DIR"], "%d.json" % pid)) as fh:
+            return json.load(fh)
+
     def in_child():
-        # the child has its own advert and handler: dump to its own file, by its own signal
-        with open(os.path.join(os.environ["JOBWARDEN_PY_DIR"], "%d.json" % os.getpid())) as fh:
-            advert = json.load(fh)
+        # the child has its own advert and handler: dump to its own file, by its own signal (the handler
+        # writes before kill() returns); the file lives as long as the child: copied for the test
+        advert = advert_of(os.getpid())
         os.kill(os.getpid(), advert["fault_signal"])
+        with open(advert["fault_file"], "rb") as dump:
+            with open(os.path.join(os.environ["JOBWARDEN_PY_DIR"], "child-dump.txt"), "wb") as out:
+                out.write(dump.read())
         os._exit(0)
 
     def fork_while_locked():
@@ -223,7 +234,8 @@ OS_FORK = """
         in_child()
     _, status = os.waitpid(pid, 0)
     release.set()
-    print(json.dumps({"parent": os.getpid(), "child": pid, "status": status}))
+    own = os.path.getsize(advert_of(os.getpid())["fault_file"])
+    print(json.dumps({"parent": os.getpid(), "child": pid, "status": status, "parent_dump_bytes": own}))
 """
 
 FORK_PLAIN = """
@@ -248,10 +260,10 @@ def test_a_fork_while_a_thread_holds_a_lock_is_recorded(job: Job) -> None:
     assert "hold_the_lock" in [f.function for f in holder.frames]
 
     child = read_adverts(job.py_dir)[said["child"]]
-    assert child.fault_file == job.py_dir / f"{said['child']}.stacks"
-    threads = read_fault_dump(child.fault_file)
+    assert child.fault_file == Path(f"/proc/{said['child']}/fd/{child.fault_fd}")
+    threads = read_fault_dump(job.py_dir / "child-dump.txt")
     assert [f.function for f in threads[0].frames][:2] == ["in_child", "<module>"]
-    assert (job.py_dir / f"{parent}.stacks").read_bytes() == b""  # the child did not write to its parent's
+    assert said["parent_dump_bytes"] == 0  # the child did not write to its parent's
 
 
 MP_FORK = """

@@ -1,11 +1,12 @@
 """Keeping the run's `py/` folder small: what the Python hooks leave there for each process, pruned once the
 process has ended.
 
-Each Python process of the job writes its advert (`<pid>.json`) and opens its faulthandler file
-(`<pid>.stacks`) as it starts: two files per process, for ever, 12,871 files after 6,434 forks (and pid_max
-is 4,194,304 on many distributions). Both serve only a live process (the advert says it may be sent the
-dump signal; the dump is read from the stacks file the moment it is written, and a fatal signal's dump goes
-to stderr, the output log): the shim removes them once the process they belong to has ended. It knows that
+Each Python process of the job writes its advert (`<pid>.json`) as it starts, and its faulthandler file
+(`<pid>.stacks`) where memfd_create is refused (a memfd otherwise): one or two files per process, for ever,
+12,871 files after 6,434 forks (and pid_max is 4,194,304 on many distributions). Both serve only a live
+process (the advert says it may be sent the dump signal; the dump is read from the stacks file the moment
+it is written, and a fatal signal's dump goes to stderr, the output log): the shim removes them once the
+process they belong to has ended. It knows that
 by identity, (pid, start time) from the advert, never by pid alone: a reused pid's new advert stays.
 
 What the diagnosis needs stays: uncaught exceptions (`<pid>.exc.json`) and fork records

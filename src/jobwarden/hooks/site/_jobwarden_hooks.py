@@ -3,14 +3,16 @@
 jobwarden puts this directory first on PYTHONPATH; `site` imports its `sitecustomize`, which loads this module
 and calls `main`. In a process of a job (JOBWARDEN_PY_DIR set) it:
 
-- registers faulthandler on JOBWARDEN_FAULT_SIGNAL, dumping every thread to `<py_dir>/<pid>.stacks`: a stack
-  even when the process is deadlocked in C, with no ptrace;
+- registers faulthandler on JOBWARDEN_FAULT_SIGNAL, dumping every thread to a memfd the shim reads as
+  /proc/PID/fd/N (`<py_dir>/<pid>.stacks` where memfd_create is refused): a stack even when the process is
+  deadlocked in C, with no ptrace;
 - declares the shim as allowed tracer (prctl PR_SET_PTRACER) so py-spy, a child of the shim, may attach under
   Yama ptrace_scope=1;
 - advertises the above in `<py_dir>/<pid>.json`, with the interpreter's file, so the shim only sends the
   signal (whose default action is to terminate) to a process that still runs this interpreter and handles it;
-- records every fork() made while other threads run in `<py_dir>/<pid>.forks.jsonl` (the classic deadlock);
-  the child re-does all of the above for itself, since none of it is inherited as it should be;
+- records fork() made while other threads run in `<py_dir>/<pid>.forks.jsonl` (the classic deadlock): the
+  first forks of each call site in full, then a count; the child names its fork in its own advert and
+  re-does all of the above for itself, since none of it is inherited as it should be;
 - announces the process to its shim on the FIFO `<py_dir>/events.fifo` as it starts and right after each
   fork() (`born PID START PPID RANK`), so the shim holds it by pidfd at once, and reports the wait status
   of every child it reaps (`reaped REAPER PID STATUS UNIXTIME`): a worker that lived 5 ms is still named;
@@ -195,9 +197,13 @@ def _append(path: str, line: str) -> None:
 
 
 def _start_time() -> int:
-    """Field 22 of /proc/self/stat: with the pid, the identity of this process (pids are reused)."""
-    with open("/proc/self/stat", "rb") as fh:
-        return int(fh.read().rpartition(b")")[2].split()[19])
+    """Field 22 of /proc/self/stat: with the pid, the identity of this process (pids are reused). Three
+    syscalls, not the nine of open()'s buffered file: every forked child reads it."""
+    fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return int(os.read(fd, 4096).rpartition(b")")[2].split()[19])
+    finally:
+        os.close(fd)
 
 
 def file_id(fd: int) -> tuple[int, int] | None:
@@ -558,10 +564,9 @@ def install_fault_handler(job: _Job, pid: int) -> str:
         return ""
     import faulthandler  # built in: no file to load
 
-    path = job.path(pid, ".stacks")
     fd = -1
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        fd, path = _stacks_file(job, pid)
         faulthandler.register(job.fault_signal, file=fd, all_threads=True, chain=False)
     except Exception:
         faulthandler.unregister(job.fault_signal)  # a child must not go on writing to its parent's file
@@ -580,6 +585,18 @@ def install_fault_handler(job: _Job, pid: int) -> str:
         except Exception:  # no usable stderr: the crash is still named, without its frames
             pass
     return path
+
+
+def _stacks_file(job: _Job, pid: int) -> tuple[int, str]:
+    """faulthandler's file: a memfd, which the shim reads as /proc/PID/fd/N while the process lives (a dump
+    serves only then). Creating a file on disk costs ext4 an inode, 0.7 ms measured, in every forked
+    child, and the shim an unlink once it ends; a file in the py dir where memfd_create is refused."""
+    try:
+        fd = os.memfd_create("jobwarden-stacks", os.MFD_CLOEXEC)
+        return fd, f"/proc/{pid}/fd/{fd}"
+    except (AttributeError, OSError):  # not Linux >= 3.17, or a seccomp filter says no
+        path = job.path(pid, ".stacks")
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600), path
 
 
 def yama_scope(job: _Job, scope_path: str = YAMA_SCOPE) -> bytes:
