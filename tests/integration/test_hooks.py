@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -479,6 +480,26 @@ def test_the_hooks_import_nothing_heavy(job: Job) -> None:
     declared = {"ctypes"} if yama.exists() and yama.read_text().strip() == "1" else set()  # for the prctl
     assert hooked - baseline <= declared
     assert list((job.py_dir / ".cache").glob("hooks.cpython-*.code"))  # the next processes load it compiled
+
+
+def test_without_bytecode_writes_the_first_process_caches_sitecustomize(job: Job) -> None:
+    """PYTHONDONTWRITEBYTECODE (common in containers) made Python compile sitecustomize at every start of
+    every process: the first process of a run writes its bytecode, where jobwarden's folder is writable,
+    and the hooks' own, without the __future__ import (a file read at each start)."""
+    site = job.tmp / "site"
+    shutil.copytree(SITE_DIR, site, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**job.env(), "PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1"}
+    job.run("pass", env=env)
+    (pyc,) = (site / "__pycache__").glob("sitecustomize.*.pyc")
+    said = job.run(
+        """
+        import sys
+        print(sys.modules["sitecustomize"].__cached__, "__future__" in sys.modules)
+        """,
+        env=env,
+    )
+    assert said.stdout.split() == [str(pyc), "False"]
+    assert (job.py_dir / ".cache").is_dir()
 
 
 def test_an_advert_outlives_an_exec_but_may_signal_knows(job: Job) -> None:
