@@ -482,6 +482,30 @@ def test_the_hooks_import_nothing_heavy(job: Job) -> None:
     assert list((job.py_dir / ".cache").glob("hooks.cpython-*.code"))  # the next processes load it compiled
 
 
+SETS_THE_FAULT_SIGNAL = """
+    import json, os, signal, sys
+    sig = int(os.environ["JOBWARDEN_FAULT_SIGNAL"])
+    path = os.path.join(os.environ["JOBWARDEN_PY_DIR"], "%d.json" % os.getpid())
+    before = json.load(open(path))
+    try:
+        signal.signal(signal.SIGKILL, signal.SIG_IGN)
+    except OSError as err:  # raised as without the hooks
+        refused = err.errno
+    previous = signal.signal(sig, signal.SIG_IGN)  # returned as without the hooks
+    after = json.load(open(path))
+    same = previous is signal.SIG_DFL  # the enum member, as signal.signal returns it without the hooks
+    print(json.dumps({"before": before, "after": after, "refused": refused, "previous_is_dfl": same}))
+"""
+
+
+def test_a_job_that_sets_the_fault_signal_takes_it_back_from_the_advert(job: Job) -> None:
+    said = json.loads(job.run(SETS_THE_FAULT_SIGNAL).stdout)
+    assert said["before"]["fault_signal"] == FAULT_SIGNAL and said["before"]["fault_withdrawn"] is None
+    assert said["after"]["fault_signal"] == 0 and said["after"]["fault_fd"] is None
+    assert said["after"]["fault_withdrawn"] == f"the job set signal {FAULT_SIGNAL} to SIG_IGN"
+    assert said["refused"] == 22 and said["previous_is_dfl"]  # EINVAL, as without the hooks
+
+
 def test_without_bytecode_writes_the_first_process_caches_sitecustomize(job: Job) -> None:
     """PYTHONDONTWRITEBYTECODE (common in containers) made Python compile sitecustomize at every start of
     every process: the first process of a run writes its bytecode, where jobwarden's folder is writable,
