@@ -1021,6 +1021,10 @@ class _Bars:
         self.epoch: int | None = None  # the epoch Keras' ProgbarLogger began (1-based, as it prints)
         self.known: dict[int, None] = {}  # ids of the last bars written (32), oldest first: a new one is
         # written at once
+        self.fd = -1  # `<pid>.progress`, kept open by the process that opened it (fd_pid)
+        self.fd_id: tuple[int, int] | None = None  # its (st_dev, st_ino)
+        self.fd_pid = 0
+        self.length = 0  # bytes in the file: a shorter record is padded over it
 
     def is_new(self, bar: object) -> bool:
         """A bar not written yet (a new epoch's bar): its first state is worth a write at once. O(1): it
@@ -1047,16 +1051,28 @@ def _progress_seen(force: bool = False) -> None:
         if not force and now - _bars.written < PROGRESS_EVERY_S:
             return
         _bars.written = now
-        path = job.path(os.getpid(), ".progress")
-        tmp = f"{path}.{_thread.get_ident()}.tmp"  # two threads with a bar each write apart
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, dumps(progress_record(_bars, time.time())).encode())
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        _write_progress(job, _bars, dumps(progress_record(_bars, time.time())).encode())
     except Exception as err:
         _report(job, "progress record", err)
+
+
+def _write_progress(job: _Job, bars: _Bars, text: bytes) -> None:
+    """The record, rewritten in place: one pwrite() on a descriptor kept open (checked to be still the
+    record: the job may close it and reuse the number), padded with spaces over a longer previous record
+    (JSON allows them). A temporary file renamed over it cost an inode a write, 1.2-1.9 ms measured on
+    ext4, ten times a second. A reader that meets a write half done fails to parse it (or, for a write of
+    the same length, reads a mix of two states a tenth of a second apart) and reads again at its next tick."""
+    fd = bars.fd
+    if fd >= 0 and (bars.fd_pid != job.pid or file_id(fd) != bars.fd_id):
+        if bars.fd_pid != job.pid and file_id(fd) == bars.fd_id:
+            os.close(fd)  # a forked child's copy of its parent's: its own record is another file
+        fd = bars.fd = -1
+    if fd < 0:
+        path = job.path(job.pid, ".progress")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        bars.fd, bars.fd_id, bars.fd_pid, bars.length = fd, file_id(fd), job.pid, os.fstat(fd).st_size
+    os.pwrite(fd, text + b" " * (bars.length - len(text)), 0)
+    bars.length = max(bars.length, len(text))
 
 
 def progress_record(bars: _Bars, at: float) -> dict[str, object]:
