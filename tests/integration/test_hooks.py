@@ -525,6 +525,10 @@ def test_without_bytecode_writes_the_first_process_caches_sitecustomize(job: Job
     assert said.stdout.split() == [str(pyc), "False"]
     assert (job.py_dir / ".cache").is_dir()
 
+    os.utime(site / "sitecustomize.py", (1, 1))  # edited since: the bytecode is stale, and rewritten
+    job.run("pass", env={**env, "JOBWARDEN_PY_DIR": str(job.tmp / "py2")})  # the next run's first process
+    assert pyc.read_bytes()[8:12] == (1).to_bytes(4, "little")
+
 
 def test_an_advert_outlives_an_exec_but_may_signal_knows(job: Job) -> None:
     # The fault signal would kill it: after exec() the handler is gone, while the advert stays.

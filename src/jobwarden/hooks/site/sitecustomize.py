@@ -66,12 +66,20 @@ def _cache_own_bytecode() -> None:
     where jobwarden's folder is writable (an install by pip has it already)."""
     cached = globals().get("__cached__")
     external = sys.modules.get("_frozen_importlib_external")
-    if not cached or os.path.exists(cached) or not hasattr(external, "_code_to_timestamp_pyc"):
+    if not cached or not hasattr(external, "_code_to_timestamp_pyc"):
         return
     st = os.stat(__file__)
+    stamped = external._code_to_timestamp_pyc  # type: ignore[union-attr]
+    header = stamped(compile("", "", "exec"), int(st.st_mtime), st.st_size)[:16]  # magic, flags, mtime, size
+    try:
+        with open(cached, "rb") as fh:
+            if fh.read(16) == header:
+                return  # up to date (a stale one, from before an edit, is compiled at every start)
+    except OSError:
+        pass
     with open(__file__, "rb") as fh:
         code = compile(fh.read(), __file__, "exec", dont_inherit=True)
-    data = external._code_to_timestamp_pyc(code, int(st.st_mtime), st.st_size)  # type: ignore[union-attr]
+    data = stamped(code, int(st.st_mtime), st.st_size)
     os.makedirs(os.path.dirname(cached), exist_ok=True)
     tmp = f"{cached}.{os.getpid()}.tmp"
     with open(tmp, "wb") as fh:
