@@ -101,6 +101,11 @@ class ForkRecord:
     stack: tuple[Frame, ...]  # the forking thread, innermost first
     threads: tuple[ThreadStack, ...]  # the other threads alive at that moment
     child_pid: int | None = None  # set when the child reported in (it may hang before it can)
+    # The hooks record the first forks at each call site in full, then only count them: `site_forks` is
+    # how many forks (beside other threads) the parent made there, as far as known; `exact` is False for
+    # a later fork, whose stack and threads are those recorded at an earlier fork from the same site.
+    site_forks: int = 1
+    exact: bool = True
 
 
 @dataclass(frozen=True)

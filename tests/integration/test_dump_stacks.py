@@ -324,7 +324,7 @@ def test_an_unadvertised_process_is_never_signalled(
     (py_dir / f"{stale.main}.json").write_text(
         f'{{"pid": {stale.main}, "start_time": {start - 1}, "python": "3", "executable": "python", '
         f'"fault_signal": {int(signal.SIGUSR2)}, "fault_file": "{py_dir}/x.fault", "ptracer": false, '
-        f'"mp_start": null, "exe": [{exe.st_dev}, {exe.st_ino}]}}'
+        f'"mp_start": null, "exe": [{exe.st_dev}, {exe.st_ino}], "fault_fd": 3, "fault_file_id": [0, 0]}}'
     )
     stacks = by_pid(capture_stacks([bare.main, stale.main], procfs=PROCFS, py_dir=py_dir, timeout_s=10))
     assert stacks[bare.main].method == "none"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -174,7 +175,11 @@ def test_the_advert_is_written_and_the_fault_signal_dumps_every_thread(job: Job)
     advert = read_adverts(job.py_dir)[proc.pid]
     assert advert.start_time == start_time(proc.pid)
     assert (advert.python, advert.executable) == (said["python"], said["executable"])
-    assert (advert.fault_signal, advert.fault_file) == (FAULT_SIGNAL, job.py_dir / f"{proc.pid}.stacks")
+    # a memfd, read through /proc while the process lives: no file on disk for each process
+    assert (advert.fault_signal, advert.fault_file) == (
+        FAULT_SIGNAL,
+        Path(f"/proc/{proc.pid}/fd/{advert.fault_fd}"),
+    )
     assert (advert.ptracer, advert.mp_start) == (expected_ptracer(), None)
     assert may_signal(advert, ProcFS())
 
@@ -208,11 +213,18 @@ LOCK_HOLDER = """
 """
 
 OS_FORK = """
+    def advert_of(pid):
+        with open(os.path.join(os.environ["JOBWARDEN_PY_DIR"], "%d.json" % pid)) as fh:
+            return json.load(fh)
+
     def in_child():
-        # the child has its own advert and handler: dump to its own file, by its own signal
-        with open(os.path.join(os.environ["JOBWARDEN_PY_DIR"], "%d.json" % os.getpid())) as fh:
-            advert = json.load(fh)
+        # the child has its own advert and handler: dump to its own file, by its own signal (the handler
+        # writes before kill() returns); the file lives as long as the child: copied for the test
+        advert = advert_of(os.getpid())
         os.kill(os.getpid(), advert["fault_signal"])
+        with open(advert["fault_file"], "rb") as dump:
+            with open(os.path.join(os.environ["JOBWARDEN_PY_DIR"], "child-dump.txt"), "wb") as out:
+                out.write(dump.read())
         os._exit(0)
 
     def fork_while_locked():
@@ -223,7 +235,8 @@ OS_FORK = """
         in_child()
     _, status = os.waitpid(pid, 0)
     release.set()
-    print(json.dumps({"parent": os.getpid(), "child": pid, "status": status}))
+    own = os.path.getsize(advert_of(os.getpid())["fault_file"])
+    print(json.dumps({"parent": os.getpid(), "child": pid, "status": status, "parent_dump_bytes": own}))
 """
 
 FORK_PLAIN = """
@@ -248,10 +261,10 @@ def test_a_fork_while_a_thread_holds_a_lock_is_recorded(job: Job) -> None:
     assert "hold_the_lock" in [f.function for f in holder.frames]
 
     child = read_adverts(job.py_dir)[said["child"]]
-    assert child.fault_file == job.py_dir / f"{said['child']}.stacks"
-    threads = read_fault_dump(child.fault_file)
+    assert child.fault_file == Path(f"/proc/{said['child']}/fd/{child.fault_fd}")
+    threads = read_fault_dump(job.py_dir / "child-dump.txt")
     assert [f.function for f in threads[0].frames][:2] == ["in_child", "<module>"]
-    assert (job.py_dir / f"{parent}.stacks").read_bytes() == b""  # the child did not write to its parent's
+    assert said["parent_dump_bytes"] == 0  # the child did not write to its parent's
 
 
 MP_FORK = """
@@ -467,6 +480,54 @@ def test_the_hooks_import_nothing_heavy(job: Job) -> None:
     declared = {"ctypes"} if yama.exists() and yama.read_text().strip() == "1" else set()  # for the prctl
     assert hooked - baseline <= declared
     assert list((job.py_dir / ".cache").glob("hooks.cpython-*.code"))  # the next processes load it compiled
+
+
+SETS_THE_FAULT_SIGNAL = """
+    import json, os, signal, sys
+    sig = int(os.environ["JOBWARDEN_FAULT_SIGNAL"])
+    path = os.path.join(os.environ["JOBWARDEN_PY_DIR"], "%d.json" % os.getpid())
+    before = json.load(open(path))
+    try:
+        signal.signal(signal.SIGKILL, signal.SIG_IGN)
+    except OSError as err:  # raised as without the hooks
+        refused = err.errno
+    previous = signal.signal(sig, signal.SIG_IGN)  # returned as without the hooks
+    after = json.load(open(path))
+    same = previous is signal.SIG_DFL  # the enum member, as signal.signal returns it without the hooks
+    print(json.dumps({"before": before, "after": after, "refused": refused, "previous_is_dfl": same}))
+"""
+
+
+def test_a_job_that_sets_the_fault_signal_takes_it_back_from_the_advert(job: Job) -> None:
+    said = json.loads(job.run(SETS_THE_FAULT_SIGNAL).stdout)
+    assert said["before"]["fault_signal"] == FAULT_SIGNAL and said["before"]["fault_withdrawn"] is None
+    assert said["after"]["fault_signal"] == 0 and said["after"]["fault_fd"] is None
+    assert said["after"]["fault_withdrawn"] == f"the job set signal {FAULT_SIGNAL} to SIG_IGN"
+    assert said["refused"] == 22 and said["previous_is_dfl"]  # EINVAL, as without the hooks
+
+
+def test_without_bytecode_writes_the_first_process_caches_sitecustomize(job: Job) -> None:
+    """PYTHONDONTWRITEBYTECODE (common in containers) made Python compile sitecustomize at every start of
+    every process: the first process of a run writes its bytecode, where jobwarden's folder is writable,
+    and the hooks' own, without the __future__ import (a file read at each start)."""
+    site = job.tmp / "site"
+    shutil.copytree(SITE_DIR, site, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**job.env(), "PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1"}
+    job.run("pass", env=env)
+    (pyc,) = (site / "__pycache__").glob("sitecustomize.*.pyc")
+    said = job.run(
+        """
+        import sys
+        print(sys.modules["sitecustomize"].__cached__, "__future__" in sys.modules)
+        """,
+        env=env,
+    )
+    assert said.stdout.split() == [str(pyc), "False"]
+    assert (job.py_dir / ".cache").is_dir()
+
+    os.utime(site / "sitecustomize.py", (1, 1))  # edited since: the bytecode is stale, and rewritten
+    job.run("pass", env={**env, "JOBWARDEN_PY_DIR": str(job.tmp / "py2")})  # the next run's first process
+    assert pyc.read_bytes()[8:12] == (1).to_bytes(4, "little")
 
 
 def test_an_advert_outlives_an_exec_but_may_signal_knows(job: Job) -> None:

@@ -92,7 +92,8 @@ TQDM = """
         for i in range(400):
             inner.set_postfix(loss=1.0 / (i + 1), refresh=False)
             inner.update(1)
-        time.sleep(0.15)  # a step of a real model's length: the last state is redrawn and recorded
+        # a step of a real model's length: the last state is redrawn and recorded
+        time.sleep(getattr(sys.modules.get("_jobwarden_hooks"), "PROGRESS_EVERY_S", 0) + 0.05)
         inner.refresh()
         record = open(os.path.join(os.environ["JOBWARDEN_PY_DIR"], "%d.progress" % os.getpid())).read()
         print("RECORD " + record)
@@ -166,8 +167,8 @@ def test_keras_and_its_epochs_are_read_in_process(tmp_path: Path) -> None:
         import keras, numpy as np
         class Look(keras.callbacks.Callback):
             def on_train_batch_end(self, batch, logs=None):
-                if batch == 4:
-                    time.sleep(0.15)  # the next update is recorded
+                if batch == 4:  # the next update is recorded
+                    time.sleep(getattr(sys.modules.get("_jobwarden_hooks"), "PROGRESS_EVERY_S", 0) + 0.05)
                 if batch == 5:
                     path = os.path.join(os.environ["JOBWARDEN_PY_DIR"], "%d.progress" % os.getpid())
                     print("RECORD " + open(path).read(), file=sys.stderr)
@@ -203,7 +204,8 @@ def test_rich_progress_is_read_in_process(tmp_path: Path) -> None:
         with Progress() as progress:
             task = progress.add_task("[bold]Epoch 2/9", total=16)
             for i in range(7):
-                time.sleep(0.12)  # each advance recorded
+                if i == 6:  # the last advance is recorded
+                    time.sleep(getattr(sys.modules.get("_jobwarden_hooks"), "PROGRESS_EVERY_S", 0) + 0.05)
                 progress.advance(task)
             path = os.path.join(os.environ["JOBWARDEN_PY_DIR"], "%d.progress" % os.getpid())
             print("RECORD " + open(path).read(), file=sys.stderr)

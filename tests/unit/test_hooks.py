@@ -213,6 +213,9 @@ def test_an_advert_has_the_exact_fields(tmp_path: Path) -> None:
         "executable": sys.executable,
         "fault_signal": 0,  # this job has none configured
         "fault_file": str(tmp_path / "x.stacks"),
+        "fault_fd": None,  # no faulthandler registered: nothing for the shim to check or signal
+        "fault_file_id": None,
+        "fault_withdrawn": None,
         "ptracer": True,
         "mp_start": None,
         "exe": [os.stat("/proc/self/exe").st_dev, os.stat("/proc/self/exe").st_ino],  # the interpreter

@@ -34,6 +34,8 @@ def advert(pid: int = 100, **changes: object) -> dict[str, object]:
         "ptracer": True,
         "mp_start": None,
         "exe": [2049, 77],
+        "fault_fd": 4,
+        "fault_file_id": [2049, 78],
         **changes,
     }
 
@@ -45,7 +47,17 @@ def test_an_advert_is_read(tmp_path: Path) -> None:
     (tmp_path / "100.json").write_text(json.dumps(advert(mp_start="spawn")))
     assert read_adverts(tmp_path) == {
         100: HookAdvert(
-            100, 5000, "3.8.18", "/usr/bin/python3", 40, Path("/run/py/100.stacks"), True, "spawn", (2049, 77)
+            100,
+            5000,
+            "3.8.18",
+            "/usr/bin/python3",
+            40,
+            Path("/run/py/100.stacks"),
+            True,
+            "spawn",
+            (2049, 77),
+            fault_fd=4,
+            fault_file_id=(2049, 78),
         )
     }
     assert read_adverts(tmp_path)[100].process == ProcessId(100, 5000)
@@ -86,6 +98,12 @@ def test_temporary_and_foreign_files_are_not_adverts(tmp_path: Path) -> None:
 def test_an_advert_without_a_handler_does_not_dump() -> None:
     assert not HookAdvert.from_json(advert(fault_signal=0, fault_file="")).dumps_on_signal
     assert HookAdvert.from_json(advert()).dumps_on_signal
+    older_hooks = advert(fault_fd=None, fault_file_id=None)  # no descriptor to check: never signalled
+    assert not HookAdvert.from_json(older_hooks).dumps_on_signal
+    withdrawn = HookAdvert.from_json(
+        advert(fault_signal=0, fault_withdrawn="the job set signal 40 to SIG_IGN")
+    )
+    assert withdrawn.withdrawn == "the job set signal 40 to SIG_IGN" and not withdrawn.dumps_on_signal
 
 
 def fake_proc(
@@ -97,7 +115,17 @@ def fake_proc(
     (d / "stat").write_text(f"{pid} (python3) {' '.join(fields)}\n")
     (d / "status").write_text(f"Name:\tpython3\nSigBlk:\t0000000000000000\nSigCgt:\t{sig_cgt}\n")
     (d / "exe").symlink_to(program_file(root, runs))
+    (d / "fd").mkdir()
+    stacks = root / f"{pid}.stacks"
+    stacks.touch()
+    (d / "fd" / "4").symlink_to(stacks)  # faulthandler's descriptor, still the hooks' file
     return ProcFS(root)
+
+
+def stacks_advert(root: Path, pid: int = 100, **changes: object) -> dict[str, object]:
+    """The advert of fake_proc's process: its stacks file at descriptor 4."""
+    stacks = root / f"{pid}.stacks"
+    return advert(pid, fault_file=str(stacks), fault_fd=4, fault_file_id=program_of(stacks), **changes)
 
 
 def program_file(root: Path, name: str) -> Path:
@@ -127,7 +155,22 @@ def test_may_signal_checks_identity_program_and_handler(
 ) -> None:
     procfs = fake_proc(tmp_path, 100, start_time, sig_cgt, state, runs)
     python = program_of(program_file(tmp_path, "python3"))
-    assert may_signal(HookAdvert.from_json(advert(exe=python)), procfs) is allowed
+    assert may_signal(HookAdvert.from_json(stacks_advert(tmp_path, exe=python)), procfs) is allowed
+
+
+def test_may_signal_only_while_the_descriptor_is_the_stacks_file(tmp_path: Path) -> None:
+    """The job closed faulthandler's descriptor and opened its own file under the number: a dump would
+    be written into the job's data."""
+    procfs = fake_proc(tmp_path, 100, 5000, "0000008000000000")
+    python = program_of(program_file(tmp_path, "python3"))
+    ours = HookAdvert.from_json(stacks_advert(tmp_path, exe=python))
+    assert may_signal(ours, procfs) is True
+    (tmp_path / "100" / "fd" / "4").unlink()
+    (tmp_path / "data.csv").touch()
+    (tmp_path / "100" / "fd" / "4").symlink_to(tmp_path / "data.csv")
+    assert may_signal(ours, procfs) is False
+    (tmp_path / "100" / "fd" / "4").unlink()  # closed
+    assert may_signal(ours, procfs) is False
 
 
 def test_may_signal_a_process_that_is_gone(tmp_path: Path) -> None:
@@ -191,6 +234,36 @@ def test_a_child_that_never_reported_leaves_child_pid_none(tmp_path: Path) -> No
         "\n".join([fork_line(100, 1.0), fork_line(100, 2.0), child_line(100, 2.0, 103)]) + "\n"
     )
     assert [(r.at, r.child_pid) for r in read_forks(tmp_path)] == [(1.0, None), (2.0, 103)]
+
+
+def test_a_child_forked_after_its_sites_full_records_gets_the_sites_record(tmp_path: Path) -> None:
+    """The hooks record the first 2 forks of a site, then counts at powers of two; each child names its
+    fork in its own advert (pid 300 and 301: forks 4 and 5 of site 1; pid 302: fork 1 of site 2)."""
+    (tmp_path / "100.forks.jsonl").write_text(
+        "\n".join(
+            [
+                fork_line(100, 1.0, site=1, n=1),
+                fork_line(100, 2.0, site=1, n=2),
+                json.dumps({"parent_pid": 100, "site": 1, "forks": 4, "at": 4.0}),
+                fork_line(100, 6.0, site=2, n=1),
+            ]
+        )
+        + "\n"
+    )
+    links = {300: (4.0, 1, 4), 301: (5.0, 1, 5), 302: (6.0, 2, 1), 303: (7.0, 9, 1)}  # 9: no record
+    for child, (at, site, n) in links.items():
+        forked = {"parent_pid": 100, "fork_at": at, "site": site, "n": n}
+        (tmp_path / f"{child}.json").write_text(json.dumps(advert(child, forked=forked)))
+    found = [(r.at, r.child_pid, r.site_forks, r.exact) for r in read_forks(tmp_path)]
+    assert found == [
+        (1.0, None, 5, True),
+        (2.0, None, 5, True),
+        (4.0, 300, 5, False),
+        (5.0, 301, 5, False),
+        (6.0, 302, 1, True),
+    ]
+    (later,) = [r for r in read_forks(tmp_path) if r.child_pid == 301]
+    assert later.threads[0].name == "holder" and later.stack[0].function == "Popen._launch"
 
 
 def test_partial_and_corrupt_lines_are_skipped(tmp_path: Path) -> None:

@@ -61,10 +61,15 @@ def test_past_the_cap_later_exceptions_and_ended_fork_records_go(tmp_path: Path,
         os.utime(py_dir / f"{pid}.forks.jsonl", (0, 0))  # the oldest: kept by the cap
     (py_dir / "5.forks.jsonl").write_text("")
     (py_dir / "6.forks.jsonl").write_text(
-        json.dumps({"child_pid": 7, "parent_pid": 6, "fork_at": 1.0}) + "\n"
+        json.dumps({"child_pid": 7, "parent_pid": 6, "fork_at": 1.0}) + "\n"  # older hooks' link line
     )
+    add_process(proc, 9, stat_line(9, "python", f22=1))  # a live child that names its fork in its advert
+    (py_dir / "8.forks.jsonl").write_text("")
+    forked = {"parent_pid": 8, "fork_at": 1.0, "site": 1, "n": 5}
+    (py_dir / "9.json").write_text(json.dumps({"pid": 9, "start_time": 1, "forked": forked}))
     PyFiles(py_dir, ProcFS(proc)).prune({})
     exceptions = sorted(int(n.split(".")[0]) for n in names(py_dir) if n.endswith(".exc.json"))
     assert exceptions == list(range(100, 100 + MAX_KEPT))  # the first ones: the story
     forks = {int(n.split(".")[0]) for n in names(py_dir) if n.endswith(".forks.jsonl")}
-    assert len(forks) == MAX_KEPT + 2 and {5, 6} <= forks  # and past the cap: a live parent's, a live child's
+    # past the cap: a live parent's, and those of ended parents whose children run
+    assert len(forks) == MAX_KEPT + 3 and {5, 6, 8} <= forks

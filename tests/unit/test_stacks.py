@@ -189,6 +189,8 @@ def advert(pid: int, **changes: Any) -> dict[str, Any]:
         "ptracer": True,
         "mp_start": None,
         "exe": [2049, 131],
+        "fault_fd": 4,
+        "fault_file_id": [2049, 132],
     }
     return {**d, **changes}
 

@@ -4,10 +4,10 @@ The hooks themselves (`site/sitecustomize.py`, `fallback/jobwarden`) run inside 
 CPython 3.8-3.14, and import nothing from here; this side runs in jobwarden. `probes.pyhooks` reads what the
 hooks record under the py dir:
 
-    <pid>.json          the advert: this process handles the fault signal, dumps to fault_file
-    <pid>.stacks        faulthandler's dumps, appended, one per fault signal
-    <pid>.forks.jsonl   one line per fork() made while other threads ran, then one line per child that
-                        reported in
+    <pid>.json          the advert: this process handles the fault signal, dumps to fault_file (a memfd,
+                        /proc/PID/fd/N, while descriptor N is still it), and the fork it was forked under
+    <pid>.stacks        faulthandler's dumps where memfd_create is refused, appended, one per signal
+    <pid>.forks.jsonl   the first forks made at each call site while other threads ran, then a count
 """
 
 from __future__ import annotations

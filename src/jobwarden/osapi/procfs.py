@@ -401,6 +401,15 @@ class ProcFS:
             return None
         return st.st_dev, st.st_ino
 
+    def open_file(self, pid: int, fd: int) -> tuple[int, int] | None:
+        """(device, inode) of what descriptor `fd` of the process refers to now; None when it is closed
+        or hidden from us."""
+        try:
+            st = os.stat(self.root / str(pid) / "fd" / str(fd))
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
     def exe_name(self, pid: int) -> str | None:
         """The file name the process executes ('python3.11'), None when unreadable."""
         try:

@@ -20,7 +20,7 @@ from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.observations import Frame, ThreadStack
 from jobwarden.osapi import asking
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.probes.pyhooks import HookAdvert
+from jobwarden.probes.pyhooks import HookAdvert, writes_to_its_file
 from jobwarden.probes.stackbase import CaptureError, Deadline, Failure
 
 _POLL_S = 0.01
@@ -30,10 +30,17 @@ _MAX_READ = 4 << 20  # 100 threads x 100 frames of long paths stay far below thi
 
 def request_dump(advert: HookAdvert, procfs: ProcFS, deadline: Deadline) -> tuple[ThreadStack, ...]:
     """Signal the process to dump and read what it appends to its fault file. Raises CaptureError."""
+    if advert.withdrawn:
+        raise CaptureError(
+            Failure.FAILED,
+            f"not signalled: {advert.withdrawn}, so the signal would run the job's code (or end it) instead "
+            "of dumping its stacks",
+        )
     if not advert.dumps_on_signal or advert.fault_file is None:
         raise CaptureError(
             Failure.FAILED, "its hooks did not say which signal dumps its stacks: not signalled"
         )
+    _check_its_file(advert, procfs)
     before = _size(advert.fault_file)
     _signal(advert, procfs)
     text = _wait_for_dump(advert.fault_file, before, deadline)
@@ -43,11 +50,34 @@ def request_dump(advert: HookAdvert, procfs: ProcFS, deadline: Deadline) -> tupl
     return threads
 
 
+def _check_its_file(advert: HookAdvert, procfs: ProcFS) -> None:
+    """faulthandler writes, from C, to the descriptor it registered: a job that closed it and opened its
+    own file under the number would get the dump in its data. Raises CaptureError unless it is ours; a
+    process that is gone, or exec()ed, is said as such first."""
+    if writes_to_its_file(advert, procfs):
+        return
+    try:
+        answer = asking.will_handle(procfs, advert.process, advert.fault_signal, advert.program)
+    except AccessDenied as err:
+        raise CaptureError(Failure.DENIED, f"not allowed to look at it: {err.message}") from err
+    _refuse(answer, procfs, advert)
+    raise CaptureError(
+        Failure.FAILED,
+        f"not signalled: its faulthandler writes to descriptor {advert.fault_fd}, which is no longer "
+        f"{advert.fault_file} (the job closed it; the number may hold a file of its own now)",
+    )
+
+
 def _signal(advert: HookAdvert, procfs: ProcFS) -> None:
     try:
         answer = asking.ask(procfs, advert.process, advert.fault_signal, advert.program)
     except AccessDenied as err:
         raise CaptureError(Failure.DENIED, f"not allowed to signal it: {err.message}") from err
+    _refuse(answer, procfs, advert)
+
+
+def _refuse(answer: asking.Answer, procfs: ProcFS, advert: HookAdvert) -> None:
+    """CaptureError for any answer but HANDLED."""
     if answer is asking.Answer.GONE:
         if _reused(procfs, advert):
             raise CaptureError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,11 @@ class HookAdvert:
     ptracer: bool  # Yama lets a descendant of the shim (py-spy) attach
     mp_start: str | None  # the start method the job asked for with --mp-start
     program: tuple[int, int] | None = None  # (device, inode) of the interpreter; None from older hooks
+    # the descriptor faulthandler writes to and (device, inode) of its file: the job may close it and get
+    # the number back for its own data, which a dump would then write into (None: older hooks)
+    fault_fd: int | None = None
+    fault_file_id: tuple[int, int] | None = None
+    withdrawn: str | None = None  # why the hooks took the signal back ("the job set signal 35 to ...")
 
     @property
     def process(self) -> ProcessId:
@@ -43,8 +48,15 @@ class HookAdvert:
 
     @property
     def dumps_on_signal(self) -> bool:
-        # an advert without the program it was written by cannot be told from one an exec() made stale
-        return self.fault_signal > 0 and self.fault_file is not None and self.program is not None
+        # an advert without the program it was written by cannot be told from one an exec() made stale,
+        # nor one without the descriptor from one whose file the job closed
+        return (
+            self.fault_signal > 0
+            and self.fault_file is not None
+            and self.program is not None
+            and self.fault_fd is not None
+            and self.fault_file_id is not None
+        )
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> HookAdvert:
@@ -53,6 +65,10 @@ class HookAdvert:
         mp_start = d.get("mp_start")
         if mp_start is not None and not isinstance(mp_start, str):
             raise ValueError("mp_start")
+        fault_fd = d.get("fault_fd")
+        if fault_fd is not None and not (_is_int(fault_fd) and fault_fd >= 0):
+            raise ValueError(f"fault_fd: {fault_fd!r}")
+        withdrawn = d.get("fault_withdrawn")
         return cls(
             pid=_typed(d, "pid", int),
             start_time=_typed(d, "start_time", int),
@@ -63,11 +79,15 @@ class HookAdvert:
             ptracer=_typed(d, "ptracer", bool),
             mp_start=mp_start,
             program=_program(d.get("exe")),
+            fault_fd=fault_fd,
+            fault_file_id=_program(d.get("fault_file_id")),
+            withdrawn=withdrawn[:200] if isinstance(withdrawn, str) else None,
         )
 
 
 def _program(value: object) -> tuple[int, int] | None:
-    """The hooks write "exe": [st_dev, st_ino] of /proc/self/exe, or null where they could not stat it."""
+    """The hooks write "exe": [st_dev, st_ino] of /proc/self/exe, or null where they could not stat it;
+    "fault_file_id" the same of their stacks file."""
     if value is None:
         return None
     if not (isinstance(value, list) and len(value) == 2 and all(_is_int(v) for v in value)):
@@ -124,7 +144,7 @@ def _advert(path: Path) -> HookAdvert | None:
 def may_signal(advert: HookAdvert, procfs: ProcFS) -> bool:
     """Would the process handle the advert's fault signal now? (`osapi.asking`: the same process, the same
     interpreter, and the signal caught.) Only a check: `probes.faultdump` sends it through `asking.ask`."""
-    if not advert.dumps_on_signal:
+    if not advert.dumps_on_signal or not writes_to_its_file(advert, procfs):
         return False
     try:
         answer = asking.will_handle(procfs, advert.process, advert.fault_signal, advert.program)
@@ -133,34 +153,100 @@ def may_signal(advert: HookAdvert, procfs: ProcFS) -> bool:
     return answer is asking.Answer.HANDLED
 
 
+def writes_to_its_file(advert: HookAdvert, procfs: ProcFS) -> bool:
+    """faulthandler writes, from C, to the descriptor it was given: true only while /proc/PID/fd/N is still
+    the advertised stacks file, and that file is the one at the advertised path (the one we read). A job
+    that closed its descriptors (os.closerange) and opened its own files has the number for its data."""
+    if advert.fault_fd is None or advert.fault_file_id is None or advert.fault_file is None:
+        return False
+    try:
+        st = advert.fault_file.stat()
+    except OSError:
+        return False
+    return procfs.open_file(advert.pid, advert.fault_fd) == advert.fault_file_id == (st.st_dev, st.st_ino)
+
+
 # --- fork records -----------------------------------------------------------------------------------
 
 
 def read_forks(py_dir: Path) -> list[ForkRecord]:
-    """Every fork() made while other threads ran, oldest first, each with its child's pid once the child
-    reported in (a child that hung before it could has child_pid None)."""
-    records: list[dict[str, Any]] = []
-    children: dict[tuple[int, float], int] = {}
+    """Every fork() made while other threads ran that the hooks recorded, oldest first, each with its
+    child's pid once the child reported in (a child that hung before it could has child_pid None).
+
+    The hooks write the first forks of each call site in full and then only a count (`forks`, at powers of
+    two); each child names its fork in its own advert (`forked`). A child forked after its site's full
+    records gets a record of its own, with the site's stack and threads, marked not exact."""
+    records, sites, counts, links = _fork_files(py_dir)
+    adverts = _advert_links(py_dir)
+    for child, (parent, at, site, n) in adverts.items():
+        links[(parent, at)] = child
+        counts[(parent, site)] = max(counts.get((parent, site), 0), n)
+    latest: dict[tuple[int, int], ForkRecord] = {}  # (parent, site) -> the site's latest full record
+    for key, record in sorted(records.items(), key=lambda kv: kv[1].at):
+        if key in sites:
+            latest[(key[0], sites[key])] = record
+    found = []
+    for key, record in records.items():
+        forks = counts.get((key[0], sites[key]), 1) if key in sites else 1
+        found.append(replace(record, child_pid=links.get(key), site_forks=max(forks, 1)))
+    for child, (parent, at, site, n) in adverts.items():
+        model = latest.get((parent, site))
+        if (parent, at) not in records and model is not None:
+            forks = max(counts.get((parent, site), 1), n)
+            found.append(replace(model, at=at, child_pid=child, site_forks=forks, exact=False))
+    return sorted(found, key=lambda r: (r.at, r.parent_pid))
+
+
+_ForkKey = tuple[int, float]  # (parent pid, when it forked)
+
+
+def _fork_files(
+    py_dir: Path,
+) -> tuple[dict[_ForkKey, ForkRecord], dict[_ForkKey, int], dict[tuple[int, int], int], dict[_ForkKey, int]]:
+    """The `<pid>.forks.jsonl` files: full records, each one's site number, the counts by (parent, site),
+    and the children named by older hooks' link lines."""
+    records: dict[_ForkKey, ForkRecord] = {}
+    sites: dict[_ForkKey, int] = {}
+    counts: dict[tuple[int, int], int] = {}
+    links: dict[_ForkKey, int] = {}
     for path in _files(py_dir, ".forks.jsonl"):
         for entry in _json_lines(path):
-            if "child_pid" in entry:
-                try:
-                    children[(_typed(entry, "parent_pid", int), float(entry["fork_at"]))] = _typed(
-                        entry, "child_pid", int
-                    )
-                except (KeyError, ValueError, TypeError):
-                    continue
-            else:
-                records.append(entry)
-    found = []
-    for entry in records:
+            try:
+                if "child_pid" in entry:
+                    parent = _typed(entry, "parent_pid", int)
+                    links[(parent, float(entry["fork_at"]))] = _typed(entry, "child_pid", int)
+                elif "threads" in entry:
+                    record = _fork_record(entry)
+                    records[(record.parent_pid, record.at)] = record
+                    if _is_int(entry.get("site")):
+                        sites[(record.parent_pid, record.at)] = entry["site"]
+                else:
+                    site = (_typed(entry, "parent_pid", int), _typed(entry, "site", int))
+                    counts[site] = max(counts.get(site, 0), _typed(entry, "forks", int))
+            except (KeyError, ValueError, TypeError, AttributeError):
+                continue
+    return records, sites, counts, links
+
+
+def _advert_links(py_dir: Path) -> dict[int, tuple[int, float, int, int]]:
+    """child pid -> (parent pid, fork time, site, forks there) of the children that say, in their advert,
+    they were forked beside other threads."""
+    found: dict[int, tuple[int, float, int, int]] = {}
+    for path in _files(py_dir, ".json"):
         try:
-            record = _fork_record(entry)
-        except (KeyError, ValueError, TypeError, AttributeError):
+            advert = json.loads(_read(path))
+            forked = advert.get("forked") if isinstance(advert, dict) else None
+            if not isinstance(forked, dict):
+                continue
+            found[_typed(advert, "pid", int)] = (
+                _typed(forked, "parent_pid", int),
+                float(forked["fork_at"]),
+                _typed(forked, "site", int),
+                _typed(forked, "n", int),
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
-        child = children.get((record.parent_pid, record.at))
-        found.append(record if child is None else _with_child(record, child))
-    return sorted(found, key=lambda r: (r.at, r.parent_pid))
+    return found
 
 
 def _fork_record(d: dict[str, Any]) -> ForkRecord:
@@ -189,10 +275,6 @@ def _frames(items: list[dict[str, Any]]) -> tuple[Frame, ...]:
         )
         for f in items
     )
-
-
-def _with_child(record: ForkRecord, child_pid: int) -> ForkRecord:
-    return ForkRecord(record.parent_pid, record.at, record.stack, record.threads, child_pid)
 
 
 # --- uncaught exceptions ---------------------------------------------------------------------------

@@ -189,6 +189,13 @@ class _Capture:
             # pending and make it dump later: leave it alone.
             self.notes.append("faulthandler not asked: a stopped process cannot run its handler")
             return None
+        # Read again right before the signal: the job may have set the signal for itself since (the hooks
+        # then withdraw it from the advert), and py-spy's tries may have taken seconds.
+        fresh = read_advert(self.py_dir, self.pid)
+        if fresh is None or fresh.process != advert.process:
+            self.notes.append("faulthandler not asked: its hooks' advert is gone")
+            return None
+        advert = fresh
         deadline = Deadline(self._budget(last=not self.tools.gdb))
         try:
             threads = faultdump.request_dump(advert, self.procfs, deadline)

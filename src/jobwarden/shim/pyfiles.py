@@ -1,17 +1,19 @@
 """Keeping the run's `py/` folder small: what the Python hooks leave there for each process, pruned once the
 process has ended.
 
-Each Python process of the job writes its advert (`<pid>.json`) and opens its faulthandler file
-(`<pid>.stacks`) as it starts: two files per process, for ever, 12,871 files after 6,434 forks (and pid_max
-is 4,194,304 on many distributions). Both serve only a live process (the advert says it may be sent the
-dump signal; the dump is read from the stacks file the moment it is written, and a fatal signal's dump goes
-to stderr, the output log): the shim removes them once the process they belong to has ended. It knows that
+Each Python process of the job writes its advert (`<pid>.json`) as it starts, and its faulthandler file
+(`<pid>.stacks`) where memfd_create is refused (a memfd otherwise): one or two files per process, for ever,
+12,871 files after 6,434 forks (and pid_max is 4,194,304 on many distributions). Both serve only a live
+process (the advert says it may be sent the dump signal; the dump is read from the stacks file the moment
+it is written, and a fatal signal's dump goes to stderr, the output log): the shim removes them once the
+process they belong to has ended. It knows that
 by identity, (pid, start time) from the advert, never by pid alone: a reused pid's new advert stays.
 
 What the diagnosis needs stays: uncaught exceptions (`<pid>.exc.json`) and fork records
-(`<pid>.forks.jsonl`), up to a cap of each; past it, exceptions written after the first MAX_KEPT are
-removed (the first ones are the story, the later ones mostly its fallout), and fork records whose parent
-and children have all ended.
+(`<pid>.forks.jsonl`, each bounded by the hooks: a few records per fork site and a count), up to a cap of
+each; past it, exceptions written after the first MAX_KEPT are removed (the first ones are the story, the
+later ones mostly its fallout), and fork records whose parent and children have all ended (a child names
+its fork in its own advert).
 """
 
 from __future__ import annotations
@@ -50,7 +52,12 @@ class PyFiles:
                     break
         removed = self._adverts(by_kind[ADVERT], by_kind[STACKS], live)
         removed += self._over_cap(by_kind[EXCEPTION], EXCEPTION, lambda pid: False)
-        return removed + self._over_cap(by_kind[FORKS], FORKS, lambda pid: self._fork_relevant(pid, live))
+        if len(by_kind[FORKS]) <= MAX_KEPT:
+            return removed
+        children = self._forked_children(by_kind[ADVERT])
+        return removed + self._over_cap(
+            by_kind[FORKS], FORKS, lambda pid: self._fork_relevant(pid, live, children.get(pid, ()))
+        )
 
     def _adverts(self, adverts: list[int], stacks: list[int], live: Mapping[int, int]) -> int:
         removed = 0
@@ -76,11 +83,24 @@ class PyFiles:
                 removed += self._remove(pid, suffix)
         return removed
 
-    def _fork_relevant(self, parent: int, live: Mapping[int, int]) -> bool:
-        """A fork record matters while its parent or a child it names runs (a hung child of a fork)."""
+    def _fork_relevant(self, parent: int, live: Mapping[int, int], children: Iterable[int]) -> bool:
+        """A fork record matters while its parent or a child forked there runs (a hung child of a fork)."""
         if parent in live or self._pid_exists(parent):
             return True
-        return any(child in live or self._pid_exists(child) for child in self._children(parent))
+        forked = [*children, *self._children(parent)]
+        return any(child in live or self._pid_exists(child) for child in forked)
+
+    def _forked_children(self, adverts: list[int]) -> dict[int, list[int]]:
+        """parent -> children, from the children's adverts (`forked`: the hooks put the link there, one
+        per child, rather than in the parent's file)."""
+        found: dict[int, list[int]] = {}
+        for pid in adverts:
+            advert = self._read_advert(pid)
+            forked = advert.get("forked") if advert is not None else None
+            parent = forked.get("parent_pid") if isinstance(forked, dict) else None
+            if isinstance(parent, int):
+                found.setdefault(parent, []).append(pid)
+        return found
 
     def _children(self, parent: int) -> Iterable[int]:
         with contextlib.suppress(OSError), open(self.py_dir / f"{parent}{FORKS}", "rb") as fh:
@@ -94,13 +114,17 @@ class PyFiles:
                     yield child
 
     def _advert_start(self, pid: int) -> int | None:
+        advert = self._read_advert(pid)
+        start = advert.get("start_time") if advert is not None else None
+        return start if isinstance(start, int) and advert is not None and advert.get("pid") == pid else None
+
+    def _read_advert(self, pid: int) -> dict[str, object] | None:
         try:
             with open(self.py_dir / f"{pid}{ADVERT}", "rb") as fh:
                 advert = json.loads(fh.read(_ADVERT_MAX_BYTES))
         except (OSError, ValueError, RecursionError):
             return None
-        start = advert.get("start_time") if isinstance(advert, dict) else None
-        return start if isinstance(start, int) and advert.get("pid") == pid else None
+        return advert if isinstance(advert, dict) else None
 
     def _alive(self, pid: int, start: int, live: Mapping[int, int]) -> bool:
         if live.get(pid) == start:

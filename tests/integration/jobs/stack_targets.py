@@ -45,6 +45,8 @@ def advertise(py_dir: str) -> None:
         "ptracer": False,
         "mp_start": None,
         "exe": [os.stat("/proc/self/exe").st_dev, os.stat("/proc/self/exe").st_ino],
+        "fault_fd": fh.fileno(),  # the shim signals only while this descriptor is still the file
+        "fault_file_id": [os.fstat(fh.fileno()).st_dev, os.fstat(fh.fileno()).st_ino],
     }
     tmp = os.path.join(py_dir, f".{pid}.json.tmp")
     with open(tmp, "w") as out:

@@ -34,6 +34,7 @@ class Origin:
     site: tuple[Frame, ...]  # the forking thread's stack at the fork, innermost first
     threads: tuple[ThreadStack, ...]  # the other threads alive then (or, without a record, now)
     source: str  # where the evidence comes from, said in the finding
+    site_forks: int = 1  # forks the parent made at that site beside other threads (the hook's count)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,10 @@ def _origin(
     if record is not None:
         if not record.threads:
             return None  # forked with no other thread alive: a lock wait there is not fork's doing
-        return Origin(record.parent_pid, record.stack, record.threads, "the fork hook's record")
+        source = "the fork hook's record"
+        if not record.exact:  # the hooks record a site's first forks in full, then only count them
+            source = "the fork hook's record of that site; threads as at its first recorded forks"
+        return Origin(record.parent_pid, record.stack, record.threads, source, record.site_forks)
     ppid = facts.ppid if facts else None
     if wait.after_fork:
         return Origin(ppid, _below_fork(wait.thread), (), "its own stack, inside the interpreter's fork code")
@@ -134,6 +138,7 @@ def _finding(ev: RunEvidence, look: Lookup, stuck: list[Stuck]) -> Finding:
         f"{frames.where(first.wait.at) if first.wait.at else 'native code'} ({first.wait.how})",
         *_state_line(look.processes.get(pid)),
         f"forked by {parent} at {_site_text(origin.site)} (from {origin.source})",
+        *_site_forks_lines(parent, origin),
         *_threads_lines(origin.threads, first.wait),
         *_warning_lines(ev.log_tail),
         *_request_lines(ev, origin),
@@ -160,6 +165,12 @@ def _finding(ev: RunEvidence, look: Lookup, stuck: list[Stuck]) -> Finding:
         _remedy(ev, origin, first.wait),
         tuple(s.stack.pid for s in stuck),
     )
+
+
+def _site_forks_lines(parent: str, origin: Origin) -> list[str]:
+    if origin.site_forks < 2:
+        return []
+    return [f"{parent} forked at least {origin.site_forks} times there while other threads ran"]
 
 
 def _other_threads(n: int) -> str:
