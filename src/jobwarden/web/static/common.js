@@ -122,14 +122,24 @@ const jw = {
     return p.rate < 1 ? `${jw.figure(1 / p.rate)}s/${jw.unit(p)}` : `${jw.figure(p.rate)}${jw.unit(p)}/s`;
   },
 
+  // the bar finished, and with it the run (a bar per epoch finishes each epoch: the run's fraction says)
   finished(p) {
-    return p.closed || (p.total !== null && p.step !== null && p.step >= p.total);
+    const bar = p.closed || (p.total !== null && p.step !== null && p.step >= p.total);
+    return bar && (p.fraction === null || p.fraction >= 1 || !p.epoch || !p.epoch.total);
   },
 
+  // "ep 2/3", "ep 2" (of an unknown number), as the CLI writes it
+  epoch(p) {
+    if (!p.epoch) return "";
+    return p.epoch.total ? `ep ${p.epoch.n}/${p.epoch.total}` : `ep ${p.epoch.n}`;
+  },
+
+  // "45% 450/1000", "ep 2/3 83% 106/128": the percentage is the bar's, the ETA the run's
   counter(p) {
-    if (p.step === null) return p.epoch !== null ? `epoch ${p.epoch}` : "";
-    if (p.total) return `${Math.round((p.fraction || 0) * 100)}% ${p.step}/${p.total}`;
-    return `step ${p.step}`;
+    if (p.step === null) return jw.epoch(p);
+    const counter = p.total ? `${Math.round(Math.min(p.step / p.total, 1) * 100)}% ${p.step}/${p.total}` : `step ${p.step}`;
+    const epoch = p.unit === "epoch" ? "" : jw.epoch(p);
+    return epoch ? `${epoch} ${counter}` : counter;
   },
 
   // "45% 450/1000 5.4it/s ETA 1m42s"; an ended run: where it stopped

@@ -188,7 +188,7 @@ function renderProgress(s) {
   document.getElementById("progress-bar").replaceChildren(cell);
   const facts = [];
   if (p.label) facts.push(p.label);
-  if (p.epoch !== null && p.step !== null && !/epoch/i.test(p.label || "")) facts.push(`epoch ${p.epoch}`);
+  if (p.epoch !== null && p.step !== null && !live && !/epoch/i.test(p.label || "")) facts.push(jw.epoch(p));
   const metrics = metricsText(p.metrics);
   if (metrics) facts.push(metrics);
   const how = { "in-process": "read in-process", log: "from the log" }[p.observed];
