@@ -33,6 +33,8 @@ _TQDM = re.compile(
 )
 _TQDM_LEFT = re.compile(r"^(?:(?P<desc>[^|]*?):\s*)?(?:\d{1,3}%\|[^|]*\|\s*)?$")
 EPOCH_IN_LABEL = re.compile(r"(?i)\bepoch\s*(\d+)")
+EPOCHS_IN_LABEL = re.compile(r"(?i)\bepoch\s*(\d{1,9})\s*/\s*(\d{1,9})\b")  # "Epoch 2/10"
+MAX_EPOCHS = 10**9
 KEY_VALUES = re.compile(rf"(?P<k>[A-Za-z_][\w./-]{{0,39}})\s*=\s*(?P<v>{_VALUE})(?![\w.])")
 # Keras 3 "123/500 ━━━━ 1:23 12ms/step - loss: 0.1234" (and verbose=2 "500/500 - 5s - 10ms/step - ...");
 # Keras 2 " 123/500 [====>....] - ETA: 1:23 - loss: 0.1234", its last frame "- 5s 10ms/step - loss: ..."
@@ -164,14 +166,17 @@ def parse_tqdm(frame: str) -> Reading | None:
 
 
 def label_epochs(label: str | None, rich: bool = False) -> dict[str, Any]:
-    """A bar's epoch from its description: "Epoch 3" (a bar of that epoch's batches), as printed; from
-    rich, Lightning's "Epoch 1/2" (0-based, the last index after the slash: the 2nd of 3)."""
+    """A bar's epoch from its description: "Epoch 3" (a bar of that epoch's batches), "Epoch 3/10", as
+    printed; from rich, Lightning's "Epoch 1/2" (0-based, the last index after the slash: the 2nd of 3)."""
     if not label:
         return {}
     last = LIGHTNING_RICH_EPOCH.match(label) if rich else None
     if last is not None:
         n, epochs = float(last.group("epoch")) + 1, int(last.group("last")) + 1
         return {"epoch": n, "epochs": epochs, "per_epoch": True}
+    of = EPOCHS_IN_LABEL.search(label)
+    if of is not None and 0 < int(of.group(2)) <= MAX_EPOCHS and int(of.group(1)) <= int(of.group(2)):
+        return {"epoch": float(of.group(1)), "epochs": int(of.group(2)), "per_epoch": True}
     epoch = EPOCH_IN_LABEL.search(label)
     return {"epoch": float(epoch.group(1)), "per_epoch": True} if epoch else {}
 

@@ -200,7 +200,8 @@ def _first_of(newest_first: list[Frame], position: int, newest: Reading) -> tupl
     for index, frame in enumerate(reversed(newest_first)):
         if frame.position != position:
             continue
-        reading = formats.parse_bar(frame.clean())
+        text = frame.clean()
+        reading = formats.parse_bar(text) or (formats.parse_line(text) if frame.ended else None)
         if reading is not None and reading.step is not None and _bar_shape(reading) == shape:
             first = min(reading.step, newest.step if newest.step is not None else reading.step)
             return first, reading.epoch == 0, index

@@ -160,10 +160,12 @@ const jw = {
   progressCell(p, live) {
     if (!p) return "";
     const box = jw.el("div", { class: `progress${p.stalled_for_s !== null ? " stalled" : ""}`, "data-step": p.step });
-    if (p.fraction !== null) {
+    // the run's fraction; an epoch's bar of an unknown number of epochs shows that epoch's
+    const shown = p.fraction !== null ? p.fraction : p.total && p.step !== null ? Math.min(p.step / p.total, 1) : null;
+    if (shown !== null) {
       const fill = jw.el("div", { class: "fill" });
-      fill.style.width = `${(p.fraction * 100).toFixed(1)}%`;
-      box.append(jw.el("div", { class: "bar", role: "progressbar", "aria-valuenow": Math.round(p.fraction * 100), "aria-valuemin": 0, "aria-valuemax": 100 }, fill));
+      fill.style.width = `${(shown * 100).toFixed(1)}%`;
+      box.append(jw.el("div", { class: "bar", role: "progressbar", "aria-valuenow": Math.round(shown * 100), "aria-valuemin": 0, "aria-valuemax": 100 }, fill));
     }
     box.append(jw.el("span", { class: "ptext" }, jw.progressText(p, live)));
     return box;
