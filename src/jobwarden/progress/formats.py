@@ -306,6 +306,9 @@ def parse_plain(frame: str) -> Reading | None:
     reading without a step (the epoch of whatever bar runs beside it)."""
     if "/" not in frame:
         return None
+    low = frame.lower()  # a fast pre-check: most lines with a slash are paths and URLs
+    if "step" not in low and "epoch" not in low and "iter" not in low:
+        return None
     epoch: tuple[int, int] | None = None
     step: tuple[str, int, int] | None = None
     first = -1

@@ -85,10 +85,11 @@ class OutputProgress:
         epoch: Reading | None = None
         ordered = list(newest_first(stream, rank))
         base, self.frames = self.frames, self.frames + len(ordered)
+        dated = False  # a bar or line found with its own epoch: older epoch lines need no parsing
         for i, frame in enumerate(ordered):
             # a bar known already: only a Trainer dict or a Keras epoch line may still tell something
             if frame.position in found and not (
-                frame.complete and _maybe_context(frame.raw, hf is None, epoch is None)
+                frame.complete and _maybe_context(frame.raw, hf is None, epoch is None and not dated)
             ):
                 continue
             text = frame.clean()
@@ -104,6 +105,7 @@ class OutputProgress:
                 if reading is not None:
                     found[frame.position] = reading._replace(closed=frame.ended), self.frames - i
                     self.zero_epoch = self.zero_epoch or reading.epoch == 0
+                    dated = dated or reading.epoch is not None  # it has its epoch: no line needed
                     continue
             if frame.complete and hf is None and text.startswith("{'"):
                 hf = formats.parse_hf_dict(text)
