@@ -86,6 +86,15 @@ def test_an_ended_run_says_where_it_stopped_and_what_it_reported() -> None:
     )
 
 
+def test_an_ended_run_of_epochs_says_which_epoch_and_how_far_the_run_got() -> None:
+    crashed = p(step=8, total=16, epoch=2.0, epochs=3, per_epoch=True, closed=True)
+    assert progress_line(crashed, False, NOW).startswith("stopped at 50%, epoch 2/3, step 8/16")  # 24 of 48
+    done = p(step=16, total=16, epoch=3.0, epochs=3, per_epoch=True, closed=True)
+    assert progress_line(done, False, NOW).startswith("reached 100%, epoch 3/3, step 16/16")
+    unknown = p(step=4, total=16, epoch=2.0, per_epoch=True, closed=True)  # of an unknown number: the bar
+    assert progress_line(unknown, False, NOW).startswith("stopped at 25%, epoch 2, step 4/16")
+
+
 def test_a_restarted_run_says_where_it_resumed() -> None:
     assert (
         resumed_line(p(step=610, first_step=600), p(step=620), 1)

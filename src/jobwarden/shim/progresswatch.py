@@ -27,7 +27,7 @@ from jobwarden.config import format_duration
 from jobwarden.probes.pyhooks import PROGRESS_SUFFIX, progress_mtime, read_heartbeat, read_progress
 from jobwarden.progress.epochs import with_hints
 from jobwarden.progress.hints import from_command
-from jobwarden.progress.model import HookProgress, Progress, Reading, run_counter
+from jobwarden.progress.model import HookProgress, Progress, Reading, epoch_number
 from jobwarden.progress.output import OutputProgress
 from jobwarden.progress.sources import (
     Candidate,
@@ -220,8 +220,7 @@ class ProgressWatch:
         reading = chosen.reading
         # the run's own count of steps (this epoch's and those before it): a rate that goes on across
         # epochs, where a bar per epoch starts again from 0
-        counted = run_counter(reading) if reading.per_epoch else None
-        self.clock.observe(now_mono, counted[0] if counted else reading.step, chosen.key)
+        self.clock.observe(now_mono, _run_steps(reading), chosen.key)
         if reading != self._reading:
             self._reading, self._changed_at = reading, now
         if self._first_step is None and reading.step is not None:
@@ -353,6 +352,15 @@ def _where(reading: Reading) -> str:
     if reading.total:
         return f"step {reading.step}/{reading.total} ({100 * reading.step / reading.total:.0f}%)"
     return f"step {reading.step}"
+
+
+def _run_steps(reading: Reading) -> int | None:
+    """The step counter the clock measures: for a bar per epoch, the epochs before this one added (its
+    count need not be known), so that the rate does not start over with each epoch."""
+    n = epoch_number(reading.epoch, reading.epochs)
+    if not reading.per_epoch or n is None or reading.step is None or not reading.total:
+        return reading.step
+    return (n - 1) * reading.total + min(reading.step, reading.total)
 
 
 def _labels_from_zero(records: dict[int, HookProgress]) -> bool:

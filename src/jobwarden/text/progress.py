@@ -95,13 +95,14 @@ def progress_line(p: Progress, live: bool, now: float) -> str:
     else:
         reached = p.step is not None and p.total is not None and p.step >= p.total
         verb = "reached" if reached else "stopped at"  # a bar closed by a crash stopped where it was
+        # the run's share where known, else the bar's; a bar per epoch says which epoch
+        shown = p.fraction if p.fraction is not None else p.bar_fraction
         epoch = epoch_text(p)
         if p.step is not None and p.total and epoch and p.per_epoch:
-            reached = reached and p.finished
-            verb = "reached" if reached else "stopped at"
-            where = f"{verb} {(p.fraction or 0.0) * 100:.0f}%, epoch {epoch[3:]}, step {p.step}/{p.total}"
+            verb = "reached" if reached and p.finished else "stopped at"
+            where = f"{verb} {(shown or 0.0) * 100:.0f}%, epoch {epoch[3:]}, step {p.step}/{p.total}"
         elif p.step is not None and p.total:
-            where = f"{verb} {(p.fraction or 0.0) * 100:.0f}%, step {p.step}/{p.total}"
+            where = f"{verb} {(shown or 0.0) * 100:.0f}%, step {p.step}/{p.total}"
         elif p.step is not None:
             where = f"{verb} step {p.step}"
         else:
