@@ -107,22 +107,28 @@ def test_a_tqdm_bar_everywhere(jw: Jobwarden, tmp_path: Path, finish: list[Held]
     job.wait_ready()
     wait_progress(jw, job.id, "at 450", lambda p: p.step == 450)
     listed = ps_json(jw, job.id)["progress"]
+    # a bar of "Epoch 3" of an unknown number of epochs: no fraction of the run, no ETA to its end
     assert {k: listed[k] for k in ("step", "total", "fraction", "unit", "source", "format", "label")} == {
         "step": 450,
         "total": 1000,
-        "fraction": 0.45,
+        "fraction": None,
         "unit": "it",
         "source": "output",
         "format": "tqdm",
         "label": "Epoch 3",
     }
-    assert listed["observed"] == "in-process" and listed["epoch"] == 3.0
+    assert listed["observed"] == "in-process" and listed["epoch"] == {"n": 3, "total": None}
+    assert listed["eta_s"] is None
     assert listed["metrics"]["loss"] == pytest.approx(1 / 450, rel=0.01) and listed["at"].endswith("Z")
     status = jw.status(job.id)["progress"]
     assert status["metrics"]["loss"] == pytest.approx(1 / 450, rel=0.01)
-    assert "45% 450/1000" in ps_row(jw, job.id)
+    assert "ep 3 45% 450/1000" in ps_row(jw, job.id)
     text = jw("status", str(job.id), check=True).stdout
-    assert "progress     45% 450/1000" in text and "loss 0.00222" in text and "tqdm, read in-process" in text
+    assert (
+        "progress     ep 3 45% 450/1000" in text
+        and "loss 0.00222" in text
+        and "tqdm, read in-process" in text
+    )
     job.go()
     assert jw("wait", str(job.id)).returncode == 0
     ended = jw.status(job.id)["progress"]
@@ -241,11 +247,11 @@ def test_pytorch_lightning(jw: Jobwarden, tmp_path: Path, finish: list[Held], ba
     job.wait_ready()
     got = wait_progress(jw, job.id, "inside epoch 0", lambda p: p.total == 16 and p.step == 5)
     assert got.observed == "in-process" and got.format == ("rich" if bar == "default" else "tqdm")
-    assert got.epoch == 0.0 and (got.label or "").startswith("Epoch 0")
+    assert got.epoch == 1.0 and (got.label or "").startswith("Epoch 0")  # Lightning's 0-based: the 1st
     job.go()
     assert jw("wait", str(job.id)).returncode == 0
     ended = progress_of(jw, job.id)
-    assert ended is not None and (ended.step, ended.total, ended.epoch) == (16, 16, 1.0)
+    assert ended is not None and (ended.step, ended.total, ended.epoch) == (16, 16, 2.0)
 
 
 @pytest.mark.timeout(300)
@@ -257,6 +263,7 @@ def test_keras(jw: Jobwarden, tmp_path: Path, finish: list[Held]) -> None:
     # held in epoch 2 after its second step (the callback holds before Keras' own ProgbarLogger updates)
     got = wait_progress(jw, job.id, "at 2/8 of epoch 2", lambda p: (p.epoch, p.step, p.total) == (2.0, 2, 8))
     assert got.format == "keras" and not got.closed and got.loss is not None
+    assert got.epochs == 3 and got.fraction == pytest.approx((8 + 2) / 24)  # Keras' "Epoch 2/3" line
     job.go()
     assert jw("wait", str(job.id)).returncode == 0
     ended = progress_of(jw, job.id)
@@ -332,18 +339,18 @@ def test_prometheus_exports_progress_and_promtool_accepts_it(
     jw: Jobwarden, tmp_path: Path, finish: list[Held]
 ) -> None:
     require("tqdm")
-    job = Held(jw, tmp_path, "tqdm")
+    job = Held(jw, tmp_path, "nested")  # an epoch bar around a bar of batches: the ratio is the run's
     finish.append(job)
     job.wait_ready()
-    wait_progress(jw, job.id, "at 450", lambda p: p.step == 450)
+    wait_progress(jw, job.id, "at 106 of epoch 2", lambda p: (p.epoch, p.step) == (2.0, 106))
     text = jw("metrics", str(job.id), "--prometheus", check=True).stdout
     with Store(jw.home) as store:  # what /metrics serves: every job
         served = exposition(store, ProcFS(), time.time())
-    assert f'jobwarden_job_progress_step{{job_id="{job.id}"}} 450' in served
+    assert f'jobwarden_job_progress_step{{job_id="{job.id}"}} 106' in served
     values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
-    assert values["jobwarden_job_progress_step"] == 450
-    assert values["jobwarden_job_progress_total"] == 1000
-    assert values["jobwarden_job_progress_ratio"] == 0.45
+    assert values["jobwarden_job_progress_step"] == 106
+    assert values["jobwarden_job_progress_total"] == 128
+    assert values["jobwarden_job_progress_ratio"] == pytest.approx((128 + 106) / 384)
     assert values["jobwarden_job_step_rate"] > 0 and values["jobwarden_job_eta_seconds"] > 0
     job.go()
     assert jw("wait", str(job.id)).returncode == 0

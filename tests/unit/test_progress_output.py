@@ -54,9 +54,10 @@ WHOLE = {
     # name: (step, total, format, label, epoch, a metric that must be there, rank)
     "tqdm-variants": (1000, 1000, "tqdm", None, None, None, None),
     "tqdm-colour": (40, 40, "tqdm", "training", None, None, None),
-    "lightning-tqdm": (16, 16, "tqdm", "Epoch 1", 1.0, ("train_loss", 0.0431), None),
-    "lightning-default": (16, 16, "rich", "Epoch 1/1", 1.0, ("train_loss", 0.043), None),
-    "lightning-default-tty": (16, 16, "rich", "Epoch 1/1", 1.0, ("train_loss", 0.043), None),
+    # Lightning's epochs are shown 1-based: its "Epoch 1" (after "Epoch 0") is the 2nd
+    "lightning-tqdm": (16, 16, "tqdm", "Epoch 1", 2.0, ("train_loss", 0.0431), None),
+    "lightning-default": (16, 16, "rich", "Epoch 1/1", 2.0, ("train_loss", 0.043), None),
+    "lightning-default-tty": (16, 16, "rich", "Epoch 1/1", 2.0, ("train_loss", 0.043), None),
     "keras3": (8, 8, "keras", None, 2.0, ("loss", 0.3421), None),
     "keras2": (100, 100, "keras", None, 2.0, ("acc", 0.99), None),
     "hf-trainer": (32, 32, "hf", None, 2.0, ("train_loss", 0.109), None),
@@ -118,13 +119,15 @@ def test_tqdm_frames_at_each_point() -> None:
     assert dict(train.metrics) == {"acc": pytest.approx(0.98), "loss": pytest.approx(0.02)}
 
 
-def test_nested_bars_the_outer_one_is_the_progress() -> None:
+def test_nested_bars_are_epochs_of_the_inner_one() -> None:
     text = recorded("tqdm-variants")
-    # the inner bar redraws last (position 1: followed by a cursor-up), the outer one is still at 1/3
+    # the inner bar redraws last (position 1: followed by a cursor-up), the outer one is still at 1/3:
+    # the second of 3 passes of the inner bar
     at = upto(text, "inner:  75%", 2)
     assert position(at[at.rindex("\r") + 1 :]) == 1
     got = reading(at)
-    assert (got.label, got.step, got.total) == ("outer", 1, 3)
+    assert (got.label, got.step, got.total) == ("inner", 3, 4)
+    assert (got.epoch, got.epochs, got.per_epoch) == (2.0, 3, True)
 
 
 def test_a_closed_bar_stays_until_the_next_one() -> None:
@@ -136,13 +139,14 @@ def test_a_closed_bar_stays_until_the_next_one() -> None:
 def test_lightning_bars() -> None:
     text = recorded("lightning-tqdm")
     got = reading(upto(text, "Epoch 0:  50%"))
-    assert (got.label, got.step, got.total, got.epoch) == ("Epoch 0", 8, 16, 0.0)
+    assert (got.label, got.step, got.total, got.epoch, got.per_epoch) == ("Epoch 0", 8, 16, 1.0, True)
     assert "train_loss" in dict(got.metrics)
     # the validation bar is nested under the training bar: the training bar stays the progress
     during = reading(upto(text, "Validation DataLoader 0:  50%"))
     assert (during.label, during.step) == ("Epoch 0", 16)
     rich = reading(upto(recorded("lightning-default-tty"), "7/16"))
     assert (rich.format, rich.step, rich.total, rich.label) == ("rich", 7, 16, "Epoch 0/1")
+    assert (rich.epoch, rich.epochs) == (1.0, 2)  # its "Epoch 0/1" is 0-based: the 1st of max_epochs=2
 
 
 def test_keras_frames_and_epoch_lines() -> None:

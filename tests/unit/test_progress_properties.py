@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from jobwarden.progress import formats
 from jobwarden.progress.frames import by_rank, frames
-from jobwarden.progress.model import Reading
+from jobwarden.progress.hints import from_command
+from jobwarden.progress.model import Progress, Reading, run_counter
 from jobwarden.progress.output import OutputProgress
 from jobwarden.progress.stepclock import StepClock
 
@@ -155,3 +156,44 @@ def test_the_step_clock_never_gives_a_negative_or_infinite_rate(moves: list[tupl
         clock.observe(now, step)
         rate = clock.rate(now)
         assert rate is None or 0 < rate < float("inf")
+
+
+# the pieces of a loop's own prints and of boosting's eval lines, shuffled: the new parsers' paths
+tokens = st.sampled_from(
+    ["Epoch", "epoch", "step", "iter", "Step", " ", "/", " / ", "|", ",", ":", "=", "-", "[", "]", "\t",
+     "'s ", "loss", "valid-logloss", "0.1", "1e-4", "nan", "3", "10", "0", "99999999999999999999", "of the"]
+)  # fmt: skip
+
+
+@given(st.lists(tokens, max_size=24))
+def test_no_home_made_print_crashes_or_counts_past_its_total(parts: list[str]) -> None:
+    line = "".join(parts)
+    for parse in (formats.parse_plain, formats.parse_boosting):
+        got = parse(line)
+        if got is not None:
+            assert got.step is None or got.total is None or 0 <= got.step <= got.total
+            assert got.epoch is None or got.epochs is None or 0 <= got.epoch <= got.epochs
+    found = fed([line + "\n"])
+    done = run_counter(found[0]) if found is not None else None
+    assert done is None or 0 <= done[0] <= done[1]
+
+
+@given(st.lists(st.text(max_size=20), max_size=12))
+def test_no_command_line_crashes_the_hints(argv: list[str]) -> None:
+    hints = from_command(argv)
+    assert all(n is None or 0 < n <= 10**9 for n in hints)
+
+
+@given(
+    st.integers(0, 10**6), st.integers(1, 10**6), st.floats(-5, 50), st.integers(1, 1000) | st.none(),
+    st.booleans(), st.booleans(), st.floats(0.001, 1e4) | st.none(),
+)  # fmt: skip
+def test_the_runs_fraction_and_eta_stay_in_bounds(
+    step: int, total: int, epoch: float, epochs: int | None, per_epoch: bool, closed: bool, rate: float | None
+) -> None:
+    p = Progress(step, total, rate, "it", epoch, (), "output", "tqdm", 0.0, closed=closed, epochs=epochs,
+                 per_epoch=per_epoch)  # fmt: skip
+    assert p.fraction is None or 0.0 <= p.fraction <= 1.0
+    assert p.eta_s is None or p.eta_s >= 0
+    got = p.to_json()
+    assert got["epoch"] is None or got["epoch"]["n"] >= 1

@@ -42,7 +42,24 @@ def p(
         (p(stalled_since=NOW - 130), True, "45% 450/1000 stalled 2m10s"),
         (p(step=620), False, "62% 620/1000"),
         (p(step=1000, closed=True), True, "100% 1000/1000"),
-        (p(step=None, total=None, rate=None, epoch=1.25), True, "epoch 1.25"),
+        (p(step=None, total=None, rate=None, epoch=1.25), True, "ep 2"),  # a Trainer's dicts: 1.25 done
+        # a bar per epoch: its own percentage, the epoch, the ETA of the whole run (a 2nd and a 3rd epoch)
+        (
+            p(step=106, total=128, rate=18.7, epoch=2.0, epochs=3, per_epoch=True),
+            True,
+            "ep 2/3 83% 106/128 18.7it/s ETA 8s",
+        ),
+        (
+            p(step=128, total=128, rate=10.0, epoch=2.0, epochs=3, per_epoch=True, closed=True),
+            True,
+            "ep 2/3 100% 128/128 10it/s ETA 13s",
+        ),
+        (p(step=8, total=16, rate=2.0, epoch=2.0, epochs=None, per_epoch=True), True, "ep 2 50% 8/16 2it/s"),
+        (
+            p(step=450, total=1000, rate=5.4, epoch=1.3, format="hf"),
+            True,
+            "ep 2 45% 450/1000 5.4it/s ETA 1m42s",
+        ),
         (None, True, "-"),
     ],
 )
@@ -67,6 +84,15 @@ def test_an_ended_run_says_where_it_stopped_and_what_it_reported() -> None:
     assert progress_line(p(step=7, total=None, format="heartbeat", observed="heartbeat"), False, NOW) == (
         "stopped at step 7 (heartbeat, 2s ago)"
     )
+
+
+def test_an_ended_run_of_epochs_says_which_epoch_and_how_far_the_run_got() -> None:
+    crashed = p(step=8, total=16, epoch=2.0, epochs=3, per_epoch=True, closed=True)
+    assert progress_line(crashed, False, NOW).startswith("stopped at 50%, epoch 2/3, step 8/16")  # 24 of 48
+    done = p(step=16, total=16, epoch=3.0, epochs=3, per_epoch=True, closed=True)
+    assert progress_line(done, False, NOW).startswith("reached 100%, epoch 3/3, step 16/16")
+    unknown = p(step=4, total=16, epoch=2.0, per_epoch=True, closed=True)  # of an unknown number: the bar
+    assert progress_line(unknown, False, NOW).startswith("stopped at 25%, epoch 2, step 4/16")
 
 
 def test_a_restarted_run_says_where_it_resumed() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 
 from jobwarden.progress.model import MAX_LABEL, Metrics, Reading, finite_metrics
 
@@ -32,6 +33,8 @@ _TQDM = re.compile(
 )
 _TQDM_LEFT = re.compile(r"^(?:(?P<desc>[^|]*?):\s*)?(?:\d{1,3}%\|[^|]*\|\s*)?$")
 EPOCH_IN_LABEL = re.compile(r"(?i)\bepoch\s*(\d+)")
+EPOCHS_IN_LABEL = re.compile(r"(?i)\bepoch\s*(\d{1,9})\s*/\s*(\d{1,9})\b")  # "Epoch 2/10"
+MAX_EPOCHS = 10**9
 KEY_VALUES = re.compile(rf"(?P<k>[A-Za-z_][\w./-]{{0,39}})\s*=\s*(?P<v>{_VALUE})(?![\w.])")
 # Keras 3 "123/500 ━━━━ 1:23 12ms/step - loss: 0.1234" (and verbose=2 "500/500 - 5s - 10ms/step - ...");
 # Keras 2 " 123/500 [====>....] - ETA: 1:23 - loss: 0.1234", its last frame "- 5s 10ms/step - loss: ..."
@@ -51,6 +54,8 @@ _RICH = re.compile(
 _RICH_METRIC = re.compile(rf"(?P<k>[A-Za-z_][\w./-]{{0,39}}):\s*(?P<v>{_VALUE})(?![\w.])")
 _KERAS_METRIC = re.compile(rf" - (?P<k>[A-Za-z_][\w ]{{0,39}}?): (?P<v>{_VALUE})")
 KERAS_EPOCH = re.compile(r"^Epoch (?P<epoch>\d+)/(?P<epochs>\d+)$")
+# Lightning's RichProgressBar describes its bar "Epoch {current_epoch}/{max_epochs - 1}": 0-based, both
+LIGHTNING_RICH_EPOCH = re.compile(r"^Epoch (?P<epoch>\d+)/(?P<last>\d+)$")
 # Megatron: " [ts] iteration 10/ 1000 | consumed samples: 320 | elapsed time per iteration (ms): 12.3 | ..."
 _MEGATRON = re.compile(r"\biteration\s+(?P<n>\d+)/\s*(?P<total>\d+)\s*\|(?P<rest>.*\|)")
 _MEGATRON_METRIC = re.compile(rf"\|\s*(?P<k>[A-Za-z][A-Za-z /()-]{{0,60}}?):\s*(?P<v>{_VALUE})\s*(?=\|)")
@@ -69,6 +74,36 @@ _FAIRSEQ = re.compile(r"\bepoch (?P<epoch>\d+):\s+(?P<n>\d+) / (?P<total>\d+)(?P
 # versions with the numbers as strings ("'loss': '0.52'"), a NaN as bare `nan`
 _HF_KEYS = ("'loss'", "'eval_loss'", "'train_runtime'", "'learning_rate'", "'grad_norm'", "'train_loss'")
 _HF_PAIR = re.compile(rf"'(?P<k>[\w./-]{{1,40}})':\s*'?(?P<v>{_VALUE})'?(?=\s*[,}}])")
+
+
+# A training loop's own prints: "Epoch 1/3 | step 10/50 | loss 0.1", "iter 500 / 10000, loss=0.1",
+# "epoch 0/2 step 7/8 loss: 0.25" behind the logging module's prefix. A counter counts only where it stands
+# as a field: at the start, or after a separator or a logging prefix, and followed by the end, a separator
+# or what a field holds (a metric, another counter) -- "at step 3/4 of the install" is prose, not progress.
+_PLAIN_COUNTER = re.compile(
+    r"(?i)(?P<kw>epoch|step|iter|iteration)s?\b[ \t]*[:#=]?[ \t]*(?P<n>\d{1,18})"
+    r"[ \t]*/[ \t]*(?P<total>\d{1,18})(?![\w/.])"
+)
+_PLAIN_BEFORE = re.compile(r"(?:^|[|,;\[(]\s*|[:\])>]\s*|\s-+\s+|\s\s|\t)$")
+_PLAIN_FIELD = rf"[A-Za-z_][\w.]{{0,39}}[ \t]*[:=]?[ \t]*(?:{_VALUE})(?![\w./%])"
+_PLAIN_AFTER = re.compile(
+    rf"(?i)[\s|,;:\-\])]*(?:$|(?:epoch|step|iter|iteration)s?\b|{_PLAIN_FIELD}|\(?\d+(?:\.\d+)?%\)?(?:\s|$))"
+)
+_PLAIN_METRIC = re.compile(
+    rf"(?<![\w./])(?P<k>[A-Za-z_][\w.]{{0,39}})[ \t]*[:=]?[ \t]*(?P<v>{_VALUE})(?![\w./%])"
+)
+_PLAIN_SKIP = ("epoch", "epochs", "step", "steps", "iter", "iters", "iteration", "iterations")
+_PLAIN_UNITS = {"iter": "it", "iteration": "it", "step": "step", "epoch": "epoch"}
+# Gradient boosting's evaluation lines (one per round, or every period): XGBoost's EvaluationMonitor
+# "[37]\tvalid-logloss:0.41\t..." (0-based rounds), LightGBM's log_evaluation
+# "[37]\tvalid_0's binary_logloss: 0.41\t..." (1-based); each field a data set and a metric
+_BOOST_HEAD = re.compile(r"^\[(?P<n>\d{1,9})\]\t")
+_XGB_FIELD = re.compile(
+    rf"^(?P<data>[\w.]{{1,40}})-(?P<metric>[\w@.:-]{{1,40}}?):(?P<v>{_VALUE})(?:\+(?:{_VALUE}))?$"
+)
+_LGB_FIELD = re.compile(
+    rf"^(?P<data>[\w.]{{1,40}})'s (?P<metric>[\w@.:-]{{1,40}}): (?P<v>{_VALUE})(?: \+ (?:{_VALUE}))?$"
+)
 
 
 def number(text: str) -> float:
@@ -123,10 +158,27 @@ def parse_tqdm(frame: str) -> Reading | None:
         total=_count(total) if total and total != "?" else None,
         unit=unit,
         epoch=float(epoch.group(1)) if epoch else None,
+        per_epoch=epoch is not None,  # a bar described "Epoch 3" counts that epoch's batches
         metrics=metrics_of(KEY_VALUES, postfix, skip=("v_num",)),  # v_num: Lightning's logger version
         format="tqdm",
         label=label,
     )
+
+
+def label_epochs(label: str | None, rich: bool = False) -> dict[str, Any]:
+    """A bar's epoch from its description: "Epoch 3" (a bar of that epoch's batches), "Epoch 3/10", as
+    printed; from rich, Lightning's "Epoch 1/2" (0-based, the last index after the slash: the 2nd of 3)."""
+    if not label:
+        return {}
+    last = LIGHTNING_RICH_EPOCH.match(label) if rich else None
+    if last is not None:
+        n, epochs = float(last.group("epoch")) + 1, int(last.group("last")) + 1
+        return {"epoch": n, "epochs": epochs, "per_epoch": True}
+    of = EPOCHS_IN_LABEL.search(label)
+    if of is not None and 0 < int(of.group(2)) <= MAX_EPOCHS and int(of.group(1)) <= int(of.group(2)):
+        return {"epoch": float(of.group(1)), "epochs": int(of.group(2)), "per_epoch": True}
+    epoch = EPOCH_IN_LABEL.search(label)
+    return {"epoch": float(epoch.group(1)), "per_epoch": True} if epoch else {}
 
 
 def parse_keras(frame: str) -> Reading | None:
@@ -153,13 +205,12 @@ def parse_rich(frame: str) -> Reading | None:
     if m is None:
         return None
     label = m.group("desc").rstrip("━╸╺─ ").strip()[:MAX_LABEL] or None
-    epoch = EPOCH_IN_LABEL.search(label) if label else None
     total = m.group("total")
     return Reading(
         step=int(m.group("n")),
         total=int(total) if total.isdigit() else None,
         unit="it",
-        epoch=float(epoch.group(1)) if epoch else None,
+        **label_epochs(label, rich=True),
         metrics=metrics_of(_RICH_METRIC, m.group("rest"), skip=("v_num",)),
         format="rich",
         label=label,
@@ -250,6 +301,75 @@ def parse_hf_dict(frame: str) -> Reading | None:
     return Reading(step=None, epoch=epoch, metrics=tuple(found.items()), format="hf")
 
 
+def parse_plain(frame: str) -> Reading | None:
+    """A home-made print with an epoch and/or a step counter (and its metrics); an epoch alone gives a
+    reading without a step (the epoch of whatever bar runs beside it)."""
+    if "/" not in frame:
+        return None
+    low = frame.lower()  # a fast pre-check: most lines with a slash are paths and URLs
+    if "step" not in low and "epoch" not in low and "iter" not in low:
+        return None
+    epoch: tuple[int, int] | None = None
+    step: tuple[str, int, int] | None = None
+    first = -1
+    for m in _PLAIN_COUNTER.finditer(frame):
+        if first < 0:
+            if not _PLAIN_BEFORE.search(frame, 0, m.start()) or not _PLAIN_AFTER.match(frame, m.end()):
+                return None
+            first = m.start()
+        kw = m.group("kw").lower()
+        n, total = int(m.group("n")), int(m.group("total"))
+        if total <= 0 or n > total:
+            return None  # "3/0", "12/10": a date, a ratio, not a counter
+        if kw == "epoch":
+            epoch = epoch or (n, total)
+        elif step is None:
+            step = (kw, n, total)
+    if first < 0:
+        return None
+    rest = _PLAIN_COUNTER.sub(" ", frame[first:])
+    metrics = metrics_of(_PLAIN_METRIC, rest, skip=_PLAIN_SKIP)
+    return Reading(
+        step=step[1] if step else None,
+        total=step[2] if step else None,
+        unit=_PLAIN_UNITS.get(step[0], "step") if step else "epoch",
+        epoch=float(epoch[0]) if epoch else None,
+        epochs=epoch[1] if epoch else None,
+        per_epoch=epoch is not None and step is not None,
+        metrics=metrics,
+        format="plain",
+    )
+
+
+def parse_boosting(frame: str) -> Reading | None:
+    """An evaluation line of XGBoost or LightGBM: the round (1-based, as both count it in their totals),
+    the metrics as `data-metric`; the number of rounds comes from the job's command (progress.hints)."""
+    if not frame.startswith("[") or "\t" not in frame[:12]:
+        return None
+    head = _BOOST_HEAD.match(frame)
+    if head is None:
+        return None
+    fields = frame[head.end() :].split("\t")
+    lightgbm = "'s " in fields[0]
+    pattern = _LGB_FIELD if lightgbm else _XGB_FIELD
+    pairs = []
+    for field in fields[:64]:
+        m = pattern.match(field.strip())
+        if m is None:
+            return None  # every field is a data set's metric, or the line is something else
+        try:
+            pairs.append((f"{m.group('data')}-{m.group('metric')}", number(m.group("v"))))
+        except ValueError:
+            continue
+    n = int(head.group("n"))
+    return Reading(
+        step=n if lightgbm else n + 1,
+        unit="round",
+        metrics=finite_metrics(pairs),
+        format="lightgbm" if lightgbm else "xgboost",
+    )
+
+
 # the bars (redrawn with \r, the newest frame may still be written) and the log lines (complete only)
 BAR_PARSERS: tuple[Callable[[str], Reading | None], ...] = (parse_tqdm, parse_keras, parse_rich)
 LINE_PARSERS: tuple[Callable[[str], Reading | None], ...] = (
@@ -257,6 +377,8 @@ LINE_PARSERS: tuple[Callable[[str], Reading | None], ...] = (
     parse_deepspeed,
     parse_torchtitan,
     parse_fairseq,
+    parse_boosting,
+    parse_plain,  # last: the loosest
 )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from jobwarden.clock import iso
 
@@ -31,6 +31,8 @@ class Reading(NamedTuple):
     format: str = "tqdm"  # tqdm, keras, hf, megatron, deepspeed, torchtitan, fairseq, heartbeat
     label: str | None = None  # a bar's description ("Epoch 3", "train")
     closed: bool = False  # the bar's last frame: it was closed (or its line ended) and will not move
+    epochs: int | None = None  # how many epochs the run has (Keras' "Epoch 3/10", an outer bar's total)
+    per_epoch: bool = False  # step/total count one epoch (an inner bar, Lightning's): the run is epochs of it
 
     @property
     def sane(self) -> bool:
@@ -39,8 +41,9 @@ class Reading(NamedTuple):
 
     @property
     def finished(self) -> bool:
-        """Closed, or at its total: a counter that is not expected to move any more."""
-        return self.closed or (self.total is not None and self.step is not None and self.step >= self.total)
+        """Closed, or at its total: a counter that is not expected to move any more (a bar per epoch:
+        in the last epoch, or one of an unknown number)."""
+        return finished(self)
 
 
 class Bar(NamedTuple):
@@ -86,23 +89,39 @@ class Progress(NamedTuple):
     closed: bool = False  # (0 or 1 where the store built it: truthy all the same)
     first_step: int | None = None  # the first step this run showed: where a restarted run resumed
     stalled_since: float | None = None  # wall time: the counter stands still while the job is busy
+    epochs: int | None = None  # the run's epochs, where known
+    per_epoch: bool = False  # step/total is one epoch's: `rate` counts the run's steps across epochs
 
     @property
-    def fraction(self) -> float | None:
+    def bar_fraction(self) -> float | None:
+        """How far the bar is (the epoch's batches, for a bar per epoch): "83%" in "ep 2/3 83% 106/128"."""
         if self.step is None or not self.total or self.total <= 0:
             return None
         return min(max(self.step / self.total, 0.0), 1.0)
 
     @property
+    def fraction(self) -> float | None:
+        """How far the run is: for a bar per epoch, the epochs before this one and this one's share."""
+        done = run_counter(self)
+        return None if done is None else min(max(done[0] / done[1], 0.0), 1.0)
+
+    @property
+    def epoch_n(self) -> int | None:
+        """The epoch the run is in, 1-based, never past the known count (an HF epoch 1.3 is the 2nd)."""
+        return epoch_number(self.epoch, self.epochs)
+
+    @property
     def finished(self) -> bool:
-        return self.closed or (self.total is not None and self.step is not None and self.step >= self.total)
+        return finished(self)
 
     @property
     def eta_s(self) -> float | None:
-        """Seconds left at the measured rate; None when unknown (no total, no rate, a closed bar)."""
-        if self.finished or self.step is None or self.total is None or not self.rate or self.rate <= 0:
+        """Seconds to the end of the run at the measured rate; None when unknown (no total, no rate, a
+        closed bar, a bar per epoch whose epoch count is unknown)."""
+        done = run_counter(self)
+        if done is None or not self.rate or self.rate <= 0 or self.finished:
             return None
-        return max(self.total - self.step, 0) / self.rate
+        return max(done[1] - done[0], 0) / self.rate
 
     def metric(self, name: str) -> float | None:
         return next((value for key, value in self.metrics if key == name), None)
@@ -130,7 +149,7 @@ class Progress(NamedTuple):
             "rate": _round(self.rate, 4),
             "unit": self.unit,
             "eta_s": None if eta is None else round(eta, 1),
-            "epoch": self.epoch,
+            "epoch": self._epoch_json(),
             "metrics": dict(self.metrics),
             "source": self.source,
             "format": self.format,
@@ -142,6 +161,54 @@ class Progress(NamedTuple):
             "first_step": self.first_step,
             "stalled_for_s": stalled,
         }
+
+    def _epoch_json(self) -> dict[str, int | None] | None:
+        n = self.epoch_n
+        return None if n is None else {"n": n, "total": self.epochs}
+
+
+class _Counted(Protocol):
+    @property
+    def step(self) -> int | None: ...
+    @property
+    def total(self) -> int | None: ...
+    @property
+    def epoch(self) -> float | None: ...
+    @property
+    def epochs(self) -> int | None: ...
+    @property
+    def per_epoch(self) -> bool: ...
+    @property
+    def closed(self) -> bool: ...
+
+
+def finished(p: _Counted) -> bool:
+    bar_done = p.closed or (p.total is not None and p.step is not None and p.step >= p.total)
+    if not bar_done or not p.per_epoch or not p.epochs:
+        return bool(bar_done)
+    n = epoch_number(p.epoch, p.epochs)
+    return n is None or n >= p.epochs
+
+
+def epoch_number(epoch: float | None, epochs: int | None) -> int | None:
+    """A 1-based epoch as shown ("ep 2/3"): a fractional one (HF's 1.3 epochs done) is the one it is in."""
+    if epoch is None or not math.isfinite(epoch):
+        return None
+    n = max(math.ceil(epoch), 1)
+    return min(n, epochs) if epochs else n
+
+
+def run_counter(p: _Counted) -> tuple[int, int] | None:
+    """(steps done, steps in all) of the whole run: a bar per epoch counts epochs x its total, the epochs
+    before this one done; any other bar is the run's own counter (HF's global step against max_steps)."""
+    if p.step is None or not p.total or p.total <= 0:
+        return None
+    if not p.per_epoch:
+        return p.step, p.total
+    n = epoch_number(p.epoch, p.epochs)
+    if n is None or not p.epochs:
+        return None  # an epoch of an unknown number of them: no fraction of the run
+    return (n - 1) * p.total + min(p.step, p.total), p.epochs * p.total
 
 
 def loss_name(names: Iterable[str]) -> str | None:

@@ -16,6 +16,7 @@ import re
 from typing import NamedTuple
 
 from jobwarden.progress import formats
+from jobwarden.progress.epochs import around, epochs_as_steps, one_based, with_epoch
 from jobwarden.progress.frames import Frame, after_first_delimiter, by_rank, newest_first, unfinished_tail
 from jobwarden.progress.model import Metrics, Reading
 
@@ -26,7 +27,7 @@ _PARTIAL_PREFIX = re.compile(r"(?<!\x1b)\[[A-Za-z_]{0,32}\d{0,6}\]?$")  # not a 
 
 class Seen(NamedTuple):
     reading: Reading
-    order: int  # when it was seen, in feeds: the newer wins
+    order: int  # when it was seen, in frames across feeds: the newer wins
 
 
 class RankState:
@@ -34,9 +35,10 @@ class RankState:
 
     def __init__(self) -> None:
         self.bars: dict[int, Seen] = {}
-        self.firsts: dict[int, tuple[object, int | None, int]] = {}  # position -> (bar, total, first step)
+        # position -> (bar, total, first step, the order of its first frame)
+        self.firsts: dict[int, tuple[object, int | None, int, int]] = {}
         self.hf: Seen | None = None  # HF Trainer's metrics and epoch
-        self.keras_epoch: float | None = None
+        self.epoch_line: Reading | None = None  # the newest line that gave an epoch alone ("Epoch 3/10")
         self.carry = ""  # the unfinished frame at the end of the last read
         self.cut = False  # a read began inside a frame that has not ended yet: skip to its end
 
@@ -48,7 +50,9 @@ class OutputProgress:
         self.ranks: dict[int | None, RankState] = {}
         self.feeds = 0
         self.moves = 0  # bumped whenever any bar of any rank shows a new step: the job advanced
+        self.frames = 0  # frames scanned so far: the order of what was seen
         self._held = ""  # the start of a rank prefix cut by the end of the last read
+        self.zero_epoch = False  # a plain line or a bar's description counted an epoch 0: they are 0-based
         self._line_of: int | None = None  # the rank whose line the last read ended in
 
     def feed(self, text: str, follows: bool) -> None:
@@ -76,14 +80,16 @@ class OutputProgress:
             state.cut = state.cut or len(tail) > MAX_CARRY
 
     def _scan(self, rank: int | None, state: RankState, stream: str) -> None:
-        found: dict[int, Reading] = {}
+        found: dict[int, tuple[Reading, int]] = {}
         hf: Reading | None = None
-        epoch: float | None = None
+        epoch: Reading | None = None
         ordered = list(newest_first(stream, rank))
-        for frame in ordered:
+        base, self.frames = self.frames, self.frames + len(ordered)
+        dated = False  # a bar or line found with its own epoch: older epoch lines need no parsing
+        for i, frame in enumerate(ordered):
             # a bar known already: only a Trainer dict or a Keras epoch line may still tell something
             if frame.position in found and not (
-                frame.complete and _maybe_context(frame.raw, hf is None, epoch is None)
+                frame.complete and _maybe_context(frame.raw, hf is None, epoch is None and not dated)
             ):
                 continue
             text = frame.clean()
@@ -93,29 +99,36 @@ class OutputProgress:
                 reading = formats.parse_bar(text)
                 if reading is None and frame.complete and frame.ended:
                     reading = formats.parse_line(text)
+                if reading is not None and reading.step is None and reading.format == "plain":
+                    epoch = epoch or reading  # "Epoch 3/10" alone: the epoch of what runs beside it
+                    continue
                 if reading is not None:
-                    found[frame.position] = reading._replace(closed=frame.ended)
+                    found[frame.position] = reading._replace(closed=frame.ended), self.frames - i
+                    self.zero_epoch = self.zero_epoch or reading.epoch == 0
+                    dated = dated or reading.epoch is not None  # it has its epoch: no line needed
                     continue
             if frame.complete and hf is None and text.startswith("{'"):
                 hf = formats.parse_hf_dict(text)
-            elif frame.complete and epoch is None and text.startswith("Epoch "):
-                m = formats.KERAS_EPOCH.match(text)
-                epoch = float(m.group("epoch")) if m else None
-        for position, reading in found.items():
+            elif frame.complete and epoch is None and "poch" in text[:80]:
+                epoch = formats.parse_plain(text)
+                epoch = epoch if epoch is not None and epoch.epoch is not None else None
+        for position, (reading, order) in found.items():
             if _bar_shape(reading) != state.firsts.get(position, (None, None))[:2]:  # a new bar here
-                first = _first_of(ordered, position, reading)
-                state.firsts[position] = (*_bar_shape(reading), first)
-            self._keep(state, position, _line_closed(reading))
+                first, zero, oldest = _first_of(ordered, position, reading)
+                self.zero_epoch = self.zero_epoch or zero
+                state.firsts[position] = (*_bar_shape(reading), first, base + oldest)
+            self._keep(state, position, _line_closed(reading), order)
         if hf is not None:
-            state.hf = Seen(hf, self.feeds)
+            state.hf = Seen(hf, self.frames)
         if epoch is not None:
-            state.keras_epoch = epoch
+            state.epoch_line = epoch
+            self.zero_epoch = self.zero_epoch or epoch.epoch == 0
 
-    def _keep(self, state: RankState, position: int, reading: Reading) -> None:
+    def _keep(self, state: RankState, position: int, reading: Reading, order: int) -> None:
         before = state.bars.get(position)
         if before is None or before.reading.step != reading.step or before.reading.label != reading.label:
             self.moves += 1
-        state.bars[position] = Seen(reading, self.feeds)
+        state.bars[position] = Seen(reading, order)
 
     def main(self) -> tuple[Reading, int | None] | None:
         """The progress the output shows, and the rank it is of; None when it shows none."""
@@ -128,9 +141,18 @@ class OutputProgress:
 
     def _of_rank(self, state: RankState) -> Reading | None:
         hf = state.hf.reading if state.hf else None
+        line = state.epoch_line
         if not state.bars:
+            if line is not None:
+                return epochs_as_steps(line, self.zero_epoch)
             return hf  # Trainer's dicts alone (disable_tqdm): an epoch and a loss, no step
-        outer = state.bars[min(state.bars)].reading
+        positions = sorted(state.bars)
+        outer = one_based(state.bars[positions[0]].reading, self.zero_epoch)
+        inner = state.bars[positions[1]] if len(positions) > 1 else None
+        # an inner bar last drawn before the outer one began is a leftover of an earlier loop
+        began = state.firsts.get(positions[0], (None, None, 0, 0))[3]
+        if hf is None and inner is not None and inner.order > began:
+            outer = around(outer, inner.reading)
         metrics: Metrics = outer.metrics
         epoch = outer.epoch
         fmt = outer.format
@@ -138,15 +160,19 @@ class OutputProgress:
             metrics = _merge(hf.metrics, metrics)
             epoch = epoch if epoch is not None else hf.epoch
             fmt = "hf"
-        if outer.format == "keras" and epoch is None:
-            epoch = state.keras_epoch
-        return outer._replace(metrics=metrics, epoch=epoch, format=fmt)
+        reading = outer._replace(metrics=metrics, epoch=epoch, format=fmt)
+        if line is not None and reading.epoch is None and fmt in ("keras", "tqdm", "rich"):
+            # Keras' "Epoch 3/10" above its bar, or a loop's own epoch line around a bar of batches
+            return with_epoch(reading, line, self.zero_epoch and fmt != "keras")
+        if line is not None and reading.epochs is None and reading.per_epoch:
+            reading = reading._replace(epochs=line.epochs)
+        return reading
 
     def first_step(self, rank: int | None, label: str | None, total: int | None) -> int | None:
         """The first step the log showed of a bar (where a resumed run began), if it showed that bar."""
         state = self.ranks.get(rank)
         shape = _bar_shape(Reading(step=None, total=total, label=label))
-        for bar, bar_total, first in state.firsts.values() if state else ():
+        for bar, bar_total, first, _ in state.firsts.values() if state else ():
             if (bar, bar_total) == shape:
                 return first
         return None
@@ -168,17 +194,20 @@ def _bar_shape(reading: Reading) -> tuple[object, int | None]:
     return label, reading.total
 
 
-def _first_of(newest_first: list[Frame], position: int, newest: Reading) -> int:
+def _first_of(newest_first: list[Frame], position: int, newest: Reading) -> tuple[int, bool, int]:
     """The oldest frame of the read showing the same bar as `newest`: where it began (or where it was
-    when first seen). Parsed only when a bar appears, oldest first, up to the first match."""
+    when first seen), and whether it described epoch 0 (Lightning's "Epoch 0": its labels count from 0).
+    Parsed only when a bar appears, oldest first, up to the first match. Also its index, oldest first."""
     shape = _bar_shape(newest)
-    for frame in reversed(newest_first):
+    for index, frame in enumerate(reversed(newest_first)):
         if frame.position != position:
             continue
-        reading = formats.parse_bar(frame.clean())
+        text = frame.clean()
+        reading = formats.parse_bar(text) or (formats.parse_line(text) if frame.ended else None)
         if reading is not None and reading.step is not None and _bar_shape(reading) == shape:
-            return min(reading.step, newest.step if newest.step is not None else reading.step)
-    return newest.step if newest.step is not None else 0
+            first = min(reading.step, newest.step if newest.step is not None else reading.step)
+            return first, reading.epoch == 0, index
+    return (newest.step if newest.step is not None else 0), False, len(newest_first)
 
 
 def _has_delimiter(text: str) -> bool:
@@ -187,8 +216,7 @@ def _has_delimiter(text: str) -> bool:
 
 def _maybe_context(raw: str, want_hf: bool, want_epoch: bool) -> bool:
     """Could this frame be a Trainer dict or a Keras epoch line (cheap: no escapes stripped)?"""
-    head = raw.lstrip()[:16]
-    return (want_hf and "{'" in head) or (want_epoch and "Epoch " in head)
+    return (want_hf and "{'" in raw.lstrip()[:16]) or (want_epoch and "poch" in raw[:80])
 
 
 def _line_closed(reading: Reading) -> Reading:

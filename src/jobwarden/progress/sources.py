@@ -12,7 +12,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from jobwarden.progress.formats import EPOCH_IN_LABEL, KEY_VALUES, metrics_of
+from jobwarden.progress.epochs import around, one_based
+from jobwarden.progress.formats import KEY_VALUES, label_epochs, metrics_of
 from jobwarden.progress.model import (
     MAX_COUNT,
     MAX_LABEL,
@@ -72,13 +73,12 @@ def bar_reading(bar: Bar) -> Reading:
     """An in-process bar as a reading: the counters exact, the metrics from tqdm's postfix or Keras'
     averages, the epoch from a description like Lightning's "Epoch 3"."""
     label = bar.desc.strip().rstrip(":").strip()[:MAX_LABEL] or None if bar.desc else None
-    epoch = EPOCH_IN_LABEL.search(label) if label else None
     metrics = bar.metrics or metrics_of(KEY_VALUES, bar.postfix or "", skip=("v_num",))
     return Reading(
         step=bar.n,
         total=bar.total if bar.total and bar.total > 0 else None,
         unit=bar.unit,
-        epoch=float(epoch.group(1)) if epoch else None,
+        **label_epochs(label, rich=bar.kind == "rich"),
         metrics=metrics,
         format=bar.kind,
         label=label,
@@ -86,19 +86,35 @@ def bar_reading(bar: Bar) -> Reading:
     )
 
 
-def in_process(records: Sequence[HookProgress]) -> Candidate | None:
+def in_process(records: Sequence[HookProgress], zero: bool = False) -> Candidate | None:
     """The bar the hooks saw that stands for the job: the lowest rank's process (then the oldest pid),
-    its outer open bar, else the bar it closed last."""
+    its outer open bar (an epoch bar: with the bar of batches inside it), else the bar it closed last.
+    `zero`: the job's epoch labels count from 0 (progress.epochs)."""
     with_bars = [r for r in records if r.bars]
     if not with_bars:
         return None
     chosen = min(with_bars, key=lambda r: (r.rank is None, r.rank or 0, r.pid))
-    open_bars = [b for b in chosen.bars if not b.closed]
-    bar = min(open_bars, key=lambda b: b.position) if open_bars else chosen.bars[-1]
-    reading = bar_reading(bar)
-    if bar.kind == "keras" and chosen.epoch is not None:
-        reading = reading._replace(epoch=float(chosen.epoch))
+    open_bars = sorted((b for b in chosen.bars if not b.closed), key=lambda b: b.position)
+    if not open_bars:
+        reading = one_based(bar_reading(chosen.bars[-1]), zero)
+    else:
+        reading = one_based(bar_reading(open_bars[0]), zero)
+        inner = _inner(chosen.bars, open_bars[0])
+        if inner is not None:
+            reading = around(reading, bar_reading(inner))
+    if reading.format == "keras" and chosen.epoch is not None:
+        reading = reading._replace(epoch=float(chosen.epoch), per_epoch=True)
     return Candidate(reading, "output", "in-process", chosen.rank, _bar_key(reading, chosen.rank))
+
+
+def _inner(bars: Sequence[Bar], outer: Bar) -> Bar | None:
+    """The bar nested right inside `outer`: open, else the one closed last (a `leave=False` bar of
+    batches between two epochs)."""
+    below = [b for b in bars if b.position > outer.position and b.kind == outer.kind]
+    live = [b for b in below if not b.closed]
+    if live:
+        return min(live, key=lambda b: b.position)
+    return below[-1] if below else None
 
 
 def in_process_activity(records: Sequence[HookProgress]) -> tuple[tuple[int, str, int, int], ...]:
@@ -117,7 +133,9 @@ def _newest_of_same_bar(hooks: Candidate, output: Candidate | None) -> Candidate
     is then the newer truth."""
     if output is None or output.key != hooks.key or output.reading.format not in ("tqdm", "rich", "keras"):
         return hooks
-    ahead = output.reading.step is not None and (hooks.reading.step or 0) < output.reading.step
+    epochs = (output.reading.epoch, hooks.reading.epoch)
+    same_epoch = None in epochs or epochs[0] == epochs[1]  # "Epoch 3" of the log is no later than epoch 4
+    ahead = same_epoch and output.reading.step is not None and (hooks.reading.step or 0) < output.reading.step
     return output if ahead else hooks
 
 
@@ -138,7 +156,8 @@ def choose(
 ) -> Candidate | None:
     """The job's progress from its sources. A heartbeat with a step is the job's own word; then the
     hooks' exact bar (when it still runs, or its last update is not older than the output's); then the
-    output. Metrics add up: the Trainer's dicts to its bar seen in-process, a heartbeat's to any."""
+    output. What the chosen one lacks the others add: metrics (the Trainer's dicts beside its bar seen
+    in-process, a loop's own prints, a heartbeat's), the epoch count (Keras' "Epoch 3/10" line)."""
     chosen: Candidate | None
     if heartbeat is not None and heartbeat.step is not None:
         chosen = Candidate(heartbeat, "heartbeat", "heartbeat", None, ("heartbeat", heartbeat.total))
@@ -146,18 +165,32 @@ def choose(
         chosen = _newest_of_same_bar(hooks, output)
         if output is not None and output.reading.format == "hf" and hooks.reading.format == "tqdm":
             chosen = hooks._replace(reading=hooks.reading._replace(format="hf"))
-        if output_metrics:
-            merged = merge_metrics(output_metrics, chosen.reading.metrics)
-            chosen = chosen._replace(reading=chosen.reading._replace(metrics=merged))
+        if output is not None and chosen is not output:
+            chosen = chosen._replace(reading=_completed(chosen.reading, output.reading))
     elif output is not None:
         chosen = output
     elif heartbeat is not None:
         chosen = Candidate(heartbeat, "heartbeat", "heartbeat", None, ("heartbeat", None))
     else:
         return None
+    if output_metrics and chosen.source != "heartbeat":
+        merged = merge_metrics(output_metrics, chosen.reading.metrics)
+        chosen = chosen._replace(reading=chosen.reading._replace(metrics=merged))
     if heartbeat is not None and chosen.source != "heartbeat":
         reading = chosen.reading
         merged = merge_metrics(reading.metrics, heartbeat.metrics)
         epoch = reading.epoch if reading.epoch is not None else heartbeat.epoch
         chosen = chosen._replace(reading=reading._replace(metrics=merged, epoch=epoch))
     return chosen
+
+
+def _completed(reading: Reading, other: Reading) -> Reading:
+    """`reading` (the step of the best source) with what `other` adds: its metrics under the reading's
+    own, its epoch and epoch count where the reading has none."""
+    metrics = merge_metrics(other.metrics, reading.metrics) if other.metrics else reading.metrics
+    epoch, epochs = reading.epoch, reading.epochs
+    if epoch is None and other.epoch is not None and other.per_epoch == reading.per_epoch:
+        epoch = other.epoch
+    if epochs is None and other.epochs is not None and reading.epoch is not None:
+        epochs = other.epochs
+    return reading._replace(metrics=metrics, epoch=epoch, epochs=epochs)

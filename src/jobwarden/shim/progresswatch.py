@@ -25,10 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from jobwarden.config import format_duration
 from jobwarden.probes.pyhooks import PROGRESS_SUFFIX, progress_mtime, read_heartbeat, read_progress
-from jobwarden.progress.model import HookProgress, Progress, Reading
+from jobwarden.progress.epochs import with_hints
+from jobwarden.progress.hints import from_command
+from jobwarden.progress.model import HookProgress, Progress, Reading, epoch_number
 from jobwarden.progress.output import OutputProgress
 from jobwarden.progress.sources import (
     Candidate,
+    bar_reading,
     choose,
     heartbeat_reading,
     in_process,
@@ -107,6 +110,8 @@ class ProgressWatch:
         self.py_dir = layout.py_dir(job.id, run) if job.options.py_hooks else None
         self.heartbeat_path = layout.heartbeat_file(job.id, run)
         self.output = OutputProgress()
+        self.hints = from_command(job.command)  # epochs and rounds the job passed (progress.hints)
+        self._zero_epoch = False  # the job's epoch labels count from 0 (progress.epochs)
         self.records: dict[int, HookProgress] = {}
         self._mtimes: dict[int, int] = {}
         self._heartbeat: tuple[float, Reading | None] | None = None  # (mtime, what it said)
@@ -131,9 +136,7 @@ class ProgressWatch:
         """Read the sources, measure, store; returns the run's progress (None while it shows none)."""
         self._read_output()
         self._read_records(pids)
-        chosen = choose(
-            self._heartbeat_reading(), in_process(list(self.records.values())), self._from_output()
-        )
+        chosen = self._choose()
         self._note_activity(now_mono)
         if chosen is None:
             return None
@@ -146,9 +149,7 @@ class ProgressWatch:
         self._read_output()
         if self.py_dir is not None:
             self._read_records(_pids_with_records(self.py_dir), keep_gone=True)
-        chosen = choose(
-            self._heartbeat_reading(), in_process(list(self.records.values())), self._from_output()
-        )
+        chosen = self._choose()
         if chosen is not None:
             self._update(chosen, now, now_mono, busy=False)
             self._store(now, force=True)
@@ -158,6 +159,15 @@ class ProgressWatch:
         got = self.tail.read()
         if got is not None:
             self.output.feed(*got)
+
+    def _choose(self) -> Candidate | None:
+        """The sources' best reading, with the metrics of all of them and the counts of the command."""
+        self._zero_epoch = self._zero_epoch or self.output.zero_epoch or _labels_from_zero(self.records)
+        hooks = in_process(list(self.records.values()), self._zero_epoch)
+        chosen = choose(self._heartbeat_reading(), hooks, self._from_output(), self.output.metrics())
+        if chosen is None:
+            return None
+        return chosen._replace(reading=with_hints(chosen.reading, self.hints))
 
     def _from_output(self) -> Candidate | None:
         found = self.output.main()
@@ -208,7 +218,9 @@ class ProgressWatch:
 
     def _update(self, chosen: Candidate, now: float, now_mono: float, busy: bool) -> None:
         reading = chosen.reading
-        self.clock.observe(now_mono, reading.step, chosen.key)
+        # the run's own count of steps (this epoch's and those before it): a rate that goes on across
+        # epochs, where a bar per epoch starts again from 0
+        self.clock.observe(now_mono, _run_steps(reading), chosen.key)
         if reading != self._reading:
             self._reading, self._changed_at = reading, now
         if self._first_step is None and reading.step is not None:
@@ -233,6 +245,8 @@ class ProgressWatch:
             closed=reading.closed,
             first_step=self._first_step,
             stalled_since=self._stalled_since,
+            epochs=reading.epochs,
+            per_epoch=reading.per_epoch,
         )
 
     # --- standing still -----------------------------------------------------------------------------
@@ -307,7 +321,18 @@ class ProgressWatch:
         p = self.current
         if p is None:
             return
-        key = (p.step, p.total, p.metrics, p.closed, p.label, p.epoch, p.stalled_since, p.format, p.rank)
+        key = (
+            p.step,
+            p.total,
+            p.metrics,
+            p.closed,
+            p.label,
+            p.epoch,
+            p.epochs,
+            p.stalled_since,
+            p.format,
+            p.rank,
+        )
         same = key == self._written_key and not _moved(p.rate, self._written_rate)
         if same and not force and now - self._written_at < REWRITE_S:
             return
@@ -327,6 +352,20 @@ def _where(reading: Reading) -> str:
     if reading.total:
         return f"step {reading.step}/{reading.total} ({100 * reading.step / reading.total:.0f}%)"
     return f"step {reading.step}"
+
+
+def _run_steps(reading: Reading) -> int | None:
+    """The step counter the clock measures: for a bar per epoch, the epochs before this one added (its
+    count need not be known), so that the rate does not start over with each epoch."""
+    n = epoch_number(reading.epoch, reading.epochs)
+    if not reading.per_epoch or n is None or reading.step is None or not reading.total:
+        return reading.step
+    return (n - 1) * reading.total + min(reading.step, reading.total)
+
+
+def _labels_from_zero(records: dict[int, HookProgress]) -> bool:
+    """A bar the hooks saw described as epoch 0 (Lightning's "Epoch 0"): the job counts epochs from 0."""
+    return any(bar_reading(bar).epoch == 0 and bar.kind == "tqdm" for r in records.values() for bar in r.bars)
 
 
 def _pids_with_records(py_dir: Path) -> list[int]:

@@ -19,13 +19,13 @@ if TYPE_CHECKING:  # loaded by the reads: `run` imports the store and never read
 
 _COLUMNS = (
     "at, step, total, unit, rate, epoch, source, format, observed, label, rank, closed, stalled_since, "
-    "first_step"
+    "first_step, epochs, per_epoch"
 )
 # read back in the order of Progress's fields, the metrics (a list shows none) between epoch and source:
 # a list of 10,000 runs builds each with Progress._make, no keyword or unpacking
 _AS_PROGRESS = (
     "step, total, rate, unit, epoch, source, format, at, label, COALESCE(observed, 'log'), rank, closed, "
-    "first_step, stalled_since"
+    "first_step, stalled_since, epochs, COALESCE(per_epoch, 0)"
 )
 _CHUNK = 500  # job ids per IN (...): SQLite before 3.32 allows 999 parameters in a statement
 
@@ -47,14 +47,14 @@ class ProgressMethods:
             with write(self._conn):
                 self._conn.execute(
                     f"INSERT INTO progress (job_id, run, {_COLUMNS}, metrics) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
                     "ON CONFLICT (job_id, run) DO UPDATE SET at = excluded.at, step = excluded.step, "
                     "total = excluded.total, unit = excluded.unit, rate = excluded.rate, "
                     "epoch = excluded.epoch, source = excluded.source, format = excluded.format, "
                     "observed = excluded.observed, label = excluded.label, rank = excluded.rank, "
                     "closed = excluded.closed, stalled_since = excluded.stalled_since, "
                     "first_step = COALESCE(progress.first_step, excluded.first_step), "
-                    "metrics = excluded.metrics",
+                    "epochs = excluded.epochs, per_epoch = excluded.per_epoch, metrics = excluded.metrics",
                     (job_id, run, *_row(progress), metrics),
                 )
         except sqlite3.Error as err:
@@ -108,6 +108,8 @@ def _row(p: Progress) -> tuple[Any, ...]:
         int(p.closed),
         p.stalled_since,
         p.first_step,
+        p.epochs,
+        int(p.per_epoch),
     )
 
 

@@ -201,6 +201,12 @@ MIGRATIONS: list[str] = [
     ALTER TABLE samples_rollup ADD COLUMN step_rate_max REAL;
     ALTER TABLE samples_rollup ADD COLUMN metrics TEXT;    -- JSON {name: mean over the point}
     """,
+    # 10: the progress of the run, not only of its bar (issue 28): how many epochs it has, and whether the
+    # step counts one epoch's batches (progress.epochs)
+    """
+    ALTER TABLE progress ADD COLUMN epochs INTEGER;
+    ALTER TABLE progress ADD COLUMN per_epoch INTEGER;   -- 1: step/total is one epoch of `epochs`
+    """,
 ]
 
 LATEST = len(MIGRATIONS)

@@ -1,5 +1,6 @@
 """Progress as text: the PROGRESS column of `ps` and `top` ("45% 450/1000 5.4it/s ETA 1m42s", "step 4500
-5.4it/s"), and the progress lines of `status` and `explain` ("stopped at 62%, step 620/1000").
+5.4it/s", "ep 2/3 83% 106/128 18.7it/s ETA 1m12s": the epoch's bar, the ETA of the whole run), and the
+progress lines of `status` and `explain` ("stopped at 62%, step 620/1000").
 
 The bar's description, its unit and the metric names come from the job: each goes through one_line."""
 
@@ -34,12 +35,27 @@ def _figure(value: float) -> str:
 
 
 def counter_text(p: Progress) -> str:
-    """ "45% 450/1000", "step 4500", "epoch 1.3" (a Trainer's dicts alone), "" when nothing is known."""
+    """ "45% 450/1000", "step 4500", "ep 2/3 83% 106/128" (a bar of the 2nd of 3 epochs), "ep 2" (a
+    Trainer's dicts alone: its epoch 1.3 is the 2nd), "" when nothing is known."""
     if p.step is None:
-        return f"epoch {_number(p.epoch)}" if p.epoch is not None else ""
-    if p.total:
-        return f"{whole_percent(p.fraction)}% {p.step}/{p.total}"
-    return f"step {p.step}"
+        return _epoch_only(p)
+    counter = f"{whole_percent(p.bar_fraction)}% {p.step}/{p.total}" if p.total else f"step {p.step}"
+    epoch = epoch_text(p)
+    return f"{epoch} {counter}" if epoch else counter
+
+
+def _epoch_only(p: Progress) -> str:
+    n = p.epoch_n
+    if n is None:
+        return ""
+    return f"ep {n}/{p.epochs}" if p.epochs else f"ep {n}"
+
+
+def epoch_text(p: Progress) -> str:
+    """ "ep 2/3", "ep 2" (of an unknown number); "" when the bar counts the epochs themselves."""
+    if p.step is None or p.unit == "epoch":
+        return ""
+    return _epoch_only(p)
 
 
 def _number(value: float) -> str:
@@ -85,14 +101,21 @@ def progress_line(p: Progress, live: bool, now: float) -> str:
     else:
         reached = p.step is not None and p.total is not None and p.step >= p.total
         verb = "reached" if reached else "stopped at"  # a bar closed by a crash stopped where it was
-        if p.step is not None and p.total:
-            where = f"{verb} {whole_percent(p.fraction)}%, step {p.step}/{p.total}"
+        # the run's share where known, else the bar's; a bar per epoch says which epoch
+        shown = p.fraction if p.fraction is not None else p.bar_fraction
+        epoch = epoch_text(p)
+        if p.step is not None and p.total and epoch and p.per_epoch:
+            verb = "reached" if reached and p.finished else "stopped at"
+            where = f"{verb} {whole_percent(shown)}%, epoch {epoch[3:]}, step {p.step}/{p.total}"
+        elif p.step is not None and p.total:
+            where = f"{verb} {whole_percent(shown)}%, step {p.step}/{p.total}"
         elif p.step is not None:
             where = f"{verb} step {p.step}"
         else:
             where = counter_text(p) or "-"
     details = []
-    if p.epoch is not None and p.step is not None and "epoch" not in (p.label or "").lower():
+    shown = live or (p.per_epoch and p.total)  # the epoch is in `where` already
+    if p.epoch is not None and p.step is not None and not shown and "epoch" not in (p.label or "").lower():
         details.append(f"epoch {_number(p.epoch)}")
     metrics = metrics_text(p)
     if metrics:

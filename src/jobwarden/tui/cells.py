@@ -99,8 +99,9 @@ def narrow_cells(row: JobRow, now: float) -> tuple[Text, ...]:
 def _short_progress(p: Progress | None) -> str:
     if p is None:
         return ""
-    if p.fraction is not None:
-        return f"{whole_percent(p.fraction)}%"
+    shown = p.fraction if p.fraction is not None else p.bar_fraction  # the run's, else its epoch's
+    if shown is not None:
+        return f"{whole_percent(shown)}%"
     return f"{p.step}" if p.step is not None else ""
 
 
@@ -172,8 +173,9 @@ def _progress_text(detail: Detail, p: Progress, live: bool) -> Text:
     """The job's step counter: a bar, where it stands, its rate and loss over the last minutes."""
     line = Text("  ")
     line.append("progress ", style="bold")
-    if p.fraction is not None:
-        line.append(progress_bar(p.fraction), style="green" if not p.stalled_since else "yellow")
+    shown = p.fraction if p.fraction is not None else p.bar_fraction  # the run's, else its epoch's
+    if shown is not None:
+        line.append(progress_bar(shown), style="green" if not p.stalled_since else "yellow")
         line.append(" ")
     line.append(progress_line(p, live, time.time()))
     if detail.step_rate:

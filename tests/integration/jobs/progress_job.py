@@ -16,8 +16,14 @@ then waits for a line on GO before it goes on (a handshake, never a sleep). Mode
                   then moves again to its end
     rank-bar      under torchrun: rank 0 to 20/100, rank 1 to 60/100, then both hold
     lightning     a PyTorch Lightning fit (its default bar; ARG "tqdm": TQDMProgressBar), holding inside
-                  epoch 0 at batch 5 of 16
+                  epoch 0 at batch 5 of 16; with `--max_epochs 3` after ARG (as a script takes it from
+                  argparse), 3 epochs, holding inside the 2nd ("Epoch 1") at batch 8 of 16
     keras         a Keras 3 fit (torch backend), holding in epoch 2 at step 3 of 8
+    nested        tqdm's trange(3) "epochs" around a bar of 128 batches (leave=False), holding in the
+                  2nd epoch at batch 106
+    homemade      a loop's own prints, "Epoch 2/3 | step 30/50 | loss 0.0167", holding there
+    hf-tqdm       a tqdm bar of 32 steps and, through tqdm.write, the log dicts HF's Trainer prints
+                  (recorded in tests/fixtures/progress/hf-trainer.log), holding at step 12
 """
 
 from __future__ import annotations
@@ -146,7 +152,7 @@ def rank_bar_mode(ready: str, go: str) -> None:
         time.sleep(3600)  # ended with the job
 
 
-def lightning_mode(ready: str, go: str, bar: str) -> None:
+def lightning_mode(ready: str, go: str, bar: str, rest: list[str]) -> None:
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -164,20 +170,22 @@ def lightning_mode(ready: str, go: str, bar: str) -> None:
             x, y = batch  # type: ignore[misc]
             loss = torch.nn.functional.mse_loss(self.lin(x), y)
             self.log("train_loss", loss, prog_bar=True)
-            if self.current_epoch == 0 and i <= 5:
+            if self.current_epoch == hold_epoch and i <= hold_batch:
                 time.sleep(0.15)  # steps of a real model's length: every one is redrawn and recorded
-            if self.current_epoch == 0 and i == 5:
+            if self.current_epoch == hold_epoch and i == hold_batch:
                 held(ready, go)
             return loss
 
         def configure_optimizers(self) -> object:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    max_epochs = int(rest[rest.index("--max_epochs") + 1]) if "--max_epochs" in rest else None
+    hold_epoch, hold_batch = (1, 8) if max_epochs else (0, 5)
     torch.manual_seed(0)
     data = TensorDataset(torch.rand(64, 4), torch.rand(64, 1))
     callbacks = [TQDMProgressBar()] if bar == "tqdm" else []
     trainer = pl.Trainer(
-        max_epochs=2,
+        max_epochs=max_epochs or 2,
         accelerator="cpu",
         logger=False,
         enable_checkpointing=False,
@@ -209,6 +217,46 @@ def keras_mode(ready: str, go: str) -> None:
     model.fit(x, y, epochs=3, batch_size=8, verbose=1, callbacks=[Hold()])
 
 
+def nested_mode(ready: str, go: str) -> None:
+    from tqdm import tqdm, trange
+
+    for epoch in trange(3, desc="epochs"):
+        for batch in tqdm(range(128), desc="train", leave=False, miniters=1):
+            time.sleep(0.004)
+            if epoch == 1 and batch == 105:
+                time.sleep(0.15)  # a step as long as a real model's: the next one (106) is redrawn
+            if epoch == 1 and batch == 106:
+                held(ready, go)  # the bar shows 106/128 of the 2nd epoch
+
+
+def homemade_mode(ready: str, go: str) -> None:
+    for epoch in (1, 2):
+        for step in range(5, 51, 5):
+            if (epoch, step) > (2, 30):
+                break
+            print(
+                f"Epoch {epoch}/3 | step {step}/50 | loss {1.0 / (epoch * step):.4f} | lr 1e-04", flush=True
+            )
+            time.sleep(0.05)
+    held(ready, go)
+
+
+def hf_tqdm_mode(ready: str, go: str) -> None:
+    from tqdm import tqdm
+
+    bar = tqdm(total=32)
+    for step in range(1, 13):
+        time.sleep(0.05)
+        bar.update(1)
+        if step % 5 == 0:  # the Trainer's ProgressCallback.on_log: its dict through the bar's write
+            logs = {"loss": f"{0.6 / step:.4g}", "grad_norm": "0.2616", "epoch": f"{step / 16:.4g}"}
+            bar.write(str({**logs, "learning_rate": "4.375e-05"}))
+    bar.refresh()
+    held(ready, go)
+    bar.update(20)
+    bar.close()
+
+
 def main() -> None:
     mode, ready, go = sys.argv[1:4]
     arg = sys.argv[4] if len(sys.argv) > 4 else ""
@@ -217,7 +265,7 @@ def main() -> None:
     elif mode == "resume":
         resume_mode(ready, go, arg)
     elif mode == "lightning":
-        lightning_mode(ready, go, arg)
+        lightning_mode(ready, go, arg, sys.argv[5:])
     else:
         modes = {
             "tqdm": tqdm_mode,
@@ -227,6 +275,9 @@ def main() -> None:
             "spin": spin_mode,
             "rank-bar": rank_bar_mode,
             "keras": keras_mode,
+            "nested": nested_mode,
+            "homemade": homemade_mode,
+            "hf-tqdm": hf_tqdm_mode,
         }
         modes[mode](ready, go)
 

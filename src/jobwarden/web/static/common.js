@@ -122,15 +122,25 @@ const jw = {
     return p.rate < 1 ? `${jw.figure(1 / p.rate)}s/${jw.unit(p)}` : `${jw.figure(p.rate)}${jw.unit(p)}/s`;
   },
 
+  // the bar finished, and with it the run (a bar per epoch finishes each epoch: the run's fraction says)
   finished(p) {
-    return p.closed || (p.total !== null && p.step !== null && p.step >= p.total);
+    const bar = p.closed || (p.total !== null && p.step !== null && p.step >= p.total);
+    return bar && (p.fraction === null || p.fraction >= 1 || !p.epoch || !p.epoch.total);
   },
 
+  // "ep 2/3", "ep 2" (of an unknown number), as the CLI writes it
+  epoch(p) {
+    if (!p.epoch) return "";
+    return p.epoch.total ? `ep ${p.epoch.n}/${p.epoch.total}` : `ep ${p.epoch.n}`;
+  },
+
+  // "45% 450/1000", "ep 2/3 83% 106/128": the percentage is the bar's, the ETA the run's
   counter(p) {
-    if (p.step === null) return p.epoch !== null ? `epoch ${p.epoch}` : "";
+    if (p.step === null) return jw.epoch(p);
     // rounded down, as text/progress.py's whole_percent: one figure on the page and in the CLI
-    if (p.total) return `${Math.floor((p.fraction || 0) * 100)}% ${p.step}/${p.total}`;
-    return `step ${p.step}`;
+    const counter = p.total ? `${Math.floor(Math.min(p.step / p.total, 1) * 100)}% ${p.step}/${p.total}` : `step ${p.step}`;
+    const epoch = p.unit === "epoch" ? "" : jw.epoch(p);
+    return epoch ? `${epoch} ${counter}` : counter;
   },
 
   // "45% 450/1000 5.4it/s ETA 1m42s"; an ended run: where it stopped
@@ -151,10 +161,12 @@ const jw = {
   progressCell(p, live) {
     if (!p) return "";
     const box = jw.el("div", { class: `progress${p.stalled_for_s !== null ? " stalled" : ""}`, "data-step": p.step });
-    if (p.fraction !== null) {
+    // the run's fraction; an epoch's bar of an unknown number of epochs shows that epoch's
+    const shown = p.fraction !== null ? p.fraction : p.total && p.step !== null ? Math.min(p.step / p.total, 1) : null;
+    if (shown !== null) {
       const fill = jw.el("div", { class: "fill" });
-      fill.style.width = `${(p.fraction * 100).toFixed(1)}%`;
-      box.append(jw.el("div", { class: "bar", role: "progressbar", "aria-valuenow": Math.floor(p.fraction * 100), "aria-valuemin": 0, "aria-valuemax": 100 }, fill));
+      fill.style.width = `${(shown * 100).toFixed(1)}%`;
+      box.append(jw.el("div", { class: "bar", role: "progressbar", "aria-valuenow": Math.floor(shown * 100), "aria-valuemin": 0, "aria-valuemax": 100 }, fill));
     }
     box.append(jw.el("span", { class: "ptext" }, jw.progressText(p, live)));
     return box;

@@ -185,15 +185,17 @@ function renderProgress(s) {
   const live = s.state === "running";
   let text = jw.progressText(p, live);
   if (!live && p.step !== null) {
-    const where = p.total ? `${Math.floor((p.fraction || 0) * 100)}%, step ${p.step}/${p.total}` : `step ${p.step}`;
-    text = `${p.total && p.step >= p.total ? "reached" : "stopped at"} ${where}`;
+    // the run's fraction; a bar per epoch also says which epoch (as `status` does)
+    const epoch = p.epoch && p.epoch.total && p.unit !== "epoch" ? `, epoch ${p.epoch.n}/${p.epoch.total}` : "";
+    const where = p.total ? `${Math.floor((p.fraction || 0) * 100)}%${epoch}, step ${p.step}/${p.total}` : `step ${p.step}`;
+    text = `${p.total && p.step >= p.total && (p.fraction === null || p.fraction >= 1) ? "reached" : "stopped at"} ${where}`;
   }
   const cell = jw.progressCell(p, live);
   cell.querySelector(".ptext").textContent = text;
   document.getElementById("progress-bar").replaceChildren(cell);
   const facts = [];
   if (p.label) facts.push(p.label);
-  if (p.epoch !== null && p.step !== null && !/epoch/i.test(p.label || "")) facts.push(`epoch ${p.epoch}`);
+  if (p.epoch !== null && p.step !== null && !live && !/epoch/i.test(p.label || "")) facts.push(jw.epoch(p));
   const metrics = metricsText(p.metrics);
   if (metrics) facts.push(metrics);
   const how = { "in-process": "read in-process", log: "from the log" }[p.observed];
