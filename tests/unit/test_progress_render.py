@@ -116,9 +116,10 @@ def test_the_bar_in_eighths() -> None:
     assert progress_bar(2.0, 4) == "████"
 
 
-def test_a_percentage_is_rounded_down_as_the_web_page_rounds_it() -> None:
-    """605/1000 read 61% on the page and 60% in the CLI: one figure, rounded down in both (common.js
-    uses Math.floor); and never 100% before the last step."""
-    assert progress_cell(p(step=605), False).startswith("60% 605/1000")
+def test_a_percentage_is_rounded_as_the_web_page_rounds_it() -> None:
+    """605/1000 read 61% on the page and 60% in the CLI: one figure, half up in both (common.js uses
+    Math.round, as tqdm's bar rounds); and never 100% before the last step."""
+    assert progress_cell(p(step=605), False).startswith("61% 605/1000")
     assert progress_cell(p(step=999), False).startswith("99% 999/1000")
-    assert progress_line(p(step=605), False, NOW).startswith("stopped at 60%, step 605/1000")
+    assert progress_cell(p(step=1000), False).startswith("100% 1000/1000")
+    assert progress_line(p(step=605), False, NOW).startswith("stopped at 61%, step 605/1000")

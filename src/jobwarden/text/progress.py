@@ -63,9 +63,10 @@ def _number(value: float) -> str:
 
 
 def whole_percent(fraction: float | None) -> int:
-    """Rounded down, as the web page rounds it (common.js): one figure in both places, and 100 % only at
-    the end (rounding 99.6 % up would show a run done that is not)."""
-    return int((fraction or 0.0) * 100)
+    """Rounded half up, as the web page (common.js, Math.round) and tqdm's own bar round it: one figure
+    everywhere; and 100 only at the end (99.6 % is not a run done)."""
+    share = (fraction or 0.0) * 100
+    return min(int(share + 0.5), 99) if share < 100 else int(share)
 
 
 def progress_cell(p: Progress | None, live: bool, now: float | None = None) -> str:

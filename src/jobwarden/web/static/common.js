@@ -134,11 +134,17 @@ const jw = {
     return p.epoch.total ? `ep ${p.epoch.n}/${p.epoch.total}` : `ep ${p.epoch.n}`;
   },
 
+  // as text/progress.py's whole_percent: half up (as tqdm's bar), and 100 only at the end: one figure on
+  // the page and in the CLI
+  wholePercent(fraction) {
+    const share = (fraction || 0) * 100;
+    return share < 100 ? Math.min(Math.round(share), 99) : Math.floor(share);
+  },
+
   // "45% 450/1000", "ep 2/3 83% 106/128": the percentage is the bar's, the ETA the run's
   counter(p) {
     if (p.step === null) return jw.epoch(p);
-    // rounded down, as text/progress.py's whole_percent: one figure on the page and in the CLI
-    const counter = p.total ? `${Math.floor(Math.min(p.step / p.total, 1) * 100)}% ${p.step}/${p.total}` : `step ${p.step}`;
+    const counter = p.total ? `${jw.wholePercent(Math.min(p.step / p.total, 1))}% ${p.step}/${p.total}` : `step ${p.step}`;
     const epoch = p.unit === "epoch" ? "" : jw.epoch(p);
     return epoch ? `${epoch} ${counter}` : counter;
   },
@@ -166,7 +172,7 @@ const jw = {
     if (shown !== null) {
       const fill = jw.el("div", { class: "fill" });
       fill.style.width = `${(shown * 100).toFixed(1)}%`;
-      box.append(jw.el("div", { class: "bar", role: "progressbar", "aria-valuenow": Math.floor(shown * 100), "aria-valuemin": 0, "aria-valuemax": 100 }, fill));
+      box.append(jw.el("div", { class: "bar", role: "progressbar", "aria-valuenow": jw.wholePercent(shown), "aria-valuemin": 0, "aria-valuemax": 100 }, fill));
     }
     box.append(jw.el("span", { class: "ptext" }, jw.progressText(p, live)));
     return box;

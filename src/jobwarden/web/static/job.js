@@ -187,7 +187,7 @@ function renderProgress(s) {
   if (!live && p.step !== null) {
     // the run's fraction; a bar per epoch also says which epoch (as `status` does)
     const epoch = p.epoch && p.epoch.total && p.unit !== "epoch" ? `, epoch ${p.epoch.n}/${p.epoch.total}` : "";
-    const where = p.total ? `${Math.floor((p.fraction || 0) * 100)}%${epoch}, step ${p.step}/${p.total}` : `step ${p.step}`;
+    const where = p.total ? `${jw.wholePercent(p.fraction)}%${epoch}, step ${p.step}/${p.total}` : `step ${p.step}`;
     text = `${p.total && p.step >= p.total && (p.fraction === null || p.fraction >= 1) ? "reached" : "stopped at"} ${where}`;
   }
   const cell = jw.progressCell(p, live);
