@@ -136,7 +136,7 @@ def launched_said(
         _print_json({**launched.to_json(), **(extra or {})})
     elif not follow:
         print(launched.id)  # alone on stdout: JOB=$(jobwarden run ...)
-        if sys.stderr.isatty():
+        if sys.stderr is not None and sys.stderr.isatty():  # None: started with fd 2 closed (2>&-)
             _said_start(launched, f"jobwarden logs -f {launched.id} follows it")
     if follow:
         _said_start(launched, "following its output; Ctrl-C stops following, never the job")
@@ -150,6 +150,8 @@ def _said_start(launched: Any, then: str) -> None:
     """'jobwarden: job 4 (train) started, pid 1234: ...' on stderr: which job, by id and name, at once."""
     from jobwarden.text.sanitize import one_line
 
+    if sys.stderr is None:
+        return
     state = launched.state if launched.pid is None else f"started, pid {launched.pid}"
     print(f"jobwarden: job {launched.id} ({one_line(launched.name)}) {state}: {then}", file=sys.stderr)
 
