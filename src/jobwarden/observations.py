@@ -162,6 +162,7 @@ class UncaughtException:
     frames: tuple[Frame, ...] = ()
     chain: tuple[tuple[str, str], ...] = ()
     rank: int | None = None
+    executable: str | None = None  # the interpreter that ran the process (its advert's sys.executable)
 
     @property
     def types(self) -> tuple[str, ...]:

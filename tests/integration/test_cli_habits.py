@@ -252,3 +252,12 @@ def test_ps_fits_a_100_column_terminal_and_wide_cuts_nothing(jw: Jobwarden, tmp_
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def test_a_missing_module_is_said_missing_for_the_interpreter_that_ran(jw: Jobwarden) -> None:
+    result = jw("run", "-w", "--", sys.executable, "-c", "import torch_that_is_not_there")
+    assert result.returncode == 1
+    (cause, *_) = jw.json("explain", "1")["findings"]
+    assert cause["rule"] == "python-exception"
+    assert f"not installed for the interpreter that ran the job, {sys.executable}" in cause["remedy"]
+    assert f"`{sys.executable} -m pip install torch_that_is_not_there`" in cause["remedy"]

@@ -84,3 +84,37 @@ def test_a_kill_inside_a_container_is_looked_up_on_the_host() -> None:
     text = remedy(killed, "killed-externally")
     assert "OOMKilled" in text and "on the host" in text
     assert "--mem-limit" not in text and "`last`" not in text  # no limit to set inside, no login to read
+
+
+def test_a_missing_module_names_the_interpreter_that_ran_and_the_package_to_install() -> None:
+    """'fix the error at train.py:1' did not help: the module is installed, for another interpreter."""
+    from jobwarden.observations import UncaughtException
+
+    venv = "/srv/exp/.venv/bin/python3"
+    missing = UncaughtException(
+        4665, 1.0, "ModuleNotFoundError", "No module named 'cv2'",
+        (Frame("<module>", "/srv/exp/train.py", 1),), executable=venv,
+    )  # fmt: skip
+    ev = evidence(state="failed", exit_code=1, exceptions=(missing,))
+    said = remedy(ev, "python-exception")
+    assert f"not installed for the interpreter that ran the job, {venv}" in said
+    assert f"`{venv} -m pip install opencv-python`" in said  # the package, not the import name
+    assert "fix the error at" not in said
+    unknown = evidence(
+        state="failed", exit_code=1, exceptions=(dataclasses.replace(missing, executable=None),)
+    )
+    assert "not installed for the Python that ran the job" in remedy(unknown, "python-exception")
+
+
+def test_a_relative_path_not_found_points_at_the_jobs_working_directory() -> None:
+    from jobwarden.observations import UncaughtException
+
+    lost = UncaughtException(
+        4665, 1.0, "FileNotFoundError", "[Errno 2] No such file or directory: 'data/train.csv'",
+        (Frame("load", "/srv/exp/train.py", 12),),
+    )  # fmt: skip
+    said = remedy(evidence(state="failed", exit_code=1, exceptions=(lost,)), "python-exception")
+    assert "'data/train.csv' is a relative path" in said and "--cwd" in said
+    absolute = dataclasses.replace(lost, message="[Errno 2] No such file or directory: '/data/train.csv'")
+    plain = remedy(evidence(state="failed", exit_code=1, exceptions=(absolute,)), "python-exception")
+    assert plain.startswith("fix the error at /srv/exp/train.py:12 in load")

@@ -329,6 +329,7 @@ def _exception(d: dict[str, Any]) -> UncaughtException:
         frames=_frames(d.get("frames") or []),
         chain=tuple((str(c["type"]), str(c["message"])) for c in d.get("chain") or []),
         rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+        executable=d.get("executable") if isinstance(d.get("executable"), str) else None,
     )
 
 

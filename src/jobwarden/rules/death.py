@@ -16,6 +16,7 @@ from jobwarden.observations import Frame, ProcessDeath, UncaughtException
 from jobwarden.rules import mltext
 from jobwarden.rules.engine import engine_stop
 from jobwarden.rules.evidence import RunEvidence, job_ref
+from jobwarden.rules.exceptions import exception_remedy
 from jobwarden.rules.frames import is_library, short_file
 from jobwarden.rules.gpuerrors import gpu_context
 from jobwarden.rules.memory import oom_killed
@@ -265,7 +266,7 @@ def _python_exception(ev: RunEvidence, who: Subject, lines: Sequence[str]) -> Fi
         f"{exc_type}: {message}",
         "error",
         tuple(evidence),
-        f"fix the error at {frame or 'the innermost frame'}; `jobwarden logs` shows the traceback",
+        exception_remedy(exc_type, message, frame, who.exception.executable if who.exception else None),
         who.pids,
     )
 

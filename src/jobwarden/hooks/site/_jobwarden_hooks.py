@@ -443,6 +443,7 @@ def exception_record(exc: BaseException, at: float, pid: int, start_time: int) -
         "frames": _traceback_frames(exc.__traceback__),
         "chain": chain,
         "rank": int(rank) if rank != "-" else None,
+        "executable": sys.executable or None,  # a missing module is missing for this interpreter
     }
 
 
