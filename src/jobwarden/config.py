@@ -22,6 +22,9 @@ PROC_EVENTS_ENV = "JOBWARDEN_PROC_EVENTS"
 # JOBWARDEN_PROGRESS=off: the shim reads no progress (neither the log, nor the hooks' records, nor the
 # heartbeat's step): scripts/bench's baseline for what watching progress costs
 PROGRESS_ENV = "JOBWARDEN_PROGRESS"
+# JOBWARDEN_FINGERPRINT=off: no fingerprint is taken at a launch (no git, no interpreter asked): where a
+# repository is too large for `git status` to be worth it, and the baseline of what taking one costs
+FINGERPRINT_ENV = "JOBWARDEN_FINGERPRINT"
 RESTART_MODES = ("no", "on-failure", "always")
 # --restart without --max-restarts: a few tries, never an endless loop (Ray's "infinite oom retries")
 DEFAULT_MAX_RESTARTS = 3
