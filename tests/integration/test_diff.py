@@ -6,9 +6,7 @@ success cites what changed in `explain`."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from jobwarden.model import JobSpec, JobState
 from jobwarden.store import Store
 from tests.conftest import Jobwarden
 from tests.integration.webtools import Client, web_server
+from tests.unit.test_fingerprint import git
 
 pytestmark = pytest.mark.integration
 # exits with the number in ./code (0 when there is none): one command that succeeds, then fails
@@ -44,12 +43,6 @@ def diff_lines(jw: Jobwarden, *args: str) -> list[str]:
     out = jw("diff", *args, check=True).stdout.splitlines()
     assert out[0].endswith(":")  # which runs, from the earlier to the later
     return out[1:]
-
-
-def git(repo: Path, *args: str) -> None:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": "/dev/null"}  # fmt: skip
-    subprocess.run(["git", "-C", str(repo), *args], env=env, check=True, capture_output=True)
 
 
 def test_a_package_version_is_what_changed(jw: Jobwarden, tmp_path: Path) -> None:
