@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from jobwarden.model import JobSpec, JobState
+from jobwarden.probes import fakenvml
 from jobwarden.store import Store
 from tests.conftest import Jobwarden
 from tests.integration.webtools import Client, web_server
@@ -100,6 +101,33 @@ def test_an_env_key_added_never_shows_its_value(jw: Jobwarden, tmp_path: Path) -
     answer = jw("diff", str(second), "--json", check=True).stdout
     assert "hunter2" not in answer
     assert "hunter2" not in jw("explain", str(second)).stdout
+
+
+def test_the_gpus_and_the_driver_as_nvml_says(jw: Jobwarden, tmp_path: Path) -> None:
+    """Through the fake NVML (the shim's own GPU watch): a driver upgrade, and the GPUs the job sees."""
+    state = tmp_path / "nvml.json"
+    gpus = [fakenvml.device(i, name="NVIDIA H100 80GB HBM3") for i in range(2)]
+    fakenvml.write_state(
+        state, {"devices": gpus, "driver_version": "550.54.15", "cuda_driver_version": 12040}
+    )
+    jw.env[fakenvml.FAKE_NVML_ENV] = str(state)
+    work = tmp_path / "work"
+    work.mkdir()
+    sleep = (sys.executable, "-c", "import time; time.sleep(0.5)")  # the GPU watch is opened for a live job
+    first = jw(
+        "run", "--wait", "--cwd", str(work), "--env", "CUDA_VISIBLE_DEVICES=1", "--", *sleep, check=True
+    )
+    fakenvml.update_state(state, lambda s: s.update(driver_version="555.42.02", cuda_driver_version=12050))
+    second = jw(
+        "run", "--wait", "--cwd", str(work), "--env", "CUDA_VISIBLE_DEVICES=1", "--", *sleep, check=True
+    )
+    assert diff_lines(jw, second.stdout.split()[0]) == [
+        "nvidia driver 550.54.15 -> 555.42.02",
+        "cuda driver 12.4 -> 12.5",
+    ]
+    with Store(jw.home) as store:
+        taken = store.fingerprint(int(first.stdout.split()[0]), 1)
+    assert taken is not None and taken.gpus == ("1 NVIDIA H100 80GB HBM3 GPU-fake-000",)
 
 
 def test_the_json_shape(jw: Jobwarden, tmp_path: Path) -> None:

@@ -21,8 +21,7 @@ from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.tool import Captured, captured_output, end_captured, start_captured
 from jobwarden.osapi.waiting import wait_readable
 from jobwarden.probes import fingerprint as probe
-from jobwarden.probes.gpu import nvidia_driver_present
-from jobwarden.shim.gpuwatch import GpuWatch
+from jobwarden.shim.gpuwatch import GpuWatch, gpus_expected
 from jobwarden.store import JobRecord
 
 TIMEOUT_S = 10.0  # git status on a large repository with a cold cache takes seconds; past this, unknown
@@ -138,7 +137,7 @@ class FingerprintTask:
         """What NVML says, through the shim's own GPU watch (no second NVML session): the GPUs the job can
         see, the driver and its CUDA version. A machine with no NVIDIA driver has none."""
         if gpu is None:
-            if nvidia_driver_present():
+            if gpus_expected():
                 self.unknown["gpus"] = "NVML was not read (the run ended at once, or it cannot be opened)"
                 return None, None, None
             return (), None, None
