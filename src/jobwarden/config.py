@@ -26,6 +26,9 @@ SPEED_ENV = "JOBWARDEN_SPEED"  # off: no speed findings (shim.speedwatch)
 # JOBWARDEN_AUTO_PROFILE: the 5 s profile taken when a speed finding appears (shim.autoprofile). "on" (the
 # default): not while a CPU quota the supervisor shares with the job throttles; "always"; "off"
 AUTO_PROFILE_ENV = "JOBWARDEN_AUTO_PROFILE"
+# JOBWARDEN_FINGERPRINT=off: no fingerprint is taken at a launch (no git, no interpreter asked): where a
+# repository is too large for `git status` to be worth it, and the baseline of what taking one costs
+FINGERPRINT_ENV = "JOBWARDEN_FINGERPRINT"
 RESTART_MODES = ("no", "on-failure", "always")
 # --restart without --max-restarts: a few tries, never an endless loop (Ray's "infinite oom retries")
 DEFAULT_MAX_RESTARTS = 3

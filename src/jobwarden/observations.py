@@ -216,3 +216,98 @@ class GpuProcess:
     # "compute", "graphics" or "compute+graphics": a desktop's Xorg holding a little memory (graphics)
     # must not make a GPU look taken by a job (compute)
     kind: str = "compute"
+
+
+@dataclass(frozen=True)
+class GitState:
+    """The git repository a job ran in, as its run started. Untracked files are not looked at."""
+
+    commit: str | None  # the full hash of HEAD; None: a repository with no commit yet
+    branch: str | None  # None: a detached HEAD
+    dirty: bool  # tracked files differ from HEAD
+    diff_hash: str | None = None  # `git diff HEAD` hashed (never stored) when dirty
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "commit": self.commit,
+            "branch": self.branch,
+            "dirty": self.dirty,
+            "diff_hash": self.diff_hash,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> GitState:
+        return cls(d.get("commit"), d.get("branch"), bool(d.get("dirty")), d.get("diff_hash"))
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a run was started with, taken at each launch without a change to the job's code: the answer
+    to "it worked yesterday: what is different?" (rules.changes compares two). `unknown` names the parts
+    that could not be read, with why ("git": "timed out after 10 s"); they are never taken for absent."""
+
+    command: tuple[str, ...]
+    cwd: str
+    env_keys: tuple[str, ...]  # the names of its --env variables, never their values
+    host: str
+    jobwarden: str  # the version that supervised it
+    python: str | None = None  # the interpreter the command runs, as resolved; None: none found
+    python_version: str | None = None
+    packages: tuple[tuple[str, str], ...] | None = None  # (name, version) installed where it imports from
+    torch_cuda: str | None = None  # the CUDA version torch was built for (torch.version.cuda)
+    git: GitState | None = None  # None: its cwd is in no repository
+    cuda_visible: str | None = None  # CUDA_VISIBLE_DEVICES as the job got it; None: unset
+    gpus: tuple[str, ...] | None = None  # the GPUs it could see ("0 NVIDIA H100 GPU-1a2b3c4d"); None: unknown
+    driver: str | None = None  # the NVIDIA driver ("550.54.15")
+    cuda_driver: str | None = None  # the CUDA version the driver supports ("12.4")
+    unknown: tuple[tuple[str, str], ...] = ()  # (part, why) for git, python, packages, gpus
+
+    def why_unknown(self, part: str) -> str | None:
+        return next((why for name, why in self.unknown if name == part), None)
+
+    def to_json(self, packages: bool = True) -> dict[str, object]:
+        """As stored (store.fingerprints keeps the package list apart, once per distinct list)."""
+        body: dict[str, object] = {
+            "command": list(self.command),
+            "cwd": self.cwd,
+            "env_keys": list(self.env_keys),
+            "host": self.host,
+            "jobwarden": self.jobwarden,
+            "python": self.python,
+            "python_version": self.python_version,
+            "torch_cuda": self.torch_cuda,
+            "git": self.git.to_json() if self.git is not None else None,
+            "cuda_visible": self.cuda_visible,
+            "gpus": list(self.gpus) if self.gpus is not None else None,
+            "driver": self.driver,
+            "cuda_driver": self.cuda_driver,
+            "unknown": dict(self.unknown),
+        }
+        if packages:
+            body["packages"] = [list(p) for p in self.packages] if self.packages is not None else None
+        return body
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], packages: tuple[tuple[str, str], ...] | None = None) -> Fingerprint:
+        listed = d.get("packages")
+        if packages is None and listed is not None:
+            packages = tuple((str(n), str(v)) for n, v in listed)
+        git = d.get("git")
+        gpus = d.get("gpus")
+        return cls(
+            command=tuple(d.get("command", ())),
+            cwd=str(d.get("cwd", "")),
+            env_keys=tuple(d.get("env_keys", ())),
+            host=str(d.get("host", "")),
+            jobwarden=str(d.get("jobwarden", "")),
+            python=d.get("python"),
+            python_version=d.get("python_version"),
+            packages=packages,
+            torch_cuda=d.get("torch_cuda"),
+            git=GitState.from_json(git) if isinstance(git, dict) else None,
+            cuda_visible=d.get("cuda_visible"),
+            gpus=tuple(gpus) if gpus is not None else None,
+            driver=d.get("driver"),
+            cuda_driver=d.get("cuda_driver"),
+            unknown=tuple((str(k), str(v)) for k, v in (d.get("unknown") or {}).items()),
+        )

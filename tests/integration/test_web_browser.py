@@ -133,6 +133,27 @@ def test_the_job_page_shows_a_resolved_finding_only_as_history(jw: Jobwarden, br
         assert "nothing now" in text_of(browser, "#findings")
 
 
+def test_the_job_page_says_what_changed_since_the_last_success(
+    jw: Jobwarden, tmp_path: Path, browser: Any
+) -> None:
+    from tests.integration.test_diff import run
+
+    work = tmp_path / "work"
+    work.mkdir()
+    first = run(jw, work)
+    second = run(jw, work, "--env", "WANDB_MODE=offline")
+    with web_server(jw.home) as served:
+        browser.get(served.url.replace("/?token=", f"/jobs/{second}?token="))
+        item = '#changes li[data-what="env key WANDB_MODE"]'
+        wait_until(browser, lambda d: text_of(d, item), "the change listed")
+        assert text_of(browser, item) == "env key WANDB_MODE added"
+        assert text_of(browser, "#changes").startswith(f"since run 1 of job {first} succeeded")
+        browser.get(served.url.replace("/?token=", f"/jobs/{first}?token="))
+        wait_until(
+            browser, lambda d: "succeeded before run 1" in text_of(d, "#changes"), "nothing to compare"
+        )
+
+
 def test_a_queued_job_says_who_holds_the_gpus(jw: Jobwarden, tmp_path: Path, browser: Any) -> None:
     nvml = tmp_path / "nvml.json"
     fake_gpus(nvml, {i: [os.getpid()] for i in range(4)})  # every GPU busy, held by this test

@@ -435,7 +435,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
             )
     if args.job is None:
         raise UsageError("explain needs a JOB (an id or a name), or --group ID")
-    status = _job_status(args.job, args.run)
+    from jobwarden.control.changes import explained
+    from jobwarden.store import Store
+
+    with Store(_home()) as store:
+        status = explained(store, _procfs(), args.job, args.run)
     profiled = _newest_profile(status.job.id, status.run.n)
     if args.json:
         _print_json({**status.explain_json(), "profile": profiled})
@@ -704,6 +708,12 @@ def cmd_boot(args: argparse.Namespace) -> int:
     return boot(args)
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    from jobwarden.cli.diffcmd import diff
+
+    return diff(_home(), args)
+
+
 def note_namesakes(args: argparse.Namespace) -> None:
     """A JOB given by a name (never an id or @last: those cost nothing) that older live jobs share."""
     ref = getattr(args, "job", None)
@@ -749,4 +759,5 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "queue": cmd_queue,
     "resume": cmd_resume,
     "boot": cmd_boot,
+    "diff": cmd_diff,
 }

@@ -463,6 +463,21 @@ def _health_arguments(health: argparse.ArgumentParser) -> None:
     health.add_argument("--json", action="store_true", help="the verdict as JSON")
 
 
+def _diff_arguments(diff: argparse.ArgumentParser) -> None:
+    diff.add_argument("job", metavar="A", help="the run to look at: an id, a name (its newest job) or @last")
+    diff.add_argument(
+        "other",
+        metavar="B",
+        nargs="?",
+        help="compare with this job's last run (default: the last run of A's command, in A's directory, "
+        "that succeeded before A's run started)",
+    )
+    diff.add_argument("--run", type=int, metavar="N", help="A's run N (default: its last)")
+    diff.add_argument(
+        "--json", action="store_true", help="what changed as JSON: {a, b, changes: [{what, before, after}]}"
+    )
+
+
 def _runs_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("words", nargs=argparse.REMAINDER)
 
@@ -513,6 +528,11 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] =
     "queue": ("show queues, or set how many runs of one run at once (--parallel)", _queue_arguments),
     "resume": ("after a reboot: mark the runs it ended, start again those with --restart", _resume_arguments),
     "boot": ("run `jobwarden resume` at every boot: enable, disable or status", _boot_arguments),
+    "diff": (
+        "what changed between two runs (packages, git commit, env keys, python, host, GPUs), or since the "
+        "last success of the same command",
+        _diff_arguments,
+    ),
 }
 
 

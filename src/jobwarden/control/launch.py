@@ -18,6 +18,7 @@ from jobwarden.errors import (
 )
 from jobwarden.joboptions import JobOptions
 from jobwarden.model import EndReason, JobSpec, JobState
+from jobwarden.osapi.process import which
 from jobwarden.store import Store
 
 _INTERPRETERS = {"python", "python3", "bash", "sh", "zsh", "node", "ruby", "perl", "uv", "torchrun"}
@@ -52,7 +53,7 @@ def resolve_command(argv: list[str], cwd: str, env: dict[str, str]) -> str:
                 f"not executable: {program}", f"chmod +x {program}, or run it through its interpreter"
             )
         return str(path)
-    found = _which(program, env.get("PATH", os.defpath))
+    found = which(program, env.get("PATH", os.defpath))
     if found is None:
         raise CommandNotFound(
             f"command not found: {program}",
@@ -60,19 +61,6 @@ def resolve_command(argv: list[str], cwd: str, env: dict[str, str]) -> str:
             "(jobwarden runs it without a shell; use sh -c '...' for shell syntax)",
         )
     return found
-
-
-def _which(program: str, search_path: str) -> str | None:
-    """shutil.which for a bare name (importing shutil costs `run` a few milliseconds)."""
-    seen = set()
-    for directory in search_path.split(os.pathsep):
-        if directory in seen:
-            continue
-        seen.add(directory)
-        candidate = os.path.join(directory, program)
-        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
-            return candidate
-    return None
 
 
 def checked_name(name: str) -> str:

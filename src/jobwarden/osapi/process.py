@@ -95,6 +95,20 @@ def signal_name(signum: int) -> str:
         return f"SIG{signum}"
 
 
+def which(program: str, search_path: str) -> str | None:
+    """Where execvp finds a bare program name on `search_path` (a PATH value): shutil.which without
+    importing shutil (that costs `run` a few milliseconds)."""
+    seen = set()
+    for directory in search_path.split(os.pathsep):
+        if directory in seen:
+            continue
+        seen.add(directory)
+        candidate = os.path.join(directory, program)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return candidate
+    return None
+
+
 def reap_any() -> list[tuple[int, int, float]]:
     """Collect every exited child without blocking: [(pid, raw wait status, CPU seconds it used)]. The
     CPU time (wait4's rusage) counts the children it waited for too: what a helper (py-spy) cost."""

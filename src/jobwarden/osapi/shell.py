@@ -83,7 +83,7 @@ def run_shell(
         watched = [fd] if cancel_fd is None else [fd, cancel_fd]
         ready = select.select(watched, [], [], max(0.0, deadline - time.monotonic()))[0]
         if fd not in ready:
-            _kill_session(fd, pid)
+            kill_session(fd, pid)
             select.select([fd], [], [], _AFTER_KILL_S)
             _collect(fd)
             if ready:
@@ -108,7 +108,7 @@ def _feed(fd: int, data: bytes, deadline: float) -> None:
         os.close(fd)
 
 
-def _kill_session(fd: int, pid: int) -> None:
+def kill_session(fd: int, pid: int) -> None:
     """SIGKILL the hook and its process group. The group signal goes through the leader's pidfd (Linux
     >= 6.9); before that, killpg is used only while the leader is an unreaped child of ours, so its
     pid, and with it the group id, cannot have been reused."""

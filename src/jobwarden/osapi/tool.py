@@ -14,10 +14,12 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from jobwarden.errors import OsApiError
 
 _DRAIN_AFTER_KILL_S = 5.0  # SIGKILL ends it at once; this only bounds reading what it had written
+_GONE_AFTER_KILL_S = 1.0  # a killed helper is a zombie within microseconds; a D-state one, later
 
 
 class ToolUnavailable(OsApiError):
@@ -103,3 +105,56 @@ def reap_helper(pidfd: int) -> None:
     """Collect an ended helper's status if nobody did (the shim's reaper may have)."""
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
+
+
+class Captured(NamedTuple):
+    """A helper started by `start_captured`: its pid, a pidfd on it, and the memory file its stdout fills."""
+
+    pid: int
+    pidfd: int
+    out: int
+
+
+def start_captured(argv: Sequence[str], env: Mapping[str, str]) -> Captured:
+    """Start `argv` (an absolute path first) in a session of its own without waiting: stdin /dev/null,
+    stdout into an anonymous memory file (nothing to drain while it runs, nothing left on disk), stderr
+    dropped. posix_spawn: no Python runs in the child, so any thread of the shim may call it. Raises
+    ToolUnavailable."""
+    from jobwarden.osapi import pidfd as pidfds
+
+    out = os.memfd_create("jobwarden-capture", os.MFD_CLOEXEC)
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_DUP2, out, 1),
+        (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+    ]
+    try:
+        pid = os.posix_spawn(argv[0], list(argv), dict(env), file_actions=actions, setsid=True)
+    except OSError as error:
+        os.close(out)
+        raise ToolUnavailable(f"cannot run {argv[0]}: {error.strerror}") from error
+    try:
+        return Captured(pid, pidfds.open_pidfd(pid), out)
+    except OsApiError:  # it ended and was reaped at once (the shim's reaper): its output is still here
+        return Captured(pid, -1, out)
+
+
+def captured_output(helper: Captured, limit: int) -> bytes:
+    """What the helper wrote to its stdout, its first `limit` bytes."""
+    return os.pread(helper.out, limit, 0)
+
+
+def end_captured(helper: Captured) -> None:
+    """Kill what is left of the helper's session (it overran its deadline, or the run is over), collect
+    its status if nobody did, and close its descriptors."""
+    from jobwarden.osapi import pidfd as pidfds
+    from jobwarden.osapi.shell import kill_session
+    from jobwarden.osapi.waiting import wait_readable
+
+    if helper.pidfd >= 0:
+        if not pidfds.has_exited(helper.pidfd):
+            kill_session(helper.pidfd, helper.pid)
+            wait_readable([helper.pidfd], _GONE_AFTER_KILL_S)  # SIGKILL is not delivered at once
+        reap_helper(helper.pidfd)
+        pidfds.close(helper.pidfd)
+    os.close(helper.out)

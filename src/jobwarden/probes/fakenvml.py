@@ -16,6 +16,8 @@ The state file:
                   "clock_reasons": 0,          # NVML clock event reasons bitmask; absent: NOT_SUPPORTED
                   "process_utilization": [{"pid": 4242, "sm": 80, "mem": 30}],   # absent: NOT_SUPPORTED
                   "error": null}],             # e.g. "GpuIsLost": every call on this GPU fails
+     "driver_version": "550.54.15",            # absent: NOT_SUPPORTED
+     "cuda_driver_version": 12040,             # 12.4; absent: NOT_SUPPORTED
      "error": null,                            # e.g. "DriverNotLoaded": every call fails (driver reload)
      "init_error": null}                       # raised by nvmlInit only
 
@@ -198,6 +200,18 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
         self._refcount -= 1
 
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return str(self._system("driver_version"))
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return int(self._system("cuda_driver_version"))
+
+    def _system(self, key: str) -> Any:
+        value = self._live_state().get(key)
+        if value is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return value
+
     def nvmlDeviceGetCount(self) -> int:
         return len(self._live_state().get("devices", []))
 
@@ -290,6 +304,8 @@ nvmlDeviceGetClockInfo = _default.nvmlDeviceGetClockInfo
 nvmlDeviceGetMaxClockInfo = _default.nvmlDeviceGetMaxClockInfo
 nvmlDeviceGetCurrentClocksEventReasons = _default.nvmlDeviceGetCurrentClocksEventReasons
 nvmlDeviceGetProcessUtilization = _default.nvmlDeviceGetProcessUtilization
+nvmlSystemGetDriverVersion = _default.nvmlSystemGetDriverVersion
+nvmlSystemGetCudaDriverVersion = _default.nvmlSystemGetCudaDriverVersion
 
 
 # --- writing the state: for tests, and for test jobs that take or free a GPU -----------------------

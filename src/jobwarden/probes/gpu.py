@@ -47,6 +47,8 @@ NVML_CALLS: dict[str, int] = {
     "nvmlDeviceGetClockInfo": 2,
     "nvmlDeviceGetMaxClockInfo": 2,
     "nvmlDeviceGetCurrentClocksEventReasons": 1,
+    "nvmlSystemGetDriverVersion": 0,
+    "nvmlSystemGetCudaDriverVersion": 0,
 }
 NVML_CLOCK_SM = 1  # nvmlClockType_t
 
@@ -126,6 +128,14 @@ class GpuProbe:
     def processes(self) -> list[GpuProcess]:
         """Compute and graphics processes on every readable GPU, one entry per (GPU, pid)."""
         return [p for procs in self._each_device(self._processes_on) for p in procs]
+
+    def versions(self) -> tuple[str | None, int | None]:
+        """The driver's version ("550.54.15") and the newest CUDA it supports (12040 for 12.4); None
+        where NVML does not say."""
+        self._ensure_open()
+        driver = self._call(self._nvml.nvmlSystemGetDriverVersion, optional=True)
+        cuda = self._call(self._nvml.nvmlSystemGetCudaDriverVersion, optional=True)
+        return None if driver is None else _text(driver), None if cuda is None else int(cuda)
 
     def _each_device(self, read: Callable[[int, Any], _T]) -> list[_T]:
         self._ensure_open()

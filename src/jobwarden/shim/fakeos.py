@@ -26,6 +26,7 @@ from jobwarden.osapi.cgroup import JobCgroup
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.shim.diagnosis import Diagnoser, Verdict
 from jobwarden.shim.exits import ExitCollector
+from jobwarden.shim.fingerprint import FingerprintTask
 from jobwarden.shim.resources import MemoryGuard
 from jobwarden.shim.sightings import Sightings
 from jobwarden.shim.tree import JobTree, Member
@@ -172,6 +173,11 @@ class FakeJobOS:
         claimed_gpus: bool,
     ) -> Diagnoser:
         return FakeDiagnoser(self, window_s, now_mono)
+
+    def fingerprint(
+        self, job: JobRecord, env: dict[str, str], monotonic: Callable[[], float]
+    ) -> FingerprintTask | None:
+        return None  # the loop's decisions are tested here; the fingerprint, on real runs
 
     def _ready(self, fds: list[int]) -> set[int]:
         real = [fd for fd in fds if fd < _FAKE_FD_BASE]

@@ -65,10 +65,14 @@ class GpuWatch:
         self.probe.close()
 
 
-def open_gpu_watch(claimed: bool) -> GpuWatch | None:
+def gpus_expected(claimed: bool = False) -> bool:
     """NVML is asked only for jobs that claimed GPUs or on machines with an NVIDIA driver: importing and
     initialising it costs the shim tens of milliseconds, for nothing on a CPU-only machine."""
-    if not (claimed or os.path.exists("/dev/nvidiactl") or FAKE_NVML_ENV in os.environ):
+    return claimed or os.path.exists("/dev/nvidiactl") or FAKE_NVML_ENV in os.environ
+
+
+def open_gpu_watch(claimed: bool) -> GpuWatch | None:
+    if not gpus_expected(claimed):
         return None
     from jobwarden.probes.gpu import GpuProbe, try_open_gpu_probe
 

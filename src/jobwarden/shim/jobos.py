@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from jobwarden.osapi import pidfd as pidfds
@@ -25,6 +26,7 @@ from jobwarden.shim.tree import JobTree, Member
 
 if TYPE_CHECKING:  # loaded once the CLI has its answer: `run` waits for nothing it does not need
     from jobwarden.shim.diagnosis import Diagnoser
+    from jobwarden.shim.fingerprint import FingerprintTask
     from jobwarden.shim.resources import MemoryGuard
     from jobwarden.store import JobRecord, Store
 
@@ -74,6 +76,10 @@ class JobOS(Protocol):
         now_mono: float,
         claimed_gpus: bool,
     ) -> Diagnoser: ...
+
+    def fingerprint(
+        self, job: JobRecord, env: dict[str, str], monotonic: Callable[[], float]
+    ) -> FingerprintTask | None: ...  # its helpers started; None: no fingerprint is taken
 
 
 class SystemJobOS:
@@ -153,3 +159,10 @@ class SystemJobOS:
         diag = Diagnoser(store, job, run, procfs, tree, window_s, now_mono)
         diag.gpu = open_gpu_watch(claimed=claimed_gpus)
         return diag
+
+    def fingerprint(
+        self, job: JobRecord, env: dict[str, str], monotonic: Callable[[], float]
+    ) -> FingerprintTask | None:
+        from jobwarden.shim.fingerprint import FingerprintTask
+
+        return FingerprintTask(job, env, monotonic)

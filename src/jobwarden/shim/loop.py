@@ -13,6 +13,7 @@ import os
 import signal
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from jobwarden import config
 from jobwarden.clock import Clock
 from jobwarden.errors import StoreError
 from jobwarden.model import EndReason, ProcessEnd, ProcessSnapshot
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it l
 
     from jobwarden.observations import OomEvidence
     from jobwarden.shim.diagnosis import Diagnoser, Verdict
+    from jobwarden.shim.fingerprint import FingerprintTask
     from jobwarden.shim.logcap import TrimNotes
     from jobwarden.shim.notify import Notifier
     from jobwarden.shim.progresswatch import ProgressWatch
@@ -100,6 +102,7 @@ class SupervisorLoop:
         self.progress: ProgressWatch | None = None  # the run's step counter (shim.progresswatch)
         self.speed: SpeedWatch | None = None  # why it is slow (shim.speedwatch)
         self.speed_start: Callable[[], SpeedWatch] | None = None  # makes it at the first sign of work
+        self.fingerprint: FingerprintTask | None = None  # what the run was started with, being taken
         self.restart_after_hang = False
         self.notifier = notifier
         from jobwarden.shim.autoprofile import AutoProfiler
@@ -122,12 +125,16 @@ class SupervisorLoop:
         self.record.event(kind, self.clock.wall(), **fields)
 
     def _helper_pids(self) -> set[int]:
-        """The shim's own children, never the job's: --on-event hooks, the automatic profile."""
+        """The shim's own children, never the job's: --on-event hooks, the automatic profile, the
+        fingerprint's helpers."""
         notified = self.notifier.helper_pids() if self.notifier is not None else set()
-        return notified | self.autoprofile.helper_pids()
+        taking = self.fingerprint.helper_pids() if self.fingerprint is not None else set()
+        return notified | taking | self.autoprofile.helper_pids()
 
     def close(self) -> None:
         self.autoprofile.close()
+        if self.fingerprint is not None:
+            self.fingerprint.close()
         # unhooked first: a signal after the close (SIGCHLD of an --on-event command still being
         # delivered) made CPython write to a closed fd: "Exception ignored ... signal wakeup fd"
         self.jobos.uninstall_signals(self._wake_w)
@@ -283,7 +290,40 @@ class SupervisorLoop:
         if self.diag:
             self._act_on(self.diag.on_tick(snaps, now, self.clock.monotonic()))
         self.autoprofile.poll()
+        self.record_fingerprint()
         return snaps
+
+    def start_fingerprint(self, env: dict[str, str]) -> None:
+        """Its helpers started, once `run` has its answer (shim.fingerprint); never at the job's cost."""
+        if os.environ.get(config.FINGERPRINT_ENV, "on") == "off":
+            return
+        try:
+            self.fingerprint = self.jobos.fingerprint(self.job, env, self.clock.monotonic)
+        except Exception as err:
+            log(f"fingerprint not taken: {type(err).__name__}: {err}")
+
+    def record_fingerprint(self, final: bool = False) -> None:
+        """Once its helpers are done, the fingerprint is made and written. `final`, at the run's end:
+        they are waited for a moment (an engine's stop spends none of its budget on them)."""
+        task = self.fingerprint
+        if task is None or (not final and not task.done()):
+            return
+        self.fingerprint = None
+        try:
+            if final:
+                from jobwarden.shim.fingerprint import FINISH_WAIT_S
+
+                engine_stop = self.stop is not None and self.stop.reason == EndReason.ENGINE_STOP
+                task.wait(0.0 if engine_stop else FINISH_WAIT_S)
+            found = task.result(self.diag.gpu if self.diag else None)
+        except Exception as err:  # a bug of ours must cost the fingerprint, never the supervision
+            log(f"fingerprint not taken: {type(err).__name__}: {err}")
+            return
+        finally:
+            task.close()
+        self.record.write(self.store.set_fingerprint, self.clock.wall(), found)
+        missing = "; ".join(f"{part}: {why}" for part, why in found.unknown)
+        log(f"fingerprint taken in {task.elapsed_ms():.0f} ms" + (f", unknown: {missing}" if missing else ""))
 
     def prune_py_files(self) -> None:
         try:

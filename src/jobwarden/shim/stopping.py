@@ -52,6 +52,7 @@ class StoppingSupervisor(SupervisorLoop):
         if self.progress is not None:  # how far it got, kept with the run
             self._finish_progress()
         self.prune_py_files()  # every process has ended: only exceptions and fork records stay
+        self.record_fingerprint(final=True)  # before the end: an ended run has its fingerprint
         fields = end_fields(self.main_status, self.stop.reason if self.stop else None, self.clock.wall())
         if kept:
             fields["kept"] = kept

@@ -103,6 +103,7 @@ class Supervisor(StoppingSupervisor):
         )
         _report(report_fd, {"pid": pid, "state": "running"})
         self.record.started(now, pid, self.main.ident.start_time)
+        self.start_fingerprint({**self._base_env(), **self.gpu_env})
         self._start_watches(pid)
         self._arm_timeout()
         return self._supervise()
@@ -202,7 +203,7 @@ class Supervisor(StoppingSupervisor):
     def _job_env(self) -> dict[str, str]:
         """The user's environment and --env values, the markers, and the Python hooks (unless
         --no-py-hooks): they load in every Python process of the job through PYTHONPATH."""
-        base = {**os.environ, **self.job.env}
+        base = self._base_env()
         heartbeat = self.layout.heartbeat_file(self.job.id, self.run)
         if self.job.options.py_hooks:
             py_dir = ensure_private_dir(self.layout.py_dir(self.job.id, self.run))
@@ -211,6 +212,10 @@ class Supervisor(StoppingSupervisor):
         else:
             extra = heartbeat_env(heartbeat)
         return {**base, **extra, **self.gpu_env, **self.markers}
+
+    def _base_env(self) -> dict[str, str]:
+        """The user's environment and the --env values: the job's, before jobwarden's own variables."""
+        return {**os.environ, **self.job.env}
 
     def _wait_for_gpus(self, report_fd: int) -> tuple[bool, bool]:
         """queued -> starting once enough GPUs are free and claimed. The CLI is answered after the first

@@ -19,6 +19,7 @@ from jobwarden.model import UNFINISHED_STATES, Finding, JobSpec, JobState, Proce
 from jobwarden.paths import Layout, ensure_private_dir
 from jobwarden.store import samples
 from jobwarden.store.db import BUSY_TIMEOUT_S, connect, store_id, translate, wal_identity, write
+from jobwarden.store.fingerprints import FingerprintMethods
 from jobwarden.store.listing import ListQueries
 from jobwarden.store.progress import ProgressMethods
 from jobwarden.store.records import Event, JobRecord, ProcessRecord, RunRecord, StackDump
@@ -63,6 +64,7 @@ _RUN_COLUMNS = frozenset(
 _MAX_ID = (1 << 63) - 1  # SQLite's INTEGER: a larger number names no job and no run
 # every table holding a job's rows, the job's own last (the others refer to it)
 _JOB_TABLES = (
+    "fingerprints",
     "queue_places",
     "gpu_claims",
     "stacks",
@@ -78,7 +80,7 @@ _JOB_TABLES = (
 LAST_JOB = "@last"  # a JOB argument naming the newest job (no name can be it: names never start with @)
 
 
-class Store(SampleMethods, ListQueries, ProgressMethods):
+class Store(SampleMethods, ListQueries, ProgressMethods, FingerprintMethods):
     def __init__(self, home: Path) -> None:
         self.layout = Layout(ensure_private_dir(home))
         if self.layout.database_place.moved:  # the home is on a network file system: WAL needs local disk
@@ -265,6 +267,7 @@ class Store(SampleMethods, ListQueries, ProgressMethods):
             with write(self._conn):
                 for job_id in job_ids:
                     self._delete_rows(job_id)
+                self.forget_unused_package_sets()
         except sqlite3.Error as err:
             raise translate(err, self.layout.database) from err
 

@@ -207,6 +207,27 @@ MIGRATIONS: list[str] = [
     ALTER TABLE progress ADD COLUMN epochs INTEGER;
     ALTER TABLE progress ADD COLUMN per_epoch INTEGER;   -- 1: step/total is one epoch of `epochs`
     """,
+    # 11: each run's fingerprint (store/fingerprints.py): what it was started with (the command, git, the
+    # interpreter, the GPUs, the host), for `jobwarden diff` and `explain`. The package list, some
+    # kilobytes, is kept once per distinct list (package_sets, by its hash): a thousand restarts in one
+    # environment store it once. `same` says which runs are of the same command (the last success of a
+    # command is found by index)
+    """
+    CREATE TABLE fingerprints (
+        job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        run INTEGER NOT NULL,
+        at REAL NOT NULL,
+        same TEXT NOT NULL,              -- a hash of the command and its cwd
+        body TEXT NOT NULL,              -- JSON: observations.Fingerprint without its packages
+        packages TEXT,                   -- package_sets.hash; null: the list could not be read
+        PRIMARY KEY (job_id, run)
+    ) WITHOUT ROWID;
+    CREATE INDEX fingerprints_by_command ON fingerprints(same);
+    CREATE TABLE package_sets (
+        hash TEXT PRIMARY KEY,
+        list TEXT NOT NULL               -- JSON [[name, version], ...], sorted by name
+    ) WITHOUT ROWID;
+    """,
 ]
 
 LATEST = len(MIGRATIONS)

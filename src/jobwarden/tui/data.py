@@ -60,8 +60,11 @@ def load(home: Path, procfs: ProcFS, include_ended: bool, selected: int | None) 
 
 
 def load_status(home: Path, procfs: ProcFS, job_id: int) -> JobStatus:
+    """The job as its explain key shows it: a failure cites what changed since its last success."""
+    from jobwarden.control.changes import explained
+
     with Store(home) as store:
-        return job_status(store, procfs, job_id)
+        return explained(store, procfs, job_id)
 
 
 def read_job_log(home: Path, job_id: int, run: int, lines: int) -> list[str]:

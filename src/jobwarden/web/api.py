@@ -124,13 +124,32 @@ def shown_options(options: JobOptions) -> dict[str, Any]:
 
 
 def explain(app: App, req: Request, ref: str) -> Response:
-    """`explain --json`, with the newest profile's summary as the CLI gives it."""
+    """`explain --json`, with the newest profile's summary as the CLI gives it, and a failure's root
+    cause citing what changed since its command last succeeded."""
+    from jobwarden.control.changes import explained
     from jobwarden.control.profile import newest_summary
 
-    status = _status(app, req, ref)
     with app.store() as store:
+        status = explained(store, app.procfs, ref, req.int_param("run", minimum=1))
         profiled = newest_summary(store, status.job.id, status.run.n)
     return json_response({**status.explain_json(), "profile": profiled})
+
+
+def changes(app: App, req: Request, ref: str) -> Response:
+    """`diff --json` of the run (`?run=N`, default its last) against the last success of its command.
+    Nothing to compare with (no success before it, a run without a fingerprint) is no error: `b` and
+    `changes` are null and `reason` says why, as the job page shows it."""
+    from jobwarden.control.changes import NothingToCompare, diff_runs
+
+    run_n = req.int_param("run", minimum=1)
+    with app.store() as store:
+        try:
+            return json_response(diff_runs(store, ref, run_n=run_n).to_json())
+        except NothingToCompare as err:
+            job = store.job(ref)
+            run = store.run(job.id, run_n)
+            a = {"id": job.id, "run": run.n}
+            return json_response({"a": a, "b": None, "changes": None, "reason": err.message})
 
 
 def samples(app: App, req: Request, ref: str) -> Response:

@@ -47,6 +47,7 @@ ROUTES: list[Route] = [
     _route("GET", f"{_JOB}/samples", api.samples),
     _route("GET", f"{_JOB}/stacks", api.stacks),
     _route("GET", f"{_JOB}/profile", api.profile),
+    _route("GET", f"{_JOB}/diff", api.changes),  # what changed since its command last succeeded
     _route("GET", f"{_JOB}/log", logview.log),
     _route("GET", f"{_JOB}/log/stream", logview.follower, "stream"),  # the server writes it as it goes
     _route("POST", f"{_JOB}/stop", api.stop),

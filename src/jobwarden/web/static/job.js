@@ -142,6 +142,33 @@ function renderAttempts(runs, load = true) {
       findingsCell(r.n))));
 }
 
+// What changed since the last success of the same command (`jobwarden diff`): asked again when the run or
+// its state changes, and while its fingerprint is still being taken
+let changesAsked = null;
+
+async function refreshChanges(s) {
+  const key = `${s.run}:${s.state}`;
+  if (key === changesAsked) return;
+  changesAsked = key;
+  const box = document.getElementById("changes");
+  try {
+    const d = await jw.get(`${API}/diff${RUN_Q}`);
+    if (d.changes === null) {
+      if (/being taken|not started/.test(d.reason)) changesAsked = null;
+      box.replaceChildren(jw.el("p", { class: "muted" }, d.reason));
+      return;
+    }
+    const since = jw.el("a", { href: `/jobs/${encodeURIComponent(d.b.id)}?run=${d.b.run}` }, `run ${d.b.run} of job ${d.b.id}`);
+    box.replaceChildren(
+      jw.el("p", {}, "since ", since, ` succeeded (${jw.time(d.b.started_at)}):`),
+      d.changes.length
+        ? jw.el("ul", { class: "changes" }, ...d.changes.map((c) => jw.el("li", { "data-what": c.what }, c.line)))
+        : jw.el("p", { class: "muted" }, "nothing changed"));
+  } catch (e) {
+    box.replaceChildren(jw.el("p", { class: "muted" }, `cannot read what changed: ${e.message}`));
+  }
+}
+
 // main (the job's own process), rank (given a RANK by its launcher; its children inherit the variable, so
 // one whose parent has the same rank is that rank's worker), worker: as `top` says it (tui/cells.py)
 function role(p, procs, mainPid) {
@@ -216,6 +243,7 @@ async function refreshStatus() {
     renderProgress(s);
     renderFindings(s.findings);
     renderAttempts(s.runs);
+    refreshChanges(s);
     renderProcesses(s.processes, s.pid);
     jw.showError("");
     jw.stamp();
