@@ -116,10 +116,11 @@ def test_the_bar_in_eighths() -> None:
     assert progress_bar(2.0, 4) == "████"
 
 
-def test_a_percentage_is_rounded_as_the_web_page_rounds_it() -> None:
-    """605/1000 read 61% on the page and 60% in the CLI: one figure, half up in both (common.js uses
-    Math.round, as tqdm's bar rounds); and never 100% before the last step."""
-    assert progress_cell(p(step=605), False).startswith("61% 605/1000")
+def test_a_percentage_is_rounded_as_tqdm_and_the_web_page_round_it() -> None:
+    """605/1000 read 61% on the page and 60% in the CLI: one figure, half to even in both (as tqdm's own
+    bar shows it, and common.js's wholePercent); and never 100% before the last step."""
+    assert progress_cell(p(step=605), False).startswith("60% 605/1000")
+    assert progress_cell(p(step=615), False).startswith("62% 615/1000")
     assert progress_cell(p(step=999), False).startswith("99% 999/1000")
     assert progress_cell(p(step=1000), False).startswith("100% 1000/1000")
-    assert progress_line(p(step=605), False, NOW).startswith("stopped at 61%, step 605/1000")
+    assert progress_line(p(step=606), False, NOW).startswith("stopped at 61%, step 606/1000")

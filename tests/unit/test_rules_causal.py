@@ -788,3 +788,24 @@ def test_the_verdict_does_not_depend_on_the_order_the_evidence_arrived_in(
     again = dataclasses.replace(ev, deaths=tuple(deaths), exceptions=tuple(exceptions))
     assert [i.pid for i in incidents(again)] == [i.pid for i in incidents(ev)]
     assert explain(again) == explain(ev)
+
+
+def test_a_helper_commands_exit_before_a_stop_is_never_the_root_cause() -> None:
+    """pyenv's `python3` runs `readlink`, which exits 1, in the job's first moments; the job is stopped by
+    its engine 0.1 s later: the stop ended the run, not readlink (its parent took the answer and went on)."""
+    shell = ProcessDeath(4100, MAIN, "bash /root/.pyenv/libexec/pyenv-hooks which", T + 0.02, 0, None)
+    readlink = ProcessDeath(4101, 4100, "/usr/bin/readlink conda.bash", T + 0.01, 1, None)
+    ev = failed(
+        state="stopped",
+        exit_code=143,
+        end_reason="engine-stop",
+        stopping_at=T + 0.1,
+        deaths=(readlink, shell, main_death(T + 0.15, exit_code=143)),
+    )
+    assert root_incident(ev) is None
+    assert "exit-code" not in [f.rule for f in explain(ev)][:1]
+    # the same exit with nothing after it but a failing parent: still the first failure
+    parent_failed = dataclasses.replace(
+        ev, deaths=(readlink, dataclasses.replace(shell, exit_code=2), main_death(T + 0.15))
+    )
+    assert root_incident(parent_failed) is not None

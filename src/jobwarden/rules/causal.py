@@ -17,6 +17,9 @@ first *cause* is the root cause. Every incident is weighed by its evidence, what
   or exit code after another process failed, or is a peer's communication error then (closed or reset by
   peer, broken pipe, EOF); a death by SIGPIPE then too. A report never leads while anything else failed.
 
+A WEAK that nothing followed until jobwarden or the engine began to end the run, its parent failing in
+nothing, is ANSWERED: the stop ended the run, and it is never the root.
+
 The root is the first CAUSE, else the first WEAK, else the first TEARDOWN, else the first REPORT; a WEAK
 that surely came before the first CAUSE (two deaths on the kernel's clock) leads it: that cause came
 after. Weights come from what each failure says, not from the clock, so clock skew between the hooks'
@@ -37,6 +40,7 @@ from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.memory import oom_killed
 
 CAUSE, WEAK, TEARDOWN, REPORT = 3, 2, 1, 0
+ANSWERED = -1  # a child's bare exit its parent took as an answer before a stop: never the root cause
 TOLERANCE_S = 1.0  # "after": hooks and kernel stamp moments with clocks that may disagree by this much
 SAME_CLOCK_S = 0.1  # two deaths' moments: the kernel's, or the shim's within a few ms of it
 CARRIED_ON_S = 10.0  # a child's bare exit its parent outlived this long, with nothing failing meanwhile
@@ -62,7 +66,7 @@ class Incident(NamedTuple):
 
     pid: int
     at: float
-    weight: int  # CAUSE, WEAK, TEARDOWN or REPORT
+    weight: int  # CAUSE, WEAK, TEARDOWN, REPORT; ANSWERED (never a root)
     death: ProcessDeath | None = None
     exception: UncaughtException | None = None  # its own, from its `[rankN]:` lines, or relayed
     why: str | None = None  # a REPORT's evidence: "re-raised pid 811's ValueError", "a peer's error (EOF)"
@@ -116,16 +120,33 @@ def _surely_before(a: Incident, b: Incident) -> bool:
 
 def _demote_answered(found: list[Incident], tree: _Tree) -> list[Incident]:
     """A child's bare exit that nothing followed for CARRIED_ON_S while its parent lived on was an answer
-    the parent took (`grep` finding nothing, `readlink` in a shell script), not the run's failure."""
+    the parent took (`grep` finding nothing, `readlink` in a shell script), not the run's failure. So is
+    one that nothing followed until jobwarden or the engine began to end the run, its parent failing in
+    nothing: the stop ended the run (pyenv's `python3` runs readlink, which exits 1, in its first moments)."""
     moments = sorted(i.at for i in found)
     end = tree.cutoff if tree.cutoff != float("inf") else max(moments, default=0.0)
     demoted = []
     for i in found:
-        quiet_after = not any(i.at < m <= i.at + CARRIED_ON_S for m in moments)
-        if i.weight == WEAK and not i.is_main and quiet_after and end > i.at + CARRIED_ON_S:
-            i = i._replace(weight=TEARDOWN, why="its parent carried on")
+        if i.weight == WEAK and not i.is_main:
+            if _quiet(i, moments, i.at + CARRIED_ON_S) and end > i.at + CARRIED_ON_S:
+                i = i._replace(weight=TEARDOWN, why="its parent carried on")
+            elif _answered_before_a_stop(i, moments, tree):
+                i = i._replace(weight=ANSWERED, why="its parent carried on until the run was stopped")
         demoted.append(i)
     return demoted
+
+
+def _quiet(i: Incident, moments: Sequence[float], until: float) -> bool:
+    """Nothing else failed after `i` up to `until`."""
+    return not any(i.at < m <= until for m in moments)
+
+
+def _answered_before_a_stop(i: Incident, moments: Sequence[float], tree: _Tree) -> bool:
+    stopping_at = tree.ev.stopping_at
+    parent = tree.parents.get(i.pid)
+    if stopping_at is None or parent is None or i.at > stopping_at or not _quiet(i, moments, stopping_at):
+        return False
+    return parent not in tree.ended and parent not in tree.own  # the parent failed in nothing
 
 
 class _Tree:

@@ -35,6 +35,10 @@ class FingerprintTask:
 
     def __init__(self, job: JobRecord, env: Mapping[str, str], monotonic: Callable[[], float]) -> None:
         """`env`: the job's environment (its --env values and claimed GPUs), without jobwarden's own."""
+        # none of jobwarden's variables either (the shim's own environment has JOBWARDEN_HOME and may have
+        # more): a helper carrying a job's markers is taken for a process of the job by the marker scan,
+        # and a helper that ends with a non-zero code (pyenv's shim runs `readlink`) became its root cause
+        env = {k: v for k, v in env.items() if not k.startswith("JOBWARDEN_")}
         self.job, self.monotonic = job, monotonic
         self.cuda_visible = env.get("CUDA_VISIBLE_DEVICES")
         self.started = monotonic()

@@ -63,10 +63,10 @@ def _number(value: float) -> str:
 
 
 def whole_percent(fraction: float | None) -> int:
-    """Rounded half up, as the web page (common.js, Math.round) and tqdm's own bar round it: one figure
-    everywhere; and 100 only at the end (99.6 % is not a run done)."""
+    """As tqdm's bar rounds it (`{percentage:3.0f}`: half to even) and the web page (common.js
+    wholePercent) too: one figure everywhere; and 100 only at the end (99.6 % is not a run done)."""
     share = (fraction or 0.0) * 100
-    return min(int(share + 0.5), 99) if share < 100 else int(share)
+    return min(round(share), 99) if share < 100 else int(share)
 
 
 def progress_cell(p: Progress | None, live: bool, now: float | None = None) -> str:

@@ -134,11 +134,14 @@ const jw = {
     return p.epoch.total ? `ep ${p.epoch.n}/${p.epoch.total}` : `ep ${p.epoch.n}`;
   },
 
-  // as text/progress.py's whole_percent: half up (as tqdm's bar), and 100 only at the end: one figure on
-  // the page and in the CLI
+  // as text/progress.py's whole_percent and tqdm's own bar: half to even (8.5 -> 8, 82.8 -> 83), and 100
+  // only at the end: one figure on the page and in the CLI
   wholePercent(fraction) {
     const share = (fraction || 0) * 100;
-    return share < 100 ? Math.min(Math.round(share), 99) : Math.floor(share);
+    if (share >= 100) return Math.floor(share);
+    let whole = Math.round(share);
+    if (Math.abs(share - Math.trunc(share)) === 0.5 && whole % 2 !== 0) whole -= 1;
+    return Math.min(whole, 99);
   },
 
   // "45% 450/1000", "ep 2/3 83% 106/128": the percentage is the bar's, the ETA the run's
