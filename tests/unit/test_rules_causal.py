@@ -809,15 +809,3 @@ def test_a_helper_commands_exit_before_a_stop_is_never_the_root_cause() -> None:
         ev, deaths=(readlink, dataclasses.replace(shell, exit_code=2), main_death(T + 0.15))
     )
     assert root_incident(parent_failed) is not None
-
-
-def test_a_helper_commands_exit_its_parent_used_does_not_lead_a_later_kill() -> None:
-    """The same readlink, its shell exiting 0 after it; the main process is SIGKILLed two seconds later:
-    the kill leads (Slurm's OOM test once named exit-code instead of oom-kill)."""
-    shell = ProcessDeath(4100, MAIN, "bash /root/.pyenv/libexec/pyenv-hooks which", T + 0.02, 0, None)
-    readlink = ProcessDeath(4101, 4100, "/usr/bin/readlink conda.bash", T + 0.01, 1, None)
-    ev = failed(
-        exit_code=None, signal="SIGKILL", deaths=(readlink, shell, main_death(T + 2.0, None, "SIGKILL"))
-    )
-    root = root_incident(ev)
-    assert root is not None and root.is_main and root.weight == CAUSE

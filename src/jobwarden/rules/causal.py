@@ -132,8 +132,6 @@ def _demote_answered(found: list[Incident], tree: _Tree) -> list[Incident]:
                 i = i._replace(weight=TEARDOWN, why="its parent carried on")
             elif _answered_before_a_stop(i, moments, tree):
                 i = i._replace(weight=ANSWERED, why="its parent carried on until the run was stopped")
-            elif _parent_exited_cleanly_after(i, tree):
-                i = i._replace(weight=ANSWERED, why="its parent took it as an answer and exited 0")
         demoted.append(i)
     return demoted
 
@@ -141,15 +139,6 @@ def _demote_answered(found: list[Incident], tree: _Tree) -> list[Incident]:
 def _quiet(i: Incident, moments: Sequence[float], until: float) -> bool:
     """Nothing else failed after `i` up to `until`."""
     return not any(i.at < m <= until for m in moments)
-
-
-def _parent_exited_cleanly_after(i: Incident, tree: _Tree) -> bool:
-    """Its parent ended after it, with exit code 0: the exit was an answer the parent used (`readlink` in
-    pyenv's shell scripts, in every `python3` it starts), not a failure; whatever came later (an OOM
-    kill, an engine's stop) is the run's story."""
-    parent = tree.parents.get(i.pid)
-    death = tree.all_deaths.get(parent) if parent is not None else None
-    return death is not None and death.exit_code == 0 and death.signal is None and death.at >= i.at
 
 
 def _answered_before_a_stop(i: Incident, moments: Sequence[float], tree: _Tree) -> bool:
@@ -171,7 +160,6 @@ class _Tree:
         deaths = [*ev.deaths, *_reported_deaths(ev)]
         # how each process ended, whenever; those that ended badly up to the cutoff are incidents (a
         # process that raised before it, and took its time to die, still ended as it did)
-        self.all_deaths = {d.pid: d for d in deaths}
         self.ended = {d.pid: d for d in deaths if d.abnormal}
         self.deaths = {pid: d for pid, d in self.ended.items() if d.at <= self.cutoff}
         self.parents = {p.pid: p.ppid for p in ev.processes}
