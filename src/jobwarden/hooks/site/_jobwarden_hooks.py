@@ -1015,6 +1015,8 @@ class _Bars:
 
     def __init__(self) -> None:
         self.written = -1e9  # monotonic time of the last record
+        self.unwritten = False  # a bar moved since the last record: written at exit if nothing came after
+        self.exit_hook = False  # _progress_left registered with atexit
         self.tqdm: Any = None  # tqdm.std.tqdm once hooked: its live bars are in tqdm._instances
         self.closed: dict[str, object] | None = None  # the bar closed last, as it ended
         self.keras: Any = None  # the Keras Progbar updated last
@@ -1050,11 +1052,30 @@ def _progress_seen(force: bool = False) -> None:
     try:
         now = time.monotonic()
         if not force and now - _bars.written < PROGRESS_EVERY_S:
+            if not _bars.unwritten:
+                _bars.unwritten = True
+                _flush_progress_at_exit()
             return
-        _bars.written = now
+        _bars.written, _bars.unwritten = now, False
         _write_progress(job, _bars, dumps(progress_record(_bars, time.time())).encode())
     except Exception as err:
         _report(job, "progress record", err)
+
+
+def _flush_progress_at_exit() -> None:
+    """The bars' last state, at exit: a fit whose last steps all come within PROGRESS_EVERY_S of a record
+    (Lightning's rich bar through a small model's last epoch) would otherwise end at a step it passed."""
+    if _bars.exit_hook:
+        return
+    _bars.exit_hook = True
+    import atexit  # built in
+
+    atexit.register(_progress_left)
+
+
+def _progress_left() -> None:
+    if _bars.unwritten and _bars.fd_pid == os.getpid():  # a forked child: its parent's bars, not its own
+        _progress_seen(force=True)
 
 
 def _write_progress(job: _Job, bars: _Bars, text: bytes) -> None:
