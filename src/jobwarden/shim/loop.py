@@ -219,16 +219,31 @@ class SupervisorLoop:
             received = received - {signal.SIGTERM, signal.SIGINT}
         if signal.SIGUSR1 in received:
             try:
-                record = self.store.run(self.job.id, self.run)
+                record = self._stop_request()
             except StoreError as err:
                 log(f"cannot read the stop request: {err}")
                 return
-            if record.stop_requested_at:
+            if record is not None:
                 given = record.stop_grace
                 self.stop = StopRequest(EndReason.STOPPED, given if given is not None else grace)
         if received & {signal.SIGTERM, signal.SIGINT}:
             log("shim received SIGTERM/SIGINT: stopping the job")
             self.stop = StopRequest(EndReason.STOPPED, grace)
+
+    def _stop_request(self) -> Any:
+        """The run whose record holds a stop request for this attempt, or None. `jobwarden stop` writes it
+        on the run it saw last: between two attempts that may be the one that just ended (its end was
+        being recorded, or the next run not yet made), so a request there that did not end that run is
+        this one's to act on (a service restarting every 10 ms otherwise ran on, its stop lost)."""
+        record = self.store.run(self.job.id, self.run)
+        if record.stop_requested_at:
+            return record
+        if self.run <= 1:
+            return None
+        before = self.store.run(self.job.id, self.run - 1)
+        if before.stop_requested_at and before.end_reason != EndReason.STOPPED:
+            return before
+        return None
 
     def _collect_exits(self) -> list[ProcessEnd]:
         """Record every process that ended (members, and those only an event told of) and judge."""

@@ -221,7 +221,10 @@ def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         yield conn
         conn.execute("COMMIT")
     except BaseException:
-        # a COMMIT that fails (disk full) may leave the transaction open: never leave it holding the lock
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
+        # a COMMIT that fails (disk full) may leave the transaction open: never leave it holding the lock.
+        # A Ctrl-C between this generator's yield and the `with` taking it over leaves it suspended until
+        # the interpreter's teardown closes it, after the connection: nothing is left to roll back then
+        with contextlib.suppress(sqlite3.ProgrammingError):
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
         raise
