@@ -5,24 +5,16 @@ in-process keeps the loss of the Trainer's dicts beside it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Jobwarden
-from tests.integration.test_progress import Held, ps_json, ps_row, require, wait_progress
+from tests.integration.test_progress import Held, finish, ps_json, ps_row, require, wait_progress
+
+__all__ = ["finish"]  # the fixture, used by name
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def finish() -> Iterator[list[Held]]:
-    """Let every held job go on and end; a test that failed midway must not leave one waiting."""
-    held: list[Held] = []
-    yield held
-    for job in held:
-        job.jw("stop", str(job.id))
 
 
 def test_nested_tqdm_bars_in_epoch_2_of_3(jw: Jobwarden, tmp_path: Path, finish: list[Held]) -> None:
