@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from jobwarden.shim.pacing import IDLE_TICK_MAX_S, KERNEL_MUTE_S, STEADY_PACE_S, KernelPace, Pace, idle_cap
+from jobwarden.shim.pacing import (
+    IDLE_TICK_MAX_S,
+    KERNEL_MUTE_S,
+    QUIET_BEFORE_SLOWING_S,
+    STEADY_PACE_S,
+    KernelPace,
+    Pace,
+    idle_cap,
+)
 
 
 def ticks(
@@ -19,7 +27,12 @@ def ticks(
 def test_an_idle_tick_doubles_up_to_its_cap_and_movement_brings_it_back() -> None:
     pace = Pace(0.0)
     pace.steady_until = 0.0  # past the start
-    assert ticks(pace, [False] * 5 + [True, False]) == [2.0, 4.0, 8.0, 8.0, 8.0, 1.0, 2.0]
+    assert ticks(pace, [False] * 5 + [True, False]) == [2.0, 4.0, 8.0, 8.0, 8.0, 1.0, 1.0]
+    # after a move, a second's pace for QUIET_BEFORE_SLOWING_S, then the doubling again
+    quiet = ticks(pace, [False] * int(QUIET_BEFORE_SLOWING_S + 4))
+    assert quiet[: int(QUIET_BEFORE_SLOWING_S) - 2] == [1.0] * (int(QUIET_BEFORE_SLOWING_S) - 2)
+    slowing = quiet[quiet.index(2.0) :]
+    assert slowing[:3] == [2.0, 4.0, 8.0] and set(quiet) == {1.0, 2.0, 4.0, 8.0}
 
 
 def test_the_first_seconds_keep_one_tick_a_second() -> None:

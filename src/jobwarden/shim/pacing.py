@@ -14,6 +14,10 @@ from jobwarden import config
 # movement brings the pace back to TICK_S.
 IDLE_TICK_MAX_S = 8.0
 STEADY_PACE_S = 10.0  # the first seconds of a watch keep TICK_S: a short job makes all its moves then
+# after a move, TICK_S still for this long: a job that steps, then holds (a checkpoint, a held test job, a
+# step written just before a read), has its sample and progress recorded at the usual second's pace, and
+# only a job idle this long slows its supervisor down (a sleep job, a server between requests)
+QUIET_BEFORE_SLOWING_S = 20.0
 # The kernel's process events are the whole host's: on a busy machine they woke every supervisor a
 # hundred times a second for nothing. After a wake that brought none of the job's, the connector is left
 # out of the wait this long (its events queue, and every wake drains them); any of the job's keeps it
@@ -33,6 +37,8 @@ class Pace:
         self.steady_until = now + STEADY_PACE_S
 
     def after_tick(self, now: float, moved: bool, cap: float, due: float | None, full: bool) -> None:
+        if moved:
+            self.steady_until = max(self.steady_until, now + QUIET_BEFORE_SLOWING_S)
         steady = moved or now < self.steady_until
         self.every = config.TICK_S if steady else min(self.every * 2, cap)
         self.next_tick = now + self.every
