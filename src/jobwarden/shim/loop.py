@@ -32,8 +32,6 @@ from jobwarden.store import JobRecord, Store
 from jobwarden.store.logfiles import LogWatcher
 
 if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it loads the diagnosis
-    from collections.abc import Callable
-
     from jobwarden.observations import OomEvidence
     from jobwarden.shim.diagnosis import Diagnoser, Verdict
     from jobwarden.shim.fingerprint import FingerprintTask
@@ -101,7 +99,6 @@ class SupervisorLoop:
         self.diag: Diagnoser | None = None
         self.progress: ProgressWatch | None = None  # the run's step counter (shim.progresswatch)
         self.speed: SpeedWatch | None = None  # why it is slow (shim.speedwatch)
-        self.speed_start: Callable[[], SpeedWatch] | None = None  # makes it at the first sign of work
         self.fingerprint: FingerprintTask | None = None  # what the run was started with, being taken
         self.restart_after_hang = False
         self.notifier = notifier
@@ -298,8 +295,6 @@ class SupervisorLoop:
             from jobwarden.shim.notify import record_outcomes
 
             record_outcomes(self.store, self.job.id, self.notifier, log)
-        if self.speed is None and self.speed_start is not None and _working(snaps, progress):
-            self.speed, self.speed_start = self.speed_start(), None
         if self.speed is not None:
             self._watch_speed(snaps, progress, now)
         if self.diag:
@@ -503,11 +498,3 @@ class SupervisorLoop:
         received = self._drain_signals()
         self._collect_exits()
         return received
-
-
-def _working(snaps: list[ProcessSnapshot], progress: Any) -> bool:
-    """A sign that the job works, and so may work slowly: CPU above the watchdog's floor, a process in
-    uninterruptible I/O (D), or a step counter. Until one shows, the speed rules have nothing to judge."""
-    if progress is not None and progress.step is not None:
-        return True
-    return sum(s.cpu_percent or 0.0 for s in snaps) >= CPU_FLOOR_PERCENT or any(s.state == "D" for s in snaps)

@@ -22,7 +22,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
-from jobwarden import config
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.model import Finding, ProcessId, ProcessSnapshot
 from jobwarden.osapi.cgroup import JobCgroup
@@ -53,7 +52,7 @@ if TYPE_CHECKING:
     from jobwarden.shim.gpuwatch import GpuWatch
     from jobwarden.shim.tree import Member
 
-SPEED_ENV = config.SPEED_ENV
+SPEED_ENV = "JOBWARDEN_SPEED"
 READ_EVERY_S = 2.0
 JUDGE_EVERY_S = 4.0
 WINDOW_S = 20.0

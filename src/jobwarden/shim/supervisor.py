@@ -14,7 +14,7 @@ import errno
 import json
 import os
 import signal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jobwarden import config
 from jobwarden.errors import StoreError
@@ -26,9 +26,6 @@ from jobwarden.shim.loop import StopRequest
 from jobwarden.shim.sightings import FIFO_NAME, Sightings, open_fifo
 from jobwarden.shim.stopping import TRACKER_GRACE_S, StoppingSupervisor
 from jobwarden.shim.watchdog import DEFAULT_HANG_TIMEOUT_S
-
-if TYPE_CHECKING:
-    from jobwarden.shim.speedwatch import SpeedWatch
 
 ADMIT_RETRY_S = 2.0  # a queued run asks NVML and the store again this often
 __all__ = ["ADMIT_RETRY_S", "TRACKER_GRACE_S", "StopRequest", "Supervisor"]
@@ -378,20 +375,14 @@ class Supervisor(StoppingSupervisor):
         self._start_speed()
 
     def _start_speed(self) -> None:
-        """The speed findings (shim.speedwatch), recorded beside the diagnosis's own live findings. The
-        watch starts at the job's first sign of work (the loop's `speed_start`): an idle job, a `sleep`
-        or a server waiting for requests, never loads the speed rules (2.4 MiB of the supervisor's
-        private memory, measured) nor reads their counters."""
+        """The speed findings (shim.speedwatch), recorded beside the diagnosis's own live findings."""
         live = getattr(self.diag, "live", None)  # the loop's fake diagnosis keeps none
-        if live is None or os.environ.get(config.SPEED_ENV, "on") == "off":
+        if live is None:
             return
+        from jobwarden.shim.speedwatch import SpeedWatch, claimed_gpus, speed_enabled
 
-        def start() -> SpeedWatch:
-            from jobwarden.shim.speedwatch import SpeedWatch, claimed_gpus
-
-            return SpeedWatch(self.procfs, live, claimed_gpus(self.gpu_env), memory_cgroup=self.cgroup)
-
-        self.speed_start = start
+        if speed_enabled():
+            self.speed = SpeedWatch(self.procfs, live, claimed_gpus(self.gpu_env), memory_cgroup=self.cgroup)
 
     def _start_progress(self) -> None:
         if os.environ.get(config.PROGRESS_ENV, "on") == "off":
