@@ -262,6 +262,7 @@ class SpeedWatch:
         is classified once."""
         present = {m.ident for m in members}
         by_pid = {m.pid: m for m in members}
+        live = {no for ident, (no, _, _) in self._kids.items() if ident in present}  # batches still at work
         for m in members:
             if m.ident in self._not_workers:
                 continue
@@ -275,7 +276,9 @@ class SpeedWatch:
             if kind is None:
                 self._not_workers.add(m.ident)
                 continue
-            self._kids[m.ident] = (self._join_batch(mono, m.ppid, command_key(m.cmdline), kind), mono, 0.0)
+            no = self._join_batch(mono, m.ppid, command_key(m.cmdline), kind, live)
+            live.add(no)
+            self._kids[m.ident] = (no, mono, 0.0)
         self._not_workers &= present  # bounded by the tree
         gone = {ident for ident in self._kids if ident not in present}
         if not self._kids:
@@ -294,9 +297,13 @@ class SpeedWatch:
         for ident in gone:
             del self._kids[ident]
 
-    def _join_batch(self, mono: float, parent: int, command: str, kind: str) -> int:
+    def _join_batch(self, mono: float, parent: int, command: str, kind: str, live: set[int]) -> int:
+        """The batch a worker first seen now belongs to: one of the same parent and command first seen
+        within BATCH_S, a worker of which is still there (`live`): an epoch's workers replaced within
+        BATCH_S by the next epoch's are two batches (they read as one batch of four)."""
         for i, (no, b) in enumerate(self._batches):
-            if b.parent_pid == parent and b.command == command and mono - b.born_at <= BATCH_S:
+            same = b.parent_pid == parent and b.command == command and no in live
+            if same and mono - b.born_at <= BATCH_S:
                 self._batches[i] = (no, replace(b, count=b.count + 1))
                 return no
         self._batch_no += 1
