@@ -575,17 +575,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace | None:
     """The arguments, or None once an unknown option was reported: named with the nearest option of its
     command, and nothing run (`run --hang-timout 5m -- CMD` must not start CMD without its timeout)."""
-    from jobwarden.text.sanitize import terminal_text
-
     try:
         args, unknown = parser.parse_known_args(argv)
     except _UnknownCommand as err:
+        from jobwarden.text.sanitize import terminal_text  # its patterns: only on the way to an error
+
         hint = _did_you_mean(err.word, public_commands())
         print(f"jobwarden: unknown command {terminal_text(repr(err.word))}{hint}", file=sys.stderr)
         print("  jobwarden --help lists the commands", file=sys.stderr)
         return None
     if not unknown:
         return args
+    from jobwarden.text.sanitize import terminal_text
+
     command = getattr(args, "command", None)
     sub = _subparser(parser, command) or parser
     options = [o for action in sub._actions for o in action.option_strings if o.startswith("--")]
