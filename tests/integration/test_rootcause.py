@@ -88,7 +88,10 @@ def test_torch_spawn_a_process_that_raises(jw: Jobwarden, tmp_path: Path) -> Non
     first = assert_cause(jw, report, "python-exception", pid, rank)
     assert "ValueError" in first["title"]
     assert "corpus.py:" in evidence(first) and "in _spawned" in evidence(first)  # its own raise site
-    assert "re-raised by the main process" in evidence(first)
+    # Under load, process 0 may fail on the closed connection and exit first while process 1 finalizes:
+    # the parent then re-raises process 0's error and SIGTERMs process 1 (3 runs in 10 at load 4 here).
+    raced = "on its way out, it was torn down by SIGTERM" in evidence(first)
+    assert raced or "re-raised by the main process" in evidence(first), first["evidence"]
 
 
 def test_a_dataloader_worker_that_raises_in_getitem(jw: Jobwarden, tmp_path: Path) -> None:

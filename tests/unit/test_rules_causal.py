@@ -471,6 +471,54 @@ def test_a_spawned_process_that_raised_is_named_over_the_main_processs_reraise()
     assert_well_formed(findings)
 
 
+def test_a_spawned_process_torn_down_while_it_exited_of_its_exception_is_still_the_cause() -> None:
+    # The race seen in CI under load: process 1 formats its ValueError and exits 1, closing its gloo
+    # connection while it finalizes; process 0 fails on the closed connection and exits first, so the
+    # parent re-raises process 0's error and SIGTERMs process 1, which the parent's report never names.
+    gloo = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29641"
+    lines = (
+        "Traceback (most recent call last):",
+        '  File "/srv/corpus.py", line 102, in run_spawn',
+        "torch.multiprocessing.spawn.ProcessRaisedException: ",
+        "",
+        "-- Process 0 terminated with the following error:",
+        "Traceback (most recent call last):",
+        '  File "/srv/corpus.py", line 95, in _spawned',
+        f"RuntimeError: {gloo}",
+    )
+    raised_at = Frame("_spawned", "/srv/corpus.py", 91)
+    ev = failed(
+        log_tail=lines,
+        deaths=(
+            ProcessDeath(SIBLING, MAIN, "python -c from multiprocessing.spawn", T + 0.60, 1, None),
+            ProcessDeath(WORKER, MAIN, "python -c from multiprocessing.spawn", T + 0.70, None, "SIGTERM"),
+            main_death(T + 0.9),
+        ),
+        exceptions=(
+            UncaughtException(
+                MAIN,
+                T + 0.8,
+                "torch.multiprocessing.spawn.ProcessRaisedException",
+                printed_message(lines, "torch.multiprocessing.spawn.ProcessRaisedException"),
+            ),
+        ),
+        caught=(
+            caught(
+                WORKER, T + 0.01, "ValueError", "bad batch shape (2, 3): expected (2, 4)", raised_at, rank=1
+            ),
+            caught(SIBLING, T + 0.50, "RuntimeError", gloo, Frame("_spawned", "/srv/corpus.py", 95), rank=0),
+        ),
+    )
+    findings = explain(ev)
+    first = findings[0]
+    assert (first.rule, first.pids[0], first.rank) == ("python-exception", WORKER, 1), findings
+    assert "killed-externally" not in [f.rule for f in findings]
+    assert_well_formed(findings)
+    # a process that formatted an exception long before a launcher tore it down was not dying of it
+    earlier = dataclasses.replace(ev, caught=(dataclasses.replace(ev.caught[0], at=T - 5.0), ev.caught[1]))
+    assert "ValueError" not in explain(earlier)[0].summary
+
+
 def test_a_spawned_process_that_exited_3_leads_over_the_report_of_its_exit() -> None:
     lines = recorded("corpus-spawn-exits")
     ev = failed(

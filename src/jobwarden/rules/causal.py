@@ -293,7 +293,14 @@ def _own_exceptions(ev: RunEvidence, tree: _Tree) -> dict[int, UncaughtException
     own = {e.pid: e for e in ev.exceptions}
     by_rank = mltext.rank_tracebacks(ev.log_tail)
     for d in tree.deaths.values():
-        if d.pid in own or (d.exit_code in (None, 0) and d.signal != "SIGABRT"):
+        if d.pid in own:
+            continue
+        if _torn_down(d):
+            last = _last_words(ev.caught, d)
+            if last is not None:
+                own[d.pid] = last
+            continue
+        if d.exit_code in (None, 0) and d.signal != "SIGABRT":
             continue
         rank = tree.ranks.get(d.pid)
         tb = by_rank.get(rank) if rank is not None else None
@@ -305,6 +312,14 @@ def _own_exceptions(ev: RunEvidence, tree: _Tree) -> dict[int, UncaughtException
             own[d.pid] = last
     _main_exception(ev, tree, own, by_rank)
     return own
+
+
+def _torn_down(d: ProcessDeath) -> bool:
+    """Ended by a launcher's teardown signal. One that had formatted an exception in its last moments was
+    already on its way out of it: torch.multiprocessing.spawn's process formats its exception, exits 1
+    and tears down its gloo group first; its peer fails on the closed connection and exits first, and the
+    parent then SIGTERMs the process still finalizing (seen in CI under load)."""
+    return d.signal in TEARDOWN_SIGNALS and not d.is_main
 
 
 def _last_words(caught: Sequence[UncaughtException], d: ProcessDeath) -> UncaughtException | None:

@@ -14,6 +14,7 @@ from jobwarden.config import counted
 from jobwarden.model import Finding
 from jobwarden.observations import Frame, ProcessDeath, UncaughtException
 from jobwarden.rules import mltext
+from jobwarden.rules.causal import TEARDOWN_SIGNALS
 from jobwarden.rules.engine import engine_stop
 from jobwarden.rules.evidence import RunEvidence, job_ref
 from jobwarden.rules.exceptions import exception_remedy
@@ -247,7 +248,9 @@ def _python_exception(ev: RunEvidence, who: Subject, lines: Sequence[str]) -> Fi
     # down (torch's process group torn down from a destructor): the exception is what went wrong.
     aborted_after = who.signal == "SIGABRT" and who.exception is not None
     relayed = who.relayed_by is not None and who.exception is not None
-    if (who.exit_code in (None, 0) or who.signal) and not aborted_after and not relayed:
+    # a worker torn down by its launcher while it exited of its exception (causal._torn_down) died of it
+    torn_down = who.signal in TEARDOWN_SIGNALS and who.exception is not None and not who.is_main
+    if (who.exit_code in (None, 0) or who.signal) and not (aborted_after or relayed or torn_down):
         return None
     raised = _raised(who, lines)
     if raised is None:
@@ -275,6 +278,8 @@ def _after_it(who: Subject, aborted_after: bool) -> str:
     """What became of the process after it raised."""
     if aborted_after:
         return "then it aborted (SIGABRT) while shutting down"
+    if who.signal in TEARDOWN_SIGNALS and not who.is_main:
+        return f"then, on its way out, it was torn down by {who.signal}"
     if who.signal:
         return f"then it was killed by {who.signal}"
     if who.exit_code not in (None, 0):

@@ -275,6 +275,23 @@ def _rank() -> str:
     return rank_of(os.environ)
 
 
+def _record_rank() -> int | None:
+    """The rank a record names: the launcher's variables; else the torch.distributed group this process
+    joined (torch.multiprocessing.spawn and a script that passes rank= set no variable: a spawned process
+    that raised and was torn down before its parent re-raised anything is named by nothing else). Never
+    imports torch; only asked on the way to a record, never per step."""
+    rank = _rank()
+    if rank != "-":
+        return int(rank)
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:  # a half-torn-down group: the record goes without its rank
+        pass
+    return None
+
+
 def announce_birth(job: _Job, pid: int, start_time: int) -> None:
     _announce(job, f"born {pid} {start_time} {os.getppid()} {_rank()}\n")
 
@@ -433,7 +450,6 @@ def exception_record(exc: BaseException, at: float, pid: int, start_time: int) -
         if inner is None:
             break
         chain.append({"type": _qualified(type(inner)), "message": trim(str(inner))})
-    rank = _rank()
     return {
         "pid": pid,
         "start_time": start_time,
@@ -442,7 +458,7 @@ def exception_record(exc: BaseException, at: float, pid: int, start_time: int) -
         "message": trim(str(exc)),
         "frames": _traceback_frames(exc.__traceback__),
         "chain": chain,
-        "rank": int(rank) if rank != "-" else None,
+        "rank": _record_rank(),
         "executable": sys.executable or None,  # a missing module is missing for this interpreter
     }
 
@@ -510,14 +526,13 @@ def record_caught(job: _Job, kind: object, exc: object, tb: object) -> None:
     try:
         job.caught += 1
         pid = os.getpid()
-        rank = _rank()
         record = {
             "pid": pid,
             "at": time.time(),
             "type": _qualified(kind if isinstance(kind, type) else type(exc)),
             "message": trim(str(exc), CAUGHT_MESSAGE_CHARS),
             "frames": _traceback_frames(tb)[:CAUGHT_FRAMES],
-            "rank": int(rank) if rank != "-" else None,
+            "rank": _record_rank(),
         }
         _append(job.path(pid, ".caught.jsonl"), dumps(record))
     finally:
