@@ -258,3 +258,29 @@ def test_under_a_wrapper_the_cuda_libraries_are_looked_for_in_the_loop_not_the_s
         assert watch._with_gpu(ev, 91.0, gpu).cuda_mapped is True
     finally:
         gpu.close()
+
+
+SPAWNED = (
+    "python -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle={})"
+    " --multiprocessing-fork"
+)
+
+
+def test_workers_are_batched_by_when_they_started_not_when_the_tree_first_saw_them(
+    tmp_path: Path, store: tuple[Store, int, int]
+) -> None:
+    watch = watch_for(store, FakeProc(tmp_path / "proc"))
+    hz = watch.procfs.ticks_per_s
+    parent = Member(ProcessId(1000, 0), -1, 1, "python train.py")
+
+    def worker(pid: int, started_s: float) -> Member:
+        return Member(ProcessId(pid, round(started_s * hz)), -1, 1000, SPAWNED.format(pid))
+
+    first, late = worker(2001, 100.0), worker(2002, 100.02)
+    watch._note_workers(10.0, [parent, first])
+    watch._note_workers(14.0, [parent, first, late])  # its sibling, seen 4 s late on a loaded machine
+    watch._note_workers(15.0, [parent])  # the epoch ended
+    nxt = [worker(2003, 105.0), worker(2004, 105.01)]
+    watch._note_workers(16.0, [parent, *nxt])
+    batches = [b for _, b in watch._batches]
+    assert [(b.count, b.ended_at) for b in batches] == [(2, 15.0), (2, None)]

@@ -69,7 +69,10 @@ CUDA_LIBS = (b"libcuda.so", b"libcudart", b"libtorch_cuda")
 THREADS_CPU = 50.0  # % of a core a process must use before its threads are read (gil-bound); not 90: on a
 # loaded machine a GIL-bound process gets less than its one core (measured 0.58 at load 6 on 2 cores)
 THREADS_PROCESSES = 4  # the busiest processes whose threads are read at one read, at most
-BATCH_S = 3.0  # workers of one parent first seen this close together are one batch
+# Workers of one parent started this close together are one batch. By their start times, not when the
+# tree first saw them: a worker seen seconds late made an epoch's 2 workers read as batches of 1 and 4.
+# A DataLoader starts an epoch's workers back to back (milliseconds apart); epochs come >= 0.5 s apart.
+BATCH_S = 0.5
 BATCHES_KEPT = 64
 
 
@@ -276,7 +279,8 @@ class SpeedWatch:
             if kind is None:
                 self._not_workers.add(m.ident)
                 continue
-            no = self._join_batch(mono, m.ppid, command_key(m.cmdline), kind, live)
+            started_s = m.ident.start_time / self.procfs.ticks_per_s
+            no = self._join_batch(mono, started_s, m.ppid, command_key(m.cmdline), kind, live)
             live.add(no)
             self._kids[m.ident] = (no, mono, 0.0)
         self._not_workers &= present  # bounded by the tree
@@ -297,17 +301,21 @@ class SpeedWatch:
         for ident in gone:
             del self._kids[ident]
 
-    def _join_batch(self, mono: float, parent: int, command: str, kind: str, live: set[int]) -> int:
-        """The batch a worker first seen now belongs to: one of the same parent and command first seen
-        within BATCH_S, a worker of which is still there (`live`): an epoch's workers replaced within
-        BATCH_S by the next epoch's are two batches (they read as one batch of four)."""
+    def _join_batch(
+        self, mono: float, started_s: float, parent: int, command: str, kind: str, live: set[int]
+    ) -> int:
+        """The batch of a worker first seen now, `started_s` seconds after boot: one of the same parent
+        and command whose first worker started within BATCH_S of it, a worker of which is still there
+        (`live`): an epoch's workers replaced by the next epoch's are two batches, never one of four."""
         for i, (no, b) in enumerate(self._batches):
             same = b.parent_pid == parent and b.command == command and no in live
-            if same and mono - b.born_at <= BATCH_S:
+            if same and abs(started_s - b.started_s) <= BATCH_S:
                 self._batches[i] = (no, replace(b, count=b.count + 1))
                 return no
         self._batch_no += 1
-        self._batches.append((self._batch_no, WorkerBatch(parent, command, kind, mono, 1)))
+        self._batches.append(
+            (self._batch_no, WorkerBatch(parent, command, kind, mono, 1, started_s=started_s))
+        )
         return self._batch_no
 
     def _read_threads(

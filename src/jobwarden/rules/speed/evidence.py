@@ -71,6 +71,7 @@ class WorkerBatch:
     count: int
     ended_at: float | None = None  # when the last of them was seen gone; None: some still run
     startup_cpu_s: float = 0.0  # CPU the busiest of them had used in its first seconds (imports, unpickling)
+    started_s: float = 0.0  # the first one's start, seconds since boot: the kernel's, exact however late seen
 
 
 @dataclass(frozen=True)
