@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Jobwarden, wait_pid_gone
+from tests.support import unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -20,9 +20,7 @@ pytestmark = pytest.mark.integration
 def _shell(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{name} is missing: scripts/test installs it")
-        pytest.skip(f"{name} is not installed")
+        unavailable(f"{name} is not installed")
     return path
 
 

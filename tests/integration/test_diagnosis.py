@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
+from tests.support import unavailable
 
 pytestmark = pytest.mark.integration
 JOBS = Path(__file__).resolve().parent / "jobs"
@@ -104,7 +105,7 @@ def test_a_pool_worker_killed_is_named_within_seconds(jw: Jobwarden, tmp_path: P
 
 def test_a_pool_worker_oom_killed_under_a_memory_limit(jw: Jobwarden, tmp_path: Path) -> None:
     if not Path("/sys/fs/cgroup/memory").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
-        pytest.skip("no memory cgroup on this machine")
+        unavailable("no memory cgroup on this machine")
     fifo = make_fifo(tmp_path / "pool")
     opts = ("--mem-limit", "256M", "--grace", "1s")
     go = make_fifo(tmp_path / "pool.go")

@@ -25,6 +25,7 @@ from tests.conftest import (
     wait_pid_gone,
     write_fifo,
 )
+from tests.support import unavailable
 
 pytestmark = pytest.mark.integration
 TICKER = str(Path(__file__).parent / "jobs" / "ticker.py")
@@ -95,7 +96,7 @@ def test_stop_with_a_grace_of_weeks_ends_a_job_without_a_traceback(jw: Jobwarden
 @pytest.mark.needs_root
 def test_a_home_owned_by_another_user_is_refused(jw: Jobwarden) -> None:
     if os.geteuid() != 0:
-        pytest.skip("only root can give a directory to another user")
+        unavailable("only root can give a directory to another user")
     jw.home.mkdir(mode=0o700)
     os.chown(jw.home, 65534, 65534)
     result = jw("run", "--", "true")
@@ -108,7 +109,7 @@ def test_a_home_owned_by_another_user_is_refused(jw: Jobwarden) -> None:
 @pytest.mark.needs_root
 def test_a_symlink_to_another_users_directory_is_refused(jw: Jobwarden, tmp_path: Path) -> None:
     if os.geteuid() != 0:
-        pytest.skip("only root can give a directory to another user")
+        unavailable("only root can give a directory to another user")
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o700)
     os.chown(theirs, 65534, 65534)
@@ -120,7 +121,7 @@ def test_a_symlink_to_another_users_directory_is_refused(jw: Jobwarden, tmp_path
 @pytest.mark.needs_root
 def test_orphans_kill_spares_another_users_process_that_merely_carries_the_marker(jw: Jobwarden) -> None:
     if os.geteuid() != 0:
-        pytest.skip("only root can start a process as another user")
+        unavailable("only root can start a process as another user")
     job = jw.start("true")
     assert jw("wait", str(job["id"])).returncode == 0
     marker = {"JOBWARDEN_HOME": str(jw.home), "JOBWARDEN_JOB_ID": str(job["id"]), "JOBWARDEN_RUN": "1"}

@@ -10,8 +10,6 @@ import json
 import os
 import signal
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,21 +18,11 @@ import pytest
 from jobwarden.probes import fakenvml
 from tests.conftest import Jobwarden
 from tests.integration.webtools import Client, web_server
+from tests.support import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 CORPUS = Path(__file__).resolve().parent / "jobs" / "corpus.py"
 PY = sys.executable
-
-
-def eventually(what: str, check: Callable[[], Any], timeout_s: float = 60) -> Any:
-    """Poll the store's view until `check` answers (the shim records within a tick); a deadline, always."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s}s"
-        time.sleep(0.2)
 
 
 def finding(jw: Jobwarden, job: int, rule: str) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ import pytest
 from jobwarden.store import Store
 from jobwarden.store.reserve import reserve_path
 from tests.conftest import Jobwarden, make_fifo, read_fifo, wait_pid_gone
+from tests.support import unavailable
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_root]
 TICKER = str(Path(__file__).parent / "jobs" / "ticker.py")
@@ -47,7 +48,7 @@ def small_home(tmp_path: Path) -> Iterator[Path]:
         text=True,
     )
     if result.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {result.stderr.strip()}")
+        unavailable(f"cannot mount a small tmpfs here (needs root): {result.stderr.strip()}")
     try:
         yield mount
     finally:

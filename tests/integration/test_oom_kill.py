@@ -20,6 +20,7 @@ from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.kmsg import KernelLog, oom_lines
 from jobwarden.probes.memory import MemoryWatchdog, tree_memory, tree_pss, tree_rss
 from jobwarden.probes.oom import OomWatch
+from tests.support import unavailable
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
@@ -83,12 +84,12 @@ def started(code: str) -> Iterator[subprocess.Popen[str]]:
 @pytest.fixture
 def memory_cgroup() -> Iterator[JobCgroup]:
     if os.geteuid() != 0:
-        pytest.skip("creating a memory cgroup needs root here (cgroup v1, or a delegated v2 subtree)")
+        unavailable("creating a memory cgroup needs root here (cgroup v1, or a delegated v2 subtree)")
     cgroup = create_job_cgroup(f"jobwarden-test-{uuid.uuid4().hex[:8]}")
     if cgroup is None or not cgroup.has_memory_controller:
         if cgroup:
             cgroup.remove()
-        pytest.skip("no writable cgroup with a memory controller on this machine")
+        unavailable("no writable cgroup with a memory controller on this machine")
     try:
         yield cgroup
     finally:
@@ -138,7 +139,7 @@ def test_the_kernel_log_names_the_victim(memory_cgroup: JobCgroup) -> None:
     probe.open_at_end()
     probe.close()
     if probe.error:
-        pytest.skip(probe.error)
+        unavailable(probe.error)
     memory_cgroup.set_memory_limit(LIMIT)
     watch = OomWatch(memory_cgroup)
     watch.baseline()
@@ -186,11 +187,11 @@ def test_a_limit_can_be_raised_and_lowered(memory_cgroup: JobCgroup) -> None:
 @pytest.mark.needs_root
 def test_the_kernel_log_is_read_from_where_it_was_without_blocking() -> None:
     if os.geteuid() != 0:
-        pytest.skip("writing a record to /dev/kmsg needs root")
+        unavailable("writing a record to /dev/kmsg needs root")
     log = KernelLog()
     log.open_at_end()
     if log.error:
-        pytest.skip(log.error)
+        unavailable(log.error)
     try:
         assert log.last_seq is not None and log.read_new() == []  # returns at once: nothing new
         marker = f"jobwarden test {uuid.uuid4().hex}"

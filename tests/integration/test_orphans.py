@@ -32,6 +32,7 @@ from tests.conftest import (
     wait_pid_gone,
     write_fifo,
 )
+from tests.support import unavailable
 
 pytestmark = pytest.mark.integration
 JOBS = Path(__file__).parent / "jobs"
@@ -178,9 +179,9 @@ def _run_as(user: str, *argv: str, env: dict[str, str], cwd: str = "/") -> subpr
 def two_users() -> Iterator[tuple[str, str]]:
     """Two throwaway users (root only): one owns the stray, the other runs `orphans --kill`."""
     if os.geteuid() != 0:
-        pytest.skip("needs root: it creates two users, runs a process as one and jobwarden as the other")
+        unavailable("needs root: it creates two users, runs a process as one and jobwarden as the other")
     if not (shutil.which("useradd") and shutil.which("userdel") and shutil.which("setpriv")):
-        pytest.skip("needs useradd, userdel and setpriv")
+        unavailable("needs useradd, userdel and setpriv")
     tag = uuid.uuid4().hex[:6]
     names = (f"jwown{tag}", f"jwrun{tag}")
     created = []
@@ -309,7 +310,7 @@ def test_orphans_removes_the_empty_cgroups_of_dead_supervisors_and_nothing_else(
     stale = create_job_cgroup(f"jobwarden-{gone[0].pid}")
     busy = create_job_cgroup(f"jobwarden-{gone[1].pid}")
     if stale is None or busy is None:
-        pytest.skip("no writable cgroup on this machine")
+        unavailable("no writable cgroup on this machine")
     with sleeper() as inside:  # a process of a lost job, still in its dead supervisor's cgroup
         busy.procs_file.write_text(str(inside.pid))
         try:

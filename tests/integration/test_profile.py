@@ -23,6 +23,7 @@ from jobwarden.store import Store
 from jobwarden.store import profiles as stored
 from tests.conftest import Jobwarden, make_fifo, read_fifo
 from tests.integration.test_web_browser import browser  # noqa: F401 (the fixture: chromium, selenium)
+from tests.support import unavailable
 
 pytestmark = [pytest.mark.integration]
 TARGETS = str(Path(__file__).parent / "jobs" / "profile_targets.py")
@@ -33,9 +34,7 @@ CONTRACT = {"id", "run", "duration_s", "rate_hz", "samples", "processes", "top"}
 def _needs_py_spy() -> None:
     if pyspy.find_py_spy() is None:
         why = "needs py-spy (the dev extra installs it)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
+        unavailable(why)
 
 
 def start_target(jw: Jobwarden, tmp_path: Path, *target: str) -> dict[str, Any]:
@@ -97,9 +96,7 @@ def test_a_dataloader_jobs_workers_are_profiled_in_getitem(jw: Jobwarden, tmp_pa
     try:
         import torch  # noqa: F401
     except ImportError:
-        if os.environ.get("CI") == "true":
-            pytest.fail("needs torch (the dev extra installs the CPU build)")
-        pytest.skip("needs torch")
+        unavailable("needs torch")
     job = start_target(jw, tmp_path, "dataloader")
     try:
         got = jw.json("profile", str(job["id"]), "--duration", "3s")
@@ -139,9 +136,7 @@ def test_a_thread_in_d_state_is_waiting_on_io_not_idle(jw: Jobwarden, tmp_path: 
 
     gcc = shutil.which("gcc")
     if gcc is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("needs gcc (scripts/test installs it)")
-        pytest.skip("needs gcc")
+        unavailable("needs gcc")
     (tmp_path / "dstate.c").write_text(DSTATE_C)
     library = tmp_path / "libdstate.so"
     subprocess.run([gcc, "-shared", "-fPIC", "-o", str(library), str(tmp_path / "dstate.c")], check=True)

@@ -24,6 +24,7 @@ from jobwarden.progress.model import Progress
 from jobwarden.store import Store
 from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
 from tests.integration.test_prometheus import promtool_check
+from tests.support import unavailable
 
 pytestmark = pytest.mark.integration
 JOB = str(Path(__file__).parent / "jobs" / "progress_job.py")
@@ -83,9 +84,7 @@ def ps_row(jw: Jobwarden, job: int, *flags: str) -> str:
 def require(module: str) -> None:
     """A library the job needs (looked up, not imported here: keras needs its backend chosen first)."""
     if importlib.util.find_spec(module) is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{module} is missing: the realworld extra installs it")
-        pytest.skip(f"{module} is not installed (the realworld extra)")
+        unavailable(f"{module} is not installed (the realworld extra)")
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ import pytest
 
 from jobwarden.probes.pyspy import find_py_spy
 from tests.conftest import Jobwarden
-from tests.integration.test_findings_life import eventually as findings_eventually
+from tests.support import eventually as support_eventually
+from tests.support import unavailable
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 JOB = Path(__file__).resolve().parent / "jobs" / "speed_job.py"
@@ -32,7 +33,7 @@ CI = os.environ.get("CI") == "true"
 
 def eventually(what: str, check: Callable[[], Any], timeout_s: float = 90) -> Any:
     """The speed watch judges every few seconds: a longer default deadline than the live findings'."""
-    return findings_eventually(what, check, timeout_s)
+    return support_eventually(what, check, timeout_s)
 
 
 def speed_findings(jw: Jobwarden, job: int) -> list[dict[str, Any]]:
@@ -72,7 +73,7 @@ def hog(cpu: int) -> Iterator[subprocess.Popen[bytes]]:
 
 def two_cpus() -> None:
     if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs 2 CPUs")
+        unavailable("needs 2 CPUs")
 
 
 def cpu_cgroup_parent() -> Path | None:
@@ -91,9 +92,7 @@ def cpu_cgroup_parent() -> Path | None:
 def quota_cgroup(tmp_path: Path) -> Iterator[Path]:
     parent = cpu_cgroup_parent()
     if os.geteuid() != 0 or parent is None:
-        if CI:
-            pytest.fail("CI runs as root on a machine with a cpu cgroup hierarchy")
-        pytest.skip("needs root and a cpu cgroup hierarchy")
+        unavailable("needs root and a cpu cgroup hierarchy")
     path = parent / f"jobwarden-speed-test-{os.getpid()}"
     path.mkdir()
     try:
@@ -127,9 +126,7 @@ def slow_disk_cgroup(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     data.write_bytes(os.urandom(16 << 20))
     parent, disk = Path("/sys/fs/cgroup/blkio"), whole_disk(data)
     if os.geteuid() != 0 or not (parent / "blkio.throttle.read_bps_device").exists() or disk is None:
-        if CI:
-            pytest.fail("CI runs as root on a disk with a v1 blkio hierarchy")
-        pytest.skip("needs root, a v1 blkio hierarchy and a file on a block device")
+        unavailable("needs root, a v1 blkio hierarchy and a file on a block device")
     os.sync()
     path = parent / f"jobwarden-speed-test-{os.getpid()}"
     path.mkdir()
@@ -162,9 +159,7 @@ def test_a_memory_limit_below_the_working_set_is_memory_thrash(jw: Jobwarden, tm
     job = jw.start(PY, str(JOB), "thrash", str(data), options=("--mem-limit", "64M"))
     try:
         if not str(job.get("containment") or jw.status(job["id"])["containment"]).startswith("cgroup-"):
-            if CI:
-                pytest.fail("CI runs as root with a writable memory cgroup")
-            pytest.skip("needs a memory cgroup for --mem-limit")
+            unavailable("needs a memory cgroup for --mem-limit")
         ready(jw, job["id"])
         f = eventually("memory-thrash", lambda: finding(jw, job["id"], "memory-thrash"))
         assert f["title"].startswith("re-reads evicted memory: ")

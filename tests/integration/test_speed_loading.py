@@ -9,7 +9,6 @@ creates; findings are polled for with deadlines. Jobs are stopped by `jobwarden 
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 from jobwarden.probes.pyspy import find_py_spy
 from tests.conftest import Jobwarden
 from tests.integration.test_speed import PY, eventually, explained, finding, ready, speed_findings, stop
+from tests.support import unavailable
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 JOB = Path(__file__).resolve().parent / "jobs" / "loader_job.py"
@@ -30,13 +30,9 @@ def needs_torch_and_py_spy(jw: Jobwarden) -> None:
     try:
         import torch  # noqa: F401
     except ImportError:
-        if os.environ.get("CI") == "true":
-            pytest.fail("needs torch (the dev extra installs the CPU build)")
-        pytest.skip("needs torch")
+        unavailable("needs torch")
     if find_py_spy() is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("needs py-spy (scripts/setup installs it)")
-        pytest.skip("needs py-spy")
+        unavailable("needs py-spy")
     jw.env["JOBWARDEN_SPEED_STACK_EVERY_S"] = "2"
 
 

@@ -11,6 +11,7 @@ import pytest
 from jobwarden.errors import StoreError
 from jobwarden.paths import database_place, filesystem_type, is_network_fs
 from jobwarden.store import Store
+from tests.support import unavailable
 
 MOUNTINFO = """\
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
@@ -59,7 +60,7 @@ def test_the_local_directory_must_not_be_a_planted_symlink(
 ) -> None:
     """Another user's symlink at /var/tmp/jobwarden-<uid> is refused: the store would write through it."""
     if os.geteuid() != 0:
-        pytest.skip("planting a symlink owned by another user needs root")
+        unavailable("planting a symlink owned by another user needs root")
     import jobwarden.paths as paths
 
     target = tmp_path / "elsewhere"

@@ -14,6 +14,7 @@ from jobwarden.model import JobSpec, JobState, ProcessSnapshot
 from jobwarden.observations import GpuProcess
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.store import Store
+from tests.support import unavailable
 from tests.unit.test_procfs import CAPTURED_PROC_STAT, add_process, stat_line
 
 NOW = 1_800_000_000.0
@@ -329,7 +330,7 @@ def test_a_marked_process_of_another_user_is_found_only_by_its_recorded_identity
     store: Store, root: Path
 ) -> None:
     if os.geteuid() != 0:
-        pytest.skip("only root can give a file to another user")
+        unavailable("only root can give a file to another user")
     job_id = new_job(store, JobState.SUCCEEDED, ended_at=NOW - 90)
     proc(root, 40, environ=marker(store, job_id))
     os.chown(root / "40", 65534, 65534)

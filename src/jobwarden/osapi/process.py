@@ -80,13 +80,6 @@ class WaitStatus(NamedTuple):
     def signal_name(self) -> str | None:
         return signal_name(self.signal) if self.signal else None
 
-    @property
-    def shell_code(self) -> int:
-        """What a shell would report: the exit code, or 128+N for death by signal N."""
-        if self.signal is not None:
-            return 128 + self.signal
-        return self.exit_code if self.exit_code is not None else 1
-
 
 def signal_name(signum: int) -> str:
     try:

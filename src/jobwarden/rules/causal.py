@@ -255,16 +255,6 @@ class _Tree:
             pid = self.parents[pid]
         return len(seen) if pid == self.main else len(seen) + 1
 
-    def descends(self, pid: int, ancestor: int) -> bool:
-        seen: set[int] = set()
-        while pid in self.parents and pid not in seen:
-            seen.add(pid)
-            parent = self.parents[pid]
-            if parent == ancestor:
-                return True
-            pid = parent
-        return False
-
     # --- ranks --------------------------------------------------------------------------------------
 
     def _rank(self, pid: int, exc: UncaughtException | None) -> int | None:

@@ -351,10 +351,3 @@ class GroupSink:
             return tail_lines(self.store.layout.output_log(self.job.id, self.run), n)
         except OSError:
             return []
-
-
-def open_group_sink(
-    store: Store, job: JobRecord, run: int, clock: Clock, log: Callable[[str], None]
-) -> GroupSink | None:
-    """The sink of a run with --group, None for a plain run."""
-    return GroupSink(store, job, run, clock, log) if job.options.group else None

@@ -164,15 +164,6 @@ MAX_GROUP_RECORDS = 100_000  # records of one attempt kept in memory: some 150 M
 TAIL_LINE_CHARS = 4096  # what a writer keeps of one line of output in a record
 
 
-def latest_attempt(root: Path) -> int | None:
-    """The newest attempt among the group's trusted attempt directories (others' are never counted)."""
-    try:
-        with SharedDir.open(root) as top:
-            return _latest(top)
-    except FileNotFoundError:
-        return None
-
-
 def read_group(root: Path, attempt: int | None = None) -> GroupRecords | None:
     """The records of one attempt (default: the latest); None when the group has none. Every directory
     and file is checked first (osapi.sharedfiles): the group's and the attempt's directories must be ours

@@ -20,26 +20,19 @@ from pathlib import Path
 import pytest
 
 from tests.containerkit import Container, Podman, missing_tools, session
+from tests.support import unavailable
 
 CHECKOUT = Path(__file__).resolve().parents[3]
 HOME = "/jwhome"
-
-
-def _unavailable(why: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(
-            f"CI must run the container tests: {why} (scripts/test installs podman, runc and debootstrap)"
-        )
-    pytest.skip(why)
 
 
 @pytest.fixture(scope="session")
 def podman_session() -> Iterator[Podman]:
     missing = missing_tools()
     if missing:
-        _unavailable(f"not installed: {', '.join(missing)}")
+        unavailable(f"not installed: {', '.join(missing)}")
     if os.geteuid() != 0:
-        _unavailable("rootful podman needs root")
+        unavailable("rootful podman needs root")
     scratch = Path(tempfile.mkdtemp(prefix="jw-ctr-"))
     try:
         with session(CHECKOUT, scratch, log=scratch / "debootstrap.log") as (podman, timings):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -12,6 +11,7 @@ from jobwarden.model import Finding
 from jobwarden.shim.explainer import findings_for
 from jobwarden.store import RunRecord, Store
 from jobwarden.store.records import Event
+from tests.support import eventually
 
 JOBS = Path(__file__).parent / "jobs"
 COMMON_JOBS = Path(__file__).parents[1] / "jobs"
@@ -26,14 +26,7 @@ def add_job(tmp: Path, name: str) -> str:
 
 
 def wait_for(check: Callable[[], T | None], timeout_s: float, what: str, every_s: float = 0.1) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} after {timeout_s}s")
-        time.sleep(every_s)
+    return eventually(what, check, timeout_s, every_s)
 
 
 def events(home: Path, job_id: int = 1, run: int = 1) -> list[Event]:

@@ -18,23 +18,18 @@ import pytest
 
 from tests.conftest import Jobwarden
 from tests.slurmcluster import SlurmCluster, missing_tools
+from tests.support import unavailable
 
 KILL_WAIT_S = 5
-
-
-def _unavailable(why: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI must run the Slurm tests: {why} (scripts/test installs slurm-wlm and munge as root)")
-    pytest.skip(why)
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[SlurmCluster]:
     missing = missing_tools()
     if missing:
-        _unavailable(f"Slurm's tools are not installed: {', '.join(missing)}")
+        unavailable(f"Slurm's tools are not installed: {', '.join(missing)}")
     if os.geteuid() != 0:
-        _unavailable("the throwaway Slurm needs root (slurmd, cgroups, munge's user)")
+        unavailable("the throwaway Slurm needs root (slurmd, cgroups, munge's user)")
     root = Path(tempfile.mkdtemp(prefix="jw-slurm-"))  # short: munge's socket path has a length limit
     cluster = SlurmCluster(root, kill_wait=KILL_WAIT_S)
     try:
