@@ -11,7 +11,7 @@ import pytest
 
 from jobwarden.observations import OomEvidence
 from jobwarden.osapi.cgroup import JobCgroup
-from jobwarden.probes.oom import OomBaseline, OomWatch, read_vmstat_oom_kills
+from jobwarden.probes.oom import OomBaseline, OomWatch, counters_before_start, read_vmstat_oom_kills
 
 VMSTAT = "nr_free_pages 123\nnr_zone_inactive_anon 4\noom_kill {n}\nnuma_hit 9\n"
 KILLED = "Memory cgroup out of memory: Killed process {pid} (python) total-vm:77276kB, anon-rss:66560kB"
@@ -240,6 +240,22 @@ def test_the_containers_limit_kills_a_job_without_a_cgroup(host: Machine) -> Non
     assert evidence is not None
     assert (evidence.mechanism, evidence.kills, evidence.victims) == ("cgroup-v1", 1, (101,))
     assert evidence.limit_bytes == 1 << 30
+
+
+def test_a_container_kill_before_a_late_baseline_counts_from_the_counters_read_before_the_start(
+    host: Machine,
+) -> None:
+    # the job OOM-killed in its first second, the shim's baseline taken later (a loaded machine)
+    ctr = host.cgroup("ctr", limit=150 << 20)
+    before = counters_before_start(None, host.proc)
+    host.kill(101, counted=ctr)
+    late = host.watch(None, enclosing=ctr, kmsg=host.kmsg.parent / "absent")
+    late.baseline()
+    assert late.poll([101]) is None  # what happened before this fix: the kill was in the baseline
+    watch = host.watch(None, enclosing=ctr, kmsg=host.kmsg.parent / "absent")
+    watch.baseline(before=before)
+    evidence = watch.poll([101])
+    assert evidence is not None and (evidence.mechanism, evidence.kills) == ("cgroup-v1", 1)
 
 
 def test_a_container_kill_the_log_pins_on_another_process_is_not_the_jobs(host: Machine) -> None:

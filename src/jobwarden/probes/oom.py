@@ -72,6 +72,27 @@ def _delta(now: int | None, then: int | None) -> int:
     return now - then if now is not None and then is not None and now > then else 0
 
 
+@dataclass(frozen=True)
+class OomCounters:
+    """The kill counters before the job started: the job's cgroup (one jobwarden did not make), the
+    enclosing one's, the host's. A container's job OOM-killed in its first second was killed before a
+    baseline taken after `run` answered, on a loaded machine: it must count (seen in CI)."""
+
+    cgroup_kills: int | None
+    enclosing_kills: int | None
+    host_kills: int | None
+
+
+def counters_before_start(cgroup: JobCgroup | None, proc_root: str | Path = "/proc") -> OomCounters:
+    """Three small reads (no kernel log: opening it waits until after `run` answered)."""
+    enclosing = enclosing_cgroup(str(proc_root))
+    return OomCounters(
+        cgroup.oom_kills() if cgroup else None,
+        enclosing.oom_kills() if enclosing else None,
+        read_vmstat_oom_kills(Path(proc_root)),
+    )
+
+
 class OomWatch:
     """Call `baseline()` (or `restore()`) when the run starts, then `poll()` once a tick."""
 
@@ -105,16 +126,21 @@ class OomWatch:
         (container, host) is mistaken for the job's."""
         return self.cgroup is not None and self._base.cgroup_kills is not None
 
-    def baseline(self, fresh_cgroup: bool = False) -> OomBaseline:
+    def baseline(self, fresh_cgroup: bool = False, before: OomCounters | None = None) -> OomBaseline:
         """Counters and kernel log from now on; the job's own cgroup from zero when it was made for this
-        run (`fresh_cgroup`): a kill before this call is the job's, and must count."""
+        run (`fresh_cgroup`), else the counters read `before` the job started: a kill before this call
+        is the job's, and must count."""
         self.kernel_log.open_at_end()
         seq = self.kernel_log.last_seq
         counted = self.cgroup.oom_kills() if self.cgroup else None
         if counted is not None and fresh_cgroup:
             counted = 0
+        elif counted is not None and before is not None and before.cgroup_kills is not None:
+            counted = before.cgroup_kills
         if counted is not None:
             self._base = OomBaseline(counted, None, None, seq)
+        elif before is not None:
+            self._base = OomBaseline(None, before.enclosing_kills, before.host_kills, seq)
         else:
             enclosing = self.enclosing.oom_kills() if self.enclosing else None
             self._base = OomBaseline(None, enclosing, read_vmstat_oom_kills(self.proc_root), seq)

@@ -24,6 +24,7 @@ from jobwarden.errors import AccessDenied
 from jobwarden.model import ProcessEnd, ProcessId, ProcessSnapshot
 from jobwarden.osapi.cgroup import JobCgroup
 from jobwarden.osapi.procfs import ProcFS
+from jobwarden.probes.oom import OomCounters
 from jobwarden.shim.diagnosis import Diagnoser, Verdict
 from jobwarden.shim.exits import ExitCollector
 from jobwarden.shim.fingerprint import FingerprintTask
@@ -161,6 +162,9 @@ class FakeJobOS:
     def memory_guard(self, cgroup: JobCgroup | None, limit_bytes: int | None, procfs: ProcFS) -> MemoryGuard:
         return FakeMemoryGuard(cgroup, None, procfs, lambda _: None)
 
+    def oom_counters(self, cgroup: JobCgroup | None) -> OomCounters | None:
+        return None
+
     def diagnoser(
         self,
         store: Store,
@@ -251,7 +255,7 @@ class FakeExits(ExitCollector):
 
 
 class FakeMemoryGuard(MemoryGuard):
-    def start(self, fresh_cgroup: bool = False) -> None:
+    def start(self, fresh_cgroup: bool = False, before: OomCounters | None = None) -> None:
         pass
 
 

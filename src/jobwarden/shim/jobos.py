@@ -25,6 +25,7 @@ from jobwarden.shim.sightings import Sightings
 from jobwarden.shim.tree import JobTree, Member
 
 if TYPE_CHECKING:  # loaded once the CLI has its answer: `run` waits for nothing it does not need
+    from jobwarden.probes.oom import OomCounters
     from jobwarden.shim.diagnosis import Diagnoser
     from jobwarden.shim.fingerprint import FingerprintTask
     from jobwarden.shim.resources import MemoryGuard
@@ -64,6 +65,8 @@ class JobOS(Protocol):
     def memory_guard(
         self, cgroup: JobCgroup | None, limit_bytes: int | None, procfs: ProcFS
     ) -> MemoryGuard: ...
+
+    def oom_counters(self, cgroup: JobCgroup | None) -> OomCounters | None: ...  # before the job starts
 
     def diagnoser(
         self,
@@ -141,6 +144,11 @@ class SystemJobOS:
         from jobwarden.shim.resources import MemoryGuard
 
         return MemoryGuard(cgroup, limit_bytes, procfs, log)
+
+    def oom_counters(self, cgroup: JobCgroup | None) -> OomCounters | None:
+        from jobwarden.probes.oom import counters_before_start
+
+        return counters_before_start(cgroup)
 
     def diagnoser(
         self,

@@ -33,6 +33,7 @@ from jobwarden.store.logfiles import LogWatcher
 
 if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it loads the diagnosis
     from jobwarden.observations import OomEvidence
+    from jobwarden.probes.oom import OomCounters
     from jobwarden.shim.diagnosis import Diagnoser, Verdict
     from jobwarden.shim.fingerprint import FingerprintTask
     from jobwarden.shim.logcap import TrimNotes
@@ -79,6 +80,7 @@ class SupervisorLoop:
         self.main_status: int | None = None
         self.exits = self.jobos.exits(self.tree)
         self._fifo: int | None = None  # the hooks' announcements: opened before the job starts
+        self._oom_before: OomCounters | None = None  # the OOM kill counters before the job started
         self.denied: dict[int, str] = {}  # pid -> why we may not signal it
         self.stop: StopRequest | None = None
         self._carried: set[int] = set()  # signals the previous attempt received and did not act on

@@ -11,7 +11,7 @@ from jobwarden.model import JobState
 from jobwarden.osapi.cgroup import JobCgroup
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.memory import MemoryWatchdog, tree_memory
-from jobwarden.probes.oom import OomWatch
+from jobwarden.probes.oom import OomCounters, OomWatch
 from jobwarden.store import JobRecord, Store
 
 if TYPE_CHECKING:  # the GPU side loads with a GpuQueue only: a job that asked for no GPU never needs it
@@ -41,12 +41,12 @@ class MemoryGuard:
                 log(f"cannot set the cgroup memory limit ({err.message}); watching the tree instead")
         self.watchdog = MemoryWatchdog(limit_bytes)
 
-    def start(self, fresh_cgroup: bool = False) -> None:
-        """The counters' baseline, so only this run's kills count. Taken once `run` has its answer, a
-        few milliseconds after the job started: a cgroup made for the job counts from zero, so a kill
-        in those milliseconds still counts."""
+    def start(self, fresh_cgroup: bool = False, before: OomCounters | None = None) -> None:
+        """The counters' baseline, so only this run's kills count. Taken once `run` has its answer,
+        milliseconds (on a loaded machine, seconds) after the job started: a cgroup made for the job
+        counts from zero, any other from the counters read `before` the job started."""
         self.oom_watch = OomWatch(self.cgroup)
-        self.oom_watch.baseline(fresh_cgroup=fresh_cgroup)
+        self.oom_watch.baseline(fresh_cgroup=fresh_cgroup, before=before)
 
     def poll(self, pids: Sequence[int] | None = None) -> OomEvidence | None:
         """New OOM evidence since the last call (counters, kernel log), else None."""

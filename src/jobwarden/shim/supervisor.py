@@ -72,6 +72,8 @@ class Supervisor(StoppingSupervisor):
         env = self._job_env()
         self.record.reserve.keep()  # room for the end, before a job can fill the disk (store.reserve)
         self._listen_for_births()  # before the job exists: its first child may live a millisecond
+        fresh = bool(self.cgroup and self.cgroup.fresh)  # a new cgroup counts its kills from zero
+        self._oom_before = None if fresh else self.jobos.oom_counters(self.cgroup)
         try:
             pid = self.jobos.spawn(
                 list(self.job.command),
@@ -337,7 +339,7 @@ class Supervisor(StoppingSupervisor):
         if self.memory is None and not over:
             self._guard_memory()
         if self.memory is not None:
-            self.memory.start(fresh_cgroup=bool(self.cgroup and self.cgroup.fresh))
+            self.memory.start(fresh_cgroup=bool(self.cgroup and self.cgroup.fresh), before=self._oom_before)
         self._start_progress()  # over already or not: what it printed says how far it got
         if not over:
             self._start_diagnosis(main_pid)
