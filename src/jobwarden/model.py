@@ -234,6 +234,7 @@ ROOT_CAUSE_ORDER = (
     "uninterruptible-io",
     "fork-deadlock",
     "collective-hang",
+    "wait-chain",
     "no-progress",
     "stopped-by-user",
     "cancelled-by-engine",
@@ -256,7 +257,9 @@ _RANKS = {rule: i for i, rule in enumerate(ROOT_CAUSE_ORDER)}
 # A running job with a current finding of these is hung: `ps` shows it so, `ps --state hung` lists it. The
 # rules whose finding lasts as long as the hang (rules.table.ENDS_WITH_THE_HANG, a test keeps them equal),
 # named here for the reason above.
-HUNG_RULES = frozenset({"no-progress", "fork-deadlock", "collective-hang", "uninterruptible-io"})
+HUNG_RULES = frozenset(
+    {"no-progress", "fork-deadlock", "collective-hang", "uninterruptible-io", "wait-chain"}
+)
 
 
 def root_cause_rank(rule: str) -> int:

@@ -311,3 +311,26 @@ class Fingerprint:
             cuda_driver=d.get("cuda_driver"),
             unknown=tuple((str(k), str(v)) for k, v in (d.get("unknown") or {}).items()),
         )
+
+
+@dataclass(frozen=True)
+class Wait:
+    """What one blocked thread of the job waits for, from the kernel's own evidence (probes.waits): the
+    system call it sits in, the descriptor or child it names, and who is on the other side."""
+
+    pid: int
+    tid: int
+    kind: str  # "child", "file-lock", "pipe-read", "pipe-write", "sleep"
+    call: str  # the system call: "wait4", "flock", "read"...
+    thing: str  # what it waits on: "/data/cache.lock", "pipe:[81234]", "child pid 812", "a sleep"
+    on: tuple[int, ...] = ()  # the processes it waits for: the lock's holder, the pipe's other end, the child
+
+
+@dataclass(frozen=True)
+class WaitParty:
+    """A process a wait leads to, possibly outside the job: who it is, and whose."""
+
+    pid: int
+    cmdline: str
+    user: str
+    in_job: bool

@@ -18,6 +18,8 @@ from jobwarden.observations import (
     ProcessFacts,
     ProcessStack,
     UncaughtException,
+    Wait,
+    WaitParty,
 )
 from jobwarden.osapi.process import WaitStatus
 
@@ -62,6 +64,8 @@ class RunEvidence:
     processes: Sequence[ProcessFacts] = ()  # live when judged
     deaths: Sequence[ProcessDeath] = ()  # processes of the run that ended, the main one included
     stacks: Sequence[ProcessStack] = ()  # the latest stacks of the live processes
+    waits: Sequence[Wait] = ()  # what each blocked thread waits for, when hung (probes.waits)
+    wait_parties: Mapping[int, WaitParty] = field(default_factory=dict)  # who those waits lead to
     forks: Sequence[ForkRecord] = ()
     fork_requests: Sequence[ForkRequest] = ()  # explicit get_context("fork") / set_start_method("fork")
     oom: OomEvidence | None = None

@@ -44,6 +44,9 @@ RULES: tuple[Rule, ...] = (
     # hang signatures: a rank stuck on a fork deadlock leaves its peers waiting in the collective
     Rule("fork-deadlock", hang.fork_deadlock, live=True, explains_a_hang=True, lasts="hang"),
     Rule("collective-hang", hang.collective_hang, live=True, explains_a_hang=True, lasts="hang"),
+    # any other hang the kernel can explain: what the main process waits for, and who for (a signature
+    # above, where one fired, is the sharper account of the same wait)
+    Rule("wait-chain", hang.wait_chain, live=True, explains_a_hang=True, if_unexplained=True, lasts="hang"),
     Rule("no-progress", hang.no_progress, live=True, if_unexplained=True, lasts="hang"),
     # how the run ended: one exit-status finding (rules.death), often the consequence of the above
     Rule("stopped-by-user"),

@@ -30,7 +30,7 @@ from jobwarden.store import JobRecord, Store
 
 if TYPE_CHECKING:  # the rules, the stack capture and the GPU watch load at the first judgement, or with a
     # GPU: an idle job never judged never pays for them (the shim's memory, issue 25)
-    from jobwarden.observations import OomEvidence, ProcessDeath, ProcessFacts
+    from jobwarden.observations import OomEvidence, ProcessDeath, ProcessFacts, Wait, WaitParty
     from jobwarden.shim.gpuwatch import GpuWatch
     from jobwarden.shim.progresswatch import StepSign
 
@@ -222,6 +222,7 @@ class Diagnoser:
 
         snaps = snaps or self.tree.sample(now)
         stacks = capture_stacks(stack_pids, procfs=self.procfs, py_dir=self.py_dir, timeout_s=STACK_TIMEOUT_S)
+        waits, parties = self._waits() if hung else ([], {})
         evidence = RunEvidence(
             state="running",
             exit_code=None,
@@ -239,6 +240,8 @@ class Diagnoser:
             processes=self.facts(snaps),
             deaths=tuple(self.deaths),
             stacks=tuple(stacks),
+            waits=tuple(waits),
+            wait_parties=parties,
             forks=tuple(read_forks(self.py_dir)),
             fork_requests=tuple(read_fork_requests(self.py_dir)),
             oom=self.oom,
@@ -260,6 +263,14 @@ class Diagnoser:
             [f._replace(at=since if f.rule in _hang_rules() else now) for f in new], now
         )
         return Verdict(trigger, tuple(recorded))
+
+    def _waits(self) -> tuple[list[Wait], dict[int, WaitParty]]:
+        """What the job's blocked threads wait for (probes.waits), read only once the run is judged hung."""
+        from jobwarden.probes.waits import blocked_waits
+
+        members = list(self.tree.members.values())
+        parents = {m.pid: m.ppid for m in members}
+        return blocked_waits(parents, parents, self.procfs.root)
 
     def _log_tail(self) -> tuple[str, ...]:
         from jobwarden.store.logfiles import tail_lines

@@ -9,6 +9,7 @@ from jobwarden.rules.hang.collective import collective_hang
 from jobwarden.rules.hang.fork import fork_deadlock
 from jobwarden.rules.hang.progress import no_progress
 from jobwarden.rules.hang.states import process_stopped, uninterruptible_io
+from jobwarden.rules.hang.waits import wait_chain
 from jobwarden.rules.hang.workers import dataloader_worker_killed, pool_worker_lost
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "pool_worker_lost",
     "process_stopped",
     "uninterruptible_io",
+    "wait_chain",
 ]

@@ -1,0 +1,298 @@
+"""What each blocked thread of the job waits for, read from /proc alone (no ptrace, no signal): the system
+call it sits in (`/proc/PID/task/TID/syscall`, readable by the shim, an ancestor of the job), the
+descriptor that call names (`fd/N`, `fdinfo/N`), the file locks the kernel lists (`/proc/locks`), and who
+holds the other end of a pipe (every process's `fd/` whose link names the pipe's inode).
+
+Only asked when the watchdog judges a run hung, and bounded: the job's own processes first, then at most
+MAX_OTHERS other processes for a pipe's other end or a lock's holder, within BUDGET_S.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import pwd
+import stat
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from jobwarden.observations import Wait, WaitParty
+
+MAX_OTHERS = 2000  # processes outside the job whose descriptors are read for a pipe's other end
+BUDGET_S = 0.5  # the whole probe's time, past which what is known is returned
+_F_SETLKW, _F_OFD_SETLKW = 7, 38  # fcntl's waiting lock commands
+_P_ALL, _P_PID = 0, 1  # waitid's idtype
+
+# the calls a wait can be read from, by number, per architecture (unistd.h); another machine: none
+_CALLS = {
+    "x86_64": {
+        0: "read",
+        1: "write",
+        17: "pread64",
+        19: "readv",
+        20: "writev",
+        35: "nanosleep",
+        61: "wait4",
+        72: "fcntl",
+        73: "flock",
+        230: "clock_nanosleep",
+        247: "waitid",
+    },
+    "aarch64": {
+        63: "read",
+        64: "write",
+        65: "readv",
+        66: "writev",
+        67: "pread64",
+        101: "nanosleep",
+        115: "clock_nanosleep",
+        260: "wait4",
+        25: "fcntl",
+        32: "flock",
+        95: "waitid",
+    },
+}
+_READS = {"read", "pread64", "readv"}
+_WRITES = {"write", "writev"}
+_SLEEPS = {"nanosleep", "clock_nanosleep"}
+_WAITS = {"wait4", "waitid"}
+
+
+def blocked_waits(
+    pids: Iterable[int], parents: Mapping[int, int], proc: str | Path = "/proc"
+) -> tuple[list[Wait], dict[int, WaitParty]]:
+    """The waits of the job's processes (`pids`, with `parents` for their children), and who each wait
+    leads to."""
+    probe = _Probe(Path(proc), set(pids), parents)
+    waits = [w for pid in sorted(probe.job) for w in probe.process(pid)]
+    waits = probe.resolve(waits)
+    return waits, probe.parties(waits)
+
+
+class _Probe:
+    def __init__(self, proc: Path, job: set[int], parents: Mapping[int, int]) -> None:
+        self.proc, self.job, self.parents = proc, job, parents
+        self.calls = _CALLS.get(platform.machine(), {})
+        self.deadline = time.monotonic() + BUDGET_S
+        self.lock_fds: dict[tuple[int, int], int] = {}  # (pid, tid) -> the descriptor it locks
+
+    # --- one process's blocked threads ------------------------------------------------------------
+
+    def process(self, pid: int) -> list[Wait]:
+        found = []
+        for tid in self._tids(pid):
+            line = _read(self.proc / str(pid) / "task" / str(tid) / "syscall")
+            wait = self._wait(pid, tid, line) if line else None
+            if wait is not None:
+                found.append(wait)
+        return found
+
+    def _tids(self, pid: int) -> list[int]:
+        try:
+            return sorted(int(t) for t in os.listdir(self.proc / str(pid) / "task") if t.isdigit())
+        except OSError:
+            return []
+
+    def _wait(self, pid: int, tid: int, line: str) -> Wait | None:
+        call, args = parse_syscall(line, self.calls)
+        if call is None:
+            return None
+        if call in _SLEEPS:
+            return Wait(pid, tid, "sleep", call, "a sleep")
+        if call in _WAITS:
+            return self._child_wait(pid, tid, call, args)
+        if call == "flock" or (call == "fcntl" and args[1] in (_F_SETLKW, _F_OFD_SETLKW)):
+            self.lock_fds[(pid, tid)] = args[0]
+            return Wait(pid, tid, "file-lock", call, self._fd_path(pid, args[0]))
+        if call in _READS or call in _WRITES:
+            target = self._fd_path(pid, args[0])
+            if _is_pipe(self.proc, pid, args[0], target):
+                return Wait(pid, tid, "pipe-read" if call in _READS else "pipe-write", call, target)
+        return None
+
+    def _child_wait(self, pid: int, tid: int, call: str, args: list[int]) -> Wait:
+        children = tuple(sorted(p for p, parent in self.parents.items() if parent == pid and p in self.job))
+        wanted = _pid_arg(args[0])
+        if call == "waitid":
+            wanted = _pid_arg(args[1]) if args[0] == _P_PID else -1
+        if wanted > 0:
+            return Wait(pid, tid, "child", call, f"child pid {wanted}", (wanted,))
+        return Wait(pid, tid, "child", call, "any child", children)
+
+    def _fd_path(self, pid: int, fd: int) -> str:
+        try:
+            return os.readlink(self.proc / str(pid) / "fd" / str(fd))
+        except OSError:
+            return f"fd {fd}"
+
+    # --- the other side: a lock's holder, a pipe's other end ---------------------------------------
+
+    def resolve(self, waits: list[Wait]) -> list[Wait]:
+        locks = _read_locks(self.proc) if any(w.kind == "file-lock" for w in waits) else {}
+        pipes = {w.thing for w in waits if w.kind in ("pipe-read", "pipe-write")}
+        ends = self._pipe_ends(pipes) if pipes else {}
+        resolved = []
+        for w in waits:
+            if w.kind == "file-lock":
+                fd = self.lock_fds.get((w.pid, w.tid), -1)
+                holders = tuple(p for p in _holders(locks, _file_key(self.proc, w.pid, fd)) if p != w.pid)
+                resolved.append(Wait(w.pid, w.tid, w.kind, w.call, w.thing, holders))
+            elif w.kind in ("pipe-read", "pipe-write"):
+                wanted = "write" if w.kind == "pipe-read" else "read"
+                holders = tuple(sorted({p for p, mode in ends.get(w.thing, ()) if mode in (wanted, "both")}))
+                resolved.append(Wait(w.pid, w.tid, w.kind, w.call, w.thing, holders))
+            else:
+                resolved.append(w)
+        return resolved
+
+    def _pipe_ends(self, pipes: set[str]) -> dict[str, set[tuple[int, str]]]:
+        """Who holds each pipe open, and how: the job's processes, then others while the budget lasts."""
+        ends: dict[str, set[tuple[int, str]]] = {}
+        others = [p for p in _all_pids(self.proc) if p not in self.job][:MAX_OTHERS]
+        for pid in [*sorted(self.job), *others]:
+            if time.monotonic() > self.deadline:
+                break
+            for fd, target in _fds(self.proc, pid):
+                if target in pipes:
+                    ends.setdefault(target, set()).add((pid, _mode(self.proc, pid, fd)))
+        return ends
+
+    def parties(self, waits: list[Wait]) -> dict[int, WaitParty]:
+        found = {}
+        for pid in {p for w in waits for p in w.on}:
+            found[pid] = WaitParty(pid, _cmdline(self.proc, pid), _user(self.proc, pid), pid in self.job)
+        return found
+
+
+# --- parsing ----------------------------------------------------------------------------------------
+
+
+def parse_syscall(line: str, calls: Mapping[int, str]) -> tuple[str | None, list[int]]:
+    """`/proc/PID/task/TID/syscall`: "NR ARG1..ARG6 SP PC" in a call, "running", or "-1 SP PC" (blocked
+    outside a call). The call's name where it is one a wait can be read from, and its six arguments."""
+    fields = line.split()
+    if len(fields) < 7 or not fields[0].isdigit():
+        return None, []
+    try:
+        args = [int(f, 16) for f in fields[1:7]]
+    except ValueError:
+        return None, []
+    return calls.get(int(fields[0])), args
+
+
+def parse_locks(text: str) -> dict[tuple[int, int, int], list[int]]:
+    """/proc/locks: (major, minor, inode) -> the pids holding a lock on it (waiters' "->" lines left
+    out). "1: FLOCK  ADVISORY  WRITE 777 08:01:1234 0 EOF"; the device is in hex, the inode decimal."""
+    held: dict[tuple[int, int, int], list[int]] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 6 or fields[1] == "->":
+            continue
+        try:
+            pid = int(fields[4])
+            major, minor, inode = fields[5].split(":")
+            key = (int(major, 16), int(minor, 16), int(inode))
+        except ValueError:
+            continue
+        if pid > 0:
+            held.setdefault(key, []).append(pid)
+    return held
+
+
+def _read_locks(proc: Path) -> dict[tuple[int, int, int], list[int]]:
+    return parse_locks(_read(proc / "locks", 1 << 20))
+
+
+def _file_key(proc: Path, pid: int, fd: int) -> tuple[int, int, int] | None:
+    """(major, minor, inode) of the file a waiter's descriptor names, as /proc/locks spells it (the
+    descriptor itself is asked: the link's text may name a renamed or deleted file)."""
+    try:
+        st = os.stat(proc / str(pid) / "fd" / str(fd))
+    except OSError:
+        return None
+    return os.major(st.st_dev), os.minor(st.st_dev), st.st_ino
+
+
+def _holders(locks: Mapping[tuple[int, int, int], list[int]], key: tuple[int, int, int] | None) -> list[int]:
+    """The lock's holders; by the inode alone when the device differs (an overlay shows its own device
+    in stat, the lock may be listed under the layer's) and the inode is unambiguous."""
+    if key is None:
+        return []
+    if key in locks:
+        return locks[key]
+    same = [pids for (_, _, inode), pids in locks.items() if inode == key[2]]
+    return same[0] if len(same) == 1 else []
+
+
+def _pid_arg(value: int) -> int:
+    """A pid_t argument (32 bits, signed) as the register holds it: wait4(-1) reads 0xffffffff."""
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def _is_pipe(proc: Path, pid: int, fd: int, target: str) -> bool:
+    if target.startswith("pipe:["):
+        return True
+    try:
+        return stat.S_ISFIFO(os.stat(proc / str(pid) / "fd" / str(fd)).st_mode)
+    except OSError:
+        return False
+
+
+def _fds(proc: Path, pid: int) -> list[tuple[int, str]]:
+    folder = proc / str(pid) / "fd"
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        try:
+            found.append((int(name), os.readlink(folder / name)))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _mode(proc: Path, pid: int, fd: int) -> str:
+    """How the descriptor was opened, from fdinfo's octal flags."""
+    for line in _read(proc / str(pid) / "fdinfo" / str(fd)).splitlines():
+        if line.startswith("flags:"):
+            try:
+                access = int(line.split()[1], 8) & os.O_ACCMODE
+            except (IndexError, ValueError):
+                return "?"
+            return {os.O_RDONLY: "read", os.O_WRONLY: "write", os.O_RDWR: "both"}.get(access, "?")
+    return "?"
+
+
+def _all_pids(proc: Path) -> list[int]:
+    try:
+        return sorted(int(n) for n in os.listdir(proc) if n.isdigit())
+    except OSError:
+        return []
+
+
+def _cmdline(proc: Path, pid: int) -> str:
+    raw = _read(proc / str(pid) / "cmdline", 4096)
+    return raw.replace("\0", " ").strip() or f"[{_read(proc / str(pid) / 'comm').strip()}]"
+
+
+def _user(proc: Path, pid: int) -> str:
+    try:
+        uid = os.stat(proc / str(pid)).st_uid
+    except OSError:
+        return "?"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _read(path: Path, limit: int = 4096) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return ""

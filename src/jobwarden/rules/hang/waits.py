@@ -1,0 +1,208 @@
+"""`wait-chain`: the run is hung, and the kernel says what it waits for, and who for.
+
+From the main process's waits (probes.waits: a child it waits for, a file lock, a pipe's other end), the
+rule follows each wait to the process on its other side, and that one's wait, to the end: the process
+everything waits for (a lock's holder outside the job, a writer that keeps a pipe open and writes
+nothing), or back to a process already on the path (a deadlock). That last process is the finding's
+first pid. A main process the kernel shows waiting on nothing it can name (a futex, a socket, a sleep)
+leaves the run to the other hang rules and to `no-progress`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from jobwarden.model import Finding
+from jobwarden.observations import Wait, WaitParty
+from jobwarden.rules.evidence import RunEvidence, job_ref
+from jobwarden.rules.lookup import Lookup, describe
+
+_EDGES = ("child", "file-lock", "pipe-read", "pipe-write")  # a wait with another process on its far side
+MAX_STEPS = 16  # a chain longer than this is cut: its first steps say enough
+
+
+@dataclass(frozen=True)
+class Step:
+    wait: Wait
+    to: int  # the process on the other side
+
+
+@dataclass(frozen=True)
+class Chain:
+    steps: tuple[Step, ...]
+    cycle: bool  # the last step leads back to a process already on the path
+
+    @property
+    def end(self) -> int:
+        return self.steps[-1].to
+
+
+def wait_chain(ev: RunEvidence) -> Finding | None:
+    if ev.hang_window_s is None or ev.pid is None or not ev.waits:
+        return None
+    chain = follow(ev.pid, ev.waits)
+    if chain is None:
+        return None
+    name = _Names(Lookup.of(ev), ev.wait_parties)
+    return Finding(
+        "wait-chain",
+        _title(chain, name),
+        _summary(chain, name, ev.waits),
+        "error",
+        tuple(_evidence(chain, name, ev.waits)),
+        _remedy(chain, name, job_ref(ev)),
+        tuple(dict.fromkeys([chain.end, *(s.wait.pid for s in chain.steps)])),
+    )
+
+
+def follow(start: int, waits: Sequence[Wait]) -> Chain | None:
+    """The path of waits from `start`'s to its end, or None when `start` waits on nothing with a far side."""
+    by_pid = _edge_of_each_process(waits)
+    steps: list[Step] = []
+    seen = [start]
+    pid = start
+    while pid in by_pid and len(steps) < MAX_STEPS:
+        wait = by_pid[pid]
+        if not wait.on:  # a lock whose holder, a pipe whose other end, the kernel did not show
+            break
+        to = _next(wait, seen, by_pid)
+        steps.append(Step(wait, to))
+        if to in seen:
+            return Chain(tuple(steps), cycle=True)
+        seen.append(to)
+        pid = to
+    return Chain(tuple(steps), cycle=False) if steps else None
+
+
+def _edge_of_each_process(waits: Sequence[Wait]) -> dict[int, Wait]:
+    """Each process's wait that leads somewhere: its main thread's first (that is the one the run waits
+    on), else another thread's."""
+    found: dict[int, Wait] = {}
+    for w in sorted(waits, key=lambda w: (w.pid, w.tid != w.pid, w.tid)):
+        if w.kind in _EDGES and w.on and w.pid not in found:
+            found[w.pid] = w
+    return found
+
+
+def _next(wait: Wait, seen: Sequence[int], by_pid: Mapping[int, Wait]) -> int:
+    """Which of the processes on the far side to follow: one that itself waits on another first (the
+    chain goes on through it), then one already on the path (a cycle), then the lowest pid."""
+    others = [p for p in wait.on if p != wait.pid] or list(wait.on)
+    return min(others, key=lambda p: (p not in by_pid or p in seen, p not in seen, p))
+
+
+class _Names:
+    def __init__(self, look: Lookup, parties: Mapping[int, WaitParty]) -> None:
+        self.look, self.parties = look, parties
+
+    def of(self, pid: int, width: int = 60) -> str:
+        party = self.parties.get(pid)
+        cmdline = self.look.cmdline(pid) if pid in self.look.processes else party.cmdline if party else ""
+        return describe(pid, cmdline, width)
+
+    def whose(self, pid: int) -> str:
+        """', user bob, outside this job' for a process that is not the job's."""
+        party = self.parties.get(pid)
+        if party is None or party.in_job:
+            return ""
+        return f", user {party.user}, outside this job"
+
+
+def _title(chain: Chain, name: _Names) -> str:
+    if chain.cycle:
+        return f"Deadlock: {len({s.wait.pid for s in chain.steps})} processes wait for each other"
+    last = chain.steps[-1]
+    return _capitalised(_what(last, name, short=True))
+
+
+def _what(step: Step, name: _Names, short: bool = False) -> str:
+    """What one wait is, in words, naming the process on its far side."""
+    w, to = step.wait, step.to
+    who = f"pid {to}" if short else name.of(to)
+    whose = name.whose(to)
+    if w.kind == "file-lock":
+        return f"waits for a file lock on {w.thing} held by {who}{whose}"
+    if w.kind == "pipe-read":
+        if to == w.pid:
+            return f"reads a pipe ({w.thing}) whose write end it holds open itself"
+        return f"reads a pipe whose write end {who}{whose} still holds open"
+    if w.kind == "pipe-write":
+        return f"writes into a full pipe that {who}{whose} does not read"
+    return f"waits for its child {who}"
+
+
+def _summary(chain: Chain, name: _Names, waits: Sequence[Wait]) -> str:
+    first = chain.steps[0]
+    parts = [f"{name.of(first.wait.pid)} {_what(first, name)}"]
+    parts += [f"which {_what(s, name)}" for s in chain.steps[1:]]
+    text = ", ".join(parts)
+    if chain.cycle:
+        return f"{_capitalised(text)}: a cycle, nobody can go on (a deadlock)."
+    end = chain.end
+    doing = _doing(end, waits)
+    return f"{_capitalised(text)}; pid {end} {doing}: everything waits for it."
+
+
+def _doing(pid: int, waits: Sequence[Wait]) -> str:
+    own = [w for w in waits if w.pid == pid]
+    sleeping = next((w for w in own if w.kind == "sleep"), None)
+    if sleeping is not None:
+        return "sleeps"
+    if own:
+        return f"waits in {own[0].call}"
+    return "is not waiting on any of these"
+
+
+def _evidence(chain: Chain, name: _Names, waits: Sequence[Wait]) -> list[str]:
+    lines = []
+    for s in chain.steps:
+        w = s.wait
+        thread = "" if w.tid == w.pid else f" (thread {w.tid})"
+        lines.append(
+            f"pid {w.pid}{thread} is blocked in {w.call}() on {w.thing}; the far side: {name.of(s.to)}"
+        )
+    if not chain.cycle:
+        lines.append(f"{name.of(chain.end)}{name.whose(chain.end)} {_end_state(chain.end, waits)}")
+    return lines
+
+
+def _end_state(pid: int, waits: Sequence[Wait]) -> str:
+    own = next((w for w in waits if w.pid == pid), None)
+    if own is None:
+        return "is in no wait jobwarden reads (running, or waiting on a futex or a socket)"
+    if own.kind == "sleep":
+        return f"sleeps ({own.call})"
+    return f"is blocked in {own.call}() on {own.thing}"
+
+
+def _remedy(chain: Chain, name: _Names, job: str) -> str:
+    end, last = chain.end, chain.steps[-1]
+    if chain.cycle:
+        return (
+            "Each process above waits for the next: break the cycle (take locks in one order, close the "
+            "pipe ends a process does not use, never wait for a child that waits for you); restart the job "
+            f"to get it moving (`jobwarden stop {job}`, then `jobwarden resume {job}`)."
+        )
+    if last.wait.kind == "file-lock":
+        return (
+            f"Find out why pid {end} holds the lock (`ps -o pid,user,etime,args -p {end}`): end it if it is "
+            "stale, or give the job a lock file of its own; take the lock with a timeout (flock -w, "
+            "fcntl with LOCK_NB in a retry loop) so a held lock fails the job instead of hanging it."
+        )
+    if last.wait.kind == "pipe-read":
+        return (
+            f"The reader gets end-of-file only once every write end is closed, and pid {end} keeps one open "
+            "without writing: end it when its work is done, or start it with its output elsewhere "
+            "(subprocess close_fds, `cmd > /dev/null &` in a script)."
+        )
+    if last.wait.kind == "pipe-write":
+        return (
+            f"pid {end} holds the pipe's read end but does not read: drain the pipe (subprocess "
+            "communicate() instead of wait(), or read stdout and stderr in threads)."
+        )
+    return f"Look at what pid {end} is doing: `jobwarden dump {job}` takes fresh stacks of every process."
+
+
+def _capitalised(text: str) -> str:
+    return text[:1].upper() + text[1:]

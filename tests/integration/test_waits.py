@@ -1,0 +1,114 @@
+"""`wait-chain` on real hangs: what the job's main process waits for, followed to the process everything
+waits for (probes.waits, rules.hang.waits). Each job hangs for real (a lock someone else holds, a pipe
+whose writer never writes), the watchdog judges it with a short window, and the finding must name the
+process at the end of the chain first, with the words for what is waited on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Jobwarden
+from tests.support import eventually, unavailable
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+PY = sys.executable
+HANG = ("--hang-timeout", "2s", "--on-hang", "dump")
+
+
+def finding(jw: Jobwarden, job: int, rule: str) -> dict[str, Any] | None:
+    return next((f for f in jw.status(job)["findings"] if f["rule"] == rule), None)
+
+
+def hang_findings(jw: Jobwarden, job: int) -> list[dict[str, Any]] | None:
+    found = [f for f in jw.status(job)["findings"] if f["rule"] in ("wait-chain", "no-progress")]
+    return found or None
+
+
+@pytest.fixture
+def holder(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """A process of user nobody, outside any job, holding an exclusive lock on a file everyone may open."""
+    if os.geteuid() != 0:
+        unavailable("only root can hold a lock as another user")
+    shared = Path(tempfile.mkdtemp(prefix="jw-lock-"))
+    shared.chmod(0o777)
+    lock = shared / "cache.lock"
+    lock.touch(mode=0o666)
+    lock.chmod(0o666)
+    code = (
+        "import fcntl, sys\n"
+        "f = open(sys.argv[1], 'a')\n"
+        "fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.read()\n"  # holds it until the test closes its stdin
+    )
+    proc = subprocess.Popen(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", PY, "-c", code, str(lock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        yield proc, lock
+    finally:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.close()
+        proc.wait(30)
+        proc.stdout.close()
+        lock.unlink()
+        shared.rmdir()
+
+
+def test_a_child_waiting_for_another_users_lock_names_the_holder(
+    jw: Jobwarden, holder: tuple[subprocess.Popen[str], Path]
+) -> None:
+    proc, lock = holder
+    locker = "import fcntl, sys; fcntl.flock(open(sys.argv[1], 'a'), fcntl.LOCK_EX)"
+    main = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {locker!r}, sys.argv[1]])"
+    job = jw.start(PY, "-c", main, str(lock), options=HANG)["id"]
+    try:
+        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        assert f["pids"][0] == proc.pid, f
+        assert (
+            f["title"]
+            == f"Waits for a file lock on {lock} held by pid {proc.pid}, user nobody, outside this job"
+        )
+        main_pid = jw.status(job)["pid"]
+        assert f["summary"].startswith(f"Pid {main_pid} (") and "waits for its child pid " in f["summary"]
+        assert main_pid in f["pids"]  # the chain: the holder, then the main process and its child
+        assert finding(jw, job, "no-progress") is None  # the chain explains the hang
+    finally:
+        jw("stop", str(job), check=True)
+
+
+def test_a_reader_of_a_pipe_whose_writer_never_writes_names_the_writer(jw: Jobwarden, tmp_path: Path) -> None:
+    # a script that starts `tail -f` into a pipe: the reader never gets end-of-file while tail lives
+    script = tmp_path / "follow.sh"
+    script.write_text(f"tail -f /dev/null | {PY} -c 'import sys; sys.stdin.read()'\n")
+    job = jw.start("bash", str(script), options=HANG)["id"]
+    try:
+        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        tail = next(p["pid"] for p in jw.status(job)["processes"] if p["cmdline"].startswith("tail -f"))
+        assert f["pids"][0] == tail, f
+        assert f["title"] == f"Reads a pipe whose write end pid {tail} still holds open"
+        assert "tail -f /dev/null" in "\n".join(f["evidence"])
+    finally:
+        jw("stop", str(job), check=True)
+
+
+def test_a_job_sleeping_between_polls_is_no_wait_chain(jw: Jobwarden) -> None:
+    # waiting on purpose: the window says hung (as it did before), but no chain is drawn from a sleep
+    job = jw.start(PY, "-c", "import time; time.sleep(600)", options=HANG)["id"]
+    try:
+        found = eventually("a hang finding", lambda: hang_findings(jw, job), 90)
+        assert [f["rule"] for f in found] == ["no-progress"], found
+    finally:
+        jw("stop", str(job), check=True)
