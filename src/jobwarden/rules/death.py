@@ -15,6 +15,7 @@ from jobwarden.model import Finding
 from jobwarden.observations import Frame, ProcessDeath, UncaughtException
 from jobwarden.rules import mltext
 from jobwarden.rules.causal import TEARDOWN_SIGNALS
+from jobwarden.rules.disk import disk_full
 from jobwarden.rules.engine import engine_stop
 from jobwarden.rules.evidence import RunEvidence, job_ref
 from jobwarden.rules.exceptions import exception_remedy
@@ -118,27 +119,10 @@ def process_finding(ev: RunEvidence, who: Subject, log_tail: Sequence[str]) -> F
     return None
 
 
-def aftermath_findings(ev: RunEvidence) -> list[Finding]:
-    return [f for f in (_disk_full(ev), _orphans_left(ev), _supervisor_lost(ev)) if f]
-
-
-def _disk_full(ev: RunEvidence) -> Finding | None:
-    if not ev.disk_full:
-        return None
-    where = ", ".join(sorted(set(ev.disk_full)))
-    return Finding(
-        "disk-full",
-        "The disk holding the job's log filled up: output was dropped",
-        f"The filesystem of {where} ran out of space while the job ran. What the job wrote to its output "
-        "then is lost, and jobwarden could record nothing until space came back; the job itself ran on.",
-        "warning",
-        (
-            f"output lost: no space left on device under {where}",
-            "see the disk-full and disk-ok events: jobwarden status --json",
-        ),
-        f"free space there (df -h {where}), or keep JOBWARDEN_HOME on a disk with room for the logs",
-        _pids(ev),
-    )
+def aftermath_findings(ev: RunEvidence, disk: Finding | None = None) -> list[Finding]:
+    """What happened around the end; `disk`: the disk-full finding as the root cause (rules.disk), in
+    place of the warning."""
+    return [f for f in (disk or disk_full(ev), _orphans_left(ev), _supervisor_lost(ev)) if f]
 
 
 def _pids(ev: RunEvidence) -> tuple[int, ...]:
