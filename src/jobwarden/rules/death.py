@@ -38,7 +38,7 @@ class Subject(NamedTuple):
     died first (a rank, a pool worker)."""
 
     pid: int | None
-    who: str  # "main process 4242", "rank 1 (pid 4242)", "worker pid 811"
+    who: str  # "main process 4242", "rank 1 (pid 4242)", "Pool worker pid 811", "process pid 9 (sort)"
     exit_code: int | None
     signal: str | None
     rank: int | None = None
@@ -59,10 +59,12 @@ class Subject(NamedTuple):
         exc: UncaughtException | None,
         role: str = "process",
         rank: int | None = None,
+        name: str | None = None,
     ) -> Subject:
         """A process of the tree: how it ended (`death`, None when it did not fail itself: a worker that
-        caught its task's exception and passed it on) and the exception it raised."""
-        who = (
+        caught its task's exception and passed it on) and the exception it raised. `name`: what it is
+        (rules.naming), else `role` names it."""
+        who = name or (
             f"rank {rank} (pid {pid})"
             if rank is not None
             else f"{role} pid {pid}"
