@@ -39,9 +39,21 @@ class FakeClock:
         self._wall += seconds
 
 
+# Times read back from the store are data: a row written by another version, a broken clock or a hand
+# may hold 1e300, -1e300 or NaN, which gmtime/localtime refuse (OverflowError, OSError, ValueError). A time
+# outside years 1 to 9999 is shown as unknown rather than failing the whole command.
+_EARLIEST, _LATEST = -62_135_596_800.0, 253_402_300_799.0  # 0001-01-01 and 9999-12-31 23:59:59 UTC
+
+
+def plausible(ts: float | None) -> bool:
+    """Whether `ts` is a wall time that can be shown (a finite number within years 1-9999)."""
+    return isinstance(ts, int | float) and _EARLIEST <= ts <= _LATEST
+
+
 def iso(ts: float | None) -> str | None:
-    """Wall time as ISO 8601 in UTC, the format of every timestamp jobwarden prints in JSON."""
-    if ts is None:
+    """Wall time as ISO 8601 in UTC, the format of every timestamp jobwarden prints in JSON; None where
+    the time is unknown or absurd."""
+    if ts is None or not plausible(ts):
         return None
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
 
@@ -103,10 +115,15 @@ def shown_time(ts: float | None, style: str = "full") -> str:
     """`ts` as every command shows it. Styles: `full` '2026-11-25 14:02:11 +01:00' (a start, an end);
     `time` '14:02:11' and `minute` '14:02' (a moment within a report whose full times are shown,
     with a 'Z' in UTC so that a short time is never read in the wrong zone); `ms` '14:02:11.250' (the
-    order of ranks' ends). None: '-'."""
+    order of ranks' ends). None: '-'; an absurd time (see `plausible`): '?'."""
     if ts is None:
         return "-"
-    fields, zone = _parts(ts)
+    if not plausible(ts):
+        return "?"
+    try:
+        fields, zone = _parts(ts)
+    except (OverflowError, OSError, ValueError):  # a platform's localtime may have narrower bounds
+        return "?"
     if style == "full":
         return time.strftime("%Y-%m-%d %H:%M:%S", fields) + (" UTC" if zone == "Z" else f" {zone}")
     suffix = "Z" if zone == "Z" else ""

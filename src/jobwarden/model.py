@@ -217,8 +217,9 @@ class Finding(NamedTuple):
 
 
 def _iso(ts: float | None) -> str | None:
-    """clock.iso, which model may not import (stdlib only): ISO 8601 in UTC, milliseconds."""
-    if ts is None:
+    """clock.iso, which model may not import (stdlib only): ISO 8601 in UTC, milliseconds; None where the
+    time is absurd (outside years 1-9999: gmtime would raise)."""
+    if ts is None or not -62_135_596_800.0 <= ts <= 253_402_300_799.0:
         return None
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
 

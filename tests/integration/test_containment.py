@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import pwd
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,3 +90,47 @@ def test_job_ignoring_sigterm_is_killed_after_the_grace(jw: Jobwarden, tmp_path:
     assert result["signal"] == "SIGKILL"
     assert result["survivors"] == []
     assert not alive(job["pid"], start_time(job["pid"]) or -1)
+
+
+def _pids(status: dict[str, Any]) -> set[int]:
+    return {int(p["pid"]) for p in status["processes"]}
+
+
+def _job_markers(pid: int) -> dict[str, str]:
+    """The JOBWARDEN_* variables of a job's process, as a process that wants to pass for it would copy."""
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    pairs = (e.decode().partition("=") for e in entries if e.startswith(b"JOBWARDEN_"))
+    return {key: value for key, _, value in pairs}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting a process of another user needs root")
+def test_a_marked_process_of_another_user_not_below_the_job_is_no_member(jw: Jobwarden) -> None:
+    """Root reads every user's environment: a process of another user that carries a root job's markers
+    was listed in `status`, counted against --mem-limit, and its SIGSTOP was a `process-stopped` finding.
+    A process of the job's own user with the same markers, started after it, is the control: once a full
+    scan has taken it, the same scan has looked at the other user's one."""
+    nobody = pwd.getpwnam("nobody").pw_uid
+    job = jw.start("sleep", "600")
+    markers = {"PATH": os.environ["PATH"], **_job_markers(job["pid"])}
+    assert {"JOBWARDEN_JOB_ID", "JOBWARDEN_RUN", "JOBWARDEN_HOME"} <= set(markers)
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        impostor = subprocess.Popen(["sleep", "600"], env=markers, user=nobody, start_new_session=True)
+        started.append(impostor)
+        os.kill(impostor.pid, signal.SIGSTOP)
+        control = subprocess.Popen(["sleep", "600"], env=markers, start_new_session=True)
+        started.append(control)
+        deadline = time.monotonic() + 60  # a full scan comes every FULL_SCAN_EVERY_S (10 s)
+        while control.pid not in _pids(status := jw.status(job["id"])):
+            assert time.monotonic() < deadline, status["processes"]
+            time.sleep(0.1)
+        assert impostor.pid not in _pids(status)
+        assert "process-stopped" not in {f["rule"] for f in status["findings"]}
+        assert jw("stop", str(job["id"]), "--grace", "5s").returncode == 0
+        assert control.wait(timeout=30) is not None  # a member: the stop ended it
+        assert impostor.poll() is None  # not one: left alone
+    finally:
+        jw("stop", str(job["id"]), "--grace", "0")  # ended already, unless an assertion failed first
+        for proc in started:
+            proc.kill()
+            proc.wait(timeout=30)

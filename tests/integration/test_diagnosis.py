@@ -3,7 +3,9 @@ other side: quiet but healthy jobs raise no hang finding."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import sys
 import time
@@ -196,3 +198,16 @@ def test_a_process_stuck_in_d_state_is_uninterruptible_io(jw: Jobwarden, tmp_pat
     rules = rules_of(jw.json("explain", result.stdout.split()[0]))
     assert "uninterruptible-io" in rules, rules
     assert "no-progress" not in rules  # the D state explains the hang
+
+
+def test_a_popen_child_that_failed_first_is_named_by_its_command_not_worker(jw: Jobwarden) -> None:
+    # every process but the main one was titled "Worker pid N": here a `sort` run by subprocess.run
+    code = "import subprocess; subprocess.run(['sort', '/nonexistent/input.txt'], check=True)"
+    ran = jw("run", "--json", "--wait", "--", sys.executable, "-c", code)
+    assert ran.returncode == 1, ran.stderr
+    first = jw.json("explain", str(json.loads(ran.stdout)["id"]))["findings"][0]
+    assert first["rule"] == "exit-code", first
+    # by its command, or, when it died before the shim could read it (sort fails at once), as its
+    # parent's child
+    named = r"Process pid \d+ \((sort|child of pid \d+)\): exited with code 2"
+    assert re.match(named, first["title"]), first["title"]

@@ -61,6 +61,7 @@ def test_an_env_secret_is_never_on_the_supervisors_command_line(jw: Jobwarden, t
         (("run", "--name", "2", "--", "true"), "a name of digits would read as a job id"),
         (("run", "--name", "a\nb", "--", "true"), "a name must be printable"),
         (("run", "--name", "\x1b[31mred", "--", "true"), "a name must be printable"),
+        (("run", "--name", "x" * 100_000, "--", "true"), "--name 'xxxxxxxxxxxxxxxxxxxx'...: 100000"),
         (("stop", "--grace", "forever", "1"), "--grace: bad duration 'forever'"),
         (("wait", "--timeout", "x", "1"), "--timeout: bad duration 'x'"),
     ],

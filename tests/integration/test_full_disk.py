@@ -139,3 +139,31 @@ def test_a_job_that_leaves_the_disk_full_still_gets_its_end_recorded_and_explain
     (finding,) = [f for f in jw.json("explain", str(job["id"]))["findings"] if f["rule"] == "disk-full"]
     assert finding["evidence"][0].startswith("output lost: no space left on device under ")
     assert not list(jw.home.glob(".jobwarden.db.reserve-*")), "the reserve outlived the run"
+
+
+# The job fills the disk through its own output and fails on it, as most programs do on ENOSPC: exit 1
+FILL_AND_FAIL = r"""
+import os, sys
+chunk = b"z" * 65536 + b"\n"
+try:
+    while True:
+        os.write(1, chunk)
+except OSError:
+    sys.exit(1)
+"""
+
+
+def test_a_job_that_fails_on_the_full_disk_is_explained_by_it(jw: Jobwarden, small_home: Path) -> None:
+    # before: "exited with code 1, no clearer sign why" first, and the disk-full warning after it said
+    # "the job itself ran on"
+    jw.home = small_home / "home"
+    jw.env["JOBWARDEN_HOME"] = str(jw.home)
+    job = jw.start(sys.executable, "-c", FILL_AND_FAIL)
+    assert jw("wait", "--timeout", "60s", str(job["id"])).returncode == 1
+    explained = jw.json("explain", str(job["id"]))
+    assert (explained["state"], explained["exit_code"]) == ("failed", 1)
+    root = explained["findings"][0]
+    assert root["rule"] == "disk-full" and root["severity"] == "error", explained["findings"]
+    assert "ran on" not in root["summary"] and str(jw.home) in root["summary"]
+    assert "exit-code" not in [f["rule"] for f in explained["findings"]]
+    assert "The job failed while the disk holding its log was full" in jw("status", str(job["id"])).stdout

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,6 +20,7 @@ from jobwarden.control.boot import (
     unit_text,
     with_cron_line,
 )
+from jobwarden.errors import UsageError
 
 COMMAND = BootCommand(
     {"JOBWARDEN_HOME": "/home/u/jw home", "PATH": "/opt/x:/usr/bin"},
@@ -98,3 +100,25 @@ def test_cron_enable_then_disable_touch_only_our_line(tmp_path: Path) -> None:
     assert off.changed and not off.enabled and tab.text == "MAILTO=me\n0 3 * * * backup\n"
     assert not boot("disable", "cron", tmp_path, {}, tab.as_crontab()).changed
     assert not boot("status", "cron", tmp_path, {}, tab.as_crontab()).enabled
+
+
+@pytest.mark.parametrize("method", ["cron", "systemd"])
+@pytest.mark.parametrize("bad", ["\n", "\r", "\x0b", "\x85"])
+def test_a_control_character_in_the_home_is_refused_and_nothing_written(
+    tmp_path: Path, method: str, bad: str
+) -> None:
+    """A newline in JOBWARDEN_HOME wrote a line of its own into the unit (`ExecStartPre=...`) and into the
+    cron line (shlex.quote keeps newlines): refused, naming JOBWARDEN_HOME, before anything is written."""
+    home = tmp_path / f"jw{bad}ExecStartPre=/bin/touch /tmp/pwned"
+    tab = MemoryCrontab("")
+    environ = {"PATH": "/usr/bin", "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    with pytest.raises(UsageError, match="JOBWARDEN_HOME holds a control character"):
+        boot("enable", method, home, environ, tab.as_crontab())
+    assert tab.installs == [] and not (tmp_path / "config").exists()
+
+
+def test_a_control_character_in_path_is_refused() -> None:
+    tab = MemoryCrontab("")
+    with pytest.raises(UsageError, match="PATH holds a control character"):
+        boot("enable", "cron", Path("/h"), {"PATH": "/usr/bin\n* * * * * evil"}, tab.as_crontab())
+    assert tab.installs == []

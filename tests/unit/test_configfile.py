@@ -3,6 +3,7 @@ and, for any text at all, a UserConfig or a one-line UsageError, never another e
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -104,6 +105,30 @@ def test_a_file_that_is_not_a_regular_file_or_not_utf8_is_refused(tmp_path: Path
     path.chmod(0o600)
     with pytest.raises(UsageError, match="not UTF-8 text"):
         load_config({"XDG_CONFIG_HOME": str(tmp_path)})
+
+
+def test_a_fifo_at_the_path_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    """open() of a FIFO with no writer blocks forever: the check runs in a child with a deadline, so that
+    the old behaviour fails the test instead of hanging it."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "jobwarden" / "config.toml"
+    path.parent.mkdir()
+    os.mkfifo(path, 0o600)
+    code = (
+        "from jobwarden.control.configfile import load_config\n"
+        "from jobwarden.errors import UsageError\n"
+        "try:\n"
+        f"    load_config({{'XDG_CONFIG_HOME': {str(tmp_path)!r}}})\n"
+        "except UsageError as err:\n"
+        "    print(err.message)\n"
+    )
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("load_config() blocked in open() on a FIFO")
+    assert f"config file {path}: not a regular file (a FIFO)" in done.stdout, done.stderr
 
 
 _TEXT = st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=20)  # what TOML strings hold

@@ -14,6 +14,7 @@ from jobwarden.store.logfiles import (
     dropped_marker,
     follow,
     read_output,
+    read_piece,
     since_offset,
     tail_lines,
 )
@@ -85,3 +86,74 @@ def test_the_cap_off_or_not_reached_frees_nothing(log: Path, tmp_path: Path) -> 
         watcher.index(1.0)
         assert watcher.trim is None
     assert read_output(log) == lines(0, 40_000)
+
+
+# --- a range freed while a reader reads it ---------------------------------------------------------------
+#
+# `logs --since 2s -n all` on a job writing 80 MB/s printed megabytes of NULs: the reader looked up where
+# data was once, and the shim freed part of it before the read. Here the shim's trim runs at the worst
+# moment: after the reader's look, before its read.
+
+
+def trim_before_the_next_read(monkeypatch: pytest.MonkeyPatch, log: Path, tmp_path: Path) -> LogWatcher:
+    """The shim's trim, made to run just before the reader's next os.pread."""
+    watcher = LogWatcher(log, tmp_path / "output.idx", CAP)
+    real_pread = os.pread
+
+    def pread(fd: int, n: int, offset: int) -> bytes:
+        if watcher.trim is None:
+            watcher.index(1.0)
+        return real_pread(fd, n, offset)
+
+    monkeypatch.setattr(os, "pread", pread)
+    return watcher
+
+
+def test_a_range_freed_while_the_log_is_streamed_is_a_marker_never_zeros(
+    monkeypatch: pytest.MonkeyPatch, log: Path, tmp_path: Path
+) -> None:
+    log.write_bytes(lines(0, 40_000))
+    watcher = trim_before_the_next_read(monkeypatch, log, tmp_path)
+    out = read_output(log)
+    assert watcher.trim is not None  # it happened during the read
+    assert b"\0" not in out
+    assert out.startswith(lines(0, 3)) and out.endswith(lines(39_999, 1))
+    assert out.count(dropped_marker(watcher.trim.end - watcher.trim.start)) == 1
+
+
+def test_a_range_freed_while_a_piece_is_read_is_a_marker(
+    monkeypatch: pytest.MonkeyPatch, log: Path, tmp_path: Path
+) -> None:
+    log.write_bytes(lines(0, 40_000))
+    watcher = trim_before_the_next_read(monkeypatch, log, tmp_path)
+    offset, pieces = 0, []
+    while offset < log.stat().st_size:
+        data, offset = read_piece(log, offset, CAP)
+        pieces.append(data)
+    out = b"".join(pieces)
+    assert watcher.trim is not None and b"\0" not in out
+    assert out.count(dropped_marker(watcher.trim.end - watcher.trim.start)) == 1
+    assert out.endswith(lines(39_999, 1))
+
+
+def test_a_range_freed_while_the_tail_is_read_is_a_marker(
+    monkeypatch: pytest.MonkeyPatch, log: Path, tmp_path: Path
+) -> None:
+    from jobwarden.store import logfiles
+
+    log.write_bytes(lines(0, 40_000))
+    watcher = LogWatcher(log, tmp_path / "output.idx", CAP)
+    real_spans = logfiles.data_spans
+
+    def spans_then_trim(fd: int, start: int, end: int) -> list[tuple[int, int]]:
+        found = real_spans(fd, start, end)
+        if watcher.trim is None:  # the tail looked where data is: the shim trims before it reads
+            watcher.index(1.0)
+        return found
+
+    monkeypatch.setattr(logfiles, "data_spans", spans_then_trim)
+    everything = tail_lines(log, 10**6)
+    assert watcher.trim is not None
+    assert all(b"\0" not in line for line in everything)
+    assert everything[0] == dropped_marker(watcher.trim.end - watcher.trim.start)
+    assert everything[-1] == lines(39_999, 1)

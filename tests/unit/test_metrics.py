@@ -227,3 +227,31 @@ def test_peak_rss_reads_the_largest_memory_of_every_tier_in_bytes(store: Store) 
     clock = FakeClock(wall_start=T0)
     run_shim(store, job_id, run, clock, 3 * 3600, every_s=10.0)  # the spike at 2 h is in the 10 min tier
     assert store.peak_rss(job_id, run) == 1000 * MIB
+
+
+@pytest.mark.parametrize("absurd", [1e300, -1e300, 1e18])
+def test_a_sample_or_run_stored_at_an_absurd_time_is_skipped(store: Store, absurd: float) -> None:
+    """One sample row with `at = 1e300` made `jobwarden metrics` exit 70 (OverflowError): from gmtime,
+    then from SQLite, given a bucket's start computed from it. The sample (raw or a tier's point) is
+    skipped; a run's start or end stored so bounds nothing."""
+    from jobwarden.cli.metricsview import metrics_report
+
+    job_id, run = new_job(store)
+    good, bad = reading(T0 + 5), reading(T0 + 6)
+    rollup = Rollup()
+    rollup.add(bad)
+    store.add_samples(job_id, run, [good, bad], rollup.flush(), prune_at=T0)
+    conn = sqlite3.connect(store.layout.database)
+    try:
+        with conn:
+            conn.execute("UPDATE samples SET at = ? WHERE at = ?", (absurd, T0 + 6))
+            assert conn.execute("UPDATE samples_rollup SET at = ?", (absurd,)).rowcount > 0
+            conn.execute("UPDATE runs SET started_at = ?, ended_at = ?", (absurd, absurd))
+    finally:
+        conn.close()
+    for since in (None, T0):
+        for points in (None, 100):
+            shown = job_samples(store, job_id, run, since=since, points=points, now=T0 + 7)
+            assert [s.at for s in shown] == [T0 + 5]
+            assert shown[0].to_json()["at"] == iso(T0 + 5)
+    assert list(metrics_report("train.py", job_id, run, shown, 80))

@@ -857,3 +857,67 @@ def test_a_helper_commands_exit_before_a_stop_is_never_the_root_cause() -> None:
         ev, deaths=(readlink, dataclasses.replace(shell, exit_code=2), main_death(T + 0.15))
     )
     assert root_incident(parent_failed) is not None
+
+
+# --- a helper's early exit that changed nothing ---------------------------------------------------------
+
+HELPER = 4005
+ACCELERATE_TAIL = (
+    "Traceback (most recent call last):",
+    '  File "/v/bin/accelerate", line 8, in <module>',
+    "subprocess.CalledProcessError: Command '['/v/bin/python', 'train.py']' returned non-zero exit status 1.",
+)
+
+
+def accelerate_failure(helper_at: float) -> RunEvidence:
+    """`accelerate launch` of two ranks: a helper of the launch exits 255 at T (no traceback), the job
+    goes on, rank 1 raises at T + 2, rank 0 is torn down, the launcher reports the failed rank."""
+    raised = UncaughtException(
+        RANK1, T + 2.0, "ValueError", "loss is nan", (Frame("step", "/srv/train.py", 48),), rank=1
+    )
+    return failed(
+        log_tail=ACCELERATE_TAIL,
+        deaths=(
+            ProcessDeath(
+                HELPER, MAIN, "/v/bin/python -c import torch; torch.cuda.device_count()", helper_at, 255, None
+            ),
+            rank_death(RANK1, 1, T + 2.05, 1, None),
+            rank_death(RANK0, 0, T + 2.3, None, "SIGTERM"),
+            ProcessDeath(
+                MAIN, 1, "/v/bin/python /v/bin/accelerate launch train.py", T + 2.6, 1, None, is_main=True
+            ),
+        ),
+        exceptions=(
+            raised,
+            UncaughtException(
+                MAIN, T + 2.5, "subprocess.CalledProcessError", ACCELERATE_TAIL[-1].partition(": ")[2]
+            ),
+        ),
+    )
+
+
+def test_a_helpers_early_exit_that_changed_nothing_does_not_outrank_the_failure_all_reacted_to() -> None:
+    # the CI case: the helper's exit 255 was named the root cause, "first in the job's tree"
+    ev = accelerate_failure(helper_at=T)
+    root = root_incident(ev)
+    assert root is not None and (root.pid, root.weight) == (RANK1, CAUSE)
+    first = explain(ev)[0]
+    assert (first.rule, first.pids[0], first.rank) == ("python-exception", RANK1, 1)
+    assert "ValueError: loss is nan" in first.summary
+    assert_well_formed(explain(ev))
+
+
+def test_a_helpers_exit_the_job_reacted_to_still_leads() -> None:
+    # rank 0 was torn down right after the helper's exit: that exit changed something, and came first
+    ev = accelerate_failure(helper_at=T)
+    teardown = rank_death(RANK0, 0, T + 0.3, None, "SIGTERM")
+    ev = dataclasses.replace(ev, deaths=(ev.deaths[0], teardown, ev.deaths[1], ev.deaths[3]))
+    assert root_incident(ev).pid == HELPER  # type: ignore[union-attr]
+
+
+def test_a_kill_after_a_helpers_exit_still_does_not_outrank_it() -> None:
+    # a kill is no failure with its own evidence: it may be the reaction (Ray's shutdown), so the exit leads
+    ev = accelerate_failure(helper_at=T)
+    killed = rank_death(RANK1, 1, T + 2.05, None, "SIGKILL")
+    ev = dataclasses.replace(ev, deaths=(ev.deaths[0], killed, *ev.deaths[2:]), exceptions=ev.exceptions[1:])
+    assert root_incident(ev).pid == HELPER  # type: ignore[union-attr]

@@ -144,3 +144,33 @@ def test_the_lookahead_only_skips_text_faster(text: str, colours: bool, carriage
     reference = re.compile(plain, re.DOTALL)
     expected = reference.sub(lambda m: (m.group("sgr") or "") if colours else "", text)
     assert sanitize.terminal_text(text, colours, carriage_returns) == expected
+
+
+# --- bidirectional controls ---------------------------------------------------------------------------
+
+BIDI = ["\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069"]
+BIDI += ["\u200e", "\u200f", "\u061c"]
+
+
+@pytest.mark.parametrize("mark", BIDI, ids=[f"U+{ord(c):04X}" for c in BIDI])
+def test_a_bidi_control_is_escaped_so_it_cannot_reorder_the_line(mark: str) -> None:
+    """A right-to-left override in a command line showed `python train.py` for another command: each
+    bidi control is shown as its code point, never passed to the terminal."""
+    text = f"python {mark}yp.niart"
+    shown = f"python <U+{ord(mark):04X}>yp.niart"
+    assert terminal_text(text) == shown
+    assert terminal_text(text, colours=True, carriage_returns=True) == shown
+    assert one_line(text) == shown
+    stream = TerminalStream()
+    assert stream.feed(text.encode()[:9]) + stream.feed(text.encode()[9:]) + stream.close() == shown
+
+
+def test_a_frames_file_name_in_a_profile_is_escaped() -> None:
+    from jobwarden.text.profile import frame_label
+
+    entry = {"function": "step\u202e", "file": "/srv/\u2066evil.py", "line": 3}
+    assert frame_label(entry) == "step<U+202E> (/srv/<U+2066>evil.py:3)"
+
+
+def test_other_text_in_other_scripts_is_kept() -> None:
+    assert terminal_text("שלום مرحبا é ü 日本") == "שלום مرحبا é ü 日本"

@@ -50,3 +50,21 @@ def test_utc_everywhere_when_asked(zone: None) -> None:
 
 def test_the_hung_look_follows_the_rules_that_last_as_long_as_the_hang() -> None:
     assert HUNG_RULES == ENDS_WITH_THE_HANG
+
+
+@pytest.mark.parametrize("absurd", [1e300, -1e300, 1e18, float("inf"), float("nan")])
+def test_an_absurd_stored_time_is_shown_as_unknown_never_raised(absurd: float) -> None:
+    """A sample or run stored at 1e300 made `metrics` fail with OverflowError from gmtime: a time outside
+    years 1-9999 is shown as '?' and serialised as null."""
+    from jobwarden.model import _iso
+
+    assert not clock.plausible(absurd)
+    assert clock.iso(absurd) is None and _iso(absurd) is None
+    for style in ("full", "time", "minute", "ms"):
+        assert clock.shown_time(absurd, style) == "?"
+    assert clock.shown_span(AT, absurd).count("?") == 1
+
+
+def test_times_at_the_edges_of_the_years_shown_still_read() -> None:
+    assert clock.iso(0.0) == "1970-01-01T00:00:00.000Z"
+    assert clock.iso(253_402_300_799.0) == "9999-12-31T23:59:59.000Z"

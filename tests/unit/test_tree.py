@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,49 @@ def test_a_process_older_than_the_job_is_never_read_for_markers(proc: Path) -> N
     assert t._may_be_marked(newer)
     t._unmarked[31] = 500  # looked at once already
     assert not t._may_be_marked(newer)
+
+
+# --- a marked process of another uid -------------------------------------------------------------------
+
+NOBODY = 65534
+
+
+def fake_process(proc: Path, pid: int, ppid: int, uid: int, entries: list[str]) -> None:
+    """/proc/PID with its stat, environment and owner (the directory's uid, as the kernel shows it)."""
+    write_environ(proc, pid, entries)
+    line = f"{pid} (sleep) S {ppid} {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 600 0 0"
+    (proc / str(pid) / "stat").write_text(line)
+    os.chown(proc / str(pid), uid, -1)
+
+
+MARKED = ["JOBWARDEN_JOB_ID=7", "JOBWARDEN_RUN=1"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a fake /proc entry another owner needs root")
+def test_a_marked_process_of_another_uid_is_a_member_only_if_it_descends_from_the_job(proc: Path) -> None:
+    """Root reads every user's environment: a process of another user carrying a root job's markers was
+    taken into the job (listed, counted against --mem-limit, its SIGSTOP a finding)."""
+    t = tree(proc)  # its shim is pid 1 here
+    fake_process(proc, 3, 0, 0, [])  # another user's login shell
+    fake_process(proc, 40, 3, NOBODY, MARKED)  # planted by that user
+    fake_process(proc, 41, 3, os.geteuid(), MARKED)  # the job's own uid: escaped, found by its markers
+    fake_process(proc, 50, 1, os.geteuid(), [])  # a member, not itself marked (seeded)
+    fake_process(proc, 51, 50, os.geteuid(), [])  # its child, a link on the way
+    fake_process(proc, 52, 51, NOBODY, MARKED)  # the job changed user (setpriv): still the job's
+    t.members[50] = None  # type: ignore[assignment]  # only its pid is looked at
+    stats = {pid: ProcFS(proc).stat(pid) for pid in (40, 41, 52)}
+    assert not t._marks_count(stats[40])
+    assert t._marks_count(stats[41])
+    assert t._marks_count(stats[52])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a fake /proc entry another owner needs root")
+def test_find_marked_keeps_another_uids_process_only_below_one_of_ours(proc: Path) -> None:
+    from jobwarden.probes.markers import find_marked
+
+    proc.mkdir()
+    fake_process(proc, 40, 1, NOBODY, MARKED)
+    fake_process(proc, 41, 1, os.geteuid(), MARKED)
+    fake_process(proc, 42, 41, NOBODY, MARKED)
+    found = find_marked(ProcFS(proc), {"JOBWARDEN_JOB_ID": "7", "JOBWARDEN_RUN": "1"})
+    assert sorted(st.pid for st in found) == [41, 42]

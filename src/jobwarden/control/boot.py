@@ -57,8 +57,24 @@ class BootCommand(NamedTuple):
 
 
 def resume_command(home: Path, environ: Mapping[str, str]) -> BootCommand:
+    """The command boot runs; refused before anything is written when a value holds a control character:
+    a newline ends a unit's line (the rest a directive of its own: `ExecStartPre=...`) and a cron line
+    (shlex.quote keeps it), so it could run a command the user never asked for."""
     env = {"JOBWARDEN_HOME": str(home), "PATH": environ.get("PATH") or os.defpath}
+    for name, value in env.items():
+        _refuse_control_characters(name, value)
+    _refuse_control_characters("the Python interpreter's path", sys.executable)
     return BootCommand(env, [sys.executable, "-m", "jobwarden", "resume"])
+
+
+def _refuse_control_characters(name: str, value: str) -> None:
+    bad = next((c for c in value if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F), None)
+    if bad is not None:
+        raise UsageError(
+            f"boot: {name} holds a control character ({bad!r}), which would break the boot entry's line "
+            "and could run a command of its own; nothing was written",
+            f"use a {name} without control characters (newlines, tabs...)",
+        )
 
 
 def choose_method(method: str, systemd_marker: Path = SYSTEMD_RUNNING) -> str:

@@ -108,7 +108,9 @@ def load_config(environ: Mapping[str, str] | None = None) -> UserConfig | None:
     """The config file in force, checked whole; None when there is none."""
     path = config_path(environ)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+        # O_NONBLOCK: opening a FIFO planted at the path would wait for a writer forever; the file's type
+        # is checked (fstat) before anything is read, and a regular file ignores the flag
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
     except FileNotFoundError:
         return None  # the common case: nothing more is loaded
     except OSError as err:
@@ -123,7 +125,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> UserConfig | None:
 def _read_checked(fd: int, path: Path) -> str:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
-        raise _error(path, None, None, "not a regular file")
+        raise _error(path, None, None, f"not a regular file (a {_file_type(st.st_mode)})")
     if st.st_uid not in (os.geteuid(), 0):
         raise _error(path, None, None, f"it belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})")
     if st.st_mode & 0o022:
@@ -141,6 +143,11 @@ def _read_checked(fd: int, path: Path) -> str:
         return data.decode()
     except UnicodeDecodeError as err:
         raise _error(path, None, None, f"not UTF-8 text (byte {err.start})") from None
+
+
+def _file_type(mode: int) -> str:
+    kinds = {stat.S_IFDIR: "directory", stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket", stat.S_IFCHR: "device"}
+    return kinds.get(stat.S_IFMT(mode), "device" if stat.S_ISBLK(mode) else "special file")
 
 
 def parse_config(text: str, path: Path) -> UserConfig:

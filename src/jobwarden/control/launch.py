@@ -63,9 +63,18 @@ def resolve_command(argv: list[str], cwd: str, env: dict[str, str]) -> str:
     return found
 
 
+MAX_NAME = 128  # characters of a job's name
+
+
 def checked_name(name: str) -> str:
     """--name: printable (a newline or an escape byte would forge lines and colours in every listing), not
-    all digits (`stop 2` must mean job 2, never a job named "2") and not starting with '@' (`@last`)."""
+    all digits (`stop 2` must mean job 2, never a job named "2"), not starting with '@' (`@last`), and at
+    most MAX_NAME characters (every listing shows it whole; a queue's name is capped the same way)."""
+    if len(name) > MAX_NAME:
+        raise UsageError(
+            f"--name {name[:20]!r}...: {len(name)} characters, longer than the {MAX_NAME} a name may have",
+            "give a shorter --name",
+        )
     if not name or not name.isprintable():
         raise UsageError(f"--name {name!r}: a name must be printable text", "e.g. --name train-lr3")
     if name.isdecimal():
@@ -81,7 +90,7 @@ def default_name(argv: list[str]) -> str:
     """`python train.py --lr 3` -> 'train.py'; `./run.sh` -> 'run.sh'. Unprintable characters become
     '?', and a name of digits or one starting with '@' gets a prefix (see checked_name)."""
     name = _name_from(argv)
-    name = "".join(c if c.isprintable() else "?" for c in name) or "job"
+    name = "".join(c if c.isprintable() else "?" for c in name[: MAX_NAME - len("job-")]) or "job"
     return f"job-{name}" if name.isdecimal() or name.startswith("@") else name
 
 

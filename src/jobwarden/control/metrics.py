@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from jobwarden.clock import iso
+from jobwarden.clock import iso, plausible
 from jobwarden.store import Store
 from jobwarden.store.rollup import RAW, TIERS, Bucket, choose_tier, stitch, thin
 
@@ -104,19 +104,24 @@ def job_samples(
     history: the tier that gives about `points` points over the range (None: the finest kept), older
     history from coarser tiers, the newest from finer ones; at most `points` points."""
     record = store.run(job_id, run)
-    end = record.ended_at or (time.time() if now is None else now)
+    # a start or end stored at an impossible time (1e300) bounds nothing: the run's samples do instead
+    started = record.started_at if plausible(record.started_at) else None
+    ended = record.ended_at if plausible(record.ended_at) else None
+    end = ended or (time.time() if now is None else now)
 
     def fetch(tier: int, lo: float, hi: float) -> list[Bucket]:
         if tier == RAW:
             return [Bucket.of(r) for r in store.readings(job_id, run, lo, hi)]
         return store.rollups(job_id, run, tier, lo, hi)
 
-    first = record.started_at or _first_sample(store, job_id, run) or end
+    first = started or _first_sample(store, job_id, run) or end
     start = first if since is None else max(since, first)
     history = stitch(fetch, choose_tier(end - start, points), -math.inf if since is None else since)
     if points:
         history = thin(history, start, end, points)
-    return [Sample.of(point) for point in history]
+    # a sample stamped outside years 1-9999 (1e300: a broken clock, a hand-edited row) has no place on
+    # the time axis: skipped, rather than failing every time and rate derived from it
+    return [Sample.of(point) for point in history if plausible(point.at)]
 
 
 def _first_sample(store: Store, job_id: int, run: int) -> float | None:

@@ -3,6 +3,7 @@ its shim is gone and nothing else links the processes to the job."""
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 from jobwarden.errors import AccessDenied, ProcessGone
@@ -32,7 +33,44 @@ def find_marked(
                 found.append(st)
         except (ProcessGone, AccessDenied):
             continue
-    return found
+    return _of_the_job(procfs, found)
+
+
+MAX_ANCESTORS = 64  # parent links followed to find whether a process descends from the job
+
+
+def _of_the_job(procfs: ProcFS, marked: list[ProcStat]) -> list[ProcStat]:
+    """The marked processes that are the job's. Anyone can set the markers, and root reads every user's
+    environment: a process of another uid than the job's (ours: the store is ours alone) counts only if
+    it descends from a marked process of ours (a job may change user: `setpriv`, `runuser`)."""
+    uid = os.geteuid()
+    ours: set[int] = set()
+    foreign: list[ProcStat] = []
+    for st in marked:
+        try:
+            owner = procfs.uid(st.pid)
+        except ProcessGone:
+            continue
+        if owner == uid:
+            ours.add(st.pid)
+        else:
+            foreign.append(st)
+    kept = {st.pid for st in foreign if _descends_from(procfs, st, ours)}
+    return [st for st in marked if st.pid in ours or st.pid in kept]
+
+
+def _descends_from(procfs: ProcFS, st: ProcStat, ancestors: set[int]) -> bool:
+    ppid = st.ppid
+    for _ in range(MAX_ANCESTORS):
+        if ppid in ancestors:
+            return True
+        if ppid <= 1:
+            return False
+        try:
+            ppid = procfs.stat(ppid).ppid
+        except (ProcessGone, AccessDenied):
+            return False
+    return False
 
 
 def _of_store(procfs: ProcFS, pid: int, store: str | None) -> bool:

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 
 from jobwarden.clock import shown_time
 from jobwarden.model import Finding
+from jobwarden.observations import Frame
 from jobwarden.rules import death as exits
-from jobwarden.rules import frames
+from jobwarden.rules import frames, naming
 from jobwarden.rules.causal import (
     CAUSE,
     CRASH_SIGNALS,
@@ -74,11 +75,35 @@ def _finding_about(root: Incident, found: Sequence[Finding], ev: RunEvidence, ro
                 about = pid in f.pids if rule == "oom-kill" else f.pids[:1] == (pid,)
                 if f.rule == rule and about:
                     return f
-    subject = exits.Subject.of(pid, root.death, root.exception, role, root.rank)
+    subject = exits.Subject.of(pid, root.death, root.exception, role, root.rank, _name(root, ev, role))
     if root.relayed_by is not None:
         subject = subject._replace(relayed_by=_label(root.relayed_by, ev, None))
     own_lines = ev.log_tail if root.signal in CRASH_SIGNALS else ()
     return exits.process_finding(ev, subject, own_lines)
+
+
+def _name(i: Incident, ev: RunEvidence, role: str) -> str | None:
+    """What the process is (rules.naming): by its rank, the code it ran, its command; `role` (the main
+    process's report) only where nothing of its own says. None for a process nothing names."""
+    if i.pid < 0:
+        return None
+    frames = [*(i.exception.frames if i.exception else ()), *_stack_frames(i.pid, ev)]
+    return naming.process_name(i.pid, _cmdline(i, ev), frames, role, i.rank)
+
+
+def _cmdline(i: Incident, ev: RunEvidence) -> str:
+    if i.death is not None and i.death.cmdline:
+        return i.death.cmdline
+    known = [d.cmdline for d in ev.deaths if d.pid == i.pid] + [
+        p.cmdline for p in ev.processes if p.pid == i.pid
+    ]
+    stack = ev.last_stacks.get(i.pid)
+    return next((c for c in (*known, stack.cmdline if stack else "") if c), "")
+
+
+def _stack_frames(pid: int, ev: RunEvidence) -> list[Frame]:
+    stack = ev.last_stacks.get(pid)
+    return [f for thread in stack.threads for f in thread.frames] if stack is not None else []
 
 
 def _role(timeline: Sequence[Incident]) -> str:
@@ -99,7 +124,7 @@ def _main_exit(found: Sequence[Finding], ev: RunEvidence) -> Finding | None:
 def _with_collateral(
     lead: Finding, root: Incident, after: list[Incident], ev: RunEvidence, role: str
 ) -> Finding:
-    who = exits.Subject.of(root.pid, root.death, root.exception, role, root.rank).who
+    who = exits.Subject.of(root.pid, root.death, root.exception, role, root.rank, _name(root, ev, role)).who
     lines = [*_last_stack(root.pid, ev), *(f"then: {_then(i, ev)}" for i in after[:_SHOWN_AFTER])]
     if len(after) > _SHOWN_AFTER:
         lines.append(f"then: {len(after) - _SHOWN_AFTER} more process(es) failed after it")

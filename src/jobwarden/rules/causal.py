@@ -22,7 +22,9 @@ nothing, is ANSWERED: the stop ended the run, and it is never the root.
 
 The root is the first CAUSE, else the first WEAK, else the first TEARDOWN, else the first REPORT; a WEAK
 that surely came before the first CAUSE (two deaths on the kernel's clock) leads it: that cause came
-after. Weights come from what each failure says, not from the clock, so clock skew between the hooks'
+after. Unless the WEAK changed nothing: the job went on, nothing failed until the CAUSE, an exception of
+its own, and everything then reacted to that (a launcher's helper that exited 255 seconds before a rank
+raised). Weights come from what each failure says, not from the clock, so clock skew between the hooks'
 moments and the kernel's can reorder causes among themselves but never lift a report above its cause;
 "after another failed" is judged with TOLERANCE_S of slack. Moments come from the hooks (an exception's,
 a relayed one's when its worker formatted it), the kernel's process events or the reaping parent, else
@@ -105,9 +107,24 @@ def root_incident(ev: RunEvidence, found: Sequence[Incident] | None = None) -> I
         next((i for i in found if i.weight == weight), None) for weight in (CAUSE, WEAK, TEARDOWN, REPORT)
     ]
     cause, weak = firsts[0], firsts[1]
-    if cause is not None and weak is not None and _surely_before(weak, cause):
-        return weak  # a kill that came after a process had already failed did not cause that failure
+    # a kill that came after a process had already failed did not cause that failure; but a helper's exit
+    # that changed nothing does not outrank the failure everything then reacted to
+    if cause and weak and _surely_before(weak, cause) and not _changed_nothing(weak, cause, found):
+        return weak
     return next((i for i in firsts if i is not None), None)
+
+
+def _changed_nothing(weak: Incident, cause: Incident, found: Sequence[Incident]) -> bool:
+    """`weak` (a bare exit) came first, yet the job went on as if it had not: nothing failed between it
+    and `cause`, a failure with evidence of its own (an exception: a kill may be a framework's reaction
+    to the exit, as Ray's shutdown is), and the job then reacted to `cause` (a teardown, a report).
+    `accelerate launch`: a helper of the launch exits 255, two seconds later a rank raises, the launcher
+    tears the other ranks down and reports the rank."""
+    if weak.is_main or cause.exception is None:
+        return False
+    between = any(weak.at < i.at < cause.at for i in found if i is not weak and i is not cause)
+    reacted = any(i.at >= cause.at and i.weight in (TEARDOWN, REPORT) for i in found)
+    return not between and reacted
 
 
 def _surely_before(a: Incident, b: Incident) -> bool:

@@ -15,6 +15,7 @@ from jobwarden.model import Finding
 from jobwarden.observations import Frame, ProcessDeath, UncaughtException
 from jobwarden.rules import mltext
 from jobwarden.rules.causal import TEARDOWN_SIGNALS
+from jobwarden.rules.disk import disk_full
 from jobwarden.rules.engine import engine_stop
 from jobwarden.rules.evidence import RunEvidence, job_ref
 from jobwarden.rules.exceptions import exception_remedy
@@ -37,7 +38,7 @@ class Subject(NamedTuple):
     died first (a rank, a pool worker)."""
 
     pid: int | None
-    who: str  # "main process 4242", "rank 1 (pid 4242)", "worker pid 811"
+    who: str  # "main process 4242", "rank 1 (pid 4242)", "Pool worker pid 811", "process pid 9 (sort)"
     exit_code: int | None
     signal: str | None
     rank: int | None = None
@@ -58,10 +59,12 @@ class Subject(NamedTuple):
         exc: UncaughtException | None,
         role: str = "process",
         rank: int | None = None,
+        name: str | None = None,
     ) -> Subject:
         """A process of the tree: how it ended (`death`, None when it did not fail itself: a worker that
-        caught its task's exception and passed it on) and the exception it raised."""
-        who = (
+        caught its task's exception and passed it on) and the exception it raised. `name`: what it is
+        (rules.naming), else `role` names it."""
+        who = name or (
             f"rank {rank} (pid {pid})"
             if rank is not None
             else f"{role} pid {pid}"
@@ -118,27 +121,10 @@ def process_finding(ev: RunEvidence, who: Subject, log_tail: Sequence[str]) -> F
     return None
 
 
-def aftermath_findings(ev: RunEvidence) -> list[Finding]:
-    return [f for f in (_disk_full(ev), _orphans_left(ev), _supervisor_lost(ev)) if f]
-
-
-def _disk_full(ev: RunEvidence) -> Finding | None:
-    if not ev.disk_full:
-        return None
-    where = ", ".join(sorted(set(ev.disk_full)))
-    return Finding(
-        "disk-full",
-        "The disk holding the job's log filled up: output was dropped",
-        f"The filesystem of {where} ran out of space while the job ran. What the job wrote to its output "
-        "then is lost, and jobwarden could record nothing until space came back; the job itself ran on.",
-        "warning",
-        (
-            f"output lost: no space left on device under {where}",
-            "see the disk-full and disk-ok events: jobwarden status --json",
-        ),
-        f"free space there (df -h {where}), or keep JOBWARDEN_HOME on a disk with room for the logs",
-        _pids(ev),
-    )
+def aftermath_findings(ev: RunEvidence, disk: Finding | None = None) -> list[Finding]:
+    """What happened around the end; `disk`: the disk-full finding as the root cause (rules.disk), in
+    place of the warning."""
+    return [f for f in (disk or disk_full(ev), _orphans_left(ev), _supervisor_lost(ev)) if f]
 
 
 def _pids(ev: RunEvidence) -> tuple[int, ...]:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from jobwarden.model import Finding, root_cause_rank
 from jobwarden.rules import arrange, death
+from jobwarden.rules.disk import disk_full_cause
 from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.table import CAUSES, EXPLAINS_A_HANG, ORDER, RULES
 
@@ -34,8 +35,16 @@ def order(found: Sequence[Finding], ev: RunEvidence) -> list[Finding]:
     """The families' order, then the causal one across the tree (rules.causal, rules.arrange): a process
     that failed before the others leads, whatever its rule. Each finding carries the rank of the process
     it is about."""
-    ranked = sorted(found, key=lambda f: rank(f.rule))
+    ranked = sorted(found, key=_place)
     return [_with_rank(f, ev) for f in arrange.arrange(found, ev, ranked)]
+
+
+def _place(finding: Finding) -> int:
+    """A finding's place in the order: its rule's, but a full disk that ended the run takes the place
+    of the exit-status finding it replaced (rules.disk)."""
+    if finding.rule == "disk-full" and finding.severity == "error":
+        return rank("exit-code")
+    return rank(finding.rule)
 
 
 def _with_rank(finding: Finding, ev: RunEvidence) -> Finding:
@@ -57,7 +66,10 @@ def collect(ev: RunEvidence) -> list[Finding]:
             found.append(finding)
     ended = death.exit_finding(ev)
     causes = [f for f in found if f.rule in CAUSES]
-    if ended is not None and not (ended.rule == "exit-code" and ev.signal is None and causes):
-        found.append(ended)  # a bare "exited with code N" says "no clearer sign why": not when there is one
-    found += death.aftermath_findings(ev)
+    # a bare "exited with code N" says "no clearer sign why": not when there is one (a cause, or the disk
+    # still full when the job exited, which then takes its place)
+    disk = None if causes else disk_full_cause(ev, ended)
+    if ended is not None and not (ended.rule == "exit-code" and ev.signal is None and (causes or disk)):
+        found.append(ended)
+    found += death.aftermath_findings(ev, disk)
     return found

@@ -27,6 +27,7 @@ from jobwarden.paths import STORE_ENV
 _STORE_KEY = f"\0{STORE_ENV}=".encode()
 # An unchanged tree is written to the store again after this long anyway, so its latest sample stays recent.
 RECORD_AT_LEAST_EVERY_S = 10.0
+MAX_ANCESTORS = 64  # parent links followed to find whether a process descends from the job
 
 
 class Member:
@@ -85,6 +86,7 @@ class JobTree:
         self._foreign: set[int] = set()  # pids seen and found not ours; re-checked on full scans
         self._unmarked: dict[int, int] = {}  # pid -> start time of a process whose environment lacks markers
         self._proc = str(procfs.root)
+        self._uid = os.geteuid()  # the job's: it runs as its shim does
         self._marker_entries = [f"\0{k}={v}\0".encode() for k, v in markers.items() if k != STORE_ENV]
         # the database's mark: another database's (same job ids, after a reset) is never ours; none at all
         # predates the mark
@@ -234,9 +236,34 @@ class JobTree:
         if full and self.markers and self._may_be_marked(st):
             # A process's environment changes only by exec, which no process outside the job does with
             # the job's markers: one look per (pid, start time) is enough.
-            if self._has_markers(st.pid):
+            if self._has_markers(st.pid) and self._marks_count(st):
                 return True
             self._unmarked[st.pid] = st.start_time
+        return False
+
+    def _marks_count(self, st: ProcStat) -> bool:
+        """Whether a marked process is the job's. Anyone can set the markers in a process's environment,
+        and root reads every user's: a process of another uid carrying a root job's markers would be
+        listed, counted against --mem-limit and judged (its SIGSTOP a finding) without this. A process
+        of the job's own uid (the shim's: the job runs as it) counts by its markers alone; one of another
+        uid only if it descends from the job (a job may change user: `setpriv`, `runuser`)."""
+        try:
+            if os.stat(f"{self._proc}/{st.pid}").st_uid == self._uid:
+                return True
+        except OSError:
+            return False
+        return self._descends_from_job(st)
+
+    def _descends_from_job(self, st: ProcStat) -> bool:
+        """Whether an ancestor of `st` is a member or the shim, walking parent links up to MAX_ANCESTORS."""
+        ppid = st.ppid
+        for _ in range(MAX_ANCESTORS):
+            if ppid in self.members or ppid == self.shim_pid:
+                return True
+            raw = self._read_stat(ppid) if ppid > 1 else b""
+            if not raw:
+                return False
+            ppid = parse_stat(raw.decode("utf-8", "replace")).ppid
         return False
 
     def _may_be_marked(self, st: ProcStat) -> bool:

@@ -250,21 +250,54 @@ def _marker_after(last: bytes, dropped: int) -> bytes:
 
 
 def _with_markers(fh: BinaryIO, offset: int, end: int) -> Iterator[bytes]:
+    """[offset, end) as data and a marker line per range --log-max freed. The shim may free more while
+    this reads (a job writing 80 MB/s keeps it trimming): where data is is looked up again for every
+    chunk, and a chunk is kept only as far as it is still data once read (`_read_data`)."""
+    fd = fh.fileno()
     pos, last = offset, b"\n"
-    for start, stop in data_spans(fh.fileno(), offset, end):
-        if start > pos:
-            yield _marker_after(last, start - pos)
-        fh.seek(start)
-        while start < stop:
-            data = fh.read(min(CHUNK, stop - start))
-            if not data:
-                break
-            start += len(data)
-            last = data[-1:]
-            yield data
-        pos = stop
+    while pos < end:
+        at = _data_from(fd, pos, end)
+        data = _read_data(fd, at, min(CHUNK, end - at)) if at < end else None
+        if data is None:  # only a hole up to `end`, or the file ends before it
+            break
+        if not data:
+            continue  # freed between the look and the read: look again where data starts now
+        if at > pos:
+            yield _marker_after(last, at - pos)
+        yield data
+        pos, last = at + len(data), data[-1:]
     if end > pos:  # a hole up to the end: the job wrote nothing since, or its data is being freed now
         yield _marker_after(last, end - pos)
+
+
+def _data_from(fd: int, pos: int, end: int) -> int:
+    """Where data starts at or after `pos`: `end` when only a hole is left before it; `pos` where the
+    file system cannot tell (no SEEK_DATA)."""
+    try:
+        return min(os.lseek(fd, pos, os.SEEK_DATA), end)
+    except OSError as err:
+        return end if err.errno == errno.ENXIO else pos
+
+
+def _read_data(fd: int, pos: int, n: int) -> bytes | None:
+    """Up to `n` bytes at `pos`, cut where they stopped being data: the part --log-max freed while they
+    were read reads as zeros, never output. b"": `pos` itself was freed; None: the file ends there.
+    Checked after the read, which is enough: a freed range is never data again (the job appends at the
+    end; the hole only grows), so what is data now was data while it was read."""
+    data = os.pread(fd, n, pos)
+    if not data:
+        return None
+    return data[: _data_length(fd, pos, len(data))]
+
+
+def _data_length(fd: int, pos: int, n: int) -> int:
+    """How many of the `n` bytes at `pos` are data now."""
+    try:
+        if os.lseek(fd, pos, os.SEEK_DATA) != pos:
+            return 0
+        return min(n, os.lseek(fd, pos, os.SEEK_HOLE) - pos)
+    except OSError as err:
+        return 0 if err.errno == errno.ENXIO else n  # freed up to the end; or no SEEK_DATA: all data
 
 
 def read_piece(path: Path, offset: int, limit: int) -> tuple[bytes, int]:
@@ -279,13 +312,14 @@ def read_piece(path: Path, offset: int, limit: int) -> tuple[bytes, int]:
         size = os.fstat(fh.fileno()).st_size
         if offset >= size:
             return b"", offset
-        spans = data_spans(fh.fileno(), offset, size)
-        data_at = spans[0][0] if spans else size
-        if data_at > offset:  # on a line of its own, as iter_output puts it
-            before = os.pread(fh.fileno(), 1, offset - 1) if offset > 0 else b"\n"
+        fd = fh.fileno()
+        data = _read_data(fd, offset, limit) if _data_from(fd, offset, size) == offset else b""
+        if data is None:
+            return b"", offset
+        if not data:  # freed (maybe while it was read): a marker on a line of its own, as iter_output puts it
+            data_at = _data_from(fd, offset, size)
+            before = os.pread(fd, 1, offset - 1) if offset > 0 else b"\n"
             return _marker_after(before or b"\n", data_at - offset), data_at
-        stop = min(spans[0][1], offset + limit)
-        data = os.pread(fh.fileno(), stop - offset, offset)
         return data, offset + len(data)
 
 
@@ -340,6 +374,10 @@ def tail_lines(
             newlines += chunk.count(b"\n")
         data = b"".join(reversed(blocks))
         dropped = _hole_before(fh.fileno(), floor) if pos == floor > window and newlines <= n else 0
+        # the shim may have freed part of what was read meanwhile: the newest data starts after that hole
+        newest = _newest_data(fh.fileno(), pos, end) if data else pos
+        if newest > pos:
+            data, dropped = data[newest - pos :], _hole_before(fh.fileno(), newest)
     # split on b"\n" only, as `tail -n` does: a progress bar's bare \r redraws one line, not many
     lines = [line + b"\n" for line in data.split(b"\n")]
     lines[-1] = lines[-1][:-1]
@@ -348,6 +386,12 @@ def tail_lines(
     if dropped:
         lines.insert(0, dropped_marker(dropped))
     return lines[-n:]
+
+
+def _newest_data(fd: int, start: int, end: int) -> int:
+    """Where the last range of data in [start, end) begins now; `end` when none is left."""
+    spans = data_spans(fd, start, end)
+    return spans[-1][0] if spans else end
 
 
 def _hole_before(fd: int, data_start: int) -> int:

@@ -11,6 +11,7 @@ import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
+from jobwarden.clock import plausible
 from jobwarden.paths import Layout
 from jobwarden.store.db import translate, write
 from jobwarden.store.progress import stored_metrics
@@ -184,8 +185,9 @@ def _gpu_list(text: Any, arity: int) -> list[list[Any]]:
 
 
 def _finite(bound: float) -> float:
-    """SQLite compares with no infinity: a bound past every time instead."""
-    return max(min(bound, 1e300), -1e300)
+    """SQLite compares with no infinity: a bound past every time instead (a float: an int this large,
+    a bucket's start computed from an absurd time, overflows SQLite's INTEGER)."""
+    return max(min(float(bound), 1e300), -1e300)
 
 
 def _raw_row(job_id: int, run: int, r: Reading) -> tuple[Any, ...]:
@@ -228,8 +230,8 @@ def _reading(row: sqlite3.Row) -> Reading:
         return row[name] if name in keys else None
 
     at = _number(row["at"])
-    if at is None:
-        raise Malformed("a sample without a time")
+    if at is None or not plausible(at):
+        raise Malformed("a sample without a time, or at an impossible one")
     return Reading(
         at=at,
         nprocs=_number(row["nprocs"]),
@@ -296,8 +298,8 @@ def _rollup_row(job_id: int, run: int, b: Bucket) -> tuple[Any, ...]:
 def _bucket(row: sqlite3.Row) -> Bucket:
     names = row.keys()  # a Row iterates over its values
     value = {name: _number(row[name]) for name in names if name not in ("gpus", "metrics")}
-    if value["at"] is None or not isinstance(value["n"], int) or value["n"] < 1:
-        raise Malformed("a point without a time or a count")
+    if not plausible(value["at"]) or not isinstance(value["n"], int) or value["n"] < 1:
+        raise Malformed("a point without a time (or at an impossible one) or a count")
     b = Bucket(row["tier"], value["at"])
     n = b.n = value["n"]
     b.nprocs = Gauge.stored(value["nprocs_avg"], value["nprocs_max"], n)

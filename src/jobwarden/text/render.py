@@ -308,12 +308,24 @@ def stop_report(result: StopResult) -> Iterator[str]:
     if result.already_ended:
         yield f"job {run.job_id} had already ended ({run.state})"
     else:
-        how = f"killed by {run.signal}" if run.signal else f"exit code {run.exit_code}"
-        yield f"stopped job {run.job_id} (main process: {how})"
+        yield f"stopped job {run.job_id} ({_main_process_end(run, bool(result.survivors))})"
     for note in result.notes:
         yield f"  {one_line(note)}"
     for s in result.survivors:
         yield f"  still alive: pid {s.pid} ({one_line(s.cmdline)[:60]}): {one_line(s.reason)}"
+
+
+def _main_process_end(run: RunRecord, survivors: bool) -> str:
+    """How the stopped job's main process ended, as far as it is known: its supervisor may have died
+    during the stop (killed, OOM), before it could record the exit status."""
+    if run.signal:
+        return f"main process: killed by {run.signal}"
+    if run.exit_code is not None:
+        return f"main process: exit code {run.exit_code}"
+    if run.state == JobState.LOST:
+        gone = "" if survivors else "; nothing of the job runs now"
+        return f"its supervisor died during the stop, before it recorded how the main process ended{gone}"
+    return f"how its main process ended is not recorded; the run is {run.state}"
 
 
 # --- dump ---------------------------------------------------------------------------------------------

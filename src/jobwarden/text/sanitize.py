@@ -13,7 +13,10 @@ jobwarden's own output. What is removed here (ECMA-48):
 - every other C0 and C1 control character but newline and tab; a carriage return only where the caller
   keeps redraws (`carriage_returns=True`: a progress bar followed live).
 
-C1 controls (U+0080-U+009F) count: some terminals read U+009B as CSI. `TerminalStream` does the same on a
+C1 controls (U+0080-U+009F) count: some terminals read U+009B as CSI. Bidirectional controls (U+202A-U+202E,
+U+2066-U+2069, U+200E/U+200F, U+061C) reorder what follows them on the line ("Trojan Source",
+CVE-2021-42574): a command line or a frame's file name could show as something else. They are not removed
+but escaped, shown as `<U+202E>`, so that a reader sees they were there. `TerminalStream` does the same on a
 byte stream whose sequences may be cut between two reads.
 """
 
@@ -41,6 +44,8 @@ _UNSAFE_KEEP_CR = re.compile(
 _STRING_START = re.compile(r"\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f]")  # ends only at its terminator
 # a CSI or escape sequence still without its final byte
 _UNFINISHED = re.compile(r"(?:\x1b\[|\x9b)[\x30-\x3f]*[\x20-\x2f]*|\x1b[\x20-\x2f]*")
+# Bidirectional formatting characters: embeddings and overrides, isolates, marks, the Arabic letter mark
+_BIDI = re.compile("[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]")
 MAX_HELD = 4096  # an unterminated sequence longer than this is not held back any more: it is cleaned as text
 
 
@@ -49,9 +54,12 @@ def terminal_text(text: str, colours: bool = False, carriage_returns: bool = Fal
     if text.isprintable():  # nearly always: one C call
         return text
     unsafe = _UNSAFE_KEEP_CR if carriage_returns else _UNSAFE
-    if colours:
-        return unsafe.sub(lambda m: m.group("sgr") or "", text)
-    return unsafe.sub("", text)
+    kept = unsafe.sub(lambda m: m.group("sgr") or "", text) if colours else unsafe.sub("", text)
+    return _BIDI.sub(_visible_codepoint, kept)
+
+
+def _visible_codepoint(match: re.Match[str]) -> str:
+    return f"<U+{ord(match.group()):04X}>"
 
 
 def one_line(text: str) -> str:
