@@ -272,6 +272,18 @@ class ProcFS:
         except AccessDenied:
             return "?"
 
+    def main_thread_syscall(self, pid: int) -> int | None:
+        """The system call the main thread is blocked in (/proc/PID/task/PID/syscall's first field, the
+        x86-64 or arm64 number); None while it runs on a CPU or outside any call ("running", "-1"), or
+        when the file is refused (it needs ptrace access: the shim is the job's ancestor, allowed
+        under Yama's scope 1)."""
+        try:
+            text = self._read(pid, f"task/{pid}/syscall", "read the system call of")
+        except AccessDenied:
+            return None
+        head = text.split(b" ", 1)[0].strip()
+        return int(head) if head.isdigit() else None
+
     def task_stats(self, pid: int) -> list[ProcStat]:
         """/proc/PID/task/*/stat of every thread of `pid` (a process's own state is only its main
         thread's); threads that end while being read are left out."""

@@ -144,6 +144,16 @@ class ProgressWatch:
         self._store(now)
         return self.current
 
+    def steps_by_pid(self) -> dict[int, int]:
+        """Each process's own step counter where the hooks saw a bar in it (a rank's: DESIGN "Ranks"):
+        its innermost open bar, the one that moves every step."""
+        found = {}
+        for pid, record in self.records.items():
+            bars = sorted((b for b in record.bars if not b.closed), key=lambda b: b.position)
+            if bars:
+                found[pid] = bars[-1].n
+        return found
+
     def finish(self, now: float, now_mono: float) -> None:
         """The run ended: a last look at every source (the records of processes that ended too), stored."""
         self._read_output()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -46,6 +46,7 @@ from jobwarden.rules.speed.loading import LOADER_WORKER_COMM
 from jobwarden.rules.speed.stalls import STALL_MIN_S, stall_after, usual_gap
 from jobwarden.rules.speed.threads import STARTUP_S, command_key, worker_kind
 from jobwarden.shim.findings import LiveFindings
+from jobwarden.shim.rankwatch import RankWatch
 from jobwarden.shim.stacksample import StackSampler
 
 if TYPE_CHECKING:
@@ -153,6 +154,7 @@ class SpeedWatch:
         self._batch_no = 0
         self._not_workers: set[ProcessId] = set()
         self.stacks = StackSampler(procfs)  # the loop's stack now and then, and in each stall
+        self.ranks = RankWatch(procfs)  # where each rank's main thread is (straggler, `status`'s ranks)
         self._usual: tuple[StepMove, float | None] | None = None  # (the last move, the usual gap then)
 
     # --- each tick ------------------------------------------------------------------------------------
@@ -166,8 +168,10 @@ class SpeedWatch:
         step: int | None,
         unit: str | None = None,
         gpu: GpuWatch | None = None,
+        rank_steps: Mapping[int, int] | None = None,
     ) -> tuple[list[Finding], list[Finding]]:
-        """Cheap every tick; reads every READ_EVERY_S; judges every JUDGE_EVERY_S. (new, resolved)."""
+        """Cheap every tick; reads every READ_EVERY_S; judges every JUDGE_EVERY_S. (new, resolved).
+        `rank_steps`: the step of each process's own bar (pid: step), where the hooks saw one."""
         self.segments.observe(mono, now, step)
         if unit:
             self.unit = unit
@@ -176,6 +180,7 @@ class SpeedWatch:
             self._dstate_ticks.popleft()
         members = list(members)
         self._note_workers(mono, members)
+        self.ranks.tick(mono, members, rank_steps)
         if mono >= self._next_read:
             self._next_read = mono + READ_EVERY_S
             self._read(mono, members)
@@ -236,6 +241,7 @@ class SpeedWatch:
             seen[m.ident] = (m.raw_stat, values, nthreads)
         self._seen = seen
         self._read_threads(mono, members, seen)
+        self.ranks.read(mono)
         cg = self._cgroup
         io = (cg.pressure("io") if cg else None) or self.procfs.pressure("io")
         mem = (cg.pressure("memory") if cg else None) or self.procfs.pressure("memory")
@@ -410,6 +416,7 @@ class SpeedWatch:
             pids=tuple(m.pid for m in members),
             worker_batches=tuple(b for _, b in self._batches),
             thread_reads=tuple(r for _, r in self._thread_reads),
+            ranks=self.ranks.views(first.per_pid, last.per_pid, window),
         )
         if gpu is not None:
             ev = self._with_gpu(ev, mono, gpu)
