@@ -45,7 +45,7 @@ from jobwarden.rules.speed.evidence import (
 from jobwarden.rules.speed.loading import LOADER_WORKER_COMM
 from jobwarden.rules.speed.stalls import STALL_MIN_S, stall_after, usual_gap
 from jobwarden.rules.speed.threads import STARTUP_S, command_key, worker_kind
-from jobwarden.shim.findings import LiveFindings
+from jobwarden.shim.findings import Key, LiveFindings, key_of
 from jobwarden.shim.rankwatch import RankWatch
 from jobwarden.shim.stacksample import StackSampler
 
@@ -143,6 +143,7 @@ class SpeedWatch:
         self._outside_at = 0.0
         self._named: list[Neighbour] = []  # who used the job's CPUs, as the last scan found
         self._silent: dict[str, int] = {}
+        self._silent_keys: dict[Key, int] = {}  # judgements each finding (rule and pids) went unnamed
         self._gpu_busy_since: float | None = None
         self._cuda: tuple[int, bool] | None = None  # (main pid, mapped)
         self._users: dict[int, str] = {}
@@ -554,11 +555,25 @@ class SpeedWatch:
         fired = {f.rule for f in found}
         for rule in SPEED_RULES:
             self._silent[rule] = 0 if rule in fired else self._silent.get(rule, 0) + 1
+        # a rule that names one of several subjects (straggler: its rank) may go on firing for another:
+        # the finding of the first one resolves once it has not been named for as long
+        named = {key_of(f) for f in found}
+        for key in set(self._silent_keys) | named:
+            self._silent_keys[key] = 0 if key in named else self._silent_keys[key] + 1
         new = self.live.record([f for f in found if self.live.is_new(f)], now)
         self.live.refresh(found, now)  # those already current, as last seen ("3.0x" that is now "3.4x")
         resolved = self.live.resolve_where(
-            lambda f: f.rule in SPEED_RULES and self._silent.get(f.rule, 0) >= RESOLVE_AFTER, now
+            lambda f: (
+                f.rule in SPEED_RULES
+                and (
+                    self._silent.get(f.rule, 0) >= RESOLVE_AFTER
+                    or self._silent_keys.get(key_of(f), 0) >= RESOLVE_AFTER
+                )
+            ),
+            now,
         )
+        for f in resolved:
+            self._silent_keys.pop(key_of(f), None)
         return new, resolved
 
 

@@ -141,7 +141,7 @@ def straggler(ev: SpeedEvidence) -> Finding | None:
     if len(ranks) < 2:
         return None
     suspects = [r for r in ranks if _lags(r, [o for o in ranks if o is not r])]
-    if not suspects or len(suspects) > len(ranks) // 2:  # a few waited for (one of two), not most of the job
+    if not suspects or (len(ranks) > 2 and 2 * len(suspects) >= len(ranks)):  # a few, not half the job
         return None
     others = [r for r in ranks if r not in suspects]
     waiting = statistics.median(r.share("collective") for r in others)
@@ -150,8 +150,8 @@ def straggler(ev: SpeedEvidence) -> Finding | None:
         return None
     slow = min(suspects, key=lambda r: r.share("collective"))
     why = _why(slow, others, ev)
-    names = ", ".join(str(r.rank) for r in sorted(suspects, key=lambda r: r.rank))
-    also = f" (with rank{'s' if len(suspects) > 2 else ''} {names})" if len(suspects) > 1 else ""
+    names = ", ".join(str(r.rank) for r in sorted(suspects, key=lambda r: r.rank) if r is not slow)
+    also = f" (and rank{'s' if len(suspects) > 2 else ''} {names})" if len(suspects) > 1 else ""
     evidence = [
         *(_share_line(r) for r in sorted(ranks, key=lambda r: r.rank)),
         *why,
@@ -166,7 +166,7 @@ def straggler(ev: SpeedEvidence) -> Finding | None:
         "warning" if waiting >= WARN_SHARE else "info",
         tuple(evidence),
         _remedy(slow, why),
-        (slow.pid, *(r.pid for r in sorted(ranks, key=lambda r: r.rank) if r is not slow)),
+        (slow.pid, *(r.pid for r in sorted(suspects, key=lambda r: r.rank) if r is not slow)),
         slow.rank,
     )
 
