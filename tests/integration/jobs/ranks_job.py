@@ -3,7 +3,8 @@ Each step: a little matrix work, then an all_reduce with every rank (so the rank
 count in a tqdm bar of its own (the hooks read it per process).
 
   ranks_job.py balanced            every rank alike
-  ranks_job.py sleep RANK          RANK also sleeps SLEEP_S in each step (in its main thread)
+  ranks_job.py sleep RANK [UNTIL]  RANK also sleeps SLEEP_S in each step (in its main thread), until the
+                                   file UNTIL exists (then it catches up)
   ranks_job.py quota RANK DIR      RANK puts itself into the cpu cgroup DIR (root; its quota) before its
                                    first step, and each step's work is larger (the quota must bite)
 
@@ -11,6 +12,7 @@ Rank 0 writes "ready" once every rank has done READY_STEPS steps in its mode. Ru
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from datetime import timedelta
@@ -38,7 +40,7 @@ def main(argv: list[str]) -> int:
     for step in tqdm(range(10**9), mininterval=0.5, desc=f"rank {rank}"):
         for _ in range(4):
             y = x @ x
-        if mode == "sleep" and rank == slow:
+        if mode == "sleep" and rank == slow and not (len(argv) > 2 and os.path.exists(argv[2])):
             time.sleep(SLEEP_S)  # the straggler's extra time: the others wait for it in all_reduce
         total += float(y[0, 0] > 1e9)
         dist.all_reduce(total)
