@@ -156,7 +156,7 @@ def test_the_watch_keeps_where_each_rank_was(tmp_path: Path) -> None:
     root = tmp_path / "proc"
     syscall(root, 11, "202 0x7f 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f\n")  # rank 0 waits in a futex
     syscall(root, 12, "230 0x1 0x0 0x7ffd 0x0 0x0 0x0 0x7ffd 0x7f\n")  # rank 1 sleeps
-    watch = RankWatch(ProcFS(root), machine="x86_64")
+    watch = RankWatch(ProcFS(root), machine="x86_64", dumps=False)
     r0, r1 = rank_member(11, 0, "S"), rank_member(12, 1, "S")
     for t in range(10):
         r1.snapshot = r1.snapshot._replace(state="R" if t % 5 == 0 else "S")  # type: ignore[union-attr]
@@ -183,3 +183,31 @@ def test_the_watch_keeps_where_each_rank_was(tmp_path: Path) -> None:
         watch.tick(float(t), [r0], None)
     (only,) = watch.views({}, {}, WINDOW_S)
     assert only.rank == 0 and only.looks <= WINDOW_S + 1
+
+
+def test_a_stack_sample_says_what_a_blocked_call_is(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    syscall(root, 11, "202 0x7f 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f\n")
+    syscall(root, 12, "202 0x7f 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f\n")
+    watch = RankWatch(ProcFS(root), machine="x86_64", dumps=False)
+    r0, r1 = rank_member(11, 0, "S"), rank_member(12, 1, "S")
+    worker = rank_member(13, 1, "S", ppid=12, comm="pt_data_worker")
+    watch.tick(0.0, [r0, r1, worker])
+    assert [v.where for v in watch.views({}, {}, 1.0)] == ["collective", "unknown"]  # rank 1 has a loader
+    c10d = "/x/torch/distributed/distributed_c10d.py"
+    watch.learn(r0.ident, "futex", StackSample(0.0, (("all_reduce", c10d), ("main", "/job/train.py"))))
+    loader = "/x/torch/utils/data/dataloader.py"
+    watch.learn(r1.ident, "futex", StackSample(0.0, (("_next_data", loader), ("main", "/job/train.py"))))
+    watch.tick(1.0, [r0, r1, worker])
+    v0, v1 = watch.views({}, {}, 1.0)
+    assert (v0.where, v0.where_detail) == ("collective", "all_reduce (futex wait)")
+    assert (v1.where, v1.where_detail, v1.data_detail) == (
+        "data",
+        "_next_data (futex wait)",
+        "_next_data (futex wait)",
+    )
+    # a sleep: the job's own frame it sleeps in
+    syscall(root, 12, "230 0x1 0x0 0x7ffd 0x0 0x0 0x0 0x7ffd 0x7f\n")
+    watch.learn(r1.ident, "clock_nanosleep", StackSample(0.0, (("main", "/job/train.py"),), (52,)))
+    watch.tick(2.0, [r0, r1, worker])
+    assert watch.views({}, {}, 1.0)[1].where_detail == "clock_nanosleep in main (train.py:52)"

@@ -5,6 +5,13 @@ in (/proc/PID/task/PID/syscall, one small read; rules.speed.ranks.where_of says 
 READ_EVERY_S the rank's own cpu cgroup is read (its quota, its throttling: a rank moved into a cgroup of
 its own is held back alone), and its cgroup looked up again every CGROUP_EVERY_S.
 
+A blocked main thread's call says little by itself (a futex may be a collective or a DataLoader queue):
+now and then (the stack sampler's interval, STACK_EVERY_S) one rank that is not computing is dumped
+(py-spy --nonblocking, on a thread: the shim never waits on it, the rank never pauses), ranks in turn. What
+the dump shows (rules.speed.ranks.stack_where: a collective, the DataLoader) is learned for that call: its
+next looks in the same call are said to be there, with the frame; a sleep is told with the job's own frame
+it sleeps in (ranks_job.py:52).
+
 The looks of the last WINDOW_S are kept per rank: their shares are where its time went (the straggler's
 evidence), and the last one is where it is now (`status`'s `ranks`). A rank is the topmost process that
 carries it (its DataLoader workers and other children inherit RANK from it and are no rank of their own).
@@ -17,15 +24,19 @@ import contextlib
 import os
 from collections import deque
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobwarden.errors import ProcessGone
 from jobwarden.model import ProcessId
 from jobwarden.osapi.cpuquota import CpuCgroup, CpuStat, cpu_cgroup_of
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.rules.speed.evidence import RankView
+from jobwarden.probes.pyspy import find_py_spy
+from jobwarden.rules.speed.evidence import RankView, StackSample
 from jobwarden.rules.speed.loading import LOADER_WORKER_COMM
-from jobwarden.rules.speed.ranks import SYSCALL_NAMES, WHERE, where_of
+from jobwarden.rules.speed.ranks import SYSCALL_NAMES, WHERE, stack_where, where_of
+from jobwarden.rules.speed.stalls import own_frame
+from jobwarden.shim.stacksample import StackDump, stack_every_s
 
 if TYPE_CHECKING:
     from jobwarden.shim.tree import Member
@@ -48,6 +59,9 @@ class _Rank:
         self.cgroup: CpuCgroup | None = None
         self.cgroup_at = -CGROUP_EVERY_S
         self.cpu: deque[tuple[float, CpuStat]] = deque()
+        self.syscall: str | None = None  # at the last look
+        self.learned: dict[str | None, tuple[str, str]] = {}  # call: (where, frame), from its stack samples
+        self.sleeps_in = ""  # the job's own frame its main thread slept in, as a sample showed
 
     def trim(self, mono: float) -> None:
         for kept in (self.looks, self.steps, self.cpu):
@@ -56,10 +70,16 @@ class _Rank:
 
 
 class RankWatch:
-    def __init__(self, procfs: ProcFS, machine: str | None = None) -> None:
+    def __init__(self, procfs: ProcFS, machine: str | None = None, dumps: bool = True) -> None:
+        """`dumps`: take stack samples of the ranks (py-spy), where py-spy is there."""
         self.procfs = procfs
         self.syscalls = SYSCALL_NAMES.get(machine or os.uname().machine, {})
         self._ranks: dict[ProcessId, _Rank] = {}
+        self.stack_every_s = stack_every_s()
+        self._next_dump = 0.0
+        self._dump: tuple[StackDump, ProcessId, str | None] | None = None  # (dump, rank, its call then)
+        self._py_spy: Path | bool | None = False if dumps else None  # False: not looked for yet
+        self._turn = 0
 
     def tick(self, mono: float, members: Iterable[Member], steps: Mapping[int, int] | None = None) -> None:
         """One look at every rank's main thread; their own step counters where the hooks saw a bar."""
@@ -81,13 +101,66 @@ class RankWatch:
                 with contextlib.suppress(ProcessGone):
                     number = self.procfs.main_thread_syscall(m.pid)
                     syscall = None if number is None else self.syscalls.get(number, f"syscall {number}")
-            kept.looks.append((mono, *where_of(state, syscall, m.pid in loaders)))
+            kept.syscall = syscall
+            kept.looks.append((mono, *self._where_now(kept, state, syscall, m.pid in loaders)))
             step = steps.get(m.pid) if steps else None
             if step is not None and (not kept.steps or kept.steps[-1][1] != step):
                 if kept.steps and step < kept.steps[-1][1]:
                     kept.steps.clear()  # a new bar
                 kept.steps.append((mono, step))
             kept.trim(mono)
+        self._sample_stacks(mono)
+
+    def _where_now(self, kept: _Rank, state: str, syscall: str | None, has_loader: bool) -> tuple[str, str]:
+        where, detail = where_of(state, syscall, has_loader)
+        if where in ("collective", "unknown") and syscall in kept.learned:
+            where, frame = kept.learned[syscall]
+            detail = f"{frame} ({syscall} wait)"
+        elif where == "idle" and kept.sleeps_in:
+            detail = f"{syscall} in {kept.sleeps_in}"
+        return where, detail
+
+    # --- stack samples of the ranks -------------------------------------------------------------------
+
+    def _sample_stacks(self, mono: float) -> None:
+        """Collect a finished dump; start the next one when due: a rank that is not computing, in turn."""
+        if self._dump is not None and not self._dump[0].is_alive():
+            done, ident, syscall = self._dump
+            self._dump = None
+            if done.sample is not None and ident in self._ranks:
+                self.learn(ident, syscall, done.sample)
+        if self._dump is not None or mono < self._next_dump or len(self._ranks) < 2:
+            return
+        self._next_dump = mono + self.stack_every_s
+        binary = self._binary()
+        blocked = [
+            (i, k)
+            for i, k in sorted(self._ranks.items(), key=lambda ik: ik[1].rank)
+            if k.looks and k.looks[-1][1] != "computing"
+        ]
+        if binary is None or not blocked:
+            return
+        self._turn = (self._turn + 1) % len(blocked)
+        ident, kept = blocked[self._turn]
+        self._dump = (StackDump(binary, kept.pid, mono), ident, kept.syscall)
+
+    def learn(self, ident: ProcessId, syscall: str | None, sample: StackSample) -> None:
+        """What a stack sample of a rank's blocked main thread shows, kept for its next looks."""
+        kept = self._ranks[ident]
+        found = stack_where(sample)
+        if found is not None:
+            kept.learned[syscall] = found
+            return
+        kept.learned.pop(syscall, None)  # that call is something else now
+        own = own_frame(sample)
+        if own is not None and syscall is not None and where_of("S", syscall, False)[0] == "idle":
+            function, file, line = own
+            kept.sleeps_in = f"{function} ({Path(file).name}{f':{line}' if line else ''})"
+
+    def _binary(self) -> Path | None:
+        if self._py_spy is False:
+            self._py_spy = find_py_spy()
+        return self._py_spy if isinstance(self._py_spy, Path) else None
 
     def read(self, mono: float) -> None:
         """Each rank's own cpu cgroup: looked up now and then, its cpu.stat read each time."""
@@ -146,11 +219,11 @@ class RankWatch:
 
     def _where(self, kept: _Rank) -> dict[str, Any]:
         counts = dict.fromkeys(WHERE, 0)
-        idle: dict[str, int] = {}
+        details: dict[str, dict[str, int]] = {"idle": {}, "data": {}}
         for _, where, detail in kept.looks:
             counts[where] += 1
-            if where == "idle":
-                idle[detail] = idle.get(detail, 0) + 1
+            if where in details:
+                details[where][detail] = details[where].get(detail, 0) + 1
         n = len(kept.looks)
         shares = tuple(sorted(((w, c / n) for w, c in counts.items() if c), key=lambda ws: -ws[1]))
         last = kept.looks[-1] if kept.looks else (0.0, "unknown", "")
@@ -163,7 +236,8 @@ class RankWatch:
             "shares": shares,
             "where": last[1],
             "where_detail": last[2],
-            "idle_detail": max(idle, key=lambda d: idle[d]) if idle else "",
+            "idle_detail": _most(details["idle"]),
+            "data_detail": _most(details["data"]),
         }
 
     def _quota(self, kept: _Rank) -> dict[str, Any]:
@@ -191,6 +265,10 @@ def rank_processes(members: Iterable[Member]) -> list[Member]:
         found.append(m)
     found.sort(key=lambda m: (m.ranks.rank if m.ranks else 0, m.pid))
     return found[:MAX_RANKS]
+
+
+def _most(seen: dict[str, int]) -> str:
+    return max(seen, key=lambda d: seen[d]) if seen else ""
 
 
 def _rate(steps: deque[tuple[float, int]]) -> float | None:
