@@ -200,7 +200,7 @@ def test_a_stack_sample_says_what_a_blocked_call_is(tmp_path: Path) -> None:
     watch.learn(r1.ident, "futex", StackSample(0.0, (("_next_data", loader), ("main", "/job/train.py"))))
     watch.tick(1.0, [r0, r1, worker])
     v0, v1 = watch.views({}, {}, 1.0)
-    assert (v0.where, v0.where_detail) == ("collective", "all_reduce (futex wait)")
+    assert (v0.where, v0.where_detail) == ("collective", "all_reduce, futex wait")
     assert (v1.where, v1.where_detail, v1.data_detail) == (
         "data",
         "_next_data (futex wait)",

@@ -115,7 +115,7 @@ class RankWatch:
         where, detail = where_of(state, syscall, has_loader)
         if where in ("collective", "unknown") and syscall in kept.learned:
             where, frame = kept.learned[syscall]
-            detail = f"{frame} ({syscall} wait)"
+            detail = f"{frame}, {syscall} wait"
         elif where == "idle" and kept.sleeps_in:
             detail = f"{syscall} in {kept.sleeps_in}"
         return where, detail
