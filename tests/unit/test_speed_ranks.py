@@ -203,8 +203,8 @@ def test_a_stack_sample_says_what_a_blocked_call_is(tmp_path: Path) -> None:
     assert (v0.where, v0.where_detail) == ("collective", "all_reduce, futex wait")
     assert (v1.where, v1.where_detail, v1.data_detail) == (
         "data",
-        "_next_data (futex wait)",
-        "_next_data (futex wait)",
+        "_next_data, futex wait",
+        "_next_data, futex wait",
     )
     # a sleep: the job's own frame it sleeps in
     syscall(root, 12, "230 0x1 0x0 0x7ffd 0x0 0x0 0x0 0x7ffd 0x7f\n")
