@@ -1,5 +1,5 @@
 """Ranks of a real distributed job (torchrun, gloo on 127.0.0.1) under `jobwarden run`: `status --json`'s
-`ranks` rows and the text table, and `straggler` on the rank the others wait for — a rank that sleeps in
+`ranks` rows, the text table and each rank's step rate in `/metrics`, and `straggler` on the rank the others wait for — a rank that sleeps in
 each step (named with the sleep as its why, within 60 s at the default settings, and resolved once it
 catches up), a rank moved into a 0.1-CPU cgroup (named with its quota) — and no straggler for balanced
 ranks beside a CPU hog outside the job.
@@ -94,6 +94,8 @@ def test_a_rank_that_sleeps_is_the_straggler_until_it_catches_up(jw: Jobwarden, 
         assert all(r["where"] in WHERE and r["local_rank"] == r["rank"] for r in rows)
         text = jw("status", str(job), check=True).stdout
         assert "  RANK      PID     STEP      RATE  WHERE" in text and "[straggler] Rank 1" in text
+        metrics = jw("metrics", str(job), "--prometheus", check=True).stdout
+        assert f'jobwarden_rank_step_rate{{job_id="{job}",job_name=' in metrics and ',rank="1"}' in metrics
         # it catches up: the finding is resolved, never shown as current
         caught_up.touch()
         eventually("straggler resolved", lambda: finding(jw, job, "straggler") is None)
