@@ -1,8 +1,8 @@
 """Ranks of a real distributed job (torchrun, gloo on 127.0.0.1) under `jobwarden run`: `status --json`'s
-`ranks` rows, the text table and each rank's step rate in `/metrics`, and `straggler` on the rank the others wait for — a rank that sleeps in
-each step (named with the sleep as its why, within 60 s at the default settings, and resolved once it
-catches up), a rank moved into a 0.1-CPU cgroup (named with its quota) — and no straggler for balanced
-ranks beside a CPU hog outside the job.
+`ranks` rows, the text table and each rank's step rate in `/metrics`, and `straggler` on the rank the
+others wait for — a rank that sleeps in each step (named with the sleep as its why, within 60 s at the
+default settings, and resolved once it catches up), a rank moved into a 0.1-CPU cgroup (named with its
+quota) — and no straggler for balanced ranks beside a CPU hog outside the job.
 
 Handshakes: rank 0 says "ready" once the ranks step together; a finding is polled for with a deadline.
 Every process started here is reaped (the hog by the test, the jobs by `jobwarden stop`, the fixture
