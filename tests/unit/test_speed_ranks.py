@@ -150,6 +150,13 @@ def test_ranks_are_the_topmost_processes_carrying_one() -> None:
     r0, r1 = rank_member(11, 0, "S", ppid=10), rank_member(12, 1, "S", ppid=10)
     worker = rank_member(13, 0, "S", ppid=11, comm="pt_data_worker")  # inherits RANK from rank 0
     assert rank_processes([worker, r1, agent, r0]) == [r0, r1]
+    # mp.spawn's ranks carry no launcher's variable: the hooks' records name their rank
+    parent, s0, s1 = (
+        rank_member(20, None, "S"),
+        rank_member(21, None, "S", 20),
+        rank_member(22, None, "S", 20),
+    )
+    assert rank_processes([parent, s1, s0], {22: 1, 21: 0}) == [s0, s1]
 
 
 def test_the_watch_keeps_where_each_rank_was(tmp_path: Path) -> None:

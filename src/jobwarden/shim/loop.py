@@ -397,8 +397,9 @@ class SupervisorLoop:
         unit = progress.unit if progress is not None else None
         gpu = self.diag.gpu if self.diag else None
         steps = self.progress.steps_by_pid() if self.progress is not None else None
+        hook_ranks = self.progress.ranks_by_pid() if self.progress is not None else None
         new, resolved = self.speed.tick(
-            now, self.clock.monotonic(), self.tree.members.values(), snaps, step, unit, gpu, steps
+            now, self.clock.monotonic(), self.tree.members.values(), snaps, step, unit, gpu, steps, hook_ranks
         )
         self._write_ranks(now)
         if not new and not resolved:

@@ -154,6 +154,11 @@ class ProgressWatch:
                 found[pid] = bars[-1].n
         return found
 
+    def ranks_by_pid(self) -> dict[int, int]:
+        """The torch.distributed rank the hooks' records name, by pid (a rank started with no launcher's
+        variable: mp.spawn)."""
+        return {pid: r.rank for pid, r in self.records.items() if r.rank is not None}
+
     def finish(self, now: float, now_mono: float) -> None:
         """The run ended: a last look at every source (the records of processes that ended too), stored."""
         self._read_output()

@@ -49,10 +49,10 @@ CGROUP_EVERY_S = 10.0  # a rank's cpu cgroup looked up again (a rank may be move
 class _Rank:
     """What is kept of one rank process."""
 
-    def __init__(self, member: Member) -> None:
+    def __init__(self, member: Member, rank: int) -> None:
         ranks = member.ranks
-        assert ranks is not None and ranks.rank is not None
-        self.rank, self.local_rank, self.node = ranks.rank, ranks.local_rank, ranks.group_rank
+        self.rank = rank
+        self.local_rank, self.node = (ranks.local_rank, ranks.group_rank) if ranks else (None, None)
         self.pid = member.pid
         self.looks: deque[tuple[float, str, str]] = deque()  # (mono, where, detail)
         self.steps: deque[tuple[float, int]] = deque()  # (mono, step) where its own bar moved
@@ -81,20 +81,28 @@ class RankWatch:
         self._py_spy: Path | bool | None = False if dumps else None  # False: not looked for yet
         self._turn = 0
 
-    def tick(self, mono: float, members: Iterable[Member], steps: Mapping[int, int] | None = None) -> None:
-        """One look at every rank's main thread; their own step counters where the hooks saw a bar."""
+    def tick(
+        self,
+        mono: float,
+        members: Iterable[Member],
+        steps: Mapping[int, int] | None = None,
+        hook_ranks: Mapping[int, int] | None = None,
+    ) -> None:
+        """One look at every rank's main thread; their own step counters where the hooks saw a bar.
+        `hook_ranks`: the rank the hooks' records name, by pid, for processes whose environment names
+        none."""
         members = list(members)
-        ranked = rank_processes(members)
-        present = {m.ident for m in ranked}
+        ranked = _ranked(members, hook_ranks)
+        present = {m.ident for m, _ in ranked}
         for ident in [i for i in self._ranks if i not in present]:
             del self._ranks[ident]
         if not ranked:
             return
         loaders = {m.ppid for m in members if m.comm == LOADER_WORKER_COMM}
-        for m in ranked:
+        for m, rank in ranked:
             kept = self._ranks.get(m.ident)
             if kept is None:
-                kept = self._ranks[m.ident] = _Rank(m)
+                kept = self._ranks[m.ident] = _Rank(m, rank)
             state = m.snapshot.state if m.snapshot else "?"
             syscall = None
             if state not in ("R", "Z", "X"):
@@ -250,21 +258,33 @@ class RankWatch:
         return {"quota_cpus": cg.quota_cpus, "throttled_share": share}
 
 
-def rank_processes(members: Iterable[Member]) -> list[Member]:
+def rank_of(member: Member, hook_ranks: Mapping[int, int] | None = None) -> int | None:
+    """Its rank: from its launcher's variables (model.ranks_from), else as the hooks' records name it."""
+    if member.ranks is not None and member.ranks.rank is not None:
+        return member.ranks.rank
+    return hook_ranks.get(member.pid) if hook_ranks else None
+
+
+def rank_processes(members: Iterable[Member], hook_ranks: Mapping[int, int] | None = None) -> list[Member]:
     """The processes that are a rank: they carry one that their parent does not (a rank's children
     inherit its variables), lowest rank first, at most MAX_RANKS."""
     members = list(members)
     by_pid = {m.pid: m for m in members}
-    found = []
+    found: list[tuple[int, Member]] = []
     for m in members:
-        if m.ranks is None or m.ranks.rank is None:
+        rank = rank_of(m, hook_ranks)
+        if rank is None:
             continue
         parent = by_pid.get(m.ppid)
-        if parent is not None and parent.ranks is not None and parent.ranks.rank == m.ranks.rank:
+        if parent is not None and rank_of(parent, hook_ranks) == rank:
             continue
-        found.append(m)
-    found.sort(key=lambda m: (m.ranks.rank if m.ranks else 0, m.pid))
-    return found[:MAX_RANKS]
+        found.append((rank, m))
+    found.sort(key=lambda rm: (rm[0], rm[1].pid))
+    return [m for _, m in found[:MAX_RANKS]]
+
+
+def _ranked(members: list[Member], hook_ranks: Mapping[int, int] | None) -> list[tuple[Member, int]]:
+    return [(m, r) for m in rank_processes(members, hook_ranks) if (r := rank_of(m, hook_ranks)) is not None]
 
 
 def _most(seen: dict[str, int]) -> str:

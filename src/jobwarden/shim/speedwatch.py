@@ -170,9 +170,11 @@ class SpeedWatch:
         unit: str | None = None,
         gpu: GpuWatch | None = None,
         rank_steps: Mapping[int, int] | None = None,
+        hook_ranks: Mapping[int, int] | None = None,
     ) -> tuple[list[Finding], list[Finding]]:
         """Cheap every tick; reads every READ_EVERY_S; judges every JUDGE_EVERY_S. (new, resolved).
-        `rank_steps`: the step of each process's own bar (pid: step), where the hooks saw one."""
+        `rank_steps`: the step of each process's own bar (pid: step), where the hooks saw one;
+        `hook_ranks`: the rank the hooks' records name (pid: rank)."""
         self.segments.observe(mono, now, step)
         if unit:
             self.unit = unit
@@ -181,7 +183,7 @@ class SpeedWatch:
             self._dstate_ticks.popleft()
         members = list(members)
         self._note_workers(mono, members)
-        self.ranks.tick(mono, members, rank_steps)
+        self.ranks.tick(mono, members, rank_steps, hook_ranks)
         if mono >= self._next_read:
             self._next_read = mono + READ_EVERY_S
             self._read(mono, members)
