@@ -218,3 +218,32 @@ def test_a_stack_sample_says_what_a_blocked_call_is(tmp_path: Path) -> None:
     watch.learn(r1.ident, "clock_nanosleep", StackSample(0.0, (("main", "/job/train.py"),), (52,)))
     watch.tick(2.0, [r0, r1, worker])
     assert watch.views({}, {}, 1.0)[1].where_detail == "clock_nanosleep in main (train.py:52)"
+
+
+# --- the frontends' rows ------------------------------------------------------------------------------
+
+ROWS = [
+    {"rank": 0, "pid": 11, "step": 120, "rate": 3.0, "where": "collective", "where_detail": "futex wait"},
+    {"rank": 1, "pid": 12, "step": None, "rate": None, "where": "idle", "where_detail": ""},
+]
+
+
+def test_status_shows_a_table_of_the_ranks() -> None:
+    from jobwarden.text.render import _rank_table
+
+    assert list(_rank_table([])) == []
+    assert list(_rank_table(ROWS)) == [
+        "",
+        "  RANK      PID     STEP      RATE  WHERE",
+        "     0       11      120    3.00/s  collective (futex wait)",
+        "     1       12        -         -  idle",
+    ]
+
+
+def test_top_shows_a_line_a_rank() -> None:
+    from jobwarden.tui.cells import _ranks_text
+
+    assert _ranks_text(ROWS, 100).plain.splitlines() == [
+        "  rank 0  pid 11  step 120  3.00/s  collective (futex wait)",
+        "  rank 1  pid 12  step -  -  idle",
+    ]
