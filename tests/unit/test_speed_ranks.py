@@ -44,6 +44,7 @@ def test_where_a_main_thread_is_from_its_state_and_call() -> None:
     assert where_of("S", "futex", True) == ("unknown", "futex wait")
     assert where_of("S", "pread64", False) == ("io", "pread64")
     assert where_of("S", "wait4", False) == ("unknown", "wait4")
+    assert where_of("S", "running", False)[0] == "computing"  # it woke between its stat and syscall reads
     assert SYSCALL_NAMES["x86_64"][202] == "futex" and SYSCALL_NAMES["aarch64"][98] == "futex"
 
 
@@ -114,6 +115,10 @@ def test_ranks_that_hardly_wait_have_no_straggler() -> None:
 
 def test_a_blip_is_no_straggler() -> None:
     assert straggler(ranks(rank(0, 0.6, looks=5), rank(1, 0.0, looks=5))) is None
+    # lagging over the window, but in one half of it only (a start-up, a pause)
+    assert straggler(ranks(rank(0, 0.6, halves=(0.6, 0.6)), rank(1, 0.2, halves=(0.4, 0.0)))) is None
+    assert straggler(ranks(rank(0, 0.6, halves=(0.6, 0.6)), rank(1, 0.2, halves=(0.0, 0.4)))) is None
+    assert straggler(ranks(rank(0, 0.6, halves=(0.6, 0.6)), rank(1, 0.1, halves=(0.1, 0.1)))) is not None
     assert straggler(ranks(rank(0, 0.6))) is None  # one rank alone
     assert straggler(BASE) is None
 
@@ -169,7 +174,7 @@ def test_the_watch_keeps_where_each_rank_was(tmp_path: Path) -> None:
         r1.snapshot = r1.snapshot._replace(state="R" if t % 5 == 0 else "S")  # type: ignore[union-attr]
         watch.tick(float(t), [r0, r1], {11: 100 + 3 * t, 12: 100 + 3 * t})
     (v0, v1) = watch.views({}, {}, 10.0)
-    assert (v0.rank, v0.pid, v0.looks, v0.where) == (0, 11, 10, "collective")
+    assert (v0.rank, v0.pid, v0.looks, v0.where, v0.halves) == (0, 11, 10, "collective", (1.0, 1.0))
     assert v0.shares == (("collective", 1.0),)
     assert v1.shares == (("idle", 0.8), ("computing", 0.2)) and v1.idle_detail == "clock_nanosleep"
     assert v0.step == 127 and v0.rate == 3.0

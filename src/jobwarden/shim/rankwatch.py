@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from jobwarden.errors import ProcessGone
 from jobwarden.model import ProcessId
 from jobwarden.osapi.cpuquota import CpuCgroup, CpuStat, cpu_cgroup_of
-from jobwarden.osapi.procfs import ProcFS
+from jobwarden.osapi.procfs import RUNNING, ProcFS
 from jobwarden.probes.pyspy import find_py_spy
 from jobwarden.rules.speed.evidence import RankView, StackSample
 from jobwarden.rules.speed.loading import LOADER_WORKER_COMM
@@ -108,7 +108,7 @@ class RankWatch:
             if state not in ("R", "Z", "X"):
                 with contextlib.suppress(ProcessGone):
                     number = self.procfs.main_thread_syscall(m.pid)
-                    syscall = None if number is None else self.syscalls.get(number, f"syscall {number}")
+                    syscall = _call_name(number, self.syscalls)
             kept.syscall = syscall
             kept.looks.append((mono, *self._where_now(kept, state, syscall, m.pid in loaders)))
             step = steps.get(m.pid) if steps else None
@@ -233,6 +233,8 @@ class RankWatch:
             if where in details:
                 details[where][detail] = details[where].get(detail, 0) + 1
         n = len(kept.looks)
+        older, newer = list(kept.looks)[: n // 2], list(kept.looks)[n // 2 :]
+        halves = (_collective(older), _collective(newer)) if older else None
         shares = tuple(sorted(((w, c / n) for w, c in counts.items() if c), key=lambda ws: -ws[1]))
         last = kept.looks[-1] if kept.looks else (0.0, "unknown", "")
         return {
@@ -242,6 +244,7 @@ class RankWatch:
             "node": kept.node,
             "looks": n,
             "shares": shares,
+            "halves": halves,
             "where": last[1],
             "where_detail": last[2],
             "idle_detail": _most(details["idle"]),
@@ -285,6 +288,16 @@ def rank_processes(members: Iterable[Member], hook_ranks: Mapping[int, int] | No
 
 def _ranked(members: list[Member], hook_ranks: Mapping[int, int] | None) -> list[tuple[Member, int]]:
     return [(m, r) for m in rank_processes(members, hook_ranks) if (r := rank_of(m, hook_ranks)) is not None]
+
+
+def _call_name(number: int | None, names: dict[int, str]) -> str | None:
+    if number is None:
+        return None
+    return "running" if number == RUNNING else names.get(number, f"syscall {number}")
+
+
+def _collective(looks: list[tuple[float, str, str]]) -> float:
+    return sum(where == "collective" for _, where, _ in looks) / len(looks)
 
 
 def _most(seen: dict[str, int]) -> str:

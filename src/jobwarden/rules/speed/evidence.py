@@ -120,6 +120,7 @@ class RankView:
     node: int | None = None
     looks: int = 0  # times its main thread was looked at in the window
     shares: tuple[tuple[str, float], ...] = ()  # (where, share of the looks), largest first
+    halves: tuple[float, float] | None = None  # share in a collective in the older, the newer half of them
     where: str = "unknown"  # at the last look
     where_detail: str = ""  # the system call, or the frame a stack sample showed
     step: int | None = None  # its own step counter, where it has a bar of its own (the hooks' record)

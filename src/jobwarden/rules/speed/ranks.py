@@ -111,7 +111,7 @@ WARN_SHARE = 0.40  # the job's time lost above this: a warning; below, info
 
 def where_of(state: str, syscall: str | None, has_loader: bool) -> tuple[str, str]:
     """Where a rank's main thread is, from its state and the call it is blocked in: (where, detail)."""
-    if state == "R":
+    if state == "R" or syscall == "running":  # "running": it woke between the two reads
         return "computing", "running or runnable"
     if state == "D":
         return "io", f"uninterruptible wait{f' in {syscall}' if syscall else ''}"
@@ -172,8 +172,19 @@ def straggler(ev: SpeedEvidence) -> Finding | None:
 
 
 def _lags(rank: RankView, others: Sequence[RankView]) -> bool:
-    median = statistics.median(o.share("collective") for o in others)
-    return median >= COLLECTIVE_SHARE and rank.share("collective") <= SUSPECT_OF * median
+    """Far less in its collectives than the others are, over the window and in each half of it (where
+    the shim split it): a start-up where one rank waits for another to import torch is a blip."""
+    if not _lags_in(rank.share("collective"), [o.share("collective") for o in others]):
+        return False
+    halves = [o.halves for o in others if o.halves is not None]
+    if rank.halves is None or len(halves) < len(others):
+        return True  # not split: the window alone
+    return all(_lags_in(rank.halves[i], [h[i] for h in halves]) for i in (0, 1))
+
+
+def _lags_in(share: float, others: Sequence[float]) -> bool:
+    median = statistics.median(others)
+    return median >= COLLECTIVE_SHARE and share <= SUSPECT_OF * median
 
 
 def _share_line(r: RankView) -> str:
