@@ -132,8 +132,8 @@ def test_balanced_ranks_beside_a_cpu_hog_have_no_straggler(jw: Jobwarden) -> Non
     try:
         ready(jw, job)
         eventually("both ranks with steps", lambda: _stepping(ranks_of(jw, job), 2))
-        # the speed watch judges every 4 s over 20 s: 40 s is two whole windows and ten judgements
-        deadline = time.monotonic() + 40
+        # the speed watch judges every 4 s over 20 s: 30 s is a window and a half, seven judgements
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             assert finding(jw, job, "straggler") is None
             time.sleep(1.0)  # looking, not waiting for something: the deadline bounds it
