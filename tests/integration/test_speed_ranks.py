@@ -102,6 +102,7 @@ def test_a_rank_that_sleeps_is_the_straggler_until_it_catches_up(jw: Jobwarden, 
         assert any(g["rule"] == "straggler" and g["resolved_at"] for g in jw.status(job)["findings"])
     finally:
         stop(jw, job)
+    assert jw.status(job)["ranks"] == []  # an ended run's ranks are nowhere
 
 
 def test_a_rank_under_a_tenth_of_a_cpu_is_the_straggler_named_with_its_quota(
