@@ -14,7 +14,7 @@ from jobwarden.osapi.procfs import ProcFS
 from jobwarden.rules.speed import judge
 from jobwarden.rules.speed.evidence import Neighbour, RankView, SpeedEvidence, StackSample
 from jobwarden.rules.speed.ranks import SYSCALL_NAMES, stack_where, straggler, where_of
-from jobwarden.shim.rankwatch import WINDOW_S, RankWatch, rank_processes
+from jobwarden.shim.rankwatch import WINDOW_S, RankHints, RankWatch, rank_processes
 from jobwarden.shim.tree import Member
 
 from .test_rules import assert_well_formed
@@ -172,7 +172,7 @@ def test_the_watch_keeps_where_each_rank_was(tmp_path: Path) -> None:
     r0, r1 = rank_member(11, 0, "S"), rank_member(12, 1, "S")
     for t in range(10):
         r1.snapshot = r1.snapshot._replace(state="R" if t % 5 == 0 else "S")  # type: ignore[union-attr]
-        watch.tick(float(t), [r0, r1], {11: 100 + 3 * t, 12: 100 + 3 * t})
+        watch.tick(float(t), [r0, r1], RankHints(steps={11: 100 + 3 * t}, rank_steps={1: 100 + 3 * t}))
     (v0, v1) = watch.views({}, {}, 10.0)
     assert (v0.rank, v0.pid, v0.looks, v0.where, v0.halves) == (0, 11, 10, "collective", (1.0, 1.0))
     assert v0.shares == (("collective", 1.0),)
@@ -192,7 +192,7 @@ def test_the_watch_keeps_where_each_rank_was(tmp_path: Path) -> None:
     }
     # the window slides: looks older than WINDOW_S go; a rank that exited is forgotten
     for t in range(10, 10 + int(WINDOW_S) + 2):
-        watch.tick(float(t), [r0], None)
+        watch.tick(float(t), [r0])
     (only,) = watch.views({}, {}, WINDOW_S)
     assert only.rank == 0 and only.looks <= WINDOW_S + 1
 
@@ -252,3 +252,15 @@ def test_top_shows_a_line_a_rank() -> None:
         "  rank 0  pid 11  step 120  3.00/s  collective (futex wait)",
         "  rank 1  pid 12  step -  -  idle",
     ]
+
+
+def test_each_ranks_step_from_its_prefixed_output() -> None:
+    from jobwarden.progress.output import OutputProgress
+
+    output = OutputProgress()
+    output.feed("[rank0]:step 10/100\n[rank1]:step 7/100\n", True)
+    output.feed(
+        "[rank0]: 12%|#   | 12/100 [00:01<00:10, 9.0it/s]\r[rank1]:  9%|#   | 9/100 [00:01<00:10, 9.0it/s]\r",
+        True,
+    )
+    assert output.steps_by_rank() == {0: 12, 1: 9}

@@ -396,10 +396,9 @@ class SupervisorLoop:
         step = progress.step if progress is not None else None
         unit = progress.unit if progress is not None else None
         gpu = self.diag.gpu if self.diag else None
-        steps = self.progress.steps_by_pid() if self.progress is not None else None
-        hook_ranks = self.progress.ranks_by_pid() if self.progress is not None else None
+        hints = self.progress.rank_hints() if self.progress is not None else None
         new, resolved = self.speed.tick(
-            now, self.clock.monotonic(), self.tree.members.values(), snaps, step, unit, gpu, steps, hook_ranks
+            now, self.clock.monotonic(), self.tree.members.values(), snaps, step, unit, gpu, hints
         )
         self._write_ranks(now)
         if not new and not resolved:

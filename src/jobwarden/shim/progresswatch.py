@@ -39,6 +39,7 @@ from jobwarden.progress.sources import (
     output_candidate,
 )
 from jobwarden.progress.stepclock import StepClock
+from jobwarden.shim.rankwatch import RankHints
 from jobwarden.shim.recorder import RunRecorder, log
 from jobwarden.store import JobRecord, Store
 
@@ -154,10 +155,12 @@ class ProgressWatch:
                 found[pid] = bars[-1].n
         return found
 
-    def ranks_by_pid(self) -> dict[int, int]:
-        """The torch.distributed rank the hooks' records name, by pid (a rank started with no launcher's
-        variable: mp.spawn)."""
-        return {pid: r.rank for pid, r in self.records.items() if r.rank is not None}
+    def rank_hints(self) -> RankHints:
+        """What the progress sources say of each rank (shim.rankwatch): each process's own step
+        counter where the hooks saw a bar in it, the rank their records name (a rank started with no
+        launcher's variable: mp.spawn), and each rank's step where its output lines carry a prefix."""
+        ranks = {pid: r.rank for pid, r in self.records.items() if r.rank is not None}
+        return RankHints(self.steps_by_pid(), ranks, self.output.steps_by_rank())
 
     def finish(self, now: float, now_mono: float) -> None:
         """The run ended: a last look at every source (the records of processes that ended too), stored."""

@@ -25,7 +25,7 @@ import os
 from collections import deque
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from jobwarden.errors import ProcessGone
 from jobwarden.model import ProcessId
@@ -44,6 +44,14 @@ if TYPE_CHECKING:
 MAX_RANKS = 16  # rank processes looked at each tick, lowest ranks first
 WINDOW_S = 20.0  # as the speed watch's window
 CGROUP_EVERY_S = 10.0  # a rank's cpu cgroup looked up again (a rank may be moved into one of its own)
+
+
+class RankHints(NamedTuple):
+    """What the progress sources say of the ranks (shim.progresswatch.rank_hints)."""
+
+    steps: Mapping[int, int] = {}  # pid: its own bar's step (the hooks' records)
+    ranks: Mapping[int, int] = {}  # pid: the rank the hooks' records name
+    rank_steps: Mapping[int, int] = {}  # rank: its step in the output (`[rankN]:` lines)
 
 
 class _Rank:
@@ -81,18 +89,12 @@ class RankWatch:
         self._py_spy: Path | bool | None = False if dumps else None  # False: not looked for yet
         self._turn = 0
 
-    def tick(
-        self,
-        mono: float,
-        members: Iterable[Member],
-        steps: Mapping[int, int] | None = None,
-        hook_ranks: Mapping[int, int] | None = None,
-    ) -> None:
-        """One look at every rank's main thread; their own step counters where the hooks saw a bar.
-        `hook_ranks`: the rank the hooks' records name, by pid, for processes whose environment names
-        none."""
+    def tick(self, mono: float, members: Iterable[Member], hints: RankHints | None = None) -> None:
+        """One look at every rank's main thread; their own step counters where the progress sources
+        show them (`hints`)."""
         members = list(members)
-        ranked = _ranked(members, hook_ranks)
+        hints = hints or RankHints()
+        ranked = _ranked(members, hints.ranks)
         present = {m.ident for m, _ in ranked}
         for ident in [i for i in self._ranks if i not in present]:
             del self._ranks[ident]
@@ -111,7 +113,7 @@ class RankWatch:
                     syscall = _call_name(number, self.syscalls)
             kept.syscall = syscall
             kept.looks.append((mono, *self._where_now(kept, state, syscall, m.pid in loaders)))
-            step = steps.get(m.pid) if steps else None
+            step = hints.steps.get(m.pid, hints.rank_steps.get(rank))
             if step is not None and (not kept.steps or kept.steps[-1][1] != step):
                 if kept.steps and step < kept.steps[-1][1]:
                     kept.steps.clear()  # a new bar

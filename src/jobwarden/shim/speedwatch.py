@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -46,7 +46,7 @@ from jobwarden.rules.speed.loading import LOADER_WORKER_COMM
 from jobwarden.rules.speed.stalls import STALL_MIN_S, stall_after, usual_gap
 from jobwarden.rules.speed.threads import STARTUP_S, command_key, worker_kind
 from jobwarden.shim.findings import Key, LiveFindings, key_of
-from jobwarden.shim.rankwatch import RankWatch
+from jobwarden.shim.rankwatch import RankHints, RankWatch
 from jobwarden.shim.stacksample import StackSampler
 
 if TYPE_CHECKING:
@@ -169,12 +169,11 @@ class SpeedWatch:
         step: int | None,
         unit: str | None = None,
         gpu: GpuWatch | None = None,
-        rank_steps: Mapping[int, int] | None = None,
-        hook_ranks: Mapping[int, int] | None = None,
+        ranks: RankHints | None = None,
     ) -> tuple[list[Finding], list[Finding]]:
         """Cheap every tick; reads every READ_EVERY_S; judges every JUDGE_EVERY_S. (new, resolved).
-        `rank_steps`: the step of each process's own bar (pid: step), where the hooks saw one;
-        `hook_ranks`: the rank the hooks' records name (pid: rank)."""
+        `ranks`: what the progress sources say of each rank (its steps, its rank where no variable
+        names it)."""
         self.segments.observe(mono, now, step)
         if unit:
             self.unit = unit
@@ -183,7 +182,7 @@ class SpeedWatch:
             self._dstate_ticks.popleft()
         members = list(members)
         self._note_workers(mono, members)
-        self.ranks.tick(mono, members, rank_steps, hook_ranks)
+        self.ranks.tick(mono, members, ranks)
         if mono >= self._next_read:
             self._next_read = mono + READ_EVERY_S
             self._read(mono, members)
