@@ -11,6 +11,7 @@ checks)."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -92,6 +93,7 @@ def test_a_rank_that_sleeps_is_the_straggler_until_it_catches_up(jw: Jobwarden, 
         rows = eventually("both ranks with steps", lambda: _stepping(ranks_of(jw, job), 2))
         assert [r["rank"] for r in rows] == [0, 1] and rows[1]["pid"] == slow
         assert all(r["where"] in WHERE and r["local_rank"] == r["rank"] for r in rows)
+        assert {r["node"] for r in rows} == {socket.gethostname().split(".")[0]}
         text = jw("status", str(job), check=True).stdout
         assert "  RANK      PID     STEP      RATE  WHERE" in text and "[straggler] Rank 1" in text
         metrics = jw("metrics", str(job), "--prometheus", check=True).stdout

@@ -178,11 +178,12 @@ def test_the_watch_keeps_where_each_rank_was(tmp_path: Path) -> None:
     assert v0.shares == (("collective", 1.0),)
     assert v1.shares == (("idle", 0.8), ("computing", 0.2)) and v1.idle_detail == "clock_nanosleep"
     assert v0.step == 127 and v0.rate == 3.0
-    rows = watch.rows()
+    rows = watch.rows("gpu-07")
     assert rows[1] == {
         "rank": 1,
         "local_rank": 1,
-        "node": 0,
+        "node": "gpu-07",
+        "group_rank": 0,
         "pid": 12,
         "step": 127,
         "rate": 3.0,

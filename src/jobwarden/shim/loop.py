@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from jobwarden import config
@@ -382,7 +383,7 @@ class SupervisorLoop:
         from jobwarden.store.rankfile import write_ranks
 
         self._ranks_at = now
-        rows = ranks.rows()
+        rows = ranks.rows(self.job.options.node or socket.gethostname().split(".")[0])
         if write_ranks(self.layout.ranks_file(self.job.id, self.run), rows, now):
             self._ranks_shown = bool(rows)
 

@@ -210,13 +210,15 @@ class RankWatch:
             )
         return tuple(found)
 
-    def rows(self) -> list[dict[str, Any]]:
-        """`status --json`'s `ranks` (store.rankfile keeps them for the frontends)."""
+    def rows(self, node: str | None = None) -> list[dict[str, Any]]:
+        """`status --json`'s `ranks` (store.rankfile keeps them for the frontends); `node`: this
+        machine as the engine names it (as a group's records do), else its host name."""
         return [
             {
                 "rank": v.rank,
                 "local_rank": v.local_rank,
-                "node": v.node,
+                "node": node,
+                "group_rank": v.node,
                 "pid": v.pid,
                 "step": v.step,
                 "rate": None if v.rate is None else round(v.rate, 3),
