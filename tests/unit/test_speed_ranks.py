@@ -265,3 +265,9 @@ def test_each_ranks_step_from_its_prefixed_output() -> None:
         True,
     )
     assert output.steps_by_rank() == {0: 12, 1: 9}
+
+
+def test_others_always_waiting_is_no_measure_of_how_much_slower() -> None:
+    f = straggler(ranks(rank(0, 1.0), rank(1, 0.0)))
+    assert f is not None and f.title == "Rank 1 is a straggler: more than 20× slower per step than the others"
+    assert "its step takes more than 20× theirs" in f.summary

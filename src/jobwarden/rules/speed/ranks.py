@@ -107,6 +107,9 @@ WHY_SHARE = 0.20  # a share of a straggler's looks (sleeping, its data, I/O) wor
 THROTTLED = 0.10  # of its own cgroup's periods throttled: its quota holds it back
 WAIT_SHARE = 0.25  # of its runnable time waiting for a CPU (as rules.speed.cpu)
 WARN_SHARE = 0.40  # the job's time lost above this: a warning; below, info
+MOST_TIMES = (
+    20.0  # the others in their collectives 95 % of the looks or more: the factor is no longer measured
+)
 
 
 def where_of(state: str, syscall: str | None, has_loader: bool) -> tuple[str, str]:
@@ -145,7 +148,8 @@ def straggler(ev: SpeedEvidence) -> Finding | None:
         return None
     others = [r for r in ranks if r not in suspects]
     waiting = statistics.median(r.share("collective") for r in others)
-    slower = 1 / max(1 - waiting, 0.05)
+    slower = 1 / max(1 - waiting, 1 / MOST_TIMES)
+    times = f"about {slower:.1f}×" if slower < MOST_TIMES else f"more than {MOST_TIMES:.0f}×"
     if slower < SLOWER:
         return None
     slow = min(suspects, key=lambda r: r.share("collective"))
@@ -158,10 +162,10 @@ def straggler(ev: SpeedEvidence) -> Finding | None:
     ]
     return Finding(
         "straggler",
-        f"Rank {slow.rank} is a straggler: about {slower:.1f}× slower per step than the others{also}",
+        f"Rank {slow.rank} is a straggler: {times} slower per step than the others{also}",
         f"The other ranks spend {100 * waiting:.0f}% of their time in their collectives waiting for rank "
-        f"{slow.rank}, which spends {100 * slow.share('collective'):.0f}% there: its step takes about "
-        f"{slower:.1f}× theirs, and the job loses about {100 * waiting:.0f}% of its time to it."
+        f"{slow.rank}, which spends {100 * slow.share('collective'):.0f}% there: its step takes "
+        f"{times} theirs, and the job loses about {100 * waiting:.0f}% of its time to it."
         + (f" Why: {why[0]}." if why else ""),
         "warning" if waiting >= WARN_SHARE else "info",
         tuple(evidence),
