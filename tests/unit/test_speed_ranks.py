@@ -90,7 +90,7 @@ def test_a_sleep_in_its_main_thread_is_its_why() -> None:
     f = straggler(ranks(rank(0, 0.85), slow))
     assert f is not None and f.rank == 1 and f.pids == (201,)
     assert "its main thread slept in 80% of the looks (clock_nanosleep)" in f.evidence
-    assert "slower per step" in f.title and "6.7×" in f.title
+    assert "slower per step" in f.title and "about 7×" in f.title
 
 
 def test_a_cpu_wait_of_its_own_is_its_why_not_one_every_rank_shares() -> None:
@@ -271,3 +271,5 @@ def test_others_always_waiting_is_no_measure_of_how_much_slower() -> None:
     f = straggler(ranks(rank(0, 1.0), rank(1, 0.0)))
     assert f is not None and f.title == "Rank 1 is a straggler: more than 20× slower per step than the others"
     assert "its step takes more than 20× theirs" in f.summary
+    f = straggler(ranks(rank(0, 0.9), rank(1, 0.0)))
+    assert f is not None and f.title.startswith("Rank 1 is a straggler: about 10× slower")

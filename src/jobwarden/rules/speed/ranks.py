@@ -149,7 +149,7 @@ def straggler(ev: SpeedEvidence) -> Finding | None:
     others = [r for r in ranks if r not in suspects]
     waiting = statistics.median(r.share("collective") for r in others)
     slower = 1 / max(1 - waiting, 1 / MOST_TIMES)
-    times = f"about {slower:.1f}×" if slower < MOST_TIMES else f"more than {MOST_TIMES:.0f}×"
+    times = f"more than {MOST_TIMES:.0f}×" if slower >= MOST_TIMES else f"about {_factor(slower)}×"
     if slower < SLOWER:
         return None
     slow = min(suspects, key=lambda r: r.share("collective"))
@@ -269,6 +269,12 @@ def _remedy(r: RankView, why: list[str]) -> str:
         f"Find what rank {r.rank} does that the others do not (`jobwarden profile`, a py-spy dump of pid "
         f"{r.pid}): uneven work, a slower device or node."
     )
+
+
+def _factor(times: float) -> str:
+    """1.6, 2.4, then whole numbers: the title is rewritten when it changes (shim.findings), and 9.5 or
+    9.8 say the same."""
+    return f"{times:.1f}" if times < 3 else f"{times:.0f}"
 
 
 def _cpus(n: float) -> str:
