@@ -217,7 +217,7 @@ _ONE_WORKER_GROUPS = ("slurm", "ray", "container")
 # that runs nothing else of the suite: the speed rules' real jobs measure CPU shares and run-queue delays
 # (a second worker's load made a DataLoader's two spawned workers look like one), and Slurm's tests (its
 # OOM test once named exit-code instead of oom-kill under that load; the cause is not yet known)
-_ALONE_MODULES = ("test_speed.py", "test_speed_loading.py", "test_speed_threads.py")
+_ALONE_MODULES = ("test_speed.py", "test_speed_loading.py", "test_speed_threads.py", "test_speed_ranks.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -158,6 +158,10 @@ class Layout:
         """Where the Python hooks of the job's processes leave their records (one file per process)."""
         return self.run_dir(job_id, run) / "py"
 
+    def ranks_file(self, job_id: int, run: int) -> Path:
+        """Where each rank of a running job is (store.rankfile): the shim rewrites it, `status` reads it."""
+        return self.run_dir(job_id, run) / "ranks.json"
+
     def heartbeat_file(self, job_id: int, run: int) -> Path:
         """Touched (or written with JSON) by the job to say it makes progress: JOBWARDEN_HEARTBEAT_FILE."""
         return self.run_dir(job_id, run) / "heartbeat"

@@ -149,3 +149,22 @@ def test_progress_families_the_counter_always_the_rate_and_eta_while_live(store:
         ("jobwarden_job_progress_step", str(ended)): 620,
     }
     assert str(silent) not in {job for _, job in values}  # no progress shown: none exported, never 0
+
+
+def test_each_ranks_step_rate_while_live(store: Store) -> None:
+    from jobwarden.store.rankfile import write_ranks
+
+    live = add_job(store, "live", JobState.RUNNING, None)
+    ended = add_job(store, "ended", JobState.FAILED, NOW - 60)
+    rows = [{"rank": 0, "rate": 5.5, "where": "collective"}, {"rank": 1, "rate": None, "where": "computing"}]
+    for job in (live, ended):
+        store.layout.run_dir(job, 1).mkdir(parents=True, exist_ok=True)
+        assert write_ranks(store.layout.ranks_file(job, 1), rows, NOW)
+    found = [
+        (s.labels, s.value)
+        for f in text_string_to_metric_families(exposition(store, ProcFS(), NOW))
+        for s in f.samples
+        if s.name == "jobwarden_rank_step_rate"
+    ]
+    # a rank with no rate of its own has no series (unknown is not zero); an ended run none at all
+    assert found == [({"job_id": str(live), "job_name": "live", "rank": "0"}, 5.5)]

@@ -63,6 +63,7 @@ class JobStatus(NamedTuple):
     log_path: Path
     progress: Progress | None = None  # the run's latest progress (progress.model), null when it showed none
     peak_rss_bytes: int | None = None  # the most memory the run's processes held together
+    ranks: list[dict[str, Any]] = []  # noqa: RUF012 - each rank of a running job (store.rankfile)
 
     @property
     def restarts(self) -> int:
@@ -198,6 +199,7 @@ class JobStatus(NamedTuple):
             "elapsed_s": _elapsed(self.run),
             "peak_rss_bytes": self.peak_rss_bytes,
             "restarts": self.restarts,
+            "ranks": [_rank_json(r) for r in self.ranks],
         }
 
     def _progress_json(self) -> dict[str, Any] | None:
@@ -254,6 +256,23 @@ def _process_json(p: ProcessSnapshot) -> dict[str, Any]:
     }
 
 
+_RANK_KEYS = ("rank", "local_rank", "node", "pid", "step", "rate", "where", "where_detail")
+
+
+def _rank_json(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row.get(k) for k in _RANK_KEYS}
+
+
+def _ranks(store: Store, run: RunRecord) -> list[dict[str, Any]]:
+    """Where each rank is now, as its shim last wrote it; none once the run has ended (a rank that is
+    no more is nowhere)."""
+    if run.state != JobState.RUNNING:
+        return []
+    from jobwarden.store.rankfile import read_ranks
+
+    return read_ranks(store.layout.ranks_file(run.job_id, run.n))
+
+
 def job_status(store: Store, procfs: ProcFS, job_ref: str | int, run_n: int | None = None) -> JobStatus:
     """The view of run `run_n` (default: the latest) of a job named by id or name."""
     job = store.job(job_ref)
@@ -271,6 +290,7 @@ def job_status(store: Store, procfs: ProcFS, job_ref: str | int, run_n: int | No
         log_path=store.layout.output_log(job.id, run.n),
         progress=store.progress(job.id, run.n),
         peak_rss_bytes=_peak(store, run, events),
+        ranks=_ranks(store, run),
     )
 
 

@@ -61,6 +61,8 @@ _JOB_FAMILIES = (
     ("job_progress_ratio", "gauge", "The step counter's share of its total (0-1)."),
     ("job_step_rate", "gauge", "Steps per second of the live run, measured by jobwarden's own clock."),
     ("job_eta_seconds", "gauge", "Seconds left for the live run to reach its total at the measured rate."),
+    # DESIGN.md "Ranks" names job_name among its labels: a rank's series is read beside its job's own
+    ("rank_step_rate", "gauge", "Steps per second of each rank of the live run (its own bar), by rank."),
 )
 _STORE_FAMILIES = (
     ("findings_total", "counter", "Findings recorded over every run in the store, by rule."),
@@ -112,6 +114,8 @@ def _job_families(
         _add(f["job_end_time_seconds"], run.ended_at, job_id)
         _add_resources(f, store, run, job_id)
         _add(f["job_last_progress_timestamp_seconds"], _last_progress(store, job.id, run.n), job_id)
+        if run.state == JobState.RUNNING:
+            _add_ranks(f["rank_step_rate"], store, run, job_id, job.name)
     for (job_id_n, _), found in sorted(store.current_findings(runs).items()):  # resolved ones are history
         for rule, count in sorted(collections.Counter(rule for rule, _ in found).items()):
             f["job_findings"].add(count, job_id=str(job_id_n), rule=rule)
@@ -130,6 +134,16 @@ def _add_progress(f: dict[str, Family], store: Store, runs: dict[tuple[int, int]
         if runs[key]:
             _add(f["job_step_rate"], p.rate, job_id)
             _add(f["job_eta_seconds"], p.eta_s, job_id)
+
+
+def _add_ranks(family: Family, store: Store, run: RunRecord, job_id: str, job_name: str) -> None:
+    """Each rank's own step rate, as its shim last wrote it (store.rankfile)."""
+    from jobwarden.store.rankfile import read_ranks
+
+    for row in read_ranks(store.layout.ranks_file(run.job_id, run.n)):
+        rate, rank = row.get("rate"), row.get("rank")
+        if isinstance(rate, int | float) and isinstance(rank, int):
+            family.add(rate, job_id=job_id, job_name=job_name, rank=str(rank))
 
 
 def _add_resources(f: dict[str, Family], store: Store, run: RunRecord, job_id: str) -> None:

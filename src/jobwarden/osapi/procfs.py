@@ -169,6 +169,9 @@ def parse_io(raw: bytes) -> ProcIO:
     return ProcIO(int(fields.get(b"read_bytes", 0)), int(fields.get(b"write_bytes", 0)))
 
 
+RUNNING = -1  # main_thread_syscall: the thread is on a CPU, in no call
+
+
 class ProcFS:
     """A view of one /proc tree (the real one by default)."""
 
@@ -271,6 +274,20 @@ class ProcFS:
             return self._read(pid, "wchan", "read the wait channel of").decode() or "0"
         except AccessDenied:
             return "?"
+
+    def main_thread_syscall(self, pid: int) -> int | None:
+        """The system call the main thread is blocked in (/proc/PID/task/PID/syscall's first field, the
+        x86-64 or arm64 number); RUNNING while it runs (the file says "running": it woke since its
+        stat line was read); None when it is blocked outside any call ("-1") or the file is refused (it
+        needs ptrace access: the shim is the job's ancestor, allowed under Yama's scope 1)."""
+        try:
+            text = self._read(pid, f"task/{pid}/syscall", "read the system call of")
+        except AccessDenied:
+            return None
+        head = text.split(b" ", 1)[0].strip()
+        if head == b"running":
+            return RUNNING
+        return int(head) if head.isdigit() else None
 
     def task_stats(self, pid: int) -> list[ProcStat]:
         """/proc/PID/task/*/stat of every thread of `pid` (a process's own state is only its main

@@ -139,6 +139,15 @@ class OutputProgress:
                 return reading, rank
         return None
 
+    def steps_by_rank(self) -> dict[int, int]:
+        """Each rank's own step counter, where its lines carry a `[rankN]:` prefix (torchrun --tee)."""
+        found = {}
+        for rank, state in self.ranks.items():
+            reading = self._of_rank(state) if rank is not None else None
+            if rank is not None and reading is not None and reading.step is not None:
+                found[rank] = reading.step
+        return found
+
     def _of_rank(self, state: RankState) -> Reading | None:
         hf = state.hf.reading if state.hf else None
         line = state.epoch_line

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from jobwarden import config
@@ -44,6 +45,7 @@ if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it l
 
 
 LOG_CAP_CHECK_S = 0.1  # while a log grows by an eighth of its cap a tick, its cap is looked at this often
+RANKS_WRITE_S = 2.0  # the per-rank rows of `status` rewritten at most this often
 
 
 def _hang_rules() -> frozenset[str]:
@@ -101,6 +103,8 @@ class SupervisorLoop:
         self.diag: Diagnoser | None = None
         self.progress: ProgressWatch | None = None  # the run's step counter (shim.progresswatch)
         self.speed: SpeedWatch | None = None  # why it is slow (shim.speedwatch)
+        self._ranks_at = -RANKS_WRITE_S
+        self._ranks_shown = False  # the ranks file holds rows (written empty once they are gone)
         self.fingerprint: FingerprintTask | None = None  # what the run was started with, being taken
         self.restart_after_hang = False
         self.notifier = notifier
@@ -372,6 +376,19 @@ class SupervisorLoop:
         busy = cpu >= CPU_FLOOR_PERCENT or (gpu_util is not None and gpu_util >= GPU_FLOOR_PERCENT)
         return self.progress.tick(now, self.clock.monotonic(), list(self.tree.members), busy)
 
+    def _write_ranks(self, now: float) -> None:
+        """`status`'s per-rank rows (store.rankfile), every RANKS_WRITE_S while the job has ranks."""
+        assert self.speed is not None
+        ranks = self.speed.ranks
+        if (not ranks and not self._ranks_shown) or now - self._ranks_at < RANKS_WRITE_S:
+            return
+        from jobwarden.store.rankfile import write_ranks
+
+        self._ranks_at = now
+        rows = ranks.rows(self.job.options.node or socket.gethostname().split(".")[0])
+        if write_ranks(self.layout.ranks_file(self.job.id, self.run), rows, now):
+            self._ranks_shown = bool(rows)
+
     def _watch_speed(self, snaps: list[ProcessSnapshot], progress: Any, now: float) -> None:
         """The speed rules, judged every few seconds; a speed finding that appears is a `slowed` event."""
         assert self.speed is not None
@@ -382,9 +399,11 @@ class SupervisorLoop:
         step = progress.step if progress is not None else None
         unit = progress.unit if progress is not None else None
         gpu = self.diag.gpu if self.diag else None
+        hints = self.progress.rank_hints() if self.progress is not None else None
         new, resolved = self.speed.tick(
-            now, self.clock.monotonic(), self.tree.members.values(), snaps, step, unit, gpu
+            now, self.clock.monotonic(), self.tree.members.values(), snaps, step, unit, gpu, hints
         )
+        self._write_ranks(now)
         if not new and not resolved:
             return
         from jobwarden.shim.diagnosis import Verdict

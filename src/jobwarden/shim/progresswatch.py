@@ -39,6 +39,7 @@ from jobwarden.progress.sources import (
     output_candidate,
 )
 from jobwarden.progress.stepclock import StepClock
+from jobwarden.shim.rankwatch import RankHints
 from jobwarden.shim.recorder import RunRecorder, log
 from jobwarden.store import JobRecord, Store
 
@@ -143,6 +144,23 @@ class ProgressWatch:
         self._update(chosen, now, now_mono, busy)
         self._store(now)
         return self.current
+
+    def steps_by_pid(self) -> dict[int, int]:
+        """Each process's own step counter where the hooks saw a bar in it (a rank's: DESIGN "Ranks"):
+        its innermost open bar, the one that moves every step."""
+        found = {}
+        for pid, record in self.records.items():
+            bars = sorted((b for b in record.bars if not b.closed), key=lambda b: b.position)
+            if bars:
+                found[pid] = bars[-1].n
+        return found
+
+    def rank_hints(self) -> RankHints:
+        """What the progress sources say of each rank (shim.rankwatch): each process's own step
+        counter where the hooks saw a bar in it, the rank their records name (a rank started with no
+        launcher's variable: mp.spawn), and each rank's step where its output lines carry a prefix."""
+        ranks = {pid: r.rank for pid, r in self.records.items() if r.rank is not None}
+        return RankHints(self.steps_by_pid(), ranks, self.output.steps_by_rank())
 
     def finish(self, now: float, now_mono: float) -> None:
         """The run ended: a last look at every source (the records of processes that ended too), stored."""

@@ -45,7 +45,8 @@ from jobwarden.rules.speed.evidence import (
 from jobwarden.rules.speed.loading import LOADER_WORKER_COMM
 from jobwarden.rules.speed.stalls import STALL_MIN_S, stall_after, usual_gap
 from jobwarden.rules.speed.threads import STARTUP_S, command_key, worker_kind
-from jobwarden.shim.findings import LiveFindings
+from jobwarden.shim.findings import Key, LiveFindings, key_of
+from jobwarden.shim.rankwatch import RankHints, RankWatch
 from jobwarden.shim.stacksample import StackSampler
 
 if TYPE_CHECKING:
@@ -145,6 +146,7 @@ class SpeedWatch:
         self._outside_at = 0.0
         self._named: list[Neighbour] = []  # who used the job's CPUs, as the last scan found
         self._silent: dict[str, int] = {}
+        self._silent_keys: dict[Key, int] = {}  # judgements each finding (rule and pids) went unnamed
         self._gpu_busy_since: float | None = None
         self._cuda: tuple[int, bool] | None = None  # (main pid, mapped)
         self._users: dict[int, str] = {}
@@ -156,6 +158,7 @@ class SpeedWatch:
         self._batch_no = 0
         self._not_workers: set[ProcessId] = set()
         self.stacks = StackSampler(procfs)  # the loop's stack now and then, and in each stall
+        self.ranks = RankWatch(procfs)  # where each rank's main thread is (straggler, `status`'s ranks)
         self._usual: tuple[StepMove, float | None] | None = None  # (the last move, the usual gap then)
 
     # --- each tick ------------------------------------------------------------------------------------
@@ -169,8 +172,11 @@ class SpeedWatch:
         step: int | None,
         unit: str | None = None,
         gpu: GpuWatch | None = None,
+        ranks: RankHints | None = None,
     ) -> tuple[list[Finding], list[Finding]]:
-        """Cheap every tick; reads every READ_EVERY_S; judges every JUDGE_EVERY_S. (new, resolved)."""
+        """Cheap every tick; reads every READ_EVERY_S; judges every JUDGE_EVERY_S. (new, resolved).
+        `ranks`: what the progress sources say of each rank (its steps, its rank where no variable
+        names it)."""
         self.segments.observe(mono, now, step)
         if unit:
             self.unit = unit
@@ -179,6 +185,7 @@ class SpeedWatch:
             self._dstate_ticks.popleft()
         members = list(members)
         self._note_workers(mono, members)
+        self.ranks.tick(mono, members, ranks)
         if mono >= self._next_read:
             self._next_read = mono + READ_EVERY_S
             self._read(mono, members)
@@ -239,6 +246,7 @@ class SpeedWatch:
             seen[m.ident] = (m.raw_stat, values, nthreads)
         self._seen = seen
         self._read_threads(mono, members, seen)
+        self.ranks.read(mono)
         cg = self._cgroup
         io = (cg.pressure("io") if cg else None) or self.procfs.pressure("io")
         mem = (cg.pressure("memory") if cg else None) or self.procfs.pressure("memory")
@@ -418,6 +426,7 @@ class SpeedWatch:
             pids=tuple(m.pid for m in members),
             worker_batches=tuple(b for _, b in self._batches),
             thread_reads=tuple(r for _, r in self._thread_reads),
+            ranks=self.ranks.views(first.per_pid, last.per_pid, window),
         )
         if gpu is not None:
             ev = self._with_gpu(ev, mono, gpu)
@@ -555,11 +564,25 @@ class SpeedWatch:
         fired = {f.rule for f in found}
         for rule in SPEED_RULES:
             self._silent[rule] = 0 if rule in fired else self._silent.get(rule, 0) + 1
+        # a rule that names one of several subjects (straggler: its rank) may go on firing for another:
+        # the finding of the first one resolves once it has not been named for as long
+        named = {key_of(f) for f in found}
+        for key in set(self._silent_keys) | named:
+            self._silent_keys[key] = 0 if key in named else self._silent_keys[key] + 1
         new = self.live.record([f for f in found if self.live.is_new(f)], now)
         self.live.refresh(found, now)  # those already current, as last seen ("3.0x" that is now "3.4x")
         resolved = self.live.resolve_where(
-            lambda f: f.rule in SPEED_RULES and self._silent.get(f.rule, 0) >= RESOLVE_AFTER, now
+            lambda f: (
+                f.rule in SPEED_RULES
+                and (
+                    self._silent.get(f.rule, 0) >= RESOLVE_AFTER
+                    or self._silent_keys.get(key_of(f), 0) >= RESOLVE_AFTER
+                )
+            ),
+            now,
         )
+        for f in resolved:
+            self._silent_keys.pop(key_of(f), None)
         return new, resolved
 
 

@@ -97,7 +97,7 @@ class StackSampler:
         self.loop: ProcessId | None = None  # the process with torch loaded, nearest the root
         self.python: ProcessId | None = None  # without one: the Python process nearest the root
         self._next = 0.0
-        self._pending: _Dump | None = None
+        self._pending: StackDump | None = None
         self._stall_seen: float | None = None  # the stall (its last move's moment) dumped or given up on
         self._stall_failed = False  # the last stall dump got nothing (ptrace refused, not Python after all)
 
@@ -133,7 +133,7 @@ class StackSampler:
             return
         binary = self._py_spy()
         if binary is not None and self.loop is not None:
-            self._pending = _Dump(binary, self.loop.pid, mono)
+            self._pending = StackDump(binary, self.loop.pid, mono)
 
     def stall_sampling(self) -> bool:
         """Stall dumps can come: py-spy is there, a Python process to dump, and the last one worked."""
@@ -201,7 +201,7 @@ class StackSampler:
             return
         pid = self.pid
         if pid is not None:
-            self._pending = _Dump(binary, pid, mono, stall)
+            self._pending = StackDump(binary, pid, mono, stall)
 
     def _collect(self) -> None:
         if self._pending is None or self._pending.is_alive():
@@ -215,7 +215,7 @@ class StackSampler:
         (self.stall_samples if done.stall is not None else self.samples).append(sample)
 
 
-class _Dump(threading.Thread):
+class StackDump(threading.Thread):
     """One dump on a daemon thread: the shim's loop never waits on py-spy, nor does its exit."""
 
     def __init__(self, binary: Path, pid: int, at: float, stall: float | None = None) -> None:

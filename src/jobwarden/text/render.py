@@ -187,6 +187,7 @@ def status_report(status: JobStatus, now: float) -> Iterator[str]:
     for error in status.group_errors:
         yield f"  WARNING      {one_line(error)} (the job ran on; `explain --group` lacks this run)"
     yield from _process_table(status.processes)
+    yield from _rank_table(status.ranks)
     if run.orphans_left:
         yield ""
         n, were = len(run.orphans_left), "was" if len(run.orphans_left) == 1 else "were"
@@ -223,6 +224,21 @@ def _process_table(processes: list[ProcessSnapshot]) -> Iterator[str]:
         yield (
             f"  {p.pid:>7}  {p.ppid:>7}{rank_cell}  {p.state}  {cpu:>5}  "
             f"{format_size(p.rss_bytes):>7}{gpu_cell}  {one_line(p.cmdline)[:80]}"
+        )
+
+
+def _rank_table(ranks: list[dict[str, Any]]) -> Iterator[str]:
+    """Each rank of a running distributed job: its step, its rate, where its main thread is."""
+    if not ranks:
+        return
+    yield ""
+    yield f"  {'RANK':>4}  {'PID':>7}  {'STEP':>7}  {'RATE':>8}  WHERE"
+    for r in ranks:
+        rate = f"{r['rate']:.2f}/s" if isinstance(r.get("rate"), int | float) else "-"
+        detail = f" ({one_line(str(r['where_detail']))[:50]})" if r.get("where_detail") else ""
+        yield (
+            f"  {_or_dash(r.get('rank')):>4}  {_or_dash(r.get('pid')):>7}  {_or_dash(r.get('step')):>7}  "
+            f"{rate:>8}  {one_line(str(r.get('where') or 'unknown'))}{detail}"
         )
 
 

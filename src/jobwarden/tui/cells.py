@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from typing import Any
 
 from rich.text import Text
 
@@ -136,10 +137,30 @@ def detail_text(detail: Detail | None, width: int) -> Text:
     if status.progress is not None:
         text.append_text(_progress_text(detail, status.progress, status.run.state == JobState.RUNNING))
         text.append("\n")
+    text.append_text(_ranks_text(status.ranks, width))
     text.append_text(findings_text(status.current_findings, width))
     if status.recovery:
         text.append(f"\n  {status.recovery}", style="dim")
     return text
+
+
+def _ranks_text(ranks: list[dict[str, Any]], width: int) -> Text:
+    """Each rank of a running distributed job, a line each: its step, its rate, where it is."""
+    text = Text()
+    for r in ranks:
+        rate = f"{r['rate']:.2f}/s" if isinstance(r.get("rate"), int | float) else "-"
+        where = one_line(str(r.get("where") or "unknown"))
+        detail = f" ({one_line(str(r['where_detail']))})" if r.get("where_detail") else ""
+        step = r.get("step") if r.get("step") is not None else "-"
+        line = f"  rank {r.get('rank')}  pid {r.get('pid')}  step {step}  {rate}  "
+        text.append(line, style="dim")
+        text.append(
+            f"{where}{detail}"[: max(10, width - len(line) - 2)] + "\n", style=_WHERE_STYLES.get(where, "")
+        )
+    return text
+
+
+_WHERE_STYLES = {"computing": "green", "collective": "yellow", "idle": "dim"}
 
 
 def _usage_line(detail: Detail) -> Text:

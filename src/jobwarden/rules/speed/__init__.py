@@ -32,12 +32,13 @@ SPEED_RULES = frozenset(
         "gpu-not-used",
         "gpu-throttled",
         "gpu-shared",
+        "straggler",
     }
 )
 
 
 def _judges() -> list[Callable[[SpeedEvidence], Finding | None]]:
-    from jobwarden.rules.speed import cpu, gpu, loading, stalls, steps, storage, threads
+    from jobwarden.rules.speed import cpu, gpu, loading, ranks, stalls, steps, storage, threads
 
     # CPU causes first and only one of them: a quota, then the job's own threads, then its neighbours
     return [
@@ -55,6 +56,7 @@ def _judges() -> list[Callable[[SpeedEvidence], Finding | None]]:
         steps.slowed_down,
         threads.worker_respawn,
         threads.gil_bound,
+        ranks.straggler,
     ]
 
 
@@ -71,6 +73,7 @@ JUDGED = (
     "slowed-down",
     "worker-respawn",
     "gil-bound",
+    "straggler",
 )
 
 

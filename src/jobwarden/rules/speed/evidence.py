@@ -110,6 +110,34 @@ class StackSample:
 
 
 @dataclass(frozen=True)
+class RankView:
+    """One rank process of a distributed job over the window: where its main thread was each time the
+    shim looked (rules.speed.ranks.WHERE), as shares of those looks, and its own counters, for the
+    straggler's why."""
+
+    rank: int
+    pid: int
+    local_rank: int | None = None
+    node: int | None = None
+    looks: int = 0  # times its main thread was looked at in the window
+    shares: tuple[tuple[str, float], ...] = ()  # (where, share of the looks), largest first
+    halves: tuple[float, float] | None = None  # share in a collective in the older, the newer half of them
+    where: str = "unknown"  # at the last look
+    where_detail: str = ""  # the system call, or the frame a stack sample showed
+    step: int | None = None  # its own step counter, where it has a bar of its own (the hooks' record)
+    rate: float | None = None  # its steps a second over the window
+    cpu_used: float = 0.0  # CPUs it used on average (schedstat)
+    wait_share: float = 0.0  # of the time it could run, the share it waited for a CPU (run queue delay)
+    quota_cpus: float | None = None  # the quota of its own cpu cgroup, where that differs from the job's
+    throttled_share: float | None = None  # of that cgroup's periods in the window, the share throttled
+    idle_detail: str = ""  # what its main thread slept in, where it slept (a frame, else the call)
+    data_detail: str = ""  # the DataLoader frame it waited in, where a stack sample showed one
+
+    def share(self, where: str) -> float:
+        return next((s for w, s in self.shares if w == where), 0.0)
+
+
+@dataclass(frozen=True)
 class SpeedEvidence:
     window_s: float  # the seconds the deltas below cover
     cpus: float  # the job's CPU allowance: affinity ∩ quota
@@ -152,6 +180,7 @@ class SpeedEvidence:
     loader_worker_cpu: float = 0.0  # CPUs they used on average over the window
     worker_batches: tuple[WorkerBatch, ...] = ()  # oldest first (worker-respawn)
     thread_reads: tuple[ThreadsRead, ...] = ()  # busy processes' threads, oldest first (gil-bound)
+    ranks: tuple[RankView, ...] = ()  # the rank processes on this node, by rank (straggler)
 
     @property
     def wants_s(self) -> float:

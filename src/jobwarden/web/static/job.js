@@ -189,6 +189,18 @@ function renderProcesses(procs, mainPid) {
       jw.el("td", { class: "cmd", title: p.cmdline }, p.cmdline))));
 }
 
+function renderRanks(ranks) {
+  // each rank of a running distributed job: its own step and rate, where its main thread is
+  const rows = ranks || [];
+  document.getElementById("ranks").hidden = rows.length === 0;
+  document.querySelector("#rank-rows tbody").replaceChildren(...rows.map((r) =>
+    jw.el("tr", { "data-rank": r.rank },
+      jw.el("td", { class: "num" }, r.rank), jw.el("td", { class: "num" }, r.pid),
+      jw.el("td", { class: "num" }, r.step ?? ""),
+      jw.el("td", { class: "num" }, r.rate === null || r.rate === undefined ? "" : `${r.rate.toFixed(2)}/s`),
+      jw.el("td", {}, r.where || ""), jw.el("td", {}, r.where_detail || ""))));
+}
+
 function metricsText(metrics) {
   // the loss first (progress.model.loss_name), then what else the job reported
   const names = Object.keys(metrics || {});
@@ -245,6 +257,7 @@ async function refreshStatus() {
     renderAttempts(s.runs);
     refreshChanges(s);
     renderProcesses(s.processes, s.pid);
+    renderRanks(s.ranks);
     jw.showError("");
     jw.stamp();
   } catch (e) {

@@ -1,0 +1,281 @@
+"""Ranks of a distributed job: where each rank's main thread is, and `straggler`, the rank the others wait
+for (DESIGN.md "Ranks").
+
+Ranks that synchronise in every collective run at the speed of the slowest: their step counts stay equal,
+so a straggler shows not in its steps but in where the time goes: it computes (or sleeps, or waits on its
+data, or on a CPU its quota denies it) while the others sit in their all_reduce waiting for it
+(research/ranks.md 3). With the others waiting a share w of their step, the straggler's step is about
+1 / (1 - w) times theirs, and w is the share of the job's time lost to it.
+
+Where a main thread is comes from what the shim reads each tick, cheapest first: its state (R: computing,
+D: I/O) and the system call it is blocked in (a sleep: idle; a futex or poll wait: in a rank with no
+DataLoader workers, its collective: gloo's main thread waits on its work's condition variable, measured
+here at 100 % of the looks of a rank waiting for a slower peer); a stack sample of that rank, where one was
+taken, names the frame (torch.distributed's collectives, the DataLoader)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from jobwarden.model import Finding
+from jobwarden.rules.speed.evidence import RankView, SpeedEvidence, StackSample
+
+WHERE = ("computing", "collective", "data", "io", "idle", "unknown")
+
+# System calls by name (their numbers differ by architecture: SYSCALL_NAMES)
+_SLEEPS = frozenset({"nanosleep", "clock_nanosleep"})
+_WAITS = frozenset(
+    {
+        "futex",
+        "futex_waitv",
+        "poll",
+        "ppoll",
+        "select",
+        "pselect6",
+        "epoll_wait",
+        "epoll_pwait",
+        "epoll_pwait2",
+        "recvfrom",
+        "recvmsg",
+        "accept",
+        "accept4",
+    }
+)
+_READS = frozenset({"read", "pread64", "readv", "preadv", "preadv2", "openat", "fsync", "fdatasync", "write"})
+SYSCALL_NAMES: dict[str, dict[int, str]] = {
+    "x86_64": {
+        0: "read",
+        1: "write",
+        7: "poll",
+        17: "pread64",
+        19: "readv",
+        23: "select",
+        35: "nanosleep",
+        43: "accept",
+        45: "recvfrom",
+        47: "recvmsg",
+        74: "fsync",
+        75: "fdatasync",
+        202: "futex",
+        230: "clock_nanosleep",
+        232: "epoll_wait",
+        257: "openat",
+        270: "pselect6",
+        271: "ppoll",
+        281: "epoll_pwait",
+        288: "accept4",
+        295: "preadv",
+        327: "preadv2",
+        441: "epoll_pwait2",
+        449: "futex_waitv",
+    },
+    "aarch64": {
+        22: "epoll_pwait",
+        56: "openat",
+        63: "read",
+        64: "write",
+        65: "readv",
+        67: "pread64",
+        69: "preadv",
+        72: "pselect6",
+        73: "ppoll",
+        82: "fsync",
+        83: "fdatasync",
+        98: "futex",
+        101: "nanosleep",
+        115: "clock_nanosleep",
+        202: "accept",
+        207: "recvfrom",
+        212: "recvmsg",
+        242: "accept4",
+        286: "preadv2",
+        441: "epoll_pwait2",
+        449: "futex_waitv",
+    },
+}
+
+_PY_COLLECTIVE = "torch/distributed/distributed_c10d.py"  # as rules.hang.collective
+_NATIVE_COLLECTIVE = ("c10d::", "ProcessGroupNCCL", "ProcessGroupGloo", "nccl", "gloo::")
+_PY_DATA = "torch/utils/data/"
+
+COLLECTIVE_SHARE = 0.20  # the others' median share of looks in a collective: below, nobody waits much
+SUSPECT_OF = 0.5  # a straggler's own share is at most this much of the others' median
+SLOWER = 1.3  # DESIGN: at least this many times slower per step than the others
+MIN_LOOKS = 12  # looks at each rank in the window (one a tick): fewer are a blip (a start-up)
+WHY_SHARE = 0.20  # a share of a straggler's looks (sleeping, its data, I/O) worth naming as its why
+THROTTLED = 0.10  # of its own cgroup's periods throttled: its quota holds it back
+WAIT_SHARE = 0.25  # of its runnable time waiting for a CPU (as rules.speed.cpu)
+WARN_SHARE = 0.40  # the job's time lost above this: a warning; below, info
+MOST_TIMES = (
+    20.0  # the others in their collectives 95 % of the looks or more: the factor is no longer measured
+)
+
+
+def where_of(state: str, syscall: str | None, has_loader: bool) -> tuple[str, str]:
+    """Where a rank's main thread is, from its state and the call it is blocked in: (where, detail)."""
+    if state == "R" or syscall == "running":  # "running": it woke between the two reads
+        return "computing", "running or runnable"
+    if state == "D":
+        return "io", f"uninterruptible wait{f' in {syscall}' if syscall else ''}"
+    if syscall in _SLEEPS:
+        return "idle", syscall
+    if syscall in _WAITS:
+        # a rank that has DataLoader workers may be waiting on them as well as on its peers
+        return ("unknown" if has_loader else "collective"), f"{syscall} wait"
+    if syscall in _READS:
+        return "io", syscall
+    return "unknown", syscall or ""
+
+
+def stack_where(sample: StackSample) -> tuple[str, str] | None:
+    """What a stack sample of a blocked main thread says it waits in: a collective or the DataLoader,
+    with the frame; None when it shows neither."""
+    for function, file in sample.frames:  # innermost first
+        if _PY_COLLECTIVE in file or any(m in function for m in _NATIVE_COLLECTIVE):
+            return "collective", function
+        if _PY_DATA in file:
+            return "data", function
+    return None
+
+
+def straggler(ev: SpeedEvidence) -> Finding | None:
+    ranks = [r for r in ev.ranks if r.looks >= MIN_LOOKS]
+    if len(ranks) < 2:
+        return None
+    suspects = [r for r in ranks if _lags(r, [o for o in ranks if o is not r])]
+    if not suspects or (len(ranks) > 2 and 2 * len(suspects) >= len(ranks)):  # a few, not half the job
+        return None
+    others = [r for r in ranks if r not in suspects]
+    waiting = statistics.median(r.share("collective") for r in others)
+    slower = 1 / max(1 - waiting, 1 / MOST_TIMES)
+    times = f"more than {MOST_TIMES:.0f}×" if slower >= MOST_TIMES else f"about {_factor(slower)}×"
+    if slower < SLOWER:
+        return None
+    slow = min(suspects, key=lambda r: r.share("collective"))
+    why = _why(slow, others, ev)
+    names = ", ".join(str(r.rank) for r in sorted(suspects, key=lambda r: r.rank) if r is not slow)
+    also = f" (and rank{'s' if len(suspects) > 2 else ''} {names})" if len(suspects) > 1 else ""
+    evidence = [
+        *(_share_line(r) for r in sorted(ranks, key=lambda r: r.rank)),
+        *why,
+    ]
+    return Finding(
+        "straggler",
+        f"Rank {slow.rank} is a straggler: {times} slower per step than the others{also}",
+        f"The other ranks spend {100 * waiting:.0f}% of their time in their collectives waiting for rank "
+        f"{slow.rank}, which spends {100 * slow.share('collective'):.0f}% there: its step takes "
+        f"{times} theirs, and the job loses about {100 * waiting:.0f}% of its time to it."
+        + (f" Why: {why[0]}." if why else ""),
+        "warning" if waiting >= WARN_SHARE else "info",
+        tuple(evidence),
+        _remedy(slow, why),
+        (slow.pid, *(r.pid for r in sorted(suspects, key=lambda r: r.rank) if r is not slow)),
+        slow.rank,
+    )
+
+
+def _lags(rank: RankView, others: Sequence[RankView]) -> bool:
+    """Far less in its collectives than the others are, over the window and in each half of it (where
+    the shim split it): a start-up where one rank waits for another to import torch is a blip."""
+    if not _lags_in(rank.share("collective"), [o.share("collective") for o in others]):
+        return False
+    halves = [o.halves for o in others if o.halves is not None]
+    if rank.halves is None or len(halves) < len(others):
+        return True  # not split: the window alone
+    return all(_lags_in(rank.halves[i], [h[i] for h in halves]) for i in (0, 1))
+
+
+def _lags_in(share: float, others: Sequence[float]) -> bool:
+    median = statistics.median(others)
+    return median >= COLLECTIVE_SHARE and share <= SUSPECT_OF * median
+
+
+def _share_line(r: RankView) -> str:
+    rest = ", ".join(f"{w} {100 * s:.0f}%" for w, s in r.shares if w != "collective" and s >= 0.05)
+    return (
+        f"rank {r.rank} (pid {r.pid}): in collectives {100 * r.share('collective'):.0f}% of {r.looks} looks"
+        + (f"; {rest}" if rest else "")
+    )
+
+
+def _why(r: RankView, others: Sequence[RankView], ev: SpeedEvidence) -> list[str]:
+    """What that rank's own counters show holds it back, strongest first: its own quota, then by the
+    share of its time each took. Only what sets it apart: a wait for a CPU that every rank shares (a
+    loaded machine) is not its why."""
+    found: list[tuple[float, str]] = []
+    if r.quota_cpus is not None and (r.throttled_share or 0.0) >= THROTTLED:
+        found.append(
+            (
+                2.0,
+                f"its cpu cgroup's quota of {_cpus(r.quota_cpus)} throttled it in "
+                f"{100 * (r.throttled_share or 0.0):.0f}% of the periods (cpu.stat); it used "
+                f"{r.cpu_used:.2f} CPUs",
+            )
+        )
+    usual_wait = statistics.median(o.wait_share for o in others) if others else 0.0
+    if r.wait_share >= WAIT_SHARE and r.wait_share >= 2 * usual_wait:
+        near = [n for n in ev.neighbours if n.cpu >= 0.2]
+        who = "".join(f"; pid {n.pid} ({n.user}) used {n.cpu:.2f} CPUs: {n.cmdline[:60]}" for n in near[:1])
+        found.append(
+            (
+                r.wait_share,
+                f"it waited for a CPU {100 * r.wait_share:.0f}% of the time it could run (run queue delay, "
+                f"/proc/PID/schedstat; the others {100 * usual_wait:.0f}%){who}",
+            )
+        )
+    for where, what, detail in (
+        ("idle", "slept", r.idle_detail),
+        ("data", "waited on its DataLoader", r.data_detail),
+        ("io", "waited on storage", ""),
+    ):
+        if r.share(where) >= WHY_SHARE:
+            share = r.share(where)
+            text = f"its main thread {what} in {100 * share:.0f}% of the looks" + (
+                f" ({detail})" if detail else ""
+            )
+            found.append((share, text))
+    slow_gpus = [c for c in ev.gpu_clocks if c.reasons and c.sm_mhz < 0.9 * c.sm_max_mhz]
+    for c in slow_gpus[:1]:
+        found.append((0.0, f"GPU {c.gpu_index} of the job runs at {c.sm_mhz} of {c.sm_max_mhz} MHz"))
+    if not found and r.share("computing") >= WHY_SHARE:
+        found.append(
+            (
+                r.share("computing"),
+                f"its main thread computed in {100 * r.share('computing'):.0f}% of the looks: more work, or "
+                "a slower CPU, than the others",
+            )
+        )
+    return [text for _, text in sorted(found, key=lambda wt: -wt[0])]
+
+
+def _remedy(r: RankView, why: list[str]) -> str:
+    first = why[0] if why else ""
+    if "quota" in first:
+        return (
+            f"Give rank {r.rank} the CPUs the others have: raise its cgroup's quota (cpu.max), or place "
+            "the ranks evenly (one quota per rank sized alike)."
+        )
+    if "waited for a CPU" in first:
+        return (
+            f"Give rank {r.rank} CPUs nobody else uses: bind each rank to its own cores (taskset, "
+            "torchrun --local-ranks-filter / numactl), and move or stop the processes that share them."
+        )
+    if "slept" in first:
+        return f"Find what rank {r.rank} waits for in its sleep (a rank-dependent branch, a retry loop)."
+    if "DataLoader" in first:
+        return f"Give rank {r.rank}'s DataLoader more workers or a faster source of data."
+    return (
+        f"Find what rank {r.rank} does that the others do not (`jobwarden profile`, a py-spy dump of pid "
+        f"{r.pid}): uneven work, a slower device or node."
+    )
+
+
+def _factor(times: float) -> str:
+    """1.6, 2.4, then whole numbers: the title is rewritten when it changes (shim.findings), and 9.5 or
+    9.8 say the same."""
+    return f"{times:.1f}" if times < 3 else f"{times:.0f}"
+
+
+def _cpus(n: float) -> str:
+    return f"{n:.2f}".rstrip("0").rstrip(".") + (" CPU" if abs(n - 1) < 1e-9 else " CPUs")

@@ -1,0 +1,53 @@
+"""A rank of a gloo job under torchrun, for the straggler tests (tests/integration/test_speed_ranks.py).
+Each step: a little matrix work, then an all_reduce with every rank (so the ranks keep step); the step
+count in a tqdm bar of its own (the hooks read it per process).
+
+  ranks_job.py balanced            every rank alike
+  ranks_job.py sleep RANK [UNTIL]  RANK also sleeps SLEEP_S in each step (in its main thread), until the
+                                   file UNTIL exists (then it catches up)
+  ranks_job.py quota RANK DIR      RANK puts itself into the cpu cgroup DIR (root; its quota) before its
+                                   first step, and each step's work is larger (the quota must bite)
+
+Rank 0 writes "ready" once every rank has done READY_STEPS steps in its mode. Runs until stopped."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+SLEEP_S = 0.03
+READY_STEPS = 20
+
+
+def main(argv: list[str]) -> int:
+    mode = argv[0]
+    slow = int(argv[1]) if len(argv) > 1 else -1
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=300))
+    rank = dist.get_rank()
+    if mode == "quota" and rank == slow:
+        with open(f"{argv[2]}/cgroup.procs", "w") as fh:
+            fh.write("0")  # this process (the writer's own thread group)
+    size = 160 if mode == "quota" else 96
+    x = torch.randn(size, size)
+    total = torch.zeros(1)
+    for step in tqdm(range(10**9), mininterval=0.5, desc=f"rank {rank}"):
+        for _ in range(4):
+            y = x @ x
+        if mode == "sleep" and rank == slow and not (len(argv) > 2 and os.path.exists(argv[2])):
+            time.sleep(SLEEP_S)  # the straggler's extra time: the others wait for it in all_reduce
+        total += float(y[0, 0] > 1e9)
+        dist.all_reduce(total)
+        if step == READY_STEPS and rank == 0:
+            print("ready", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

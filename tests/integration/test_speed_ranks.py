@@ -1,0 +1,152 @@
+"""Ranks of a real distributed job (torchrun, gloo on 127.0.0.1) under `jobwarden run`: `status --json`'s
+`ranks` rows, the text table and each rank's step rate in `/metrics`, and `straggler` on the rank the
+others wait for — a rank that sleeps in each step (named with the sleep as its why, within 60 s at the
+default settings, and resolved once it catches up), a rank moved into a 0.1-CPU cgroup (named with its
+quota) — and no straggler for balanced ranks beside a CPU hog outside the job.
+
+Handshakes: rank 0 says "ready" once the ranks step together; a finding is polled for with a deadline.
+Every process started here is reaped (the hog by the test, the jobs by `jobwarden stop`, the fixture
+checks)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import MEASURED, Jobwarden
+from tests.integration.test_rootcause import free_port
+from tests.integration.test_speed import CI, cpu_cgroup_parent, eventually, finding, ready, stop
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+JOB = Path(__file__).resolve().parent / "jobs" / "ranks_job.py"
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+WHERE = {"computing", "collective", "data", "io", "idle", "unknown"}
+NAMED_WITHIN_S = 60.0  # DESIGN: a straggler is named within a minute of its onset, at the default settings
+
+
+@pytest.fixture(autouse=True)
+def private_tmp(jw: Jobwarden, tmp_path: Path) -> None:
+    jw.env["TMPDIR"] = str(tmp_path)  # torchrun leaves folders there
+
+
+def start_ranks(jw: Jobwarden, *args: str, nproc: int = 2) -> int:
+    command = (str(TORCHRUN), "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1")
+    port = ("--master-port", str(free_port()))
+    return int(jw.start(*command, *port, str(JOB), *args)["id"])
+
+
+def ranks_of(jw: Jobwarden, job: int) -> list[dict[str, Any]]:
+    return list(jw.status(job)["ranks"])
+
+
+def rank_pid(jw: Jobwarden, job: int, rank: int) -> int:
+    rows = eventually("rank rows", lambda: ranks_of(jw, job))
+    return int(next(r["pid"] for r in rows if r["rank"] == rank))
+
+
+@pytest.fixture
+def tenth_cpu_cgroup() -> Iterator[Path]:
+    parent = cpu_cgroup_parent()
+    if os.geteuid() != 0 or parent is None:
+        if CI:
+            pytest.fail("CI runs as root on a machine with a cpu cgroup hierarchy")
+        pytest.skip("needs root and a cpu cgroup hierarchy")
+    path = parent / f"jobwarden-rank-test-{os.getpid()}"
+    path.mkdir()
+    try:
+        if (path / "cpu.max").exists():
+            (path / "cpu.max").write_text("10000 100000")
+        else:
+            (path / "cpu.cfs_quota_us").write_text("10000")  # 0.1 CPU, period 100 ms
+        yield path
+    finally:
+        deadline = time.monotonic() + 30
+        while (path / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.1)  # the stopped job's last process leaving
+        path.rmdir()
+
+
+def test_a_rank_that_sleeps_is_the_straggler_until_it_catches_up(jw: Jobwarden, tmp_path: Path) -> None:
+    caught_up = tmp_path / "caught-up"
+    job = start_ranks(jw, "sleep", "1", str(caught_up))
+    try:
+        ready(jw, job)
+        onset = time.monotonic()
+        slow = rank_pid(jw, job, 1)
+        f = eventually("straggler on rank 1", lambda: finding(jw, job, "straggler"))
+        named_after = time.monotonic() - onset
+        MEASURED.setdefault("straggler", {})["a sleeping rank named after ready (s)"] = named_after
+        assert named_after <= NAMED_WITHIN_S, named_after
+        assert f["rank"] == 1 and f["pids"][0] == slow, f
+        assert f["title"].startswith("Rank 1 is a straggler: ")
+        assert f["title"].endswith("× slower per step than the others"), f["title"]
+        assert any(e.startswith("rank 0 (pid ") and "in collectives" in e for e in f["evidence"]), f
+        assert any("slept in" in e and "clock_nanosleep" in e for e in f["evidence"]), f
+        # the rows of `status`: both ranks, each with its own step counter and where it is
+        rows = eventually("both ranks with steps", lambda: _stepping(ranks_of(jw, job), 2))
+        assert [r["rank"] for r in rows] == [0, 1] and rows[1]["pid"] == slow
+        assert all(r["where"] in WHERE and r["local_rank"] == r["rank"] for r in rows)
+        assert {r["node"] for r in rows} == {socket.gethostname().split(".")[0]}
+        text = jw("status", str(job), check=True).stdout
+        assert "  RANK      PID     STEP      RATE  WHERE" in text and "[straggler] Rank 1" in text
+        metrics = jw("metrics", str(job), "--prometheus", check=True).stdout
+        assert f'jobwarden_rank_step_rate{{job_id="{job}",job_name=' in metrics and ',rank="1"}' in metrics
+        # it catches up: the finding is resolved, never shown as current
+        caught_up.touch()
+        eventually("straggler resolved", lambda: finding(jw, job, "straggler") is None)
+        assert any(g["rule"] == "straggler" and g["resolved_at"] for g in jw.status(job)["findings"])
+    finally:
+        stop(jw, job)
+    assert jw.status(job)["ranks"] == []  # an ended run's ranks are nowhere
+
+
+def test_a_rank_under_a_tenth_of_a_cpu_is_the_straggler_named_with_its_quota(
+    jw: Jobwarden, tenth_cpu_cgroup: Path
+) -> None:
+    job = start_ranks(jw, "quota", "1", str(tenth_cpu_cgroup))
+    try:
+        ready(jw, job)
+        slow = rank_pid(jw, job, 1)
+        assert str(slow) in (tenth_cpu_cgroup / "cgroup.procs").read_text().split()
+        f = eventually(
+            "straggler on rank 1 with its quota",
+            lambda: (
+                (f := finding(jw, job, "straggler"))
+                and any("quota of 0.1 CPUs" in e for e in f["evidence"])
+                and f
+            ),
+        )
+        assert f["rank"] == 1 and f["pids"][0] == slow, f
+        assert "Why: its cpu cgroup's quota of 0.1 CPUs" in f["summary"] and "quota" in f["remedy"]
+    finally:
+        stop(jw, job)
+
+
+def test_balanced_ranks_beside_a_cpu_hog_have_no_straggler(jw: Jobwarden) -> None:
+    job = start_ranks(jw, "balanced")
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        ready(jw, job)
+        eventually("both ranks with steps", lambda: _stepping(ranks_of(jw, job), 2))
+        # the speed watch judges every 4 s over 20 s: 30 s is a window and a half, seven judgements
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert finding(jw, job, "straggler") is None
+            time.sleep(1.0)  # looking, not waiting for something: the deadline bounds it
+        assert not any(f["rule"] == "straggler" for f in jw.status(job)["findings"])
+    finally:
+        hog.kill()
+        hog.wait()
+        stop(jw, job)
+
+
+def _stepping(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]] | None:
+    return rows if len(rows) == n and all(isinstance(r["step"], int) for r in rows) else None
