@@ -18,6 +18,8 @@ from jobwarden.cli.commands import COMMANDS, load
 from jobwarden.cli.parser import UnknownCommand, build_parser, did_you_mean, public_commands
 from jobwarden.errors import JobwardenError
 
+__all__ = ["build_parser", "console_entry", "main", "public_commands"]
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -37,8 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         clock.default_utc = _config_utc
     from jobwarden.cli.common import note_namesakes
 
-    handle: Callable[[argparse.Namespace], int] = load(args.command).handle
     try:
+        handle: Callable[[argparse.Namespace], int] = load(args.command).handle  # imported by the parse
         note_namesakes(args)  # a JOB given by a name that older live jobs share: said first
         return handle(args)
     except JobwardenError as err:  # a message may quote a job's name, command or output: sanitised
