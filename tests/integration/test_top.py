@@ -244,7 +244,8 @@ def test_top_bad_interval_names_the_option(jw: Jobwarden, interval: str, said: s
 def test_run_never_imports_the_terminal_ui() -> None:
     code = (
         "import sys\n"
-        "from jobwarden.cli import main, handlers\n"
+        "from jobwarden.cli import main\n"
+        "import jobwarden.cli.commands.run, jobwarden.cli.commands.top\n"
         "import jobwarden.control.launch\n"
         "main.build_parser('run'); main.build_parser()\n"
         "loaded = [m for m in ('textual', 'rich', 'jobwarden.tui') if m in sys.modules]\n"

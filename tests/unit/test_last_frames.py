@@ -1,11 +1,11 @@
-"""`logs` into a pipe: each line as its last frame, fed in chunks cut anywhere (cli.logscmd.LastFrames)."""
+"""`logs` into a pipe: each line as its last frame, fed in chunks cut anywhere (cli.joboutput.LastFrames)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobwarden.cli.logscmd import HELD_MAX, LastFrames, last_frame_bytes
+from jobwarden.cli.joboutput import HELD_MAX, LastFrames, last_frame_bytes
 
 
 def piped(chunks: list[bytes]) -> bytes:

@@ -190,3 +190,63 @@ def test_the_shim_never_imports_control() -> None:
 
 def test_the_checker_flags_an_unknown_package() -> None:
     assert len(violations("jobwarden.cli.main", "import jobwarden.plugins.x\n")) == 1
+
+
+# --- no import cycles ---------------------------------------------------------------------------------
+
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """module -> the modules of `sources` it imports (lazy imports and TYPE_CHECKING ones count too)."""
+    return {
+        module: {t for _, t in imports_of(source, module, is_package) if t in sources and t != module}
+        for module, (source, is_package) in sources.items()
+    }
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted: every cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """A cycle (the CLI's parser -> handlers -> completion -> parser was one) makes the import order
+    matter and every module of it one to understand at once; the registry loads a command by its name."""
+    sources = {m: (p.read_text(), p.name == "__init__.py") for m, p in all_modules().items()}
+    assert cycles(import_graph(sources)) == []
+
+
+def test_the_cycle_checker_finds_a_cycle_through_a_lazy_import() -> None:
+    sources = {
+        "jobwarden.cli.a": ("from jobwarden.cli.b import x\n", False),
+        "jobwarden.cli.b": ("def f():\n    from jobwarden.cli.c import y\n", False),
+        "jobwarden.cli.c": ("import jobwarden.cli.a\n", False),
+        "jobwarden.cli.d": ("import jobwarden.cli.a\n", False),
+    }
+    assert cycles(import_graph(sources)) == [["jobwarden.cli.a", "jobwarden.cli.b", "jobwarden.cli.c"]]

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from jobwarden import trace
-from jobwarden.cli import handlers, main
+from jobwarden.cli import main
+from jobwarden.cli.commands import ps
 
 
 @pytest.fixture(autouse=True)
@@ -25,7 +26,7 @@ def test_an_internal_error_is_one_line_without_a_traceback(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     monkeypatch.setenv("JOBWARDEN_HOME", str(tmp_path))
-    monkeypatch.setitem(handlers.HANDLERS, "ps", _boom)
+    monkeypatch.setattr(ps, "handle", _boom)
     assert main.main(["ps"]) == 70
     err = capsys.readouterr().err
     assert err.startswith("jobwarden: internal error: RuntimeError: a bug\n")
@@ -36,7 +37,7 @@ def test_with_vv_the_internal_error_shows_its_traceback(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     monkeypatch.setenv("JOBWARDEN_HOME", str(tmp_path))
-    monkeypatch.setitem(handlers.HANDLERS, "ps", _boom)
+    monkeypatch.setattr(ps, "handle", _boom)
     assert main.main(["-vv", "ps"]) == 70
     assert "Traceback" in capsys.readouterr().err
 

@@ -11,7 +11,7 @@ namespace other than the host's (cn_proc refuses them), so short-lived processes
 from __future__ import annotations
 
 from jobwarden.config import format_size
-from jobwarden.control.doctor import OK, Check, HostFacts
+from jobwarden.control.doctorfacts import OK, Check, HostFacts
 
 
 def enclosing_counts(enclosing: tuple[str, int | None]) -> str:

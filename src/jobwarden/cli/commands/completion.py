@@ -13,10 +13,13 @@ Install: `jobwarden completion bash > ~/.local/share/bash-completion/completions
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterator
 
 from jobwarden.config import STATE_WORDS
 from jobwarden.errors import UsageError
+
+HELP = "print a shell completion script (bash, zsh or fish)"
 
 SHELLS = ("bash", "zsh", "fish")
 JOBS_COMMAND = "_jobs"  # hidden: prints the ids and names to complete, one a line
@@ -202,30 +205,12 @@ def _fish_quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def run_numbers(words: list[str]) -> list[int]:
-    """`jobwarden _runs CMD WORD...`: the run numbers of the job the words name (the words typed after
-    the subcommand, a last `--run` or not); none when they name no job or one that does not exist."""
-    from jobwarden.cli.main import build_parser
-    from jobwarden.errors import JobwardenError
-    from jobwarden.paths import home_dir
-    from jobwarden.store import Store
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("shell", metavar="SHELL", help="bash, zsh or fish")
 
-    if not words:
-        return []
-    command, rest = words[0], [w for w in words[1:]]
-    while rest and rest[-1] == RUN_OPTION:
-        rest.pop()
-    try:
-        args, _ = build_parser(command).parse_known_args([command, *rest])
-    except SystemExit:  # words argparse refuses (it said so on stderr, which the script drops)
-        return []
-    ref = getattr(args, "job", None)
-    if isinstance(ref, list):
-        ref = ref[0] if len(ref) == 1 else None
-    if not isinstance(ref, str):
-        return []
-    try:
-        with Store(home_dir()) as store:
-            return [run.n for run in store.runs(store.job(ref).id)]
-    except JobwardenError:
-        return []
+
+def handle(args: argparse.Namespace) -> int:
+    from jobwarden.cli.parser import build_parser
+
+    sys.stdout.write(script(args.shell, build_parser()))
+    return 0

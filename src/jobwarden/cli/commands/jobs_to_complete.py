@@ -1,0 +1,22 @@
+"""`jobwarden _jobs` (hidden): the ids and names a shell completion offers, one a line."""
+
+from __future__ import annotations
+
+import argparse
+
+from jobwarden.cli.common import print_lines
+
+HELP = ""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """No arguments."""
+
+
+def handle(args: argparse.Namespace) -> int:
+    from jobwarden.paths import home_dir
+    from jobwarden.store import Store
+
+    with Store(home_dir()) as store:  # one a line: a name that is not printable (an old store's) is left out
+        print_lines(r for pair in store.job_refs() for ref in pair if (r := str(ref)).isprintable())
+    return 0
