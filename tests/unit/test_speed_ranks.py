@@ -11,9 +11,10 @@ from pathlib import Path
 
 from jobwarden.model import ProcessId, ProcessSnapshot, Ranks
 from jobwarden.osapi.procfs import ProcFS
+from jobwarden.osapi.syscalls import NAMES as SYSCALL_NAMES
 from jobwarden.rules.speed import judge
 from jobwarden.rules.speed.evidence import Neighbour, RankView, SpeedEvidence, StackSample
-from jobwarden.rules.speed.ranks import SYSCALL_NAMES, stack_where, straggler, where_of
+from jobwarden.rules.speed.ranks import stack_where, straggler, where_of
 from jobwarden.shim.rankwatch import WINDOW_S, RankHints, RankWatch, rank_processes
 from jobwarden.shim.tree import Member
 

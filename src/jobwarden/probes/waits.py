@@ -10,7 +10,6 @@ MAX_OTHERS other processes for a pipe's other end or a lock's holder, within BUD
 from __future__ import annotations
 
 import os
-import platform
 import pwd
 import stat
 import time
@@ -18,41 +17,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from jobwarden.observations import Wait, WaitParty
+from jobwarden.osapi.syscalls import names_here
 
 MAX_OTHERS = 2000  # processes outside the job whose descriptors are read for a pipe's other end
 BUDGET_S = 0.5  # the whole probe's time, past which what is known is returned
 _F_SETLKW, _F_OFD_SETLKW = 7, 38  # fcntl's waiting lock commands
 _P_ALL, _P_PID = 0, 1  # waitid's idtype
 
-# the calls a wait can be read from, by number, per architecture (unistd.h); another machine: none
-_CALLS = {
-    "x86_64": {
-        0: "read",
-        1: "write",
-        17: "pread64",
-        19: "readv",
-        20: "writev",
-        35: "nanosleep",
-        61: "wait4",
-        72: "fcntl",
-        73: "flock",
-        230: "clock_nanosleep",
-        247: "waitid",
-    },
-    "aarch64": {
-        63: "read",
-        64: "write",
-        65: "readv",
-        66: "writev",
-        67: "pread64",
-        101: "nanosleep",
-        115: "clock_nanosleep",
-        260: "wait4",
-        25: "fcntl",
-        32: "flock",
-        95: "waitid",
-    },
-}
 _READS = {"read", "pread64", "readv"}
 _WRITES = {"write", "writev"}
 _SLEEPS = {"nanosleep", "clock_nanosleep"}
@@ -73,7 +44,7 @@ def blocked_waits(
 class _Probe:
     def __init__(self, proc: Path, job: set[int], parents: Mapping[int, int]) -> None:
         self.proc, self.job, self.parents = proc, job, parents
-        self.calls = _CALLS.get(platform.machine(), {})
+        self.calls = names_here()
         self.deadline = time.monotonic() + BUDGET_S
         self.lock_fds: dict[tuple[int, int], int] = {}  # (pid, tid) -> the descriptor it locks
 

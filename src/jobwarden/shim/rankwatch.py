@@ -31,10 +31,11 @@ from jobwarden.errors import ProcessGone
 from jobwarden.model import ProcessId
 from jobwarden.osapi.cpuquota import CpuCgroup, CpuStat, cpu_cgroup_of
 from jobwarden.osapi.procfs import RUNNING, ProcFS
+from jobwarden.osapi.syscalls import NAMES as SYSCALL_NAMES
 from jobwarden.probes.pyspy import find_py_spy
 from jobwarden.rules.speed.evidence import RankView, StackSample
 from jobwarden.rules.speed.loading import LOADER_WORKER_COMM
-from jobwarden.rules.speed.ranks import SYSCALL_NAMES, WHERE, stack_where, where_of
+from jobwarden.rules.speed.ranks import WHERE, stack_where, where_of
 from jobwarden.rules.speed.stalls import own_frame
 from jobwarden.shim.stacksample import StackDump, stack_every_s
 

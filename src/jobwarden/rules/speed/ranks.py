@@ -23,7 +23,7 @@ from jobwarden.rules.speed.evidence import RankView, SpeedEvidence, StackSample
 
 WHERE = ("computing", "collective", "data", "io", "idle", "unknown")
 
-# System calls by name (their numbers differ by architecture: SYSCALL_NAMES)
+# System calls by name (their numbers differ by architecture: osapi.syscalls.NAMES)
 _SLEEPS = frozenset({"nanosleep", "clock_nanosleep"})
 _WAITS = frozenset(
     {
@@ -43,57 +43,6 @@ _WAITS = frozenset(
     }
 )
 _READS = frozenset({"read", "pread64", "readv", "preadv", "preadv2", "openat", "fsync", "fdatasync", "write"})
-SYSCALL_NAMES: dict[str, dict[int, str]] = {
-    "x86_64": {
-        0: "read",
-        1: "write",
-        7: "poll",
-        17: "pread64",
-        19: "readv",
-        23: "select",
-        35: "nanosleep",
-        43: "accept",
-        45: "recvfrom",
-        47: "recvmsg",
-        74: "fsync",
-        75: "fdatasync",
-        202: "futex",
-        230: "clock_nanosleep",
-        232: "epoll_wait",
-        257: "openat",
-        270: "pselect6",
-        271: "ppoll",
-        281: "epoll_pwait",
-        288: "accept4",
-        295: "preadv",
-        327: "preadv2",
-        441: "epoll_pwait2",
-        449: "futex_waitv",
-    },
-    "aarch64": {
-        22: "epoll_pwait",
-        56: "openat",
-        63: "read",
-        64: "write",
-        65: "readv",
-        67: "pread64",
-        69: "preadv",
-        72: "pselect6",
-        73: "ppoll",
-        82: "fsync",
-        83: "fdatasync",
-        98: "futex",
-        101: "nanosleep",
-        115: "clock_nanosleep",
-        202: "accept",
-        207: "recvfrom",
-        212: "recvmsg",
-        242: "accept4",
-        286: "preadv2",
-        441: "epoll_pwait2",
-        449: "futex_waitv",
-    },
-}
 
 _PY_COLLECTIVE = "torch/distributed/distributed_c10d.py"  # as rules.hang.collective
 _NATIVE_COLLECTIVE = ("c10d::", "ProcessGroupNCCL", "ProcessGroupGloo", "nccl", "gloo::")
