@@ -10,7 +10,6 @@ checks)."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import pytest
 
 from tests.conftest import MEASURED, Jobwarden
 from tests.integration.test_rootcause import free_port
-from tests.integration.test_speed import CI, cpu_cgroup_parent, eventually, finding, ready, stop
+from tests.integration.test_speed import cpu_quota_cgroup, eventually, finding, ready, stop
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 JOB = Path(__file__).resolve().parent / "jobs" / "ranks_job.py"
@@ -54,24 +53,8 @@ def rank_pid(jw: Jobwarden, job: int, rank: int) -> int:
 
 @pytest.fixture
 def tenth_cpu_cgroup() -> Iterator[Path]:
-    parent = cpu_cgroup_parent()
-    if os.geteuid() != 0 or parent is None:
-        if CI:
-            pytest.fail("CI runs as root on a machine with a cpu cgroup hierarchy")
-        pytest.skip("needs root and a cpu cgroup hierarchy")
-    path = parent / f"jobwarden-rank-test-{os.getpid()}"
-    path.mkdir()
-    try:
-        if (path / "cpu.max").exists():
-            (path / "cpu.max").write_text("10000 100000")
-        else:
-            (path / "cpu.cfs_quota_us").write_text("10000")  # 0.1 CPU, period 100 ms
+    with cpu_quota_cgroup("jobwarden-rank-test", 10_000) as path:  # 0.1 CPU
         yield path
-    finally:
-        deadline = time.monotonic() + 30
-        while (path / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
-            time.sleep(0.1)  # the stopped job's last process leaving
-        path.rmdir()
 
 
 def test_a_rank_that_sleeps_is_the_straggler_until_it_catches_up(jw: Jobwarden, tmp_path: Path) -> None:

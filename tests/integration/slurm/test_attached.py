@@ -13,6 +13,7 @@ import pytest
 from jobwarden.store import Store
 from tests.conftest import Jobwarden
 from tests.slurmcluster import SlurmCluster
+from tests.support import eventually
 
 from .conftest import KILL_WAIT_S, jobwarden_argv, jw_env
 
@@ -26,14 +27,7 @@ def _jobs(jw: Jobwarden) -> list[dict[str, Any]]:
 
 
 def _wait_for(check: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} after {timeout_s}s")
-        time.sleep(0.05)
+    return eventually(what, check, timeout_s, every_s=0.05)
 
 
 def _events(jw: Jobwarden, job_id: int) -> list[Any]:
