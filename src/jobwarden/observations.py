@@ -311,3 +311,31 @@ class Fingerprint:
             cuda_driver=d.get("cuda_driver"),
             unknown=tuple((str(k), str(v)) for k, v in (d.get("unknown") or {}).items()),
         )
+
+
+@dataclass(frozen=True)
+class CollectiveCall:
+    """One entry of a rank's PyTorch flight recorder: a collective it called, in the order of its process
+    group (`seq`, torch's collective_seq_id, 1 for the group's first)."""
+
+    group: str  # the process group's name ("default_pg") or id
+    seq: int
+    op: str  # "all_reduce", without the backend's prefix ("gloo:", "nccl:")
+    sizes: tuple[tuple[int, ...], ...]  # each input tensor's shape
+    done: bool  # torch retired it: every rank took part (a hung one is not)
+    frames: tuple[Frame, ...] = ()  # where it was called, innermost first (empty without stacks)
+
+    @property
+    def signature(self) -> tuple[str, tuple[tuple[int, ...], ...]]:
+        """What the ranks must agree on at one sequence number."""
+        return self.op, self.sizes
+
+
+@dataclass(frozen=True)
+class RankRecorder:
+    """A rank's flight recorder, as its hooks dumped it on the shim's request during a hang."""
+
+    pid: int
+    rank: int | None
+    at: float
+    calls: tuple[CollectiveCall, ...]  # oldest first

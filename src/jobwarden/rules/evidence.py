@@ -17,6 +17,7 @@ from jobwarden.observations import (
     ProcessDeath,
     ProcessFacts,
     ProcessStack,
+    RankRecorder,
     UncaughtException,
 )
 from jobwarden.osapi.process import WaitStatus
@@ -62,6 +63,7 @@ class RunEvidence:
     processes: Sequence[ProcessFacts] = ()  # live when judged
     deaths: Sequence[ProcessDeath] = ()  # processes of the run that ended, the main one included
     stacks: Sequence[ProcessStack] = ()  # the latest stacks of the live processes
+    recorders: Sequence[RankRecorder] = ()  # each rank's PyTorch flight recorder, read on a hang
     forks: Sequence[ForkRecord] = ()
     fork_requests: Sequence[ForkRequest] = ()  # explicit get_context("fork") / set_start_method("fork")
     oom: OomEvidence | None = None

@@ -215,13 +215,18 @@ class Diagnoser:
         hung: bool = False,
     ) -> Verdict | None:
         """Gather the evidence, ask the rules, record what is new (with the stacks it rests on)."""
+        from jobwarden.probes import flightrec
         from jobwarden.probes.pyhooks import read_fork_requests, read_forks
         from jobwarden.probes.stacks import capture_stacks
         from jobwarden.rules import RunEvidence, explain
         from jobwarden.rules.table import LIVE  # what the shim may conclude while the run is live
 
         snaps = snaps or self.tree.sample(now)
+        # the ranks' flight recorders are asked first: they answer while the stacks are captured, and
+        # the wait for what is still missing comes after (at most flightrec.WAIT_S)
+        asked = flightrec.request(self.py_dir, sorted(self.tree.members)) if hung else []
         stacks = capture_stacks(stack_pids, procfs=self.procfs, py_dir=self.py_dir, timeout_s=STACK_TIMEOUT_S)
+        recorders = flightrec.collect(asked) if asked else []
         evidence = RunEvidence(
             state="running",
             exit_code=None,
@@ -239,6 +244,7 @@ class Diagnoser:
             processes=self.facts(snaps),
             deaths=tuple(self.deaths),
             stacks=tuple(stacks),
+            recorders=tuple(recorders),
             forks=tuple(read_forks(self.py_dir)),
             fork_requests=tuple(read_fork_requests(self.py_dir)),
             oom=self.oom,
