@@ -30,7 +30,7 @@ Scenarios, and what dies (each ends by itself: a hang is bounded by --bound-s, t
   rank-wrong-op     after 4 more all_reduces, rank 1 calls broadcast where rank 0 calls all_reduce (#6);
                     each announces its call just before it ("broadcast", "all_reduce")
   rank-skips        rank 1 skips the third of 4 more all_reduces, then sleeps ("skipped") while rank 0
-                    waits in its last all_reduce (#6, announced "all_reduce")
+                    waits in the last of them (#5; it announces "all_reduce" before the 4)
   rank-barrier      3 ranks (--nproc_per_node 3): after 4 more all_reduces rank 2 calls barrier where ranks
                     0 and 1 call all_reduce (#6); each announces its call
   fsync-checkpoint  healthy: torch.save + fsync + rename of a checkpoint, --iterations times; exit 0
@@ -327,12 +327,12 @@ def rank_wrong_op() -> int:
 
 
 def rank_skips() -> int:
-    rank = joined_group()
-    steps(skip=2)  # rank 1's 4th all_reduce pairs with rank 0's 3rd (gloo matches by order): one short
-    if rank == 1:
+    if joined_group() == 1:
+        steps(skip=2)  # its 3rd all_reduce pairs with rank 0's 3rd (gloo matches by order): one short
         announce("skipped")
         return wait_for_bound("rank 1")
-    announce("all_reduce")
+    announce("all_reduce")  # before its steps: the last of them (#5) waits for ever
+    steps()
     return all_reduce_again()
 
 
