@@ -105,6 +105,18 @@ def test_the_missing_rank_line_says_where_its_stack_is() -> None:
     assert any("now at wait_for_bound (/srv/mlstack.py:123)" in e for e in f.evidence)
 
 
+def test_without_the_recorders_stacks_the_call_site_comes_from_the_ranks_own_stack() -> None:
+    # the answer without stacks: torch's first symbolisation took longer than the judgement waited
+    bare = [
+        dataclasses.replace(r, calls=tuple(dataclasses.replace(c, frames=()) for c in r.calls))
+        for r in recorded("rank-wrong-op")
+    ]
+    c10d = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    thread = ThreadStack(1, "MainThread", (Frame("broadcast", c10d, 3145), Frame("run", "/srv/train.py", 41)))
+    (f,) = explain(hung(bare, stacks=(ProcessStack(PIDS[1], "py-spy", (thread,)),)))
+    assert f.title == "Rank 1 called broadcast (train.py:41) where rank 0 waits in all_reduce #6"
+
+
 def call(
     seq: int, op: str = "all_reduce", sizes: tuple[int, ...] = (4,), done: bool = True
 ) -> CollectiveCall:

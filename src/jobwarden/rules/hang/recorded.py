@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 
 from jobwarden.model import Finding
-from jobwarden.observations import CollectiveCall, Frame, RankRecorder
+from jobwarden.observations import CollectiveCall, Frame, ProcessStack, RankRecorder
 from jobwarden.rules import frames
 from jobwarden.rules.evidence import RunEvidence
 from jobwarden.rules.hang import desync
 from jobwarden.rules.lookup import Lookup
 
 MAX_LINES = 8
+_C10D = "torch/distributed/distributed_c10d.py"
 
 
 def finding(ev: RunEvidence, look: Lookup, remedy_tail: str) -> Finding | None:
@@ -27,11 +28,11 @@ def finding(ev: RunEvidence, look: Lookup, remedy_tail: str) -> Finding | None:
     evidence.append(f"from each rank's PyTorch flight recorder, process group {found.group}")
     return Finding(
         "collective-hang",
-        _title(found),
+        _title(found, look),
         _summary(found),
         "error",
         tuple(evidence),
-        _remedy(found) + remedy_tail,
+        _remedy(found, look) + remedy_tail,
         tuple(dict.fromkeys(r.pid for r in [*found.culprits, *found.waiting])),
         rank=culprit.rank,
     )
@@ -55,13 +56,24 @@ def _capital(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _site(call: CollectiveCall | None) -> Frame | None:
-    """The job's own frame that made the call (torch's frames are the library's)."""
-    return next((f for f in call.frames if not frames.is_library(f)), None) if call else None
+def _site(call: CollectiveCall | None, stack: ProcessStack | None) -> Frame | None:
+    """The job's own frame that made the call (torch's frames are the library's). The recorder has the
+    call's stack only once torch has symbolised it (its first time costs a rank a second or more, which a
+    judgement does not always wait for); the rank's own stack shows the same call while it still waits
+    in it."""
+    if call is None:
+        return None
+    site = next((f for f in call.frames if not frames.is_library(f)), None)
+    if site is not None or call.done or stack is None:
+        return site
+    for thread in stack.threads:
+        if any(not f.native and frames.name(f) == call.op and frames.is_in(f, _C10D) for f in thread.frames):
+            return frames.call_site(thread)
+    return None
 
 
-def _short_site(call: CollectiveCall | None) -> str:
-    site = _site(call)
+def _short_site(call: CollectiveCall | None, stack: ProcessStack | None) -> str:
+    site = _site(call, stack)
     if site is None:
         return ""
     line = f":{site.line}" if site.line is not None else ""
@@ -72,20 +84,23 @@ def _shape(call: CollectiveCall) -> str:
     return ", ".join(str(list(s)) for s in call.sizes) or "no tensor"
 
 
-def _title(d: desync.Divergence) -> str:
+def _title(d: desync.Divergence, look: Lookup) -> str:
     who, others = _who(d.culprits), _who(d.waiting)
     verb = "wait" if len(d.waiting) > 1 else "waits"
     want = f"{d.expected.op} #{d.seq}"
     if d.missing:
-        return f"{_capital(who)} never called {want}, where {others} {verb}{_short_site(d.expected)}"
+        waiter = d.waiting[0].pid
+        site = _short_site(d.expected, look.stacks.get(waiter))
+        return f"{_capital(who)} never called {want}, where {others} {verb}{site}"
     stray = d.calls[d.culprits[0].pid]
+    stray_site = _short_site(stray, look.stacks.get(d.culprits[0].pid))
     assert stray is not None
     if stray.op == d.expected.op:  # another shape
         return (
-            f"{_capital(who)} called {stray.op} on {_shape(stray)}{_short_site(stray)} where {others} {verb} "
+            f"{_capital(who)} called {stray.op} on {_shape(stray)}{stray_site} where {others} {verb} "
             f"in {want} on {_shape(d.expected)}"
         )
-    return f"{_capital(who)} called {stray.op}{_short_site(stray)} where {others} {verb} in {want}"
+    return f"{_capital(who)} called {stray.op}{stray_site} where {others} {verb} in {want}"
 
 
 def _summary(d: desync.Divergence) -> str:
@@ -129,17 +144,17 @@ def _rank_line(d: desync.Divergence, r: RankRecorder, look: Lookup) -> str:
             text += f"; now at {frames.path_of(thread.frames, 3)}"
         return text
     state = "done" if call.done else "waiting"
-    return f"{who}: {call.op} #{d.seq} on {_shape(call)}{_called(call)}, {state}"
+    return f"{who}: {call.op} #{d.seq} on {_shape(call)}{_called(call, look.stacks.get(r.pid))}, {state}"
 
 
-def _called(call: CollectiveCall) -> str:
-    site = _site(call)
+def _called(call: CollectiveCall, stack: ProcessStack | None = None) -> str:
+    site = _site(call, stack)
     return f", called from {frames.where(site)}" if site else ""
 
 
-def _remedy(d: desync.Divergence) -> str:
+def _remedy(d: desync.Divergence, look: Lookup) -> str:
     who = _who(d.culprits[:1])
-    site = _site(d.calls.get(d.culprits[0].pid) or None)
+    site = _site(d.calls.get(d.culprits[0].pid), look.stacks.get(d.culprits[0].pid))
     where = f" at {frames.where(site)}" if site else ""
     if d.missing:
         return (
