@@ -198,6 +198,28 @@ def test_torchrun_collective_hang_names_the_culprit_from_the_flight_recorder(
     assert any("flight recorder" in e for e in first["evidence"]), first
 
 
+@pytest.mark.parametrize(
+    ("scenario", "ranks", "culprit_says", "title"),
+    [
+        ("rank-wrong-op", 2, "broadcast", "Rank 1 waits in broadcast where rank 0 waits in all_reduce"),
+        ("rank-barrier", 3, "barrier", "Rank 2 waits in barrier where ranks 0 and 1 wait in all_reduce"),
+    ],
+)
+def test_torchrun_collective_hang_from_the_stacks_alone(
+    jw: Jobwarden, tmp_path: Path, scenario: str, ranks: int, culprit_says: str, title: str
+) -> None:
+    jw.env["TORCH_FR_BUFFER_SIZE"] = "0"  # the user turned the recorder off: the stacks are all there is
+    fifo = make_fifo(tmp_path / "ready")
+    options = ("--hang-timeout", "4s", "--on-hang", "stop", "--grace", "2s")
+    job = jw.start(*torchrun(scenario, "--ready", str(fifo), ranks=ranks), options=options)
+    said = [line.split(maxsplit=2) for line in read_lines(fifo, ranks)]
+    culprit, rank = next((int(pid), int(r)) for pid, r, what in said if what == culprit_says)
+    jw("wait", str(job["id"]), "--timeout", "120s")
+    first = assert_root(jw.json("explain", str(job["id"])), "collective-hang", culprit, rank)
+    assert first["title"] == title, first
+    assert not any("flight recorder" in e for e in first["evidence"]), first
+
+
 def call_line(op: str) -> int | None:
     """The line of mlstack.py that calls `dist.<op>(`: the call site the finding names."""
     lines = JOB.read_text().splitlines()
