@@ -148,7 +148,7 @@ def _waiting_line(look: Lookup, c: InCollective) -> str:
 def _title(
     look: Lookup, op: str, in_it: list[InCollective], strays: list[InCollective], elsewhere: bool
 ) -> str:
-    if strays:
+    if strays and not elsewhere:  # a rank outside any collective leads: the title must name what pids[0] is
         stray_ops = sorted({frames.name(c.op) for c in strays})
         who = _who(look, [c.stack.pid for c in strays])
         verb = "wait" if len(strays) > 1 else "waits"
@@ -208,8 +208,9 @@ def _lead(look: Lookup, pid: int) -> str:
 
 def _remedy_tail(job: str) -> str:
     return (
-        f"Dump every rank at the same moment (`jobwarden dump {job}`) and compare where each is; read "
-        "PyTorch's flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE=2000, TORCH_NCCL_DUMP_ON_TIMEOUT=1) with "
-        "`python -m torch.distributed.flight_recorder.fr_trace`; pass timeout= to init_process_group so a "
-        "stuck collective fails instead of hanging."
+        f"Dump every rank at the same moment (`jobwarden dump {job}`) and compare where each is; PyTorch's "
+        "flight recorder (on in jobwarden's Python jobs unless TORCH_FR_BUFFER_SIZE or "
+        "TORCH_NCCL_TRACE_BUFFER_SIZE says otherwise; TORCH_NCCL_DUMP_ON_TIMEOUT=1 dumps it at a timeout) "
+        "reads with `python -m torch.distributed.flight_recorder.fr_trace`; pass timeout= to "
+        "init_process_group so a stuck collective fails instead of hanging."
     )
