@@ -357,3 +357,28 @@ def test_a_forked_child_forgets_its_parents_recorder(tmp_path: Path) -> None:
     with pytest.raises(OSError) as closed:
         os.fstat(fd)
     assert closed.value.errno == errno.EBADF
+
+
+def test_the_wrapped_init_process_group_keeps_its_signature_and_result() -> None:
+    # Lightning and accelerate look for `device_id` in inspect.signature(dist.init_process_group)
+    import inspect
+    import types
+
+    from jobwarden.hooks.site import _jobwarden_hooks as hooks
+
+    def init_process_group(backend: str | None = None, *, device_id: object = None) -> str:
+        """torch's own."""
+        return f"joined {backend}"
+
+    c10d = types.SimpleNamespace(init_process_group=init_process_group)
+    module = types.ModuleType("torch.distributed")
+    module.init_process_group = init_process_group  # type: ignore[attr-defined]
+    module.distributed_c10d = c10d  # type: ignore[attr-defined]
+    hooks.hook_torch_distributed(module)
+    wrapped = module.init_process_group  # type: ignore[attr-defined]
+    assert wrapped is not init_process_group and c10d.init_process_group is wrapped
+    assert "device_id" in inspect.signature(wrapped).parameters
+    assert wrapped.__doc__ == "torch's own."
+    assert wrapped("gloo") == "joined gloo"
+    hooks.hook_torch_distributed(module)  # a second import hook leaves it wrapped once
+    assert module.init_process_group is wrapped  # type: ignore[attr-defined]
