@@ -382,3 +382,15 @@ def test_the_wrapped_init_process_group_keeps_its_signature_and_result() -> None
     assert wrapped("gloo") == "joined gloo"
     hooks.hook_torch_distributed(module)  # a second import hook leaves it wrapped once
     assert module.init_process_group is wrapped  # type: ignore[attr-defined]
+
+
+def test_subgroups_that_share_a_description_are_compared_apart() -> None:
+    # new_group() without group_desc: every subgroup is "undefined"; their names ("1", "2") tell them apart
+    def sub(name: str, op: str) -> CollectiveCall:
+        return CollectiveCall(name, 1, op, ((4,),), True, group_desc="undefined")
+
+    ranks = [
+        rank(0, sub("1", "all_reduce"), sub("2", "broadcast"), call(1, done=False)),
+        rank(1, sub("1", "all_reduce"), sub("2", "broadcast"), call(1, done=False)),
+    ]
+    assert desync.first_divergence(ranks) is None

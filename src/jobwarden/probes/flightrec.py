@@ -151,12 +151,13 @@ def _call(e: object) -> CollectiveCall | None:
     if not isinstance(op, str):
         raise ValueError("op")
     return CollectiveCall(
-        group=group[-1][:100],
+        group=group[0][:100],  # [name, desc]: subgroups share new_group's desc "undefined", never a name
         seq=_int(e.get("seq")),
         op=op.rpartition(":")[2][:100],
         sizes=_sizes(e.get("sizes")),
         done=e.get("retired") is True,
         frames=_frames(e.get("frames")),
+        group_desc=group[-1][:100] if len(group) > 1 else "",
     )
 
 

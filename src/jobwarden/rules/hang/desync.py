@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from jobwarden.observations import CollectiveCall, RankRecorder
 
-DEFAULT_GROUP = "default_pg"
+DEFAULT_GROUP = "0"  # the default group is the first every rank creates
 STEP_OP = "all_reduce"
 
 
@@ -34,7 +34,7 @@ STEP_OP = "all_reduce"
 class Divergence:
     """The first collective where the ranks of one process group part."""
 
-    group: str
+    group: str  # its name ("0"); `expected.group_desc` says what it was created as
     seq: int
     culprits: tuple[RankRecorder, ...]  # the ranks the others wait for, lowest rank first
     waiting: tuple[RankRecorder, ...]  # the others, in the expected call at `seq`

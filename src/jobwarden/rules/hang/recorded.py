@@ -25,7 +25,7 @@ def finding(ev: RunEvidence, look: Lookup, remedy_tail: str) -> Finding | None:
     evidence = [_rank_line(found, r, look) for r in [*found.culprits, *found.waiting][:MAX_LINES]]
     if found.agreed is not None:
         evidence.append(f"the ranks agree up to {found.agreed.op} #{found.agreed.seq}")
-    evidence.append(f"from each rank's PyTorch flight recorder, process group {found.group}")
+    evidence.append(f"from each rank's PyTorch flight recorder, process group {_group(found)}")
     return Finding(
         "collective-hang",
         _title(found, look),
@@ -113,7 +113,7 @@ def _summary(d: desync.Divergence) -> str:
         )
     strays = sorted({c.op for r in d.culprits if (c := d.calls[r.pid]) is not None})
     text = (
-        f"At collective #{d.seq} of process group {d.group}, {others} called {d.expected.op} and {who} "
+        f"At collective #{d.seq} of process group {_group(d)}, {others} called {d.expected.op} and {who} "
         f"called {' and '.join(strays)}: the ranks took different code paths, and each waits for peers that "
         "will never join its call."
     )
@@ -128,6 +128,11 @@ def _summary(d: desync.Divergence) -> str:
             f"{others} strayed instead, the same evidence shows it."
         )
     return text
+
+
+def _group(d: desync.Divergence) -> str:
+    desc = d.expected.group_desc
+    return f"{d.group} ({desc})" if desc and desc != "undefined" else d.group
 
 
 def _rank_line(d: desync.Divergence, r: RankRecorder, look: Lookup) -> str:
