@@ -16,6 +16,7 @@ import pytest
 from jobwarden.observations import (
     CollectiveCall,
     Frame,
+    ProcessDeath,
     ProcessFacts,
     ProcessStack,
     RankRecorder,
@@ -394,3 +395,24 @@ def test_subgroups_that_share_a_description_are_compared_apart() -> None:
         rank(1, sub("1", "all_reduce"), sub("2", "broadcast"), call(1, done=False)),
     ]
     assert desync.first_divergence(ranks) is None
+
+
+# --- gloo's size mismatch: no hang, an abort -----------------------------------------------------------
+
+
+def test_a_rank_that_gloo_aborted_on_a_size_mismatch_is_named_with_it() -> None:
+    # what torchrun printed (tests/fixtures/mlstack/rank-size-mismatch.log): gloo aborted rank 0, which
+    # received 8 where it expected 4; torchrun then SIGTERMed rank 1 and raised ChildFailedError. The
+    # explainer reads the last 400 lines of the output
+    lines = (FIXTURES.parent / "mlstack" / "rank-size-mismatch.log").read_text().splitlines()
+    deaths = (
+        ProcessDeath(11911, 11887, "python mlstack.py rank-size-mismatch", 10.0, None, "SIGABRT", rank=0),
+        ProcessDeath(11912, 11887, "python mlstack.py rank-size-mismatch", 10.1, None, "SIGTERM", rank=1),
+        ProcessDeath(11887, 1, "torchrun mlstack.py rank-size-mismatch", 10.3, 1, None, is_main=True),
+    )
+    ev = RunEvidence("failed", 1, None, "exited", 11887, log_tail=tuple(lines), deaths=deaths)
+    first = explain(ev)[0]
+    assert first.rule == "native-crash" and first.rank == 0 and first.pids[0] == 11911
+    assert first.title.endswith("crashed with SIGABRT: a collective size mismatch (gloo received 8 vs 4)")
+    assert first.remedy.startswith("the ranks called a collective with tensors of different sizes")
+    assert any(e.startswith("gloo (gloo-size-mismatch): ") for e in first.evidence)

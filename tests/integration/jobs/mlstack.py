@@ -33,6 +33,8 @@ Scenarios, and what dies (each ends by itself: a hang is bounded by --bound-s, t
                     waits in the last of them (#5; it announces "all_reduce" before the 4)
   rank-barrier      3 ranks (--nproc_per_node 3): after 4 more all_reduces rank 2 calls barrier where ranks
                     0 and 1 call all_reduce (#6); each announces its call
+  rank-size-mismatch  after 4 more all_reduces rank 1 calls all_reduce on 8 floats where rank 0 calls it on
+                    4: gloo aborts rank 0 (SIGABRT, "Received data size doesn't match expected size")
   fsync-checkpoint  healthy: torch.save + fsync + rename of a checkpoint, --iterations times; exit 0
                     (announces "checkpointing"; under torchrun, one file per rank)
   resource-tracker  healthy: a spawn-context Semaphore and a SharedMemory block shared with a child start
@@ -351,6 +353,16 @@ def rank_barrier() -> int:
     return wait_for_bound(f"rank {rank}")
 
 
+def rank_size_mismatch() -> int:
+    import torch
+    import torch.distributed as dist
+
+    rank = joined_group()
+    steps()
+    dist.all_reduce(torch.ones(8 if rank == 1 else 4))
+    return wait_for_bound(f"rank {rank}")
+
+
 def as_rank(scenario: Callable[[], int]) -> Callable[[], int]:
     if not opts().record:
         return scenario
@@ -441,6 +453,7 @@ SCENARIOS: dict[str, Callable[[], int]] = {
     "rank-wrong-op": rank_wrong_op,
     "rank-skips": rank_skips,
     "rank-barrier": rank_barrier,
+    "rank-size-mismatch": rank_size_mismatch,
     "fsync-checkpoint": fsync_checkpoint,
     "resource-tracker": resource_tracker,
 }
