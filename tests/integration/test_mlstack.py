@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -218,6 +219,28 @@ def test_torchrun_collective_hang_from_the_stacks_alone(
     first = assert_root(jw.json("explain", str(job["id"])), "collective-hang", culprit, rank)
     assert first["title"] == title, first
     assert not any("flight recorder" in e for e in first["evidence"]), first
+
+
+def test_dump_shows_each_ranks_flight_recorder_and_where_they_part(jw: Jobwarden, tmp_path: Path) -> None:
+    fifo = make_fifo(tmp_path / "ready")
+    job = jw.start(*torchrun("rank-wrong-op", "--ready", str(fifo)))
+    said = {what: int(pid) for pid, _, what in (line.split(maxsplit=2) for line in read_lines(fifo, 2))}
+    deadline = time.monotonic() + 60
+    while True:  # each rank announces its call just before it makes it: a dump may come in between
+        dumped = jw("dump", str(job["id"]))
+        assert dumped.returncode == 0, dumped.stderr
+        if "where they part" in dumped.stdout or time.monotonic() > deadline:
+            break
+    jw("stop", str(job["id"]))
+    assert "PyTorch flight recorder, the last 3 collectives of each rank" in dumped.stdout
+    assert (
+        f"rank 1 (pid {said['broadcast']}): all_reduce #4 done, all_reduce #5 done, broadcast #6 waiting"
+        in (dumped.stdout)
+    )
+    line = (
+        f"  where they part: Rank 1 called broadcast (mlstack.py:{call_line('broadcast')}) where rank 0 waits"
+    )
+    assert line in dumped.stdout
 
 
 def call_line(op: str) -> int | None:
