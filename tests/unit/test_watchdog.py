@@ -90,3 +90,16 @@ def test_io_read_every_few_ticks_counts_against_the_last_reading() -> None:
         assert t.observe(now, Progress(output_bytes=0)) is None
     assert t.observe(4, Progress(output_bytes=0, io_bytes=4_600_000)) == "io"
     assert not t.hang_due(12)
+
+
+def test_the_work_of_answering_jobwardens_own_probe_is_no_progress() -> None:
+    # a hung rank asked for its flight recorder symbolises stacks (CPU) and writes its answer (I/O)
+    t = ProgressTracker(window_s=10, now=0)
+    t.observe(1, Progress(output_bytes=5, io_bytes=1000))
+    t.discount(until=20)
+    assert t.observe(12, Progress(output_bytes=5, cpu_percent=95.0)) is None
+    assert t.observe(15, Progress(output_bytes=5, io_bytes=50_000)) is None  # its answer, written
+    assert t.observe(16, Progress(output_bytes=6)) == "output"  # the job's own output still counts
+    assert t.observe(21, Progress(output_bytes=6, io_bytes=60_000)) is None  # first reading after: a baseline
+    assert t.observe(26, Progress(output_bytes=6, cpu_percent=95.0)) == "cpu"
+    assert t.observe(27, Progress(output_bytes=6, io_bytes=70_000)) == "io"

@@ -35,6 +35,9 @@ if TYPE_CHECKING:  # the rules, the stack capture and the GPU watch load at the 
     from jobwarden.shim.progresswatch import StepSign
 
 STACK_TIMEOUT_S = 5.0
+# a rank symbolises its recorder's stacks in ~1.2 CPU-s the first time it is asked (1.9 s measured on a
+# loaded machine), possibly after the judgement stopped waiting for it
+RECORDER_EFFORT_S = 5.0
 LOG_TAIL_LINES = 40
 IO_EVERY_S = 5.0  # /proc/PID/io of every member is read only while the cheaper signs show nothing
 
@@ -227,6 +230,8 @@ class Diagnoser:
         asked = flightrec.request(self.py_dir, sorted(self.tree.members)) if hung else []
         stacks = capture_stacks(stack_pids, procfs=self.procfs, py_dir=self.py_dir, timeout_s=STACK_TIMEOUT_S)
         recorders = flightrec.collect(asked) if asked else []
+        if asked:  # the ranks' answers cost them CPU and a file write: not a sign the job moves again
+            self.tracker.discount(now_mono + STACK_TIMEOUT_S + flightrec.WAIT_S + RECORDER_EFFORT_S)
         evidence = RunEvidence(
             state="running",
             exit_code=None,
