@@ -93,6 +93,7 @@ class Diagnoser:
         self._stopped_seen: set[tuple[int, int]] = set()
         self._oom_judged = 0  # OOM kills counted when the rules last looked
         self._io_at = -IO_EVERY_S
+        self._recorder_answers: dict[int, int] = {}  # rank pid -> mtime_ns of its last recorder answer
         self._boot = procfs.boot_time()
         self.steps: StepSign | None = None  # the run's step counter, when it shows one
 
@@ -175,6 +176,10 @@ class Diagnoser:
         )
 
     def _progress(self, snaps: Sequence[ProcessSnapshot], now_mono: float) -> Progress:
+        if self.tracker.quiet_for(now_mono) >= 1.0 and self._recorder_answered():
+            # a rank answered a flight-recorder request (`jobwarden dump`'s, or a judgement's): its CPU
+            # and the file it wrote are jobwarden's doing, not the job's
+            self.tracker.discount(now_mono + RECORDER_EFFORT_S)
         output = None
         with contextlib.suppress(OSError):
             output = os.stat(self.layout.output_log(self.job.id, self.run)).st_size
@@ -197,6 +202,21 @@ class Diagnoser:
             self._io_at = now_mono
             seen = seen._replace(io_bytes=self._io_bytes())
         return seen
+
+    def _recorder_answered(self) -> bool:
+        """Some member's `<pid>.fr.json` changed since the last look (one stat per member, only while the
+        run is quiet)."""
+        from jobwarden.probes.flightrec import DUMP
+
+        answered = False
+        for pid in list(self.tree.members):
+            try:
+                mtime = os.stat(self.py_dir / f"{pid}{DUMP}").st_mtime_ns
+            except OSError:
+                continue
+            answered |= self._recorder_answers.get(pid) != mtime
+            self._recorder_answers[pid] = mtime
+        return answered
 
     def _io_bytes(self) -> int:
         total = 0
