@@ -8,6 +8,7 @@ import dataclasses
 import errno
 import json
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -371,13 +372,15 @@ def test_the_wrapped_init_process_group_keeps_its_signature_and_result() -> None
         """torch's own."""
         return f"joined {backend}"
 
-    c10d = types.SimpleNamespace(init_process_group=init_process_group)
     module = types.ModuleType("torch.distributed")
     module.init_process_group = init_process_group  # type: ignore[attr-defined]
-    module.distributed_c10d = c10d  # type: ignore[attr-defined]
-    hooks.hook_torch_distributed(module)
+    mesh = types.ModuleType("torch.distributed.device_mesh")  # binds it at import: init_device_mesh's
+    mesh.init_process_group = init_process_group  # type: ignore[attr-defined]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, mesh.__name__, mesh)
+        hooks.hook_torch_distributed(module)
     wrapped = module.init_process_group  # type: ignore[attr-defined]
-    assert wrapped is not init_process_group and c10d.init_process_group is wrapped
+    assert wrapped is not init_process_group and mesh.init_process_group is wrapped  # type: ignore[attr-defined]
     assert "device_id" in inspect.signature(wrapped).parameters
     assert wrapped.__doc__ == "torch's own."
     assert wrapped("gloo") == "joined gloo"

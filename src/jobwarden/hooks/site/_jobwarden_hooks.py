@@ -1365,8 +1365,8 @@ RECORDER_MAX_BYTES = 1 << 20
 
 
 def hook_torch_distributed(module: ModuleType) -> None:
-    """Wrap init_process_group (torch.distributed's name and distributed_c10d's, the same function): once
-    it returns, the process is a rank with collectives to record. torch is never imported here."""
+    """Wrap init_process_group (torch.distributed's name, and every torch.distributed module's that bound
+    it): once it returns, the process is a rank with collectives to record. torch is never imported here."""
     original = getattr(module, "init_process_group", None)
     if original is None or getattr(original, "_jobwarden", False):
         return
@@ -1386,9 +1386,14 @@ def hook_torch_distributed(module: ModuleType) -> None:
     init_process_group.__wrapped__ = original  # type: ignore[attr-defined]  # inspect.signature follows it
     init_process_group._jobwarden = True  # type: ignore[attr-defined]
     module.init_process_group = init_process_group  # type: ignore[attr-defined]
-    c10d = getattr(module, "distributed_c10d", None)
-    if c10d is not None and getattr(c10d, "init_process_group", None) is original:
-        c10d.init_process_group = init_process_group
+    # torch's own modules that bound the function as they were imported: distributed_c10d, and
+    # device_mesh, whose init_device_mesh() creates the default group where the script did not
+    for name, imported in list(sys.modules.items()):
+        if (
+            name.startswith("torch.distributed.")
+            and getattr(imported, "init_process_group", None) is original
+        ):
+            imported.init_process_group = init_process_group  # type: ignore[attr-defined]
 
 
 def recorder_on(environ: Mapping[str, str]) -> bool:
