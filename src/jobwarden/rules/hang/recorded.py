@@ -109,7 +109,7 @@ def _summary(d: desync.Divergence) -> str:
     if d.missing:
         return (
             f"{_capital(others)} called {want} and {who} never did: it is behind (computing, loading data, "
-            "stuck outside any collective) or skipped a collective the others made, and the others wait for it."
+            "stuck outside any collective) or skipped a collective the others made; they wait for it."
         )
     strays = sorted({c.op for r in d.culprits if (c := d.calls[r.pid]) is not None})
     text = (
