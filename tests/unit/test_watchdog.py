@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from jobwarden.shim.watchdog import CPU_FLOOR_PERCENT, Progress, ProgressTracker
 
 
@@ -103,3 +105,21 @@ def test_the_work_of_answering_jobwardens_own_probe_is_no_progress() -> None:
     assert t.observe(21, Progress(output_bytes=6, io_bytes=60_000)) is None  # first reading after: a baseline
     assert t.observe(26, Progress(output_bytes=6, cpu_percent=95.0)) == "cpu"
     assert t.observe(27, Progress(output_bytes=6, io_bytes=70_000)) == "io"
+
+
+def test_the_diagnosis_notices_a_ranks_answer_to_any_recorder_request(tmp_path: Path) -> None:
+    # `jobwarden dump` asks too, from another process: the shim sees the answer's file change
+    import os
+    import types
+
+    from jobwarden.shim.diagnosis import Diagnoser
+
+    me = types.SimpleNamespace(tree=types.SimpleNamespace(members={7: 1, 8: 1}), py_dir=tmp_path)
+    me._recorder_answers = {}
+    answered = lambda: Diagnoser._recorder_answered(me)  # type: ignore[arg-type]  # noqa: E731
+    assert not answered()  # no rank has answered anything
+    (tmp_path / "7.fr.json").write_text("{}")
+    assert answered()
+    assert not answered()  # the same answer, seen already
+    os.utime(tmp_path / "7.fr.json", ns=(1, 1))
+    assert answered()
