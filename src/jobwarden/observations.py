@@ -334,3 +334,32 @@ class WaitParty:
     cmdline: str
     user: str
     in_job: bool
+
+
+@dataclass(frozen=True)
+class CollectiveCall:
+    """One entry of a rank's PyTorch flight recorder: a collective it called, in the order of its process
+    group (`seq`, torch's collective_seq_id, 1 for the group's first)."""
+
+    group: str  # the process group's name: torch numbers them in the order every rank creates them ("0")
+    seq: int
+    op: str  # "all_reduce", without the backend's prefix ("gloo:", "nccl:")
+    sizes: tuple[tuple[int, ...], ...]  # each input tensor's shape
+    done: bool  # torch retired it: every rank took part (a hung one is not)
+    frames: tuple[Frame, ...] = ()  # where it was called, innermost first (empty without stacks)
+    group_desc: str = ""  # what the group was created as: "default_pg", "undefined" (new_group's default)
+
+    @property
+    def signature(self) -> tuple[str, tuple[tuple[int, ...], ...]]:
+        """What the ranks must agree on at one sequence number."""
+        return self.op, self.sizes
+
+
+@dataclass(frozen=True)
+class RankRecorder:
+    """A rank's flight recorder, as its hooks dumped it on the shim's request during a hang."""
+
+    pid: int
+    rank: int | None
+    at: float
+    calls: tuple[CollectiveCall, ...]  # oldest first

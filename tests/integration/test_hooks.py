@@ -9,6 +9,7 @@ import json
 import os
 import select
 import shutil
+import stat
 import subprocess
 import sys
 import textwrap
@@ -544,3 +545,38 @@ def test_an_advert_outlives_an_exec_but_may_signal_knows(job: Job) -> None:
     proc.stdin.write(b"\n")
     proc.stdin.flush()
     assert proc.wait(TIMEOUT_S) == 0
+
+
+# --- PyTorch's flight recorder ---------------------------------------------------------------------------
+
+
+def test_a_rank_serves_its_flight_recorder_and_a_forked_child_does_not(tmp_path: Path) -> None:
+    # torch is in the test venv only: this interpreter alone
+    runner = Job(Path(sys.executable), tmp_path)
+    try:
+        ran = runner.run(
+            f"""
+            import os, sys
+            import torch, torch.distributed as dist
+
+            dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, world_size=1)
+            dist.all_reduce(torch.ones(4))
+            r, w = os.pipe()
+            pid = os.fork()  # beside gloo's threads (native) and the hooks' recorder thread
+            if pid == 0:
+                os.write(w, str(len(sys._current_frames())).encode())
+                os._exit(0)
+            os.waitpid(pid, 0)
+            print(os.getpid(), pid, os.read(r, 64).decode())
+            dist.destroy_process_group()
+            """
+        )
+    finally:
+        runner.reap()
+    parent, child, child_threads = (int(x) for x in ran.stdout.split())
+    fifo = (runner.py_dir / f"{parent}.fr.req").lstat()
+    assert stat.S_ISFIFO(fifo.st_mode) and stat.S_IMODE(fifo.st_mode) == 0o600
+    assert not (runner.py_dir / f"{child}.fr.req").exists()  # the child joined no group of its own
+    assert child_threads == 1  # fork copies only the forking thread: no recorder thread in the child
+    assert read_forks(runner.py_dir) == []  # the hooks' own thread is not "another thread" of the job's
+    assert "jobwarden: python hook" not in ran.stderr

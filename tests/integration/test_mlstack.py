@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def torchrun(scenario: str, *args: str) -> tuple[str, ...]:
+def torchrun(scenario: str, *args: str, ranks: int = 2) -> tuple[str, ...]:
     return (
         str(TORCHRUN),
         "--nproc_per_node",
-        "2",
+        str(ranks),
         "--master_addr",
         "127.0.0.1",
         "--master_port",
@@ -160,6 +161,92 @@ def test_torchrun_rank_that_hangs_outside_the_collective(jw: Jobwarden, tmp_path
     report = jw.json("explain", str(job["id"]))
     first = assert_root(report, "collective-hang", sleeper, 1)
     assert "all_reduce" in first["title"]
+
+
+@pytest.mark.parametrize(
+    ("scenario", "ranks", "culprit_says", "title"),
+    [
+        # rank 1 calls broadcast #6 where rank 0 calls all_reduce #6: both wait in a collective
+        (
+            "rank-wrong-op",
+            2,
+            "broadcast",
+            "Rank 1 called broadcast (mlstack.py:{}) where rank 0 waits in all_reduce #6",
+        ),
+        # rank 1 skipped one all_reduce and sleeps: rank 0's last one (#5) waits for it
+        ("rank-skips", 2, "skipped", "Rank 1 never called all_reduce #5, where rank 0 waits (mlstack.py:"),
+        (
+            "rank-barrier",
+            3,
+            "barrier",
+            "Rank 2 called barrier (mlstack.py:{}) where ranks 0 and 1 wait in all_reduce #6",
+        ),
+    ],
+)
+def test_torchrun_collective_hang_names_the_culprit_from_the_flight_recorder(
+    jw: Jobwarden, tmp_path: Path, scenario: str, ranks: int, culprit_says: str, title: str
+) -> None:
+    fifo = make_fifo(tmp_path / "ready")
+    options = ("--hang-timeout", "4s", "--on-hang", "stop", "--grace", "2s")
+    job = jw.start(*torchrun(scenario, "--ready", str(fifo), ranks=ranks), options=options)
+    said = [line.split(maxsplit=2) for line in read_lines(fifo, ranks)]
+    culprit, rank = next((int(pid), int(r)) for pid, r, what in said if what == culprit_says)
+    jw("wait", str(job["id"]), "--timeout", "120s")
+    report = jw.json("explain", str(job["id"]))
+    first = assert_root(report, "collective-hang", culprit, rank)
+    assert first["title"].startswith(title.format(call_line(culprit_says))), first
+    assert set(first["pids"]) == {int(pid) for pid, _, _ in said}
+    assert any("flight recorder" in e for e in first["evidence"]), first
+
+
+@pytest.mark.parametrize(
+    ("scenario", "ranks", "culprit_says", "title"),
+    [
+        ("rank-wrong-op", 2, "broadcast", "Rank 1 waits in broadcast where rank 0 waits in all_reduce"),
+        ("rank-barrier", 3, "barrier", "Rank 2 waits in barrier where ranks 0 and 1 wait in all_reduce"),
+    ],
+)
+def test_torchrun_collective_hang_from_the_stacks_alone(
+    jw: Jobwarden, tmp_path: Path, scenario: str, ranks: int, culprit_says: str, title: str
+) -> None:
+    jw.env["TORCH_FR_BUFFER_SIZE"] = "0"  # the user turned the recorder off: the stacks are all there is
+    fifo = make_fifo(tmp_path / "ready")
+    options = ("--hang-timeout", "4s", "--on-hang", "stop", "--grace", "2s")
+    job = jw.start(*torchrun(scenario, "--ready", str(fifo), ranks=ranks), options=options)
+    said = [line.split(maxsplit=2) for line in read_lines(fifo, ranks)]
+    culprit, rank = next((int(pid), int(r)) for pid, r, what in said if what == culprit_says)
+    jw("wait", str(job["id"]), "--timeout", "120s")
+    first = assert_root(jw.json("explain", str(job["id"])), "collective-hang", culprit, rank)
+    assert first["title"] == title, first
+    assert not any("flight recorder" in e for e in first["evidence"]), first
+
+
+def test_dump_shows_each_ranks_flight_recorder_and_where_they_part(jw: Jobwarden, tmp_path: Path) -> None:
+    fifo = make_fifo(tmp_path / "ready")
+    job = jw.start(*torchrun("rank-wrong-op", "--ready", str(fifo)))
+    said = {what: int(pid) for pid, _, what in (line.split(maxsplit=2) for line in read_lines(fifo, 2))}
+    deadline = time.monotonic() + 60
+    while True:  # each rank announces its call just before it makes it: a dump may come in between
+        dumped = jw("dump", str(job["id"]))
+        assert dumped.returncode == 0, dumped.stderr
+        if "where they part" in dumped.stdout or time.monotonic() > deadline:
+            break
+    jw("stop", str(job["id"]))
+    assert "PyTorch flight recorder, the last 3 collectives of each rank" in dumped.stdout
+    assert (
+        f"rank 1 (pid {said['broadcast']}): all_reduce #4 done, all_reduce #5 done, broadcast #6 waiting"
+        in (dumped.stdout)
+    )
+    line = (
+        f"  where they part: Rank 1 called broadcast (mlstack.py:{call_line('broadcast')}) where rank 0 waits"
+    )
+    assert line in dumped.stdout
+
+
+def call_line(op: str) -> int | None:
+    """The line of mlstack.py that calls `dist.<op>(`: the call site the finding names."""
+    lines = JOB.read_text().splitlines()
+    return next((n for n, line in enumerate(lines, 1) if f"dist.{op}(" in line), None)
 
 
 def test_torchrun_agent_killed_leaves_no_rank_behind(jw: Jobwarden, tmp_path: Path) -> None:

@@ -36,7 +36,17 @@ def test_hook_env_sets_every_variable() -> None:
         "JOBWARDEN_SHIM_PID": "4242",
         "JOBWARDEN_HEARTBEAT_FILE": "/run/heartbeat",
         "JOBWARDEN_MP_START": "forkserver",
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
     }
+
+
+@pytest.mark.parametrize("name", ["TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"])
+def test_the_users_own_flight_recorder_setting_wins(name: str) -> None:
+    # either name set (0 turns the recorder off): neither is touched
+    env = env_for({name: "0"})
+    assert "TORCH_FR_BUFFER_SIZE" not in env
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env
 
 
 def test_the_site_dir_goes_first_and_the_existing_pythonpath_is_kept_after_it() -> None:

@@ -265,6 +265,7 @@ def test_no_dataloader_death_without_a_dataloader_message(name: str) -> None:
         ("gpu-illegal-memory-access", [("cuda-illegal-memory-access", None, None)]),
         ("gpu-ecc-cuda", [("gpu-ecc", None, None)]),
         ("gpu-nccl-duplicate-gpu", [("nccl-duplicate-gpu", None, None)]),
+        ("rank-size-mismatch", [("gloo-size-mismatch", "8 vs 4", None)]),
     ],
 )
 def test_gpu_error_texts(name: str, expected: list[tuple[str, str | None, int | None]]) -> None:

@@ -49,6 +49,18 @@ def test_an_ended_process_loses_its_advert_and_stacks_a_live_one_keeps_them(
     assert names(py_dir) == ["10.json", "10.stacks", "12.exc.json", "13.json", "13.stacks", "events.fifo"]
 
 
+def test_an_ended_ranks_flight_recorder_files_go_with_its_advert(tmp_path: Path, proc: Path) -> None:
+    py_dir = tmp_path / "py"
+    py_dir.mkdir()
+    add_process(proc, 10, stat_line(10, "python", f22=500))
+    for pid, start in ((10, 500), (12, 800)):  # 10 runs, 12 ended
+        advert(py_dir, pid, start)
+        os.mkfifo(py_dir / f"{pid}.fr.req", 0o600)
+        (py_dir / f"{pid}.fr.json").write_text("{}")
+    assert PyFiles(py_dir, ProcFS(proc)).prune({}) == 4
+    assert names(py_dir) == ["10.fr.json", "10.fr.req", "10.json", "10.stacks"]
+
+
 def test_past_the_cap_later_exceptions_and_ended_fork_records_go(tmp_path: Path, proc: Path) -> None:
     py_dir = tmp_path / "py"
     py_dir.mkdir()

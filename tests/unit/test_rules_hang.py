@@ -423,6 +423,41 @@ def test_collective_hang_with_every_local_rank_waiting() -> None:
     assert "another machine" in f.summary
 
 
+def in_collective(tid: int, op: str, line: int, script_line: int) -> ThreadStack:
+    frames = (native_frame("c10d::Work::wait", "libtorch_cpu.so"), py_frame(op, C10D, line))
+    return dataclasses.replace(
+        RANK0, tid=tid, frames=(*frames, py_frame("run", "/srv/train.py", script_line))
+    )
+
+
+def ranked(*ops: str) -> RunEvidence:
+    """Every rank in a collective, rank r in ops[r] (no flight recorder: the stacks alone)."""
+    pids = [30093 + r for r in range(len(ops))]
+    processes = [ProcessFacts(30090, 1, "torchrun train.py", "S", is_main=True)]
+    processes += [ProcessFacts(pid, 30090, "python train.py", "S", rank=r) for r, pid in enumerate(pids)]
+    stacks = [
+        ProcessStack(pid, "py-spy --native", (in_collective(pid, op, 3000 + r, 40 + r),))
+        for r, (pid, op) in enumerate(zip(pids, ops, strict=True))
+    ]
+    return ranks(processes=tuple(processes), stacks=tuple(stacks))
+
+
+def test_stacks_alone_a_rank_in_another_collective_is_the_lead() -> None:
+    # rank 1 in broadcast, rank 0 in all_reduce: "2 ranks wait in all_reduce" contradicted the evidence
+    (f,) = explain(ranked("all_reduce", "broadcast"))
+    assert f.title == "Rank 1 waits in broadcast where rank 0 waits in all_reduce"
+    assert f.rank == 1 and f.pids == (30094, 30093)
+    assert "1 rank waits in all_reduce while rank 1 waits in another collective" in f.summary
+    assert f.evidence[0].startswith("pid 30094 (rank 1) waits in broadcast (")
+    assert f.remedy.startswith("Start with rank 1 (pid 30094)")
+
+
+def test_stacks_alone_the_fewer_ranks_in_another_collective_are_the_lead() -> None:
+    (f,) = explain(ranked("all_reduce", "all_reduce", "barrier"))
+    assert f.title == "Rank 2 waits in barrier where ranks 0 and 1 wait in all_reduce"
+    assert f.rank == 2 and f.pids[0] == 30095
+
+
 def test_nccl_watchdog_timeout_in_the_output_fires_after_the_end() -> None:
     line = (
         "[rank0]:[E ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from jobwarden.shim.watchdog import CPU_FLOOR_PERCENT, Progress, ProgressTracker
 
 
@@ -90,3 +92,34 @@ def test_io_read_every_few_ticks_counts_against_the_last_reading() -> None:
         assert t.observe(now, Progress(output_bytes=0)) is None
     assert t.observe(4, Progress(output_bytes=0, io_bytes=4_600_000)) == "io"
     assert not t.hang_due(12)
+
+
+def test_the_work_of_answering_jobwardens_own_probe_is_no_progress() -> None:
+    # a hung rank asked for its flight recorder symbolises stacks (CPU) and writes its answer (I/O)
+    t = ProgressTracker(window_s=10, now=0)
+    t.observe(1, Progress(output_bytes=5, io_bytes=1000))
+    t.discount(until=20)
+    assert t.observe(12, Progress(output_bytes=5, cpu_percent=95.0)) is None
+    assert t.observe(15, Progress(output_bytes=5, io_bytes=50_000)) is None  # its answer, written
+    assert t.observe(16, Progress(output_bytes=6)) == "output"  # the job's own output still counts
+    assert t.observe(21, Progress(output_bytes=6, io_bytes=60_000)) is None  # first reading after: a baseline
+    assert t.observe(26, Progress(output_bytes=6, cpu_percent=95.0)) == "cpu"
+    assert t.observe(27, Progress(output_bytes=6, io_bytes=70_000)) == "io"
+
+
+def test_the_diagnosis_notices_a_ranks_answer_to_any_recorder_request(tmp_path: Path) -> None:
+    # `jobwarden dump` asks too, from another process: the shim sees the answer's file change
+    import os
+    import types
+
+    from jobwarden.shim.diagnosis import Diagnoser
+
+    me = types.SimpleNamespace(tree=types.SimpleNamespace(members={7: 1, 8: 1}), py_dir=tmp_path)
+    me._recorder_answers = {}
+    answered = lambda: Diagnoser._recorder_answered(me)  # type: ignore[arg-type]  # noqa: E731
+    assert not answered()  # no rank has answered anything
+    (tmp_path / "7.fr.json").write_text("{}")
+    assert answered()
+    assert not answered()  # the same answer, seen already
+    os.utime(tmp_path / "7.fr.json", ns=(1, 1))
+    assert answered()

@@ -1,4 +1,5 @@
-"""`jobwarden dump JOB`: the stacks of every live process of a job, taken now and kept in the store.
+"""`jobwarden dump JOB`: the stacks of every live process of a job, taken now and kept in the store, and
+the PyTorch flight recorder of each rank that serves it (probes.flightrec), with where the ranks part.
 
 For a job that has ended there is nothing left to look at: the last stacks stored while it ran (by an
 earlier `dump`, or by the hang watchdog) are shown instead, said as such.
@@ -13,8 +14,9 @@ from pathlib import Path
 from jobwarden.clock import SystemClock
 from jobwarden.errors import JobwardenError
 from jobwarden.model import JobState, Ranks
-from jobwarden.observations import ProcessStack
+from jobwarden.observations import ProcessStack, RankRecorder
 from jobwarden.osapi.procfs import ProcFS
+from jobwarden.probes import flightrec
 from jobwarden.probes.markers import find_marked, job_markers
 from jobwarden.probes.stacks import capture_stacks
 from jobwarden.store import JobRecord, RunRecord, Store
@@ -34,6 +36,8 @@ class DumpResult:
     live: bool  # False: the job is not running; these are the last stacks stored while it ran
     elapsed_s: float | None = None  # how long the capture took (live only)
     ranks: dict[int, Ranks] = field(default_factory=dict)  # of the processes that are ranks, by pid
+    recorders: tuple[RankRecorder, ...] = ()  # the ranks' flight recorders, read with the stacks (live)
+    divergence: str | None = None  # where the recorders show the ranks parting, said as collective-hang
 
     def to_json(self) -> list[dict[str, object]]:
         return [{**s.to_json(), **(self.ranks.get(s.pid) or _NO_RANKS).to_json()} for s in self.stacks]
@@ -55,11 +59,29 @@ def dump_job(
             return replace(_last_stored(store, job, run), ranks=ranks)
     # The store is closed while the tools run: a capture may take seconds, and holds no lock meanwhile.
     started, at = time.monotonic(), SystemClock().wall()
+    asked = flightrec.request(py_dir, pids)  # answered while the stacks are taken
     stacks = capture_stacks(pids, procfs=procfs, py_dir=py_dir, native=native, timeout_s=timeout_s)
+    recorders = tuple(flightrec.collect(asked)) if asked else ()
     elapsed = time.monotonic() - started
     with Store(home) as store:
         store.add_stacks(job.id, run.n, at, TRIGGER, stacks)
-    return DumpResult(job, run, at, TRIGGER, tuple(stacks), live=True, elapsed_s=elapsed, ranks=ranks)
+    return DumpResult(
+        job, run, at, TRIGGER, tuple(stacks), True, elapsed, ranks, recorders, _divergence(recorders, stacks)
+    )
+
+
+def _divergence(recorders: tuple[RankRecorder, ...], stacks: list[ProcessStack]) -> str | None:
+    """The recorders compared as collective-hang compares them on a hang (its title), None where the ranks
+    agree. A dump is no verdict that the job is hung: the ranks may be moving on."""
+    from jobwarden.rules.evidence import RunEvidence
+    from jobwarden.rules.hang import recorded
+    from jobwarden.rules.lookup import Lookup
+
+    if len(recorders) < 2:
+        return None
+    ev = RunEvidence("running", None, None, None, None, stacks=tuple(stacks), recorders=recorders)
+    found = recorded.finding(ev, Lookup.of(ev), "")
+    return found.title if found is not None else None
 
 
 def _live_pids(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord) -> list[int]:

@@ -8,6 +8,9 @@ hooks record under the py dir:
                         /proc/PID/fd/N, while descriptor N is still it), and the fork it was forked under
     <pid>.stacks        faulthandler's dumps where memfd_create is refused, appended, one per signal
     <pid>.forks.jsonl   the first forks made at each call site while other threads ran, then a count
+    <pid>.fr.req        a FIFO a torch.distributed rank reads on a thread of the hooks: each byte the shim
+                        writes there asks for PyTorch's flight recorder
+    <pid>.fr.json       the recorder's last entries, as that thread last wrote them (probes.flightrec)
 """
 
 from __future__ import annotations
@@ -36,6 +39,13 @@ MP_START_METHODS = ("spawn", "forkserver")
 # SigCgt say it is handled.
 FAULT_SIGNAL = int(signal.SIGRTMIN) + 6
 
+# PyTorch's flight recorder keeps the last N collectives of each rank (gloo and NCCL alike since 2026: the
+# first name; the second is what older releases read, NCCL only). jobwarden reads it on a hang to name the
+# rank the others wait for (rules.hang.desync). Measured cost on a gloo all_reduce loop: docs/measurements.md,
+# "Flight recorder". A user's own value, either name, wins: they may have sized it, or turned it off (0).
+FLIGHT_RECORDER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FLIGHT_RECORDER_ENTRIES = "2000"
+
 
 def hook_env(
     py_dir: Path, heartbeat_file: Path, shim_pid: int, mp_start: str | None, base_env: Mapping[str, str]
@@ -56,6 +66,8 @@ def hook_env(
         SHIM_PID_ENV: str(shim_pid),
         **heartbeat_env(heartbeat_file),
     }
+    if not any(name in base_env for name in FLIGHT_RECORDER_ENV):
+        env.update(dict.fromkeys(FLIGHT_RECORDER_ENV, FLIGHT_RECORDER_ENTRIES))
     if mp_start is not None:
         env[MP_START_ENV] = mp_start
     elif base_env.get(MP_START_ENV):

@@ -86,6 +86,10 @@ def _with_gpu_context(found: Finding, lines: Sequence[str]) -> Finding:
     gpu = gpu_context(lines)
     if not gpu.evidence:
         return found
+    if gpu.cause and found.rule == "native-crash":  # the library aborted on purpose: its text says why
+        return found._replace(
+            title=f"{found.title}: {gpu.cause}", evidence=(*found.evidence, *gpu.evidence), remedy=gpu.remedy
+        )
     return found._replace(evidence=(*found.evidence, *gpu.evidence), remedy=f"{gpu.remedy} {found.remedy}")
 
 

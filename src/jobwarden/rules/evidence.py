@@ -17,6 +17,7 @@ from jobwarden.observations import (
     ProcessDeath,
     ProcessFacts,
     ProcessStack,
+    RankRecorder,
     UncaughtException,
     Wait,
     WaitParty,
@@ -66,6 +67,7 @@ class RunEvidence:
     stacks: Sequence[ProcessStack] = ()  # the latest stacks of the live processes
     waits: Sequence[Wait] = ()  # what each blocked thread waits for, when hung (probes.waits)
     wait_parties: Mapping[int, WaitParty] = field(default_factory=dict)  # who those waits lead to
+    recorders: Sequence[RankRecorder] = ()  # each rank's PyTorch flight recorder, read on a hang
     forks: Sequence[ForkRecord] = ()
     fork_requests: Sequence[ForkRequest] = ()  # explicit get_context("fork") / set_start_method("fork")
     oom: OomEvidence | None = None

@@ -30,6 +30,10 @@ _REMEDIES = {
     "nccl-duplicate-gpu": "two ranks use the same GPU, which NCCL refuses: give each rank its own "
     "(torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group), run no more ranks "
     "per node than GPUs (--nproc_per_node), or use the gloo backend to test on fewer GPUs",
+    "gloo-size-mismatch": "the ranks called a collective with tensors of different sizes (a collective "
+    "mismatch): gloo aborted the rank that received more than it expected, and its peer sent the larger "
+    "tensor; every rank must call the same collectives in the same order with the same shapes (look for a "
+    "shape that depends on the rank or on its data: the last batch, padding, a filtered list)",
     "xid": "the NVIDIA driver logged an Xid error: look it up in NVIDIA's Xid catalog; resume from the last "
     "checkpoint, and drain the node if it repeats",
 }
@@ -38,6 +42,7 @@ _REMEDIES = {
 class GpuContext(NamedTuple):
     evidence: tuple[str, ...]
     remedy: str  # "" when the output holds none of the known texts
+    cause: str = ""  # what the death was, where the text says it plainly: a title's ending
 
 
 def gpu_context(lines: Sequence[str]) -> GpuContext:
@@ -46,5 +51,13 @@ def gpu_context(lines: Sequence[str]) -> GpuContext:
     found = mltext.gpu_errors(lines)
     if not found:
         return GpuContext((), "")
-    evidence = tuple(f"GPU stack ({e.kind}): {e.line.strip()}" for e in found[:4])
-    return GpuContext(evidence, _REMEDIES[found[0].kind] + ".")
+    evidence = tuple(f"{_stack(e.kind)} ({e.kind}): {e.line.strip()}" for e in found[:4])
+    first = found[0]
+    cause = ""
+    if first.kind == "gloo-size-mismatch":
+        cause = "a collective size mismatch" + (f" (gloo received {first.code})" if first.code else "")
+    return GpuContext(evidence, _REMEDIES[first.kind] + ".", cause)
+
+
+def _stack(kind: str) -> str:
+    return "gloo" if kind.startswith("gloo") else "GPU stack"

@@ -361,6 +361,9 @@ class GpuError(NamedTuple):
     'gpu-ecc'        an uncorrectable ECC error: CUDA's message, or an ECC Xid (48, 63, 64, 92, 94, 95)
     'gpu-off-bus'    the GPU fell off the bus: Xid 79, or the driver's message without an Xid
     'xid'            any other Xid line of the NVIDIA driver in the kernel log
+    'gloo-size-mismatch'  gloo's 'op.preamble.length <= op.nbytes. 8 vs 4. Received data size doesn't match
+                     expected size': a peer sent more than this rank's collective expects (the ranks called
+                     it with other shapes), and gloo aborts this rank (SIGABRT); `code` is '8 vs 4'
     For Xid lines `code` is the Xid number, `device` the PCI address, `pid` the process when known.
     `rank` is the rank the line names ('[Rank 3]', '[rank3]:'), if any."""
 
@@ -386,6 +389,7 @@ _GPU_TEXTS = (  # the first that matches a line names it
     ("gpu-ecc", re.compile(r"uncorrectable ECC error encountered")),
     ("gpu-off-bus", re.compile(r"fallen off the bus")),
     ("nccl-duplicate-gpu", re.compile(r"Duplicate GPU detected : rank \d+ and rank \d+ both on CUDA device")),
+    ("gloo-size-mismatch", re.compile(r"(?:(\d+ vs \d+)\. )?Received data size doesn't match expected size")),
 )
 _NAMED_RANK = re.compile(r"\[(?:PG [^\]]*?)?[Rr]ank ?(\d+)\]")
 

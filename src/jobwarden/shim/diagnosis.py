@@ -35,6 +35,9 @@ if TYPE_CHECKING:  # the rules, the stack capture and the GPU watch load at the 
     from jobwarden.shim.progresswatch import StepSign
 
 STACK_TIMEOUT_S = 5.0
+# a rank symbolises its recorder's stacks in ~1.2 CPU-s the first time it is asked (1.9 s measured on a
+# loaded machine), possibly after the judgement stopped waiting for it
+RECORDER_EFFORT_S = 5.0
 LOG_TAIL_LINES = 40
 IO_EVERY_S = 5.0  # /proc/PID/io of every member is read only while the cheaper signs show nothing
 
@@ -90,6 +93,7 @@ class Diagnoser:
         self._stopped_seen: set[tuple[int, int]] = set()
         self._oom_judged = 0  # OOM kills counted when the rules last looked
         self._io_at = -IO_EVERY_S
+        self._recorder_answers: dict[int, int] = {}  # rank pid -> mtime_ns of its last recorder answer
         self._boot = procfs.boot_time()
         self.steps: StepSign | None = None  # the run's step counter, when it shows one
 
@@ -172,6 +176,10 @@ class Diagnoser:
         )
 
     def _progress(self, snaps: Sequence[ProcessSnapshot], now_mono: float) -> Progress:
+        if self.tracker.quiet_for(now_mono) >= 1.0 and self._recorder_answered():
+            # a rank answered a flight-recorder request (`jobwarden dump`'s, or a judgement's): its CPU
+            # and the file it wrote are jobwarden's doing, not the job's
+            self.tracker.discount(now_mono + RECORDER_EFFORT_S)
         output = None
         with contextlib.suppress(OSError):
             output = os.stat(self.layout.output_log(self.job.id, self.run)).st_size
@@ -195,6 +203,21 @@ class Diagnoser:
             seen = seen._replace(io_bytes=self._io_bytes())
         return seen
 
+    def _recorder_answered(self) -> bool:
+        """Some member's `<pid>.fr.json` changed since the last look (one stat per member, only while the
+        run is quiet)."""
+        from jobwarden.probes.flightrec import DUMP
+
+        answered = False
+        for pid in list(self.tree.members):
+            try:
+                mtime = os.stat(self.py_dir / f"{pid}{DUMP}").st_mtime_ns
+            except OSError:
+                continue
+            answered |= self._recorder_answers.get(pid) != mtime
+            self._recorder_answers[pid] = mtime
+        return answered
+
     def _io_bytes(self) -> int:
         total = 0
         for pid in list(self.tree.members):
@@ -215,14 +238,21 @@ class Diagnoser:
         hung: bool = False,
     ) -> Verdict | None:
         """Gather the evidence, ask the rules, record what is new (with the stacks it rests on)."""
+        from jobwarden.probes import flightrec
         from jobwarden.probes.pyhooks import read_fork_requests, read_forks
         from jobwarden.probes.stacks import capture_stacks
         from jobwarden.rules import RunEvidence, explain
         from jobwarden.rules.table import LIVE  # what the shim may conclude while the run is live
 
         snaps = snaps or self.tree.sample(now)
+        # the ranks' flight recorders are asked first: they answer while the stacks are captured, and
+        # the wait for what is still missing comes after (at most flightrec.WAIT_S)
+        asked = flightrec.request(self.py_dir, sorted(self.tree.members)) if hung else []
         stacks = capture_stacks(stack_pids, procfs=self.procfs, py_dir=self.py_dir, timeout_s=STACK_TIMEOUT_S)
         waits, parties = self._waits() if hung else ([], {})
+        recorders = flightrec.collect(asked) if asked else []
+        if asked:  # the ranks' answers cost them CPU and a file write: not a sign the job moves again
+            self.tracker.discount(now_mono + STACK_TIMEOUT_S + flightrec.WAIT_S + RECORDER_EFFORT_S)
         evidence = RunEvidence(
             state="running",
             exit_code=None,
@@ -242,6 +272,7 @@ class Diagnoser:
             stacks=tuple(stacks),
             waits=tuple(waits),
             wait_parties=parties,
+            recorders=tuple(recorders),
             forks=tuple(read_forks(self.py_dir)),
             fork_requests=tuple(read_fork_requests(self.py_dir)),
             oom=self.oom,

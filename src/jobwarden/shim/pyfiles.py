@@ -9,6 +9,9 @@ it is written, and a fatal signal's dump goes to stderr, the output log): the sh
 process they belong to has ended. It knows that
 by identity, (pid, start time) from the advert, never by pid alone: a reused pid's new advert stays.
 
+A rank's flight-recorder FIFO and last answer (`<pid>.fr.req`, `<pid>.fr.json`) go with its advert: they
+serve a live rank only.
+
 What the diagnosis needs stays: uncaught exceptions (`<pid>.exc.json`) and fork records
 (`<pid>.forks.jsonl`, each bounded by the hooks: a few records per fork site and a count), up to a cap of
 each; past it, exceptions written after the first MAX_KEPT are removed (the first ones are the story, the
@@ -28,6 +31,7 @@ from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.osapi.procfs import ProcFS
 
 ADVERT, STACKS, EXCEPTION, FORKS = ".json", ".stacks", ".exc.json", ".forks.jsonl"
+RECORDER_FILES = (".fr.req", ".fr.json")  # a rank's flight-recorder FIFO and answer: they serve it live
 MAX_KEPT = 1000  # exception records, and fork records of processes that ended, kept at most
 _ADVERT_MAX_BYTES = 1 << 16
 
@@ -67,6 +71,7 @@ class PyFiles:
             if start is None or self._alive(pid, start, live):
                 continue  # unreadable (still being written?) or its process runs: kept
             removed += self._remove(pid, ADVERT) + self._remove(pid, STACKS)
+            removed += sum(self._remove(pid, suffix) for suffix in RECORDER_FILES)
         for pid in stacks:  # a stacks file whose advert was never written: gone with any process of its pid
             if pid not in advertised and pid not in live and not self._pid_exists(pid):
                 removed += self._remove(pid, STACKS)

@@ -48,9 +48,25 @@ class ProgressTracker:
         self.last_kind: str | None = None
         self._last = Progress()
         self._reported = False
+        self._discount_until = float("-inf")
+        self._io_rebase = False
+
+    def discount(self, until: float) -> None:
+        """jobwarden's own probing makes the job work a little: a rank asked for its flight recorder
+        symbolises its stacks (~1 CPU-s, once) and writes the answer. Until `until` (monotonic) neither CPU
+        nor I/O counts as progress, and the next I/O reading after it is a new baseline: a hung job must
+        not look recovered because it answered."""
+        self._discount_until = until
+        self._io_rebase = True
 
     def observe(self, now: float, seen: Progress) -> str | None:
         """Record an observation; returns the kind of progress it shows, if any."""
+        discounting = now < self._discount_until
+        if discounting:
+            seen = seen._replace(cpu_percent=None)
+        if seen.io_bytes is not None and self._io_rebase:
+            self._last = self._last._replace(io_bytes=None)  # a baseline, not a step up
+            self._io_rebase = discounting
         kind = self._progress_kind(seen)
         self._last = Progress(
             output_bytes=_keep(seen.output_bytes, self._last.output_bytes),

@@ -378,6 +378,25 @@ def dump_report(result: DumpResult) -> Iterator[str]:
     for stack in result.stacks:
         yield ""
         yield from process_stack_lines(stack, result.ranks.get(stack.pid))
+    if result.recorders:
+        yield ""
+        yield from recorder_lines(result)
+
+
+RECORDER_CALLS = 3
+
+
+def recorder_lines(result: DumpResult) -> Iterator[str]:
+    """Each rank's last collectives from its PyTorch flight recorder, newest last, and where they part."""
+    yield f"PyTorch flight recorder, the last {RECORDER_CALLS} collectives of each rank (newest last):"
+    for r in sorted(result.recorders, key=lambda r: (r.rank is None, r.rank or 0, r.pid)):
+        who = f"rank {r.rank} (pid {r.pid})" if r.rank is not None else f"pid {r.pid}"
+        calls = ", ".join(
+            f"{one_line(c.op)} #{c.seq} {'done' if c.done else 'waiting'}" for c in r.calls[-RECORDER_CALLS:]
+        )
+        yield f"  {who}: {calls or 'none yet'}"
+    if result.divergence:
+        yield f"  where they part: {one_line(result.divergence)}"
 
 
 def process_stack_lines(stack: ProcessStack, ranks: Ranks | None = None) -> Iterator[str]:

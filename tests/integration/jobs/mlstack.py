@@ -27,6 +27,14 @@ Scenarios, and what dies (each ends by itself: a hang is bounded by --bound-s, t
                     --ready it SIGKILLs itself
   rank-hangs        rank 1 sleeps outside any collective ("sleeping") while rank 0 waits in all_reduce
                     (announced just before the call: "all_reduce"): two lines on the FIFO
+  rank-wrong-op     after 4 more all_reduces, rank 1 calls broadcast where rank 0 calls all_reduce (#6);
+                    each announces its call just before it ("broadcast", "all_reduce")
+  rank-skips        rank 1 skips the third of 4 more all_reduces, then sleeps ("skipped") while rank 0
+                    waits in the last of them (#5; it announces "all_reduce" before the 4)
+  rank-barrier      3 ranks (--nproc_per_node 3): after 4 more all_reduces rank 2 calls barrier where ranks
+                    0 and 1 call all_reduce (#6); each announces its call
+  rank-size-mismatch  after 4 more all_reduces rank 1 calls all_reduce on 8 floats where rank 0 calls it on
+                    4: gloo aborts rank 0 (SIGABRT, "Received data size doesn't match expected size")
   fsync-checkpoint  healthy: torch.save + fsync + rename of a checkpoint, --iterations times; exit 0
                     (announces "checkpointing"; under torchrun, one file per rank)
   resource-tracker  healthy: a spawn-context Semaphore and a SharedMemory block shared with a child start
@@ -295,6 +303,66 @@ def rank_hangs() -> int:
     return all_reduce_again()
 
 
+def steps(skip: int | None = None) -> None:
+    """4 more all_reduces (#2-#5 after joined_group's #1), of the same shape; rank 1 skips the `skip`th."""
+    import torch
+    import torch.distributed as dist
+
+    for i in range(4):
+        if i != skip or dist.get_rank() != 1:
+            dist.all_reduce(torch.ones(4))
+
+
+def rank_wrong_op() -> int:
+    import torch
+    import torch.distributed as dist
+
+    rank = joined_group()
+    steps()
+    if rank == 1:
+        announce("broadcast")
+        dist.broadcast(torch.ones(4), src=0)  # rank 0 never broadcasts: this waits for ever
+    else:
+        announce("all_reduce")
+        dist.all_reduce(torch.ones(4))
+    return wait_for_bound(f"rank {rank}")
+
+
+def rank_skips() -> int:
+    if joined_group() == 1:
+        steps(skip=2)  # its 3rd all_reduce pairs with rank 0's 3rd (gloo matches by order): one short
+        announce("skipped")
+        return wait_for_bound("rank 1")
+    announce("all_reduce")  # before its steps: the last of them (#5) waits for ever
+    steps()
+    return all_reduce_again()
+
+
+def rank_barrier() -> int:
+    import torch
+    import torch.distributed as dist
+
+    rank = joined_group()
+    steps()
+    if rank == 2:
+        announce("barrier")
+        dist.barrier()
+    else:
+        announce("all_reduce")
+        dist.all_reduce(torch.ones(4))
+    return wait_for_bound(f"rank {rank}")
+
+
+def rank_size_mismatch() -> int:
+    import torch
+    import torch.distributed as dist
+
+    rank = joined_group()
+    steps()
+    dist.all_reduce(torch.ones(8 if rank == 1 else 4))
+    return wait_for_bound(f"rank {rank}")
+
+
 def as_rank(scenario: Callable[[], int]) -> Callable[[], int]:
     if not opts().record:
         return scenario
@@ -382,6 +450,10 @@ SCENARIOS: dict[str, Callable[[], int]] = {
     "rank-raises": lambda: as_rank(rank_raises)(),
     "rank-killed": lambda: as_rank(rank_killed)(),
     "rank-hangs": lambda: as_rank(rank_hangs)(),
+    "rank-wrong-op": rank_wrong_op,
+    "rank-skips": rank_skips,
+    "rank-barrier": rank_barrier,
+    "rank-size-mismatch": rank_size_mismatch,
     "fsync-checkpoint": fsync_checkpoint,
     "resource-tracker": resource_tracker,
 }
