@@ -66,7 +66,7 @@ def test_a_hang_dump_leaves_an_execed_process_alive(jw: Jobwarden, tmp_path: Pat
     """The shim's own dumps (a hang, a lost worker) take every member's stacks: the daemon among them."""
     job, daemon = start_daemon_job(jw, tmp_path, "--hang-timeout", "2s", "--on-hang", "dump")
     born = start_time(daemon)
-    wait_for_finding(jw, job, "no-progress")
+    wait_for_finding(jw, job, "wait-chain")  # the main process waits for its child, which sleeps
     dumped = {s["pid"] for s in jw.json("dump", str(job))}  # live again: the hang dump was stored before
     assert daemon in dumped
     assert alive(daemon, born), "the hang dump killed the job's daemon"
