@@ -40,6 +40,7 @@ from jobwarden.probes.stackbase import CaptureError
 from jobwarden.rules.speed.evidence import StackSample
 from jobwarden.rules.speed.loading import LOADER_WORKER_COMM
 from jobwarden.rules.speed.threads import worker_kind
+from jobwarden.shim.recorder import log
 
 if TYPE_CHECKING:
     from jobwarden.shim.tree import Member
@@ -227,18 +228,34 @@ class StackDump(threading.Thread):
     def run(self) -> None:
         try:
             self.sample = _sample(self.binary, self.pid, self.at, self.stall)
-        except Exception:  # a sample is optional: nothing py-spy or the OS does may take the shim down
+        except Exception as err:  # a sample is optional: nothing py-spy or the OS does may take the shim down
             self.sample = None
+            _say_once(type(err).__name__, f"speed stack sample failed: {type(err).__name__}: {err}")
+
+
+_said: set[str] = set()  # each kind of failure goes to shim.log once: a sample comes every few seconds
+
+
+def _say_once(kind: str, message: str) -> None:
+    """A failing sample silences the rules that read samples (periodic-stall, the data-loading rules):
+    shim.log says why, once per kind of failure (a py-spy whose output changed, a refused ptrace)."""
+    if kind not in _said:
+        _said.add(kind)
+        log(message)
 
 
 def _sample(binary: Path, pid: int, at: float, stall: float | None = None) -> StackSample | None:
     """The main thread's frames (its tid is the pid), innermost first; None when py-spy could not."""
     try:
         threads = parse_dump(dump(binary, pid, Mode.NONBLOCKING, STACK_TIMEOUT_S))
-    except CaptureError:
+    except CaptureError as err:
+        _say_once("capture", f"speed stack sample of pid {pid}: {err}")
         return None
     main = next((t for t in threads if t.tid == pid), threads[0] if threads else None)
     if main is None:
+        _say_once(
+            "unread", f"speed stack sample of pid {pid}: py-spy's output held no thread jobwarden reads"
+        )
         return None
     frames = tuple((f.function, f.file) for f in main.frames)
     return StackSample(at, frames, tuple(f.line or 0 for f in main.frames), stall)
