@@ -99,14 +99,17 @@ def test_a_rank_under_a_tenth_of_a_cpu_is_the_straggler_named_with_its_quota(
         ready(jw, job)
         slow = rank_pid(jw, job, 1)
         assert str(slow) in (tenth_cpu_cgroup / "cgroup.procs").read_text().split()
-        f = eventually(
-            "straggler on rank 1 with its quota",
-            lambda: (
-                (f := finding(jw, job, "straggler"))
-                and any("quota of 0.1 CPUs" in e for e in f["evidence"])
-                and f
-            ),
-        )
+        seen: list[Any] = []
+
+        def named_with_its_quota() -> dict[str, Any] | None:
+            found = finding(jw, job, "straggler")
+            seen[:] = [found, ranks_of(jw, job)]
+            return found if found and any("quota of 0.1 CPUs" in e for e in found["evidence"]) else None
+
+        try:
+            f = eventually("straggler on rank 1 with its quota", named_with_its_quota)
+        except pytest.fail.Exception:
+            pytest.fail(f"no straggler naming the quota; last seen (finding, ranks): {seen}")
         assert f["rank"] == 1 and f["pids"][0] == slow, f
         assert "Why: its cpu cgroup's quota of 0.1 CPUs" in f["summary"] and "quota" in f["remedy"]
     finally:

@@ -178,7 +178,10 @@ class RankWatch:
         for kept in self._ranks.values():
             if mono - kept.cgroup_at >= CGROUP_EVERY_S:
                 kept.cgroup_at = mono
-                kept.cgroup = cpu_cgroup_of(kept.pid, str(self.procfs.root))
+                found = cpu_cgroup_of(kept.pid, str(self.procfs.root))
+                if (found.limiter if found else None) != (kept.cgroup.limiter if kept.cgroup else None):
+                    kept.cpu.clear()  # another cgroup's counters: never subtracted from this one's
+                kept.cgroup = found
             stat = kept.cgroup.cpu_stat() if kept.cgroup else None
             if stat is not None:
                 kept.cpu.append((mono, stat))
