@@ -77,7 +77,7 @@ def test_a_reader_holding_its_own_pipes_write_end_is_named_with_itself() -> None
     ev = hung(Wait(MAIN, MAIN, "pipe-read", "read", "pipe:[9]", (MAIN,)))
     first = explain(ev)[0]
     assert first.rule == "wait-chain" and first.pids[0] == MAIN
-    assert "write end it holds open itself" in first.summary
+    assert first.title == "Reads a pipe (pipe:[9]) whose write end it holds open itself"
 
 
 def test_a_sleep_or_a_wait_with_nobody_on_the_far_side_draws_no_chain() -> None:

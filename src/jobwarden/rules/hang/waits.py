@@ -110,8 +110,9 @@ class _Names:
 
 
 def _title(chain: Chain, name: _Names) -> str:
-    if chain.cycle:
-        return f"Deadlock: {len({s.wait.pid for s in chain.steps})} processes wait for each other"
+    waiting = {s.wait.pid for s in chain.steps}
+    if chain.cycle and len(waiting) > 1:
+        return f"Deadlock: {len(waiting)} processes wait for each other"
     last = chain.steps[-1]
     return _capitalised(_what(last, name, short=True))
 
