@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import MEASURED, Jobwarden
+from tests.integration.test_prometheus import promtool_check
 from tests.integration.test_rootcause import free_port
 from tests.integration.test_speed import cpu_quota_cgroup, eventually, finding, ready, stop
 
@@ -82,6 +83,7 @@ def test_a_rank_that_sleeps_is_the_straggler_until_it_catches_up(jw: Jobwarden, 
         assert "  RANK      PID     STEP      RATE  WHERE" in text and "[straggler] Rank 1" in text
         metrics = jw("metrics", str(job), "--prometheus", check=True).stdout
         assert f'jobwarden_rank_step_rate{{job_id="{job}",job_name=' in metrics and ',rank="1"}' in metrics
+        promtool_check(metrics)  # the per-rank series as Prometheus reads them
         # it catches up: the finding is resolved, never shown as current
         caught_up.touch()
         eventually("straggler resolved", lambda: finding(jw, job, "straggler") is None)

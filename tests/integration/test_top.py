@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import CLONE, Jobwarden, make_fifo, read_fifo, venv_pip, wait_pid_gone
-from tests.support import unavailable
+from tests.support import eventually, unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -307,3 +307,22 @@ def test_top_in_a_real_terminal(jw: Jobwarden, tmp_path: Path, tmux: list[str]) 
     assert jw.status(running)["state"] == "stopped"
     subprocess.run([*tmux, "send-keys", "-t", "top", "q"], check=True, timeout=30)
     wait_pid_gone(top_pid)  # q quits
+
+
+def test_the_detail_shows_a_line_per_rank(jw: Jobwarden) -> None:
+    # DESIGN.md "Ranks": top shows each rank, never only the job's averages
+    from tests.integration.test_speed_ranks import ranks_of, start_ranks
+
+    job = start_ranks(jw, "balanced")
+    try:
+        rows = eventually("both ranks in status", lambda: r if len(r := ranks_of(jw, job)) == 2 else None)
+        app = top_app(jw)
+
+        async def drive() -> None:
+            async with app.run_test(size=(140, 40)) as pilot:
+                lines = [f"rank {r['rank']}  pid {r['pid']}  step" for r in rows]
+                await until(pilot, "a line per rank in the detail", shows(app, f"job {job} ", *lines))
+
+        asyncio.run(drive())
+    finally:
+        jw("stop", str(job), check=True)

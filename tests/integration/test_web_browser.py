@@ -22,7 +22,7 @@ from tests.integration.test_lifecycle import fake_gpus
 from tests.integration.test_web_http import finish, start_ticker
 from tests.integration.webprocess import WebProcess, get
 from tests.integration.webtools import Client, web_server
-from tests.support import unavailable
+from tests.support import eventually, unavailable
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 WEB_JOB = str(Path(__file__).parent / "jobs" / "web_job.py")
@@ -447,3 +447,31 @@ def test_at_1400_px_names_stay_on_one_line_and_the_command_takes_the_room_left(
         assert row["title"] == row["text"]  # the whole command on hover
     short = next(row for row in cells if row["text"] == "true")
     assert not short["cut"], short
+
+
+def test_the_job_page_shows_one_row_per_rank(jw: Jobwarden, browser: Any) -> None:
+    # DESIGN.md "Ranks": the web page shows each rank, never only the job's averages
+    from selenium.webdriver.common.by import By
+
+    from tests.integration.test_speed_ranks import ranks_of, start_ranks
+
+    job_id = start_ranks(jw, "balanced")
+    try:
+        rows = eventually(
+            "both ranks in status", lambda: len(ranks_of(jw, job_id)) == 2 and ranks_of(jw, job_id)
+        )
+        with web_server(jw.home) as served:
+            browser.get(served.url.replace("/?token=", f"/jobs/{job_id}?token="))
+            shown = wait_until(
+                browser,
+                lambda d: (
+                    len(cells := d.find_elements(By.CSS_SELECTOR, "#rank-rows tbody tr")) == 2 and cells
+                ),
+                "a row for each rank",
+            )
+            assert [row.get_attribute("data-rank") for row in shown] == ["0", "1"]
+            pids = {int(row.find_elements(By.TAG_NAME, "td")[1].text) for row in shown}
+            assert pids == {r["pid"] for r in rows}
+            assert browser.find_element(By.CSS_SELECTOR, "#ranks").is_displayed()
+    finally:
+        jw("stop", str(job_id), check=True)
