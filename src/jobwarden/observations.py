@@ -320,7 +320,7 @@ class Wait:
 
     pid: int
     tid: int
-    kind: str  # "child", "file-lock", "pipe-read", "pipe-write", "sleep"
+    kind: str  # "child", "file-lock", "pipe-read", "pipe-write", "socket-read", "sleep"
     call: str  # the system call: "wait4", "flock", "read"...
     thing: str  # what it waits on: "/data/cache.lock", "pipe:[81234]", "child pid 812", "a sleep"
     on: tuple[int, ...] = ()  # the processes it waits for: the lock's holder, the pipe's other end, the child

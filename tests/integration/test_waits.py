@@ -112,3 +112,40 @@ def test_a_job_sleeping_between_polls_is_no_wait_chain(jw: Jobwarden) -> None:
         assert [f["rule"] for f in found] == ["no-progress"], found
     finally:
         jw("stop", str(job), check=True)
+
+
+SILENT_SERVER = """
+import socket, sys
+server = socket.create_server(("127.0.0.1", 0))
+print(server.getsockname()[1], flush=True)
+conn, _ = server.accept()
+sys.stdin.read()  # never answers: holds the connection until the test closes its stdin
+"""
+
+
+def test_a_client_waiting_for_a_local_server_that_never_answers_names_the_server(jw: Jobwarden) -> None:
+    server = subprocess.Popen(
+        [PY, "-c", SILENT_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        client = (
+            "import socket, sys; s = socket.create_connection(('127.0.0.1', int(sys.argv[1])));"
+            " s.sendall(b'GET'); s.recv(1)"
+        )
+        job = jw.start(PY, "-c", client, str(port), options=HANG)["id"]
+        try:
+            f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+            assert f["pids"][0] == server.pid, f
+            assert f["title"] == (
+                f"Waits for a reply on a TCP connection to 127.0.0.1:{port} from pid {server.pid}, user root,"
+                " outside this job"
+            )
+        finally:
+            jw("stop", str(job), check=True)
+    finally:
+        assert server.stdin is not None and server.stdout is not None
+        server.stdin.close()
+        server.wait(30)
+        server.stdout.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from jobwarden.observations import Wait, WaitParty
-from jobwarden.probes.waits import parse_locks, parse_syscall
+from jobwarden.probes.waits import parse_locks, parse_syscall, parse_tcp, shown_address
 from jobwarden.rules import RunEvidence, explain
 from jobwarden.rules.hang.waits import follow
 
@@ -87,3 +87,18 @@ def test_a_sleep_or_a_wait_with_nobody_on_the_far_side_draws_no_chain() -> None:
     assert [f.rule for f in explain(unknown)] == ["no-progress"]
     healthy = dataclasses.replace(asleep, hang_window_s=None)  # not judged hung: no hang rule speaks
     assert [f.rule for f in explain(healthy)] == []
+
+
+def test_the_tcp_table_gives_each_sockets_two_ends_and_inode() -> None:
+    text = (
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+        "   0: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5551 1\n"
+        "   1: 0100007F:1F40 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 5552 1\n"
+        "   2: 0100007F:D431 0100007F:1F40 01 00000000:00000000 00:00000000 00000000     0        0 5553 1\n"
+        "   3: 0100007F:D432 0100007F:1F41 06 00000000:00000000 00:00000000 00000000     0        0 0 1\n"
+    )
+    rows = parse_tcp(text)
+    assert rows[2] == ("0100007F:D431", "0100007F:1F40", "5553")
+    assert len(rows) == 3  # a TIME_WAIT socket has no inode: nobody holds it
+    assert shown_address("0100007F:1F40") == "127.0.0.1:8000"
+    assert shown_address("00000000000000000000000001000000:1F40") == "port 8000"

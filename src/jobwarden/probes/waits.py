@@ -1,7 +1,8 @@
 """What each blocked thread of the job waits for, read from /proc alone (no ptrace, no signal): the system
 call it sits in (`/proc/PID/task/TID/syscall`, readable by the shim, an ancestor of the job), the
-descriptor that call names (`fd/N`, `fdinfo/N`), the file locks the kernel lists (`/proc/locks`), and who
-holds the other end of a pipe (every process's `fd/` whose link names the pipe's inode).
+descriptor that call names (`fd/N`, `fdinfo/N`), the file locks the kernel lists (`/proc/locks`), who
+holds the other end of a pipe (every process's `fd/` whose link names the pipe's inode), and who holds the
+other end of a TCP connection made on this machine (`/proc/net/tcp{,6}`: the same two addresses, swapped).
 
 Only asked when the watchdog judges a run hung, and bounded: the job's own processes first, then at most
 MAX_OTHERS other processes for a pipe's other end or a lock's holder, within BUDGET_S.
@@ -25,6 +26,7 @@ _F_SETLKW, _F_OFD_SETLKW = 7, 38  # fcntl's waiting lock commands
 _P_ALL, _P_PID = 0, 1  # waitid's idtype
 
 _READS = {"read", "pread64", "readv"}
+_RECEIVES = {"read", "readv", "recvfrom", "recvmsg"}  # on a socket: waiting for the peer to send
 _WRITES = {"write", "writev"}
 _SLEEPS = {"nanosleep", "clock_nanosleep"}
 _WAITS = {"wait4", "waitid"}
@@ -76,9 +78,11 @@ class _Probe:
         if call == "flock" or (call == "fcntl" and args[1] in (_F_SETLKW, _F_OFD_SETLKW)):
             self.lock_fds[(pid, tid)] = args[0]
             return Wait(pid, tid, "file-lock", call, self._fd_path(pid, args[0]))
-        if call in _READS or call in _WRITES:
+        if call in _READS or call in _WRITES or call in _RECEIVES:
             target = self._fd_path(pid, args[0])
-            if _is_pipe(self.proc, pid, args[0], target):
+            if target.startswith("socket:[") and call in _RECEIVES:
+                return Wait(pid, tid, "socket-read", call, target)
+            if (call in _READS or call in _WRITES) and _is_pipe(self.proc, pid, args[0], target):
                 return Wait(pid, tid, "pipe-read" if call in _READS else "pipe-write", call, target)
         return None
 
@@ -101,7 +105,10 @@ class _Probe:
 
     def resolve(self, waits: list[Wait]) -> list[Wait]:
         locks = _read_locks(self.proc) if any(w.kind == "file-lock" for w in waits) else {}
-        pipes = {w.thing for w in waits if w.kind in ("pipe-read", "pipe-write")}
+        peers = _tcp_peers(self.proc, {w.thing for w in waits if w.kind == "socket-read"})
+        pipes = {w.thing for w in waits if w.kind in ("pipe-read", "pipe-write")} | {
+            p for p, _ in peers.values()
+        }
         ends = self._pipe_ends(pipes) if pipes else {}
         resolved = []
         for w in waits:
@@ -113,12 +120,17 @@ class _Probe:
                 wanted = "write" if w.kind == "pipe-read" else "read"
                 holders = tuple(sorted({p for p, mode in ends.get(w.thing, ()) if mode in (wanted, "both")}))
                 resolved.append(Wait(w.pid, w.tid, w.kind, w.call, w.thing, holders))
-            else:
+            elif w.kind == "socket-read" and w.thing in peers:
+                peer, address = peers[w.thing]
+                holders = tuple(sorted({p for p, _ in ends.get(peer, ()) if p != w.pid}))
+                resolved.append(Wait(w.pid, w.tid, w.kind, w.call, f"a TCP connection to {address}", holders))
+            elif w.kind != "socket-read":  # a socket whose peer is not on this machine: no far side known
                 resolved.append(w)
         return resolved
 
     def _pipe_ends(self, pipes: set[str]) -> dict[str, set[tuple[int, str]]]:
-        """Who holds each pipe open, and how: the job's processes, then others while the budget lasts."""
+        """Who holds each pipe (or socket) open, and how: the job's processes, then others while the budget
+        lasts."""
         ends: dict[str, set[tuple[int, str]]] = {}
         others = [p for p in _all_pids(self.proc) if p not in self.job][:MAX_OTHERS]
         for pid in [*sorted(self.job), *others]:
@@ -169,6 +181,46 @@ def parse_locks(text: str) -> dict[tuple[int, int, int], list[int]]:
         if pid > 0:
             held.setdefault(key, []).append(pid)
     return held
+
+
+def parse_tcp(text: str) -> list[tuple[str, str, str]]:
+    """/proc/net/tcp and tcp6: (local address, remote address, inode) of each socket, the addresses as
+    the kernel prints them (hex "0100007F:1F40")."""
+    found = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 10 and fields[9].isdigit() and fields[9] != "0":
+            found.append((fields[1], fields[2], fields[9]))
+    return found
+
+
+def shown_address(hex_address: str) -> str:
+    """'0100007F:1F40' -> '127.0.0.1:8000' (an IPv6 address is shown by its port alone)."""
+    host, _, port = hex_address.partition(":")
+    try:
+        number = int(port, 16)
+        if len(host) == 8:
+            octets = [int(host[i : i + 2], 16) for i in range(0, 8, 2)]
+            return f"{'.'.join(str(o) for o in reversed(octets))}:{number}"
+    except ValueError:
+        return hex_address
+    return f"port {number}"
+
+
+def _tcp_peers(proc: Path, sockets: set[str]) -> dict[str, tuple[str, str]]:
+    """For each waiting socket ("socket:[INODE]") connected on this machine: its peer's "socket:[INODE]"
+    (the connection with the two addresses swapped) and the address it is connected to."""
+    if not sockets:
+        return {}
+    table = [row for name in ("tcp", "tcp6") for row in parse_tcp(_read(proc / "net" / name, 1 << 22))]
+    by_ends = {(local, remote): inode for local, remote, inode in table}
+    found = {}
+    for local, remote, inode in table:
+        mine = f"socket:[{inode}]"
+        peer = by_ends.get((remote, local))
+        if mine in sockets and peer is not None:
+            found[mine] = (f"socket:[{peer}]", shown_address(remote))
+    return found
 
 
 def _read_locks(proc: Path) -> dict[tuple[int, int, int], list[int]]:

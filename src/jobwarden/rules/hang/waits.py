@@ -18,7 +18,13 @@ from jobwarden.observations import Wait, WaitParty
 from jobwarden.rules.evidence import RunEvidence, job_ref
 from jobwarden.rules.lookup import Lookup, describe
 
-_EDGES = ("child", "file-lock", "pipe-read", "pipe-write")  # a wait with another process on its far side
+_EDGES = (
+    "child",
+    "file-lock",
+    "pipe-read",
+    "pipe-write",
+    "socket-read",
+)  # a wait with another process on its far side
 MAX_STEPS = 16  # a chain longer than this is cut: its first steps say enough
 
 
@@ -130,6 +136,8 @@ def _what(step: Step, name: _Names, short: bool = False) -> str:
         return f"reads a pipe whose write end {who}{whose} still holds open"
     if w.kind == "pipe-write":
         return f"writes into a full pipe that {who}{whose} does not read"
+    if w.kind == "socket-read":
+        return f"waits for a reply on {w.thing} from {who}{whose}"
     return f"waits for its child {who}"
 
 
@@ -196,6 +204,13 @@ def _remedy(chain: Chain, name: _Names, job: str) -> str:
             f"The reader gets end-of-file only once every write end is closed, and pid {end} keeps one open "
             "without writing: end it when its work is done, or start it with its output elsewhere "
             "(subprocess close_fds, `cmd > /dev/null &` in a script)."
+        )
+    if last.wait.kind == "socket-read":
+        return (
+            f"pid {end} holds the other end of the connection and sends nothing: look at what it waits "
+            f"for (`jobwarden dump {job}` for the job's side, py-spy dump --pid {end} for its own); give "
+            "the client a timeout (socket.settimeout, requests' timeout=) so a silent server fails the "
+            "job instead of hanging it."
         )
     if last.wait.kind == "pipe-write":
         return (
