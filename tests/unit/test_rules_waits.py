@@ -102,3 +102,14 @@ def test_the_tcp_table_gives_each_sockets_two_ends_and_inode() -> None:
     assert len(rows) == 3  # a TIME_WAIT socket has no inode: nobody holds it
     assert shown_address("0100007F:1F40") == "127.0.0.1:8000"
     assert shown_address("00000000000000000000000001000000:1F40") == "port 8000"
+
+
+def test_a_wrapper_waiting_for_a_child_stuck_on_a_futex_is_left_to_no_progress() -> None:
+    # bash -> python hung on a Python lock: the chain of children says nothing the stacks do not say better
+    stuck = hung(Wait(MAIN, MAIN, "child", "wait4", "any child", (CHILD,)))
+    assert [f.rule for f in explain(stuck)] == ["no-progress"]
+    asleep = hung(
+        Wait(MAIN, MAIN, "child", "wait4", "any child", (CHILD,)),
+        Wait(CHILD, CHILD, "sleep", "clock_nanosleep", "a sleep"),
+    )
+    assert explain(asleep)[0].title == f"Waits for its child pid {CHILD}"

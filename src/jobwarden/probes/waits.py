@@ -28,7 +28,8 @@ _P_ALL, _P_PID = 0, 1  # waitid's idtype
 _READS = {"read", "pread64", "readv"}
 _RECEIVES = {"read", "readv", "recvfrom", "recvmsg"}  # on a socket: waiting for the peer to send
 _WRITES = {"write", "writev"}
-_SLEEPS = {"nanosleep", "clock_nanosleep"}
+# restart_syscall: a timed sleep (or timed wait) that a signal or a ptrace attach interrupted goes on there
+_SLEEPS = {"nanosleep", "clock_nanosleep", "restart_syscall"}
 _WAITS = {"wait4", "waitid"}
 
 

@@ -248,8 +248,10 @@ class Diagnoser:
         # the ranks' flight recorders are asked first: they answer while the stacks are captured, and
         # the wait for what is still missing comes after (at most flightrec.WAIT_S)
         asked = flightrec.request(self.py_dir, sorted(self.tree.members)) if hung else []
-        stacks = capture_stacks(stack_pids, procfs=self.procfs, py_dir=self.py_dir, timeout_s=STACK_TIMEOUT_S)
+        # the waits before the stacks: a dump that attaches interrupts a sleep, which then reads as
+        # restart_syscall
         waits, parties = self._waits() if hung else ([], {})
+        stacks = capture_stacks(stack_pids, procfs=self.procfs, py_dir=self.py_dir, timeout_s=STACK_TIMEOUT_S)
         recorders = flightrec.collect(asked) if asked else []
         if asked:  # the ranks' answers cost them CPU and a file write: not a sign the job moves again
             self.tracker.discount(now_mono + STACK_TIMEOUT_S + flightrec.WAIT_S + RECORDER_EFFORT_S)

@@ -48,7 +48,7 @@ def wait_chain(ev: RunEvidence) -> Finding | None:
     if ev.hang_window_s is None or ev.pid is None or not ev.waits:
         return None
     chain = follow(ev.pid, ev.waits)
-    if chain is None:
+    if chain is None or not _explains(chain, ev.waits):
         return None
     name = _Names(Lookup.of(ev), ev.wait_parties)
     return Finding(
@@ -79,6 +79,16 @@ def follow(start: int, waits: Sequence[Wait]) -> Chain | None:
         seen.append(to)
         pid = to
     return Chain(tuple(steps), cycle=False) if steps else None
+
+
+def _explains(chain: Chain, waits: Sequence[Wait]) -> bool:
+    """The chain says more than "a wrapper waits for its child": it goes through a lock, a pipe or a
+    connection, back to itself, or ends at a process that sleeps. A chain of children ending in a
+    process stuck where the kernel names no far side (a futex, Python's own locks) is left to
+    `no-progress`, whose stacks say where that process is."""
+    if chain.cycle or any(s.wait.kind != "child" for s in chain.steps):
+        return True
+    return any(w.pid == chain.end and w.kind == "sleep" for w in waits)
 
 
 def _edge_of_each_process(waits: Sequence[Wait]) -> dict[int, Wait]:
