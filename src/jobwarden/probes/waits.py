@@ -11,14 +11,16 @@ MAX_OTHERS other processes for a pipe's other end or a lock's holder, within BUD
 from __future__ import annotations
 
 import os
-import pwd
 import stat
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from jobwarden.errors import ProcessGone
 from jobwarden.observations import Wait, WaitParty
+from jobwarden.osapi.procfs import ProcFS
 from jobwarden.osapi.syscalls import names_here
+from jobwarden.osapi.users import user_name
 
 MAX_OTHERS = 2000  # processes outside the job whose descriptors are read for a pipe's other end
 BUDGET_S = 0.5  # the whole probe's time, past which what is known is returned
@@ -34,19 +36,19 @@ _WAITS = {"wait4", "waitid"}
 
 
 def blocked_waits(
-    pids: Iterable[int], parents: Mapping[int, int], proc: str | Path = "/proc"
+    pids: Iterable[int], parents: Mapping[int, int], procfs: ProcFS | None = None
 ) -> tuple[list[Wait], dict[int, WaitParty]]:
     """The waits of the job's processes (`pids`, with `parents` for their children), and who each wait
     leads to."""
-    probe = _Probe(Path(proc), set(pids), parents)
+    probe = _Probe(procfs or ProcFS(), set(pids), parents)
     waits = [w for pid in sorted(probe.job) for w in probe.process(pid)]
     waits = probe.resolve(waits)
     return waits, probe.parties(waits)
 
 
 class _Probe:
-    def __init__(self, proc: Path, job: set[int], parents: Mapping[int, int]) -> None:
-        self.proc, self.job, self.parents = proc, job, parents
+    def __init__(self, procfs: ProcFS, job: set[int], parents: Mapping[int, int]) -> None:
+        self.procfs, self.proc, self.job, self.parents = procfs, procfs.root, job, parents
         self.calls = names_here()
         self.deadline = time.monotonic() + BUDGET_S
         self.lock_fds: dict[tuple[int, int], int] = {}  # (pid, tid) -> the descriptor it locks
@@ -133,7 +135,7 @@ class _Probe:
         """Who holds each pipe (or socket) open, and how: the job's processes, then others while the budget
         lasts."""
         ends: dict[str, set[tuple[int, str]]] = {}
-        others = [p for p in _all_pids(self.proc) if p not in self.job][:MAX_OTHERS]
+        others = [p for p in sorted(self.procfs.pids()) if p not in self.job][:MAX_OTHERS]
         for pid in [*sorted(self.job), *others]:
             if time.monotonic() > self.deadline:
                 break
@@ -145,8 +147,20 @@ class _Probe:
     def parties(self, waits: list[Wait]) -> dict[int, WaitParty]:
         found = {}
         for pid in {p for w in waits for p in w.on}:
-            found[pid] = WaitParty(pid, _cmdline(self.proc, pid), _user(self.proc, pid), pid in self.job)
+            found[pid] = WaitParty(pid, self._cmdline(pid), self._user(pid), pid in self.job)
         return found
+
+    def _cmdline(self, pid: int) -> str:
+        try:
+            return self.procfs.cmdline(pid)
+        except ProcessGone:
+            return ""
+
+    def _user(self, pid: int) -> str:
+        try:
+            return user_name(self.procfs.uid(pid))
+        except ProcessGone:
+            return "?"
 
 
 # --- parsing ----------------------------------------------------------------------------------------
@@ -289,29 +303,6 @@ def _mode(proc: Path, pid: int, fd: int) -> str:
                 return "?"
             return {os.O_RDONLY: "read", os.O_WRONLY: "write", os.O_RDWR: "both"}.get(access, "?")
     return "?"
-
-
-def _all_pids(proc: Path) -> list[int]:
-    try:
-        return sorted(int(n) for n in os.listdir(proc) if n.isdigit())
-    except OSError:
-        return []
-
-
-def _cmdline(proc: Path, pid: int) -> str:
-    raw = _read(proc / str(pid) / "cmdline", 4096)
-    return raw.replace("\0", " ").strip() or f"[{_read(proc / str(pid) / 'comm').strip()}]"
-
-
-def _user(proc: Path, pid: int) -> str:
-    try:
-        uid = os.stat(proc / str(pid)).st_uid
-    except OSError:
-        return "?"
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 def _read(path: Path, limit: int = 4096) -> str:

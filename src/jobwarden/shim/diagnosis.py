@@ -303,7 +303,7 @@ class Diagnoser:
 
         members = list(self.tree.members.values())
         parents = {m.pid: m.ppid for m in members}
-        return blocked_waits(parents, parents, self.procfs.root)
+        return blocked_waits(parents, parents, self.procfs)
 
     def _log_tail(self) -> tuple[str, ...]:
         from jobwarden.store.logfiles import tail_lines
