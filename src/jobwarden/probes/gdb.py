@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
 from jobwarden.observations import Frame, ThreadStack
+from jobwarden.osapi.process import which
 from jobwarden.osapi.tool import ToolUnavailable, run_tool
 from jobwarden.probes.stackbase import CaptureError, Failure
 
@@ -28,7 +28,7 @@ def find_gdb(environ: Mapping[str, str] | None = None) -> Path | None:
     if override:
         path = Path(override)
         return path if path.is_file() and os.access(path, os.X_OK) else None
-    found = shutil.which("gdb", path=env.get("PATH"))
+    found = which("gdb", env.get("PATH") or os.environ.get("PATH") or os.defpath)
     return Path(found) if found else None
 
 

@@ -12,13 +12,13 @@ import enum
 import json
 import os
 import re
-import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from jobwarden.observations import Frame, ThreadStack
+from jobwarden.osapi.process import which
 from jobwarden.osapi.tool import ToolUnavailable, run_tool
 from jobwarden.probes.stackbase import CaptureError, Failure
 
@@ -47,7 +47,7 @@ def find_py_spy(environ: Mapping[str, str] | None = None) -> Path | None:
     beside = Path(sys.executable).parent / "py-spy"
     if _executable(beside):
         return beside
-    found = shutil.which("py-spy", path=env.get("PATH"))
+    found = which("py-spy", env.get("PATH") or os.environ.get("PATH") or os.defpath)
     return Path(found) if found else None
 
 

@@ -81,7 +81,8 @@ class _Job:
         self.yama: bytes | None = None  # the Yama ptrace scope, read once (fork does not change it)
         self.program: list[int] | None = None  # (device, inode) of the interpreter (fork keeps it)
         # forking thread -> (at, parent pid, site, forks at that site) of a fork made beside other threads
-        self.forks: dict[int, tuple[float, int, int, int]] = {}
+        # per forking thread: when, the parent, its site and count, and the line its child writes for it
+        self.forks: dict[int, tuple[float, int, int, int, dict[str, object] | None]] = {}
         self.fork_counts: dict[tuple[int, ...], list[int]] = {}  # fork site -> [site number, forks there]
         self.warned = False
         self.events_fd = -1  # the shim's FIFO, opened on first use; -2: it cannot be opened
@@ -810,7 +811,6 @@ def fork_record(forking_frame: FrameType | None, at: float) -> dict[str, object]
         "parent_pid": os.getpid(),
         "stack": frames_of(forking_frame),
         "threads": threads,
-        "os_threads": _os_threads(),
     }
 
 
@@ -841,19 +841,22 @@ def fork_site(frame: FrameType | None, limit: int = FRAMES_PER_THREAD) -> tuple[
     return tuple(key)
 
 
-def _os_threads() -> int | None:
+def _os_threads(pid: int) -> int | None:
     """Native threads count too (a CUDA or OpenMP pool can hold a lock the child will need)."""
     try:
-        return len(os.listdir("/proc/self/task"))
+        return len(os.listdir(f"/proc/{pid}/task"))
     except OSError:
         return None
 
 
 def _before_fork() -> None:
-    """Record a fork made while other threads run: the first FORK_RECORDS_PER_SITE at each call site in
-    full, then only a count, written when it reaches a power of two. With busy threads every syscall that
-    releases the GIL costs the forking thread up to threads x the switch interval (5 ms) to get it back,
-    so a fork at a site already recorded does no I/O at all."""
+    """Note a fork made while other threads run: the first FORK_RECORDS_PER_SITE at each call site in
+    full, then only a count, written when it reaches a power of two.
+
+    The parent does no I/O here: with busy threads every syscall that releases the GIL costs the forking
+    thread up to threads x the switch interval (5 ms) to get it back, 100 forks beside 8 spinning threads
+    took x1.3 when the parent wrote its records. The record is built in memory, which the child inherits,
+    and the child writes it (_after_fork_in_child), alone with the GIL."""
     job = _job
     if job is None:
         return
@@ -869,15 +872,14 @@ def _before_fork() -> None:
         counted[1] += 1
         site, n = counted
         at, pid = time.time(), job.pid
-        job.forks[_thread.get_ident()] = (at, pid, site, n)
+        line: dict[str, object] | None = None
         if n <= FORK_RECORDS_PER_SITE and site <= MAX_FORK_SITES:
-            record = fork_record(frame, at)
-            if record is not None:
-                record.update(site=site, n=n)
-                _append(job.path(pid, ".forks.jsonl"), dumps(record))
+            line = fork_record(frame, at)
+            if line is not None:
+                line.update(site=site, n=n)
         elif n & (n - 1) == 0 and site <= MAX_FORK_SITES:  # 4, 8, 16...: log2 short lines in all
-            count = {"parent_pid": pid, "site": site, "forks": n, "at": at}
-            _append(job.path(pid, ".forks.jsonl"), dumps(count))
+            line = {"parent_pid": pid, "site": site, "forks": n, "at": at}
+        job.forks[_thread.get_ident()] = (at, pid, site, n, line)
     except Exception as err:
         _report(job, "fork record", err)
 
@@ -899,11 +901,21 @@ def _after_fork_in_child() -> None:
         job.warned = False
         forked: dict[str, object] | None = None
         if recorded is not None:  # in the child's own advert: the link a hung child needs, one per child
-            at, parent, site, n = recorded
+            at, parent, site, n, line = recorded
             forked = {"parent_pid": parent, "fork_at": at, "site": site, "n": n}
+            if line is not None:
+                _write_fork_line(job, parent, line)
         _hook_process(job, os.getpid(), forked)
     except Exception as err:
         _report(job, "after fork", err)
+
+
+def _write_fork_line(job: _Job, parent: int, line: dict[str, object]) -> None:
+    """The parent's record of this fork, to the parent's file: one write() on O_APPEND, so that siblings
+    forked at once do not interleave."""
+    if "threads" in line:  # a full record: the parent's native threads, which this child no longer has
+        line["os_threads"] = _os_threads(parent)
+    _append(job.path(parent, ".forks.jsonl"), dumps(line))
 
 
 # --- multiprocessing's start method, and modules hooked as they are imported -----------------------

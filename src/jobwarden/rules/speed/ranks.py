@@ -15,10 +15,10 @@ taken, names the frame (torch.distributed's collectives, the DataLoader)."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 
 from jobwarden.model import Finding
+from jobwarden.rules.speed import averages
 from jobwarden.rules.speed.evidence import RankView, SpeedEvidence, StackSample
 
 WHERE = ("computing", "collective", "data", "io", "idle", "unknown")
@@ -96,7 +96,7 @@ def straggler(ev: SpeedEvidence) -> Finding | None:
     if not suspects or (len(ranks) > 2 and 2 * len(suspects) >= len(ranks)):  # a few, not half the job
         return None
     others = [r for r in ranks if r not in suspects]
-    waiting = statistics.median(r.share("collective") for r in others)
+    waiting = averages.median(r.share("collective") for r in others)
     slower = 1 / max(1 - waiting, 1 / MOST_TIMES)
     times = f"more than {MOST_TIMES:.0f}×" if slower >= MOST_TIMES else f"about {_factor(slower)}×"
     if slower < SLOWER:
@@ -136,7 +136,7 @@ def _lags(rank: RankView, others: Sequence[RankView]) -> bool:
 
 
 def _lags_in(share: float, others: Sequence[float]) -> bool:
-    median = statistics.median(others)
+    median = averages.median(others)
     return median >= COLLECTIVE_SHARE and share <= SUSPECT_OF * median
 
 
@@ -162,7 +162,7 @@ def _why(r: RankView, others: Sequence[RankView], ev: SpeedEvidence) -> list[str
                 f"{r.cpu_used:.2f} CPUs",
             )
         )
-    usual_wait = statistics.median(o.wait_share for o in others) if others else 0.0
+    usual_wait = averages.median(o.wait_share for o in others) if others else 0.0
     if r.wait_share >= WAIT_SHARE and r.wait_share >= 2 * usual_wait:
         near = [n for n in ev.neighbours if n.cpu >= 0.2]
         who = "".join(f"; pid {n.pid} ({n.user}) used {n.cpu:.2f} CPUs: {n.cmdline[:60]}" for n in near[:1])

@@ -14,7 +14,6 @@ and what it costs.
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter
 from collections.abc import Sequence
 from itertools import pairwise
@@ -24,6 +23,7 @@ from typing import NamedTuple
 from jobwarden.model import Finding
 from jobwarden.observations import Frame
 from jobwarden.rules.frames import is_library
+from jobwarden.rules.speed import averages
 from jobwarden.rules.speed.evidence import SpeedEvidence, StackSample, StepMove
 
 STALL_TIMES = 4.0  # a gap this many times the usual one is a stall ...
@@ -45,7 +45,7 @@ def usual_gap(moves: Sequence[StepMove]) -> float | None:
     """The median time between two moves of the counter; None with too few moves (or none apart)."""
     if len(moves) < MIN_MOVES:
         return None
-    usual = statistics.median(b.at - a.at for a, b in pairwise(moves))
+    usual = averages.median(b.at - a.at for a, b in pairwise(moves))
     return usual if usual > 0 else None
 
 
@@ -130,7 +130,7 @@ def periodic_stall(ev: SpeedEvidence) -> Finding | None:
     if len(stalled) < MIN_STALLS:
         return None
     every = [b.step - a.step for (a, _), (b, _) in pairwise(stalled)]
-    mean = statistics.fmean(every)
+    mean = averages.fmean(every)
     if mean <= 0 or max(abs(e - mean) for e in every) > REGULAR * mean:
         return None
     span = ev.moves[-1].at - ev.moves[0].at
@@ -143,8 +143,8 @@ def periodic_stall(ev: SpeedEvidence) -> Finding | None:
     waiting = ev.stall_sampling and len(sampled) < MIN_AGREE and len(stalled) < MIN_STALLS + HOLD_STALLS
     if frame is None and waiting:
         return None  # the next stalls' dumps may name the function: worth a stall or two more of waiting
-    length = statistics.median(g for _, g in stalled)
-    period_s = statistics.fmean(b.at - a.at for (a, _), (b, _) in pairwise(stalled))
+    length = averages.median(g for _, g in stalled)
+    period_s = averages.fmean(b.at - a.at for (a, _), (b, _) in pairwise(stalled))
     steps = ", ".join(f"{m.step}" for m, _ in stalled[-5:])  # where the counter stood still
     where = f" in {frame.short}" if frame else ""
     evidence = [

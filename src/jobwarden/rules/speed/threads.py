@@ -21,10 +21,10 @@ from __future__ import annotations
 import itertools
 import os
 import re
-import statistics
 from collections import defaultdict
 
 from jobwarden.model import Finding
+from jobwarden.rules.speed import averages
 from jobwarden.rules.speed.evidence import SpeedEvidence, ThreadsRead, ThreadUse, WorkerBatch
 
 WARN_SHARE = 0.40  # a cost above this share is a warning; below, info
@@ -98,8 +98,8 @@ def _per_respawn(costs: list[tuple[float, str]]) -> tuple[float, str]:
     has none before the next step), else the start-up CPU's."""
     clocked = [c for c, what in costs if what == "step clock"]
     if clocked:
-        return statistics.fmean(clocked), "step clock"
-    return statistics.fmean(c for c, _ in costs), "start-up CPU"
+        return averages.fmean(clocked), "step clock"
+    return averages.fmean(c for c, _ in costs), "start-up CPU"
 
 
 def _typical_step_s(ev: SpeedEvidence) -> float | None:
@@ -108,7 +108,7 @@ def _typical_step_s(ev: SpeedEvidence) -> float | None:
         for a, b in itertools.pairwise(ev.moves)
         if b.step > a.step and b.at > a.at
     ]
-    return statistics.median(gaps) if gaps else None
+    return averages.median(gaps) if gaps else None
 
 
 def worker_respawn(ev: SpeedEvidence) -> Finding | None:
@@ -202,7 +202,7 @@ def gil_bound(ev: SpeedEvidence) -> Finding | None:
         if sum(r.seconds for r in gil) / total < GIL_SHARE:
             continue
         used = _used(gil)
-        threads = statistics.median_low([len(_busy(r)) for r in gil])
+        threads = averages.median_low([len(_busy(r)) for r in gil])
         could = min(float(threads), ev.cpus)
         share = max(1.0 - used / could, 0.0)
         if best is None or share > best[0]:
@@ -211,7 +211,7 @@ def gil_bound(ev: SpeedEvidence) -> Finding | None:
         return None
     share, pid, gil = best
     last = gil[-1]
-    threads = statistics.median_low([len(_busy(r)) for r in gil])
+    threads = averages.median_low([len(_busy(r)) for r in gil])
     used = _used(gil)
     seconds = sum(r.seconds for r in gil)
     evidence = [
