@@ -25,7 +25,6 @@ from jobwarden.paths import ensure_private_dir
 from jobwarden.shim.loop import StopRequest
 from jobwarden.shim.sightings import FIFO_NAME, Sightings, open_fifo
 from jobwarden.shim.stopping import TRACKER_GRACE_S, StoppingSupervisor
-from jobwarden.shim.watchdog import DEFAULT_HANG_TIMEOUT_S
 
 ADMIT_RETRY_S = 2.0  # a queued run asks NVML and the store again this often
 __all__ = ["ADMIT_RETRY_S", "TRACKER_GRACE_S", "StopRequest", "Supervisor"]
@@ -355,15 +354,11 @@ class Supervisor(StoppingSupervisor):
         self._fifo = None  # the sightings own it now
         return self.exits.sightings
 
-    def _hang_window(self) -> float | None:
-        window = self.job.options.hang_timeout_s
-        return (DEFAULT_HANG_TIMEOUT_S if window is None else window) or None
-
     def _start_diagnosis(self, main_pid: int | None) -> None:
         now = self.clock.monotonic()
         claimed = bool(self.gpu_env)
         self.diag = self.jobos.diagnoser(
-            self.store, self.job, self.run, self.procfs, self.tree, self._hang_window(), now, claimed
+            self.store, self.job, self.run, self.procfs, self.tree, self.hang_window(), now, claimed
         )
         self.diag.main_pid = main_pid
         self.diag.write = self.record.write  # kept for later while another process locks the store
@@ -374,26 +369,10 @@ class Supervisor(StoppingSupervisor):
             from jobwarden.shim.progresswatch import StepSign
 
             self.diag.steps = StepSign(self.progress)  # a running step counter is the sign that counts
-        self._start_speed()
-
-    def _start_speed(self) -> None:
-        """The speed findings (shim.speedwatch), recorded beside the diagnosis's own live findings."""
-        live = getattr(self.diag, "live", None)  # the loop's fake diagnosis keeps none
-        if live is None:
-            return
-        from jobwarden.shim.speedwatch import SpeedWatch, claimed_gpus, speed_enabled
-
-        if speed_enabled():
-            self.speed = SpeedWatch(self.procfs, live, claimed_gpus(self.gpu_env), memory_cgroup=self.cgroup)
 
     def _start_progress(self) -> None:
-        if os.environ.get(config.PROGRESS_ENV, "on") == "off":
-            return
-        from jobwarden.shim.progresswatch import ProgressWatch
-
-        self.progress = ProgressWatch(
-            self.store, self.job, self.run, self.record, self._hang_window(), self.notifier
-        )
+        self.progress_wanted = os.environ.get(config.PROGRESS_ENV, "on") != "off"
+        self.start_progress_if_shown()
 
     def _containment(self) -> str:
         if self.cgroup:
