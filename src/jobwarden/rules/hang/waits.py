@@ -143,12 +143,17 @@ def _what(step: Step, name: _Names, short: bool = False) -> str:
     if w.kind == "pipe-read":
         if to == w.pid:
             return f"reads a pipe ({w.thing}) whose write end it holds open itself"
-        return f"reads a pipe whose write end {who}{whose} still holds open"
+        return f"reads {_pipe(w, 'a pipe', 'the FIFO')} whose write end {who}{whose} still holds open"
     if w.kind == "pipe-write":
-        return f"writes into a full pipe that {who}{whose} does not read"
+        return f"writes into {_pipe(w, 'a full pipe', 'the full FIFO')} that {who}{whose} does not read"
     if w.kind == "socket-read":
         return f"waits for a reply on {w.thing} from {who}{whose}"
     return f"waits for its child {who}"
+
+
+def _pipe(wait: Wait, anonymous: str, named: str) -> str:
+    """A pipe in words: a FIFO by its path, an anonymous pipe as such (its inode says nothing)."""
+    return anonymous if wait.thing.startswith("pipe:[") else f"{named} {wait.thing}"
 
 
 def _summary(chain: Chain, name: _Names, waits: Sequence[Wait]) -> str:
