@@ -307,3 +307,86 @@ def test_a_server_waiting_in_accept_is_no_wait_chain(jw: Jobwarden, tmp_path: Pa
         assert [f["rule"] for f in found] == ["no-progress"], found
     finally:
         jw("stop", str(job), check=True)
+
+
+ABBA = """
+import threading
+
+a = threading.Lock()
+b = threading.Lock()
+both = threading.Barrier(2)
+
+
+def forwards():
+    with a:
+        both.wait()
+        with b:
+            print("never")
+
+
+def backwards():
+    with b:
+        both.wait()
+        with a:
+            print("never")
+
+
+threads = [threading.Thread(target=forwards), threading.Thread(target=backwards)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+
+def test_two_threads_taking_two_locks_in_opposite_orders_are_a_deadlock_naming_both(
+    jw: Jobwarden, tmp_path: Path
+) -> None:
+    script = tmp_path / "abba.py"
+    script.write_text(ABBA)
+    script.chmod(0o644)
+    job = jw.start(PY, str(script), options=HANG)["id"]
+    try:
+        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        main_pid = jw.status(job)["pid"]
+        assert f["pids"] == [main_pid], f
+        assert f["title"] == f"Deadlock: 2 threads of pid {main_pid} wait for each other's locks (a, b)", f
+        assert (
+            f'"Thread-1 (forwards)" waits at {script}:12 for lock b (made at line 5), which thread '
+        ) in f["summary"], f
+        assert '"Thread-2 (backwards)" holds (its `with` at line 17)' in f["summary"], f
+        assert '"Thread-2 (backwards)" waits at line 19 for lock a (made at line 4)' in f["summary"], f
+        assert finding(jw, job, "no-progress") is None
+    finally:
+        jw("stop", str(job), check=True)
+
+
+HELD_BY_A_SLEEPER = """
+import threading, time
+
+lock = threading.Lock()
+
+
+def slow():
+    with lock:
+        time.sleep(600)
+
+
+threading.Thread(target=slow).start()
+time.sleep(0.5)
+with lock:
+    print("never before ten minutes")
+"""
+
+
+def test_a_thread_waiting_for_a_lock_a_sleeper_holds_is_no_deadlock(jw: Jobwarden, tmp_path: Path) -> None:
+    # a lock held across a long sleep: hung by the window, but no cycle, so no deadlock is drawn
+    script = tmp_path / "slow.py"
+    script.write_text(HELD_BY_A_SLEEPER)
+    script.chmod(0o644)
+    job = jw.start(PY, str(script), options=HANG)["id"]
+    try:
+        found = eventually("a hang finding", lambda: hang_findings(jw, job), 90)
+        assert [f["rule"] for f in found] == ["no-progress"], found
+    finally:
+        jw("stop", str(job), check=True)
