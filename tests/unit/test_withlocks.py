@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from jobwarden.observations import Frame, HeldLock, LockSite, ProcessStack, ThreadStack
-from jobwarden.probes.withlocks import lock_sites, sites_in
+from jobwarden.probes.withlocks import _source, lock_sites, sites_in
 from jobwarden.rules import RunEvidence, explain
 from jobwarden.rules.hang.lockcycle import lock_cycles
 
@@ -145,3 +145,14 @@ def test_wait_chain_names_the_threads_and_locks_of_the_cycle() -> None:
     )
     assert 'thread 3 "T3" waits at line 41 for lock a (made at line 4)' in first.summary
     assert "no-progress" not in [f.rule for f in explain(ev)]
+
+
+def test_a_file_the_jobs_user_could_not_read_is_not_read_for_it(tmp_path: Path) -> None:
+    path = tmp_path / "secret.py"
+    path.write_bytes(SOURCE)
+    path.chmod(0o600)
+    nobody = 65534
+    assert _source(path, time.time(), {nobody}) is None  # the shim may read it; the job's user may not
+    assert _source(path, time.time(), {os.geteuid()}) == SOURCE
+    path.chmod(0o644)
+    assert _source(path, time.time(), {nobody}) == SOURCE

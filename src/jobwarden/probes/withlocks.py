@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import os
+import stat
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -42,23 +43,26 @@ def lock_sites(
     deadline = time.monotonic() + BUDGET_S
     wanted: dict[str, set[int]] = {}
     started: dict[str, float] = {}  # each file's latest start among the processes that run it
+    users: dict[str, set[int]] = {}  # the users of the processes that run it
     for ps in stacks:
         idle = [t for t in ps.threads if t.active is False]
         if len(idle) < 2:
             continue
         start = _started_at(procfs, ps.pid)
-        if start is None:
+        uid = _uid(procfs, ps.pid)
+        if start is None or uid is None:
             continue
         for thread in idle:
             for frame in thread.frames:
                 if not frame.native and frame.line and frame.file.startswith("/"):
                     wanted.setdefault(frame.file, set()).add(frame.line)
                     started[frame.file] = max(started.get(frame.file, 0.0), start)
+                    users.setdefault(frame.file, set()).add(uid)
     found: dict[tuple[str, int], LockSite] = {}
     for file in sorted(wanted)[:MAX_FILES]:
         if time.monotonic() > deadline:
             break
-        source = _source(Path(file), started[file])
+        source = _source(Path(file), started[file], users[file])
         if source is not None:
             for site in sites_in(source, file, wanted[file]):
                 found[(file, site.line)] = site
@@ -194,13 +198,33 @@ def _started_at(procfs: ProcFS, pid: int) -> float | None:
         return None
 
 
-def _source(path: Path, started: float) -> bytes | None:
-    """The file's text, when it passes the shared-file checks (a regular file of ours or root's, not
-    writable by others, within the cap) and was not changed after the process started (a second of
-    slack: the boot time is to the second)."""
+def _source(path: Path, started: float, users: set[int]) -> bytes | None:
+    """The file's text, when it passes the shared-file checks (a regular file of ours, root's or the
+    process's user's, not writable by others, within the cap), every process that runs it could read it
+    itself (the shim may be root: a job naming /etc/shadow in its stack learns nothing from it), and it
+    was not changed after the process started (a second of slack: the boot time is to the second)."""
     try:
-        if os.stat(path).st_mtime > started + 1.0:
+        st = os.stat(path)
+        if st.st_mtime > started + 1.0 or not all(_may_read(st, uid) for uid in users):
             return None
-        return read_file(path, MAX_SOURCE_BYTES, Trust(frozenset({os.geteuid(), 0})), check_folder=False)
+        owners = frozenset({os.geteuid(), 0, *users})
+        return read_file(path, MAX_SOURCE_BYTES, Trust(owners), check_folder=False)
     except OSError:
+        return None
+
+
+def _may_read(st: os.stat_result, uid: int) -> bool:
+    """Whether a process of `uid` may read the file, by its mode (groups aside: a group's file is read
+    only when others may read it too, the safe side)."""
+    if uid == 0:
+        return True
+    if st.st_uid == uid:
+        return bool(st.st_mode & stat.S_IRUSR)
+    return bool(st.st_mode & stat.S_IROTH)
+
+
+def _uid(procfs: ProcFS, pid: int) -> int | None:
+    try:
+        return procfs.uid(pid)
+    except (ProcessGone, AccessDenied):
         return None
