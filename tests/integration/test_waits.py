@@ -339,11 +339,18 @@ for t in threads:
 """
 
 
+@pytest.mark.parametrize("by_hand", [False, True], ids=["with", "acquire"])
 def test_two_threads_taking_two_locks_in_opposite_orders_are_a_deadlock_naming_both(
-    jw: Jobwarden, tmp_path: Path
+    jw: Jobwarden, tmp_path: Path, by_hand: bool
 ) -> None:
+    # the inner lock taken by a `with`, or by a bare acquire() on the same line
     script = tmp_path / "abba.py"
-    script.write_text(ABBA)
+    code = ABBA
+    if by_hand:
+        for lock in "ab":
+            code = code.replace(f"with {lock}:\n            print", f"{lock}.acquire()\n        print")
+        assert code.count(".acquire()") == 2
+    script.write_text(code)
     script.chmod(0o644)
     job = jw.start(PY, str(script), options=HANG)["id"]
     try:

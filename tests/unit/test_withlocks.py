@@ -55,6 +55,13 @@ with b:
     def later():
         with a:
             pass
+
+
+def by_hand():
+    with a:
+        b.acquire()
+        b.acquire(timeout=5)
+        shadowed.acquire(); ready = False
 """
 F = "/src/app.py"
 
@@ -79,6 +86,12 @@ def test_only_module_level_locks_the_file_binds_once_are_named() -> None:
 def test_a_function_defined_inside_a_with_does_not_hold_its_lock() -> None:
     assert site(41) == LockSite(F, 41, HeldLock("a", 4, 41), ())
     assert site(38) == LockSite(F, 38, None, (HeldLock("b", 5, 37),))  # module code inside `with b:`
+
+
+def test_a_lone_acquire_call_takes_its_lock() -> None:
+    assert site(47) == LockSite(F, 47, HeldLock("b", 5, 47), (HeldLock("a", 4, 46),))
+    assert site(48) == LockSite(F, 48, None, (HeldLock("a", 4, 46),))  # a timed acquire: it gives up
+    assert site(49) == LockSite(F, 49, HeldLock("shadowed", 8, 49), (HeldLock("a", 4, 46),))
 
 
 def test_unparsable_source_gives_nothing() -> None:

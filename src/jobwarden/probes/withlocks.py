@@ -5,7 +5,8 @@ around that line are looked at (`ast`, never run).
 A lock is recognised only when it is unambiguous from the text: a name the file assigns once, at module
 level, to `threading.Lock()` / `threading.RLock()` (or `Lock()` / `RLock()`), never rebound, and not a
 local of the function the frame is in. `with self._lock:` (whose object?), a lock passed as an argument,
-or one taken by `acquire()` (held until some later `release()`) are left out: a cycle drawn from them
+or one held after `acquire()` (until some later `release()`) are left out (a lone `NAME.acquire()` line
+does say which lock a thread idle there waits for): a cycle drawn from them
 could be wrong. A file changed after the process started is not read (its lines may no longer be the
 ones running), nor one that fails the shared-file checks (owner, type, size).
 
@@ -70,7 +71,9 @@ def lock_sites(
 
 
 def sites_in(source: bytes, file: str, lines: Iterable[int]) -> list[LockSite]:
-    """The LockSite of each line of `source` (a file's text) that takes or is held by a module-level lock."""
+    """The LockSite of each line of `source` (a file's text) that takes or is held by a module-level lock:
+    taken by a `with` whose header is the line or by a lone `NAME.acquire()` on it, held by the `with`
+    blocks around it."""
     if b"Lock(" not in source:  # most files of a stack create no lock: not parsed
         return []
     try:
@@ -85,7 +88,7 @@ def sites_in(source: bytes, file: str, lines: Iterable[int]) -> list[LockSite]:
     for line in sorted(set(lines)):
         scope = _scope_of(tree, functions, line)
         local = _locals(scope) if not isinstance(scope, ast.Module) else set()
-        takes, holds = None, []
+        takes, holds = _acquire_on(scope, line, locks, local), []
         for node in _own_withs(scope):
             named = [_lock(item.context_expr, locks, local) for item in node.items]
             if node.lineno <= line < node.body[0].lineno:  # the header: the statement that waits to enter
@@ -97,6 +100,25 @@ def sites_in(source: bytes, file: str, lines: Iterable[int]) -> list[LockSite]:
         if takes is not None or holds:
             found.append(LockSite(file, line, takes, tuple(sorted(holds, key=lambda h: h.with_line))))
     return found
+
+
+def _acquire_on(scope: ast.AST, line: int, locks: dict[str, int], local: set[str]) -> HeldLock | None:
+    """A statement `NAME.acquire()` (blocking, no timeout) alone on the line: a thread idle there waits
+    to take that lock. (What it holds after is unknown: its `release()` may be anywhere.)"""
+    for node in _own_nodes(scope):
+        if isinstance(node, ast.Expr) and node.lineno == line and (node.end_lineno or line) == line:
+            call = node.value
+            if (
+                isinstance(call, ast.Call)
+                and not call.args
+                and not call.keywords
+                and isinstance(call.func, ast.Attribute)
+                and call.func.attr == "acquire"
+            ):
+                name = _lock(call.func.value, locks, local)
+                if name is not None:
+                    return HeldLock(name, locks[name], line)
+    return None
 
 
 def _module_locks(tree: ast.Module) -> dict[str, int]:
