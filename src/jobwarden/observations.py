@@ -327,6 +327,28 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class HeldLock:
+    """A module-level `threading.Lock()` / `RLock()` of one source file, as a `with` statement names it."""
+
+    name: str  # the module-level name: "cache_lock"
+    defined: int  # the line that assigns it
+    with_line: int  # the line of the `with` statement that takes it
+
+
+@dataclass(frozen=True)
+class LockSite:
+    """What the source says at one frame's line (probes.withlocks): the lock a `with` on this very line
+    takes (a thread stopped here waits to enter it), and the locks whose `with` blocks hold the line. Only
+    locks the file itself creates at module level, and only from a file not changed since the process
+    started."""
+
+    file: str
+    line: int
+    takes: HeldLock | None
+    holds: tuple[HeldLock, ...] = ()  # outermost first
+
+
+@dataclass(frozen=True)
 class WaitParty:
     """A process a wait leads to, possibly outside the job: who it is, and whose."""
 

@@ -113,3 +113,17 @@ def test_a_wrapper_waiting_for_a_child_stuck_on_a_futex_is_left_to_no_progress()
         Wait(CHILD, CHILD, "sleep", "clock_nanosleep", "a sleep"),
     )
     assert explain(asleep)[0].title == f"Waits for its child pid {CHILD}"
+
+
+def test_a_fifo_is_named_by_its_path_an_anonymous_pipe_is_not() -> None:
+    outside = {HOLDER: WaitParty(HOLDER, "bash feeder.sh", "bob", in_job=False)}
+    fifo = hung(Wait(MAIN, MAIN, "pipe-read", "read", "/data/feed.fifo", (HOLDER,)), parties=outside)
+    assert explain(fifo)[0].title == (
+        "Reads the FIFO /data/feed.fifo whose write end pid 777, user bob, outside this job still holds open"
+    )
+    full = hung(Wait(MAIN, MAIN, "pipe-write", "write", "/data/out.fifo", (HOLDER,)), parties=outside)
+    assert explain(full)[0].title == (
+        "Writes into the full FIFO /data/out.fifo that pid 777, user bob, outside this job does not read"
+    )
+    pipe = hung(Wait(MAIN, MAIN, "pipe-write", "write", "pipe:[5]", (HOLDER,)), parties=outside)
+    assert explain(pipe)[0].title.startswith("Writes into a full pipe that pid 777")

@@ -20,9 +20,11 @@ from jobwarden.errors import ProcessGone
 from jobwarden.observations import Wait, WaitParty
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.osapi.syscalls import names_here
+from jobwarden.osapi.unixdiag import UnixDiag
 from jobwarden.osapi.users import user_name
 
 MAX_OTHERS = 2000  # processes outside the job whose descriptors are read for a pipe's other end
+MAX_SOCKETS = 64  # waiting sockets whose Unix peer is asked of the kernel (two questions each)
 BUDGET_S = 0.5  # the whole probe's time, past which what is known is returned
 _F_SETLKW, _F_OFD_SETLKW = 7, 38  # fcntl's waiting lock commands
 _P_ALL, _P_PID = 0, 1  # waitid's idtype
@@ -108,7 +110,9 @@ class _Probe:
 
     def resolve(self, waits: list[Wait]) -> list[Wait]:
         locks = _read_locks(self.proc) if any(w.kind == "file-lock" for w in waits) else {}
-        peers = _tcp_peers(self.proc, {w.thing for w in waits if w.kind == "socket-read"})
+        sockets = {w.thing for w in waits if w.kind == "socket-read"}
+        peers = _tcp_peers(self.proc, sockets)
+        peers.update(_unix_peers(sockets - peers.keys(), self.deadline))
         pipes = {w.thing for w in waits if w.kind in ("pipe-read", "pipe-write")} | {
             p for p, _ in peers.values()
         }
@@ -126,7 +130,7 @@ class _Probe:
             elif w.kind == "socket-read" and w.thing in peers:
                 peer, address = peers[w.thing]
                 holders = tuple(sorted({p for p, _ in ends.get(peer, ()) if p != w.pid}))
-                resolved.append(Wait(w.pid, w.tid, w.kind, w.call, f"a TCP connection to {address}", holders))
+                resolved.append(Wait(w.pid, w.tid, w.kind, w.call, address, holders))
             elif w.kind != "socket-read":  # a socket whose peer is not on this machine: no far side known
                 resolved.append(w)
         return resolved
@@ -234,7 +238,27 @@ def _tcp_peers(proc: Path, sockets: set[str]) -> dict[str, tuple[str, str]]:
         mine = f"socket:[{inode}]"
         peer = by_ends.get((remote, local))
         if mine in sockets and peer is not None:
-            found[mine] = (f"socket:[{peer}]", shown_address(remote))
+            found[mine] = (f"socket:[{peer}]", f"a TCP connection to {shown_address(remote)}")
+    return found
+
+
+def _unix_peers(sockets: set[str], deadline: float) -> dict[str, tuple[str, str]]:
+    """For each waiting socket that is a connected Unix socket: its peer's "socket:[INODE]" and what it
+    is connected to, in words (the path either end is bound to: a server's accepted connection carries
+    it; neither has one in a socketpair)."""
+    found: dict[str, tuple[str, str]] = {}
+    inodes = [int(s[len("socket:[") : -1]) for s in sorted(sockets) if s[len("socket:[") : -1].isdigit()]
+    if not inodes:
+        return found
+    with UnixDiag() as diag:
+        for inode in inodes[:MAX_SOCKETS]:
+            mine = diag.ask(inode) if time.monotonic() < deadline else None
+            if mine is None or mine.peer is None:
+                continue
+            peer = diag.ask(mine.peer)
+            path = (peer.path if peer is not None else "") or mine.path
+            words = f"a Unix socket connected to {path}" if path else "a Unix socket pair"
+            found[f"socket:[{inode}]"] = (f"socket:[{mine.peer}]", words)
     return found
 
 

@@ -13,6 +13,7 @@ from jobwarden.observations import (
     ForkRequest,
     GpuDevice,
     GpuProcess,
+    LockSite,
     OomEvidence,
     ProcessDeath,
     ProcessFacts,
@@ -67,6 +68,8 @@ class RunEvidence:
     stacks: Sequence[ProcessStack] = ()  # the latest stacks of the live processes
     waits: Sequence[Wait] = ()  # what each blocked thread waits for, when hung (probes.waits)
     wait_parties: Mapping[int, WaitParty] = field(default_factory=dict)  # who those waits lead to
+    # the `with` statements around the hung stacks' lines (probes.withlocks), by (file, line)
+    lock_sites: Mapping[tuple[str, int], LockSite] = field(default_factory=dict)
     recorders: Sequence[RankRecorder] = ()  # each rank's PyTorch flight recorder, read on a hang
     forks: Sequence[ForkRecord] = ()
     fork_requests: Sequence[ForkRequest] = ()  # explicit get_context("fork") / set_start_method("fork")

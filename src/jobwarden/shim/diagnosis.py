@@ -30,7 +30,15 @@ from jobwarden.store import JobRecord, Store
 
 if TYPE_CHECKING:  # the rules, the stack capture and the GPU watch load at the first judgement, or with a
     # GPU: an idle job never judged never pays for them (the shim's memory, issue 25)
-    from jobwarden.observations import OomEvidence, ProcessDeath, ProcessFacts, Wait, WaitParty
+    from jobwarden.observations import (
+        LockSite,
+        OomEvidence,
+        ProcessDeath,
+        ProcessFacts,
+        ProcessStack,
+        Wait,
+        WaitParty,
+    )
     from jobwarden.shim.gpuwatch import GpuWatch
     from jobwarden.shim.progresswatch import StepSign
 
@@ -253,6 +261,7 @@ class Diagnoser:
         waits, parties = self._waits() if hung else ([], {})
         stacks = capture_stacks(stack_pids, procfs=self.procfs, py_dir=self.py_dir, timeout_s=STACK_TIMEOUT_S)
         recorders = flightrec.collect(asked) if asked else []
+        sites = self._lock_sites(stacks) if hung else {}
         if asked:  # the ranks' answers cost them CPU and a file write: not a sign the job moves again
             self.tracker.discount(now_mono + STACK_TIMEOUT_S + flightrec.WAIT_S + RECORDER_EFFORT_S)
         evidence = RunEvidence(
@@ -274,6 +283,7 @@ class Diagnoser:
             stacks=tuple(stacks),
             waits=tuple(waits),
             wait_parties=parties,
+            lock_sites=sites,
             recorders=tuple(recorders),
             forks=tuple(read_forks(self.py_dir)),
             fork_requests=tuple(read_fork_requests(self.py_dir)),
@@ -304,6 +314,12 @@ class Diagnoser:
         members = list(self.tree.members.values())
         parents = {m.pid: m.ppid for m in members}
         return blocked_waits(parents, parents, self.procfs)
+
+    def _lock_sites(self, stacks: Sequence[ProcessStack]) -> dict[tuple[str, int], LockSite]:
+        """The `with` locks around the hung threads' lines (probes.withlocks), read only when hung."""
+        from jobwarden.probes.withlocks import lock_sites
+
+        return lock_sites(stacks, self.procfs)
 
     def _log_tail(self) -> tuple[str, ...]:
         from jobwarden.store.logfiles import tail_lines

@@ -5,7 +5,9 @@ rule follows each wait to the process on its other side, and that one's wait, to
 everything waits for (a lock's holder outside the job, a writer that keeps a pipe open and writes
 nothing), or back to a process already on the path (a deadlock). That last process is the finding's
 first pid. A main process the kernel shows waiting on nothing it can name (a futex, a socket, a sleep)
-leaves the run to the other hang rules and to `no-progress`.
+leaves the run to the other hang rules and to `no-progress`, unless threads of the process that chain
+ends at (or of another) wait for each other's Python locks, as their stacks and source show
+(hang.lockcycle): a deadlock, that process first.
 """
 
 from __future__ import annotations
@@ -16,6 +18,13 @@ from dataclasses import dataclass
 from jobwarden.model import Finding
 from jobwarden.observations import Wait, WaitParty
 from jobwarden.rules.evidence import RunEvidence, job_ref
+from jobwarden.rules.hang.lockcycle import (
+    cycle_evidence,
+    cycle_remedy,
+    cycle_summary,
+    cycle_title,
+    lock_cycles,
+)
 from jobwarden.rules.lookup import Lookup, describe
 
 _EDGES = (
@@ -45,12 +54,12 @@ class Chain:
 
 
 def wait_chain(ev: RunEvidence) -> Finding | None:
-    if ev.hang_window_s is None or ev.pid is None or not ev.waits:
+    if ev.hang_window_s is None or ev.pid is None:
         return None
     chain = follow(ev.pid, ev.waits)
-    if chain is None or not _explains(chain, ev.waits):
-        return None
     name = _Names(Lookup.of(ev), ev.wait_parties)
+    if chain is None or not _explains(chain, ev.waits):
+        return _lock_cycle(ev, chain, name)
     return Finding(
         "wait-chain",
         _title(chain, name),
@@ -59,6 +68,31 @@ def wait_chain(ev: RunEvidence) -> Finding | None:
         tuple(_evidence(chain, name, ev.waits)),
         _remedy(chain, name, job_ref(ev)),
         tuple(dict.fromkeys([chain.end, *(s.wait.pid for s in chain.steps)])),
+    )
+
+
+def _lock_cycle(ev: RunEvidence, chain: Chain | None, name: _Names) -> Finding | None:
+    """Threads waiting for each other's Python locks (hang.lockcycle), in the process the main one's
+    chain of children ends at, else the main process, else another: that process first."""
+    cycles = lock_cycles(ev.stacks, ev.lock_sites) if ev.lock_sites else []
+    if not cycles:
+        return None
+    end = chain.end if chain is not None else ev.pid
+    cycle = min(cycles, key=lambda c: (c.pid != end, c.pid != ev.pid, c.pid))
+    summary = f"In {name.of(cycle.pid)}, " + cycle_summary(cycle) + "."
+    pids = [cycle.pid]
+    if chain is not None and chain.end == cycle.pid:
+        steps = ", ".join(f"{name.of(s.wait.pid)} {_what(s, name)}" for s in chain.steps)
+        summary = f"{_capitalised(steps)}. {summary}"
+        pids += [s.wait.pid for s in chain.steps]
+    return Finding(
+        "wait-chain",
+        cycle_title(cycle),
+        summary,
+        "error",
+        tuple(cycle_evidence(cycle)),
+        cycle_remedy(cycle, job_ref(ev)),
+        tuple(dict.fromkeys(pids)),
     )
 
 
@@ -143,12 +177,17 @@ def _what(step: Step, name: _Names, short: bool = False) -> str:
     if w.kind == "pipe-read":
         if to == w.pid:
             return f"reads a pipe ({w.thing}) whose write end it holds open itself"
-        return f"reads a pipe whose write end {who}{whose} still holds open"
+        return f"reads {_pipe(w, 'a pipe', 'the FIFO')} whose write end {who}{whose} still holds open"
     if w.kind == "pipe-write":
-        return f"writes into a full pipe that {who}{whose} does not read"
+        return f"writes into {_pipe(w, 'a full pipe', 'the full FIFO')} that {who}{whose} does not read"
     if w.kind == "socket-read":
         return f"waits for a reply on {w.thing} from {who}{whose}"
     return f"waits for its child {who}"
+
+
+def _pipe(wait: Wait, anonymous: str, named: str) -> str:
+    """A pipe in words: a FIFO by its path, an anonymous pipe as such (its inode says nothing)."""
+    return anonymous if wait.thing.startswith("pipe:[") else f"{named} {wait.thing}"
 
 
 def _summary(chain: Chain, name: _Names, waits: Sequence[Wait]) -> str:
