@@ -1,4 +1,4 @@
-"""The supervising loop's decisions on a fake OS (shim/fakeos.py) and a fake clock: when it signals what,
+"""The supervising loop's decisions on a fake OS (tests/fakeos.py) and a fake clock: when it signals what,
 how a run ends, what it records. No process is started; a real store in a temporary home records it all.
 Times below are seconds since the job started, as the fake clock counts them."""
 
@@ -20,9 +20,9 @@ from jobwarden.model import EndReason, JobSpec, JobState
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.shim.attempts import supervise_job
 from jobwarden.shim.diagnosis import Verdict
-from jobwarden.shim.fakeos import FakeJobOS
 from jobwarden.shim.supervisor import Supervisor
 from jobwarden.store import RunRecord, Store
+from tests.fakeos import FakeJobOS
 from tests.unit.test_procfs import CAPTURED_PROC_STAT, add_process, stat_line
 
 SIGKILL, SIGTERM = signal.SIGKILL, signal.SIGTERM

@@ -1,5 +1,6 @@
-"""A stand-in for the operating system under the supervisor (shim/jobos.JobOS): the loop's decisions
-tested without starting a process, on a fake clock.
+"""A stand-in for the operating system under the supervisor (jobwarden.shim.jobos.JobOS): the loop's
+decisions tested without starting a process, on a fake clock. A test's tool: it lives with the tests, out of
+the shipped package.
 
 Processes are records: spawned or forked, they live until they exit or a signal they do not ignore ends
 them (SIGKILL always does). Time moves only while the supervisor waits: `wait` advances the clock to the
