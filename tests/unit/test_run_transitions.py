@@ -23,8 +23,11 @@ import pytest
 from jobwarden.control import lifecycle, reboot
 from jobwarden.control.views import refresh
 from jobwarden.errors import JobwardenError
-from jobwarden.model import EndReason, JobState
+from jobwarden.joboptions import JobOptions
+from jobwarden.model import EndReason, JobSpec, JobState
 from jobwarden.shim.attempts import supervise_job
+from jobwarden.shim.queueing import TURN_RETRY_S
+from jobwarden.shim.supervisor import ADMIT_RETRY_S
 from jobwarden.store import RunRecord
 from tests.unit.looprig import BOOT_ID, Rig, refuse_processes
 
@@ -398,6 +401,86 @@ def test_two_resumes_at_once_start_the_job_once(make_rig: Callable[..., Rig]) ->
     assert mine.why == "started again by another jobwarden resume, as run 2"
     assert shims.started == [2] and len(rig.fake.spawned) == 1
     assert [r.n for r in runs(rig)] == [1, 2]
+
+
+# --- waiting its turn (--after) -------------------------------------------------------------------------
+
+
+def after_a_running_job(make_rig: Callable[..., Rig]) -> tuple[Rig, int]:
+    """The rig's job runs --after job `prep`, which is running under a live supervisor (this process)."""
+    rig = make_rig(after=(2,))  # `prep`, made next, is job 2
+    prep, _ = rig.store.create_job(JobSpec(("prep",), "/", "prep"), JobOptions().to_json(), rig.clock.wall())
+    assert prep == 2
+    shim_start = rig.procfs.stat(os.getpid()).start_time
+    rig.store.update_run(prep, 1, state=JobState.RUNNING, shim_pid=os.getpid(), shim_start=shim_start)
+    return rig, prep
+
+
+def test_a_queued_run_starts_once_the_job_it_waits_for_succeeds(make_rig: Callable[..., Rig]) -> None:
+    rig, prep = after_a_running_job(make_rig)
+    rig.fake.at(3, lambda: rig.store.update_run(prep, 1, state=JobState.SUCCEEDED, exit_code=0))
+    rig.fake.attempts_exit((2, 0))
+    seen: list[RunRecord] = []
+    rig.look_at(2, seen)
+    rig.supervise()
+    [queued] = seen
+    assert (queued.state, queued.pid) == (JobState.QUEUED, None)
+    assert queued.queued_reason == "waiting for job 2 (prep) to succeed (--after): it is running"
+    [started] = rig.fake.spawned_at  # queued -> starting -> running at its next look
+    assert 3.0 <= started <= 3.0 + TURN_RETRY_S
+    run = rig.store.run(rig.job_id, 1)
+    assert (run.state, run.queued_reason, run.exit_code) == (JobState.SUCCEEDED, None, 0)
+
+
+def test_a_queued_run_is_cancelled_when_the_job_it_waits_for_fails(make_rig: Callable[..., Rig]) -> None:
+    rig, prep = after_a_running_job(make_rig)
+    rig.fake.at(3, lambda: rig.store.update_run(prep, 1, state=JobState.FAILED, exit_code=1))
+    rig.supervise()
+    run = rig.store.run(rig.job_id, 1)
+    assert (run.state, run.end_reason, run.started_at) == (JobState.FAILED, EndReason.DEPENDENCY_FAILED, None)
+    assert [f.rule for _, f in rig.store.findings(rig.job_id, 1)] == ["dependency-failed"]
+    assert rig.fake.spawned == []
+
+
+def test_a_stop_while_queued_ends_the_run_stopped_before_it_starts(make_rig: Callable[..., Rig]) -> None:
+    rig, _ = after_a_running_job(make_rig)
+    rig.stop_at(5, grace_s=10)
+    rig.supervise()
+    run = rig.store.run(rig.job_id, 1)
+    assert (run.state, run.end_reason, run.started_at) == (JobState.STOPPED, EndReason.STOPPED, None)
+    assert event(rig, 1, "ended")["state"] == "stopped"
+    assert rig.fake.spawned == [] and rig.fake.elapsed() == 5.0
+
+
+# --- waiting for a GPU (shim.resources) -----------------------------------------------------------------
+
+
+def test_a_run_queued_for_a_busy_gpu_claims_it_once_free_and_releases_it_at_its_end(
+    make_rig: Callable[..., Rig], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from jobwarden.probes import fakenvml
+
+    nvml = tmp_path / "nvml.json"
+    fakenvml.write_state(nvml, {"devices": [fakenvml.device(0)]})
+    fakenvml.hold(nvml, 0, 77, 4 << 30)  # a stray process holds the only GPU
+    monkeypatch.setenv(fakenvml.FAKE_NVML_ENV, str(nvml))
+    rig = make_rig(gpus=1)
+    rig.fake.at(5, lambda: fakenvml.release(nvml, 77))
+    rig.fake.attempts_exit((3, 0))
+    seen: list[RunRecord] = []
+    rig.look_at(1, seen)
+    claims: list[dict[int, tuple[int, int]]] = []
+    rig.fake.at(7, lambda: claims.append(rig.store.gpu_claims()))
+    rig.supervise()
+    [queued] = seen
+    assert queued.state == JobState.QUEUED and queued.queued_reason is not None
+    assert queued.queued_reason.startswith("waiting for 1 free GPU: GPU 0 held by pid 77")
+    assert event(rig, 1, "gpus-claimed") == {"gpus": [0]}
+    [started] = rig.fake.spawned_at  # queued -> starting at its next look once the GPU is free
+    assert 5.0 <= started <= 5.0 + ADMIT_RETRY_S
+    assert claims == [{0: (rig.job_id, 1)}]  # held while it runs
+    run = rig.store.run(rig.job_id, 1)
+    assert (run.state, run.exit_code, rig.store.gpu_claims()) == (JobState.SUCCEEDED, 0, {})
 
 
 # --- the engine's stop ----------------------------------------------------------------------------------
