@@ -200,6 +200,30 @@ def test_a_stop_during_the_restart_backoff_ends_it_stopped_and_never_restarts(
     assert len(rig.fake.spawned) == 1 and rig.fake.elapsed() == 100.0  # the hour's backoff cut short
 
 
+def test_a_stop_written_on_the_attempt_that_just_ended_stops_the_restart(
+    make_rig: Callable[..., Rig],
+) -> None:
+    """`stop` read run 1 as it ended and wrote its request there; its SIGUSR1 reaches the shim in run 2's
+    backoff. The request is run 2's to act on, or the stop was lost and the job ran on."""
+    rig = make_rig(restart="on-failure", restart_delay_s=3600.0)
+    rig.fake.at(2, lambda: lifecycle.request_stop(rig.store, rig.job_id, 1, 10.0, rig.clock.wall()))
+    rig.fake.attempts_exit((2, 1))  # after the request: run 1 was still running when it was written
+    rig.fake.at(50, lambda: rig.fake.signal_shim(signal.SIGUSR1))
+    rig.supervise()
+    first, second = runs(rig)
+    assert (first.state, first.stop_requested_at) == (JobState.FAILED, rig.clock.wall() - 48)
+    assert (second.state, second.end_reason, second.started_at) == (JobState.STOPPED, EndReason.STOPPED, None)
+    assert len(rig.fake.spawned) == 1 and rig.fake.elapsed() == 50.0
+
+
+def test_a_stop_of_an_ended_run_changes_nothing(rig: Rig) -> None:
+    rig.fake.attempts_exit((3, 0))
+    rig.supervise()
+    result = lifecycle.stop(rig.home, rig.procfs, str(rig.job_id), None)
+    assert (result.already_ended, result.run.state, result.survivors) == (True, JobState.SUCCEEDED, [])
+    assert rig.store.run(rig.job_id, 1).stop_requested_at is None
+
+
 def lost_in_backoff(rig: Rig) -> int:
     """Run 1 failed; its shim died waiting out the backoff before run 2, which never started."""
     rig.store.update_run(rig.job_id, 1, state=JobState.FAILED, exit_code=3, end_reason=EndReason.EXITED)
