@@ -146,6 +146,18 @@ def test_the_package_root_imports_nothing_of_jobwarden() -> None:
     assert [t for _, t in imports_of(source, "jobwarden", is_package=True) if t.startswith("jobwarden")] == []
 
 
+def test_the_shipped_package_never_imports_the_tests_tools() -> None:
+    """The fakes (tests/fakeos.py, fake clocks) stay out of what users install: no module reaches them."""
+    reached = [
+        f"{module} imports {target}"
+        for module, path in all_modules().items()
+        for _, target in imports_of(path.read_text(), module, is_package=path.name == "__init__.py")
+        if target == "tests" or target.startswith("tests.")
+    ]
+    assert reached == []
+    assert not (SRC / "shim" / "fakeos.py").exists()
+
+
 # --- the checker itself: it must catch what it is for -----------------------------------------------
 
 

@@ -1,84 +1,29 @@
-"""The supervising loop's decisions on a fake OS (shim/fakeos.py) and a fake clock: when it signals what,
+"""The supervising loop's decisions on a fake OS (tests/fakeos.py) and a fake clock: when it signals what,
 how a run ends, what it records. No process is started; a real store in a temporary home records it all.
 Times below are seconds since the job started, as the fake clock counts them."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 
-from jobwarden.clock import FakeClock
 from jobwarden.errors import StoreError
-from jobwarden.joboptions import JobOptions
-from jobwarden.model import EndReason, JobSpec, JobState
-from jobwarden.osapi.procfs import ProcFS
+from jobwarden.model import EndReason, JobState
 from jobwarden.shim.attempts import supervise_job
 from jobwarden.shim.diagnosis import Verdict
-from jobwarden.shim.fakeos import FakeJobOS
-from jobwarden.shim.supervisor import Supervisor
-from jobwarden.store import RunRecord, Store
-from tests.unit.test_procfs import CAPTURED_PROC_STAT, add_process, stat_line
+from jobwarden.store import RunRecord
+from tests.unit.looprig import Rig, refuse_processes
 
 SIGKILL, SIGTERM = signal.SIGKILL, signal.SIGTERM
 
 
-class Rig:
-    """One job, its store, the fake OS and a supervisor over them."""
-
-    def __init__(self, tmp_path: Path, **options: Any) -> None:
-        self.store = Store(tmp_path / "home")
-        opts = JobOptions(py_hooks=False, hang_timeout_s=0, **options)
-        self.job_id, self.run_n = self.store.create_job(
-            JobSpec(("python", "train.py"), "/", "train"), opts.to_json(), 1_700_000_000.0
-        )
-        proc = tmp_path / "proc"  # the shim's own /proc entry: its start time goes on record
-        proc.mkdir()
-        (proc / "stat").write_text(CAPTURED_PROC_STAT)
-        add_process(proc, os.getpid(), stat_line(os.getpid(), "jobwarden"))
-        self.clock = FakeClock()
-        self.fake = FakeJobOS(self.clock)
-        job = self.store.job(self.job_id)
-        self.sup = Supervisor(self.store, job, self.run_n, self.clock, ProcFS(proc), jobos=self.fake)
-
-    def launch(self) -> RunRecord:
-        try:
-            assert self.sup.launch(-1) == 0
-        finally:
-            self.sup.close()
-        return self.store.run(self.job_id, self.run_n)
-
-    @property
-    def main(self) -> int:
-        return next(iter(self.fake.processes))  # the spawned job: the first fake process
-
-    def stop_at(self, seconds: float, grace_s: float) -> None:
-        """`jobwarden stop --grace`: the request in the store, then SIGUSR1 to the shim."""
-
-        def stop() -> None:
-            self.store.update_run(
-                self.job_id, self.run_n, stop_requested_at=self.clock.wall(), stop_grace=grace_s
-            )
-            self.fake.signal_shim(signal.SIGUSR1)
-
-        self.fake.at(seconds, stop)
-
-
 @pytest.fixture(autouse=True)
 def no_process_started(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests start nothing: a fork or spawn anywhere under the supervisor fails them."""
-
-    def refused(*args: object, **kwargs: object) -> NoReturn:
-        raise AssertionError("a unit test of the loop started a process")
-
-    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "execv", "execve"):
-        monkeypatch.setattr(os, name, refused)
-    monkeypatch.setattr(subprocess, "Popen", refused)
+    refuse_processes(monkeypatch)
 
 
 @pytest.fixture

@@ -105,20 +105,7 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None, again:
         if run.state.is_ended:
             return StopResult(run, True, [])
     with Store(home) as store:
-        store.update_run(
-            job.id,
-            run.n,
-            # stopping too: a second stop with a shorter grace (--force) cuts the first one's short
-            only_if_state=(
-                JobState.QUEUED,
-                JobState.STARTING,
-                JobState.RUNNING,
-                JobState.RESTARTING,
-                JobState.STOPPING,
-            ),
-            stop_requested_at=SystemClock().wall(),
-            stop_grace=grace,
-        )
+        request_stop(store, job.id, run.n, grace, SystemClock().wall())
     notes = _resume_if_stopped(procfs, run, set())
     _signal_shim(procfs, job, run)
     trace.info(f"asked supervisor {run.shim_pid} to stop job {job.id} (grace {grace:g}s); waiting for it")
@@ -137,6 +124,25 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None, again:
         return stop(home, procfs, job_ref, grace_s, again=False)
     survivors = [Survivor(p.pid, p.cmdline, "its supervisor died while stopping it") for p in alive]
     return StopResult(final, False, final.survivors + survivors, tuple(sorted(notes)))
+
+
+def request_stop(store: Store, job_id: int, n: int, grace_s: float, now: float) -> bool:
+    """The stop request the shim reads when SIGUSR1 wakes it (shim.loop): on a run not over yet. False when
+    the run had ended meanwhile."""
+    return store.update_run(
+        job_id,
+        n,
+        # stopping too: a second stop with a shorter grace (--force) cuts the first one's short
+        only_if_state=(
+            JobState.QUEUED,
+            JobState.STARTING,
+            JobState.RUNNING,
+            JobState.RESTARTING,
+            JobState.STOPPING,
+        ),
+        stop_requested_at=now,
+        stop_grace=grace_s,
+    )
 
 
 def _stop_pending_restart(store: Store, run: RunRecord) -> RunRecord:

@@ -14,9 +14,11 @@ in the store (Store.new_run_after), so exactly one of them starts it and the oth
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from functools import lru_cache
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from jobwarden.clock import SystemClock, shown_time
 from jobwarden.control.shimproc import fork_shim
@@ -116,6 +118,17 @@ def reboot_finding(
     )
 
 
+class ReadyShim(Protocol):
+    """A shim forked before its run is recorded (control.shimproc.ForkedShim): `start` hands it the run
+    and returns its first word; leaving its `with` without `start` makes it exit unseen."""
+
+    def start(self, job_id: int, run: int) -> dict[str, Any]: ...
+
+
+# forks the shim of a run about to be recorded; the unit tests give one that supervises on a fake OS
+StartShim = Callable[[Path, str], AbstractContextManager[ReadyShim]]
+
+
 class Resumed(NamedTuple):
     """What `resume` did for one job the reboot ended."""
 
@@ -138,7 +151,7 @@ class Resumed(NamedTuple):
         }
 
 
-def resume(home: Path, procfs: ProcFS) -> list[Resumed]:
+def resume(home: Path, procfs: ProcFS, start_shim: StartShim = fork_shim) -> list[Resumed]:
     """Mark every run the reboot ended, then start again (a new attempt each) the jobs whose restart
     policy asks for it. Idempotent: a job started again has a new latest run, never looked at twice."""
     with Store(home) as store:
@@ -157,7 +170,7 @@ def resume(home: Path, procfs: ProcFS) -> list[Resumed]:
             done.append(Resumed(record.id, record.name, run.n, None, None, why))
             _note(home, record.id, run.n, why)
             continue
-        done.append(_start_again(home, record, run))
+        done.append(_start_again(home, record, run, start_shim))
     return done
 
 
@@ -179,11 +192,11 @@ def _note(home: Path, job_id: int, n: int, why: str) -> None:
         store.add_event(job_id, n, "resume-declined", SystemClock().wall(), reason=why)
 
 
-def _start_again(home: Path, job: JobRecord, ended: RunRecord) -> Resumed:
+def _start_again(home: Path, job: JobRecord, ended: RunRecord, start_shim: StartShim) -> Resumed:
     """A new run of the job, handed to a new shim: the restart the reboot cut short."""
     options = job.options
     state = JobState.QUEUED if options.wants_gpus or options.after or options.queue else JobState.STARTING
-    with fork_shim(home, "launch") as shim, Store(home) as store:
+    with start_shim(home, "launch") as shim, Store(home) as store:
         now = SystemClock().wall()
         # the compare-and-set: only while the ended run is still the latest (another `resume` may have
         # started it since we looked); leaving without `start` makes the forked shim exit unseen

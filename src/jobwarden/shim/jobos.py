@@ -1,5 +1,6 @@
 """What the supervisor asks of the operating system, behind one protocol: `SystemJobOS` in the shim,
-shim/fakeos.FakeJobOS in the unit tests of the loop's decisions (no process started, a fake clock).
+tests/fakeos.FakeJobOS in the unit tests of the loop's decisions (no process started, a fake clock; a
+test's tool, not shipped).
 
 It covers starting the job (the cgroup, the spawn), holding its tree (discovery and pidfds, the exits),
 signalling and waiting, the cgroup's kill, and the watches that read the machine for the diagnosis

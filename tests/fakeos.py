@@ -1,5 +1,6 @@
-"""A stand-in for the operating system under the supervisor (shim/jobos.JobOS): the loop's decisions
-tested without starting a process, on a fake clock.
+"""A stand-in for the operating system under the supervisor (jobwarden.shim.jobos.JobOS): the loop's
+decisions tested without starting a process, on a fake clock. A test's tool: it lives with the tests, out of
+the shipped package.
 
 Processes are records: spawned or forked, they live until they exit or a signal they do not ignore ends
 them (SIGKILL always does). Time moves only while the supervisor waits: `wait` advances the clock to the
@@ -23,6 +24,7 @@ from jobwarden.clock import FakeClock
 from jobwarden.errors import AccessDenied
 from jobwarden.model import ProcessEnd, ProcessId, ProcessSnapshot
 from jobwarden.osapi.cgroup import JobCgroup
+from jobwarden.osapi.process import SpawnError
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.oom import OomCounters
 from jobwarden.shim.diagnosis import Diagnoser, Verdict
@@ -36,6 +38,7 @@ from jobwarden.store import JobRecord, Store
 
 _NEVER_S = 30 * 86400.0  # a loop that never ends fails its test instead
 _FAKE_FD_BASE = 1 << 20  # fake pidfds: above any real descriptor, told apart from the real wakeup pipe
+_PID_MAX_LIMIT = 1 << 22  # the kernel's PID_MAX_LIMIT: every real pid is below it
 
 
 @dataclass
@@ -58,13 +61,16 @@ class FakeJobOS:
     processes: dict[int, FakeProcess] = field(default_factory=dict)
     sent: list[tuple[float, int, str]] = field(default_factory=list)  # (seconds since start, pid, signal)
     spawned: list[list[str]] = field(default_factory=list)
+    spawned_at: list[float] = field(default_factory=list)  # seconds since start, one per spawn
     cgroup_kills: int = 0
     verdicts: list[tuple[float, Verdict]] = field(default_factory=list)
     deaths_judged: list[ProcessEnd] = field(default_factory=list)
     main_ignores: frozenset[int] = frozenset()  # signals the next spawned job ignores
+    spawn_error: SpawnError | None = None  # what spawn raises: the command cannot be started
+    _lives: list[tuple[float, int]] = field(default_factory=list)  # (seconds, exit code) per spawn, in order
     _actions: list[tuple[float, Callable[[], None]]] = field(default_factory=list)
     _wake_fd: int | None = None
-    _next_pid: int = 4000
+    _next_pid: int = _PID_MAX_LIMIT  # past any real pid: a fake pid never names a process of this machine
 
     def __post_init__(self) -> None:
         self.start = self.clock.monotonic()
@@ -79,6 +85,11 @@ class FakeJobOS:
     def verdict_at(self, seconds: float, verdict: Verdict) -> None:
         self.verdicts.append((self.start + seconds, verdict))
 
+    def attempts_exit(self, *lives: tuple[float, int]) -> None:
+        """Each job spawned from now on, in order, exits `seconds` after its spawn with `code`: the
+        attempts of a restarting job, however long each backoff turns out."""
+        self._lives.extend(lives)
+
     def fork(self, ppid: int, cmdline: str, ignores: Iterable[int] = ()) -> int:
         self._next_pid += 1
         self.processes[self._next_pid] = FakeProcess(self._next_pid, ppid, cmdline, frozenset(ignores))
@@ -86,6 +97,10 @@ class FakeJobOS:
 
     def exit(self, pid: int, code: int = 0) -> None:
         self.processes[pid].status = code << 8
+
+    def _exit_if_alive(self, pid: int, code: int) -> None:
+        if self.processes[pid].alive:  # killed before its time: the signal's status stays
+            self.exit(pid, code)
 
     def signal_shim(self, sig: int) -> None:
         assert self._wake_fd is not None, "the supervisor has not installed its signals"
@@ -118,8 +133,15 @@ class FakeJobOS:
     def spawn(
         self, argv: list[str], cwd: str, env: dict[str, str], output: str, join_cgroup: str | None
     ) -> int:
+        if self.spawn_error is not None:
+            raise self.spawn_error
         self.spawned.append(argv)
-        return self.fork(os.getpid(), " ".join(argv), self.main_ignores)
+        self.spawned_at.append(self.elapsed())
+        pid = self.fork(os.getpid(), " ".join(argv), self.main_ignores)
+        if self._lives:
+            seconds, code = self._lives.pop(0)
+            self.at(self.elapsed() + seconds, lambda: self._exit_if_alive(pid, code))
+        return pid
 
     def tree(self, procfs: ProcFS, shim_pid: int, markers: dict[str, str]) -> JobTree:
         return FakeTree(self, procfs, shim_pid, markers)
