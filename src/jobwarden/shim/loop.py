@@ -103,9 +103,7 @@ class SupervisorLoop:
         self.pyfiles = PyFiles(self.layout.py_dir(job.id, run), procfs)
         self.diag: Diagnoser | None = None
         self.progress: ProgressWatch | None = None  # the run's step counter (shim.progresswatch)
-        self.progress_wanted = (
-            False  # started once the run shows a sign of progress (start_progress_if_shown)
-        )
+        self.progress_wanted = False  # the watch starts at a sign of progress (start_progress_if_shown)
         self.speed: SpeedWatch | None = None  # why it is slow (shim.speedwatch), once the job works
         self.speed_off = False  # JOBWARDEN_SPEED=off
         self._ranks_at = -RANKS_WRITE_S
