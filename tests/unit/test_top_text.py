@@ -40,3 +40,22 @@ def test_roles_main_rank_and_worker() -> None:
     procs = [_process(10, 1, None), _process(11, 10, 0), _process(12, 11, 0), _process(13, 10, None)]
     ranks = {p.pid: (p.ranks.rank if p.ranks else None) for p in procs}
     assert [process_role(p, 10, ranks) for p in procs] == ["main", "rank", "worker", "worker"]
+
+
+def test_the_detail_progress_line_fits_the_pane() -> None:
+    # A 100-column pane wrapped "(tqdm, read in-process, 0s ago)" onto a line of its own (issue 28)
+    import time
+
+    from jobwarden.progress.model import Progress
+    from jobwarden.tui.cells import _progress_text
+    from jobwarden.tui.data import Detail
+
+    progress = Progress(
+        117, 128, 3.33, "it", 3.0, {}, "output", "tqdm", time.time(), "train", "in-process", None
+    )
+    detail = Detail(None, [], [], [], None, None, step_rate=(3.3, 3.3))  # type: ignore[arg-type]
+    for width in (80, 100):
+        first, *_ = _progress_text(detail, progress, True, width).plain.split("\n")
+        assert len(first) <= width - 1 and first.startswith("  progress ") and "117/128" in first
+    wide, *_ = _progress_text(detail, progress, True, 200).plain.split("\n")
+    assert wide.endswith("ago)")  # nothing cut where the pane has room

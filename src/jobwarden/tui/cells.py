@@ -135,7 +135,7 @@ def detail_text(detail: Detail | None, width: int) -> Text:
     text.append_text(_usage_line(detail))
     text.append("\n")
     if status.progress is not None:
-        text.append_text(_progress_text(detail, status.progress, status.run.state == JobState.RUNNING))
+        text.append_text(_progress_text(detail, status.progress, status.run.state == JobState.RUNNING, width))
         text.append("\n")
     text.append_text(_ranks_text(status.ranks, width))
     text.append_text(findings_text(status.current_findings, width))
@@ -190,8 +190,9 @@ def progress_bar(fraction: float, width: int = BAR_WIDTH) -> str:
     return ("█" * full + (BLOCKS[part] if part else "")).ljust(width)
 
 
-def _progress_text(detail: Detail, p: Progress, live: bool) -> Text:
-    """The job's step counter: a bar, where it stands, its rate and loss over the last minutes."""
+def _progress_text(detail: Detail, p: Progress, live: bool, width: int) -> Text:
+    """The job's step counter: a bar, where it stands, its rate and loss over the last minutes. The first
+    line fits the pane (its tail, where the progress came from, is what gives way)."""
     line = Text("  ")
     line.append("progress ", style="bold")
     shown = p.fraction if p.fraction is not None else p.bar_fraction  # the run's, else its epoch's
@@ -199,6 +200,7 @@ def _progress_text(detail: Detail, p: Progress, live: bool) -> Text:
         line.append(progress_bar(shown), style="green" if not p.stalled_since else "yellow")
         line.append(" ")
     line.append(progress_line(p, live, time.time()))
+    line.truncate(max(width - 1, 20), overflow="ellipsis")
     if detail.step_rate:
         line.append("\n  ")
         line.append("steps/s  ", style="bold")
