@@ -53,13 +53,14 @@ def ready(jw: Jobwarden, job: int) -> float:
     return time.monotonic()
 
 
-def found_in_time(jw: Jobwarden, job: int, rule: str, slow_since: float) -> dict[str, Any]:
+def found_in_time(jw: Jobwarden, job: int, rule: str, slow_since: float, case: str = "") -> dict[str, Any]:
     """The finding of `rule`, which must come within SLOW_FINDING_S of `slow_since` (time.monotonic(): the
-    moment the job turned slow); the time it took is shown at the end of the session."""
+    moment the job turned slow); the time it took is shown at the end of the session, as `case`."""
     f = eventually(rule, lambda: finding(jw, job, rule), SLOW_FINDING_S + 60)
     took = time.monotonic() - slow_since
-    MEASURED.setdefault("time to a speed finding at the defaults", {})[rule] = took
-    print(f"{rule}: found {took:.1f}s after the job turned slow")
+    what = f"{rule} ({case})" if case else rule
+    MEASURED.setdefault("time to a speed finding at the defaults (s)", {})[what] = took
+    print(f"{what}: found {took:.1f}s after the job turned slow")
     assert took <= SLOW_FINDING_S, f"{rule} came {took:.1f}s after the job turned slow"
     return f
 
@@ -282,7 +283,7 @@ def test_a_pause_every_50_steps_is_a_periodic_stall(jw: Jobwarden) -> None:
     job = jw.start(PY, str(JOB), "stalls")["id"]
     try:
         # slow from its first pause, 5 s after ready; its third stall ends 33 s after ready
-        f = found_in_time(jw, job, "periodic-stall", ready(jw, job) + 5.0)
+        f = found_in_time(jw, job, "periodic-stall", ready(jw, job) + 5.0, "6 s every 50 steps")
         assert f["title"].startswith("progress stops for "), f["title"]
         # the heartbeat is written at most twice a second: the step seen before a pause may be a few early
         every = int(f["title"].split(" every ")[1].split()[0])
@@ -301,7 +302,7 @@ def test_a_short_pause_that_costs_most_of_the_time_is_a_periodic_stall(jw: Jobwa
     # a long stall (3 s) and than two of the shim's looks
     job = jw.start(PY, str(JOB), "stalls", "1.5", "10")["id"]
     try:
-        f = found_in_time(jw, job, "periodic-stall", ready(jw, job) + 1.0)
+        f = found_in_time(jw, job, "periodic-stall", ready(jw, job) + 1.0, "1.5 s every 10 steps")
         assert f["title"].startswith("progress stops for "), f["title"]
         share = int(f["title"].rsplit(": ", 1)[1].split("%")[0])
         assert share >= 25, f["title"]

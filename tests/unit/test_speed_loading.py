@@ -20,7 +20,7 @@ from jobwarden.osapi.procfs import ProcFS
 from jobwarden.rules.speed import judge
 from jobwarden.rules.speed.evidence import Segment, SpeedEvidence, StackSample
 from jobwarden.rules.speed.loading import loads_in_main, waits_on_workers, worth_sampling
-from jobwarden.shim.stacksample import BURST_DUMPS, STACK_EVERY_S, StackSampler, loop_candidates
+from jobwarden.shim.stacksample import BURST_DUMPS, BURST_S, STACK_EVERY_S, StackSampler, loop_candidates
 from jobwarden.shim.tree import Member
 
 from .test_speed_rules import HEALTHY, one, rules
@@ -408,3 +408,24 @@ def test_the_counters_that_make_the_stacks_worth_a_closer_look() -> None:
     steady = [Segment(float(i), 10 * i, 2.0, 5.0) for i in range(6)]
     assert not worth_sampling(replace(HEALTHY, segments=tuple(steady)))
     assert worth_sampling(replace(HEALTHY, segments=(*steady, Segment(6.0, 60, 0.8, 5.0))))
+
+
+def test_a_burst_waits_for_torch_but_not_for_ever(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = fake_py_spy(tmp_path, monkeypatch)
+    procfs = fake_proc(tmp_path, NUMPY_MAPS)  # busy, torch not loaded yet (importing it)
+    sampler = StackSampler(procfs)
+    sampler.suspect(0.0, True)
+    for t in range(10):
+        sampler.tick(float(t), LOOP, [snap(95.0)])
+    assert dumped(calls) == []
+    fake_proc(tmp_path, TORCH_MAPS)  # torch loaded: the burst's dumps, 2 s apart
+    at = dumps_at(sampler, calls, 20, lambda t: True, start=10)
+    assert at == [10, 12, 14, 16, 18]
+    # a job that never loads torch: the burst ends after BURST_S, and the maps are read every 10 s again
+    other = StackSampler(fake_proc(tmp_path, NUMPY_MAPS))
+    other.suspect(0.0, True)
+    reads = []
+    monkeypatch.setattr(other, "_pick_loop", lambda members: reads.append(1) or False)
+    for t in range(int(BURST_S) + 100):
+        other.tick(float(t), LOOP, [snap(95.0)])
+    assert len(reads) <= BURST_S / 2 + 1 + 100 / 10 + 1

@@ -7,7 +7,8 @@
   (rules.speed.loading.worth_sampling: busy DataLoader workers, one busy loop beside idle CPUs, a step
   rate that fell), a burst of BURST_DUMPS dumps BURST_EVERY_S apart, enough for the rules to decide within
   seconds instead of a minute; then back to STACK_EVERY_S. At most one burst every BURST_GAP_S: a job that
-  never starts to look slow pays nothing more, one that keeps flapping at most a dump a minute more;
+  never starts to look slow pays nothing more, one that keeps flapping at most BURST_DUMPS dumps more in
+  that time;
 - once per stall of the step counter, for periodic-stall (rules.speed.stalls): when the speed watch says
   the counter has stood still as long as a stall (STALL_TIMES x its usual gap, at least STALL_MIN_S), one
   dump tagged with the stall, busy or not and torch or not (a checkpoint can stall any Python job).
@@ -57,6 +58,9 @@ STACKS_KEPT = 12  # two minutes at the default interval
 BURST_EVERY_S = 2.0  # while the job starts to look slow, a dump this often ...
 BURST_DUMPS = STACKS_KEPT  # ... this many times: the samples kept are then all of the new state ...
 BURST_GAP_S = 600.0  # ... and a burst at most this often
+# A burst ends after this long whatever it took: while the job is not busy or has no torch loaded yet (it
+# is importing it), each look is a read of maps, not a dump; those stop being looked for every 2 s too
+BURST_S = 2 * BURST_DUMPS * BURST_EVERY_S
 STALLS_KEPT = 12  # one a stall: the last dozen stalls
 STACK_MAX_AGE_S = 180.0  # a sample older than this says nothing about now
 STACK_TIMEOUT_S = 2.0
@@ -141,6 +145,8 @@ class StackSampler:
             return
         if mono < self._next:
             return
+        if self._burst_at is not None and mono >= self._burst_at + BURST_S:
+            self.burst_left = 0
         self._next = mono + (min(BURST_EVERY_S, self.every_s) if self.burst_left else self.every_s)
         if sum(s.cpu_percent or 0.0 for s in snaps) < BUSY_PERCENT or not self._pick_loop(members):
             return
