@@ -7,8 +7,9 @@ for a large share of the time. From the step counter's moves as the shim saw the
 - short pauses, judged by the share of time they cost, not by their length: a counter that moves several
   steps between two of the shim's looks when it runs, and then is found still at a look, paused for
   several of its step times (the jitter of a step or a late look never leaves a look with no move). Pauses
-  that recur and cost at least PAUSE_SHARE of the last PAUSE_WINDOW_S are a stall however short each is: a
-  1.5 s checkpoint after every second of steps loses 60 % of the time.
+  that recur every so many steps and cost at least PAUSE_SHARE of the last PAUSE_WINDOW_S are a stall
+  however short each is: a 1.5 s checkpoint after every second of steps loses 60 % of the time. Looks once
+  a second see part of it (a pause between two looks is missed): the share said is a floor.
 
 Which function stalls: the shim dumps the loop process's main thread once during each stall (when the
 counter has stood still for as long as a stall here, shim.stacksample), and the finding names the frame
@@ -44,9 +45,9 @@ HOLD_STALLS = 2  # while the shim dumps stalls, wait up to this many more stalls
 PAUSE_WINDOW_S = 30.0  # short pauses are judged over the last seconds of moves: a new habit shows at once
 PAUSE_STEPS = 3  # the counter moves at least this many steps a look when it runs (median): a still look is
 # then a pause of three step times or more, never one slow step
-PAUSE_TIMES = 1.5  # a gap with a still look, this many times the usual gap between looks that saw a move
-PAUSE_SHARE = 0.25  # the pauses cost at least this share of the window
-PAUSE_SPREAD = 0.25  # the steps between pauses differ from their median by at most this share (the median)
+PAUSE_SHARE = 0.15  # the pauses cost at least this share of the window (as the looks see them: a pause
+# between two looks is missed, a 1.5 s checkpoint after each second of steps shows 15-40 % of its 60 %)
+PAUSE_SPREAD = 0.15  # the steps between pauses are within this share of a multiple of the typical (median)
 
 # not the job's own code, besides the standard library and installed packages (rules.frames.is_library):
 # torch built from a source tree, and jobwarden itself (the hooks, a heartbeat being written)
@@ -172,14 +173,14 @@ def pauses(moves: Sequence[StepMove]) -> Stalled | None:
     if len(running) < MIN_MOVES // 2 or statistics.median(b.step - a.step for a, b in running) < PAUSE_STEPS:
         return None
     usual = statistics.median(b.at - a.at for a, b in running)
-    stalled = [(a, b.at - a.at) for a, b in gaps if b.still and b.at - a.at >= PAUSE_TIMES * usual]
+    stalled = [(a, b.at - a.at) for a, b in gaps if b.still and b.at - a.at > usual]
     if len(stalled) < MIN_STALLS:
         return None
-    every = [b.step - a.step for (a, _), (b, _) in pairwise(stalled)]
-    typical = statistics.median(every)
-    # most pauses come every so many steps (a pause that fell between two looks doubles one): pauses at
-    # random (a shared disk, the network) are no habit of the loop's
-    if typical <= 0 or statistics.median(abs(e - typical) for e in every) > PAUSE_SPREAD * typical:
+    every = sorted(b.step - a.step for (a, _), (b, _) in pairwise(stalled))
+    # most pauses come every so many steps, or a multiple of it (a pause that fell between two looks is
+    # not seen): pauses at random (a shared disk, the network) are no habit of the loop's
+    typical = statistics.median_low(every[: (len(every) + 1) // 2])
+    if typical <= 0 or statistics.median(abs(e / typical - round(e / typical)) for e in every) > PAUSE_SPREAD:
         return None
     span = recent[-1].at - recent[0].at
     share = sum(g - usual for _, g in stalled) / span if span > 0 else 0.0
