@@ -22,10 +22,11 @@ launcher that loads torch itself (torchrun's agent, an mp.spawn parent) is picke
 
 Cheap for the job by construction: --nonblocking reads the target's memory without pausing it (the job
 loses only the CPU py-spy takes, about 10-30 ms per dump of a torch process, research/slowness.md 5.6: at
-one dump per 10 s, under 0.3 % of a core; a burst, 12 dumps, 0.1-0.4 s of CPU at most every 10 minutes
-(docs/measurements.md, "The stack sampler's bursts"); a stall adds one dump per stall, a stall being at
-least 3 s); the dump runs on a daemon thread so the shim's loop never waits on it. The last STACKS_KEPT
-samples (and STALLS_KEPT stall samples) are kept; a share of them is a share of the loop's time.
+one dump per 10 s, under 0.3 % of a core; a burst, 12 dumps, 0.1-0.4 s of CPU at most every 10
+minutes, docs/measurements.md "The stack sampler's bursts (issue 28)"; a stall adds one dump per stall, a
+stall being at least 3 s); the dump runs on a daemon thread so the shim's loop never waits on it. The last
+STACKS_KEPT samples (and STALLS_KEPT stall samples) are kept; a share of them is a share of the loop's
+time.
 
 JOBWARDEN_SPEED_STACK_EVERY_S changes the steady interval."""
 

@@ -45,6 +45,8 @@ HOLD_STALLS = 2  # while the shim dumps stalls, wait up to this many more stalls
 PAUSE_WINDOW_S = 30.0  # short pauses are judged over the last seconds of moves: a new habit shows at once
 PAUSE_STEPS = 3  # the counter moves at least this many steps a look when it runs (median): a still look is
 # then a pause of three step times or more, never one slow step
+RUNNING_GAPS = 3  # gaps with no still look that tell the usual one (a job that pauses after each second
+# of steps shows one such gap for two with a pause)
 PAUSE_SHARE = 0.15  # the pauses cost at least this share of the window (as the looks see them: a pause
 # between two looks is missed, a 1.5 s checkpoint after each second of steps shows 15-40 % of its 60 %)
 PAUSE_SPREAD = 0.15  # the steps between pauses are within this share of a multiple of the typical (median)
@@ -170,7 +172,7 @@ def pauses(moves: Sequence[StepMove]) -> Stalled | None:
         return None
     gaps = list(pairwise(recent))
     running = [(a, b) for a, b in gaps if not b.still]
-    if len(running) < MIN_MOVES // 2 or statistics.median(b.step - a.step for a, b in running) < PAUSE_STEPS:
+    if len(running) < RUNNING_GAPS or statistics.median(b.step - a.step for a, b in running) < PAUSE_STEPS:
         return None
     usual = statistics.median(b.at - a.at for a, b in running)
     stalled = [(a, b.at - a.at) for a, b in gaps if b.still and b.at - a.at > usual]
