@@ -5,7 +5,9 @@ the loop waits, no idle CPU to give a worker, too few samples."""
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,9 +18,9 @@ from hypothesis import strategies as st
 from jobwarden.model import ProcessId, ProcessSnapshot
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.rules.speed import judge
-from jobwarden.rules.speed.evidence import SpeedEvidence, StackSample
-from jobwarden.rules.speed.loading import loads_in_main, waits_on_workers
-from jobwarden.shim.stacksample import StackSampler, loop_candidates
+from jobwarden.rules.speed.evidence import Segment, SpeedEvidence, StackSample
+from jobwarden.rules.speed.loading import loads_in_main, waits_on_workers, worth_sampling
+from jobwarden.shim.stacksample import BURST_DUMPS, BURST_S, STACK_EVERY_S, StackSampler, loop_candidates
 from jobwarden.shim.tree import Member
 
 from .test_speed_rules import HEALTHY, one, rules
@@ -340,3 +342,90 @@ def test_a_stall_of_a_process_that_is_not_python_is_not_dumped(
     sampler.tick(9.0, job, [snap(2.0)], stall=6.0)
     settle(sampler, 10.0, job)
     assert dumped(calls) == [PID] and [s.stall_at for s in sampler.stall_samples] == [6.0]
+
+
+# --- sooner while the job starts to look slow (a burst), then back to the steady interval ---------------
+
+
+def dumps_at(
+    sampler: StackSampler, calls: Path, until: int, suspected: Callable[[int], bool], start: int = 0
+) -> list[int]:
+    """Ticks once a second from `start` up to `until`, the speed watch's word each 4 s (`suspected(t)`):
+    when py-spy was asked for a dump."""
+    at = []
+    for t in range(start, until):
+        before = len(dumped(calls))
+        if t % 4 == 0:
+            sampler.suspect(float(t), suspected(t))
+        sampler.tick(float(t), LOOP, [snap(95.0)])
+        settle(sampler, float(t) + 0.5)
+        if len(dumped(calls)) > before:
+            at.append(t)
+    return at
+
+
+def test_a_job_that_starts_to_look_slow_is_sampled_every_2s_for_a_burst_then_every_10s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = fake_py_spy(tmp_path, monkeypatch)
+    sampler = StackSampler(fake_proc(tmp_path, TORCH_MAPS))  # the default interval
+    assert sampler.every_s == STACK_EVERY_S == 10.0
+    at = dumps_at(sampler, calls, 200, lambda t: 40 <= t < 100)
+    assert [t for t in at if t < 40] == [0, 10, 20, 30]  # steady
+    burst = [t for t in at if 40 <= t < 64]
+    assert burst == list(range(40, 64, 2)) and len(burst) == BURST_DUMPS  # at once, then every 2 s
+    after = [t for t in at if t >= 64]
+    assert all(b - a == 10 for a, b in itertools.pairwise(after))  # back to the steady interval
+    # the budget: it looks slow again within BURST_GAP_S of that burst: no second burst, the steady pace
+    again = dumps_at(sampler, calls, 300, lambda t: t >= 220, start=200)
+    assert all(b - a == 10 for a, b in itertools.pairwise(again)) and len(again) == 10
+
+
+def test_a_job_that_always_looks_alike_is_sampled_at_the_steady_cost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = fake_py_spy(tmp_path, monkeypatch)
+    never = StackSampler(fake_proc(tmp_path, TORCH_MAPS))
+    assert len(dumps_at(never, calls, 600, lambda t: False)) == 60  # ten minutes: one dump per 10 s
+    # suspected from the start and for ever (a GPU job without workers beside idle CPUs): one burst, then
+    # the steady interval: a burst's extra dumps at most once per BURST_GAP_S
+    calls.unlink()
+    always = StackSampler(fake_proc(tmp_path, TORCH_MAPS))
+    at = dumps_at(always, calls, 1200, lambda t: True)
+    assert len(at) <= 120 + 2 * BURST_DUMPS and at[:BURST_DUMPS] == list(range(0, 2 * BURST_DUMPS, 2))
+    assert len([t for t in at if t >= 2 * BURST_DUMPS]) <= 120
+
+
+def test_the_counters_that_make_the_stacks_worth_a_closer_look() -> None:
+    assert not worth_sampling(HEALTHY)  # a compute-bound job that fills its CPUs
+    # its DataLoader's workers start to work hard (half of what input-bound asks of them)
+    assert worth_sampling(replace(HEALTHY, loader_workers=2, loader_worker_cpu=0.6))
+    assert not worth_sampling(replace(HEALTHY, loader_workers=2, loader_worker_cpu=0.2))
+    # no workers, one loop busy beside idle CPUs: the shape of data-loading-in-main
+    assert worth_sampling(replace(HEALTHY, cpus=4.0, cpu_s=20.0))
+    assert not worth_sampling(replace(HEALTHY, cpus=4.0, cpu_s=4.0))  # hardly busy: a sleep-bound loop
+    # its step rate fell in the newest stretch
+    steady = [Segment(float(i), 10 * i, 2.0, 5.0) for i in range(6)]
+    assert not worth_sampling(replace(HEALTHY, segments=tuple(steady)))
+    assert worth_sampling(replace(HEALTHY, segments=(*steady, Segment(6.0, 60, 0.8, 5.0))))
+
+
+def test_a_burst_waits_for_torch_but_not_for_ever(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = fake_py_spy(tmp_path, monkeypatch)
+    procfs = fake_proc(tmp_path, NUMPY_MAPS)  # busy, torch not loaded yet (importing it)
+    sampler = StackSampler(procfs)
+    sampler.suspect(0.0, True)
+    for t in range(10):
+        sampler.tick(float(t), LOOP, [snap(95.0)])
+    assert dumped(calls) == []
+    fake_proc(tmp_path, TORCH_MAPS)  # torch loaded: the burst's dumps, 2 s apart
+    at = dumps_at(sampler, calls, 20, lambda t: True, start=10)
+    assert at == [10, 12, 14, 16, 18]
+    # a job that never loads torch: the burst ends after BURST_S, and the maps are read every 10 s again
+    other = StackSampler(fake_proc(tmp_path, NUMPY_MAPS))
+    other.suspect(0.0, True)
+    reads = []
+    monkeypatch.setattr(other, "_pick_loop", lambda members: reads.append(1) or False)
+    for t in range(int(BURST_S) + 100):
+        other.tick(float(t), LOOP, [snap(95.0)])
+    assert len(reads) <= BURST_S / 2 + 1 + 100 / 10 + 1

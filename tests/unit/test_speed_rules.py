@@ -19,6 +19,7 @@ from jobwarden.probes import fakenvml
 from jobwarden.probes.gpu import open_gpu_probe
 from jobwarden.rules.speed import JUDGED, SPEED_RULES, judge
 from jobwarden.rules.speed.evidence import GpuClock, GpuShare, Neighbour, Segment, SpeedEvidence, StepMove
+from jobwarden.rules.speed.gpu import UNUSED_AFTER_S
 from jobwarden.rules.speed.steps import slowdown
 from jobwarden.shim.speedwatch import Segments, claimed_gpus
 
@@ -146,7 +147,7 @@ def test_a_gpu_job_that_holds_memory_is_using_its_gpu() -> None:
 
 
 def test_a_gpu_job_still_loading_is_not_yet_gpu_not_used() -> None:
-    ev = replace(HEALTHY, gpus_claimed=(0,), gpu_bytes=0, gpu_unused_s=30.0, cuda_mapped=False)
+    ev = replace(HEALTHY, gpus_claimed=(0,), gpu_bytes=0, gpu_unused_s=UNUSED_AFTER_S - 4, cuda_mapped=False)
     assert judge(ev) == []
 
 

@@ -6,16 +6,20 @@ too few, or belong to other stalls; and while the shim still dumps stalls it wai
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from dataclasses import replace
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from jobwarden.rules.speed import judge
 from jobwarden.rules.speed.evidence import SpeedEvidence, StackSample, StepMove
 from jobwarden.rules.speed.stalls import own_frame, stalls
+from jobwarden.shim.stepsegments import Segments
 
-from .test_speed_rules import HEALTHY, moves_with_stalls, one
+from .test_speed_rules import HEALTHY, T0, moves_with_stalls, one
 
 SITE = "/venv/lib/python3.11/site-packages/"
 PYLIB = "/usr/lib/python3.11/"
@@ -153,3 +157,100 @@ def test_the_rule_takes_any_stall_samples(taken: list[tuple[float, list[tuple[st
     if named:
         seen, of = (int(n) for n in named[0].rsplit(" py-spy dumps", 1)[0].rsplit(" in ", 1)[1].split(" of "))
         assert of == matching and seen >= 2 and 2 * seen > of
+
+
+# --- short pauses, judged by the share of time they cost -------------------------------------------------
+
+HEARTBEAT_S = 0.5  # jobwarden.heartbeat writes at most this often (the latest step, by the next call)
+
+
+def looked_at(step_times: list[float], seconds: float, late_s: float = 0.0, seed: int = 0) -> Segments:
+    """The counter of a job that makes its steps at `step_times`, reported through the heartbeat and looked
+    at by the shim once a second, each look up to `late_s` late (a loaded machine): the moves it keeps."""
+    written, last = [], float("-inf")
+    for n, t in enumerate(step_times, 1):
+        if t - last >= HEARTBEAT_S:
+            written.append((t, n))
+            last = t
+    rng, seen = random.Random(seed), Segments()
+    at, i, step = 0.3, 0, None
+    while at < seconds:
+        while i < len(written) and written[i][0] <= at:
+            step, i = written[i][1], i + 1
+        seen.observe(at, T0 + at, step)
+        at += 1.0 + rng.uniform(0.0, late_s)
+    return seen
+
+
+def checkpointing(pause_s: float, every: int, seconds: float, step_s: float = 0.1) -> list[float]:
+    """Steps of `step_s`, and after each `every` of them a pause of `pause_s`."""
+    times, at = [], 0.0
+    while at < seconds:
+        for _ in range(every):
+            at += step_s
+            times.append(at)
+        at += pause_s
+    return times
+
+
+def jittered(step_s: float, seconds: float, seed: int, spread: float = 0.3) -> list[float]:
+    rng, times, at = random.Random(seed), [], 0.0
+    while at < seconds:
+        at += step_s * rng.uniform(1 - spread, 1 + spread)
+        times.append(at)
+    return times
+
+
+def first_judged(seen_at: Callable[[float], Segments], rule: str, until: float) -> float | None:
+    """The first moment (judged every 4 s, as the shim does) at which the moves seen so far make `rule`."""
+    t = 4.0
+    while t <= until:
+        if rule in {f.rule for f in judge(replace(HEALTHY, moves=tuple(seen_at(t).moves)))}:
+            return t
+        t += 4.0
+    return None
+
+
+def test_a_short_checkpoint_that_costs_most_of_the_time_is_a_periodic_stall_within_45s() -> None:
+    # 1.5 s of checkpoint after every 10 steps of 0.1 s: 60 % of the time lost, each pause half a long stall
+    steps = checkpointing(1.5, 10, 120.0)
+    for seed, late in ((0, 0.0), (1, 0.2), (2, 0.3), (3, 0.3)):
+        f = one(replace(HEALTHY, moves=tuple(looked_at(steps, 120.0, late, seed).moves)), "periodic-stall")
+        assert f.title.startswith("progress stops for ") and f.severity == "warning", f.title
+        assert 25 <= int(f.title.rsplit(": ", 1)[1].split("%")[0]) <= 75, f.title  # looks see at least 25
+        assert 5 <= int(f.title.split(" every ")[1].split()[0]) <= 20, f.title
+        # slow from its first pause (at 1 s): said within 45 s of it, looked at as the shim looks
+        took = first_judged(lambda t, s=seed, la=late: looked_at(steps, t, la, s), "periodic-stall", 60.0)
+        assert took is not None and took - 1.0 <= 45.0, took
+        print(
+            f"periodic-stall, 1.5 s pauses, looks up to {late}s late: judged {took - 1.0:.0f}s after the 1st"
+        )
+    # the same loop without its pauses: nothing
+    assert judge(replace(HEALTHY, moves=tuple(looked_at(checkpointing(0.0, 10, 120.0), 120.0).moves))) == []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_jitter_late_looks_and_slow_steps_are_no_pause(seed: int) -> None:
+    cases = {
+        "10 steps/s, each ±30 %, looks up to 1 s late": (jittered(0.1, 120.0, seed), 1.0),
+        "one step every 1.5 s: most looks find it still": (jittered(1.5, 120.0, seed, 0.2), 0.3),
+        "a step every 0.3 s, looks up to 0.5 s late": (jittered(0.3, 120.0, seed), 0.5),
+        "a step every 5 s": (jittered(5.0, 300.0, seed, 0.25), 0.3),
+    }
+    for why, (steps, late) in cases.items():
+        moves = tuple(looked_at(steps, steps[-1], late, seed).moves)
+        assert judge(replace(HEALTHY, moves=moves)) == [], why
+
+
+def test_pauses_at_random_or_too_rare_to_cost_much_are_no_stall() -> None:
+    rng = random.Random(7)
+    times, at = [], 0.0
+    while at < 120.0:  # a pause of 1-2 s now and then at random: waits on something outside the loop
+        at += 0.1
+        times.append(at)
+        if rng.random() < 0.02:
+            at += rng.uniform(1.0, 2.0)
+    assert judge(replace(HEALTHY, moves=tuple(looked_at(times, 120.0).moves))) == []
+    # a 1.5 s pause every 200 steps (20 s): 7 % of the time, regular but cheap
+    rare = tuple(looked_at(checkpointing(1.5, 200, 120.0), 120.0).moves)
+    assert judge(replace(HEALTHY, moves=rare)) == []

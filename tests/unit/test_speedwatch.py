@@ -284,3 +284,42 @@ def test_workers_are_batched_by_when_they_started_not_when_the_tree_first_saw_th
     watch._note_workers(16.0, [parent, *nxt])
     batches = [b for _, b in watch._batches]
     assert [(b.count, b.ended_at) for b in batches] == [(2, 15.0), (2, None)]
+
+
+def test_a_job_given_a_gpu_it_never_uses_is_told_within_45s_of_computing_on_the_cpu(
+    tmp_path: Path, store: tuple[Store, int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shim's watches as the supervisor drives them, on a fake clock and fake NVML: a job given GPU 0
+    that computes on the CPU (no CUDA library mapped, no GPU memory held) from its start."""
+    from jobwarden.probes import fakenvml
+    from jobwarden.probes.gpu import open_gpu_probe
+    from jobwarden.shim.gpuwatch import GpuWatch
+
+    monkeypatch.setenv("JOBWARDEN_PY_SPY", str(tmp_path / "absent"))
+    proc = FakeProc(tmp_path / "proc")
+    (proc.root / "1000").mkdir()
+    (proc.root / "1000" / "maps").write_text("7f00 r-xp /venv/torch/lib/libtorch_cpu.so\n")
+    state = tmp_path / "nvml.json"
+    fakenvml.write_state(state, {"devices": [fakenvml.device(0)]})
+    probe = open_gpu_probe({fakenvml.FAKE_NVML_ENV: str(state)})
+    assert probe is not None
+    gpu = GpuWatch(probe)
+    s, _, _ = store
+    watch = SpeedWatch(ProcFS(proc.root), LiveFindings(s, lambda m, *a: True), gpus_claimed=(0,), shim_pid=1)
+    watch.main_pid = 1000
+    main = member(1000, "R")
+    busy = [ProcessSnapshot(1000, 1, 500, "R", "python train.py", 1 << 20, 99.0)]
+    told = None
+    try:
+        for t in range(120):  # a tick a second, as the supervisor's while the job works
+            proc.process(1000, int(t * 0.99e9), 0)
+            main.raw_stat = stat_line(1000, "R", majflt=t)
+            gpu.sample(float(t), [1000])
+            new, _ = watch.tick(T0 + t, float(t), [main], busy, None, gpu=gpu)
+            if any(f.rule == "gpu-not-used" for f in new):
+                told = t
+                break
+    finally:
+        gpu.close()
+    print(f"gpu-not-used: told {told}s after the job began computing on the CPU")
+    assert told is not None and told <= 45

@@ -35,19 +35,19 @@ from jobwarden.rules.speed.evidence import (
     GpuClock,
     GpuShare,
     Neighbour,
-    Segment,
     SpeedEvidence,
     StepMove,
     ThreadsRead,
     ThreadUse,
     WorkerBatch,
 )
-from jobwarden.rules.speed.loading import LOADER_WORKER_COMM
+from jobwarden.rules.speed.loading import LOADER_WORKER_COMM, worth_sampling
 from jobwarden.rules.speed.stalls import STALL_MIN_S, stall_after, usual_gap
 from jobwarden.rules.speed.threads import STARTUP_S, command_key, worker_kind
 from jobwarden.shim.findings import Key, LiveFindings, key_of
 from jobwarden.shim.rankwatch import RankHints, RankWatch
 from jobwarden.shim.stacksample import StackSampler
+from jobwarden.shim.stepsegments import Segments
 
 if TYPE_CHECKING:
     from jobwarden.shim.gpuwatch import GpuWatch
@@ -59,11 +59,6 @@ JUDGE_EVERY_S = 4.0
 WINDOW_S = 20.0
 MIN_WINDOW_S = 8.0  # the first judgement waits for this much of a window: a start-up is no verdict
 CGROUP_EVERY_S = 30.0  # the job's cpu cgroup (and its quota) looked up again
-SEGMENT_S = 5.0  # a stretch of the step counter lasts at least this ...
-SEGMENT_STEPS = 5  # ... and holds this many steps, or lasts SEGMENT_MAX_S
-SEGMENT_MAX_S = 60.0
-SEGMENTS_KEPT = 720  # an hour at 5 s: the run's earlier rate
-MOVES_KEPT = 600  # ten minutes of moves seen once a second
 SCAN_EVERY_S = 8.0  # /proc scanned for the job's neighbours at most this often
 RESOLVE_AFTER = 2  # judgements in a row a finding's rule must stay silent before it is resolved
 CUDA_LIBS = (b"libcuda.so", b"libcudart", b"libtorch_cuda")
@@ -90,32 +85,6 @@ class _Read(NamedTuple):
     mem_full_us: int | None
     threads: int
     refaults: int | None
-
-
-class Segments:
-    """The step counter cut into stretches of at least SEGMENT_S and SEGMENT_STEPS steps, and its last
-    MOVES_KEPT moves (periodic stalls)."""
-
-    def __init__(self) -> None:
-        self.done: deque[Segment] = deque(maxlen=SEGMENTS_KEPT)
-        self.moves: deque[StepMove] = deque(maxlen=MOVES_KEPT)
-        self._start: tuple[float, float, int] | None = None  # mono, wall, step
-
-    def observe(self, mono: float, wall: float, step: int | None) -> None:
-        if step is None:
-            return
-        if not self.moves or self.moves[-1].step != step:
-            if self.moves and step < self.moves[-1].step:
-                self.moves.clear()  # a new bar: its steps are not the old one's
-            self.moves.append(StepMove(mono, step))
-        start = self._start
-        if start is None or step < start[2]:  # a new bar, or one reset for a new epoch
-            self._start = (mono, wall, step)
-            return
-        seconds, steps = mono - start[0], step - start[2]
-        if seconds >= SEGMENT_S and (steps >= SEGMENT_STEPS or seconds >= SEGMENT_MAX_S):
-            self.done.append(Segment(at=start[1], step=start[2], rate=steps / seconds, seconds=seconds))
-            self._start = (mono, wall, step)
 
 
 class SpeedWatch:
@@ -195,6 +164,7 @@ class SpeedWatch:
             return [], []
         self._next_judge = mono + JUDGE_EVERY_S
         ev = self.evidence(mono, members, gpu)
+        self.stacks.suspect(mono, worth_sampling(ev))
         return self._record(judge(ev), now)
 
     def _stalled(self, mono: float) -> float | None:

@@ -2,7 +2,13 @@
 
 - now and then, for the data-loading rules (rules.speed.loading): one `py-spy dump --nonblocking` every
   STACK_EVERY_S, and only while it can matter: py-spy is installed, the job is busy, and a process of the
-  job has torch loaded (libtorch in /proc/PID/maps: a DataLoader is possible);
+  job has torch loaded (libtorch in /proc/PID/maps: a DataLoader is possible). Sooner while the job starts
+  to look slow: when the speed watch's counters begin to say that a rule read from the stacks may hold
+  (rules.speed.loading.worth_sampling: busy DataLoader workers, one busy loop beside idle CPUs, a step
+  rate that fell), a burst of BURST_DUMPS dumps BURST_EVERY_S apart, enough for the rules to decide within
+  seconds instead of a minute; then back to STACK_EVERY_S. At most one burst every BURST_GAP_S: a job that
+  never starts to look slow pays nothing more, one that keeps flapping at most BURST_DUMPS dumps more in
+  that time;
 - once per stall of the step counter, for periodic-stall (rules.speed.stalls): when the speed watch says
   the counter has stood still as long as a stall (STALL_TIMES x its usual gap, at least STALL_MIN_S), one
   dump tagged with the stall, busy or not and torch or not (a checkpoint can stall any Python job).
@@ -16,11 +22,13 @@ launcher that loads torch itself (torchrun's agent, an mp.spawn parent) is picke
 
 Cheap for the job by construction: --nonblocking reads the target's memory without pausing it (the job
 loses only the CPU py-spy takes, about 10-30 ms per dump of a torch process, research/slowness.md 5.6: at
-one dump per 10 s, under 0.3 % of a core; a stall adds one dump per stall, a stall being at least 3 s);
-the dump runs on a daemon thread so the shim's loop never waits on it. The last STACKS_KEPT samples (and
-STALLS_KEPT stall samples) are kept; a share of them is a share of the loop's time.
+one dump per 10 s, under 0.3 % of a core; a burst, 12 dumps, 0.1-0.4 s of CPU at most every 10
+minutes, docs/measurements.md "The stack sampler's bursts (issue 28)"; a stall adds one dump per stall, a
+stall being at least 3 s); the dump runs on a daemon thread so the shim's loop never waits on it. The last
+STACKS_KEPT samples (and STALLS_KEPT stall samples) are kept; a share of them is a share of the loop's
+time.
 
-JOBWARDEN_SPEED_STACK_EVERY_S changes the interval (tests sample every 2 s to decide within a minute)."""
+JOBWARDEN_SPEED_STACK_EVERY_S changes the steady interval."""
 
 from __future__ import annotations
 
@@ -48,6 +56,12 @@ if TYPE_CHECKING:
 STACK_EVERY_ENV = "JOBWARDEN_SPEED_STACK_EVERY_S"
 STACK_EVERY_S = 10.0
 STACKS_KEPT = 12  # two minutes at the default interval
+BURST_EVERY_S = 2.0  # while the job starts to look slow, a dump this often ...
+BURST_DUMPS = STACKS_KEPT  # ... this many times: the samples kept are then all of the new state ...
+BURST_GAP_S = 600.0  # ... and a burst at most this often
+# A burst ends after this long whatever it took: while the job is not busy or has no torch loaded yet (it
+# is importing it), each look is a read of maps, not a dump; those stop being looked for every 2 s too
+BURST_S = 2 * BURST_DUMPS * BURST_EVERY_S
 STALLS_KEPT = 12  # one a stall: the last dozen stalls
 STACK_MAX_AGE_S = 180.0  # a sample older than this says nothing about now
 STACK_TIMEOUT_S = 2.0
@@ -101,6 +115,9 @@ class StackSampler:
         self._pending: StackDump | None = None
         self._stall_seen: float | None = None  # the stall (its last move's moment) dumped or given up on
         self._stall_failed = False  # the last stall dump got nothing (ptrace refused, not Python after all)
+        self._suspected = False  # the speed watch's last word: a rule read from the stacks may hold
+        self._burst_at: float | None = None  # when the last burst began
+        self.burst_left = 0  # dumps of the burst under way still to take, BURST_EVERY_S apart
 
     @property
     def pid(self) -> int | None:
@@ -129,12 +146,24 @@ class StackSampler:
             return
         if mono < self._next:
             return
-        self._next = mono + self.every_s
+        if self._burst_at is not None and mono >= self._burst_at + BURST_S:
+            self.burst_left = 0
+        self._next = mono + (min(BURST_EVERY_S, self.every_s) if self.burst_left else self.every_s)
         if sum(s.cpu_percent or 0.0 for s in snaps) < BUSY_PERCENT or not self._pick_loop(members):
             return
         binary = self._py_spy()
         if binary is not None and self.loop is not None:
             self._pending = StackDump(binary, self.loop.pid, mono)
+            self.burst_left = max(self.burst_left - 1, 0)
+
+    def suspect(self, mono: float, suspected: bool) -> None:
+        """The speed watch's judgement of its counters: a rule read from the stacks may hold. When that
+        becomes true, a burst begins (at most one every BURST_GAP_S), its first dump at the next tick."""
+        began = suspected and not self._suspected
+        self._suspected = suspected
+        if began and (self._burst_at is None or mono - self._burst_at >= BURST_GAP_S):
+            self._burst_at, self.burst_left = mono, BURST_DUMPS
+            self._next = min(self._next, mono)
 
     def stall_sampling(self) -> bool:
         """Stall dumps can come: py-spy is there, a Python process to dump, and the last one worked."""

@@ -2,8 +2,8 @@
 
   steps SWITCH   heartbeat steps at 10/s (a step every 0.1 s, paced by the clock, a little CPU work in
                  each), then every 0.3 s once the file SWITCH exists: a 3x slowdown whatever the load
-  stalls         heartbeat steps at 10/s, standing still 6 s every 50 steps in save_checkpoint (a
-                 checkpoint's pause)
+  stalls [S N]   heartbeat steps at 10/s, standing still S seconds (default 6) every N steps (default 50)
+                 in save_checkpoint (a checkpoint's pause)
   spin [N]       N processes (default 1) that burn CPU until killed
   quota DIR      put itself into the cpu cgroup DIR (root), then spin
   thrash FILE    hold 24 MiB, then read FILE (larger than what a 64 MiB limit leaves for the page cache)
@@ -46,16 +46,16 @@ def steps(switch: str) -> None:
         jobwarden.heartbeat(step=step)
 
 
-def save_checkpoint() -> None:
-    time.sleep(6.0)  # the pause periodic-stall must name: this function (the shim dumps it during the pause)
+def save_checkpoint(seconds: float) -> None:
+    time.sleep(seconds)  # the pause periodic-stall must name: this function (the shim dumps it in the pause)
 
 
-def stalls() -> None:
+def stalls(seconds: float, every: int) -> None:
     step = 0
     print("ready", flush=True)
     while True:
-        if step and step % 50 == 0:
-            save_checkpoint()
+        if step and step % every == 0:
+            save_checkpoint(seconds)
         else:
             time.sleep(0.1)
         step += 1
@@ -101,7 +101,9 @@ def main() -> None:
     if mode == "steps":
         steps(sys.argv[2])
     elif mode == "stalls":
-        stalls()
+        stalls(
+            float(sys.argv[2]) if len(sys.argv) > 2 else 6.0, int(sys.argv[3]) if len(sys.argv) > 3 else 50
+        )
     elif mode == "spin":
         spin(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
     elif mode == "thrash":

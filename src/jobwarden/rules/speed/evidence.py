@@ -30,10 +30,13 @@ class Segment:
 
 @dataclass(frozen=True)
 class StepMove:
-    """The step counter seen at a new value: when (seconds, the shim's monotonic clock) and which."""
+    """The step counter seen at a new value: when (seconds, the shim's monotonic clock) and which, and how
+    many times the shim had looked since the previous move and found it still (a pause shorter than a
+    stall shows only so: a late look makes a long gap too, but no still look)."""
 
     at: float
     step: int
+    still: int = 0
 
 
 @dataclass(frozen=True)

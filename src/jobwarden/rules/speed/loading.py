@@ -19,12 +19,14 @@ from __future__ import annotations
 
 from jobwarden.model import Finding
 from jobwarden.rules.speed.evidence import SpeedEvidence, StackSample
+from jobwarden.rules.speed.steps import slowing
 
 MIN_SAMPLES = 5  # fewer samples say nothing about a share
 SHARE = 0.5  # of the samples: "most of the time"
 WARN_SHARE = 0.7
 WORKER_BUSY = 0.5  # CPUs per worker on average: the workers are busy, not waiting for indexes
 IDLE_CPUS = 0.75  # the allowance left unused that a worker process would use
+LOOP_BUSY = 0.5  # CPUs a job without workers uses before its stack is worth a closer look
 
 LOADER_WORKER_COMM = "pt_data_worker"  # torch names its DataLoader worker processes so
 TORCH_DATA = "torch/utils/data/"
@@ -65,6 +67,19 @@ def _loading_frame(samples: tuple[StackSample, ...]) -> str | None:
         key = f"{own[0]} ({own[1]})"
         counts[key] = counts.get(key, 0) + 1
     return max(counts, key=lambda k: counts[k]) if counts else None
+
+
+def worth_sampling(ev: SpeedEvidence) -> bool:
+    """The counters alone say a rule read from the loop's stack may hold: its DataLoader workers work hard
+    (half of what input-bound asks), or it has none and one busy loop leaves CPUs idle (the shape of
+    data-loading-in-main), or its step rate just fell. The shim then samples the stack sooner for a while
+    (shim.stacksample's burst): the stacks decide, these never do."""
+    if ev.loader_workers > 0:
+        if ev.loader_worker_cpu / ev.loader_workers >= WORKER_BUSY / 2:
+            return True
+    elif ev.cpu_used >= LOOP_BUSY and ev.cpus - ev.cpu_used >= IDLE_CPUS:
+        return True
+    return slowing(ev.segments)
 
 
 _MORE_CPUS = "Give the job more CPUs and the DataLoader more workers, "

@@ -1,7 +1,15 @@
 """`periodic-stall`: progress stops at regular intervals (a checkpoint, an evaluation, a flush of the logs)
-for a large share of the time. From the step counter's moves as the shim saw them: a gap far longer than
-the usual one is a stall; stalls that come back every so many steps are periodic (research/slowness.md
-2.12: heartbeat inter-arrival times turn bimodal).
+for a large share of the time. From the step counter's moves as the shim saw them, two ways:
+
+- long stalls: a gap far longer than the usual one is a stall; stalls that come back every so many steps
+  are periodic (research/slowness.md 2.12: heartbeat inter-arrival times turn bimodal), judged over the
+  moves kept (minutes: a checkpoint every few minutes);
+- short pauses, judged by the share of time they cost, not by their length: a counter that moves several
+  steps between two of the shim's looks when it runs, and then is found still at a look, paused for
+  several of its step times (the jitter of a step or a late look never leaves a look with no move). Pauses
+  that recur every so many steps and cost at least PAUSE_SHARE of the last PAUSE_WINDOW_S are a stall
+  however short each is: a 1.5 s checkpoint after every second of steps loses 60 % of the time. Looks once
+  a second see part of it (a pause between two looks is missed): the share said is a floor.
 
 Which function stalls: the shim dumps the loop process's main thread once during each stall (when the
 counter has stood still for as long as a stall here, shim.stacksample), and the finding names the frame
@@ -34,6 +42,14 @@ REGULAR = 0.25  # the steps between stalls vary by at most this share of their m
 SHARE = 0.10  # the stalls cost at least this share of the time
 MIN_AGREE = 2  # stall samples that must show the same frame (and more than half of them) to name it
 HOLD_STALLS = 2  # while the shim dumps stalls, wait up to this many more stalls for samples to name one
+PAUSE_WINDOW_S = 30.0  # short pauses are judged over the last seconds of moves: a new habit shows at once
+PAUSE_STEPS = 3  # the counter moves at least this many steps a look when it runs (median): a still look is
+# then a pause of three step times or more, never one slow step
+RUNNING_GAPS = 3  # gaps with no still look that tell the usual one (a job that pauses after each second
+# of steps shows one such gap for two with a pause)
+PAUSE_SHARE = 0.15  # the pauses cost at least this share of the window (as the looks see them: a pause
+# between two looks is missed, a 1.5 s checkpoint after each second of steps shows 15-40 % of its 60 %)
+PAUSE_SPREAD = 0.15  # the steps between pauses are within this share of a multiple of the typical (median)
 
 # not the job's own code, besides the standard library and installed packages (rules.frames.is_library):
 # torch built from a source tree, and jobwarden itself (the hooks, a heartbeat being written)
@@ -122,8 +138,19 @@ def stalling_frame(samples: Sequence[StackSample]) -> StallFrame | None:
     return StallFrame(function, file, line, n, len(samples))
 
 
-def periodic_stall(ev: SpeedEvidence) -> Finding | None:
-    found = stalls(ev.moves)
+class Stalled(NamedTuple):
+    """Stalls found: the usual gap, each stall (the move it began after, its gap), the steps between two
+    (mean, or median of short pauses), the share of the time they cost, the seconds of moves judged."""
+
+    usual: float
+    stalled: list[tuple[StepMove, float]]
+    every: float
+    share: float
+    span: float
+
+
+def long_stalls(moves: Sequence[StepMove]) -> Stalled | None:
+    found = stalls(moves)
     if found is None:
         return None
     usual, stalled = found
@@ -133,23 +160,59 @@ def periodic_stall(ev: SpeedEvidence) -> Finding | None:
     mean = averages.fmean(every)
     if mean <= 0 or max(abs(e - mean) for e in every) > REGULAR * mean:
         return None
-    span = ev.moves[-1].at - ev.moves[0].at
-    lost = sum(g - usual for _, g in stalled)
-    share = lost / span if span > 0 else 0.0
-    if share < SHARE:
+    span = moves[-1].at - moves[0].at
+    share = sum(g - usual for _, g in stalled) / span if span > 0 else 0.0
+    return Stalled(usual, stalled, mean, share, span) if share >= SHARE else None
+
+
+def pauses(moves: Sequence[StepMove]) -> Stalled | None:
+    """Short pauses over the last PAUSE_WINDOW_S of moves (the module's doc), or None."""
+    recent = [m for m in moves if m.at >= moves[-1].at - PAUSE_WINDOW_S] if moves else []
+    if len(recent) < MIN_MOVES:
         return None
+    gaps = list(pairwise(recent))
+    running = [(a, b) for a, b in gaps if not b.still]
+    if len(running) < RUNNING_GAPS or averages.median(b.step - a.step for a, b in running) < PAUSE_STEPS:
+        return None
+    usual = averages.median(b.at - a.at for a, b in running)
+    stalled = [(a, b.at - a.at) for a, b in gaps if b.still and b.at - a.at > usual]
+    if len(stalled) < MIN_STALLS:
+        return None
+    every = sorted(b.step - a.step for (a, _), (b, _) in pairwise(stalled))
+    # most pauses come every so many steps, or a multiple of it (a pause that fell between two looks is
+    # not seen): pauses at random (a shared disk, the network) are no habit of the loop's
+    typical = averages.median_low(every[: (len(every) + 1) // 2])
+    if typical <= 0 or averages.median(abs(e / typical - round(e / typical)) for e in every) > PAUSE_SPREAD:
+        return None
+    span = recent[-1].at - recent[0].at
+    share = sum(g - usual for _, g in stalled) / span if span > 0 else 0.0
+    return Stalled(usual, stalled, typical, share, span) if share >= PAUSE_SHARE else None
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.1f}s" if s < 10 else f"{s:.0f}s"
+
+
+def periodic_stall(ev: SpeedEvidence) -> Finding | None:
+    found = long_stalls(ev.moves) or pauses(ev.moves)
+    if found is None:
+        return None
+    usual, stalled, mean, share, span = found
     sampled = of_stalls(ev.stall_samples, stalled)
     frame = stalling_frame(sampled)
+    # the shim dumps a stall once the counter stood still as long as a long one: short pauses never
+    dumped = any(g >= stall_after(usual_gap(ev.moves) or usual) for _, g in stalled)
     waiting = ev.stall_sampling and len(sampled) < MIN_AGREE and len(stalled) < MIN_STALLS + HOLD_STALLS
-    if frame is None and waiting:
+    if frame is None and waiting and dumped:
         return None  # the next stalls' dumps may name the function: worth a stall or two more of waiting
     length = averages.median(g for _, g in stalled)
+    stops = f"progress stops for {_seconds(length)} every {mean:.0f} steps"
     period_s = averages.fmean(b.at - a.at for (a, _), (b, _) in pairwise(stalled))
     steps = ", ".join(f"{m.step}" for m, _ in stalled[-5:])  # where the counter stood still
     where = f" in {frame.short}" if frame else ""
     evidence = [
         f"{len(stalled)} stalls in {span:.0f}s, at steps {steps}",
-        f"usual time between moves {usual:.1f}s; the stalls lasted {length:.0f}s (median)",
+        f"usual time between moves {usual:.1f}s; the stalls lasted {_seconds(length)} (median)",
     ]
     if frame:
         evidence.append(
@@ -163,9 +226,9 @@ def periodic_stall(ev: SpeedEvidence) -> Finding | None:
         )
     return Finding(
         "periodic-stall",
-        f"progress stops for {length:.0f}s every {mean:.0f} steps{where}: {100 * share:.0f}% of the time",
-        f"Every {mean:.0f} steps (about every {period_s:.0f}s) the step counter stands still for about "
-        f"{length:.0f}s{f', in {frame.full}' if frame else ''}, against {usual:.1f}s between moves "
+        f"{stops}{where}: {100 * share:.0f}% of the time",
+        f"Every {mean:.0f} steps (about every {_seconds(period_s)}) the step counter stands still for about "
+        f"{_seconds(length)}{f', in {frame.full}' if frame else ''}, against {usual:.1f}s between moves "
         f"otherwise: {100 * share:.0f}% of the run's time goes to these pauses.",
         "warning" if share >= 0.25 else "info",
         tuple(evidence),

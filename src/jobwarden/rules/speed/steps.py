@@ -57,6 +57,15 @@ def slowdown(segments: Sequence[Segment]) -> tuple[float, Segment, float, float]
     return base, slow[0], rate, seconds
 
 
+def slowing(segments: Sequence[Segment]) -> bool:
+    """The newest stretch ran below SLOW_RATIO of the earlier rate: maybe a slowdown begins (one stretch is
+    no slowdown yet, but worth a closer look)."""
+    if not segments:
+        return False
+    base = earlier_rates(segments)[-1]
+    return base is not None and base > 0 and segments[-1].rate <= SLOW_RATIO * base
+
+
 def _rate(rate: float, unit: str) -> str:
     return f"{rate:.3g} {unit}/s" if rate >= 1 else f"{1 / rate:.3g} s/{unit}"
 
