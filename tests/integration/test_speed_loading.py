@@ -16,8 +16,8 @@ import pytest
 
 from jobwarden.probes.pyspy import find_py_spy
 from tests.conftest import Jobwarden
-from tests.integration.test_speed import PY, eventually, explained, finding, ready, speed_findings, stop
-from tests.support import unavailable
+from tests.integration.test_speed import PY, explained, finding, ready, speed_findings, stop
+from tests.support import eventually, unavailable
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 JOB = Path(__file__).resolve().parent / "jobs" / "loader_job.py"
