@@ -20,29 +20,16 @@ from pathlib import Path
 import pytest
 
 import jobwarden
-from jobwarden.errors import AccessDenied
 from jobwarden.hooks import FALLBACK_DIR, FAULT_SIGNAL, SITE_DIR, heartbeat_env, hook_env
 from jobwarden.observations import ThreadStack
-from jobwarden.osapi import asking
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.faultdump import parse_faulthandler
-from jobwarden.probes.pyhooks import HookAdvert, read_adverts, read_forks, read_heartbeat, writes_to_its_file
+from jobwarden.probes.pyhooks import read_adverts, read_forks, read_heartbeat
 from tests.conftest import start_time
+from tests.faultcheck import may_signal
 from tests.support import eventually
 
 pytestmark = pytest.mark.integration
-
-
-def may_signal(advert: HookAdvert, procfs: ProcFS) -> bool:
-    """Would the process handle the advert's fault signal now? What probes.faultdump checks before it
-    sends it (`osapi.asking`: the same process, the same interpreter, the signal caught)."""
-    if not advert.dumps_on_signal or not writes_to_its_file(advert, procfs):
-        return False
-    try:
-        answer = asking.will_handle(procfs, advert.process, advert.fault_signal, advert.program)
-    except AccessDenied:
-        return False
-    return answer is asking.Answer.HANDLED
 
 
 INTERPRETERS = {
