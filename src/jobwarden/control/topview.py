@@ -21,7 +21,8 @@ GPU_FRESH_S = 30.0
 class TopRead(NamedTuple):
     views: list[JobView]
     gpu_memory: list[int | None]  # each view's job's, where known
-    status: JobStatus | None  # the selected job's (the first one when none is selected)
+    selected: JobView | None  # the selected job's view (the first one's when none is selected)
+    status: JobStatus | None  # and its whole status
     samples: list[Sample]  # its samples over the last `window_s`, at most `points`
 
 
@@ -39,10 +40,10 @@ def top_read(
         gpu_memory = [_gpu_memory(store, v, now) for v in views]
         chosen = next((v for v in views if v.job.id == selected), views[0] if views else None)
         if chosen is None:
-            return TopRead(views, gpu_memory, None, [])
+            return TopRead(views, gpu_memory, None, None, [])
         status = job_status(store, procfs, chosen.job.id)
         samples = job_samples(store, chosen.job.id, status.run.n, since=now - window_s, points=points)
-    return TopRead(views, gpu_memory, status, samples)
+    return TopRead(views, gpu_memory, chosen, status, samples)
 
 
 def _gpu_memory(store: Store, view: JobView, now: float) -> int | None:

@@ -50,10 +50,9 @@ def load(home: Path, procfs: ProcFS, include_ended: bool, selected: int | None) 
     now = SystemClock().wall()
     read = top_read(home, procfs, include_ended, selected, now, SPARK_WINDOW_S, SPARK_POINTS)
     rows = [JobRow(v, gpu) for v, gpu in zip(read.views, read.gpu_memory, strict=True)]
-    if read.status is None:
+    if read.selected is None or read.status is None:
         return Snapshot(rows, None)
-    chosen = next(v for v in read.views if v.job.id == read.status.job.id)
-    return Snapshot(rows, _detail(read.status, read.samples, chosen))
+    return Snapshot(rows, _detail(read.status, read.samples, read.selected))
 
 
 def load_status(home: Path, procfs: ProcFS, job_id: int) -> JobStatus:
