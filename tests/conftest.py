@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from tests.support import unavailable
+from tests.support import eventually, unavailable
 
 # Property tests: no per-example deadline (a loaded 2-core machine is slow, and a slow example is not a
 # wrong one) and no example database written into the checkout
@@ -108,15 +108,13 @@ def read_fifo(path: Path, timeout_s: float = 60) -> str:
 
 
 def write_fifo(path: Path, text: str = "go\n", timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def opened() -> list[int] | None:  # the descriptor in a list: 0 is one too
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-            break
+            return [os.open(path, os.O_WRONLY | os.O_NONBLOCK)]
         except OSError:  # ENXIO: no reader yet
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nobody opened {path} for reading") from None
-            time.sleep(0.01)
+            return None
+
+    (fd,) = eventually(f"a reader of {path}", opened, timeout_s, every_s=0.01)
     try:
         os.write(fd, text.encode())
     finally:

@@ -28,6 +28,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from tests.support import eventually
+
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "srun", "sbatch", "scontrol", "scancel", "sinfo")
 NODES = ("n1", "n2")
 READY_TIMEOUT_S = 60.0
@@ -161,27 +163,21 @@ class SlurmCluster:
     def wait_job(self, job_id: int, timeout_s: float = 120, ends: int = 1) -> dict[str, str]:
         """Poll jobcomp until the job has ended `ends` times (a requeue ends it once per attempt); its
         latest end record (JobState, ExitCode "3:0", ...)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+
+        def ended() -> dict[str, str] | None:
             found = [r for r in self.jobcomp() if r.get("JobId") == str(job_id)]
-            if len(found) >= ends:
-                return found[-1]
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"Slurm job {job_id} did not end {ends}x in {timeout_s}s: {self.job(job_id)}"
-                )
-            time.sleep(0.1)
+            return found[-1] if len(found) >= ends else None
+
+        return eventually(f"Slurm job {job_id} ended {ends}x", ended, timeout_s, every_s=0.1)
 
     def wait_state(self, job_id: int, states: Sequence[str], timeout_s: float = 60) -> dict[str, str]:
         """Poll `scontrol show job` until the job is in one of `states` (RUNNING, PENDING...)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+
+        def in_state() -> dict[str, str] | None:
             fields = self.job(job_id)
-            if fields.get("JobState") in states:
-                return fields
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"Slurm job {job_id} not in {states} after {timeout_s}s: {fields}")
-            time.sleep(0.1)
+            return fields if fields.get("JobState") in states else None
+
+        return eventually(f"Slurm job {job_id} in {states}", in_state, timeout_s, every_s=0.1)
 
 
 def _fields(text: str) -> dict[str, str]:

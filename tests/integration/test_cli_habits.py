@@ -11,12 +11,12 @@ import pty
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import CLI_TIMEOUT_S, Jobwarden, make_fifo, read_fifo, write_fifo
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -234,10 +234,8 @@ def test_ps_fits_a_100_column_terminal_and_wide_cuts_nothing(jw: Jobwarden, tmp_
     live = jw.start(sys.executable, "-c", BAR_THEN_WAIT, str(ready), str(go), options=("--name", "bar"))
     read_fifo(ready)
     try:
-        deadline = time.monotonic() + 60
-        while jw.json("ps")[0]["progress"] is None:  # the shim reads the bar within its next look
-            assert time.monotonic() < deadline, "no progress read within 60s"
-            time.sleep(0.1)
+        # the shim reads the bar within its next look
+        eventually("progress read", lambda: jw.json("ps")[0]["progress"] is not None, 60, every_s=0.1)
         env = {**jw.env, "COLUMNS": "100"}
         shown = ANSI.sub("", in_a_terminal(env, "ps", "--all")).replace("\r\n", "\n").splitlines()
         assert len(shown) == 3, shown

@@ -5,14 +5,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Jobwarden, wait_pid_gone
-from tests.support import unavailable
+from tests.support import eventually, unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -147,16 +146,13 @@ def _typed_then_tab(tmux: list[str], env: dict[str, str], shell: list[str], setu
 
 
 def _screen(tmux: list[str], done: object) -> str:
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
+    def there() -> str | None:
         screen = subprocess.run(
             [*tmux, "capture-pane", "-p", "-t", "sh"], capture_output=True, text=True, timeout=30
         ).stdout
-        if screen.strip() and done(screen):  # type: ignore[operator]
-            return screen.rstrip().splitlines()[-1]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the terminal never got there:\n{screen}")
-        time.sleep(0.05)  # polling the pane, with the deadline above
+        return screen if screen.strip() and done(screen) else None  # type: ignore[operator]
+
+    return eventually("the terminal got there", there, DEADLINE_S, every_s=0.05).rstrip().splitlines()[-1]
 
 
 SHELLS_IN_A_TERMINAL = {

@@ -4,26 +4,23 @@ needs no container runtime. The real containers are in tests/integration/contain
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
 from jobwarden.store import Store
 from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
 
 def _wait_for_event(jw: Jobwarden, job_id: int, kind: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def recorded() -> bool:
         with Store(jw.home) as store:
-            if any(e.kind == kind for e in store.events(job_id, 1)):
-                return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {kind} event for job {job_id} after {timeout_s}s")
-        time.sleep(0.1)
+            return any(e.kind == kind for e in store.events(job_id, 1))
+
+    eventually(f"a {kind} event of job {job_id}", recorded, timeout_s, every_s=0.1)
 
 
 def test_engine_container_is_attached_and_tells_the_end(jw: Jobwarden, tmp_path: Path) -> None:
@@ -69,9 +66,8 @@ def test_health_of_real_runs(jw: Jobwarden, tmp_path: Path) -> None:
     assert jw("health", str(job["id"])).returncode == 1
     assert jw("health", "no-such-job").returncode == 2
     write_fifo(tmp_path / "wake")
-    deadline = time.monotonic() + 30
-    while jw("health").returncode != 0:  # output again: the hang is over
-        assert time.monotonic() < deadline, "still hung after the job moved"
+    # output again: the hang is over
+    eventually("healthy again after the job moved", lambda: jw("health").returncode == 0, 30, every_s=0)
     jw("stop", str(job["id"]), check=True)
     failed = jw("run", "--wait", "--", "sh", "-c", "exit 4")
     assert failed.returncode == 4

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
-from tests.support import unavailable
+from tests.support import eventually, unavailable
 
 pytestmark = pytest.mark.integration
 JOBS = Path(__file__).resolve().parent / "jobs"
@@ -28,15 +28,11 @@ def rules_of(report: dict[str, Any]) -> list[str]:
 
 def wait_for_finding(jw: Jobwarden, job: int, rule: str, timeout_s: float = 60) -> dict[str, Any]:
     """Poll `status --json` until the watchdog has recorded `rule` (a deadline, not a fixed sleep)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        status = jw.status(job)
-        found = [f for f in status["findings"] if f["rule"] == rule]
-        if found:
-            return dict(found[0])
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {rule} finding within {timeout_s}s: {rules_of(status)}")
-        time.sleep(0.2)
+
+    def recorded() -> dict[str, Any] | None:
+        return next((dict(f) for f in jw.status(job)["findings"] if f["rule"] == rule), None)
+
+    return eventually(f"a {rule} finding of job {job}", recorded, timeout_s, every_s=0.2)
 
 
 @pytest.mark.parametrize("mode", ["mp", "os"])
@@ -84,10 +80,12 @@ def test_a_fork_deadlock_under_mp_start_is_never_told_to_use_mp_start(jw: Jobwar
 def wait_until_watched(jw: Jobwarden, job: int, pid: int, timeout_s: float = 60) -> None:
     """A process born and killed between two scans of the tree (1 s apart) is never seen, so its death
     cannot be named; in the seed incident the worker had run for hours. Wait until jobwarden holds it."""
-    deadline = time.monotonic() + timeout_s
-    while pid not in [p["pid"] for p in jw.status(job)["processes"]]:
-        assert time.monotonic() < deadline, f"pid {pid} never appeared in the job's tree"
-        time.sleep(0.1)
+    eventually(
+        f"pid {pid} in the job's tree",
+        lambda: pid in [p["pid"] for p in jw.status(job)["processes"]],
+        timeout_s,
+        every_s=0.1,
+    )
 
 
 def test_a_pool_worker_killed_is_named_within_seconds(jw: Jobwarden, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes import pyspy
 from jobwarden.probes.stacks import Tools, capture_stacks
 from tests.conftest import make_fifo, read_fifo, wait_pid_gone, write_fifo
-from tests.support import IN_CI
+from tests.support import IN_CI, eventually
 
 pytestmark = pytest.mark.integration
 TARGETS = Path(__file__).parent / "jobs" / "stack_targets.py"
@@ -211,39 +211,33 @@ def test_a_thread_in_d_state_is_never_paused(targets: Targets, tmp_path: Path) -
     target.ping()
 
 
+def _thread_states(pid: int) -> dict[int, str]:
+    states = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            states[int(tid)] = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2].split()[0]
+    return states
+
+
 def _wait_thread_state(pid: int, state: str, timeout_s: float = 30) -> int:
     """The first thread of `pid` seen in `state` (the kernel's view is the handshake here)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):
-                if Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2].split()[0] == state:
-                    return int(tid)
-        time.sleep(0.01)
-    raise AssertionError(f"no thread of {pid} in state {state} within {timeout_s}s")
+    return eventually(
+        f"a thread of {pid} in state {state}",
+        lambda: next((tid for tid, s in _thread_states(pid).items() if s == state), None),
+        timeout_s,
+        every_s=0.01,
+    )
 
 
 def _wait_state(pid: int, state: str, timeout_s: float = 30) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process_state(pid) == state:
-            return True
-        time.sleep(0.01)
-    return False
+    return eventually(f"process {pid} in state {state}", lambda: process_state(pid) == state, timeout_s, 0.01)
 
 
 def _wait_all_stopped(pid: int, timeout_s: float = 30) -> bool:
     """Every thread in group stop (each enters it on its own, shortly after the SIGSTOP)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        states = set()
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):
-                states.add(Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2].split()[0])
-        if states == {"T"}:
-            return True
-        time.sleep(0.01)
-    return False
+    return eventually(
+        f"every thread of {pid} stopped", lambda: set(_thread_states(pid).values()) == {"T"}, timeout_s, 0.01
+    )
 
 
 def _status_field(pid: int, name: str) -> str:

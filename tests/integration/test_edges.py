@@ -25,7 +25,7 @@ from tests.conftest import (
     wait_pid_gone,
     write_fifo,
 )
-from tests.support import unavailable
+from tests.support import eventually, unavailable
 
 pytestmark = pytest.mark.integration
 TICKER = str(Path(__file__).parent / "jobs" / "ticker.py")
@@ -169,9 +169,12 @@ def test_ctrl_c_during_run_never_prints_a_traceback_nor_leaves_a_ghost(jw: Jobwa
         start_new_session=True,
     )
     children = Path(f"/proc/{cli.pid}/task/{cli.pid}/children")
-    deadline = time.monotonic() + 60
-    while cli.poll() is None and not children.read_text().strip() and time.monotonic() < deadline:
-        pass  # busy-polled: the window after the fork is milliseconds long
+    eventually(  # busy-polled (every_s=0): the window after the fork is milliseconds long
+        "the CLI forked, or ended",
+        lambda: cli.poll() is not None or children.read_text().strip(),
+        60,
+        every_s=0,
+    )
     time.sleep(delay_ms / 1000)  # not a wait for anything: the moment the signal is injected
     with contextlib.suppress(ProcessLookupError):
         os.killpg(cli.pid, signal.SIGINT)
@@ -250,16 +253,18 @@ def test_stop_of_a_job_still_starting_stops_it(jw: Jobwarden) -> None:
             stderr=subprocess.PIPE,
             text=True,
         )
-        deadline = time.monotonic() + 60
         job_id = attempt + 1
-        while time.monotonic() < deadline:  # the moment the job's record exists
+
+        def recorded(job_id: int = job_id) -> bool:
             with contextlib.suppress(sqlite3.Error):
                 db = sqlite3.connect(f"file:{jw.home / 'jobwarden.db'}?mode=ro", uri=True)
                 try:
-                    if db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone():
-                        break
+                    return db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is not None
                 finally:
                     db.close()
+            return False
+
+        eventually(f"job {job_id} recorded", recorded, 60, every_s=0)  # the moment the job's record exists
         stopped = jw("stop", "--grace", "5s", str(job_id))
         assert "Traceback" not in stopped.stderr, stopped.stderr
         assert stopped.returncode == 0, stopped.stderr
@@ -283,12 +288,12 @@ def _patient_stop(jw: Jobwarden, job: dict[str, Any]) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 60
-    while jw.status(job["id"])["state"] != "stopping":
-        if time.monotonic() > deadline:
-            patient.kill()
-            patient.wait()
-            raise AssertionError("the stop never began")
+    try:
+        eventually("the stop began", lambda: jw.status(job["id"])["state"] == "stopping", 60, every_s=0)
+    except BaseException:  # pytest.fail's outcome too
+        patient.kill()
+        patient.wait()
+        raise
     return patient
 
 
@@ -342,13 +347,13 @@ def test_stop_never_says_success_over_a_job_whose_supervisor_died_mid_stop(
     assert job_start is not None
     patient = _patient_stop(jw, job)
     try:
-        deadline = time.monotonic() + 60
         first_shim = kill_shim(jw, job["id"])  # its supervisor dies while waiting out the grace
-        while True:  # the stop takes the job over with a new supervisor and asks again
+
+        def stopping_again() -> bool:  # the stop takes the job over with a new supervisor and asks again
             status = jw.status(job["id"])
-            if status["shim_pid"] != first_shim and status["state"] == "stopping":
-                break
-            assert time.monotonic() < deadline, f"never stopped again: {status}"
+            return status["shim_pid"] != first_shim and status["state"] == "stopping"
+
+        eventually("stopped again by a new supervisor", stopping_again, 60, every_s=0)
         assert alive(job["pid"], job_start)
         assert jw("stop", "--force", str(job["id"])).returncode == 0
         _, err = patient.communicate(timeout=60)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import IO
 
@@ -14,7 +13,7 @@ import pytest
 
 from tests.conftest import CLI_TIMEOUT_S, Jobwarden, make_fifo, read_fifo, write_fifo
 from tests.integration.test_terminal_safety import HOSTILE, RED, assert_clean, in_a_terminal
-from tests.support import unavailable
+from tests.support import eventually, unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -400,10 +399,7 @@ def test_a_hung_job_looks_hung_in_ps(jw: Jobwarden, tmp_path: Path) -> None:
     )
     read_fifo(ready)
     try:
-        deadline = time.monotonic() + 60
-        while not (listed := jw.json("ps", "--state", "hung")):
-            assert time.monotonic() < deadline, "not hung within 60s"
-            time.sleep(0.2)  # polling the store's view, with a deadline
+        listed = eventually("hung", lambda: jw.json("ps", "--state", "hung"), 60, every_s=0.2)
         assert [j["id"] for j in listed] == [job["id"]] and listed[0]["state"] == "running"
         assert listed[0]["hung"] is True
         row = ps_rows(jw)[0]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CLI_TIMEOUT_S, Jobwarden, make_fifo, read_fifo, write_fifo
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 FORKS = 400
@@ -46,10 +47,12 @@ def test_the_hooks_files_of_ended_processes_are_pruned(jw: Jobwarden, tmp_path: 
     main = str(job["pid"])
     try:
         # the shim prunes at its full scans (every 10 s): within a deadline only the live main process's
-        deadline = time.monotonic() + 60
-        while (left := hook_files(py_dir)) != [f"{main}.json"]:  # faulthandler's file is a memfd
-            assert time.monotonic() < deadline, f"{len(left)} files left: {left[:6]}"
-            time.sleep(0.2)  # polling the folder, with the deadline above
+        eventually(  # faulthandler's file is a memfd
+            "only the main process's hook files left",
+            lambda: hook_files(py_dir) == [f"{main}.json"],
+            60,
+            every_s=0.2,
+        )
     finally:
         write_fifo(go)
     assert jw("wait", str(job["id"])).returncode == 0
@@ -100,10 +103,7 @@ def test_a_malformed_sample_row_is_skipped_and_counted(jw: Jobwarden, tmp_path: 
     job = jw.start(sys.executable, "-c", code, str(ready), str(go))
     read_fifo(ready)
     try:
-        deadline = time.monotonic() + 60
-        while not jw.json("metrics", str(job["id"])):  # the shim's first samples
-            assert time.monotonic() < deadline, "no sample within a minute"
-            time.sleep(0.2)  # polling the store, with the deadline above
+        eventually("the shim's first samples", lambda: jw.json("metrics", str(job["id"])), 60, every_s=0.2)
         with sqlite3.connect(jw.home / "jobwarden.db") as db:  # SQLite keeps any value in any column
             now = time.time()
             db.execute(

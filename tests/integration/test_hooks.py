@@ -24,10 +24,13 @@ from jobwarden.hooks import FALLBACK_DIR, FAULT_SIGNAL, SITE_DIR, heartbeat_env,
 from jobwarden.observations import ThreadStack
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.faultdump import parse_faulthandler
-from jobwarden.probes.pyhooks import may_signal, read_adverts, read_forks, read_heartbeat
+from jobwarden.probes.pyhooks import read_adverts, read_forks, read_heartbeat
 from tests.conftest import start_time
+from tests.faultcheck import may_signal
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
+
 
 INTERPRETERS = {
     "python3.8": Path.home() / ".pyenv/versions/3.8.18/bin/python",
@@ -124,14 +127,12 @@ def read_line(proc: subprocess.Popen[bytes]) -> str:
 def wait_for_dump(path: Path, offset: int, functions: set[str]) -> tuple[ThreadStack, ...]:
     """faulthandler writes from the signal handler, asynchronously to the sender: wait, with a deadline,
     until the dump names every function looked for."""
-    deadline = time.monotonic() + TIMEOUT_S
-    while True:
+
+    def named() -> tuple[ThreadStack, ...] | None:
         threads = read_fault_dump(path, offset)
-        if functions <= {f.function for t in threads for f in t.frames}:
-            return threads
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} has no dump naming {functions}: {threads}")
-        time.sleep(0.01)
+        return threads if functions <= {f.function for t in threads for f in t.frames} else None
+
+    return eventually(f"{path} with a dump naming {functions}", named, TIMEOUT_S, every_s=0.01)
 
 
 def read_fault_dump(path: Path, offset: int = 0) -> tuple[ThreadStack, ...]:

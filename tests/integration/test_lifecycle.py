@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import pytest
 
 from jobwarden.probes import fakenvml
 from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -82,10 +82,8 @@ def test_a_command_not_found_is_never_restarted(jw: Jobwarden, tmp_path: Path) -
 
 def test_stop_during_the_backoff_ends_the_job(jw: Jobwarden) -> None:
     job = jw.start("sh", "-c", "exit 3", options=("--restart", "always", "--restart-delay", "1h"))
-    deadline = time.monotonic() + 60
-    while jw.status(job["id"])["state"] != "restarting":  # run 1 ended; the shim waits an hour
-        assert time.monotonic() < deadline, jw.status(job["id"])
-        time.sleep(0.1)
+    # run 1 ended; the shim waits an hour
+    eventually("the job restarting", lambda: jw.status(job["id"])["state"] == "restarting", 60, every_s=0.1)
     jw("stop", str(job["id"]), check=True)
     assert jw.status(job["id"])["state"] == "stopped"
     assert len(runs_of(jw, str(job["id"]))) == 2
@@ -174,10 +172,12 @@ def test_gpu_memory_held_while_the_gpu_idles_is_named_gpu_idle(jw: Jobwarden, tm
         "    pass\n"
     )
     job = jw.start(PY, "-c", code, options=("--hang-timeout", "2s", "--grace", "1s"))
-    deadline = time.monotonic() + 60
-    while "gpu-idle" not in [f["rule"] for f in jw.status(job["id"])["findings"]]:
-        assert time.monotonic() < deadline, jw.status(job["id"])["findings"]
-        time.sleep(0.2)
+    eventually(
+        "a gpu-idle finding",
+        lambda: "gpu-idle" in [f["rule"] for f in jw.status(job["id"])["findings"]],
+        60,
+        every_s=0.2,
+    )
     status = jw.status(job["id"])
     finding = next(f for f in status["findings"] if f["rule"] == "gpu-idle")
     assert "GPU 0" in "\n".join(finding["evidence"]) or "GPU 0" in finding["summary"]

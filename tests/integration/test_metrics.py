@@ -4,7 +4,6 @@ bytes and memory from /proc, and the commands read them back."""
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 from jobwarden.probes import fakenvml
 from tests.conftest import Jobwarden, processes_under
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 MIB = 1 << 20
@@ -98,11 +98,13 @@ def test_gpu_use_per_gpu_reaches_metrics_through_the_shim(jw: Jobwarden, tmp_pat
     fakenvml.write_state(state, {"devices": [fakenvml.device(i, utilization=60 + 20 * i) for i in range(3)]})
     jw.env[fakenvml.FAKE_NVML_ENV] = str(state)
     job = str(jw.start(sys.executable, "-c", GPU_JOB, str(done))["id"])
-    deadline = time.monotonic() + 90
     try:
-        while not any(len(s["gpus"]) == 2 for s in jw.json("metrics", job)):
-            assert time.monotonic() < deadline, "the shim never sampled the job's GPUs"
-            time.sleep(0.5)
+        eventually(
+            "the job's GPUs sampled",
+            lambda: any(len(s["gpus"]) == 2 for s in jw.json("metrics", job)),
+            90,
+            every_s=0.5,
+        )
     finally:
         done.touch()
     assert jw("wait", job).returncode == 0

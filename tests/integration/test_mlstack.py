@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import torch  # noqa: F401
 
 from jobwarden.rules import mltext
 from tests.conftest import Jobwarden, make_fifo, read_fifo
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 JOB = Path(__file__).resolve().parent / "jobs" / "mlstack.py"
@@ -225,12 +225,14 @@ def test_dump_shows_each_ranks_flight_recorder_and_where_they_part(jw: Jobwarden
     fifo = make_fifo(tmp_path / "ready")
     job = jw.start(*torchrun("rank-wrong-op", "--ready", str(fifo)))
     said = {what: int(pid) for pid, _, what in (line.split(maxsplit=2) for line in read_lines(fifo, 2))}
-    deadline = time.monotonic() + 60
-    while True:  # each rank announces its call just before it makes it: a dump may come in between
+
+    def parted() -> Any:
         dumped = jw("dump", str(job["id"]))
         assert dumped.returncode == 0, dumped.stderr
-        if "where they part" in dumped.stdout or time.monotonic() > deadline:
-            break
+        return dumped if "where they part" in dumped.stdout else None
+
+    # each rank announces its call just before it makes it: a dump may come in between
+    dumped = eventually("a dump that says where the ranks part", parted, 60, every_s=0)
     jw("stop", str(job["id"]))
     assert "PyTorch flight recorder, the last 3 collectives of each rank" in dumped.stdout
     assert (

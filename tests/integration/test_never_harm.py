@@ -5,7 +5,6 @@ killed a healthy process that had exec()ed out of the Python that advertised it.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from jobwarden.osapi.procfs import ProcFS
 from jobwarden.store import Store
 from tests.conftest import Jobwarden, alive, make_fifo, read_fifo, start_time
 from tests.integration.test_diagnosis import wait_for_finding
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -41,10 +41,7 @@ def start_daemon_job(jw: Jobwarden, tmp_path: Path, *options: str) -> tuple[int,
 
 def wait_until_runs(pid: int, comm: str, timeout_s: float = 30) -> None:
     """The exec() has happened: the process's name is the new program's (a deadline, not a sleep)."""
-    deadline = time.monotonic() + timeout_s
-    while ProcFS().stat(pid).comm != comm:
-        assert time.monotonic() < deadline, f"pid {pid} never ran {comm}"
-        time.sleep(0.01)
+    eventually(f"pid {pid} running {comm}", lambda: ProcFS().stat(pid).comm == comm, timeout_s, every_s=0.01)
 
 
 def test_dump_never_signals_a_process_that_execed_out_of_python(jw: Jobwarden, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import pytest
 from jobwarden.shim.notify import Notifier, event_payload
 from tests.conftest import Jobwarden, make_fifo, read_fifo, wait_pid_gone, write_fifo
 from tests.integration.webhook import Server
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 EVENT = event_payload(
@@ -179,9 +180,8 @@ def test_a_running_hook_is_named_so_the_shim_can_tell_it_from_the_job(tmp_path: 
     os.mkfifo(fifo)
     notifier = Notifier(None, f"cat >/dev/null; read x < {fifo}", lambda _: None)
     notifier.deliver(EVENT)
-    deadline = time.monotonic() + 30
-    while not notifier.helper_pids() and time.monotonic() < deadline:
-        time.sleep(0.01)  # the hook's start is reported from the delivery thread
+    # the hook's start is reported from the delivery thread
+    eventually("the hook's pid recorded", notifier.helper_pids, 30, every_s=0.01)
     (pid,) = notifier.helper_pids()
     assert Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1] == str(os.getpid())
     write_fifo(fifo, "done\n")
@@ -212,10 +212,8 @@ def test_the_shim_runs_hooks_outside_the_jobs_tree(jw: Jobwarden, tmp_path: Path
     hook_pid = int(read_fifo(hook_ready))  # run 1 failed: the "restarted" hook runs, and blocks
     read_fifo(ready)  # run 2 is up
     write_fifo(go, "0 0\n")  # run 2 succeeds: its supervisor sweeps the whole tree, then records the end
-    deadline = time.monotonic() + 60
-    while jw.status(job["id"])["state"] != "succeeded":  # the sweep is inside the shim: no handshake
-        assert time.monotonic() < deadline, "run 2 did not end"
-        time.sleep(0.05)
+    # the sweep is inside the shim: no handshake
+    eventually("run 2 ended", lambda: jw.status(job["id"])["state"] == "succeeded", 60, every_s=0.05)
     status = jw.status(job["id"])
     assert status["run"] == 2
     assert all(o["pid"] != hook_pid for o in status["orphans_left"])
@@ -245,10 +243,8 @@ def test_a_hook_still_running_when_the_notifier_gives_up_is_killed(tmp_path: Pat
     )
     notifier.deliver(EVENT)
     read_fifo(ready)
-    deadline = time.monotonic() + 60
-    while not notifier.helper_pids():  # the hook may say "up" before the notifier's thread records its pid
-        assert time.monotonic() < deadline, "the hook's pid was never recorded"
-        time.sleep(0.01)
+    # the hook may say "up" before the notifier's thread records its pid
+    eventually("the hook's pid recorded", notifier.helper_pids, 60, every_s=0.01)
     (hook,) = notifier.helper_pids()
     started = time.monotonic()
     notifier.close(0.2)  # the shim exits: nothing of its hooks may outlive it

@@ -129,7 +129,7 @@ def test_the_kernel_kills_a_hog_at_the_limit_and_the_watch_sees_it(memory_cgroup
     assert evidence.kills == 1
     assert evidence.limit_bytes == LIMIT
     assert evidence.peak_bytes is not None and LIMIT - 8 * MiB <= evidence.peak_bytes <= LIMIT
-    if watch.kernel_log_error is None:
+    if watch.kernel_log.error is None:
         assert evidence.victims == (victim,)
 
 

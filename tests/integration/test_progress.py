@@ -24,7 +24,7 @@ from jobwarden.progress.model import Progress
 from jobwarden.store import Store
 from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
 from tests.integration.test_prometheus import promtool_check
-from tests.support import unavailable
+from tests.support import eventually, unavailable
 
 pytestmark = pytest.mark.integration
 JOB = str(Path(__file__).parent / "jobs" / "progress_job.py")
@@ -62,14 +62,12 @@ def wait_progress(
     jw: Jobwarden, job: int, what: str, ok: Callable[[Progress], bool], run: int = 1
 ) -> Progress:
     """The shim reads the job's progress once a tick: wait (with a deadline) until it says what we want."""
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
+
+    def said() -> Progress | None:
         found = progress_of(jw, job, run)
-        if found is not None and ok(found):
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"job {job}: never {what}; last progress: {found}")
-        time.sleep(0.1)  # the store is polled, with the deadline above
+        return found if found is not None and ok(found) else None
+
+    return eventually(f"job {job}: {what}", said, DEADLINE_S, every_s=0.1)
 
 
 def ps_json(jw: Jobwarden, job: int, *flags: str) -> dict[str, Any]:
@@ -189,9 +187,9 @@ def test_a_job_with_no_progress_has_none(jw: Jobwarden, tmp_path: Path, finish: 
     finish.append(job)
     job.wait_ready()
     with Store(jw.home) as store:  # a few ticks seen: samples written
-        deadline = time.monotonic() + DEADLINE_S
-        while len(store.readings(job.id, 1)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        eventually(
+            "two samples written", lambda: len(store.readings(job.id, 1)) >= 2, DEADLINE_S, every_s=0.1
+        )
     assert ps_json(jw, job.id)["progress"] is None
     assert jw.status(job.id)["progress"] is None
     assert jw.json("explain", str(job.id))["progress"] is None
@@ -308,10 +306,7 @@ def test_a_spin_is_stalled_then_hung_then_recovers(jw: Jobwarden, tmp_path: Path
     assert stalled.step is not None and 200 <= stalled.step <= 240
     assert "stalled" in ps_row(jw, job.id)
     # the hang watchdog: a step counter that stands still is no progress, however busy the CPU
-    deadline = time.monotonic() + DEADLINE_S
-    while not (found := jw.status(job.id)["findings"]):
-        assert time.monotonic() < deadline, "no hang finding"
-        time.sleep(0.2)
+    found = eventually("a hang finding", lambda: jw.status(job.id)["findings"], DEADLINE_S, every_s=0.2)
     assert found[0]["rule"] in ("no-progress", "collective-hang")
     evidence = " ".join(found[0]["evidence"])
     assert "the step counter stands at step" in evidence and "no new step for" in evidence

@@ -19,7 +19,7 @@ from jobwarden.model import Finding
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.store import Store
 from tests.conftest import Jobwarden, make_fifo, read_fifo, write_fifo
-from tests.support import unavailable
+from tests.support import eventually, unavailable
 
 pytestmark = pytest.mark.integration
 TICKER = str(Path(__file__).parent / "jobs" / "ticker.py")
@@ -65,10 +65,12 @@ def live_job(jw: Jobwarden, tmp_path: Path) -> Iterator[dict[str, object]]:
     job = jw.start(sys.executable, TICKER, str(ready), str(go), "1", options=("--name", 'live "one"\\'))
     read_fifo(ready)
     with Store(jw.home) as store:
-        deadline = time.monotonic() + 60
-        while store.latest_sample(int(job["id"]), 1) is None:  # type: ignore[call-overload]
-            assert time.monotonic() < deadline, "no sample of the live job within 60 s"
-            time.sleep(0.05)
+        eventually(
+            "a sample of the live job",
+            lambda: store.latest_sample(int(job["id"]), 1) is not None,  # type: ignore[call-overload]
+            60,
+            every_s=0.05,
+        )
     yield job
     write_fifo(go, "0 0\n")
     jw("wait", str(job["id"]), check=True)

@@ -14,13 +14,13 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from jobwarden.store import Store
 from tests.conftest import Jobwarden, kill_shim, make_fifo, read_fifo, wait_pid_gone
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 EARLIER_BOOT = "00000000-0000-4000-8000-000000000000"
@@ -164,10 +164,8 @@ def test_a_reboot_during_a_stops_grace_leaves_the_job_stopped(jw: Jobwarden, tmp
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 60
-        while jw.status(job["id"])["state"] != "stopping":  # the shim has signalled; the grace runs
-            assert time.monotonic() < deadline, jw.status(job["id"])
-            time.sleep(0.05)
+        # the shim has signalled; the grace runs
+        eventually("the job stopping", lambda: jw.status(job["id"])["state"] == "stopping", 60, every_s=0.05)
     finally:
         stopper.kill()  # the reboot ends the waiting `stop` too
         stopper.wait()

@@ -14,15 +14,14 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import MEASURED, Jobwarden
-from tests.support import eventually as support_eventually
-from tests.support import unavailable
+from tests.support import eventually, unavailable
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 JOB = Path(__file__).resolve().parent / "jobs" / "speed_job.py"
@@ -32,9 +31,7 @@ PY = sys.executable
 SLOW_FINDING_S = 45.0
 
 
-def eventually(what: str, check: Callable[[], Any], timeout_s: float = 90) -> Any:
-    """The speed watch judges every few seconds: a longer default deadline than the live findings'."""
-    return support_eventually(what, check, timeout_s)
+SPEED_S = 90.0  # the speed watch judges every few seconds: a longer deadline than the live findings'
 
 
 def speed_findings(jw: Jobwarden, job: int) -> list[dict[str, Any]]:
@@ -49,7 +46,7 @@ def finding(jw: Jobwarden, job: int, rule: str) -> dict[str, Any] | None:
 
 def ready(jw: Jobwarden, job: int) -> float:
     """Waits for the job's "ready"; the moment the test saw it (time.monotonic())."""
-    eventually("ready", lambda: "ready" in jw.output(job))
+    eventually("ready", lambda: "ready" in jw.output(job), SPEED_S)
     return time.monotonic()
 
 
@@ -118,10 +115,13 @@ def cpu_quota_cgroup(name: str, quota_us: int) -> Iterator[Path]:
             (path / "cpu.cfs_quota_us").write_text(str(quota_us))
         yield path
     finally:
-        deadline = time.monotonic() + 30
-        while (path / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
-            time.sleep(0.1)  # the stopped job's last process leaving
+        _wait_empty(path)
         path.rmdir()
+
+
+def _wait_empty(cgroup: Path) -> None:
+    """The stopped job's last process leaving its cgroup, before the cgroup is removed."""
+    eventually(f"{cgroup} empty", lambda: not (cgroup / "cgroup.procs").read_text().strip(), 30, every_s=0.1)
 
 
 @pytest.fixture
@@ -156,9 +156,7 @@ def slow_disk_cgroup(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
         (path / "blkio.throttle.read_bps_device").write_text(f"{disk} {4 << 20}")
         yield path, data
     finally:
-        deadline = time.monotonic() + 30
-        while (path / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
-            time.sleep(0.1)  # the stopped job's last process leaving
+        _wait_empty(path)
         path.rmdir()
 
 
@@ -167,7 +165,7 @@ def test_reads_from_a_throttled_disk_are_io_bound(jw: Jobwarden, slow_disk_cgrou
     job = jw.start(PY, str(JOB), "io", str(cgroup), str(data))["id"]
     try:
         ready(jw, job)
-        f = eventually("io-bound", lambda: finding(jw, job, "io-bound"))
+        f = eventually("io-bound", lambda: finding(jw, job, "io-bound"), SPEED_S)
         assert f["title"].startswith("waits on storage ") and "D state" in f["evidence"][0]
         explained(jw, job, "io-bound")
     finally:
@@ -183,7 +181,7 @@ def test_a_memory_limit_below_the_working_set_is_memory_thrash(jw: Jobwarden, tm
         if not str(job.get("containment") or jw.status(job["id"])["containment"]).startswith("cgroup-"):
             unavailable("needs a memory cgroup for --mem-limit")
         ready(jw, job["id"])
-        f = eventually("memory-thrash", lambda: finding(jw, job["id"], "memory-thrash"))
+        f = eventually("memory-thrash", lambda: finding(jw, job["id"], "memory-thrash"), SPEED_S)
         assert f["title"].startswith("re-reads evicted memory: ")
         assert "pages read back after eviction" in f["evidence"][0]
         assert finding(jw, job["id"], "io-bound") is None  # the cause, not the I/O wait it makes
@@ -196,7 +194,7 @@ def test_a_cpu_quota_is_cpu_throttled(jw: Jobwarden, quota_cgroup: Path) -> None
     job = jw.start(PY, str(JOB), "quota", str(quota_cgroup))["id"]
     try:
         ready(jw, job)
-        f = eventually("cpu-throttled", lambda: finding(jw, job, "cpu-throttled"))
+        f = eventually("cpu-throttled", lambda: finding(jw, job, "cpu-throttled"), SPEED_S)
         assert "0.2 CPUs" in f["title"] and f["severity"] == "warning"
         assert any("periods throttled" in e for e in f["evidence"])
         explained(jw, job, "cpu-throttled")
@@ -217,6 +215,7 @@ def test_a_pinned_hog_is_cpu_contention_named(jw: Jobwarden) -> None:
                     and any(e.startswith(f"pid {other.pid} ") for e in f["evidence"])
                     and f
                 ),
+                SPEED_S,
             )
             line = next(e for e in f["evidence"] if e.startswith(f"pid {other.pid} "))
             assert "(root" in line or f"({os.environ.get('USER', '')}" in line
@@ -232,7 +231,7 @@ def test_pinned_processes_are_cpu_oversubscribed(jw: Jobwarden) -> None:
     job = jw.start("taskset", "-c", "0", PY, str(JOB), "spin", "3")["id"]
     try:
         ready(jw, job)
-        f = eventually("cpu-oversubscribed", lambda: finding(jw, job, "cpu-oversubscribed"))
+        f = eventually("cpu-oversubscribed", lambda: finding(jw, job, "cpu-oversubscribed"), SPEED_S)
         assert " busy threads on 1 CPU" in f["title"]
         assert "OMP_NUM_THREADS=1" in f["remedy"]
         explained(jw, job, "cpu-oversubscribed")
@@ -247,7 +246,9 @@ def test_a_step_time_change_is_slowed_down_and_notified(jw: Jobwarden, tmp_path:
     try:
         ready(jw, job)
         # 25 s at 10 steps/s: the run's own earlier rate, well measured
-        eventually("step 250", lambda: ((jw.status(job).get("progress") or {}).get("step") or 0) >= 250)
+        eventually(
+            "step 250", lambda: ((jw.status(job).get("progress") or {}).get("step") or 0) >= 250, SPEED_S
+        )
         assert finding(jw, job, "slowed-down") is None  # a steady bar so far
         switch.touch()
         slowed = found_in_time(jw, job, "slowed-down", time.monotonic())
@@ -260,7 +261,7 @@ def test_a_step_time_change_is_slowed_down_and_notified(jw: Jobwarden, tmp_path:
         assert step >= 250 - 70, slowed["title"]
         explained(jw, job, "slowed-down")
         # each speed finding that appears is a `slowed` event (another one may come first: a neighbour)
-        eventually("the slowed event", lambda: ("slowed", slowed["title"]) in sent(events))
+        eventually("the slowed event", lambda: ("slowed", slowed["title"]) in sent(events), SPEED_S)
         switch.unlink()  # back to 10 steps/s: no longer true, resolved with the moment
         resolved = eventually(
             "slowed-down resolved",
@@ -268,6 +269,7 @@ def test_a_step_time_change_is_slowed_down_and_notified(jw: Jobwarden, tmp_path:
                 (f for f in jw.status(job)["findings"] if f["rule"] == "slowed-down" and f["resolved_at"]),
                 None,
             ),
+            SPEED_S,
         )
         # kept as last seen: the factor may have moved since, the change it dates from has not
         since = slowed["title"].split("× ")[1]
@@ -337,7 +339,7 @@ def test_fake_nvml_another_process_on_the_jobs_gpu_and_a_thermal_slowdown(
     try:
         ready(jw, job)
         fakenvml.hold(nvml, 0, other.pid, 2 << 30)  # someone else's process computes on GPU 0 too
-        shared = eventually("gpu-shared", lambda: finding(jw, job, "gpu-shared"))
+        shared = eventually("gpu-shared", lambda: finding(jw, job, "gpu-shared"), SPEED_S)
         assert shared["title"].startswith(f"GPU 0 shared with pid {other.pid} (")
         explained(jw, job, "gpu-shared")
 
@@ -345,10 +347,10 @@ def test_fake_nvml_another_process_on_the_jobs_gpu_and_a_thermal_slowdown(
             state["devices"][0].update(clocks={"sm": 990, "sm_max": 1980}, clock_reasons=0x40)
 
         fakenvml.update_state(nvml, hot)
-        throttled = eventually("gpu-throttled", lambda: finding(jw, job, "gpu-throttled"))
+        throttled = eventually("gpu-throttled", lambda: finding(jw, job, "gpu-throttled"), SPEED_S)
         assert throttled["title"] == "GPU 0 runs at 50% of its clock: hardware thermal slowdown"
         fakenvml.release(nvml, other.pid)
-        eventually("gpu-shared resolved", lambda: finding(jw, job, "gpu-shared") is None)
+        eventually("gpu-shared resolved", lambda: finding(jw, job, "gpu-shared") is None, SPEED_S)
     finally:
         other.kill()
         other.wait()

@@ -23,7 +23,8 @@ import pytest
 from tests.conftest import MEASURED, Jobwarden
 from tests.integration.test_prometheus import promtool_check
 from tests.integration.test_rootcause import free_port
-from tests.integration.test_speed import cpu_quota_cgroup, eventually, finding, ready, stop
+from tests.integration.test_speed import SPEED_S, cpu_quota_cgroup, finding, ready, stop
+from tests.support import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 JOB = Path(__file__).resolve().parent / "jobs" / "ranks_job.py"
@@ -48,7 +49,7 @@ def ranks_of(jw: Jobwarden, job: int) -> list[dict[str, Any]]:
 
 
 def rank_pid(jw: Jobwarden, job: int, rank: int) -> int:
-    rows = eventually("rank rows", lambda: ranks_of(jw, job))
+    rows = eventually("rank rows", lambda: ranks_of(jw, job), SPEED_S)
     return int(next(r["pid"] for r in rows if r["rank"] == rank))
 
 
@@ -65,7 +66,7 @@ def test_a_rank_that_sleeps_is_the_straggler_until_it_catches_up(jw: Jobwarden, 
         ready(jw, job)
         onset = time.monotonic()
         slow = rank_pid(jw, job, 1)
-        f = eventually("straggler on rank 1", lambda: finding(jw, job, "straggler"))
+        f = eventually("straggler on rank 1", lambda: finding(jw, job, "straggler"), SPEED_S)
         named_after = time.monotonic() - onset
         MEASURED.setdefault("straggler", {})["a sleeping rank named after ready (s)"] = named_after
         assert named_after <= NAMED_WITHIN_S, named_after
@@ -75,7 +76,7 @@ def test_a_rank_that_sleeps_is_the_straggler_until_it_catches_up(jw: Jobwarden, 
         assert any(e.startswith("rank 0 (pid ") and "in collectives" in e for e in f["evidence"]), f
         assert any("slept in" in e and "clock_nanosleep" in e for e in f["evidence"]), f
         # the rows of `status`: both ranks, each with its own step counter and where it is
-        rows = eventually("both ranks with steps", lambda: _stepping(ranks_of(jw, job), 2))
+        rows = eventually("both ranks with steps", lambda: _stepping(ranks_of(jw, job), 2), SPEED_S)
         assert [r["rank"] for r in rows] == [0, 1] and rows[1]["pid"] == slow
         assert all(r["where"] in WHERE and r["local_rank"] == r["rank"] for r in rows)
         assert {r["node"] for r in rows} == {socket.gethostname().split(".")[0]}
@@ -86,7 +87,7 @@ def test_a_rank_that_sleeps_is_the_straggler_until_it_catches_up(jw: Jobwarden, 
         promtool_check(metrics)  # the per-rank series as Prometheus reads them
         # it catches up: the finding is resolved, never shown as current
         caught_up.touch()
-        eventually("straggler resolved", lambda: finding(jw, job, "straggler") is None)
+        eventually("straggler resolved", lambda: finding(jw, job, "straggler") is None, SPEED_S)
         assert any(g["rule"] == "straggler" and g["resolved_at"] for g in jw.status(job)["findings"])
     finally:
         stop(jw, job)
@@ -109,7 +110,7 @@ def test_a_rank_under_a_tenth_of_a_cpu_is_the_straggler_named_with_its_quota(
             return found if found and any("quota of 0.1 CPUs" in e for e in found["evidence"]) else None
 
         try:
-            f = eventually("straggler on rank 1 with its quota", named_with_its_quota)
+            f = eventually("straggler on rank 1 with its quota", named_with_its_quota, SPEED_S)
         except pytest.fail.Exception:
             pytest.fail(f"no straggler naming the quota; last seen (finding, ranks): {seen}")
         assert f["rank"] == 1 and f["pids"][0] == slow, f
@@ -123,7 +124,7 @@ def test_balanced_ranks_beside_a_cpu_hog_have_no_straggler(jw: Jobwarden) -> Non
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         ready(jw, job)
-        eventually("both ranks with steps", lambda: _stepping(ranks_of(jw, job), 2))
+        eventually("both ranks with steps", lambda: _stepping(ranks_of(jw, job), 2), SPEED_S)
         # the speed watch judges every 4 s over 20 s: 30 s is a window and a half, seven judgements
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

@@ -16,7 +16,8 @@ import pytest
 import torch  # noqa: F401  (the realworld extra: missing, these tests fail rather than skip)
 
 from tests.conftest import Jobwarden
-from tests.integration.test_speed import eventually, explained, finding, ready, speed_findings, stop, two_cpus
+from tests.integration.test_speed import explained, finding, ready, speed_findings, stop, two_cpus
+from tests.support import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 JOB = Path(__file__).resolve().parent / "jobs" / "threads_job.py"

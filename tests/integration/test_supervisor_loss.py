@@ -25,6 +25,7 @@ from tests.conftest import (
     wait_pid_gone,
     write_fifo,
 )
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 TICKER = str(Path(__file__).parent / "jobs" / "ticker.py")
@@ -159,10 +160,8 @@ def test_a_run_whose_shim_died_unrecorded_is_found_by_its_markers(jw: Jobwarden)
 def _lost_in_backoff(jw: Jobwarden, script: str, opts: tuple[str, ...]) -> dict:
     """A job whose run 1 failed and whose shim is SIGKILLed while it waits out the backoff before run 2."""
     job = jw.start("sh", "-c", script, options=(*opts, "--restart-delay", "1h"))
-    deadline = time.monotonic() + 60
-    while jw.status(job["id"])["state"] != "restarting":  # run 1 ended; its shim waits out the hour
-        assert time.monotonic() < deadline, jw.status(job["id"])
-        time.sleep(0.05)
+    # run 1 ended; its shim waits out the hour
+    eventually("the job restarting", lambda: jw.status(job["id"])["state"] == "restarting", 60, every_s=0.05)
     kill_shim(jw, job["id"])
     return job
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Jobwarden, kill_shim, make_fifo, read_fifo, wait_pid_gone, write_fifo
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -121,12 +121,8 @@ def test_after_a_lost_job_waits_while_its_processes_run_and_fails_once_they_are_
     job = jw.start("touch", str(tmp_path / "never"), options=("--after", "prep"))
     kill_shim(jw, prep["id"])  # prep runs on unsupervised: adopted, its end would still be recorded
     lost_but_running = "waiting for job 1 (prep) to succeed (--after): it is lost (its supervisor died)"
-    deadline = time.monotonic() + 60
-    while (reason := jw.status(job["id"])["queued_reason"]) != lost_but_running + (
-        "; its processes still run: `jobwarden adopt 1` records its end"
-    ):
-        assert time.monotonic() < deadline, reason
-        time.sleep(0.05)
+    wanted = lost_but_running + "; its processes still run: `jobwarden adopt 1` records its end"
+    eventually(wanted, lambda: jw.status(job["id"])["queued_reason"] == wanted, 60, every_s=0.05)
     os.kill(prep["pid"], signal.SIGKILL)  # now nothing of prep runs: it can never succeed
     wait_pid_gone(prep["pid"])
     waited = jw("wait", str(job["id"]), "--timeout", "60s")

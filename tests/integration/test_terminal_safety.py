@@ -27,7 +27,7 @@ from tests.conftest import (
     wait_pid_gone,
     write_fifo,
 )
-from tests.support import unavailable
+from tests.support import eventually, unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -209,16 +209,13 @@ def tmux(tmp_path: Path) -> Iterator[list[str]]:
 
 
 def _screen(tmux: list[str], *texts: str) -> str:
-    deadline = time.monotonic() + 60
-    while True:
+    def showing() -> str | None:
         screen = subprocess.run(
             [*tmux, "capture-pane", "-p", "-t", "top"], capture_output=True, text=True, timeout=30
         ).stdout
-        if all(t in screen for t in texts):
-            return screen
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the terminal never showed {texts}:\n{screen}")
-        time.sleep(0.05)  # polling the pane, with the deadline above
+        return screen if all(t in screen for t in texts) else None
+
+    return eventually(f"the terminal showing {texts}", showing, 60, every_s=0.05)
 
 
 def test_top_shows_a_hostile_job_without_escapes(

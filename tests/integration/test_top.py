@@ -279,14 +279,11 @@ def capture_value(tmux: list[str], variable: str) -> str:
 
 
 def wait_for_screen(tmux: list[str], *texts: str) -> str:
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
+    def showing() -> str | None:
         screen = capture(tmux)
-        if all(t in screen for t in texts):
-            return screen
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the terminal never showed {texts}:\n{screen}")
-        time.sleep(0.05)  # polling the pane, with the deadline above
+        return screen if all(t in screen for t in texts) else None
+
+    return eventually(f"the terminal showing {texts}", showing, DEADLINE_S, every_s=0.05)
 
 
 def test_top_in_a_real_terminal(jw: Jobwarden, tmp_path: Path, tmux: list[str]) -> None:

@@ -8,7 +8,6 @@ import os
 import shutil
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -398,10 +397,8 @@ def test_the_charts_legends_show_the_newest_values_before_any_hover(
     code = "import sys; open(sys.argv[1], 'w').write('up\\n'); open(sys.argv[2]).read()"
     job = jw.start(sys.executable, "-c", code, str(ready), str(go))
     read_fifo(ready)
-    deadline = time.monotonic() + WAIT_S
-    while len(jw.json("metrics", str(job["id"]))) < 2:  # samples to chart: the shim's own pace
-        assert time.monotonic() < deadline, "fewer than 2 samples within the deadline"
-        time.sleep(0.2)
+    # samples to chart: the shim's own pace
+    eventually("2 samples", lambda: len(jw.json("metrics", str(job["id"]))) >= 2, WAIT_S, every_s=0.2)
     write_fifo(go, "end\n")
     assert jw("wait", str(job["id"])).returncode == 0
     with web_server(jw.home) as served:

@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import CLONE, Jobwarden, venv_pip
 from tests.integration.webprocess import WebProcess, get, raw_request
-from tests.support import unavailable
+from tests.support import eventually, unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -320,10 +320,13 @@ def test_a_sigterm_the_moment_the_address_is_printed_stops_it_cleanly(jw: Jobwar
     )  # fmt: skip
     os.close(write_end)
     try:
-        deadline = time.monotonic() + 60
-        while not _writing_to_stdout(web.pid, number):
-            assert web.poll() is None and time.monotonic() < deadline, "never blocked on its address"
-            time.sleep(0.01)  # polling /proc: there is no handshake with a process stuck in write()
+
+        def blocked() -> bool:
+            assert web.poll() is None, "the server ended before it blocked on its address"
+            return _writing_to_stdout(web.pid, number)
+
+        # polling /proc: there is no handshake with a process stuck in write()
+        eventually("blocked on writing its address", blocked, 60, every_s=0.01)
         web.send_signal(signal.SIGTERM)
         output = b""
         while chunk := os.read(read_end, 1 << 16):  # the address gets through, then the server stops

@@ -17,6 +17,7 @@ from jobwarden.store import Store
 from tests.conftest import make_fifo, processes_under, read_fifo
 from tests.ray.conftest import TIMINGS
 from tests.ray.raycluster import STOP_WAIT_S, RayNamespace
+from tests.support import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -123,10 +124,10 @@ def test_a_killed_job_supervisor_leaves_nothing_running(ray_ns: RayNamespace, tm
     supervisor = f"'_ray_internal_job_actor_{job_id}', namespace='SUPERVISOR_ACTOR_RAY_NAMESPACE'"
     kill = f"import ray; ray.init(address='127.0.0.1:6379'); ray.kill(ray.get_actor({supervisor}))"
     ray_ns.run(sys.executable, "-c", kill, check=True)
-    deadline = time.monotonic() + 60
-    while left := processes_under(home):
-        assert time.monotonic() < deadline, f"the job ran on after Ray's supervisor died: {left}"
-        time.sleep(0.1)  # the kernel has no event for "no such process left": poll
+    # the kernel has no event for "no such process left": poll
+    eventually(
+        "the job ended after Ray's supervisor died", lambda: not processes_under(home), 60, every_s=0.1
+    )
     run = explain(ray_ns, home, "orphaned")
     assert (run["state"], run["end_reason"]) == ("stopped", "engine-stop"), run
     assert [f["rule"] for f in run["findings"]][:1] == ["cancelled-by-engine"], run["findings"]

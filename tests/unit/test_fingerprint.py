@@ -24,6 +24,7 @@ from jobwarden.shim import fingerprint as shimfp
 from jobwarden.shim.fingerprint import FingerprintTask
 from jobwarden.shim.gpuwatch import GpuWatch
 from jobwarden.store import JobRecord, Store
+from tests.support import eventually
 
 NOW = 1_700_000_000.0
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -197,10 +198,7 @@ def job_record(cwd: Path, command: tuple[str, ...], env: dict[str, str] | None =
 
 
 def finished(task: FingerprintTask, gpu: GpuWatch | None = None) -> Fingerprint:
-    deadline = time.monotonic() + 30
-    while not task.done():
-        assert time.monotonic() < deadline, "the helpers never ended"
-        time.sleep(0.01)
+    eventually("the helpers ended", task.done, 30, every_s=0.01)
     return task.result(gpu)
 
 

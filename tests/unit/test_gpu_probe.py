@@ -16,13 +16,21 @@ from jobwarden.probes.gpu import (
     GpuProbe,
     GpuProbeError,
     GpuUnavailable,
-    gpu_unavailable_reason,
     job_gpu_usage,
     open_gpu_probe,
     try_open_gpu_probe,
 )
 
 GIB = 1 << 30
+
+
+def gpu_unavailable_reason(environ: dict[str, str]) -> GpuUnavailable | None:
+    """Why `open_gpu_probe` returns None here, or None when it works (the probe is closed again)."""
+    probe = try_open_gpu_probe(environ)
+    if isinstance(probe, GpuProbe):
+        probe.close()
+        return None
+    return probe
 
 
 @pytest.fixture

@@ -16,11 +16,11 @@ from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.pyhooks import (
     Heartbeat,
     HookAdvert,
-    may_signal,
     read_adverts,
     read_forks,
     read_heartbeat,
 )
+from tests.faultcheck import may_signal
 
 
 def advert(pid: int = 100, **changes: object) -> dict[str, object]:

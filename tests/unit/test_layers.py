@@ -13,6 +13,8 @@ below it; two packages of one layer never import each other.
     model | observations | errors   plain data (core, diagnosis evidence), exceptions: stdlib only
 
 Every import counts, including the lazy ones inside functions and those under `if TYPE_CHECKING:`.
+Beyond the layers, the frontends (cli, tui, web, ray) never reach the store: they act through control,
+which opens it, reads or writes, and closes it before handing back plain records.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ LAYERS: list[set[str]] = [
 ]
 RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in layer}
 EXEMPT = {"jobwarden", "jobwarden.__main__"}  # the package root and the `python -m` entry point
+FRONTENDS = {"cli", "tui", "web", "ray"}
+BEHIND_CONTROL = {"store"}  # what a frontend reaches only through control, though it lies below
 STDLIB_ONLY = {"jobwarden.model", "jobwarden.observations", "jobwarden.errors"}
 
 
@@ -109,6 +113,10 @@ def violations(module: str, source: str, is_package: bool = False) -> list[str]:
             )
         elif here is not None and RANK[there] == here and there != component(module):
             found.append(f"{module}:{line} imports {target} from a peer of its layer ({there})")
+        elif component(module) in FRONTENDS and there in BEHIND_CONTROL:
+            found.append(
+                f"{module}:{line} imports {target}: a frontend acts through control, never the {there}"
+            )
     return found
 
 
@@ -198,6 +206,23 @@ def test_the_checker_catches_a_peer_of_the_same_layer() -> None:
 
 def test_the_shim_never_imports_control() -> None:
     assert len(violations("jobwarden.shim.attempts", "from jobwarden.control.views import refresh\n")) == 1
+
+
+def test_a_frontend_never_reaches_the_store() -> None:
+    assert violations("jobwarden.web.api", "from jobwarden.store import Store\n") == [
+        "jobwarden.web.api:1 imports jobwarden.store: a frontend acts through control, never the store"
+    ]
+    lazy = "def f():\n    from jobwarden.store.logfiles import follow\n"
+    assert len(violations("jobwarden.cli.commands.logs", lazy)) == 1
+    typing_only = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from jobwarden.store import RunRecord\n"
+    )
+    assert len(violations("jobwarden.cli.launched", typing_only)) == 1
+    assert len(violations("jobwarden.tui.data", "import jobwarden.store.repo\n")) == 1
+    assert len(violations("jobwarden.ray.warden", "from ..store import Store\n")) == 1
+    # control itself, and a frontend's other imports from below, are as before
+    assert violations("jobwarden.control.jobs", "from jobwarden.store import Store\n") == []
+    assert violations("jobwarden.cli.common", "from jobwarden.control.jobs import find_job\n") == []
 
 
 def test_the_checker_flags_an_unknown_package() -> None:

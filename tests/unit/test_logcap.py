@@ -13,7 +13,7 @@ from jobwarden.store.logfiles import (
     data_spans,
     dropped_marker,
     follow,
-    read_output,
+    iter_output,
     read_piece,
     since_offset,
     tail_lines,
@@ -53,7 +53,7 @@ def test_the_middle_is_freed_the_offsets_kept_and_the_writer_untouched(log: Path
     with open(log, "rb") as fh:
         assert data_spans(fh.fileno(), 0, size) == [(0, trim.start), (trim.end, size)]
     assert trim.start == CAP // 4 and size - trim.end >= CAP // 2
-    text = read_output(log)
+    text = b"".join(iter_output(log))
     assert text.startswith(lines(0, 3))
     assert text.endswith(b"after the trim\n") and b"\0" not in text
     assert text.count(dropped_marker(trim.end - trim.start)) == 1
@@ -85,7 +85,7 @@ def test_the_cap_off_or_not_reached_frees_nothing(log: Path, tmp_path: Path) -> 
         watcher = LogWatcher(log, tmp_path / f"idx{cap}", cap)
         watcher.index(1.0)
         assert watcher.trim is None
-    assert read_output(log) == lines(0, 40_000)
+    assert b"".join(iter_output(log)) == lines(0, 40_000)
 
 
 # --- a range freed while a reader reads it ---------------------------------------------------------------
@@ -114,7 +114,7 @@ def test_a_range_freed_while_the_log_is_streamed_is_a_marker_never_zeros(
 ) -> None:
     log.write_bytes(lines(0, 40_000))
     watcher = trim_before_the_next_read(monkeypatch, log, tmp_path)
-    out = read_output(log)
+    out = b"".join(iter_output(log))
     assert watcher.trim is not None  # it happened during the read
     assert b"\0" not in out
     assert out.startswith(lines(0, 3)) and out.endswith(lines(39_999, 1))

@@ -64,13 +64,11 @@ def note_namesakes(args: argparse.Namespace) -> None:
 def _note_namesakes_of(home: Path, ref: str) -> None:
     """A JOB given by a name that names more than one job not over yet: the newest is meant (Store.job),
     and the user is told, once, before the command acts on it."""
+    from jobwarden.control.jobs import older_namesakes
     from jobwarden.errors import JobwardenError
-    from jobwarden.store import Store
 
     try:
-        with Store(home) as store:
-            job = store.job(ref)
-            older = [i for i in store.unfinished_namesakes(job.name, job.id) if i < job.id]
+        job, older = older_namesakes(home, ref)
     except (JobwardenError, UnicodeError):
         return  # no such job, an odd reference: the command itself says what is wrong
     if older:

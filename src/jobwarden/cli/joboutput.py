@@ -137,7 +137,7 @@ class LaterRuns:
 def follow_runs(source: Source, start: int, procfs: Any, later: LaterRuns, out: JobOutput) -> None:
     """`source`'s output from `start` as it comes, then each later run's, until the last run's supervisor
     is gone and everything it wrote is out (`logs -f`, `run -f`)."""
-    from jobwarden.store.logfiles import follow
+    from jobwarden.control.joblog import follow
 
     while True:
 
@@ -166,21 +166,17 @@ def say_newest(command: str, job_id: int, name: str) -> None:
 
 def source_of(home: Path, ref: str, run_n: int | None) -> Source:
     """Run `run_n` of the job `ref` names (its latest by default), to be read."""
-    from jobwarden.store import Store
+    from jobwarden.control.joblog import run_log
 
-    with Store(home) as store:
-        job = store.job(ref)
-        run = store.run(job.id, run_n)
-        log, index = store.layout.output_log(job.id, run.n), store.layout.output_index(job.id, run.n)
-        return Source(job.id, job.name, run, log, index)
+    found = run_log(home, ref, run_n)
+    return Source(found.job_id, found.name, found.run, found.path, found.index_file)
 
 
 def say_the_end(home: Path, source: Source) -> None:
     """`logs -f` ends when the job does: how it ended, on stderr, as `run -f` says it (never silently)."""
-    from jobwarden.store import Store
+    from jobwarden.control.jobs import stored_run
     from jobwarden.text.ending import end_line
 
-    with Store(home) as store:
-        run = store.run(source.job_id, source.run.n)  # the last run followed, as it is now
+    run = stored_run(home, source.job_id, source.run.n)  # the last run followed, as it is now
     if run.state.is_ended or run.state == JobState.LOST:
         print(end_line(source.name, run), file=sys.stderr)

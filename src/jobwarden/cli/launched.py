@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from jobwarden.cli.common import open_procfs, print_json
 
 if TYPE_CHECKING:
-    from jobwarden.store import RunRecord
+    from jobwarden.control.jobs import RunRecord
 
 
 def launched_said(
@@ -82,7 +82,6 @@ def wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False,
     from jobwarden.control.lifecycle import StillRunning, wait_job
     from jobwarden.model import JobState
     from jobwarden.paths import home_dir
-    from jobwarden.store import Store
 
     try:
         run = wait_job(home_dir(), open_procfs(), job_ref, timeout)
@@ -110,8 +109,9 @@ def wait_exit(job_ref: str, timeout: float | None = None, as_json: bool = False,
             }
         )
     if said:
-        with Store(home_dir()) as store:
-            return said_end(store.job(run.job_id).name, run)
+        from jobwarden.control.jobs import find_job
+
+        return said_end(find_job(home_dir(), run.job_id).name, run)
     if run.state == JobState.LOST:
         print(
             f"jobwarden: job {run.job_id} is lost: its supervisor died, its exit status is unknown",

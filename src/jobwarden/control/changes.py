@@ -18,6 +18,8 @@ from jobwarden.rules.changes import Change, compare, summary
 from jobwarden.store import JobRecord, RunRecord, Store
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from jobwarden.control.jobstatus import JobStatus
     from jobwarden.osapi.procfs import ProcFS
 
@@ -78,9 +80,14 @@ def _start(side: Side) -> float:
     return side.run.started_at or 0.0
 
 
-def diff_runs(store: Store, a_ref: str, b_ref: str | None = None, run_n: int | None = None) -> RunDiff:
+def diff_runs(home: Path, a_ref: str, b_ref: str | None = None, run_n: int | None = None) -> RunDiff:
     """Run `run_n` (default: the last) of job A against job B's last run, or, without B, against the last
     success of A's command before it. Raises JobNotFound, NothingToCompare."""
+    with Store(home) as store:
+        return _diff(store, a_ref, b_ref, run_n)
+
+
+def _diff(store: Store, a_ref: str, b_ref: str | None, run_n: int | None) -> RunDiff:
     a = _side(store, store.job(a_ref), run_n)
     if b_ref is not None:
         b = _side(store, store.job(b_ref), None)
@@ -129,12 +136,13 @@ def _last_success(store: Store, a: Side) -> Side:
     return _side(store, job, found[1])
 
 
-def explained(store: Store, procfs: ProcFS, job_ref: str | int, run_n: int | None = None) -> JobStatus:
+def explained(home: Path, procfs: ProcFS, job_ref: str | int, run_n: int | None = None) -> JobStatus:
     """The job's view as `explain` shows it (the CLI, the web's explain, `top`'s explain key): a
     failure's root cause citing what changed since its command last succeeded."""
     from jobwarden.control.jobstatus import job_status
 
-    return cite_changes(store, job_status(store, procfs, job_ref, run_n))
+    with Store(home) as store:
+        return cite_changes(store, job_status(store, procfs, job_ref, run_n))
 
 
 def cite_changes(store: Store, status: JobStatus) -> JobStatus:
@@ -145,7 +153,7 @@ def cite_changes(store: Store, status: JobStatus) -> JobStatus:
     if status.run.state != JobState.FAILED or not current:
         return status
     try:
-        diff = diff_runs(store, str(status.job.id), run_n=status.run.n)
+        diff = _diff(store, str(status.job.id), None, status.run.n)
     except NothingToCompare:
         return status
     cause = current[0]

@@ -27,9 +27,16 @@ class Candidates(NamedTuple):
 
 
 def ended_jobs(
-    store: Store, procfs: ProcFS, *, failed_only: bool, older_than_s: float | None, now: float
+    home: Path, procfs: ProcFS, *, failed_only: bool, older_than_s: float | None, now: float
 ) -> Candidates:
     """The jobs `rm --ended` would remove, oldest first, and what their directories hold on disk."""
+    with Store(home) as store:
+        return _ended_jobs(store, procfs, failed_only, older_than_s, now)
+
+
+def _ended_jobs(
+    store: Store, procfs: ProcFS, failed_only: bool, older_than_s: float | None, now: float
+) -> Candidates:
     chosen, keeping = [], []
     for job, run in store.job_list():
         if run.state not in ENDED_STATES or (failed_only and run.state != JobState.FAILED):
@@ -44,11 +51,12 @@ def ended_jobs(
     return Candidates(chosen, size, keeping)
 
 
-def remove_jobs(store: Store, job_ids: list[int]) -> None:
+def remove_jobs(home: Path, job_ids: list[int]) -> None:
     """Forget them (one transaction) and delete their directories."""
-    store.delete_jobs(job_ids)
-    for job_id in job_ids:
-        shutil.rmtree(store.layout.job_dir(job_id), ignore_errors=True)
+    with Store(home) as store:
+        store.delete_jobs(job_ids)
+        for job_id in job_ids:
+            shutil.rmtree(store.layout.job_dir(job_id), ignore_errors=True)
 
 
 def _disk_usage(path: Path) -> int:

@@ -20,6 +20,7 @@ from jobwarden.probes import flightrec
 from jobwarden.probes.markers import find_marked, job_markers
 from jobwarden.probes.stacks import capture_stacks
 from jobwarden.store import JobRecord, RunRecord, Store
+from jobwarden.store.records import StackDump
 
 DEFAULT_TIMEOUT_S = 5.0
 TRIGGER = "dump"
@@ -98,6 +99,16 @@ def _live_pids(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord) -> 
         found.setdefault(st.pid, st.start_time)
     found.pop(run.shim_pid or -1, None)
     return sorted(found, key=lambda pid: (pid != run.pid, found[pid], pid))
+
+
+def stored_stacks(
+    home: Path, job_ref: str | int, run_n: int | None, last: int
+) -> tuple[JobRecord, RunRecord, list[StackDump]]:
+    """The run's `last` stack dumps stored (by `dump` or the hang watchdog), newest last."""
+    with Store(home) as store:
+        job = store.job(job_ref)
+        run = store.run(job.id, run_n)
+        return job, run, store.stacks(job.id, run.n)[-last:]
 
 
 def _last_stored(store: Store, job: JobRecord, run: RunRecord) -> DumpResult:

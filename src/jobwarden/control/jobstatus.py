@@ -273,6 +273,12 @@ def _ranks(store: Store, run: RunRecord) -> list[dict[str, Any]]:
     return read_ranks(store.layout.ranks_file(run.job_id, run.n))
 
 
+def status_of(home: Path, procfs: ProcFS, job_ref: str | int, run_n: int | None = None) -> JobStatus:
+    """`job_status` read from the home's store (`status`, the web's status)."""
+    with Store(home) as store:
+        return job_status(store, procfs, job_ref, run_n)
+
+
 def job_status(store: Store, procfs: ProcFS, job_ref: str | int, run_n: int | None = None) -> JobStatus:
     """The view of run `run_n` (default: the latest) of a job named by id or name."""
     job = store.job(job_ref)

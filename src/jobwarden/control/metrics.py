@@ -10,6 +10,7 @@ import itertools
 import math
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from jobwarden.clock import iso, plausible
@@ -122,6 +123,31 @@ def job_samples(
     # a sample stamped outside years 1-9999 (1e300: a broken clock, a hand-edited row) has no place on
     # the time axis: skipped, rather than failing every time and rate derived from it
     return [Sample.of(point) for point in history if plausible(point.at)]
+
+
+class RunSamples(NamedTuple):
+    job_id: int
+    name: str
+    run: int
+    samples: list[Sample]
+    malformed: int  # sample rows the store holds that jobwarden did not write, skipped
+
+
+def run_samples(
+    home: Path,
+    job_ref: str | int,
+    run_n: int | None,
+    since: float | None = None,
+    points: int | None = None,
+    now: float | None = None,
+) -> RunSamples:
+    """`job_samples` of run `run_n` (None: the latest) of the job `job_ref` names, read from the home's
+    store, with the count of the malformed rows skipped."""
+    with Store(home) as store:
+        job = store.job(job_ref)
+        run = store.run(job.id, run_n)
+        found = job_samples(store, job.id, run.n, since=since, points=points, now=now)
+        return RunSamples(job.id, job.name, run.n, found, store.malformed_samples)
 
 
 def _first_sample(store: Store, job_id: int, run: int) -> float | None:

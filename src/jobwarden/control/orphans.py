@@ -17,6 +17,7 @@ import contextlib
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
@@ -436,12 +437,13 @@ def self_and_ancestors(procfs: ProcFS, pid: int | None = None) -> set[int]:
 
 
 def find_strays(
-    store: Store, procfs: ProcFS, now: float, gpu: Sequence[GpuProcess] | None = None
+    home: Path, procfs: ProcFS, now: float, gpu: Sequence[GpuProcess] | None = None
 ) -> list[Stray]:
-    """Every stray on the machine, against `store`. `gpu`: the GPU holders (None: ask NVML)."""
+    """Every stray on the machine, against the store of `home`. `gpu`: the GPU holders (None: ask NVML)."""
     holders = gpu_processes() if gpu is None else gpu
-    finder = StrayFinder(store, procfs, now, self_and_ancestors(procfs), in_initial_pid_namespace())
-    return finder.find(holders)
+    with Store(home) as store:
+        finder = StrayFinder(store, procfs, now, self_and_ancestors(procfs), in_initial_pid_namespace())
+        return finder.find(holders)
 
 
 def release_dead_cgroups() -> list[str]:

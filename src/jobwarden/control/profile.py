@@ -258,12 +258,14 @@ def _commands(procfs: ProcFS, pids: list[int]) -> dict[int, str]:
     return found
 
 
-def newest_summary(store: Store, job_id: int, run: int) -> dict[str, Any] | None:
+def newest_summary(home: Path, job_id: int, run: int) -> dict[str, Any] | None:
     """The newest stored profile's summary of the run, or None."""
-    found = stored_profiles.newest(store.layout, job_id, run)
+    with Store(home) as store:
+        found = stored_profiles.newest(store.layout, job_id, run)
     return found.summary() if found else None
 
 
-def newest_speedscope(store: Store, job_id: int, run: int) -> bytes | None:
-    found = stored_profiles.newest(store.layout, job_id, run)
+def newest_speedscope(home: Path, job_id: int, run: int) -> bytes | None:
+    with Store(home) as store:
+        found = stored_profiles.newest(store.layout, job_id, run)
     return found.speedscope_bytes() if found else None

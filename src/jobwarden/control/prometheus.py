@@ -16,6 +16,7 @@ import contextlib
 import sqlite3
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 from jobwarden.control.promtext import Family, render
 from jobwarden.control.views import refresh
@@ -86,14 +87,18 @@ def exposition(store: Store, procfs: ProcFS, now: float) -> str:
     return render(families)
 
 
-def job_exposition(
-    store: Store, procfs: ProcFS, job_ref: str | int, run_n: int | None = None, now: float | None = None
-) -> str:
-    """One job's series (its run `run_n`, or its latest), whatever the time since it ended. `now` is
-    taken for symmetry with `exposition`: one job's series do not depend on it."""
-    job = store.job(job_ref)
-    summary = JobSummary(job.id, job.name, job.command, job.created_at)
-    return render(_job_families(store, procfs, [(summary, store.run(job.id, run_n))]))
+def home_exposition(home: Path, procfs: ProcFS, now: float) -> str:
+    """`exposition` of the home's store (the web's /metrics)."""
+    with Store(home) as store:
+        return exposition(store, procfs, now)
+
+
+def job_exposition(home: Path, procfs: ProcFS, job_ref: str | int, run_n: int | None = None) -> str:
+    """One job's series (its run `run_n`, or its latest), whatever the time since it ended."""
+    with Store(home) as store:
+        job = store.job(job_ref)
+        summary = JobSummary(job.id, job.name, job.command, job.created_at)
+        return render(_job_families(store, procfs, [(summary, store.run(job.id, run_n))]))
 
 
 def _job_families(

@@ -5,6 +5,7 @@ the one write a reader may make: marking a run `lost` when its shim is found dea
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from jobwarden import config
@@ -54,6 +55,13 @@ def refresh(store: Store, procfs: ProcFS, job: JobRecord | JobSummary, run: RunR
     except StoreError:  # a full disk: still show the truth, record it next time
         return run._replace(state=JobState.LOST)
     return store.run(job.id, run.n)
+
+
+def current_run(home: Path, procfs: ProcFS, job_id: int, n: int) -> RunRecord:
+    """Run `n` of job `job_id` as it really is now (`refresh`), read from the home's store."""
+    with Store(home) as store:
+        job = store.job(job_id)
+        return refresh(store, procfs, job, store.run(job.id, n))
 
 
 def lost_at_start(store: Store, procfs: ProcFS, job: JobRecord, n: int) -> int | None:
@@ -198,6 +206,50 @@ def filtered_views(
     return kept
 
 
+def views_of(
+    home: Path,
+    procfs: ProcFS,
+    include_ended: bool,
+    *,
+    limit: int | None = None,
+    metrics: bool = False,
+    ended_since: float | None = None,
+) -> list[JobView]:
+    """`job_views` read from the home's store (`ps`, `top` without a terminal, the web's list)."""
+    with Store(home) as store:
+        return job_views(store, procfs, include_ended, limit=limit, metrics=metrics, ended_since=ended_since)
+
+
+class ListPage(NamedTuple):
+    views: list[JobView]  # the page, newest first, each with its progress's metrics
+    matching: int  # the jobs that match, over all pages
+    state_counts: dict[str, int]  # each state's count over all jobs
+
+
+def list_page(
+    home: Path, procfs: ProcFS, states: frozenset[str] | None, name: str, offset: int, limit: int
+) -> ListPage:
+    """One page of the job list, newest first, of the jobs in `states` (None: all; as `ps --state`)
+    whose name contains `name` (any case) or whose id it is. The progress's metrics (its loss) are
+    decoded for the page's jobs only: 10,000 cost ~165 ms."""
+    counts: dict[str, int] = {}
+    with Store(home) as store:
+        views = job_views(store, procfs, include_ended=True)
+        for v in views:
+            counts[str(v.run.state)] = counts.get(str(v.run.state), 0) + 1
+        kept = filtered_views(views, states, None, None)
+        matching = [v for v in reversed(kept) if _named(v, name)]
+        page = matching[offset : offset + limit]
+        progress = store.progress_of_runs(((v.job.id, v.run.n) for v in page), metrics=True)
+    page = [v._replace(progress=progress.get((v.job.id, v.run.n))) for v in page]
+    return ListPage(page, len(matching), counts)
+
+
+def _named(view: JobView, name: str) -> bool:
+    """The list page's search: a part of the name, any case, or the id."""
+    return not name or name in view.job.name.lower() or str(view.job.id) == name
+
+
 def job_views(
     store: Store,
     procfs: ProcFS,
@@ -248,11 +300,11 @@ def _main_gone(procfs: ProcFS, run: RunRecord) -> bool:
     return not procfs.identity_matches(run.pid, run.pid_start)
 
 
-def home_disk_full(store: Store) -> int | None:
-    """The free bytes of the filesystem holding the store when it is (nearly) full, else None. Then no
+def home_disk_full(home: Path) -> int | None:
+    """The free bytes of the filesystem holding the home when it is (nearly) full, else None. Then no
     shim can record anything (a run's end waits in its memory) and the jobs' output is being dropped."""
     try:
-        st = os.statvfs(store.layout.home)
+        st = os.statvfs(home)
     except OSError:
         return None
     free = st.f_bavail * st.f_frsize

@@ -46,9 +46,6 @@ class ContainerFacts(NamedTuple):
         shell in the container (a notebook's `!jobwarden run`, `docker exec -it c bash`) is neither."""
         return self.pid == 1 or self.ppid == 1
 
-    def kubernetes(self) -> bool:
-        return KUBERNETES_ENV in self.markers
-
 
 def container_facts(env: Mapping[str, str], root: str = "/") -> ContainerFacts:
     """The markers under `root` (a test gives another), and our pid and parent's pid."""

@@ -286,18 +286,9 @@ def try_open_gpu_probe(environ: Mapping[str, str] = os.environ) -> GpuProbe | Gp
 
 
 def open_gpu_probe(environ: Mapping[str, str] = os.environ) -> GpuProbe | None:
-    """A probe, or None when this machine has no usable NVML (`gpu_unavailable_reason` says why)."""
+    """A probe, or None when this machine has no usable NVML (`try_open_gpu_probe` says why)."""
     probe = try_open_gpu_probe(environ)
     return probe if isinstance(probe, GpuProbe) else None
-
-
-def gpu_unavailable_reason(environ: Mapping[str, str] = os.environ) -> GpuUnavailable | None:
-    """Why `open_gpu_probe` returns None here, or None when it works (the probe is closed again)."""
-    probe = try_open_gpu_probe(environ)
-    if isinstance(probe, GpuProbe):
-        probe.close()
-        return None
-    return probe
 
 
 # --- one job's share --------------------------------------------------------------------------------

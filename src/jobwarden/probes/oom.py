@@ -116,11 +116,6 @@ class OomWatch:
         self._last: tuple[tuple[int, int], OomEvidence] | None = None
 
     @property
-    def kernel_log_error(self) -> str | None:
-        """Why the kernel log cannot be read (then victims are known only from exit statuses)."""
-        return self.kernel_log.error
-
-    @property
     def certain(self) -> bool:
         """The job has a cgroup that counts OOM kills: its counter alone decides, and no kill elsewhere
         (container, host) is mistaken for the job's."""

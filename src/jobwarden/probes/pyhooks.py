@@ -13,10 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from jobwarden.errors import AccessDenied
 from jobwarden.model import ProcessId
 from jobwarden.observations import ForkRecord, ForkRequest, Frame, ThreadStack, UncaughtException
-from jobwarden.osapi import asking
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.progress.model import MAX_COUNT, MAX_LABEL, Bar, HookProgress, finite_metrics
 
@@ -139,18 +137,6 @@ def _advert(path: Path) -> HookAdvert | None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return advert if str(advert.pid) == path.name.removesuffix(".json") else None
-
-
-def may_signal(advert: HookAdvert, procfs: ProcFS) -> bool:
-    """Would the process handle the advert's fault signal now? (`osapi.asking`: the same process, the same
-    interpreter, and the signal caught.) Only a check: `probes.faultdump` sends it through `asking.ask`."""
-    if not advert.dumps_on_signal or not writes_to_its_file(advert, procfs):
-        return False
-    try:
-        answer = asking.will_handle(procfs, advert.process, advert.fault_signal, advert.program)
-    except AccessDenied:
-        return False
-    return answer is asking.Answer.HANDLED
 
 
 def writes_to_its_file(advert: HookAdvert, procfs: ProcFS) -> bool:

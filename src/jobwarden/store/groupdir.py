@@ -51,10 +51,6 @@ def attempt_dir(root: Path, attempt: int) -> Path:
     return root / f"attempt-{attempt}"
 
 
-def rank_file(attempt_root: Path, rank: int | None, node: str) -> Path:
-    return records_file(attempt_root, f"rank-{rank}" if rank is not None else f"node-{node}")
-
-
 def records_file(attempt_root: Path, label: str) -> Path:
     """ranks/<label>.jsonl: rank-3, task-1 (a Slurm task), node-n2 (a node whose ranks are unknown)."""
     return attempt_root / "ranks" / f"{_safe(label)}.jsonl"

@@ -205,14 +205,9 @@ def dropped_marker(n: int) -> bytes:
     return f"[jobwarden: {format_size(n)} of output dropped here to keep the log within --log-max]\n".encode()
 
 
-def read_output(path: Path, offset: int = 0, limit: int = -1) -> bytes:
-    """The log's bytes from `offset` (at most `limit` of them when not negative), with a marker line
-    where --log-max dropped a range."""
-    return b"".join(iter_output(path, offset, limit))
-
-
 def iter_output(path: Path, offset: int = 0, limit: int = -1) -> Generator[bytes, None, None]:
-    """read_output in pieces of at most CHUNK bytes: a 100 GiB log is never held whole."""
+    """The log's bytes from `offset` (at most `limit` of them when not negative), with a marker line
+    where --log-max dropped a range, in pieces of at most CHUNK bytes: a 100 GiB log is never held whole."""
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed by the `with` below; opened apart to catch only this
     except FileNotFoundError:

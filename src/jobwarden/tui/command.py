@@ -54,14 +54,12 @@ def top(home: Path, interval_text: str, include_ended: bool, read_only: bool) ->
 
 def _print_list_once(home: Path, include_ended: bool) -> None:
     from jobwarden.clock import SystemClock
-    from jobwarden.control.views import job_views
+    from jobwarden.control.views import views_of
     from jobwarden.osapi.procfs import ProcFS
-    from jobwarden.store import Store
     from jobwarden.text.render import ps_table
     from jobwarden.text.term import for_terminal
 
-    with Store(home) as store:
-        views = job_views(store, ProcFS(), include_ended=include_ended)
+    views = views_of(home, ProcFS(), include_ended=include_ended)
     for line in for_terminal(ps_table(views, SystemClock().wall())):
         print(line)
     print(

@@ -1,8 +1,8 @@
 """What `top` shows, read in one pass: the job list and the selected job's whole view.
 
 The app calls these from a worker thread, so a slow disk or a busy store never freezes the screen. Each
-call opens one Store and closes it before returning plain data: no cursor or transaction outlives a
-refresh (a reader holding one would starve the WAL's checkpoints)."""
+reads through control (control.topview reads the store in one pass and closes it before returning plain
+data: no cursor or transaction outlives a refresh)."""
 
 from __future__ import annotations
 
@@ -11,21 +11,18 @@ from pathlib import Path
 from typing import NamedTuple
 
 from jobwarden.clock import SystemClock
-from jobwarden.control.jobstatus import JobStatus, job_status
-from jobwarden.control.metrics import job_samples
+from jobwarden.control.joblog import output_log, tail_lines
+from jobwarden.control.jobstatus import JobStatus
+from jobwarden.control.metrics import Sample
 from jobwarden.control.metrics import sparkline as metrics_sparkline
-from jobwarden.control.views import JobView, job_views
+from jobwarden.control.topview import top_read
+from jobwarden.control.views import JobView
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.store import Store
-from jobwarden.store.logfiles import tail_lines
 from jobwarden.text.sanitize import last_frame, terminal_text
 
 SPARK_WINDOW_S = 600.0  # the detail pane's CPU and RSS history: the last ten minutes
 SPARK_POINTS = 60
 LOG_TAIL_LINES = 200  # the detail pane's tail; the full-screen log view reads more
-# a job's GPU memory is its latest sample's; the shim records one at least every 10 s, so older than
-# this means unknown
-_GPU_FRESH_S = 30.0
 
 
 class JobRow(NamedTuple):
@@ -51,26 +48,22 @@ class Snapshot(NamedTuple):
 
 def load(home: Path, procfs: ProcFS, include_ended: bool, selected: int | None) -> Snapshot:
     now = SystemClock().wall()
-    with Store(home) as store:
-        views = job_views(store, procfs, include_ended=include_ended)
-        rows = [JobRow(v, _gpu_memory(store, v, now)) for v in views]
-        chosen = next((v for v in views if v.job.id == selected), views[0] if views else None)
-        detail = _detail(store, procfs, chosen, now) if chosen is not None else None
-    return Snapshot(rows, detail)
+    read = top_read(home, procfs, include_ended, selected, now, SPARK_WINDOW_S, SPARK_POINTS)
+    rows = [JobRow(v, gpu) for v, gpu in zip(read.views, read.gpu_memory, strict=True)]
+    if read.selected is None or read.status is None:
+        return Snapshot(rows, None)
+    return Snapshot(rows, _detail(read.status, read.samples, read.selected))
 
 
 def load_status(home: Path, procfs: ProcFS, job_id: int) -> JobStatus:
     """The job as its explain key shows it: a failure cites what changed since its last success."""
     from jobwarden.control.changes import explained
 
-    with Store(home) as store:
-        return explained(store, procfs, job_id)
+    return explained(home, procfs, job_id)
 
 
 def read_job_log(home: Path, job_id: int, run: int, lines: int) -> list[str]:
-    with Store(home) as store:
-        path = store.layout.output_log(job_id, run)
-    return read_log(path, lines)
+    return read_log(output_log(home, job_id, run), lines)
 
 
 def read_log(path: Path, lines: int) -> list[str]:
@@ -80,12 +73,7 @@ def read_log(path: Path, lines: int) -> list[str]:
     return [terminal_text(last_frame(line)) for line in decoded]
 
 
-def _detail(store: Store, procfs: ProcFS, view: JobView, now: float) -> Detail:
-    job_id = view.job.id
-    status = job_status(store, procfs, job_id)
-    cpu: list[float] = []
-    rss: list[float] = []
-    samples = job_samples(store, job_id, status.run.n, since=now - SPARK_WINDOW_S, points=SPARK_POINTS)
+def _detail(status: JobStatus, samples: list[Sample], view: JobView) -> Detail:
     cpu = [s.cpu_percent for s in samples if s.cpu_percent is not None]
     rss = [float(s.rss_bytes) for s in samples if s.rss_bytes is not None]
     tail = read_log(status.log_path, LOG_TAIL_LINES)
@@ -93,14 +81,6 @@ def _detail(store: Store, procfs: ProcFS, view: JobView, now: float) -> Detail:
     loss_key = status.progress.loss_name if status.progress else None
     loss = tuple(v for s in samples if (v := dict(s.metrics).get(loss_key or "")) is not None)
     return Detail(status, tail, cpu, rss, view.cpu_percent, view.rss_bytes, rates, loss)
-
-
-def _gpu_memory(store: Store, view: JobView, now: float) -> int | None:
-    if view.run.state.is_ended:
-        return None
-    samples = job_samples(store, view.job.id, view.run.n, since=now - _GPU_FRESH_S)
-    latest = samples[-1].gpu_memory_bytes if samples else None
-    return int(latest) if latest is not None else None
 
 
 def sparkline(values: Sequence[float], width: int) -> str:

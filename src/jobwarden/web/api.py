@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 
 from jobwarden import __version__, config
 from jobwarden.clock import SystemClock, iso
-from jobwarden.control.metrics import job_samples
-from jobwarden.control.prometheus import exposition
+from jobwarden.control.metrics import run_samples
+from jobwarden.control.prometheus import home_exposition
 from jobwarden.joboptions import JobOptions
 from jobwarden.model import ACTIVE_STATES
 from jobwarden.web.app import App
@@ -53,25 +53,18 @@ def jobs(app: App, req: Request) -> Response:
     whose name contains `name` or whose id it is; the number of jobs that match in X-Total-Count and each
     state's count over all jobs in X-State-Counts (JSON). A page of 100 out of 10,000 jobs is 70 KB where
     the whole list is 6.6 MB: the page asks every 5 s."""
-    from jobwarden.control.views import filtered_views, job_views
+    from jobwarden.control.views import list_page, views_of
 
     paged = any(req.param(k) is not None for k in ("limit", "offset", "state", "name"))
     limit = req.int_param("limit", minimum=1, maximum=LIST_PAGE_MAX) or (LIST_PAGE_MAX if paged else None)
     offset = req.int_param("offset") or 0
     state, name = req.param("state") or "all", (req.param("name") or "").strip().lower()
-    counts: dict[str, int] = {}
-    matching: list[Any] = []
-    with app.store() as store:
-        # the progress's metrics (its loss) decoded for the jobs answered only: 10,000 cost ~165 ms
-        views = job_views(store, app.procfs, include_ended=True, metrics=not paged)
-        if paged:
-            for v in views:
-                counts[str(v.run.state)] = counts.get(str(v.run.state), 0) + 1
-            kept = filtered_views(views, _LIST_STATES.get(state, frozenset({state})), None, None)
-            matching = [v for v in reversed(kept) if _named(v, name)]
-            views = matching[offset : offset + (limit or 0)]
-            progress = store.progress_of_runs(((v.job.id, v.run.n) for v in views), metrics=True)
-            views = [v._replace(progress=progress.get((v.job.id, v.run.n))) for v in views]
+    if paged:
+        states = _LIST_STATES.get(state, frozenset({state}))
+        page = list_page(app.home, app.procfs, states, name, offset, limit or 0)
+        views = page.views
+    else:
+        views = views_of(app.home, app.procfs, include_ended=True, metrics=True)
     response = json_response(
         [
             {**v.summary_json(), "gpu_ids": list(v.run.gpu_ids), "queued_reason": v.run.queued_reason}
@@ -79,8 +72,8 @@ def jobs(app: App, req: Request) -> Response:
         ]
     )
     if paged:
-        response.headers["X-Total-Count"] = str(len(matching))
-        response.headers["X-State-Counts"] = json.dumps(counts, separators=(",", ":"))
+        response.headers["X-Total-Count"] = str(page.matching)
+        response.headers["X-State-Counts"] = json.dumps(page.state_counts, separators=(",", ":"))
     return response
 
 
@@ -91,16 +84,10 @@ _LIST_STATES: dict[str, frozenset[str] | None] = {
 }
 
 
-def _named(view: Any, name: str) -> bool:
-    """The list page's search: a part of the name, any case, or the id."""
-    return not name or name in view.job.name.lower() or str(view.job.id) == name
-
-
 def _status(app: App, req: Request, ref: str) -> Any:
-    from jobwarden.control.jobstatus import job_status
+    from jobwarden.control.jobstatus import status_of
 
-    with app.store() as store:
-        return job_status(store, app.procfs, ref, req.int_param("run", minimum=1))
+    return status_of(app.home, app.procfs, ref, req.int_param("run", minimum=1))
 
 
 def status(app: App, req: Request, ref: str) -> Response:
@@ -129,9 +116,8 @@ def explain(app: App, req: Request, ref: str) -> Response:
     from jobwarden.control.changes import explained
     from jobwarden.control.profile import newest_summary
 
-    with app.store() as store:
-        status = explained(store, app.procfs, ref, req.int_param("run", minimum=1))
-        profiled = newest_summary(store, status.job.id, status.run.n)
+    status = explained(app.home, app.procfs, ref, req.int_param("run", minimum=1))
+    profiled = newest_summary(app.home, status.job.id, status.run.n)
     return json_response({**status.explain_json(), "profile": profiled})
 
 
@@ -140,38 +126,32 @@ def changes(app: App, req: Request, ref: str) -> Response:
     Nothing to compare with (no success before it, a run without a fingerprint) is no error: `b` and
     `changes` are null and `reason` says why, as the job page shows it."""
     from jobwarden.control.changes import NothingToCompare, diff_runs
+    from jobwarden.control.jobs import find_run
 
     run_n = req.int_param("run", minimum=1)
-    with app.store() as store:
-        try:
-            return json_response(diff_runs(store, ref, run_n=run_n).to_json())
-        except NothingToCompare as err:
-            job = store.job(ref)
-            run = store.run(job.id, run_n)
-            a = {"id": job.id, "run": run.n}
-            return json_response({"a": a, "b": None, "changes": None, "reason": err.message})
+    try:
+        return json_response(diff_runs(app.home, ref, run_n=run_n).to_json())
+    except NothingToCompare as err:
+        job, run = find_run(app.home, ref, run_n)
+        a = {"id": job.id, "run": run.n}
+        return json_response({"a": a, "b": None, "changes": None, "reason": err.message})
 
 
 def samples(app: App, req: Request, ref: str) -> Response:
     """`metrics --json`: the run's samples, oldest first."""
     since = req.float_param("since", minimum=0, maximum=MAX_WALL_TIME)
     points = req.int_param("points", minimum=2, maximum=MAX_POINTS)
-    with app.store() as store:
-        job = store.job(ref)
-        run = store.run(job.id, req.int_param("run", minimum=1))
-        found = job_samples(store, job.id, run.n, since=since, points=points)
-    return json_response([s.to_json() for s in found])
+    found = run_samples(app.home, ref, req.int_param("run", minimum=1), since=since, points=points)
+    return json_response([s.to_json() for s in found.samples])
 
 
 def stacks(app: App, req: Request, ref: str) -> Response:
     """The last stack dumps stored for the run (by `dump` or the hang watchdog), newest last, each with
     the lines `jobwarden dump` prints for it."""
+    from jobwarden.control.dump import stored_stacks
     from jobwarden.text.render import process_stack_lines
 
-    with app.store() as store:
-        job = store.job(ref)
-        run = store.run(job.id, req.int_param("run", minimum=1))
-        dumps = store.stacks(job.id, run.n)[-STACK_DUMPS_SHOWN:]
+    _, _, dumps = stored_stacks(app.home, ref, req.int_param("run", minimum=1), STACK_DUMPS_SHOWN)
     return json_response(
         [
             {
@@ -190,15 +170,14 @@ def profile(app: App, req: Request, ref: str) -> Response:
     as `profile --json` prints it, or with ?format=speedscope the samples as stored (speedscope.app opens
     them). A run without one: the summary is null (the job page asks every few seconds; none yet is no
     error), the samples 404."""
+    from jobwarden.control.jobs import find_run
     from jobwarden.control.profile import newest_speedscope, newest_summary
 
     wanted = req.param("format") or "summary"
     if wanted not in ("summary", "speedscope"):
         raise HTTPProblem(400, f"format: {wanted!r} is neither summary nor speedscope")
-    with app.store() as store:
-        job = store.job(ref)
-        run = store.run(job.id, req.int_param("run", minimum=1))
-        found = (newest_speedscope if wanted == "speedscope" else newest_summary)(store, job.id, run.n)
+    job, run = find_run(app.home, ref, req.int_param("run", minimum=1))
+    found = (newest_speedscope if wanted == "speedscope" else newest_summary)(app.home, job.id, run.n)
     if found is None and wanted == "summary":
         return json_response(None)
     if found is None:
@@ -252,6 +231,5 @@ def _body(req: Request) -> dict[str, Any]:
 
 def metrics(app: App, req: Request) -> Response:
     """Prometheus text exposition of every job."""
-    with app.store() as store:
-        text = exposition(store, app.procfs, SystemClock().wall())
+    text = home_exposition(app.home, app.procfs, SystemClock().wall())
     return text_response(text, content_type="text/plain; version=0.0.4")

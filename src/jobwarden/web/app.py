@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.store import Store
 from jobwarden.text.sanitize import one_line
 from jobwarden.web.sessions import Sessions
 
@@ -55,13 +52,6 @@ class App:
 
     def __post_init__(self) -> None:
         self.sessions = Sessions(self.token)
-
-    @contextmanager
-    def store(self) -> Iterator[Store]:
-        """One Store per request, closed before the answer is written: no read transaction outlives it
-        (a reader held open across a log stream would starve the WAL's checkpoints)."""
-        with Store(self.home) as store:
-            yield store
 
     def log_error(self, line: str) -> None:
         log_line(line.replace(self.token, "…"))

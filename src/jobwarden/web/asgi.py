@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from jobwarden.control.joblog import iter_output, output_length
 from jobwarden.errors import JobNotFound, JobwardenError, StoreError, UsageError
-from jobwarden.store.logfiles import iter_output, output_length
 from jobwarden.web import gate
 from jobwarden.web.app import App
 from jobwarden.web.logview import LogFollower

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from jobwarden.store.logfiles import read_from, read_piece, tail_lines
+from jobwarden.control.joblog import read_from, read_piece, run_log, tail_lines
 from jobwarden.web import params
 from jobwarden.web.app import App
 from jobwarden.web.messages import HTTPProblem, Request, Response, json_response, text_response
@@ -28,10 +28,8 @@ class RunLog(NamedTuple):
 
 
 def find_log(app: App, ref: str, req: Request) -> RunLog:
-    with app.store() as store:
-        job = store.job(ref)
-        run = store.run(job.id, req.int_param("run", minimum=1))
-        return RunLog(job.id, run.n, store.layout.output_log(job.id, run.n))
+    found = run_log(app.home, ref, req.int_param("run", minimum=1))
+    return RunLog(found.job_id, found.run.n, found.path)
 
 
 def _size(path: Path) -> int:
@@ -132,12 +130,10 @@ class RunEnd:
         if now - self.checked_at < STATE_CHECK_S:
             return False
         self.checked_at = now
-        from jobwarden.control.views import refresh
+        from jobwarden.control.views import current_run
         from jobwarden.model import JobState
 
-        with self.app.store() as store:
-            job = store.job(self.found.job_id)
-            run = refresh(store, self.app.procfs, job, store.run(job.id, self.found.run))
+        run = current_run(self.app.home, self.app.procfs, self.found.job_id, self.found.run)
         if run.state.is_ended or run.state == JobState.LOST:
             self.state = {"state": str(run.state), "exit_code": run.exit_code, "signal": run.signal}
             return True

@@ -51,8 +51,9 @@ def favicon(app: App, req: Request) -> Response:
 
 
 def _job_shell(app: App, name: str, ref: str) -> Response:
-    with app.store() as store:
-        job = store.job(ref)  # an unknown job: 404 before any page is drawn
+    from jobwarden.control.jobs import find_job
+
+    job = find_job(app.home, ref)  # an unknown job: 404 before any page is drawn
     page = _read(name).decode()
     page = page.replace("{{JOB_ID}}", str(job.id)).replace("{{JOB_NAME}}", html.escape(job.name))
     return Response(200, page.encode(), _TYPES[".html"], dict(_PAGE_HEADERS))

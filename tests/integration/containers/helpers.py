@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from jobwarden.model import Finding
 from jobwarden.shim.explainer import findings_for
 from jobwarden.store import RunRecord, Store
 from jobwarden.store.records import Event
-from tests.support import eventually
 
 JOBS = Path(__file__).parent / "jobs"
 COMMON_JOBS = Path(__file__).parents[1] / "jobs"
-T = TypeVar("T")
 
 
 def add_job(tmp: Path, name: str) -> str:
@@ -23,10 +20,6 @@ def add_job(tmp: Path, name: str) -> str:
     source = JOBS / name if (JOBS / name).exists() else COMMON_JOBS / name
     shutil.copy(source, tmp / name)
     return f"/t/{name}"
-
-
-def wait_for(check: Callable[[], T | None], timeout_s: float, what: str, every_s: float = 0.1) -> T:
-    return eventually(what, check, timeout_s, every_s)
 
 
 def events(home: Path, job_id: int = 1, run: int = 1) -> list[Event]:

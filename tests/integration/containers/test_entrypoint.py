@@ -9,9 +9,10 @@ import json
 import pytest
 
 from tests.conftest import make_fifo, read_fifo, write_fifo
+from tests.support import eventually
 
 from .conftest import Box
-from .helpers import add_job, ended, rules, wait_for
+from .helpers import add_job, ended, rules
 
 pytestmark = [pytest.mark.integration, pytest.mark.container]
 
@@ -98,7 +99,12 @@ def test_as_pid_1_it_reaps_the_orphans_of_exec_probes(box: Box) -> None:
 
     assert parent_and_state() == "S 1"  # the probe's shell has exited: PID 1 (jobwarden) adopted `cat`
     write_fifo(box.tmp / "gate")  # `cat` exits
-    wait_for(lambda: parent_and_state() == "gone", 30, f"orphan {orphan} not reaped (a zombie under PID 1)")
+    eventually(
+        f"orphan {orphan} not reaped (a zombie under PID 1)",
+        lambda: parent_and_state() == "gone",
+        30,
+        every_s=0.1,
+    )
     container.stop(10)
     _, found, _ = ended(box.home)
     assert "cancelled-by-engine" in rules(found)
@@ -119,12 +125,12 @@ def test_the_health_probe_says_ok_hung_and_no_such_job(box: Box) -> None:
 
     assert health() == 0
     write_fifo(box.tmp / "hush")
-    wait_for(lambda: health() == 1, 60, "the probe never said hung")
+    eventually("the probe never said hung", lambda: health() == 1, 60, every_s=0.1)
     hung = container.exec("jobwarden", "health", "--json")
     assert '"status": "hung"' in hung.stdout
     assert health("1") == 1 and health("99") == 2
     write_fifo(box.tmp / "wake")
-    wait_for(lambda: health() == 0, 30, "the probe still says hung after the job moved again")
+    eventually("the probe still says hung after the job moved again", lambda: health() == 0, 30, every_s=0.1)
     container.stop(10)
     sidecar = box.create("jobwarden", "health", "--json")
     done = sidecar.run()
@@ -139,7 +145,9 @@ def test_a_job_signal_from_the_runtime_reaches_the_job(box: Box) -> None:
     container.start()
     read_fifo(box.tmp / "ready")
     box.podman.check("kill", "--signal", "USR1", container.name)
-    wait_for(lambda: "got SIGUSR1" in container.logs().stdout, 30, "SIGUSR1 did not reach the job")
+    eventually(
+        "SIGUSR1 did not reach the job", lambda: "got SIGUSR1" in container.logs().stdout, 30, every_s=0.1
+    )
     assert container.inspect("{{.State.Running}}") == "true"
     container.stop(10)
     assert container.exit_code() == 0  # its SIGTERM handler ran: a checkpoint, then exit 0

@@ -23,8 +23,7 @@ import pytest
 import yaml
 
 from tests.containerkit import VENV, Podman
-
-from .helpers import wait_for
+from tests.support import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.container]
 
@@ -194,10 +193,11 @@ def test_the_liveness_probe_is_jobwarden_health(
     pod = _play(
         podman_session, tmp_path, pods, pod_from_job(job, image, "probe", ["python", "train.py", "wait"])
     )
-    wait_for(
+    eventually(
+        "the job never started",
         lambda: podman_session("exec", pod.container, "test", "-e", "/tmp/ready").returncode == 0,
         60,
-        "the job never started",
+        every_s=0.1,
     )
     # kube play turned the probe into the container's healthcheck; its timer needs systemd: run by hand
     assert "jobwarden health" in pod.inspect("{{.Config.Healthcheck.Test}}")

@@ -10,9 +10,10 @@ import time
 import pytest
 
 from tests.conftest import make_fifo, read_fifo
+from tests.support import eventually
 
 from .conftest import Box
-from .helpers import add_job, data, ended, events, rules, wait_for
+from .helpers import add_job, data, ended, events, rules
 
 pytestmark = [pytest.mark.integration, pytest.mark.container]
 
@@ -36,7 +37,7 @@ def _started(box: Box, mode: str, init: str | None = None, hang: str = "2s"):  #
     )
     container.start()
     read_fifo(box.tmp / "ready")
-    wait_for(lambda: data(events(box.home), "hung"), 60, "no hang judged", every_s=0.2)
+    eventually("no hang judged", lambda: data(events(box.home), "hung"), 60, every_s=0.2)
     return container
 
 

@@ -43,10 +43,8 @@ def handle(args: argparse.Namespace) -> int:
 
 def diff(home: Path, args: argparse.Namespace) -> int:
     from jobwarden.control.changes import diff_runs
-    from jobwarden.store import Store
 
-    with Store(home) as store:
-        found = diff_runs(store, args.job, args.other, args.run)
+    found = diff_runs(home, args.job, args.other, args.run)
     if args.json:
         print_json(found.to_json())
     else:

@@ -47,10 +47,8 @@ def handle(args: argparse.Namespace) -> int:
     if args.job is None:
         raise UsageError("explain needs a JOB (an id or a name), or --group ID")
     from jobwarden.control.changes import explained
-    from jobwarden.store import Store
 
-    with Store(home_dir()) as store:
-        status = explained(store, open_procfs(), args.job, args.run)
+    status = explained(home_dir(), open_procfs(), args.job, args.run)
     profiled = _newest_profile(status.job.id, status.run.n)
     if args.json:
         print_json({**status.explain_json(), "profile": profiled})
@@ -66,10 +64,8 @@ def handle(args: argparse.Namespace) -> int:
 def _newest_profile(job_id: int, run: int) -> dict[str, Any] | None:
     from jobwarden.control.profile import newest_summary
     from jobwarden.paths import home_dir
-    from jobwarden.store import Store
 
-    with Store(home_dir()) as store:
-        return newest_summary(store, job_id, run)
+    return newest_summary(home_dir(), job_id, run)
 
 
 _GROUP_ONLY = {  # explain's flags of a group's verdict, as the user types them: the Namespace's names

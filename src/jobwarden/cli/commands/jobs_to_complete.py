@@ -14,9 +14,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from jobwarden.control.jobs import job_refs
     from jobwarden.paths import home_dir
-    from jobwarden.store import Store
 
-    with Store(home_dir()) as store:  # one a line: a name that is not printable (an old store's) is left out
-        print_lines(r for pair in store.job_refs() for ref in pair if (r := str(ref)).isprintable())
+    # one a line: a name that is not printable (an old store's) is left out
+    print_lines(r for pair in job_refs(home_dir()) for ref in pair if (r := str(ref)).isprintable())
     return 0

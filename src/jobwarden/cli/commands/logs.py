@@ -69,7 +69,7 @@ _PREFIX_COLOURS = ("36", "35", "33", "34", "32", "96", "95", "93")  # never red:
 def logs(home: Path, procfs: Any, args: argparse.Namespace) -> int:
     from jobwarden.cli.joboutput import LaterRuns, say_newest, say_the_end
     from jobwarden.clock import SystemClock
-    from jobwarden.store.repo import LAST_JOB
+    from jobwarden.control.jobs import LAST_JOB
 
     refs: list[str] = args.job or [LAST_JOB]
     lines = config.parse_lines(args.lines) if args.lines is not None else None
@@ -107,7 +107,7 @@ def _sources(home: Path, refs: list[str], run_n: int | None) -> list[Source]:
 
 
 def _start(source: Source, since: float | None) -> int:
-    from jobwarden.store.logfiles import line_start, since_offset
+    from jobwarden.control.joblog import line_start, since_offset
 
     return line_start(source.path, since_offset(source.index, since)) if since is not None else 0
 
@@ -129,7 +129,7 @@ def _one(
     raw: bool,
 ) -> int:
     from jobwarden.cli.joboutput import JobOutput, follow_runs
-    from jobwarden.store.logfiles import stream_from, tail_lines
+    from jobwarden.control.joblog import stream_from, tail_lines
 
     out = JobOutput(raw)
     start = _start(source, since)
@@ -162,7 +162,7 @@ def _several(
     later: LaterRuns,
     raw: bool,
 ) -> int:
-    from jobwarden.store.logfiles import read_new, stream_from, tail_lines
+    from jobwarden.control.joblog import read_new, stream_from, tail_lines
     from jobwarden.text.sanitize import one_line
     from jobwarden.text.term import colour_wanted
 

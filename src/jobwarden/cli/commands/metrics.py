@@ -12,8 +12,6 @@ from jobwarden.cli.common import print_json, say_malformed_samples
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from jobwarden.store import Store
-
 HELP = "a job's CPU, memory, I/O and GPU use over time"
 
 
@@ -36,34 +34,30 @@ def handle(args: argparse.Namespace) -> int:
 def metrics(home: Path, args: argparse.Namespace) -> int:
     from jobwarden.cli.metricsview import metrics_report, spark_width
     from jobwarden.clock import SystemClock
-    from jobwarden.control.metrics import job_samples
-    from jobwarden.store import Store
+    from jobwarden.control.metrics import run_samples
     from jobwarden.text.sanitize import terminal_text
     from jobwarden.text.term import for_terminal, terminal_width
 
     now = SystemClock().wall()
     since = now - config.parse_duration(args.since, "--since") if args.since is not None else None
     width = terminal_width()
-    with Store(home) as store:
-        job = store.job(args.job)
-        run = store.run(job.id, args.run)
-        if args.prometheus:
-            exposition = _prometheus(store, job.id, run.n)  # byte-exact for a scraper, safe for a terminal
-            sys.stdout.write(terminal_text(exposition) if sys.stdout.isatty() else exposition)
-            return 0
-        points = None if args.json else spark_width(width)
-        samples = job_samples(store, job.id, run.n, since=since, points=points, now=now)
-        say_malformed_samples(store.malformed_samples, job.id)
+    if args.prometheus:
+        exposition = _prometheus(home, args.job, args.run)  # byte-exact for a scraper, safe for a terminal
+        sys.stdout.write(terminal_text(exposition) if sys.stdout.isatty() else exposition)
+        return 0
+    points = None if args.json else spark_width(width)
+    found = run_samples(home, args.job, args.run, since=since, points=points, now=now)
+    say_malformed_samples(found.malformed, found.job_id)
     if args.json:
-        print_json([s.to_json() for s in samples])
+        print_json([s.to_json() for s in found.samples])
     else:
-        for line in for_terminal(metrics_report(job.name, job.id, run.n, samples, width)):
+        for line in for_terminal(metrics_report(found.name, found.job_id, found.run, found.samples, width)):
             print(line)
     return 0
 
 
-def _prometheus(store: Store, job_id: int, run: int) -> str:
+def _prometheus(home: Path, job_ref: str, run_n: int | None) -> str:
     from jobwarden.control.prometheus import job_exposition
     from jobwarden.osapi.procfs import ProcFS
 
-    return job_exposition(store, ProcFS(), job_id, run)
+    return job_exposition(home, ProcFS(), job_ref, run_n)

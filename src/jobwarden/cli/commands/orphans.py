@@ -23,13 +23,11 @@ def handle(args: argparse.Namespace) -> int:
     from jobwarden.clock import SystemClock
     from jobwarden.control.orphans import find_strays, release_dead_cgroups
     from jobwarden.paths import home_dir
-    from jobwarden.store import Store
     from jobwarden.text import render
 
     procfs, now = open_procfs(), SystemClock().wall()
     grace = config.optional_duration(args.grace, "--grace")
-    with Store(home_dir()) as store:
-        strays = find_strays(store, procfs, now)
+    strays = find_strays(home_dir(), procfs, now)
     release_dead_cgroups()
     listed = [s.to_json(now) for s in strays]
     if not args.kill:

@@ -49,8 +49,7 @@ def handle(args: argparse.Namespace) -> int:
     # A list of 10,000 jobs is some 100,000 small objects made at once, which the cycle collector would
     # walk again and again (~15 % of `ps --all`); this process makes no cycles worth collecting, and exits.
     gc.disable()
-    from jobwarden.control.views import home_disk_full, job_views
-    from jobwarden.store import Store
+    from jobwarden.control.views import home_disk_full, views_of
 
     last = None if args.last is None else config.parse_count(args.last, "--last")
     if last == 0:
@@ -60,16 +59,15 @@ def handle(args: argparse.Namespace) -> int:
     filtered = states is not None or args.name is not None
     # an ended state asked for needs the ended jobs; a filter pages after filtering, not before
     include_ended = args.all or bool(states and states - _UNFINISHED_WORDS)
-    with Store(home_dir()) as store:
-        views = job_views(
-            store,
-            open_procfs(),
-            include_ended=include_ended,
-            limit=None if filtered else last,
-            metrics=args.json,
-            ended_since=None if since is None or include_ended else SystemClock().wall() - since,
-        )
-        full = home_disk_full(store)
+    views = views_of(
+        home_dir(),
+        open_procfs(),
+        include_ended=include_ended,
+        limit=None if filtered else last,
+        metrics=args.json,
+        ended_since=None if since is None or include_ended else SystemClock().wall() - since,
+    )
+    full = home_disk_full(home_dir())
     if filtered or (since is not None and include_ended):
         from jobwarden.control.views import filtered_views
 

@@ -19,25 +19,19 @@ def add_arguments(queue: argparse.ArgumentParser) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from jobwarden.control.options import queue_name
+    from jobwarden.control.queues import queues as read_queues
     from jobwarden.paths import home_dir
-    from jobwarden.store import Store
     from jobwarden.text.sanitize import one_line
 
     name = queue_name(args.name) if args.name is not None else None
     if args.parallel is not None and name is None:
         raise UsageError("queue --parallel needs the queue's NAME", "e.g. jobwarden queue gpu --parallel 2")
-    with Store(home_dir()) as store:
-        if args.parallel is not None:
-            parallel = config.parse_count(args.parallel, "--parallel")
-            if parallel < 1:
-                raise UsageError("bad --parallel '0': a queue runs 1 or more at once", "e.g. --parallel 2")
-            assert name is not None
-            store.set_queue_parallel(name, parallel)
-        queues = [q for q in store.queues() if name is None or q.name == name]
-    if name is not None and not queues:
-        from jobwarden.store.queues import DEFAULT_PARALLEL, QueueInfo
-
-        queues = [QueueInfo(name, DEFAULT_PARALLEL, 0, 0)]
+    parallel = None
+    if args.parallel is not None:
+        parallel = config.parse_count(args.parallel, "--parallel")
+        if parallel < 1:
+            raise UsageError("bad --parallel '0': a queue runs 1 or more at once", "e.g. --parallel 2")
+    queues = read_queues(home_dir(), name, parallel)
     if args.json:
         print_json([q.to_json() for q in queues] if name is None else queues[0].to_json())
         return 0

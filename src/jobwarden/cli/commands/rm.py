@@ -54,29 +54,25 @@ def handle(args: argparse.Namespace) -> int:
 def rm_ended(home: Path, procfs: ProcFS, args: argparse.Namespace) -> int:
     from jobwarden.clock import SystemClock
     from jobwarden.control.cleanup import ended_jobs, remove_jobs
-    from jobwarden.store import Store
 
     if args.job is not None:
         raise UsageError("rm: give a JOB or --ended, not both", "e.g. jobwarden rm --ended --failed")
     older = config.optional_duration(args.older_than, "--older-than")
-    with Store(home) as store:
-        found = ended_jobs(
-            store, procfs, failed_only=args.failed, older_than_s=older, now=SystemClock().wall()
+    found = ended_jobs(home, procfs, failed_only=args.failed, older_than_s=older, now=SystemClock().wall())
+    what = _rm_summary(found.jobs, found.failed, found.bytes_on_disk, args.failed)
+    for job_id in found.keeping:
+        print(
+            f"jobwarden: left job {job_id}: processes it kept (--keep-running) still run; "
+            f"jobwarden stop {job_id} ends them",
+            file=sys.stderr,
         )
-        what = _rm_summary(found.jobs, found.failed, found.bytes_on_disk, args.failed)
-        for job_id in found.keeping:
-            print(
-                f"jobwarden: left job {job_id}: processes it kept (--keep-running) still run; "
-                f"jobwarden stop {job_id} ends them",
-                file=sys.stderr,
-            )
-        if not found.jobs:
-            print("no ended jobs to remove" + (" that match" if args.failed or older else ""))
-            return 0
-        if not args.yes and not _confirmed(f"remove {what}? [y/N] "):
-            print("nothing removed")
-            return 1
-        remove_jobs(store, [job.id for job, _ in found.jobs])
+    if not found.jobs:
+        print("no ended jobs to remove" + (" that match" if args.failed or older else ""))
+        return 0
+    if not args.yes and not _confirmed(f"remove {what}? [y/N] "):
+        print("nothing removed")
+        return 1
+    remove_jobs(home, [job.id for job, _ in found.jobs])
     print(f"removed {what}")
     return 0
 

@@ -260,10 +260,9 @@ def _after(refs: list[str] | None) -> list[int] | None:
 
 def _job_ids(home: Path, refs: list[str]) -> list[int]:
     """--after JOB...: each reference resolved now (a name or @last means the job it names now)."""
-    from jobwarden.store import Store
+    from jobwarden.control.jobs import job_ids
 
-    with Store(home) as store:
-        return [store.job(ref).id for ref in refs]
+    return job_ids(home, refs)
 
 
 def _termination_log(path: str | None) -> str | None:
@@ -293,10 +292,9 @@ def _run_attached(spec: JobSpec, options: JobOptions, termination_log: str | Non
     launched = launch(home_dir(), spec, options)
     relay.attach(launched.shim_pid)
     follow_attached(home_dir(), launched.id, launched.run, launched.shim_pid)
-    from jobwarden.store import Store
+    from jobwarden.control.jobs import stored_run
 
-    with Store(home_dir()) as store:
-        run = store.run(launched.id)  # the last attempt: one shim runs them all
+    run = stored_run(home_dir(), launched.id)  # the last attempt: one shim runs them all
     if run.state.is_ended:
         status = run.exit_status
         status = status if options.requeue_exit is None else requeue_or(run, status)

@@ -23,9 +23,9 @@ def run_numbers(words: list[str]) -> list[int]:
     """`jobwarden _runs CMD WORD...`: the run numbers of the job the words name (the words typed after
     the subcommand, a last `--run` or not); none when they name no job or one that does not exist."""
     from jobwarden.cli.parser import build_parser
+    from jobwarden.control.jobs import run_numbers as numbers
     from jobwarden.errors import JobwardenError
     from jobwarden.paths import home_dir
-    from jobwarden.store import Store
 
     if not words:
         return []
@@ -42,7 +42,6 @@ def run_numbers(words: list[str]) -> list[int]:
     if not isinstance(ref, str):
         return []
     try:
-        with Store(home_dir()) as store:
-            return [run.n for run in store.runs(store.job(ref).id)]
+        return numbers(home_dir(), ref)
     except JobwardenError:
         return []

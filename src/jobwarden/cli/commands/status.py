@@ -26,8 +26,8 @@ def add_arguments(status: argparse.ArgumentParser) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from jobwarden.clock import SystemClock
+    from jobwarden.control.jobs import LAST_JOB
     from jobwarden.paths import home_dir
-    from jobwarden.store.repo import LAST_JOB
     from jobwarden.text import render
 
     status = _job_status(args.job or LAST_JOB, args.run)
@@ -44,12 +44,10 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _job_status(job_ref: str, run_n: int | None) -> JobStatus:
-    from jobwarden.control.jobstatus import job_status
+    from jobwarden.control.jobstatus import status_of
     from jobwarden.paths import home_dir
-    from jobwarden.store import Store
 
-    with Store(home_dir()) as store:
-        return job_status(store, open_procfs(), job_ref, run_n)
+    return status_of(home_dir(), open_procfs(), job_ref, run_n)
 
 
 STATUS_WINDOW_S = 600.0  # the last minutes `status` draws
@@ -60,20 +58,18 @@ def status_sparklines(home: Path, status: JobStatus) -> list[str]:
     from jobwarden.cli.metricsview import spark_width
     from jobwarden.cli.metricsview import status_sparklines as lines
     from jobwarden.clock import SystemClock
-    from jobwarden.control.metrics import job_samples
-    from jobwarden.store import Store
+    from jobwarden.control.metrics import run_samples
     from jobwarden.text.term import terminal_width
 
     now, width = SystemClock().wall(), terminal_width()
     end = status.run.ended_at or now  # an ended run: its last minutes
-    with Store(home) as store:
-        samples = job_samples(
-            store,
-            status.job.id,
-            status.run.n,
-            since=end - STATUS_WINDOW_S,
-            points=spark_width(width, "    "),
-            now=now,
-        )
-        say_malformed_samples(store.malformed_samples, status.job.id)
-    return list(lines(samples, width))
+    found = run_samples(
+        home,
+        status.job.id,
+        status.run.n,
+        since=end - STATUS_WINDOW_S,
+        points=spark_width(width, "    "),
+        now=now,
+    )
+    say_malformed_samples(found.malformed, status.job.id)
+    return list(lines(found.samples, width))

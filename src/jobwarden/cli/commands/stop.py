@@ -41,13 +41,11 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _running_jobs_hint() -> str:
-    from jobwarden.control.views import job_views
+    from jobwarden.control.views import views_of
     from jobwarden.paths import home_dir
-    from jobwarden.store import Store
     from jobwarden.text.sanitize import terminal_text
 
-    with Store(home_dir()) as store:
-        views = job_views(store, open_procfs(), include_ended=False)
+    views = views_of(home_dir(), open_procfs(), include_ended=False)
     if not views:
         return "no job is running now"
     named = ", ".join(f"{v.job.id} ({terminal_text(v.job.name)})" for v in views[-8:])
