@@ -11,6 +11,7 @@ from typing import Any
 from jobwarden.clock import iso
 from jobwarden.errors import JobwardenError, UsageError
 from jobwarden.rules.group import DEFAULT_CLOCK_TOLERANCE_S, GroupVerdict, RankStory, expand_nodelist, merge
+from jobwarden.rules.speed.acrossnodes import GroupStraggler, group_straggler, node_ranks
 from jobwarden.store import groupdir
 
 SETTLE_S = 15.0  # --exit-status: how long to wait for records the shared file system has not shown yet
@@ -28,6 +29,7 @@ class GroupView:
     torn_lines: int
     bad_records: int = 0  # records that were no records (a field of the wrong type), skipped
     refused: tuple[str, ...] = ()  # files and folders that failed the checks of a shared place, skipped
+    straggler: GroupStraggler | None = None  # the rank the others wait for, across the nodes
 
     def exit_status(self) -> int:
         """0 when the group succeeded; the requeue code when the root cause is retryable and the attempts
@@ -73,6 +75,7 @@ class GroupView:
                 }
                 for r in v.ranks
             ],
+            "straggler": _straggler_json(self.straggler),
             "missing_nodes": list(v.missing_nodes),
             "clock_tolerance_s": v.clock_tolerance_s,
             "retryable": v.retryable,
@@ -141,6 +144,14 @@ def _read_view(
     tolerance = DEFAULT_CLOCK_TOLERANCE_S if tolerance_s is None else tolerance_s
     verdict = merge(stories, expected, tolerance, over)
     settings = _requeue_settings(records.group, stories)
+    refused = list(records.refused)
+    nodes = []
+    for doc in records.rank_views:
+        found = node_ranks(doc)
+        if found is None:
+            refused.append(f"rank views of node {doc.get('node')!r}: not what a shim writes")
+        else:
+            nodes.append(found)
     return GroupView(
         group,
         records.attempt,
@@ -149,7 +160,8 @@ def _read_view(
         *settings,
         sum(log.torn for log in records.ranks),
         records.bad_records,
-        tuple(records.refused),
+        tuple(refused),
+        group_straggler(nodes),
     )
 
 
@@ -161,6 +173,26 @@ def _requeue_settings(
     code = next((d["requeue_exit"] for d in sources if isinstance(d.get("requeue_exit"), int)), None)
     most = next((d["max_requeues"] for d in sources if isinstance(d.get("max_requeues"), int)), None)
     return code, most
+
+
+def _straggler_json(found: GroupStraggler | None) -> dict[str, Any] | None:
+    if found is None:
+        return None
+    f = found.finding
+    return {
+        "rank": f.rank,
+        "node": found.node,
+        "pid": found.pid,
+        "rule": f.rule,
+        "severity": f.severity,
+        "title": f.title,
+        "summary": f.summary,
+        "evidence": list(f.evidence),
+        "remedy": f.remedy,
+        "pids": list(f.pids),
+        "at": iso(found.at),
+        "nodes_compared": found.nodes,
+    }
 
 
 def _finding_of(story: RankStory, rule: str | None) -> str | None:

@@ -14,7 +14,7 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobwarden import __version__
 from jobwarden.clock import Clock
@@ -35,7 +35,11 @@ from jobwarden.shim.groupfacts import (
 from jobwarden.store import JobRecord, Store, groupdir
 from jobwarden.store.logfiles import tail_lines
 
+if TYPE_CHECKING:
+    from jobwarden.rules.speed.evidence import SpeedEvidence
+
 ALIVE_EVERY_S = 60.0
+RANK_VIEWS_EVERY_S = 5.0  # a node's rank views (the straggler across nodes) written at most this often
 TAIL_LINES = 20
 _TRACEBACK_LINES = 400  # a rank's traceback above torchrun's report
 # engine-state comes after `ended`: Slurm is asked once the end is safe (shim.stopping), so it has a line
@@ -77,6 +81,7 @@ class GroupSink:
         self.failed = False
         self.engine_state: object = None
         self._alive_at = 0.0
+        self._views_at = -RANK_VIEWS_EVERY_S
         self._main: _Rank | None = None
 
     # --- what RunRecorder tells ---------------------------------------------------------------------
@@ -126,6 +131,18 @@ class GroupSink:
             for target in self._targets():
                 alive = {"processes": len(live), "rss_bytes": rss, "last_progress": self._last_progress()}
                 self._append(target, "alive", at, alive)
+
+    def rank_views(self, at: float, ev: SpeedEvidence) -> None:
+        """This node's ranks over the speed watch's last window, for the straggler across nodes
+        (rules.speed.acrossnodes): one small document, replaced at most every RANK_VIEWS_EVERY_S."""
+        if not ev.ranks or at - self._views_at < RANK_VIEWS_EVERY_S:
+            return
+        from jobwarden.rules.speed.acrossnodes import node_document
+
+        self._views_at = at
+        doc = node_document(self.node, at, ev.window_s, ev.ranks, ev.neighbours)
+        path = groupdir.rank_views_file(self.dir, self.node)
+        self._guarded(lambda: groupdir.write_document(path, doc))
 
     def end(self, fields: dict[str, Any]) -> None:
         """Each rank's end: its own process's, or the run's for --rank and a node of unknown ranks."""

@@ -462,6 +462,9 @@ class SupervisorLoop:
             now, self.clock.monotonic(), self.tree.members.values(), snaps, step, unit, gpu, hints
         )
         self._write_ranks(now)
+        if self.speed.judged is not None and self.record.group is not None:  # the straggler across nodes
+            self.record.rank_views(now, self.speed.judged)
+            self.speed.judged = None
         if not new and not resolved:
             return
         from jobwarden.shim.diagnosis import Verdict

@@ -30,6 +30,7 @@ from jobwarden.store.logfiles import LogWatcher
 from jobwarden.store.reserve import SpaceReserve, reserve_path
 
 if TYPE_CHECKING:
+    from jobwarden.rules.speed.evidence import SpeedEvidence
     from jobwarden.shim.groupsink import GroupSink
 
 END_RETRY_S = 5.0  # how often the end of a run is offered again to a store that refuses it
@@ -192,6 +193,10 @@ class RunRecorder:
         if attempt == 0:
             log(f"cannot record the end of the run yet, retrying every {END_RETRY_S:g}s: {err}")
         time.sleep(END_RETRY_S)
+
+    def rank_views(self, at: float, ev: SpeedEvidence) -> None:
+        """The ranks of the speed watch's latest judgement, for the straggler across nodes."""
+        self._to_group(lambda group: group.rank_views(at, ev))
 
     def _to_group(self, feed: Callable[[GroupSink], object]) -> None:
         """The group records are a copy for `explain --group`: no fault of theirs may reach the job."""

@@ -129,6 +129,7 @@ class SpeedWatch:
         self.stacks = StackSampler(procfs)  # the loop's stack now and then, and in each stall
         self.ranks = RankWatch(procfs)  # where each rank's main thread is (straggler, `status`'s ranks)
         self._usual: tuple[StepMove, float | None] | None = None  # (the last move, the usual gap then)
+        self.judged: SpeedEvidence | None = None  # the last judgement's evidence, until taken
 
     # --- each tick ------------------------------------------------------------------------------------
 
@@ -163,7 +164,7 @@ class SpeedWatch:
         if mono < self._next_judge or len(self.reads) < 2 or self._window() < MIN_WINDOW_S:
             return [], []
         self._next_judge = mono + JUDGE_EVERY_S
-        ev = self.evidence(mono, members, gpu)
+        ev = self.judged = self.evidence(mono, members, gpu)
         self.stacks.suspect(mono, worth_sampling(ev))
         return self._record(judge(ev), now)
 

@@ -6,6 +6,8 @@ sees (docs/cluster.md, "Group records").
                             ranks/rank-<R>.jsonl  one writer (the shim of R's node), append-only JSON lines
                             ranks/node-<host>.jsonl   a node whose ranks are unknown
                             stacks/rank-<R>-<ts>.json the stacks of a hung rank (tmp + rename)
+                            rankviews/<host>.json each node's ranks over its last window (tmp + rename,
+                                                  every few seconds: rules.speed.acrossnodes)
 
 Each record is appended with open/append/close, so that a network file system's close-to-open consistency
 publishes it; whole documents go through a temporary file and a rename. A reader skips a torn last line
@@ -142,6 +144,7 @@ class GroupRecords:
     nodes: dict[str, dict[str, Any]]
     ranks: list[RankLog]
     refused: list[str] = field(default_factory=list)  # files and folders left out, each with why
+    rank_views: list[dict[str, Any]] = field(default_factory=list)  # each node's rankviews/<host>.json
 
     @property
     def bad_records(self) -> int:
@@ -154,6 +157,8 @@ class GroupRecords:
 MAX_RECORDS_FILE = 64 << 20
 MAX_RECORD_LINE = 1 << 20
 MAX_DOCUMENT = 1 << 20
+MAX_RANK_VIEWS = 256 << 10  # one node's rank views: a shim's 16 ranks are some 10 KB
+MAX_RANK_VIEW_NODES = 4_096  # nodes whose rank views are read
 MAX_ATTEMPT_DIGITS = 9
 MAX_RECORDS_PER_FILE = 5_000  # records of one rank kept (its newest), `alive` apart
 MAX_GROUP_RECORDS = 100_000  # records of one attempt kept in memory: some 150 MB
@@ -206,7 +211,13 @@ def _read_attempt(root: Path, attempt: int, where: SharedDir) -> GroupRecords:
             if log is not None:
                 ranks.append(log)
                 held += len(log.records)
-    return GroupRecords(root, attempt, group, nodes, ranks, refused)
+    views: list[dict[str, Any]] = []
+    with _subdir(where, "rankviews", refused) as view_dir:
+        for name in _visible(view_dir)[:MAX_RANK_VIEW_NODES]:
+            if view_dir and name.endswith(".json"):
+                doc = _document(view_dir, name, refused, {}, MAX_RANK_VIEWS)
+                views.extend([doc] if doc is not None else [])
+    return GroupRecords(root, attempt, group, nodes, ranks, refused, views)
 
 
 def _rank_log(directory: SharedDir, name: str, refused: list[str]) -> RankLog | None:
@@ -273,10 +284,14 @@ def read_document(path: Path) -> dict[str, Any] | None:
 
 
 def _document(
-    directory: SharedDir, name: str, refused: list[str], fields: dict[str, Any] | None = None
+    directory: SharedDir,
+    name: str,
+    refused: list[str],
+    fields: dict[str, Any] | None = None,
+    limit: int = MAX_DOCUMENT,
 ) -> dict[str, Any] | None:
     try:
-        data = directory.read_bytes(name, MAX_DOCUMENT)
+        data = directory.read_bytes(name, limit)
     except FileNotFoundError:
         return None
     except OSError as err:
@@ -343,6 +358,10 @@ def _safe(text: str) -> str:
 
 def node_file(attempt_root: Path, node: str) -> Path:
     return attempt_root / "nodes" / f"{_safe(node)}.json"
+
+
+def rank_views_file(attempt_root: Path, node: str) -> Path:
+    return attempt_root / "rankviews" / f"{_safe(node)}.json"
 
 
 def stacks_file(attempt_root: Path, label: str, at: float) -> Path:

@@ -21,6 +21,8 @@ def group_report(view: GroupView) -> Iterator[str]:
         at = f" at {clock_time(r.outcome.at)}" if r.outcome.at is not None else ""
         rule = f" [{r.outcome.rule}]" if r.outcome.rule else ""
         yield f"  {who(r)}: {one_line(r.outcome.text)}{at}{one_line(rule)}: {r.role}"
+    if view.straggler is not None:
+        yield from _straggler_lines(view)
     if v.missing_nodes:
         missing = one_line(", ".join(v.missing_nodes))
         yield f"  never reported: {missing} (no records from these nodes)"
@@ -36,6 +38,20 @@ def group_report(view: GroupView) -> Iterator[str]:
     if code is not None:
         yield f"  retryable: --exit-status gives the requeue code {code}"
     yield f"  (records: {one_line(str(view.root))}; clock tolerance {v.clock_tolerance_s:g}s)"
+
+
+def _straggler_lines(view: GroupView) -> Iterator[str]:
+    """'rank 1 on node n2 (pid 4242) [straggler]: Rank 1 is a straggler: about 2.4× slower…', the why."""
+    s = view.straggler
+    assert s is not None
+    f = s.finding
+    yield (
+        f"  rank {f.rank} on node {one_line(s.node)} (pid {s.pid}) [straggler]: {one_line(f.title)}"
+        f" (as of {clock_time(s.at)}, ranks of {counted(s.nodes, 'node')} compared)"
+    )
+    yield f"    {one_line(f.summary)}"
+    if f.remedy:
+        yield f"    remedy: {one_line(f.remedy)}"
 
 
 def verdict_line(view: GroupView) -> str:

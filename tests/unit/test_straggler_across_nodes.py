@@ -1,0 +1,170 @@
+"""`straggler` across the nodes of a group (rules.speed.acrossnodes): each node's published rank views,
+merged and judged by the single-node rule; read from the group directory as untrusted documents
+(store.groupdir), shown by `explain --group` (control.groupview, text.group)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from jobwarden.control.groupview import group_view
+from jobwarden.rules.speed.acrossnodes import group_straggler, node_document, node_ranks
+from jobwarden.rules.speed.evidence import Neighbour, RankView
+from jobwarden.rules.speed.ranks import straggler
+from jobwarden.store import groupdir
+from jobwarden.text.group import group_report
+
+from .test_groupdir import rank_file
+from .test_speed_ranks import rank, ranks
+
+WALL = 1_700_000_000.0
+
+
+def sleeper(n: int) -> RankView:
+    """A rank that sleeps most of its step: the others wait for it in their all_reduce."""
+    shares = (("idle", 0.6), ("computing", 0.35), ("collective", 0.05))
+    return RankView(rank=n, pid=200 + n, looks=20, shares=shares, idle_detail="clock_nanosleep in step")
+
+
+def node(name: str, *views: RankView, wall: float = WALL, near: tuple[Neighbour, ...] = ()) -> dict:
+    """A node's document as its shim writes it, through JSON as a reader gets it."""
+    return json.loads(json.dumps(node_document(name, wall, 20.0, views, near)))
+
+
+def merged(*docs: dict) -> object:
+    found = [node_ranks(d) for d in docs]
+    assert all(f is not None for f in found)
+    return group_straggler([f for f in found if f is not None])
+
+
+def test_the_straggler_on_another_node_is_found_by_merging_the_nodes() -> None:
+    fast, slow = rank(0, 0.6), sleeper(1)
+    # each node alone has one rank: no comparison, no straggler
+    assert straggler(ranks(fast)) is None and straggler(ranks(slow)) is None
+    s = merged(node("n1", fast), node("n2", slow))
+    assert s is not None
+    assert (s.finding.rank, s.node, s.pid, s.nodes) == (1, "n2", 201, 2)  # type: ignore[attr-defined]
+    assert s.finding.title == straggler(ranks(fast, slow)).title  # type: ignore[union-attr,attr-defined]
+    assert "slept in 60% of the looks (clock_nanosleep in step)" in s.finding.summary  # type: ignore[attr-defined]
+
+
+def test_the_why_comes_from_the_stragglers_own_node() -> None:
+    """A CPU wait of its own, and the process that shared its CPUs as its node saw it (not another's)."""
+    fast = rank(0, 0.6, wait_share=0.05)
+    slow = rank(1, 0.05, wait_share=0.5)
+    theirs = Neighbour(pid=7, user="carol", cpu=0.9, cmdline="other node's hog")
+    ours = Neighbour(pid=9, user="bob", cpu=0.9, cmdline="stress --cpu 1")
+    s = merged(node("n1", fast, near=(theirs,)), node("n2", slow, near=(ours,)))
+    assert s is not None and s.node == "n2"  # type: ignore[attr-defined]
+    why = s.finding.summary  # type: ignore[attr-defined]
+    assert "waited for a CPU 50%" in why and "pid 9 (bob) used 0.90 CPUs: stress --cpu 1" in why
+    assert "carol" not in why
+
+
+def test_balanced_nodes_have_no_straggler() -> None:
+    assert merged(node("n1", rank(0, 0.6)), node("n2", rank(1, 0.55))) is None
+
+
+def test_a_node_that_stopped_publishing_long_ago_is_not_compared() -> None:
+    old = node("n2", sleeper(1), wall=WALL - 300)
+    assert merged(node("n1", rank(0, 0.6)), old) is None
+    # the newer view of a rank wins where two nodes name it
+    again = node("n3", rank(1, 0.6), wall=WALL + 1)
+    assert merged(node("n1", rank(0, 0.6)), node("n2", sleeper(1)), again) is None
+
+
+def test_a_document_that_is_not_what_a_shim_writes_is_refused() -> None:
+    good = node("n2", sleeper(1))
+    for bad in (
+        {**good, "node": 3},
+        {**good, "wall": "soon"},
+        {**good, "ranks": {"0": 1}},
+        {**good, "ranks": [{**good["ranks"][0], "rank": "1"}]},
+        {**good, "ranks": [{**good["ranks"][0], "rank": -1}]},
+        {**good, "ranks": [{**good["ranks"][0], "shares": [["idle", 5.0]]}]},
+        {**good, "ranks": [{**good["ranks"][0], "shares": [["elsewhere", 0.5]]}]},
+        {**good, "ranks": [{**good["ranks"][0], "halves": [0.1]}]},
+        {**good, "ranks": [{**good["ranks"][0], "idle_detail": "x" * 10_000}]},
+        {**good, "ranks": [{**good["ranks"][0], "looks": True}]},
+        {**good, "neighbours": [{"pid": 1, "user": "x", "cpu": "all", "cmdline": ""}]},
+    ):
+        assert node_ranks(bad) is None, bad
+    assert node_ranks(good) is not None
+
+
+def test_the_documents_are_cut_to_size() -> None:
+    many = [replace(rank(n, 0.6), where_detail="f" * 5000) for n in range(100)]
+    hogs = [Neighbour(pid=n, user="u", cpu=0.5, cmdline="c" * 500) for n in range(10)]
+    doc = node_document("n1", WALL, 20.0, many, hogs)
+    assert len(doc["ranks"]) == 64 and len(doc["neighbours"]) == 3
+    assert len(json.dumps(doc)) < groupdir.MAX_RANK_VIEWS
+    assert node_ranks(json.loads(json.dumps(doc))) is not None
+
+
+def write_group(root: Path, docs: dict[str, dict]) -> None:
+    attempt = groupdir.attempt_dir(root, 0)
+    groupdir.write_document(
+        attempt / "group.json", {"v": 1, "group": "g", "attempt": 0, "nodelist": "n[1-2]"}
+    )
+    for n, (name, doc) in enumerate(docs.items()):
+        record = {"v": 1, "kind": "started", "group": "g", "attempt": 0, "rank": n, "node": name}
+        groupdir.append_record(rank_file(attempt, n, name), {**record, "pid": 200 + n, "wall": WALL})
+        groupdir.write_document(groupdir.rank_views_file(attempt, name), doc)
+
+
+def test_explain_group_names_the_stragglers_rank_node_and_pid(tmp_path: Path) -> None:
+    root = tmp_path / "groups" / "g"
+    write_group(root, {"n1": node("n1", rank(0, 0.6)), "n2": node("n2", sleeper(1))})
+    view = group_view(tmp_path, "g", None, str(root))
+    out = view.to_json()["straggler"]
+    assert (out["rank"], out["node"], out["pid"], out["rule"]) == (1, "n2", 201, "straggler")
+    assert out["title"].startswith("Rank 1 is a straggler: about ") and out["nodes_compared"] == 2
+    assert "slept in 60%" in out["summary"] and out["remedy"]
+    text = list(group_report(view))
+    line = next(t for t in text if "[straggler]" in t)
+    assert line.startswith("  rank 1 on node n2 (pid 201) [straggler]: Rank 1 is a straggler: about ")
+    assert "ranks of 2 nodes compared" in line
+
+
+def test_a_planted_or_bad_rank_views_file_is_left_out_and_said(tmp_path: Path) -> None:
+    root = tmp_path / "groups" / "g"
+    write_group(root, {"n1": node("n1", rank(0, 0.6)), "n2": {**node("n2", sleeper(1)), "wall": "x"}})
+    views = groupdir.attempt_dir(root, 0) / "rankviews"
+    os.symlink("/etc/passwd", views / "n3.json")
+    (views / "n4.json").write_bytes(b"{" * 10)
+    view = group_view(tmp_path, "g", None, str(root))
+    assert view.straggler is None and view.to_json()["straggler"] is None
+    assert any("n2" in why and "not what a shim writes" in why for why in view.refused), view.refused
+    assert any("n3.json" in why for why in view.refused), view.refused
+    assert any("n4.json" in why for why in view.refused), view.refused
+
+
+def test_a_nodes_shim_publishes_its_ranks_at_most_every_few_seconds(tmp_path: Path) -> None:
+    from jobwarden.clock import FakeClock
+    from jobwarden.joboptions import JobOptions
+    from jobwarden.model import JobSpec
+    from jobwarden.rules.speed.evidence import SpeedEvidence
+    from jobwarden.shim.groupsink import RANK_VIEWS_EVERY_S, GroupSink
+    from jobwarden.store import Store
+
+    root = tmp_path / "groups"
+    with Store(tmp_path / "home") as store:
+        opts = JobOptions(group="g", group_dir=str(root), node="n2", rank=1)
+        job_id, run = store.create_job(JobSpec(("python", "t.py"), "/", "t"), opts.to_json(), WALL)
+        logged: list[str] = []
+        sink = GroupSink(store, store.job(job_id), run, FakeClock(), logged.append)
+        ev = SpeedEvidence(window_s=20.0, cpus=1.0, affinity_cpus=1, ranks=(sleeper(1),))
+        path = groupdir.rank_views_file(groupdir.attempt_dir(root, 0), "n2")
+        sink.rank_views(WALL, replace(ev, ranks=()))
+        assert not path.exists()  # no ranks on this node: nothing to compare
+        sink.rank_views(WALL, ev)
+        sink.rank_views(WALL + RANK_VIEWS_EVERY_S / 2, ev)
+        assert json.loads(path.read_text())["wall"] == WALL
+        sink.rank_views(WALL + RANK_VIEWS_EVERY_S, ev)
+        doc = json.loads(path.read_text())
+        assert doc["wall"] == WALL + RANK_VIEWS_EVERY_S and doc["node"] == "n2"
+        assert node_ranks(doc) == node_ranks(node("n2", sleeper(1), wall=WALL + RANK_VIEWS_EVERY_S))
+        assert (path.stat().st_mode & 0o777, path.parent.stat().st_mode & 0o777) == (0o600, 0o700)
+        assert logged == []
