@@ -21,7 +21,6 @@ from jobwarden.model import EndReason, ProcessEnd, ProcessSnapshot
 from jobwarden.osapi.cgroup import JobCgroup
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, STORE_ENV
-from jobwarden.probes.pyhooks import PROGRESS_SUFFIX
 from jobwarden.shim.enginestop import EngineLink, engine_signals
 from jobwarden.shim.jobos import JobOS, SystemJobOS
 from jobwarden.shim.pacing import KernelPace, Pace, idle_cap
@@ -417,6 +416,9 @@ class SupervisorLoop:
             return True
         if not self.job.options.py_hooks:
             return False
+        # here, not at the top: `run` imports this module before it returns, and pyhooks brings dataclasses
+        from jobwarden.probes.pyhooks import PROGRESS_SUFFIX
+
         py_dir = layout.py_dir(self.job.id, self.run)
         return any(os.path.exists(py_dir / f"{pid}{PROGRESS_SUFFIX}") for pid in self.tree.members)
 
