@@ -102,7 +102,6 @@ class SupervisorLoop:
         self.pyfiles = PyFiles(self.layout.py_dir(job.id, run), procfs)
         self.diag: Diagnoser | None = None
         self.progress: ProgressWatch | None = None  # the run's step counter (shim.progresswatch)
-        self.progress_wanted = False  # the watch starts at a sign of progress (start_progress_if_shown)
         self.speed: SpeedWatch | None = None  # why it is slow (shim.speedwatch), once the job works
         self.speed_off = False  # JOBWARDEN_SPEED=off
         self._ranks_at = -RANKS_WRITE_S
@@ -367,21 +366,6 @@ class SupervisorLoop:
             self._trims = TrimNotes(self.logs, self.record)
         self._trims.note(now, self.clock.monotonic(), final)
 
-    def start_progress_if_shown(self) -> None:
-        """The progress watch, once the run shows a sign of progress: output, a heartbeat, or a bar the
-        hooks recorded. A job that prints nothing (a server, a `sleep`) never loads it: 1.7 MiB of private
-        memory and ~40 ms of imports in each supervisor (issue 25). Its reader starts from the log's newest
-        bytes whenever it starts, so nothing it needs is missed by starting late."""
-        if self.progress is not None or not self.progress_wanted or not self._progress_shown():
-            return
-        from jobwarden.shim.progresswatch import ProgressWatch, StepSign
-
-        self.progress = ProgressWatch(
-            self.store, self.job, self.run, self.record, self.hang_window(), self.notifier
-        )
-        if self.diag is not None:
-            self.diag.steps = StepSign(self.progress)  # a running step counter is the sign that counts
-
     def _start_speed_if_working(self, snaps: list[ProcessSnapshot], progress: Any) -> None:
         """The speed findings (shim.speedwatch), recorded beside the diagnosis's own live findings, once
         the job works: it uses a CPU, waits on a disk, holds a GPU or was given one (one it never uses is
@@ -394,7 +378,7 @@ class SupervisorLoop:
         busy = sum(s.cpu_percent or 0.0 for s in snaps) >= CPU_FLOOR_PERCENT
         usage = self.diag.gpu.usage if self.diag and self.diag.gpu else None
         working = busy or any(s.state == "D" for s in snaps) or bool(self.gpu_env or (usage and usage.gpus))
-        if not (working or self.progress is not None or progress is not None):
+        if not (working or progress is not None or self._printed()):
             return
         from jobwarden.shim.speedwatch import SpeedWatch, claimed_gpus, speed_enabled
 
@@ -403,29 +387,19 @@ class SupervisorLoop:
             return
         self.speed = SpeedWatch(self.procfs, live, claimed_gpus(self.gpu_env), memory_cgroup=self.cgroup)
 
+    def _printed(self) -> bool:
+        try:
+            return os.stat(self.layout.output_log(self.job.id, self.run)).st_size > 0
+        except OSError:
+            return False
+
     def hang_window(self) -> float | None:
         window = self.job.options.hang_timeout_s
         return (DEFAULT_HANG_TIMEOUT_S if window is None else window) or None
 
-    def _progress_shown(self) -> bool:
-        layout = self.layout
-        with contextlib.suppress(OSError):
-            if os.stat(layout.output_log(self.job.id, self.run)).st_size > 0:
-                return True
-        if os.path.exists(layout.heartbeat_file(self.job.id, self.run)):
-            return True
-        if not self.job.options.py_hooks:
-            return False
-        # here, not at the top: `run` imports this module before it returns, and pyhooks brings dataclasses
-        from jobwarden.probes.pyhooks import PROGRESS_SUFFIX
-
-        py_dir = layout.py_dir(self.job.id, self.run)
-        return any(os.path.exists(py_dir / f"{pid}{PROGRESS_SUFFIX}") for pid in self.tree.members)
-
     def _watch_progress(self, snaps: list[ProcessSnapshot], now: float) -> Any:
         """The run's progress this tick (None without any); busy: CPU or GPU at work, as the watchdog
         counts them."""
-        self.start_progress_if_shown()
         if self.progress is None:
             return None
         from jobwarden.shim.watchdog import CPU_FLOOR_PERCENT, GPU_FLOOR_PERCENT

@@ -49,7 +49,6 @@ class StoppingSupervisor(SupervisorLoop):
         with contextlib.suppress(OSError):  # a kill in the last moments (the main process itself) counts too
             self._poll_oom(self.clock.wall())
         self.sampler.finish(self.clock.wall())
-        self.start_progress_if_shown()  # a job that printed its steps and ended before a tick saw them
         if self.progress is not None:  # how far it got, kept with the run
             self._finish_progress()
         self.prune_py_files()  # every process has ended: only exceptions and fork records stay

@@ -371,8 +371,16 @@ class Supervisor(StoppingSupervisor):
             self.diag.steps = StepSign(self.progress)  # a running step counter is the sign that counts
 
     def _start_progress(self) -> None:
-        self.progress_wanted = os.environ.get(config.PROGRESS_ENV, "on") != "off"
-        self.start_progress_if_shown()
+        # At once, not at the run's first output: a watch started later imports the progress parsers (and
+        # the speed rules they bring) in the loop just as the job's processes are born, and a short-lived
+        # rank was then missed now and then (slurm/test_group_verdict.py's OOM rank, 2 runs in 6)
+        if os.environ.get(config.PROGRESS_ENV, "on") == "off":
+            return
+        from jobwarden.shim.progresswatch import ProgressWatch
+
+        self.progress = ProgressWatch(
+            self.store, self.job, self.run, self.record, self.hang_window(), self.notifier
+        )
 
     def _containment(self) -> str:
         if self.cgroup:
