@@ -370,8 +370,7 @@ class SupervisorLoop:
         """The speed findings (shim.speedwatch), recorded beside the diagnosis's own live findings, once
         the job works: it uses a CPU, waits on a disk, holds a GPU or was given one (one it never uses is
         a finding), or has printed anything. A job that only waits in silence (a server between requests,
-        a `sleep`) has no speed to judge and never loads the speed rules: 1.1 MiB and ~25 ms in each
-        supervisor (issue 25)."""
+        a `sleep`) has no speed to judge: its supervisor keeps no counters and takes no stack samples."""
         live = getattr(self.diag, "live", None)  # the loop's fake diagnosis keeps none
         if live is None or self.speed_off:
             return
