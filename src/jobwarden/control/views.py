@@ -76,7 +76,7 @@ def lost_at_start(store: Store, procfs: ProcFS, job: JobRecord, n: int) -> int |
         refresh(store, procfs, job, run)
         return run.pid
     main = next((st for st in marked if st.sid == st.pid), min(marked, key=lambda st: st.start_time))
-    started = procfs.boot_time() + main.start_time / procfs.ticks_per_s
+    started = procfs.wall_time_of(main.start_time)
     now = SystemClock().wall()
     # starting -> lost: the job was spawned, its supervisor died before it could record that
     if store.update_run_with_event(

@@ -450,6 +450,11 @@ class ProcFS:
                     return float(line.split()[1])
         raise OSError("no btime in /proc/stat")
 
+    def wall_time_of(self, start_ticks: int) -> float:
+        """A process's start (its stat's start_time, in clock ticks since boot) as seconds since the epoch:
+        to a tick, after a boot time /proc/stat gives to the second. OSError without a boot time."""
+        return self.boot_time() + start_ticks / self.ticks_per_s
+
     def boot_id(self) -> str | None:
         """This boot's random id (a new one at every boot): a run recorded under another one was ended by
         a reboot, whatever its pids are now (they count from 1 again). None where it cannot be read."""

@@ -211,11 +211,9 @@ def _lock(expr: ast.expr, locks: dict[str, int], local: set[str]) -> str | None:
 
 
 def _started_at(procfs: ProcFS, pid: int) -> float | None:
-    """When the process started, in seconds since the epoch (to a clock tick, after a boot time that
-    /proc/stat gives to the second)."""
+    """When the process started, in seconds since the epoch."""
     try:
-        ticks = procfs.stat(pid).start_time
-        return procfs.boot_time() + ticks / os.sysconf("SC_CLK_TCK")
+        return procfs.wall_time_of(procfs.stat(pid).start_time)
     except (ProcessGone, AccessDenied, OSError, ValueError):
         return None
 

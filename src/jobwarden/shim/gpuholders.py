@@ -179,7 +179,7 @@ def _holder(jobs: _Jobs, procfs: ProcFS, proc: GpuProcess) -> GpuHolder:
 
 def _started_at(procfs: ProcFS, start_ticks: int) -> float | None:
     try:
-        return procfs.boot_time() + start_ticks / procfs.ticks_per_s
+        return procfs.wall_time_of(start_ticks)
     except OSError:
         return None
 

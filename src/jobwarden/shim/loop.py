@@ -54,6 +54,11 @@ def _hang_rules() -> frozenset[str]:
     return ENDS_WITH_THE_HANG
 
 
+def _cpu_busy(snaps: list[ProcessSnapshot]) -> bool:
+    """The job's processes used a CPU this tick, as the watchdog counts it."""
+    return sum(s.cpu_percent or 0.0 for s in snaps) >= CPU_FLOOR_PERCENT
+
+
 class StopRequest(NamedTuple):
     reason: EndReason
     grace_s: float
@@ -272,7 +277,7 @@ class SupervisorLoop:
         snaps = self._sample_and_judge(full)
         if self.diag is None or (self.progress is not None and self.progress.counting()):
             return True
-        busy = sum(s.cpu_percent or 0.0 for s in snaps) >= CPU_FLOOR_PERCENT
+        busy = _cpu_busy(snaps)
         return busy or self.diag.tracker.last_progress_at != seen_at or set(self.tree.members) != members
 
     def _sample_and_judge(self, full: bool) -> list[ProcessSnapshot]:
@@ -374,10 +379,10 @@ class SupervisorLoop:
         live = getattr(self.diag, "live", None)  # the loop's fake diagnosis keeps none
         if live is None or self.speed_off:
             return
-        busy = sum(s.cpu_percent or 0.0 for s in snaps) >= CPU_FLOOR_PERCENT
         usage = self.diag.gpu.usage if self.diag and self.diag.gpu else None
-        working = busy or any(s.state == "D" for s in snaps) or bool(self.gpu_env or (usage and usage.gpus))
-        if not (working or progress is not None or self._printed()):
+        waits_on_disk = any(s.state == "D" for s in snaps)
+        working = _cpu_busy(snaps) or waits_on_disk or bool(self.gpu_env or (usage and usage.gpus))
+        if not (working or progress is not None or self.logs.size > 0):  # the log: indexed this tick
             return
         from jobwarden.shim.speedwatch import SpeedWatch, claimed_gpus, speed_enabled
 
@@ -385,12 +390,6 @@ class SupervisorLoop:
             self.speed_off = True
             return
         self.speed = SpeedWatch(self.procfs, live, claimed_gpus(self.gpu_env), memory_cgroup=self.cgroup)
-
-    def _printed(self) -> bool:
-        try:
-            return os.stat(self.layout.output_log(self.job.id, self.run)).st_size > 0
-        except OSError:
-            return False
 
     def hang_window(self) -> float | None:
         window = self.job.options.hang_timeout_s
@@ -401,12 +400,11 @@ class SupervisorLoop:
         counts them."""
         if self.progress is None:
             return None
-        from jobwarden.shim.watchdog import CPU_FLOOR_PERCENT, GPU_FLOOR_PERCENT
+        from jobwarden.shim.watchdog import GPU_FLOOR_PERCENT
 
         usage = self.diag.gpu.usage if self.diag and self.diag.gpu else None
         gpu_util = usage.max_utilization if usage else None
-        cpu = sum(s.cpu_percent or 0.0 for s in snaps)
-        busy = cpu >= CPU_FLOOR_PERCENT or (gpu_util is not None and gpu_util >= GPU_FLOOR_PERCENT)
+        busy = _cpu_busy(snaps) or (gpu_util is not None and gpu_util >= GPU_FLOOR_PERCENT)
         return self.progress.tick(now, self.clock.monotonic(), list(self.tree.members), busy)
 
     def _write_ranks(self, now: float) -> None:

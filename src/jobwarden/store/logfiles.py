@@ -50,6 +50,11 @@ class LogWatcher:
         self.grew = 0  # bytes written since the look before the last
         self._last_size = -1
 
+    @property
+    def size(self) -> int:
+        """The log's size at the last `index`; -1 before the first."""
+        return self._last_size
+
     def index(self, now: float, cap: bool = True) -> None:
         """Note the log's size at `now` when it changed; and keep it within its cap, unless `cap` is
         false (the run's end: recorded first, capped after, see `cap_now`)."""
