@@ -12,7 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jobwarden.model import Finding
-from jobwarden.observations import Frame, ProcessDeath, ProcessStack, ThreadStack, UncaughtException
+from jobwarden.observations import (
+    Frame,
+    OomEvidence,
+    ProcessDeath,
+    ProcessStack,
+    ThreadStack,
+    UncaughtException,
+)
 from jobwarden.rules import RunEvidence, explain, mltext
 from jobwarden.rules.causal import CAUSE, REPORT, TEARDOWN, WEAK, incidents, root_incident
 
@@ -857,6 +864,33 @@ def test_a_helper_commands_exit_before_a_stop_is_never_the_root_cause() -> None:
         ev, deaths=(readlink, dataclasses.replace(shell, exit_code=2), main_death(T + 0.15))
     )
     assert root_incident(parent_failed) is not None
+
+
+def test_a_helper_commands_exit_before_an_oom_kill_is_never_the_root_cause() -> None:
+    """Under Slurm's --mem, pyenv's `python3` runs `readlink` (exit 1) and then execs python, which the
+    cgroup's OOM killer takes 0.17 s later: the memory ended the run (seen in CI: `exit-code` led)."""
+    subshell = ProcessDeath(4100, MAIN, "bash /root/.pyenv/libexec/pyenv-exec python3", T + 0.02, 0, None)
+    readlink = ProcessDeath(4101, 4100, "/usr/bin/readlink conda.bash", T + 0.01, 1, None)
+    oom = OomEvidence("cgroup-v1", 1, victims=(MAIN,))
+    ev = failed(
+        exit_code=None,
+        signal="SIGKILL",
+        oom=oom,
+        deaths=(readlink, subshell, main_death(T + 0.18, exit_code=None, signal="SIGKILL")),
+    )
+    root = root_incident(ev)
+    assert root is not None and root.pid == MAIN
+    assert explain(ev)[0].rule == "oom-kill"
+    # two helpers, 4 ms apart (pyenv's readlink, then another of its commands)
+    second = ProcessDeath(4102, 4100, "bash /root/.pyenv/libexec/pyenv-version-name", T + 0.014, 1, None)
+    both = dataclasses.replace(ev, deaths=(*ev.deaths, second))
+    assert explain(both)[0].rule == "oom-kill"
+    # a helper whose parent failed of it before the OOM kill still leads
+    parent_failed = dataclasses.replace(
+        ev, deaths=(readlink, dataclasses.replace(subshell, exit_code=2), *ev.deaths[2:])
+    )
+    root = root_incident(parent_failed)
+    assert root is not None and root.pid != MAIN
 
 
 # --- a helper's early exit that changed nothing ---------------------------------------------------------

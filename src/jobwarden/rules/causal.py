@@ -137,18 +137,24 @@ def _surely_before(a: Incident, b: Incident) -> bool:
 
 def _demote_answered(found: list[Incident], tree: _Tree) -> list[Incident]:
     """A child's bare exit that nothing followed for CARRIED_ON_S while its parent lived on was an answer
-    the parent took (`grep` finding nothing, `readlink` in a shell script), not the run's failure. So is
-    one that nothing followed until jobwarden or the engine began to end the run, its parent failing in
-    nothing: the stop ended the run (pyenv's `python3` runs readlink, which exits 1, in its first moments)."""
+    the parent took (`grep` finding nothing, `readlink` in a shell script), not the run's failure. So are
+    such exits, one or several, that nothing else followed until jobwarden or the engine began to end the
+    run, or until the OOM killer took a process, their parents failing in nothing: the stop or the memory
+    ended the run (pyenv's `python3` runs readlink and more, which exit 1, in its first moments; a helper's
+    exit code makes no memory run out)."""
     moments = sorted(i.at for i in found)
     end = tree.cutoff if tree.cutoff != float("inf") else max(moments, default=0.0)
+    helpers = {i.pid for i in found if i.weight == WEAK and not i.is_main and _parent_went_on(i.pid, tree)}
+    others = [i.at for i in found if i.pid not in helpers]  # failures that no helper's answer explains
     demoted = []
     for i in found:
         if i.weight == WEAK and not i.is_main:
             if _quiet(i, moments, i.at + CARRIED_ON_S) and end > i.at + CARRIED_ON_S:
                 i = i._replace(weight=TEARDOWN, why="its parent carried on")
-            elif _answered_before_a_stop(i, moments, tree):
+            elif i.pid in helpers and _nothing_else_until(tree.ev.stopping_at, i, others):
                 i = i._replace(weight=ANSWERED, why="its parent carried on until the run was stopped")
+            elif i.pid in helpers and _nothing_else_until(tree.first_oom_kill, i, others):
+                i = i._replace(weight=ANSWERED, why="its parent carried on until the OOM killer struck")
         demoted.append(i)
     return demoted
 
@@ -158,12 +164,15 @@ def _quiet(i: Incident, moments: Sequence[float], until: float) -> bool:
     return not any(i.at < m <= until for m in moments)
 
 
-def _answered_before_a_stop(i: Incident, moments: Sequence[float], tree: _Tree) -> bool:
-    stopping_at = tree.ev.stopping_at
-    parent = tree.parents.get(i.pid)
-    if stopping_at is None or parent is None or i.at > stopping_at or not _quiet(i, moments, stopping_at):
-        return False
-    return parent not in tree.ended and parent not in tree.own  # the parent failed in nothing
+def _parent_went_on(pid: int, tree: _Tree) -> bool:
+    """The parent is known and failed in nothing, the OOM killer aside."""
+    parent = tree.parents.get(pid)
+    return parent is not None and (parent not in tree.ended or parent in tree.oom) and parent not in tree.own
+
+
+def _nothing_else_until(end: float | None, i: Incident, others: Sequence[float]) -> bool:
+    """`i` came before `end` and no other failure (`others`) came between them."""
+    return end is not None and i.at <= end and not any(i.at < m < end for m in others)
 
 
 class _Tree:
@@ -173,6 +182,8 @@ class _Tree:
         self.ev = ev
         self.cutoff = _cutoff(ev)
         self.oom = set(oom_killed(ev))
+        oom_deaths = [d.at for d in ev.deaths if d.pid in self.oom]
+        self.first_oom_kill = min(oom_deaths) if oom_deaths else None
         self.main = ev.pid
         deaths = [*ev.deaths, *_reported_deaths(ev)]
         # how each process ended, whenever; those that ended badly up to the cutoff are incidents (a
