@@ -85,3 +85,26 @@ def test_past_the_cap_later_exceptions_and_ended_fork_records_go(tmp_path: Path,
     forks = {int(n.split(".")[0]) for n in names(py_dir) if n.endswith(".forks.jsonl")}
     # past the cap: a live parent's, and those of ended parents whose children run
     assert len(forks) == MAX_KEPT + 3 and {5, 6, 8} <= forks
+
+
+def test_an_announced_advert_is_checked_before_it_is_written(tmp_path: Path, proc: Path) -> None:
+    py_dir = tmp_path / "py"
+    py_dir.mkdir()
+    files = PyFiles(py_dir, ProcFS(str(proc)))
+    for bad in (
+        b"{",
+        b"[]",
+        b'{"pid": true, "start_time": 1}',
+        b'{"pid": 0, "start_time": 1}',
+        b'{"pid": 5}',
+        b"{" * 100_000,
+    ):
+        files.store_advert(bad)
+    assert names(py_dir) == []
+    (py_dir / "6.json.shim.tmp").symlink_to(tmp_path / "elsewhere")  # planted: never followed
+    files.store_advert(b'{"pid": 6, "start_time": 1}')
+    assert not (tmp_path / "elsewhere").exists() and not (py_dir / "6.json").exists()
+    files.store_advert(b'{"pid": 7, "start_time": 1}')
+    assert json.loads((py_dir / "7.json").read_text()) == {"pid": 7, "start_time": 1}
+    files.store_advert(b'{"pid": 7, "start_time": 2}')  # a reused pid: the new process's
+    assert json.loads((py_dir / "7.json").read_text()) == {"pid": 7, "start_time": 2}

@@ -18,6 +18,7 @@ from jobwarden.observations import ProcessStack, RankRecorder
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes import flightrec
 from jobwarden.probes.markers import find_marked, job_markers
+from jobwarden.probes.pyhooks import settle_adverts
 from jobwarden.probes.stacks import capture_stacks
 from jobwarden.store import JobRecord, RunRecord, Store
 from jobwarden.store.records import StackDump
@@ -60,6 +61,7 @@ def dump_job(
             return replace(_last_stored(store, job, run), ranks=ranks)
     # The store is closed while the tools run: a capture may take seconds, and holds no lock meanwhile.
     started, at = time.monotonic(), SystemClock().wall()
+    settle_adverts(py_dir)  # a process born this instant: its advert on the way through the shim
     asked = flightrec.request(py_dir, pids)  # answered while the stacks are taken
     stacks = capture_stacks(pids, procfs=procfs, py_dir=py_dir, native=native, timeout_s=timeout_s)
     recorders = tuple(flightrec.collect(asked)) if asked else ()

@@ -6,8 +6,11 @@ cannot parse (a partial line, a corrupt advert) instead of failing the diagnosis
 
 from __future__ import annotations
 
+import array
 import json
 import os
+import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -150,6 +153,55 @@ def writes_to_its_file(advert: HookAdvert, procfs: ProcFS) -> bool:
     except OSError:
         return False
     return procfs.open_file(advert.pid, advert.fault_fd) == advert.fault_file_id == (st.st_dev, st.st_ino)
+
+
+ANNOUNCED_WITHIN_S = 1.0  # the shim reads the FIFO as it wakes: milliseconds, unless it is busy starting
+EVENTS_FIFO = "events.fifo"  # shim.sightings.FIFO_NAME: the hooks derive the same path from their py dir
+
+
+def settle_adverts(py_dir: Path, timeout_s: float = ANNOUNCED_WITHIN_S) -> bool:
+    """Wait, at most `timeout_s`, until the run's shim has read what the hooks announced on their FIFO: a
+    process born this instant announces its advert there and the shim writes the file
+    (shim.pyfiles.store_advert). Bytes unread in the FIFO are in flight; once they are read, the shim
+    writes the files at once, so a moment is left for that too. False when they stay unread (no shim)."""
+    fd = _open_fifo(py_dir / EVENTS_FIFO)
+    if fd is None:
+        return True
+    try:
+        deadline = time.monotonic() + timeout_s
+        if _unread(fd) == 0:
+            return True
+        while _unread(fd) > 0:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        time.sleep(0.02)  # read, being written: one drain writes every advert it read, milliseconds
+        return True
+    finally:
+        os.close(fd)
+
+
+def _open_fifo(path: Path) -> int | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if stat.S_ISFIFO(os.fstat(fd).st_mode):
+        return fd  # only looked at (FIONREAD), never read: the lines are the shim's
+    os.close(fd)
+    return None
+
+
+def _unread(fd: int) -> int:
+    import fcntl
+    import termios
+
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, count)
+    except OSError:
+        return 0
+    return count[0]
 
 
 # --- fork records -----------------------------------------------------------------------------------

@@ -40,6 +40,40 @@ class PyFiles:
     def __init__(self, py_dir: Path, procfs: ProcFS) -> None:
         self.py_dir, self.procfs = py_dir, procfs
 
+    def store_advert(self, payload: bytes) -> None:
+        """Write an advert the hooks announced on the FIFO (shim.sightings) to `<pid>.json`, where every
+        reader looks, in the order announced: a later one (the fault signal withdrawn) replaces an earlier.
+        The hooks announce instead of writing the file themselves: creating it costs ext4 an inode and a
+        rename, 0.2 ms of every forked child. A withdrawal the process wrote itself (it does, at once,
+        after announcing it) is never replaced by an advert of the same process that still offers the
+        signal: the job's handler took it, for good."""
+        try:
+            advert = json.loads(payload) if len(payload) <= _ADVERT_MAX_BYTES else None
+        except (ValueError, RecursionError):
+            return
+        pid = advert.get("pid") if isinstance(advert, dict) else None
+        start = advert.get("start_time") if isinstance(advert, dict) else None
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not isinstance(start, int):
+            return
+        assert isinstance(advert, dict)
+        existing = self._read_advert(pid)
+        if (
+            existing is not None
+            and existing.get("start_time") == start
+            and existing.get("fault_withdrawn")
+            and not advert.get("fault_withdrawn")
+        ):
+            return
+        path = self.py_dir / f"{pid}{ADVERT}"
+        tmp = self.py_dir / f"{pid}{ADVERT}.shim.tmp"  # never a name prune() reads as a pid's file
+        with contextlib.suppress(OSError):  # a planted link (O_NOFOLLOW), a full disk: no advert, no dump
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, payload)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+
     def prune(self, live: Mapping[int, int]) -> int:
         """Remove what belongs to ended processes; `live`: the tree's members, pid -> start time (others
         are asked of /proc). The number of files removed."""

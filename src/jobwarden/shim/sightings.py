@@ -5,7 +5,8 @@ Two sources, combined where the machine allows (`doctor` says which are in use):
   kernel's timestamp, of every process of the host, so of the job's non-Python processes too;
 - the Python hooks' announcements on a FIFO in the run's py dir: `born` as each Python process starts and
   right after each fork(), and `reaped` with the wait status of every child a Python parent reaps (a Pool
-  worker reaped by its parent before the shim ever saw it).
+  worker reaped by its parent before the shim ever saw it). The same FIFO carries each process's advert
+  (`advert {JSON}`), which `on_advert` (shim.pyfiles) writes to its file.
 
 A birth lets the shim open a pidfd at once (the pidfd is what later yields the exit status); a death of a
 process it never held is recorded from the event alone. Either source alone is enough for a Python job.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -52,6 +53,7 @@ class Sightings:
         self.listener = listener
         self.fifo_fd = fifo_fd
         self._partial = b""
+        self.on_advert: Callable[[bytes], None] | None = None  # each advert announced, in order
 
     @classmethod
     def open(cls, fifo: int | None, kernel_events: bool) -> Sightings:
@@ -101,8 +103,13 @@ class Sightings:
         if self.listener is not None:
             self._kernel_events(self.listener, births, deaths)
         if self.fifo_fd is not None:
+            adverts: list[bytes] = []
             for line in self._fifo_lines(self.fifo_fd):
-                parse_announcement(line, births, deaths)
+                parse_announcement(line, births, deaths, adverts)
+            store = self.on_advert
+            if store is not None:
+                for advert in adverts:
+                    store(advert)
         return births, deaths
 
     def _kernel_events(self, listener: ProcEventListener, births: list[Birth], deaths: list[Death]) -> None:
@@ -151,9 +158,16 @@ def open_fifo(path: Path) -> int | None:
         return None
 
 
-def parse_announcement(line: bytes, births: list[Birth], deaths: list[Death]) -> None:
-    """One line the hooks wrote: `born PID START PPID RANK` or `reaped REAPER PID STATUS UNIXTIME`.
-    Anything else (a torn or foreign line) is skipped: the job's processes write here."""
+def parse_announcement(
+    line: bytes, births: list[Birth], deaths: list[Death], adverts: list[bytes] | None = None
+) -> None:
+    """One line the hooks wrote: `born PID START PPID RANK`, `reaped REAPER PID STATUS UNIXTIME` or
+    `advert JSON` (its JSON to `adverts`, unread). Anything else (a torn or foreign line) is skipped: the
+    job's processes write here."""
+    if line.startswith(b"advert "):
+        if adverts is not None:
+            adverts.append(line[len(b"advert ") :])
+        return
     parts = line.split()
     try:
         if len(parts) == 5 and parts[0] == b"born":

@@ -330,6 +330,7 @@ class Supervisor(StoppingSupervisor):
         before would make every `run` wait for modules it does not need to return. A kill in these
         first milliseconds is still counted: a new cgroup starts at zero, and exits are collected."""
         sightings = self.exits.sightings or self._listen_for_births()  # adopted: the job runs already
+        sightings.on_advert = self.pyfiles.store_advert
         self.record.event("watching-births", self.clock.wall(), sources=sightings.sources)
         # Over already (`true`): nothing live to judge, and `run --wait` (attached runs) waits for no
         # imports. Not when it was SIGKILLed: that may be the OOM killer's, to be counted and named.
