@@ -68,11 +68,18 @@ def run_to_end(jw: Jobwarden, command: tuple[str, ...], *options: str) -> dict[s
     return report
 
 
-def read_lines(fifo: Path, n: int) -> list[str]:
-    """`n` announcements from the FIFO: two ranks may write theirs in the time of one read."""
+def read_lines(fifo: Path, n: int, jw: Jobwarden | None = None, job: int | None = None) -> list[str]:
+    """`n` announcements from the FIFO: two ranks may write theirs in the time of one read. Without them
+    in time, the failure says what jobwarden knew of the job (a start that never got there)."""
     lines: list[str] = []
     while len(lines) < n:
-        lines += read_fifo(fifo, timeout_s=90).splitlines()
+        try:
+            lines += read_fifo(fifo, timeout_s=90).splitlines()
+        except TimeoutError as err:
+            if jw is None or job is None:
+                raise
+            said = jw("explain", str(job)).stdout + jw("logs", str(job), "-n", "40").stdout
+            raise AssertionError(f"{err}; lines so far: {lines}; the job:\n{said}") from err
     return lines
 
 
@@ -189,7 +196,7 @@ def test_torchrun_collective_hang_names_the_culprit_from_the_flight_recorder(
     fifo = make_fifo(tmp_path / "ready")
     options = ("--hang-timeout", "4s", "--on-hang", "stop", "--grace", "2s")
     job = jw.start(*torchrun(scenario, "--ready", str(fifo), ranks=ranks), options=options)
-    said = [line.split(maxsplit=2) for line in read_lines(fifo, ranks)]
+    said = [line.split(maxsplit=2) for line in read_lines(fifo, ranks, jw, job["id"])]
     culprit, rank = next((int(pid), int(r)) for pid, r, what in said if what == culprit_says)
     jw("wait", str(job["id"]), "--timeout", "120s")
     report = jw.json("explain", str(job["id"]))
@@ -213,7 +220,7 @@ def test_torchrun_collective_hang_from_the_stacks_alone(
     fifo = make_fifo(tmp_path / "ready")
     options = ("--hang-timeout", "4s", "--on-hang", "stop", "--grace", "2s")
     job = jw.start(*torchrun(scenario, "--ready", str(fifo), ranks=ranks), options=options)
-    said = [line.split(maxsplit=2) for line in read_lines(fifo, ranks)]
+    said = [line.split(maxsplit=2) for line in read_lines(fifo, ranks, jw, job["id"])]
     culprit, rank = next((int(pid), int(r)) for pid, r, what in said if what == culprit_says)
     jw("wait", str(job["id"]), "--timeout", "120s")
     first = assert_root(jw.json("explain", str(job["id"])), "collective-hang", culprit, rank)

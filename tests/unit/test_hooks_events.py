@@ -34,7 +34,7 @@ def test_a_birth_is_one_line_the_shim_parses(tmp_path: Path) -> None:
     assert reader is not None
     job = job_at(tmp_path)
     try:
-        injected.announce_birth(job, 4242, 777)
+        injected._announce(job, injected.birth_line(4242, 777))
         (line,) = lines_of(reader)
         births: list[Birth] = []
         parse_announcement(line, births, [])
@@ -47,7 +47,7 @@ def test_a_birth_is_one_line_the_shim_parses(tmp_path: Path) -> None:
 
 def test_without_a_fifo_the_announcement_is_dropped_once_and_for_all(tmp_path: Path) -> None:
     job = job_at(tmp_path)
-    injected.announce_birth(job, 1, 1)
+    injected._announce(job, injected.birth_line(1, 1))
     assert job.events_fd == -2  # no shim's run here: never tried again
 
 
@@ -60,7 +60,7 @@ def test_a_full_fifo_of_a_dead_shim_neither_blocks_nor_kills(tmp_path: Path) -> 
     job = job_at(tmp_path)
     try:
         for _ in range(5000):  # far past the 64 KiB of a pipe
-            injected.announce_birth(job, 1, 1)
+            injected._announce(job, injected.birth_line(1, 1))
     finally:
         signal.signal(signal.SIGPIPE, previous)
         os.close(job.events_fd)

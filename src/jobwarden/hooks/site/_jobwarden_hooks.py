@@ -308,8 +308,8 @@ def _record_rank() -> int | None:
     return None
 
 
-def announce_birth(job: _Job, pid: int, start_time: int) -> None:
-    _announce(job, f"born {pid} {start_time} {os.getppid()} {_rank()}\n")
+def birth_line(pid: int, start_time: int) -> str:
+    return f"born {pid} {start_time} {os.getppid()} {_rank()}\n"
 
 
 # A clean exit's line waits for company: with busy threads every syscall that releases the GIL costs the
@@ -669,10 +669,13 @@ def write_advert(
     ptracer: bool,
     start_time: int,
     forked: dict[str, object] | None = None,
+    born: str = "",
 ) -> None:
     """`<pid>.json`. With the fault file, the descriptor faulthandler writes to and what file it is: the
     shim signals only while /proc/PID/fd/N is still that file (the job may have closed it and reused the
-    number for its own data). `forked`: the fork record this process was forked under, in its parent."""
+    number for its own data). `forked`: the fork record this process was forked under, in its parent.
+    `born`: the process's `born` line, announced in the same write (each syscall of a forked child costs
+    it a fault on pages it shares with its parent)."""
     if job.program is None:
         job.program = _program()
     on_signal = bool(fault_file) and job.stacks_fd is not None and job.stacks_id is not None
@@ -697,7 +700,7 @@ def write_advert(
     # The shim writes the file from the announcement (shim.pyfiles.store_advert): a file created here
     # costs ext4 an inode and a rename, 0.2 ms of every forked child measured. Written here only where
     # there is no shim to tell, or its FIFO is full.
-    if not _announce(job, f"advert {text}\n"):
+    if not _announce(job, f"{born}advert {text}\n") and not (born and _announce(job, born)):
         _write_atomic(job.path(pid, ".json"), text)
 
 
@@ -717,7 +720,6 @@ def _hook_process(job: _Job, pid: int, forked: dict[str, object] | None = None) 
     job.pid = pid
     job.reaped = []  # a forked child's: the parent's lines stay the parent's to write
     start_time = _start_time()
-    announce_birth(job, pid, start_time)
     job.exception_seen = False
     job.caught = 0  # a forked child's own records (the counters came with the parent's memory)
     job.fork_sites = set()
@@ -732,7 +734,7 @@ def _hook_process(job: _Job, pid: int, forked: dict[str, object] | None = None) 
         ptracer = declare_ptracer(job)
     except Exception as err:
         _report(job, "PR_SET_PTRACER", err)
-    write_advert(job, pid, fault_file, ptracer, start_time, forked)
+    write_advert(job, pid, fault_file, ptracer, start_time, forked, birth_line(pid, start_time))
 
 
 # --- the job takes the fault signal for itself ----------------------------------------------------------
