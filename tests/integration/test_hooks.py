@@ -481,7 +481,8 @@ def test_the_hooks_import_nothing_heavy(job: Job) -> None:
     yama = Path("/proc/sys/kernel/yama/ptrace_scope")
     declared = {"ctypes"} if yama.exists() and yama.read_text().strip() == "1" else set()  # for the prctl
     assert hooked - baseline <= declared
-    assert list((job.py_dir / ".cache").glob("hooks.cpython-*.code"))  # the next processes load it compiled
+    # the next processes load it compiled
+    assert list((job.py_dir / ".cache").glob("_jobwarden_hooks.cpython-*.code"))
 
 
 SETS_THE_FAULT_SIGNAL = """
@@ -581,3 +582,20 @@ def test_a_rank_serves_its_flight_recorder_and_a_forked_child_does_not(tmp_path:
     assert child_threads == 1  # fork copies only the forking thread: no recorder thread in the child
     assert read_forks(runner.py_dir) == []  # the hooks' own thread is not "another thread" of the job's
     assert "jobwarden: python hook" not in ran.stderr
+
+
+LOADED_PARTS = """
+    import sys
+    hooks = sys.modules["_jobwarden_hooks"]
+    print(sorted(hooks._loaded))
+    import traceback
+    print(sorted(hooks._loaded))
+"""
+
+
+def test_a_part_of_the_hooks_loads_only_when_a_process_needs_it(job: Job) -> None:
+    """Start-up loads the hooks' core only (their code is most of their start-up cost); the records of
+    exceptions come with `traceback`, compiled once a run like the core."""
+    at_start, after = job.run(LOADED_PARTS).stdout.splitlines()
+    assert at_start == "[]" and after == "['exceptions']"
+    assert list((job.py_dir / ".cache").glob("_jobwarden_exceptions.cpython-*.code"))

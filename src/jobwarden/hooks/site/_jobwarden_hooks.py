@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # mypy only: typing costs every start-up a few milliseconds o
     import resource
     from collections.abc import Callable, Mapping
     from importlib.machinery import ModuleSpec, PathFinder
-    from types import FrameType, ModuleType
+    from types import CodeType, FrameType, ModuleType
     from typing import Any
 
 PY_DIR_ENV = "JOBWARDEN_PY_DIR"
@@ -419,95 +419,60 @@ def _wrap_waits() -> None:
         os.waitid = waitid_reported
 
 
-# --- the first uncaught exception ----------------------------------------------------------------------
+# --- parts loaded when first needed ----------------------------------------------------------------
+#
+# Every process of the job loads this module as it starts; what only some processes need is in parts
+# (_jobwarden_<part>.py beside this file), run in this module's own namespace the first time it is needed.
+# Loading the hooks' code is most of their start-up cost: 0.35 ms of unmarshalling for 95 KB of code, plus
+# running it, in a fresh interpreter.
 
-MESSAGE_CHARS = 4000
-CHAINED = 5
+PARTS = ("exceptions", "progress", "torch")
+_code_of: Callable[[str, str], CodeType] | None = None  # sitecustomize's cached compilation, in a job
+_loaded: set[str] = set()
+
+
+def load_part(name: str) -> dict[str, Any]:
+    """This module's namespace, with the part `name` run in it (once)."""
+    space = globals()
+    if name not in _loaded:
+        source = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"_jobwarden_{name}.py")
+        job = _job
+        if _code_of is not None and job is not None:
+            code = _code_of(source, os.path.join(job.py_dir, ".cache"))
+        else:  # imported by a test or a tool: no py dir to cache in
+            with open(source, "rb") as fh:
+                code = compile(fh.read(), source, "exec", dont_inherit=True)
+        doc = space.get("__doc__")
+        exec(code, space)
+        space["__doc__"] = doc  # the part's docstring was run as `__doc__ = ...`
+        _loaded.add(name)
+    return space
+
+
+def _in_part(part: str, name: str) -> Callable[..., Any]:
+    """The function `name` of `part`, which loads the part at its first call."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return load_part(part)[name](*args, **kwargs)
+
+    return call
+
+
+def __getattr__(name: str) -> Any:
+    """A name from a part not loaded yet (a test, a tool): every part is loaded, then asked."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    for part in PARTS:
+        load_part(part)
+    try:
+        return globals()[name]
+    except KeyError:
+        raise AttributeError(name) from None
+
+
+# --- the first uncaught exception (recorded by the `exceptions` part) -------------------------------
+
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
-
-
-def trim(text: str, limit: int = MESSAGE_CHARS) -> str:
-    """At most `limit` characters: a long message's start and its end, where a relayed traceback (a
-    worker's, inside its parent's exception) ends with the exception that started it all."""
-    if len(text) <= limit:
-        return text
-    marker = f"\n[... {len(text)} characters, cut ...]\n"
-    head = limit // 4
-    return text[:head] + marker + text[len(text) - (limit - head - len(marker)) :]
-
-
-def _qualified(kind: type) -> str:
-    module = getattr(kind, "__module__", "") or ""
-    name = getattr(kind, "__qualname__", kind.__name__)
-    return name if module in ("builtins", "__main__") else f"{module}.{name}"
-
-
-def _traceback_frames(tb: object) -> list[dict[str, object]]:
-    """Innermost first, like every stack jobwarden keeps."""
-    found: list[dict[str, object]] = []
-    while tb is not None:
-        code = tb.tb_frame.f_code  # type: ignore[attr-defined]
-        found.append(
-            {
-                "function": getattr(code, "co_qualname", code.co_name),
-                "file": code.co_filename,
-                "line": tb.tb_lineno,  # type: ignore[attr-defined]
-            }
-        )
-        tb = tb.tb_next  # type: ignore[attr-defined]
-    return found[::-1][:FRAMES_PER_THREAD]
-
-
-def exception_record(exc: BaseException, at: float, pid: int, start_time: int) -> dict[str, object]:
-    chain: list[dict[str, object]] = []
-    inner: BaseException | None = exc
-    while inner is not None and len(chain) < CHAINED:
-        inner = inner.__cause__ or (None if inner.__suppress_context__ else inner.__context__)
-        if inner is None:
-            break
-        chain.append({"type": _qualified(type(inner)), "message": trim(str(inner))})
-    return {
-        "pid": pid,
-        "start_time": start_time,
-        "at": at,
-        "type": _qualified(type(exc)),
-        "message": trim(str(exc)),
-        "frames": _traceback_frames(exc.__traceback__),
-        "chain": chain,
-        "rank": _record_rank(),
-        "executable": sys.executable or None,  # a missing module is missing for this interpreter
-    }
-
-
-def _torchelastic_error(exc: BaseException, at: float) -> str:
-    """What torch.distributed.elastic's @record writes (ErrorHandler.record_exception), so that the
-    agent's ChildFailedError report carries the rank's traceback instead of `error_file: <N/A>`."""
-    import traceback  # only on the way out of a failing process
-
-    return dumps(
-        {
-            "message": {
-                "message": f"{type(exc).__name__}: {exc}",
-                "extraInfo": {
-                    "py_callstack": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-                    "timestamp": str(int(at)),
-                },
-            }
-        }
-    )
-
-
-def _record_exception(job: _Job, exc: BaseException) -> None:
-    if job.exception_seen:
-        return
-    job.exception_seen = True
-    at, pid = time.time(), os.getpid()
-    _write_atomic(job.path(pid, ".exc.json"), dumps(exception_record(exc, at, pid, _start_time())))
-    error_file = os.environ.get(ERROR_FILE_ENV)
-    # torchrun gives each rank its own file; a child of the rank inherits the variable but is not the
-    # rank: only the process torchrun started (the one that saw the variable at start-up, not a fork)
-    if error_file and job.error_file_owner == pid and not os.path.exists(error_file):
-        _write_atomic(error_file, _torchelastic_error(exc, at))
 
 
 def _install_excepthook(job: _Job) -> None:
@@ -515,72 +480,12 @@ def _install_excepthook(job: _Job) -> None:
 
     def excepthook(kind: type[BaseException], exc: BaseException, tb: object) -> None:
         try:
-            _record_exception(job, exc)
+            load_part("exceptions")["_record_exception"](job, exc)
         except Exception as err:
             _report(job, "exception record", err)
         previous(kind, exc, tb)  # type: ignore[arg-type]
 
     sys.excepthook = excepthook
-
-
-# --- exceptions formatted without dying of them --------------------------------------------------------
-
-CAUGHT_RECORDS = 32  # per process: a job that logs an exception in a loop must not fill the disk
-CAUGHT_MESSAGE_CHARS = 1000
-CAUGHT_FRAMES = 20
-
-
-def record_caught(job: _Job, kind: object, exc: object, tb: object) -> None:
-    """One line of `<pid>.caught.jsonl` for an exception this process formats (traceback's
-    TracebackException: format_exception, format_exc, print_exc, logging's exception()). A worker that
-    sends its task's exception to its parent formats it first (multiprocessing.pool, concurrent.futures,
-    loky, torch's DataLoader and spawn all do): the parent's re-raise then carries this text, and the
-    record names the process where it was raised. What the process prints as it dies is recorded too."""
-    if job.caught >= CAUGHT_RECORDS or job.recording or tb is None or not isinstance(exc, BaseException):
-        return
-    job.recording = True
-    try:
-        job.caught += 1
-        pid = os.getpid()
-        record = {
-            "pid": pid,
-            "at": time.time(),
-            "type": _qualified(kind if isinstance(kind, type) else type(exc)),
-            "message": trim(str(exc), CAUGHT_MESSAGE_CHARS),
-            "frames": _traceback_frames(tb)[:CAUGHT_FRAMES],
-            "rank": _record_rank(),
-        }
-        _append(job.path(pid, ".caught.jsonl"), dumps(record))
-    finally:
-        job.recording = False
-
-
-def hook_traceback(module: ModuleType) -> None:
-    """Record every exception `traceback` formats: the outermost TracebackException of each formatting
-    (the exceptions chained to it are built with `_seen` set, 3.8-3.14)."""
-    cls = module.TracebackException
-    original = cls.__init__
-    if getattr(original, "_jobwarden", False):
-        return
-
-    def __init__(
-        self: object,
-        exc_type: object,
-        exc_value: object,
-        exc_traceback: object,
-        *args: object,
-        **kwargs: object,
-    ) -> None:
-        original(self, exc_type, exc_value, exc_traceback, *args, **kwargs)
-        job = _job
-        if job is not None and kwargs.get("_seen") is None:
-            try:
-                record_caught(job, exc_type, exc_value, exc_traceback)
-            except Exception as err:  # a record must never change what the job formats
-                _report(job, "caught exception record", err)
-
-    __init__._jobwarden = True  # type: ignore[attr-defined]
-    cls.__init__ = __init__
 
 
 # --- the hooks --------------------------------------------------------------------------------------
@@ -935,6 +840,16 @@ def _write_fork_line(job: _Job, parent: int, line: dict[str, object]) -> None:
     _append(job.path(parent, ".forks.jsonl"), dumps(line))
 
 
+def _forget_recorder(job: _Job) -> None:
+    """In a forked child: the recorder's thread stayed in the parent (fork copies the calling thread
+    only), and the FIFO is the parent's to read. A child that joins a group of its own starts its own."""
+    job.recorder_thread = None
+    fd, job.recorder_fd = job.recorder_fd, -1
+    if fd >= 0 and file_id(fd) == job.recorder_fd_id:
+        os.close(fd)
+    job.recorder_fd_id = None
+
+
 # --- multiprocessing's start method, and modules hooked as they are imported -----------------------
 
 
@@ -1049,496 +964,21 @@ class AfterImport:
             sys.meta_path.remove(self)
 
 
-# --- progress bars, read in-process (tqdm, Keras, rich) ------------------------------------------------
-#
-# The counters of the job's bars, exact, without parsing its output: each hooked class writes what this
-# process's bars show to `<py_dir>/<pid>.progress` (the shim reads it), at most every PROGRESS_EVERY_S and
-# when a bar closes or a new one appears. The modules are hooked as they are first imported (AfterImport):
-# nothing is imported here, and a job without bars pays one dict lookup per import. Each wrapper calls the
-# library first and swallows its own failures: a bar must never break the job. tqdm's refresh() runs when
-# the bar is redrawn (at most every mininterval, 0.1 s by default; __iter__ does not call it per item), so
-# the cost of a tight loop does not change.
-
-# tqdm's own mininterval: each redraw of a default bar is recorded, and a loop that stops right after a
-# burst of fast steps leaves its record at most this far behind (no timer writes the last state later).
-# A write costs an inode (the temporary file renamed over the record), 1.2-1.9 ms measured on ext4: at 10
-# a second, 1-2 % of a core (5-8 % of a job held to a quarter of a CPU). The checks before it are O(1).
-PROGRESS_EVERY_S = 0.1
-MAX_BARS = 16
-TEXT_CHARS = 200
-
-
-class _Bars:
-    """This process's bars, as the hooks last saw them."""
-
-    def __init__(self) -> None:
-        self.written = -1e9  # monotonic time of the last record
-        self.unwritten = False  # a bar moved since the last record: written at exit if nothing came after
-        self.exit_hook = False  # _progress_left registered with atexit
-        self.tqdm: Any = None  # tqdm.std.tqdm once hooked: its live bars are in tqdm._instances
-        self.closed: dict[str, object] | None = None  # the bar closed last, as it ended
-        self.keras: Any = None  # the Keras Progbar updated last
-        self.rich: Any = None  # the rich Progress updated last
-        self.epoch: int | None = None  # the epoch Keras' ProgbarLogger began (1-based, as it prints)
-        self.known: dict[int, None] = {}  # ids of the last bars written (32), oldest first: a new one is
-        # written at once
-        self.fd = -1  # `<pid>.progress`, kept open by the process that opened it (fd_pid)
-        self.fd_id: tuple[int, int] | None = None  # its (st_dev, st_ino)
-        self.fd_pid = 0
-        self.length = 0  # bytes in the file: a shorter record is padded over it
-
-    def is_new(self, bar: object) -> bool:
-        """A bar not written yet (a new epoch's bar): its first state is worth a write at once. O(1): it
-        runs at every redraw of every bar."""
-        key = id(bar)
-        if key in self.known:
-            return False
-        self.known[key] = None
-        if len(self.known) > 32:
-            del self.known[next(iter(self.known))]
-        return True
-
-
-_bars = _Bars()
-
-
-def _progress_seen(force: bool = False) -> None:
-    """A hooked bar moved: write the record, unless one was written less than PROGRESS_EVERY_S ago."""
-    job = _job
-    if job is None:
-        return
-    try:
-        now = time.monotonic()
-        if not force and now - _bars.written < PROGRESS_EVERY_S:
-            if not _bars.unwritten:
-                _bars.unwritten = True
-                _flush_progress_at_exit()
-            return
-        _bars.written, _bars.unwritten = now, False
-        _write_progress(job, _bars, dumps(progress_record(_bars, time.time())).encode())
-    except Exception as err:
-        _report(job, "progress record", err)
-
-
-def _flush_progress_at_exit() -> None:
-    """The bars' last state, at exit: a fit whose last steps all come within PROGRESS_EVERY_S of a record
-    (Lightning's rich bar through a small model's last epoch) would otherwise end at a step it passed."""
-    if _bars.exit_hook:
-        return
-    _bars.exit_hook = True
-    import atexit  # built in
-
-    atexit.register(_progress_left)
-
-
-def _progress_left() -> None:
-    if _bars.unwritten and _bars.fd_pid == os.getpid():  # a forked child: its parent's bars, not its own
-        _progress_seen(force=True)
-
-
-def _write_progress(job: _Job, bars: _Bars, text: bytes) -> None:
-    """The record, rewritten in place: one pwrite() on a descriptor kept open (checked to be still the
-    record: the job may close it and reuse the number), padded with spaces over a longer previous record
-    (JSON allows them). A temporary file renamed over it cost an inode a write, 1.2-1.9 ms measured on
-    ext4, ten times a second. A reader that meets a write half done fails to parse it (or, for a write of
-    the same length, reads a mix of two states a tenth of a second apart) and reads again at its next tick."""
-    fd = bars.fd
-    if fd >= 0 and (bars.fd_pid != job.pid or file_id(fd) != bars.fd_id):
-        if bars.fd_pid != job.pid and file_id(fd) == bars.fd_id:
-            os.close(fd)  # a forked child's copy of its parent's: its own record is another file
-        fd = bars.fd = -1
-    if fd < 0:
-        path = job.path(job.pid, ".progress")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        bars.fd, bars.fd_id, bars.fd_pid, bars.length = fd, file_id(fd), job.pid, os.fstat(fd).st_size
-    os.pwrite(fd, text + b" " * (bars.length - len(text)), 0)
-    bars.length = max(bars.length, len(text))
-
-
-def progress_record(bars: _Bars, at: float) -> dict[str, object]:
-    found: list[dict[str, object]] = []
-    if bars.tqdm is not None:
-        try:
-            live = list(bars.tqdm._instances)  # a WeakSet another thread may change: retried next time
-        except Exception:
-            live = []
-        found += [e for e in (_tqdm_bar(bar, False) for bar in live[:MAX_BARS]) if e is not None]
-    if bars.closed is not None:
-        found.append(bars.closed)
-    if bars.keras is not None:
-        found += [e for e in (_keras_bar(bars.keras),) if e is not None]
-    if bars.rich is not None:
-        found += _rich_bars(bars.rich)
-    rank = _rank()
-    return {
-        "pid": os.getpid(),
-        "rank": int(rank) if rank != "-" else None,
-        "at": at,
-        "bars": found[:MAX_BARS],
-        "epoch": bars.epoch,
-    }
-
-
-def _text(value: object) -> str | None:
-    return value[:TEXT_CHARS] if isinstance(value, str) else None
-
-
-def _count(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        return None
-    return int(value) if abs(value) < 1e18 else None
-
-
-def _tqdm_bar(bar: Any, closed: bool) -> dict[str, object] | None:
-    n = _count(getattr(bar, "n", None))  # a bar another thread is still building has no n yet
-    if n is None:
-        return None
-    return {
-        "kind": "tqdm",
-        "n": n,
-        "total": _count(getattr(bar, "total", None)),
-        "unit": _text(getattr(bar, "unit", None)),
-        "desc": _text(getattr(bar, "desc", None)),
-        "pos": abs(_count(getattr(bar, "pos", 0)) or 0),
-        "closed": closed,
-        "postfix": _text(getattr(bar, "postfix", None)),
-    }
-
-
-def _keras_bar(bar: Any) -> dict[str, object] | None:
-    n = _count(getattr(bar, "_seen_so_far", None))
-    if n is None:
-        return None
-    total = _count(getattr(bar, "target", None))
-    metrics = {}
-    values: Any = getattr(bar, "_values", None) or {}
-    for name in list(getattr(bar, "_values_order", None) or [])[:MAX_BARS]:
-        try:
-            summed, count = values[name]
-            metrics[str(name)[:40]] = float(summed) / max(float(count), 1.0)
-        except Exception:  # a tensor, a value of another shape: that metric is left out
-            continue
-    return {
-        "kind": "keras",
-        "n": n,
-        "total": total,
-        "unit": _text(getattr(bar, "unit_name", "step")),
-        "desc": None,
-        "pos": 0,
-        "closed": total is not None and n >= total,
-        "metrics": metrics,
-    }
-
-
-def _rich_bars(progress: Any) -> list[dict[str, object]]:
-    found: list[dict[str, object]] = []
-    try:
-        tasks = list(progress.tasks)[:MAX_BARS]
-        metrics = _rich_metrics(progress)
-    except Exception:
-        return found
-    for task in tasks:
-        n = _count(getattr(task, "completed", None))
-        if n is None or not getattr(task, "visible", True):
-            continue
-        desc = _text(getattr(task, "description", None))
-        found.append(
-            {
-                "kind": "rich",
-                "n": n,
-                "total": _count(getattr(task, "total", None)),
-                "unit": None,
-                "desc": _unmarked(desc) if desc else None,
-                "pos": len(found),
-                "closed": bool(getattr(task, "finished", False)),
-                "metrics": metrics,
-            }
-        )
-    return found
-
-
-def _rich_metrics(progress: Any) -> dict[str, float]:
-    """Lightning's RichProgressBar shows its metrics in a column that keeps them in `_metrics`."""
-    for column in getattr(progress, "columns", ()):
-        found = getattr(column, "_metrics", None)
-        if isinstance(found, dict):
-            return {str(k)[:40]: float(v) for k, v in list(found.items())[:MAX_BARS] if _is_number(v)}
-    return {}
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _unmarked(text: str) -> str:
-    """A rich description without its markup: "[bold]Epoch 3" -> "Epoch 3"."""
-    out, depth = [], 0
-    for c in text:
-        if c == "[":
-            depth += 1
-        elif c == "]" and depth:
-            depth -= 1
-        elif not depth:
-            out.append(c)
-    return "".join(out).strip()
-
-
-def _hook_tqdm(module: ModuleType) -> None:
-    cls = getattr(module, "tqdm", None)
-    if cls is None or getattr(cls, "_jobwarden_hooked", False):
-        return
-    refresh, close = cls.refresh, cls.close
-
-    def refresh_seen(self: Any, *args: Any, **kwargs: Any) -> Any:
-        shown = refresh(self, *args, **kwargs)
-        if _job is not None:
-            _progress_seen(force=_bars.is_new(self))
-        return shown
-
-    def close_seen(self: Any, *args: Any, **kwargs: Any) -> Any:
-        was_open = not getattr(self, "disable", True)
-        result = close(self, *args, **kwargs)
-        if was_open and _job is not None:
-            try:
-                _bars.closed = _tqdm_bar(self, True)
-            except Exception:  # at interpreter shutdown (close from __del__) anything may be gone
-                return result
-            _progress_seen(force=True)
-        return result
-
-    cls.refresh, cls.close = refresh_seen, close_seen
-    cls._jobwarden_hooked = True
-    _bars.tqdm = cls
-
-
-def _hook_progbar(module: ModuleType) -> None:
-    cls = getattr(module, "Progbar", None)
-    if cls is None or getattr(cls, "_jobwarden_hooked", False):
-        return
-    update = cls.update
-
-    def update_seen(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = update(self, *args, **kwargs)
-        if getattr(self, "verbose", 1) and _job is not None:
-            _bars.keras = self
-            target = getattr(self, "target", None)
-            done = target is not None and getattr(self, "_seen_so_far", 0) >= target
-            _progress_seen(force=done or _bars.is_new(self))
-        return result
-
-    cls.update = update_seen
-    cls._jobwarden_hooked = True
-
-
-def _hook_progbar_logger(module: ModuleType) -> None:
-    cls = getattr(module, "ProgbarLogger", None)
-    if cls is None or getattr(cls, "_jobwarden_hooked", False):
-        return
-    begin = cls.on_epoch_begin
-
-    def on_epoch_begin_seen(self: Any, epoch: int, *args: Any, **kwargs: Any) -> Any:
-        _bars.epoch = _count(epoch + 1) if _is_number(epoch) else None
-        return begin(self, epoch, *args, **kwargs)
-
-    cls.on_epoch_begin = on_epoch_begin_seen
-    cls._jobwarden_hooked = True
-
-
-def _hook_rich(module: ModuleType) -> None:
-    cls = getattr(module, "Progress", None)
-    if cls is None or getattr(cls, "_jobwarden_hooked", False):
-        return
-    for name in ("update", "advance"):
-        setattr(cls, name, _rich_wrapper(getattr(cls, name)))
-    cls._jobwarden_hooked = True
-
-
-def _rich_wrapper(method: Callable[..., Any]) -> Callable[..., Any]:
-    def seen(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = method(self, *args, **kwargs)
-        if _job is not None:
-            _bars.rich = self
-            _progress_seen()
-        return result
-
-    return seen
-
-
-PROGRESS_HOOKS: dict[str, Callable[[ModuleType], None]] = {
-    "tqdm.std": _hook_tqdm,
-    "keras.src.utils.progbar": _hook_progbar,  # Keras 3
-    "keras.src.callbacks.progbar_logger": _hook_progbar_logger,
-    "keras.utils.generic_utils": _hook_progbar,  # Keras 2
-    "keras.src.utils.generic_utils": _hook_progbar,
-    "tf_keras.src.utils.generic_utils": _hook_progbar,
-    "keras.callbacks": _hook_progbar_logger,
-    "keras.src.callbacks": _hook_progbar_logger,
-    "tf_keras.src.callbacks": _hook_progbar_logger,
-    "rich.progress": _hook_rich,  # Lightning's RichProgressBar, its default where rich is installed
-}
-
-
-# --- PyTorch's flight recorder, read on the shim's request -----------------------------------------------
-#
-# On a hang every rank's main thread sits in C++ (work.wait() in a collective): a signal handler of Python's
-# would never run there. One thread of the hooks' per rank blocks in read() on a FIFO (no CPU while idle, no
-# timer) and, for each byte the shim writes, dumps the recorder from torch's C++ side, which it may call from
-# any thread (docs.pytorch.org, "Flight Recorder for Debugging Stuck Jobs"; measured in research/ranks.md).
-
-RECORDER_REQUEST = ".fr.req"
-RECORDER_DUMP = ".fr.json"
-RECORDER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # hooks.FLIGHT_RECORDER_ENV
-RECORDER_ENTRIES = 64  # the last ones: ranks diverge at the collectives they wait in, the newest
-RECORDER_FRAMES = 16
-RECORDER_MAX_BYTES = 1 << 20
-
-
-def hook_torch_distributed(module: ModuleType) -> None:
-    """Wrap init_process_group (torch.distributed's name, and every torch.distributed module's that bound
-    it): once it returns, the process is a rank with collectives to record. torch is never imported here."""
-    original = getattr(module, "init_process_group", None)
-    if original is None or getattr(original, "_jobwarden", False):
-        return
-
-    def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
-        job = _job
-        if job is not None:
-            try:
-                serve_recorder(job, os.environ)
-            except Exception as err:  # the job has its group: only the recorder's reading is lost
-                _report(job, "flight recorder", err)
-        return result
-
-    for name in ("__name__", "__qualname__", "__doc__", "__module__"):
-        setattr(init_process_group, name, getattr(original, name, None))
-    init_process_group.__wrapped__ = original  # type: ignore[attr-defined]  # inspect.signature follows it
-    init_process_group._jobwarden = True  # type: ignore[attr-defined]
-    module.init_process_group = init_process_group  # type: ignore[attr-defined]
-    # torch's own modules that bound the function as they were imported: distributed_c10d, and
-    # device_mesh, whose init_device_mesh() creates the default group where the script did not
-    for name, imported in list(sys.modules.items()):
-        if (
-            name.startswith("torch.distributed.")
-            and getattr(imported, "init_process_group", None) is original
-        ):
-            imported.init_process_group = init_process_group  # type: ignore[attr-defined]
-
-
-def recorder_on(environ: Mapping[str, str]) -> bool:
-    """torch reads the first name, then the second: a size of 0 (or none) records nothing."""
-    for name in RECORDER_ENV:
-        if name in environ:
-            return _int(environ.get(name)) > 0
-    return False
-
-
-def serve_recorder(job: _Job, environ: Mapping[str, str]) -> bool:
-    """Start the recorder's thread, once per process; False where there is nothing to serve."""
-    if job.recorder_thread is not None or not recorder_on(environ):
-        return False
-    dump = _recorder_dump()
-    if dump is None:
-        return False
-    path = job.path(job.pid, RECORDER_REQUEST)
-    try:  # noqa: SIM105 - a FIFO left by an earlier process of this pid
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    os.mkfifo(path, 0o600)
-    # O_RDWR: this process is a writer too, so read() never sees end-of-file between the shim's requests
-    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-    job.recorder_fd, job.recorder_fd_id = fd, file_id(fd)
-    job.recorder_thread = _thread.start_new_thread(_recorder_loop, (job, job.pid, fd, dump))
-    return True
-
-
-def _recorder_dump() -> Callable[[bool], dict[str, Any]] | None:
-    """torch's dump: `dump(stacks)` returns its plain values. Two forms: the pickled one (made by this very
-    process, of plain values) carries each entry's Python stack, and its first call costs a second or more
-    (torch symbolises the stacks: 1.15 s measured, 1.9 s on a loaded machine); without stacks it takes
-    0.1 ms. None for a torch without the recorder."""
-    c10d = getattr(sys.modules.get("torch._C"), "_distributed_c10d", None)
-    pickled = getattr(c10d, "_dump_fr_trace", None)
-    as_json = getattr(c10d, "_dump_fr_trace_json", None)
-    if pickled is None and as_json is None:
-        return None
-
-    def dump(stacks: bool) -> dict[str, Any]:
-        if pickled is None:
-            import json
-
-            return json.loads(as_json(True, False))  # type: ignore[misc, no-any-return]
-        import pickle
-
-        return pickle.loads(pickled(True, stacks, False))  # type: ignore[no-any-return]
-
-    return dump
-
-
-def _recorder_loop(job: _Job, pid: int, fd: int, dump: Callable[[bool], dict[str, Any]]) -> None:
-    """The recorder's thread: asleep in read() until the shim writes a request. It ends when the FIFO is
-    no longer its own (the job closed every descriptor and reused the number: its data must not be read).
-    Each request is answered twice: at once without the stacks, then with them: a shim that cannot wait
-    for the slow first symbolisation still has the sequence to compare."""
-    while file_id(fd) == job.recorder_fd_id:
-        try:
-            if not os.read(fd, 64):
-                return
-        except OSError:
-            return
-        try:
-            for stacks in (False, True):
-                text = recorder_text(dump(stacks), pid, _record_rank(), time.time(), stacks)
-                _write_atomic(job.path(pid, RECORDER_DUMP), text)
-        except Exception as err:
-            _report(job, "flight recorder dump", err)
-
-
-def recorder_text(raw: Mapping[str, Any], pid: int, rank: int | None, at: float, stacks: bool) -> str:
-    """`<pid>.fr.json`: the recorder's last entries, the fields the comparison reads, below
-    RECORDER_MAX_BYTES (halving the entries kept until it fits)."""
-    entries = [_recorder_entry(e) for e in list(raw.get("entries") or ())[-RECORDER_ENTRIES:]]
-    head = {"pid": pid, "rank": rank, "at": at, "version": str(raw.get("version")), "stacks": stacks}
-    while True:
-        text = dumps({**head, "entries": entries})
-        if len(text) <= RECORDER_MAX_BYTES or not entries:
-            return text
-        entries = entries[len(entries) // 2 :]
-
-
-def _recorder_entry(e: Mapping[str, Any]) -> dict[str, object]:
-    group = e.get("process_group")
-    frames = [
-        {"function": f.get("name"), "file": f.get("filename"), "line": f.get("line")}
-        for f in list(e.get("frames") or ())[:RECORDER_FRAMES]
-        if isinstance(f, dict)
-    ]
-    return {
-        "group": list(group)[:2] if isinstance(group, (list, tuple)) else None,
-        "seq": e.get("collective_seq_id"),
-        "p2p_seq": e.get("p2p_seq_id"),
-        "p2p": e.get("is_p2p"),
-        "op": e.get("profiling_name"),
-        "sizes": e.get("input_sizes"),
-        "dtypes": e.get("input_dtypes"),
-        "retired": e.get("retired"),
-        "state": e.get("state"),
-        "frames": frames,
-    }
-
-
-def _forget_recorder(job: _Job) -> None:
-    """In a forked child: the recorder's thread stayed in the parent (fork copies the calling thread
-    only), and the FIFO is the parent's to read. A child that joins a group of its own starts its own."""
-    job.recorder_thread = None
-    fd, job.recorder_fd = job.recorder_fd, -1
-    if fd >= 0 and file_id(fd) == job.recorder_fd_id:
-        os.close(fd)
-    job.recorder_fd_id = None
-
-
 # --- start-up ---------------------------------------------------------------------------------------
+
+# the modules with progress bars, and the hook of the `progress` part that reads each
+PROGRESS_MODULES = {
+    "tqdm.std": "_hook_tqdm",
+    "keras.src.utils.progbar": "_hook_progbar",  # Keras 3
+    "keras.src.callbacks.progbar_logger": "_hook_progbar_logger",
+    "keras.utils.generic_utils": "_hook_progbar",  # Keras 2
+    "keras.src.utils.generic_utils": "_hook_progbar",
+    "tf_keras.src.utils.generic_utils": "_hook_progbar",
+    "keras.callbacks": "_hook_progbar_logger",
+    "keras.src.callbacks": "_hook_progbar_logger",
+    "tf_keras.src.callbacks": "_hook_progbar_logger",
+    "rich.progress": "_hook_rich",  # Lightning's RichProgressBar, its default where rich is installed
+}
 
 
 def _activate(job: _Job) -> None:
@@ -1558,10 +998,10 @@ def _activate(job: _Job) -> None:
         before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
     )
     on_import: dict[str, list[Callable[[ModuleType], None]]] = {
-        "traceback": [hook_traceback],
+        "traceback": [_in_part("exceptions", "hook_traceback")],
         "multiprocessing": [hook_multiprocessing],
-        "torch.distributed": [hook_torch_distributed],
-        **{name: [hook] for name, hook in PROGRESS_HOOKS.items()},
+        "torch.distributed": [_in_part("torch", "hook_torch_distributed")],
+        **{module: [_in_part("progress", hook)] for module, hook in PROGRESS_MODULES.items()},
     }
     if job.mp_start is not None and "multiprocessing" not in sys.modules:
         on_import["multiprocessing"].append(set_default_start_method(job.mp_start))
@@ -1619,9 +1059,13 @@ def _run_chained(spec: ModuleSpec) -> None:
         )
 
 
-def main(sitecustomize_file: str) -> None:
+def main(sitecustomize_file: str, code_of: Callable[[str, str], CodeType] | None = None) -> None:
     """Called by jobwarden's sitecustomize (`sitecustomize_file`) each time one runs in this process: the
-    hooks are set up once, and the sitecustomize on sys.path after the caller's directory is run."""
+    hooks are set up once, and the sitecustomize on sys.path after the caller's directory is run.
+    `code_of(source, cache_dir)`: how the sitecustomize compiled this module, for the parts too."""
+    global _code_of
+    if code_of is not None:
+        _code_of = code_of
     if _job is None:
         try:
             job = job_from_env(os.environ)
