@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from jobwarden.model import Finding
 from jobwarden.rules.speed.evidence import Neighbour, RankView, SpeedEvidence
-from jobwarden.rules.speed.ranks import WHERE, straggler
+from jobwarden.rules.speed.ranks import MIN_LOOKS, WHERE, straggler
 
 FORMAT_VERSION = 1
 MAX_RANKS = 64  # rank views read of one node's document (a shim writes at most rankwatch.MAX_RANKS)
@@ -97,28 +97,57 @@ def node_ranks(doc: Mapping[str, Any]) -> NodeRanks | None:
     )
 
 
+@dataclass(frozen=True)
+class GroupRanks:
+    """What the nodes' last rank views say together: the span they cover, how many ranks the rule could
+    judge, the nodes left out as speaking of another time, and the straggler if there is one. After the
+    job's end these are its last windows: `explain --group` says so with their span."""
+
+    nodes: tuple[str, ...]  # the nodes whose ranks were compared
+    ranks: int  # the ranks compared
+    judged: int  # of them, those looked at often enough for the rule (rules.speed.ranks.MIN_LOOKS)
+    since: float  # wall clock: the start of the oldest compared window
+    until: float  # wall clock: the end of the newest
+    stale: tuple[tuple[str, float], ...] = ()  # (node, the end of its last window): left out, too old
+    straggler: GroupStraggler | None = None
+
+
 def group_straggler(nodes: Sequence[NodeRanks]) -> GroupStraggler | None:
+    found = group_ranks(nodes)
+    return found.straggler if found is not None else None
+
+
+def group_ranks(nodes: Sequence[NodeRanks]) -> GroupRanks | None:
     """The rule over the ranks of every node whose window is the newest's (a node that stopped
     publishing long ago speaks of another time); a rank seen by two nodes counts once, as the newer saw it."""
     if not nodes:
         return None
     newest = max(n.wall for n in nodes)
     recent = sorted((n for n in nodes if n.wall >= newest - SAME_WINDOW_S), key=lambda n: n.wall)
+    stale = tuple(sorted((n.node, n.wall) for n in nodes if n.wall < newest - SAME_WINDOW_S))
     where: dict[int, NodeRanks] = {}
     views: dict[int, RankView] = {}
     for n in recent:  # oldest first: the newer document's view of a rank wins
         for r in n.ranks:
             views[r.rank], where[r.rank] = r, n
+    compared = GroupRanks(
+        nodes=tuple(sorted({where[r].node for r in views})),
+        ranks=len(views),
+        judged=sum(1 for r in views.values() if r.looks >= MIN_LOOKS),
+        since=min(n.wall - n.window_s for n in recent),
+        until=newest,
+        stale=stale,
+    )
     ev = _evidence(list(views.values()), max(n.window_s for n in recent), ())
     found = straggler(ev)
     slow = found.rank if found is not None else None
     if found is None or slow is None or slow not in where:
-        return None
+        return compared
     home = where[slow]
     if home.neighbours:  # again, with what the straggler's own node saw of who shared its CPUs
         found = straggler(_evidence(list(views.values()), ev.window_s, home.neighbours)) or found
-    nodes_seen = len({where[r].node for r in views})
-    return GroupStraggler(found, home.node, views[slow].pid, home.wall, nodes_seen)
+    named = GroupStraggler(found, home.node, views[slow].pid, home.wall, len(compared.nodes))
+    return replace(compared, straggler=named)
 
 
 def _evidence(ranks: list[RankView], window_s: float, neighbours: tuple[Neighbour, ...]) -> SpeedEvidence:
