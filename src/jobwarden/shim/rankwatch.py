@@ -23,7 +23,8 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -33,13 +34,14 @@ from jobwarden.osapi.cpuquota import CpuCgroup, CpuStat, cpu_cgroup_of
 from jobwarden.osapi.procfs import RUNNING, ProcFS
 from jobwarden.osapi.syscalls import NAMES as SYSCALL_NAMES
 from jobwarden.probes.pyspy import find_py_spy
-from jobwarden.rules.speed.evidence import RankView, StackSample
+from jobwarden.rules.speed.evidence import GpuClock, RankView, StackSample
 from jobwarden.rules.speed.loading import LOADER_WORKER_COMM
 from jobwarden.rules.speed.ranks import WHERE, stack_where, where_of
 from jobwarden.rules.speed.stalls import own_frame
 from jobwarden.shim.stacksample import StackDump, stack_every_s
 
 if TYPE_CHECKING:
+    from jobwarden.observations import GpuProcess
     from jobwarden.shim.tree import Member
 
 MAX_RANKS = 16  # rank processes looked at each tick, lowest ranks first
@@ -267,6 +269,21 @@ class RankWatch:
         periods = after.nr_periods - before.nr_periods
         share = (after.nr_throttled - before.nr_throttled) / periods if periods > 0 else 0.0
         return {"quota_cpus": cg.quota_cpus, "throttled_share": share}
+
+
+def ranks_on_gpus(
+    ranks: Sequence[RankView], clocks: Sequence[GpuClock], held: Sequence[GpuProcess]
+) -> tuple[RankView, ...]:
+    """Each rank with the GPU its own process computes on (NVML's compute processes): a straggler's GPU
+    is its why only if it is that rank's. A rank on several GPUs gets the one whose clock is furthest
+    below its most."""
+    by_index = {c.gpu_index: c for c in clocks}
+    found = []
+    for r in ranks:
+        mine = [by_index[p.gpu_index] for p in held if p.pid == r.pid and p.gpu_index in by_index]
+        slowest = min(mine, key=lambda c: c.sm_mhz / c.sm_max_mhz if c.sm_max_mhz else 1.0, default=None)
+        found.append(replace(r, gpu=slowest) if slowest is not None else r)
+    return tuple(found)
 
 
 def rank_of(member: Member, hook_ranks: Mapping[int, int] | None = None) -> int | None:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from jobwarden.model import Finding
-from jobwarden.rules.speed.evidence import Neighbour, RankView, SpeedEvidence
+from jobwarden.rules.speed.evidence import GpuClock, Neighbour, RankView, SpeedEvidence
 from jobwarden.rules.speed.ranks import MIN_LOOKS, WHERE, straggler
 
 FORMAT_VERSION = 1
@@ -26,6 +26,8 @@ MAX_RANKS = 64  # rank views read of one node's document (a shim writes at most 
 MAX_NEIGHBOURS = 3  # processes outside the job named of one node: the rule names the first
 CMDLINE_CHARS = 60  # as the rule shows a neighbour's command line
 DETAIL_CHARS = 200  # a frame or a system call
+MAX_GPUS = 1 << 10  # a GPU index a shim may write
+MAX_MHZ = 100_000  # a clock a GPU may report (today's run below 3 GHz)
 SAME_WINDOW_S = 30.0  # nodes whose documents are further apart than this do not speak of one window
 
 
@@ -185,10 +187,30 @@ def _view_of(raw: object) -> RankView | None:
             throttled_share=raw.get("throttled_share"),
             idle_detail=raw.get("idle_detail", ""),
             data_detail=raw.get("data_detail", ""),
+            gpu=_gpu_of(raw.get("gpu")),
         )
     except (KeyError, TypeError, ValueError, IndexError):
         return None
     return view if _sound(view) else None
+
+
+def _gpu_of(raw: object) -> GpuClock | None:
+    """A rank's GPU as its shim read it from NVML: absent, or every field whole and in range (a clock in
+    MHz below MAX_MHZ, a utilisation in percent); anything else refuses the document."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise TypeError("gpu")
+    index, mhz, most, reasons, used = (
+        raw.get(k) for k in ("gpu_index", "sm_mhz", "sm_max_mhz", "reasons", "utilization")
+    )
+    if not (_natural(index) and _natural(mhz) and _natural(most) and _natural(reasons)):
+        raise TypeError("gpu")
+    if index >= MAX_GPUS or mhz >= MAX_MHZ or most >= MAX_MHZ:  # type: ignore[operator]
+        raise ValueError("gpu")
+    if used is not None and not (_number(used) and 0.0 <= used <= 100.0):
+        raise ValueError("gpu")
+    return GpuClock(index, mhz, most, reasons, None if used is None else float(used))  # type: ignore[arg-type]
 
 
 def _sound(v: RankView) -> bool:
