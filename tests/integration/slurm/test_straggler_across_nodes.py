@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,9 @@ def test_explain_group_names_a_slow_rank_on_another_node(slurm_cluster: SlurmClu
             views = group.get("rank_views") or {}
             return views if (views.get("judged"), views.get("nodes_compared")) == (2, ["n1", "n2"]) else None
 
+        began = time.monotonic()
         alike = eventually("both ranks compared, alike", compared_alike, COMPARED_WITHIN_S, every_s=2.0)
+        switched = time.monotonic()
         (tmp_path / "slow").touch()  # rank 1 sleeps in each step from now on
 
         def named() -> dict[str, Any] | None:
@@ -79,6 +82,10 @@ def test_explain_group_names_a_slow_rank_on_another_node(slurm_cluster: SlurmClu
             return straggler_named(slurm_cluster, tmp_path, shared)
 
         found = eventually("explain --group naming rank 1 the straggler", named, NAMED_WITHIN_S, every_s=2.0)
+        print(
+            f"across nodes: compared alike {switched - began:.1f} s after srun began, "
+            f"straggler named {time.monotonic() - switched:.1f} s after the switch"
+        )
         _, text = explain(slurm_cluster, tmp_path, shared)
     finally:
         group = shared / "attempt-0" / "group.json"
