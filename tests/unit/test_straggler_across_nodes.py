@@ -90,9 +90,14 @@ def test_a_document_that_is_not_what_a_shim_writes_is_refused() -> None:
         {**good, "ranks": [{**good["ranks"][0], "idle_detail": "x" * 10_000}]},
         {**good, "ranks": [{**good["ranks"][0], "looks": True}]},
         {**good, "neighbours": [{"pid": 1, "user": "x", "cpu": "all", "cmdline": ""}]},
+        {**good, "ranks": [{**good["ranks"][0], "majflt_per_s": -1.0}]},
+        {**good, "ranks": [{**good["ranks"][0], "majflt_per_s": "many"}]},
+        {**good, "ranks": [{**good["ranks"][0], "majflt_per_s": float("inf")}]},
     ):
         assert node_ranks(bad) is None, bad
     assert node_ranks(good) is not None
+    faulting = node("n2", replace(sleeper(1), majflt_per_s=420.0))
+    assert node_ranks(faulting).ranks[0].majflt_per_s == 420.0  # type: ignore[union-attr]
 
 
 def test_the_documents_are_cut_to_size() -> None:

@@ -198,11 +198,12 @@ class RankWatch:
         last: Mapping[ProcessId, tuple[int, int, int, int]],
         window_s: float,
     ) -> tuple[RankView, ...]:
-        """Each rank over the window; `first`/`last`: the speed watch's schedstat reads at its ends."""
+        """Each rank over the window; `first`/`last`: the speed watch's reads at its ends (schedstat's
+        run and wait, its switches, its major faults)."""
         found = []
         for ident, kept in sorted(self._ranks.items(), key=lambda kv: kv[1].rank):
-            e1, d1 = last.get(ident, (0, 0, 0, 0))[:2]
-            e0, d0 = first.get(ident, (0, 0, 0, 0))[:2]
+            e1, d1, _, f1 = last.get(ident, (0, 0, 0, 0))
+            e0, d0, _, f0 = first.get(ident, (0, 0, 0, 0))
             ran, waited = max(e1 - e0, 0) / 1e9, max(d1 - d0, 0) / 1e9
             found.append(
                 RankView(
@@ -211,6 +212,8 @@ class RankWatch:
                     rate=_rate(kept.steps),
                     cpu_used=ran / window_s if window_s > 0 else 0.0,
                     wait_share=waited / (ran + waited) if ran + waited > 0 else 0.0,
+                    # a rank born in the window: its faults since its start are its imports', not its memory's
+                    majflt_per_s=max(f1 - f0, 0) / window_s if window_s > 0 and ident in first else 0.0,
                     **self._quota(kept),
                 )
             )

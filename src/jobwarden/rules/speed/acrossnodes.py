@@ -188,6 +188,7 @@ def _view_of(raw: object) -> RankView | None:
             idle_detail=raw.get("idle_detail", ""),
             data_detail=raw.get("data_detail", ""),
             gpu=_gpu_of(raw.get("gpu")),
+            majflt_per_s=raw.get("majflt_per_s", 0.0),
         )
     except (KeyError, TypeError, ValueError, IndexError):
         return None
@@ -228,6 +229,8 @@ def _sound(v: RankView) -> bool:
         and (v.throttled_share is None or (_number(v.throttled_share) and 0.0 <= v.throttled_share <= 1.0))
         and all(x is None or _number(x) for x in (v.rate, v.quota_cpus))
         and _number(v.cpu_used)
+        and _number(v.majflt_per_s)
+        and v.majflt_per_s >= 0.0
         and all(isinstance(t, str) and len(t) <= DETAIL_CHARS for t in texts)
     )
 

@@ -21,6 +21,7 @@ from jobwarden.model import Finding
 from jobwarden.rules.speed import averages
 from jobwarden.rules.speed import gpu as gpu_rules
 from jobwarden.rules.speed.evidence import RankView, SpeedEvidence, StackSample
+from jobwarden.rules.speed.storage import MAJFLT_PER_S
 
 WHERE = ("computing", "collective", "data", "io", "idle", "unknown")
 
@@ -56,6 +57,7 @@ MIN_LOOKS = 12  # looks at each rank in the window (one a tick): fewer are a bli
 WHY_SHARE = 0.20  # a share of a straggler's looks (sleeping, its data, I/O) worth naming as its why
 THROTTLED = 0.10  # of its own cgroup's periods throttled: its quota holds it back
 WAIT_SHARE = 0.25  # of its runnable time waiting for a CPU (as rules.speed.cpu)
+FAULTS_APART = 4.0  # its major faults a second at least this many times the others' (and 1/s)
 GPU_APART = 0.10  # its GPU's share of its clock this much below the others' median: its own why
 WARN_SHARE = 0.40  # the job's time lost above this: a warning; below, info
 MOST_TIMES = (
@@ -175,6 +177,16 @@ def _why(r: RankView, others: Sequence[RankView], ev: SpeedEvidence) -> list[str
                 f"/proc/PID/schedstat; the others {100 * usual_wait:.0f}%){who}",
             )
         )
+    usual_faults = averages.median(o.majflt_per_s for o in others) if others else 0.0
+    if r.majflt_per_s >= MAJFLT_PER_S and r.majflt_per_s >= FAULTS_APART * max(usual_faults, 1.0):
+        # its main thread waits for the pages in D: before "waited on storage", which it explains
+        found.append(
+            (
+                max(r.share("io"), WHY_SHARE) + 0.01,
+                f"its memory was read back from disk: {r.majflt_per_s:.0f} major page faults a second "
+                f"(/proc/PID/stat; the others {usual_faults:.0f}): swapped out or evicted",
+            )
+        )
     for where, what, detail in (
         ("idle", "slept", r.idle_detail),
         ("data", "waited on its DataLoader", r.data_detail),
@@ -244,6 +256,12 @@ def _remedy(r: RankView, why: list[str]) -> str:
         )
     if "slept" in first:
         return f"Find what rank {r.rank} waits for in its sleep (a rank-dependent branch, a retry loop)."
+    if "major page faults" in first:
+        return (
+            f"Give rank {r.rank} the memory it uses: its node swaps or evicts its pages (a memory limit "
+            "of its cgroup, other processes, swap); give it more, or need less (a smaller batch or cache, "
+            "fewer DataLoader workers)."
+        )
     if "DataLoader" in first:
         return f"Give rank {r.rank}'s DataLoader more workers or a faster source of data."
     return (
