@@ -81,6 +81,7 @@ def test_a_document_that_is_not_what_a_shim_writes_is_refused() -> None:
     for bad in (
         {**good, "node": 3},
         {**good, "wall": "soon"},
+        {**good, "window_s": -20.0},
         {**good, "ranks": {"0": 1}},
         {**good, "ranks": [{**good["ranks"][0], "rank": "1"}]},
         {**good, "ranks": [{**good["ranks"][0], "rank": -1}]},

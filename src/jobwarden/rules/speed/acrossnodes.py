@@ -5,7 +5,9 @@ side of the comparison, or a single rank. So each shim publishes its ranks' view
 (`node_document`, written to the group directory by shim.groupsink), and `explain --group` merges the
 nodes' documents and asks the very rule a single shim asks (rules.speed.ranks.straggler) about all the
 ranks at once. The why comes from the straggler's own node (its quota, its throttling, the processes
-that shared its CPUs): a second judgement gives the rule that node's neighbours.
+that shared its CPUs, its faults, its GPU's clock): a second judgement gives the rule that node's
+neighbours. What was compared is said too (GroupRanks: the span of the windows, the nodes left out as
+stale), found or not, and after the end, when the documents are the job's last windows.
 
 A document comes from a shared directory: every field is checked before it becomes a RankView, and one
 that fails is left out whole."""
@@ -82,7 +84,7 @@ def node_ranks(doc: Mapping[str, Any]) -> NodeRanks | None:
     """A node's document as the rule reads it; None when any field is not what a shim writes."""
     node, wall, window = doc.get("node"), doc.get("wall"), doc.get("window_s")
     ranks, neighbours = doc.get("ranks"), doc.get("neighbours", [])
-    if not isinstance(node, str) or not _number(wall) or not _number(window):
+    if not isinstance(node, str) or not _number(wall) or not _number(window) or window < 0:
         return None
     if not isinstance(ranks, list) or not isinstance(neighbours, list):
         return None
