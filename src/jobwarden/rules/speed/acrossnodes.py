@@ -84,7 +84,7 @@ def node_ranks(doc: Mapping[str, Any]) -> NodeRanks | None:
     """A node's document as the rule reads it; None when any field is not what a shim writes."""
     node, wall, window = doc.get("node"), doc.get("wall"), doc.get("window_s")
     ranks, neighbours = doc.get("ranks"), doc.get("neighbours", [])
-    if not isinstance(node, str) or not _number(wall) or not _number(window) or window < 0:
+    if not isinstance(node, str) or not _number(wall) or not _number(window) or float(window) < 0:  # type: ignore[arg-type]
         return None
     if not isinstance(ranks, list) or not isinstance(neighbours, list):
         return None
