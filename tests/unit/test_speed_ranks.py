@@ -209,6 +209,7 @@ def test_the_watch_keeps_where_each_rank_was(tmp_path: Path) -> None:
         "where": "idle",
         "where_detail": "clock_nanosleep",
         "shares": {"idle": 0.8, "computing": 0.2},
+        "gpu": None,  # no GPU read (test_straggler_gpu.py)
     }
     # the window slides: looks older than WINDOW_S go; a rank that exited is forgotten
     for t in range(10, 10 + int(WINDOW_S) + 2):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from jobwarden.observations import GpuProcess
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes import fakenvml
 from jobwarden.probes.gpu import open_gpu_probe
@@ -19,10 +20,11 @@ from jobwarden.rules.speed.evidence import GpuClock, RankView, SpeedEvidence
 from jobwarden.rules.speed.ranks import straggler
 from jobwarden.shim.findings import LiveFindings
 from jobwarden.shim.gpuwatch import GpuWatch
+from jobwarden.shim.rankwatch import RankWatch, ranks_on_gpus
 from jobwarden.shim.speedwatch import SpeedWatch
 from jobwarden.store import Store
 
-from .test_speed_ranks import rank, ranks
+from .test_speed_ranks import rank, rank_member, ranks, syscall
 from .test_speedwatch import FakeProc
 
 HW_THERMAL = 0x40
@@ -94,6 +96,7 @@ def test_with_each_ranks_gpu_known_another_ranks_hot_gpu_is_not_the_stragglers_w
 def watch(tmp_path: Path) -> Iterator[tuple[SpeedWatch, Path]]:
     with Store(tmp_path / "home") as s:
         found = SpeedWatch(ProcFS(FakeProc(tmp_path / "proc").root), LiveFindings(s, lambda m, *a: True))
+        found.ranks = RankWatch(found.procfs, machine="x86_64", dumps=False)  # no py-spy on made-up pids
         yield found, tmp_path / "nvml.json"
 
 
@@ -121,6 +124,12 @@ def test_the_speed_watch_gives_each_rank_the_gpu_its_process_holds(watch: tuple[
     assert second.gpu == GpuClock(2, 1100, 1980, HW_THERMAL, 97.0)
     f = straggler(judged)
     assert f is not None and f.rank == 1 and f.summary.count("its GPU 2 ran at 1.1 GHz of 1.98 GHz") == 1
+    # the rank watch is told, for `status --json`'s rows of these ranks
+    root = speed.procfs.root
+    for pid in (200, 201):
+        syscall(root, pid, "202 0x7f 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f\n")
+    speed.ranks.tick(2.0, [rank_member(200, 0, "S"), rank_member(201, 1, "S")])
+    assert [r["gpu"]["index"] for r in speed.ranks.rows("n1")] == [0, 2]
 
 
 def test_a_rank_with_no_gpu_of_its_own_gets_none(watch: tuple[SpeedWatch, Path]) -> None:
@@ -141,6 +150,33 @@ def test_a_rank_with_no_gpu_of_its_own_gets_none(watch: tuple[SpeedWatch, Path])
     assert len(judged.gpu_clocks) == 1  # the job's GPU stays known: the job-wide hint
     f = straggler(judged)
     assert f is not None and any("GPU 0 of the job runs at 900 of 1980 MHz" in e for e in f.evidence)
+
+
+def test_each_ranks_row_shows_its_gpu_until_it_holds_none(tmp_path: Path) -> None:
+    """`status --json`'s ranks: the GPU each rank computes on, as the last judgement read it."""
+    root = tmp_path / "proc"
+    for pid in (200, 201):
+        syscall(root, pid, "202 0x7f 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f\n")
+    watch = RankWatch(ProcFS(root), machine="x86_64", dumps=False)
+    members = [rank_member(200, 0, "S"), rank_member(201, 1, "S")]
+    watch.tick(0.0, members)
+    held = [GpuProcess(0, 200, 1 << 30), GpuProcess(2, 201, 1 << 30)]
+    watch.note_gpus(ranks_on_gpus(watch.views({}, {}, 0.0), (cool(0), hot(2)), held))
+    rows = watch.rows("n1")
+    assert [r["gpu"] for r in rows] == [
+        {"index": 0, "sm_mhz": 1980, "sm_max_mhz": 1980, "utilization": 97.0, "limits": []},
+        {
+            "index": 2,
+            "sm_mhz": 1100,
+            "sm_max_mhz": 1980,
+            "utilization": 99.0,
+            "limits": ["hardware thermal slowdown"],
+        },
+    ]
+    assert watch.views({}, {}, 0.0)[1].gpu == hot(2)  # the next window's view carries it too
+    # rank 1 let go of its GPU: no longer shown as its
+    watch.note_gpus(ranks_on_gpus(watch.views({}, {}, 0.0), (cool(0), hot(2)), held[:1]))
+    assert [r["gpu"] is None for r in watch.rows("n1")] == [False, True]
 
 
 # --- across nodes: published, checked, named with the node ------------------------------------------

@@ -35,6 +35,7 @@ from jobwarden.osapi.procfs import RUNNING, ProcFS
 from jobwarden.osapi.syscalls import NAMES as SYSCALL_NAMES
 from jobwarden.probes.pyspy import find_py_spy
 from jobwarden.rules.speed.evidence import GpuClock, RankView, StackSample
+from jobwarden.rules.speed.gpu import LIMITS
 from jobwarden.rules.speed.loading import LOADER_WORKER_COMM
 from jobwarden.rules.speed.ranks import WHERE, stack_where, where_of
 from jobwarden.rules.speed.stalls import own_frame
@@ -91,6 +92,7 @@ class RankWatch:
         self._dump: tuple[StackDump, ProcessId, str | None] | None = None  # (dump, rank, its call then)
         self._py_spy: Path | bool | None = False if dumps else None  # False: not looked for yet
         self._turn = 0
+        self._gpus: dict[int, GpuClock] = {}  # pid: the GPU that rank computes on (note_gpus)
 
     def tick(self, mono: float, members: Iterable[Member], hints: RankHints | None = None) -> None:
         """One look at every rank's main thread; their own step counters where the progress sources
@@ -215,9 +217,15 @@ class RankWatch:
                     # a rank born in the window: its faults since its start are its imports', not its memory's
                     majflt_per_s=max(f1 - f0, 0) / window_s if window_s > 0 and ident in first else 0.0,
                     **self._quota(kept),
+                    gpu=self._gpus.get(kept.pid),
                 )
             )
         return tuple(found)
+
+    def note_gpus(self, views: Sequence[RankView]) -> None:
+        """The GPU each rank computes on, as the speed watch last read NVML (every judgement): its
+        view carries it until the next, and its row shows it."""
+        self._gpus = {r.pid: r.gpu for r in views if r.gpu is not None}
 
     def rows(self, node: str | None = None) -> list[dict[str, Any]]:
         """`status --json`'s `ranks` (store.rankfile keeps them for the frontends); `node`: this
@@ -234,6 +242,7 @@ class RankWatch:
                 "where": v.where,
                 "where_detail": v.where_detail,
                 "shares": {w: round(s, 2) for w, s in v.shares},
+                "gpu": _gpu_row(v.gpu),
             }
             for v in self.views({}, {}, 0.0)
         ]
@@ -285,7 +294,7 @@ def ranks_on_gpus(
     for r in ranks:
         mine = [by_index[p.gpu_index] for p in held if p.pid == r.pid and p.gpu_index in by_index]
         slowest = min(mine, key=lambda c: c.sm_mhz / c.sm_max_mhz if c.sm_max_mhz else 1.0, default=None)
-        found.append(replace(r, gpu=slowest) if slowest is not None else r)
+        found.append(replace(r, gpu=slowest))  # None: it holds none now, whatever it held before
     return tuple(found)
 
 
@@ -316,6 +325,19 @@ def rank_processes(members: Iterable[Member], hook_ranks: Mapping[int, int] | No
 
 def _ranked(members: list[Member], hook_ranks: Mapping[int, int] | None) -> list[tuple[Member, int]]:
     return [(m, r) for m in rank_processes(members, hook_ranks) if (r := rank_of(m, hook_ranks)) is not None]
+
+
+def _gpu_row(c: GpuClock | None) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    limits = [name for bit, name in LIMITS.items() if c.reasons & bit]
+    return {
+        "index": c.gpu_index,
+        "sm_mhz": c.sm_mhz,
+        "sm_max_mhz": c.sm_max_mhz,
+        "utilization": c.utilization,
+        "limits": limits,  # what holds its clock back (NVML's clock event reasons that are limits)
+    }
 
 
 def _call_name(number: int | None, names: dict[int, str]) -> str | None:

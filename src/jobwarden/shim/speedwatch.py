@@ -519,10 +519,12 @@ class SpeedWatch:
             and d.sm_clock_max_mhz is not None
             and d.clock_reasons is not None
         )
+        ranks = ranks_on_gpus(ev.ranks, clocks, gpu.processes)
+        self.ranks.note_gpus(ranks)
         return replace(
             ev,
             gpu_clocks=clocks,
-            ranks=ranks_on_gpus(ev.ranks, clocks, gpu.processes),
+            ranks=ranks,
             gpus_claimed=self.gpus_claimed,
             gpu_bytes=usage.total_bytes if usage else None,
             gpu_unused_s=unused,
