@@ -103,6 +103,24 @@ def test_a_cpu_wait_of_its_own_is_its_why_not_one_every_rank_shares() -> None:
     assert shared is not None and not any("waited for a CPU" in e for e in shared.evidence)
 
 
+def test_its_memory_read_back_from_disk_is_its_why() -> None:
+    """A rank whose pages are swapped out waits for them in D: its faults explain its "waited on storage"."""
+    shares = (("io", 0.6), ("computing", 0.35), ("collective", 0.05))
+    slow = RankView(1, 201, looks=20, shares=shares, majflt_per_s=420.0)
+    f = straggler(ranks(rank(0, 0.7, majflt_per_s=2.0), slow, rank(2, 0.7)))
+    assert f is not None and f.rank == 1
+    why = "its memory was read back from disk: 420 major page faults a second (/proc/PID/stat; the others 1)"
+    assert f"Why: {why}: swapped out or evicted." in f.summary, f.summary
+    assert any("waited on storage in 60%" in e for e in f.evidence)
+    assert "memory it uses" in f.remedy
+    # every rank faulting alike (the node swaps for all): not this rank's why
+    alike = straggler(ranks(rank(0, 0.7, majflt_per_s=300.0), slow, rank(2, 0.7, majflt_per_s=350.0)))
+    assert alike is not None and not any("major page faults" in e for e in alike.evidence)
+    # a few faults a second: none worth naming
+    few = straggler(ranks(rank(0, 0.7), replace(slow, majflt_per_s=20.0)))
+    assert few is not None and not any("major page faults" in e for e in few.evidence)
+
+
 def test_balanced_ranks_have_no_straggler() -> None:
     assert straggler(ranks(*(rank(n, 0.4 + 0.02 * n) for n in range(8)))) is None
     # one rank a little less in its collectives: not half the others'
@@ -191,12 +209,27 @@ def test_the_watch_keeps_where_each_rank_was(tmp_path: Path) -> None:
         "where": "idle",
         "where_detail": "clock_nanosleep",
         "shares": {"idle": 0.8, "computing": 0.2},
+        "gpu": None,  # no GPU read (test_straggler_gpu.py)
     }
     # the window slides: looks older than WINDOW_S go; a rank that exited is forgotten
     for t in range(10, 10 + int(WINDOW_S) + 2):
         watch.tick(float(t), [r0])
     (only,) = watch.views({}, {}, WINDOW_S)
     assert only.rank == 0 and only.looks <= WINDOW_S + 1
+
+
+def test_each_ranks_major_faults_over_the_window(tmp_path: Path) -> None:
+    """From the speed watch's reads at the window's ends (schedstat's run, wait, switches; majflt)."""
+    root = tmp_path / "proc"
+    syscall(root, 11, "202 0x7f 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f\n")
+    watch = RankWatch(ProcFS(root), machine="x86_64", dumps=False)
+    r0 = rank_member(11, 0, "S")
+    watch.tick(0.0, [r0])
+    (v,) = watch.views({r0.ident: (0, 0, 5, 100)}, {r0.ident: (4 * 10**9, 10**9, 9, 600)}, 10.0)
+    assert (v.majflt_per_s, v.cpu_used, v.wait_share) == (50.0, 0.4, 0.2)
+    assert watch.views({}, {}, 0.0)[0].majflt_per_s == 0.0
+    # born within the window: the faults of its start (its imports) are not counted
+    assert watch.views({}, {r0.ident: (4 * 10**9, 10**9, 9, 600)}, 10.0)[0].majflt_per_s == 0.0
 
 
 def test_a_stack_sample_says_what_a_blocked_call_is(tmp_path: Path) -> None:

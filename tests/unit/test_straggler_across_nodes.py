@@ -9,12 +9,13 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from jobwarden.clock import iso
 from jobwarden.control.groupview import group_view
 from jobwarden.rules.speed.acrossnodes import group_straggler, node_document, node_ranks
 from jobwarden.rules.speed.evidence import Neighbour, RankView
 from jobwarden.rules.speed.ranks import straggler
 from jobwarden.store import groupdir
-from jobwarden.text.group import group_report
+from jobwarden.text.group import clock_time, group_report
 
 from .test_groupdir import rank_file
 from .test_speed_ranks import rank, ranks
@@ -80,6 +81,7 @@ def test_a_document_that_is_not_what_a_shim_writes_is_refused() -> None:
     for bad in (
         {**good, "node": 3},
         {**good, "wall": "soon"},
+        {**good, "window_s": -20.0},
         {**good, "ranks": {"0": 1}},
         {**good, "ranks": [{**good["ranks"][0], "rank": "1"}]},
         {**good, "ranks": [{**good["ranks"][0], "rank": -1}]},
@@ -89,9 +91,14 @@ def test_a_document_that_is_not_what_a_shim_writes_is_refused() -> None:
         {**good, "ranks": [{**good["ranks"][0], "idle_detail": "x" * 10_000}]},
         {**good, "ranks": [{**good["ranks"][0], "looks": True}]},
         {**good, "neighbours": [{"pid": 1, "user": "x", "cpu": "all", "cmdline": ""}]},
+        {**good, "ranks": [{**good["ranks"][0], "majflt_per_s": -1.0}]},
+        {**good, "ranks": [{**good["ranks"][0], "majflt_per_s": "many"}]},
+        {**good, "ranks": [{**good["ranks"][0], "majflt_per_s": float("inf")}]},
     ):
         assert node_ranks(bad) is None, bad
     assert node_ranks(good) is not None
+    faulting = node("n2", replace(sleeper(1), majflt_per_s=420.0))
+    assert node_ranks(faulting).ranks[0].majflt_per_s == 420.0  # type: ignore[union-attr]
 
 
 def test_the_documents_are_cut_to_size() -> None:
@@ -168,3 +175,67 @@ def test_a_nodes_shim_publishes_its_ranks_at_most_every_few_seconds(tmp_path: Pa
         assert node_ranks(doc) == node_ranks(node("n2", sleeper(1), wall=WALL + RANK_VIEWS_EVERY_S))
         assert (path.stat().st_mode & 0o777, path.parent.stat().st_mode & 0o777) == (0o600, 0o700)
         assert logged == []
+
+
+def test_balanced_ranks_are_said_compared_with_no_straggler(tmp_path: Path) -> None:
+    root = tmp_path / "groups" / "g"
+    write_group(root, {"n1": node("n1", rank(0, 0.6)), "n2": node("n2", rank(1, 0.55), wall=WALL - 4)})
+    view = group_view(tmp_path, "g", None, str(root))
+    out = view.to_json()
+    assert out["straggler"] is None
+    compared = out["rank_views"]
+    assert (compared["nodes_compared"], compared["ranks"], compared["judged"]) == (["n1", "n2"], 2, 2)
+    assert (compared["from"], compared["to"]) == (iso(WALL - 24), iso(WALL))  # n2's window starts first
+    assert (compared["stale_nodes"], compared["job_ended"]) == ([], None)
+    text = list(group_report(view))
+    assert any(t.startswith("  no straggler among 2 ranks on 2 nodes (as of ") for t in text), text
+
+
+def test_ranks_looked_at_too_briefly_are_not_said_compared(tmp_path: Path) -> None:
+    root = tmp_path / "groups" / "g"
+    brief = replace(rank(1, 0.55), looks=3)  # a rank that has just started
+    write_group(root, {"n1": node("n1", rank(0, 0.6)), "n2": node("n2", brief)})
+    view = group_view(tmp_path, "g", None, str(root))
+    assert view.to_json()["rank_views"]["judged"] == 1
+    assert any("ranks not compared yet" in t for t in group_report(view))
+
+
+def test_a_stale_node_is_named_with_the_end_of_its_last_window(tmp_path: Path) -> None:
+    root = tmp_path / "groups" / "g"
+    docs = {"n1": node("n1", rank(0, 0.6)), "n2": node("n2", rank(1, 0.6)), "n3": node("n3", sleeper(2))}
+    docs["n3"] = node("n3", sleeper(2), wall=WALL - 300)
+    write_group(root, docs)
+    view = group_view(tmp_path, "g", None, str(root))
+    out = view.to_json()
+    assert out["straggler"] is None  # the old sleeper speaks of another time
+    assert out["rank_views"]["stale_nodes"] == [{"node": "n3", "to": iso(WALL - 300)}]
+    assert out["rank_views"]["nodes_compared"] == ["n1", "n2"]
+    line = next(t for t in group_report(view) if "n3" in t and "left out" in t)
+    assert "5m00s before the newest (it stopped publishing)" in line, line
+
+
+def test_after_the_end_the_straggler_is_named_from_the_last_views_with_their_span(tmp_path: Path) -> None:
+    """The job ended (both ranks stopped by the engine): the views are its last windows, and say so."""
+    root = tmp_path / "groups" / "g"
+    write_group(root, {"n1": node("n1", rank(0, 0.6)), "n2": node("n2", sleeper(1))})
+    attempt = groupdir.attempt_dir(root, 0)
+    for n, name in enumerate(("n1", "n2")):
+        end = {"v": 1, "kind": "ended", "group": "g", "attempt": 0, "rank": n, "node": name, "pid": 200 + n}
+        groupdir.append_record(
+            rank_file(attempt, n, name),
+            {
+                **end,
+                "wall": WALL + 60 + n,
+                "died_at": WALL + 60 + n,
+                "signal": "SIGTERM",
+                "end_reason": "engine-stop",
+            },
+        )
+    view = group_view(tmp_path, "g", None, str(root))
+    out = view.to_json()
+    assert (out["straggler"]["rank"], out["straggler"]["node"]) == (1, "n2")
+    assert out["rank_views"]["job_ended"] == iso(WALL + 61)
+    assert (out["rank_views"]["from"], out["rank_views"]["to"]) == (iso(WALL - 20), iso(WALL))
+    line = next(t for t in group_report(view) if "[straggler]" in t)
+    assert "(in the last views before the job ended at " in line, line
+    assert f"{clock_time(WALL - 20)}–{clock_time(WALL)}, ranks of 2 nodes compared)" in line, line

@@ -10,8 +10,15 @@ from typing import Any
 
 from jobwarden.clock import iso
 from jobwarden.errors import JobwardenError, UsageError
-from jobwarden.rules.group import DEFAULT_CLOCK_TOLERANCE_S, GroupVerdict, RankStory, expand_nodelist, merge
-from jobwarden.rules.speed.acrossnodes import GroupStraggler, group_straggler, node_ranks
+from jobwarden.rules.group import (
+    DEFAULT_CLOCK_TOLERANCE_S,
+    Cause,
+    GroupVerdict,
+    RankStory,
+    expand_nodelist,
+    merge,
+)
+from jobwarden.rules.speed.acrossnodes import GroupRanks, GroupStraggler, group_ranks, node_ranks
 from jobwarden.store import groupdir
 
 SETTLE_S = 15.0  # --exit-status: how long to wait for records the shared file system has not shown yet
@@ -29,7 +36,21 @@ class GroupView:
     torn_lines: int
     bad_records: int = 0  # records that were no records (a field of the wrong type), skipped
     refused: tuple[str, ...] = ()  # files and folders that failed the checks of a shared place, skipped
-    straggler: GroupStraggler | None = None  # the rank the others wait for, across the nodes
+    rank_views: GroupRanks | None = None  # the nodes' last rank views, merged: the straggler across nodes
+
+    @property
+    def straggler(self) -> GroupStraggler | None:
+        """The rank the others wait for, across the nodes."""
+        return self.rank_views.straggler if self.rank_views is not None else None
+
+    @property
+    def ended_at(self) -> float | None:
+        """When the last rank's end was recorded, once no rank runs (wall clock); None while any runs."""
+        outcomes = [r.outcome for r in self.verdict.ranks]
+        if not outcomes or any(o.cause == Cause.RUNNING for o in outcomes):
+            return None
+        ends = [o.at for o in outcomes if o.at is not None]
+        return max(ends) if ends else None
 
     def exit_status(self) -> int:
         """0 when the group succeeded; the requeue code when the root cause is retryable and the attempts
@@ -76,6 +97,7 @@ class GroupView:
                 for r in v.ranks
             ],
             "straggler": _straggler_json(self.straggler),
+            "rank_views": _rank_views_json(self.rank_views, self.ended_at),
             "missing_nodes": list(v.missing_nodes),
             "clock_tolerance_s": v.clock_tolerance_s,
             "retryable": v.retryable,
@@ -161,7 +183,7 @@ def _read_view(
         sum(log.torn for log in records.ranks),
         records.bad_records,
         tuple(refused),
-        group_straggler(nodes),
+        group_ranks(nodes),
     )
 
 
@@ -192,6 +214,21 @@ def _straggler_json(found: GroupStraggler | None) -> dict[str, Any] | None:
         "pids": list(f.pids),
         "at": iso(found.at),
         "nodes_compared": found.nodes,
+    }
+
+
+def _rank_views_json(views: GroupRanks | None, ended_at: float | None) -> dict[str, Any] | None:
+    """The span the straggler's judgement covers: after the end, the last windows the nodes published."""
+    if views is None:
+        return None
+    return {
+        "nodes_compared": list(views.nodes),
+        "ranks": views.ranks,
+        "judged": views.judged,
+        "from": iso(views.since),
+        "to": iso(views.until),
+        "stale_nodes": [{"node": node, "to": iso(at)} for node, at in views.stale],
+        "job_ended": iso(ended_at) if ended_at is not None else None,
     }
 
 

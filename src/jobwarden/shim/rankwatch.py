@@ -23,7 +23,8 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -33,13 +34,15 @@ from jobwarden.osapi.cpuquota import CpuCgroup, CpuStat, cpu_cgroup_of
 from jobwarden.osapi.procfs import RUNNING, ProcFS
 from jobwarden.osapi.syscalls import NAMES as SYSCALL_NAMES
 from jobwarden.probes.pyspy import find_py_spy
-from jobwarden.rules.speed.evidence import RankView, StackSample
+from jobwarden.rules.speed.evidence import GpuClock, RankView, StackSample
+from jobwarden.rules.speed.gpu import LIMITS
 from jobwarden.rules.speed.loading import LOADER_WORKER_COMM
 from jobwarden.rules.speed.ranks import WHERE, stack_where, where_of
 from jobwarden.rules.speed.stalls import own_frame
 from jobwarden.shim.stacksample import StackDump, stack_every_s
 
 if TYPE_CHECKING:
+    from jobwarden.observations import GpuProcess
     from jobwarden.shim.tree import Member
 
 MAX_RANKS = 16  # rank processes looked at each tick, lowest ranks first
@@ -89,6 +92,7 @@ class RankWatch:
         self._dump: tuple[StackDump, ProcessId, str | None] | None = None  # (dump, rank, its call then)
         self._py_spy: Path | bool | None = False if dumps else None  # False: not looked for yet
         self._turn = 0
+        self._gpus: dict[int, GpuClock] = {}  # pid: the GPU that rank computes on (note_gpus)
 
     def tick(self, mono: float, members: Iterable[Member], hints: RankHints | None = None) -> None:
         """One look at every rank's main thread; their own step counters where the progress sources
@@ -196,11 +200,12 @@ class RankWatch:
         last: Mapping[ProcessId, tuple[int, int, int, int]],
         window_s: float,
     ) -> tuple[RankView, ...]:
-        """Each rank over the window; `first`/`last`: the speed watch's schedstat reads at its ends."""
+        """Each rank over the window; `first`/`last`: the speed watch's reads at its ends (schedstat's
+        run and wait, its switches, its major faults)."""
         found = []
         for ident, kept in sorted(self._ranks.items(), key=lambda kv: kv[1].rank):
-            e1, d1 = last.get(ident, (0, 0, 0, 0))[:2]
-            e0, d0 = first.get(ident, (0, 0, 0, 0))[:2]
+            e1, d1, _, f1 = last.get(ident, (0, 0, 0, 0))
+            e0, d0, _, f0 = first.get(ident, (0, 0, 0, 0))
             ran, waited = max(e1 - e0, 0) / 1e9, max(d1 - d0, 0) / 1e9
             found.append(
                 RankView(
@@ -209,10 +214,18 @@ class RankWatch:
                     rate=_rate(kept.steps),
                     cpu_used=ran / window_s if window_s > 0 else 0.0,
                     wait_share=waited / (ran + waited) if ran + waited > 0 else 0.0,
+                    # a rank born in the window: its faults since its start are its imports', not its memory's
+                    majflt_per_s=max(f1 - f0, 0) / window_s if window_s > 0 and ident in first else 0.0,
                     **self._quota(kept),
+                    gpu=self._gpus.get(kept.pid),
                 )
             )
         return tuple(found)
+
+    def note_gpus(self, views: Sequence[RankView]) -> None:
+        """The GPU each rank computes on, as the speed watch last read NVML (every judgement): its
+        view carries it until the next, and its row shows it."""
+        self._gpus = {r.pid: r.gpu for r in views if r.gpu is not None}
 
     def rows(self, node: str | None = None) -> list[dict[str, Any]]:
         """`status --json`'s `ranks` (store.rankfile keeps them for the frontends); `node`: this
@@ -229,6 +242,7 @@ class RankWatch:
                 "where": v.where,
                 "where_detail": v.where_detail,
                 "shares": {w: round(s, 2) for w, s in v.shares},
+                "gpu": _gpu_row(v.gpu),
             }
             for v in self.views({}, {}, 0.0)
         ]
@@ -269,6 +283,21 @@ class RankWatch:
         return {"quota_cpus": cg.quota_cpus, "throttled_share": share}
 
 
+def ranks_on_gpus(
+    ranks: Sequence[RankView], clocks: Sequence[GpuClock], held: Sequence[GpuProcess]
+) -> tuple[RankView, ...]:
+    """Each rank with the GPU its own process computes on (NVML's compute processes): a straggler's GPU
+    is its why only if it is that rank's. A rank on several GPUs gets the one whose clock is furthest
+    below its most."""
+    by_index = {c.gpu_index: c for c in clocks}
+    found = []
+    for r in ranks:
+        mine = [by_index[p.gpu_index] for p in held if p.pid == r.pid and p.gpu_index in by_index]
+        slowest = min(mine, key=lambda c: c.sm_mhz / c.sm_max_mhz if c.sm_max_mhz else 1.0, default=None)
+        found.append(replace(r, gpu=slowest))  # None: it holds none now, whatever it held before
+    return tuple(found)
+
+
 def rank_of(member: Member, hook_ranks: Mapping[int, int] | None = None) -> int | None:
     """Its rank: from its launcher's variables (model.ranks_from), else as the hooks' records name it."""
     if member.ranks is not None and member.ranks.rank is not None:
@@ -296,6 +325,19 @@ def rank_processes(members: Iterable[Member], hook_ranks: Mapping[int, int] | No
 
 def _ranked(members: list[Member], hook_ranks: Mapping[int, int] | None) -> list[tuple[Member, int]]:
     return [(m, r) for m in rank_processes(members, hook_ranks) if (r := rank_of(m, hook_ranks)) is not None]
+
+
+def _gpu_row(c: GpuClock | None) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    limits = [name for bit, name in LIMITS.items() if c.reasons & bit]
+    return {
+        "index": c.gpu_index,
+        "sm_mhz": c.sm_mhz,
+        "sm_max_mhz": c.sm_max_mhz,
+        "utilization": c.utilization,
+        "limits": limits,  # what holds its clock back (NVML's clock event reasons that are limits)
+    }
 
 
 def _call_name(number: int | None, names: dict[int, str]) -> str | None:

@@ -45,7 +45,7 @@ from jobwarden.rules.speed.loading import LOADER_WORKER_COMM, worth_sampling
 from jobwarden.rules.speed.stalls import STALL_MIN_S, stall_after, usual_gap
 from jobwarden.rules.speed.threads import STARTUP_S, command_key, worker_kind
 from jobwarden.shim.findings import Key, LiveFindings, key_of
-from jobwarden.shim.rankwatch import RankHints, RankWatch
+from jobwarden.shim.rankwatch import RankHints, RankWatch, ranks_on_gpus
 from jobwarden.shim.stacksample import StackSampler
 from jobwarden.shim.stepsegments import Segments
 
@@ -519,9 +519,12 @@ class SpeedWatch:
             and d.sm_clock_max_mhz is not None
             and d.clock_reasons is not None
         )
+        ranks = ranks_on_gpus(ev.ranks, clocks, gpu.processes)
+        self.ranks.note_gpus(ranks)
         return replace(
             ev,
             gpu_clocks=clocks,
+            ranks=ranks,
             gpus_claimed=self.gpus_claimed,
             gpu_bytes=usage.total_bytes if usage else None,
             gpu_unused_s=unused,

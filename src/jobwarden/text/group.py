@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from jobwarden.clock import shown_time
-from jobwarden.config import counted
+from jobwarden.config import counted, format_duration
 from jobwarden.text.sanitize import one_line
 
 if TYPE_CHECKING:
@@ -21,8 +21,7 @@ def group_report(view: GroupView) -> Iterator[str]:
         at = f" at {clock_time(r.outcome.at)}" if r.outcome.at is not None else ""
         rule = f" [{r.outcome.rule}]" if r.outcome.rule else ""
         yield f"  {who(r)}: {one_line(r.outcome.text)}{at}{one_line(rule)}: {r.role}"
-    if view.straggler is not None:
-        yield from _straggler_lines(view)
+    yield from _rank_views_lines(view)
     if v.missing_nodes:
         missing = one_line(", ".join(v.missing_nodes))
         yield f"  never reported: {missing} (no records from these nodes)"
@@ -40,18 +39,41 @@ def group_report(view: GroupView) -> Iterator[str]:
     yield f"  (records: {one_line(str(view.root))}; clock tolerance {v.clock_tolerance_s:g}s)"
 
 
-def _straggler_lines(view: GroupView) -> Iterator[str]:
-    """'rank 1 on node n2 (pid 4242) [straggler]: Rank 1 is a straggler: about 2.4× slower…', the why."""
-    s = view.straggler
-    assert s is not None
-    f = s.finding
-    yield (
-        f"  rank {f.rank} on node {one_line(s.node)} (pid {s.pid}) [straggler]: {one_line(f.title)}"
-        f" (as of {clock_time(s.at)}, ranks of {counted(s.nodes, 'node')} compared)"
+def _rank_views_lines(view: GroupView) -> Iterator[str]:
+    """'rank 1 on node n2 (pid 4242) [straggler]: Rank 1 is a straggler: about 2.4× slower…', the why;
+    or that the ranks compared have none. After the end, the views are the last windows the nodes
+    published: the span is said, as the nodes left out for speaking of an older time."""
+    views = view.rank_views
+    if views is None:
+        return
+    ended = view.ended_at
+    span = f"{clock_time(views.since)}–{clock_time(views.until)}"
+    when = (
+        f"in the last views before the job ended at {clock_time(ended)}: {span}"
+        if ended is not None
+        else f"as of {clock_time(views.until)}, window from {clock_time(views.since)}"
     )
-    yield f"    {one_line(f.summary)}"
-    if f.remedy:
-        yield f"    remedy: {one_line(f.remedy)}"
+    s = views.straggler
+    if s is not None:
+        f = s.finding
+        yield (
+            f"  rank {f.rank} on node {one_line(s.node)} (pid {s.pid}) [straggler]: {one_line(f.title)}"
+            f" ({when}, ranks of {counted(s.nodes, 'node')} compared)"
+        )
+        yield f"    {one_line(f.summary)}"
+        if f.remedy:
+            yield f"    remedy: {one_line(f.remedy)}"
+    elif views.judged >= 2:
+        nodes = counted(len(views.nodes), "node")
+        yield f"  no straggler among {counted(views.judged, 'rank')} on {nodes} ({when})"
+    else:
+        yield f"  ranks not compared yet: fewer than 2 looked at long enough ({when})"
+    for node, at in views.stale:
+        behind = format_duration(views.until - at)
+        yield (
+            f"  rank views of node {one_line(node)} left out: its last window ended at {clock_time(at)}, "
+            f"{behind} before the newest (it stopped publishing)"
+        )
 
 
 def verdict_line(view: GroupView) -> str:

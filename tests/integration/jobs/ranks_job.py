@@ -5,6 +5,8 @@ count in a tqdm bar of its own (the hooks read it per process).
   ranks_job.py balanced            every rank alike
   ranks_job.py sleep RANK [UNTIL]  RANK also sleeps SLEEP_S in each step (in its main thread), until the
                                    file UNTIL exists (then it catches up)
+  ranks_job.py sleep-after RANK FROM   every rank alike until the file FROM exists; then RANK sleeps
+                                   SLEEP_S in each step (a straggler that appears mid-run)
   ranks_job.py quota RANK DIR      RANK puts itself into the cpu cgroup DIR (root; its quota) before its
                                    first step, and each step's work is larger (the quota must bite)
 
@@ -40,13 +42,19 @@ def main(argv: list[str]) -> int:
     for step in tqdm(range(10**9), mininterval=0.5, desc=f"rank {rank}"):
         for _ in range(4):
             y = x @ x
-        if mode == "sleep" and rank == slow and not (len(argv) > 2 and os.path.exists(argv[2])):
+        if rank == slow and _sleeps(mode, argv):
             time.sleep(SLEEP_S)  # the straggler's extra time: the others wait for it in all_reduce
         total += float(y[0, 0] > 1e9)
         dist.all_reduce(total)
         if step == READY_STEPS and rank == 0:
             print("ready", flush=True)
     return 0
+
+
+def _sleeps(mode: str, argv: list[str]) -> bool:
+    if mode == "sleep":
+        return not (len(argv) > 2 and os.path.exists(argv[2]))
+    return mode == "sleep-after" and os.path.exists(argv[2])
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ side of the comparison, or a single rank. So each shim publishes its ranks' view
 (`node_document`, written to the group directory by shim.groupsink), and `explain --group` merges the
 nodes' documents and asks the very rule a single shim asks (rules.speed.ranks.straggler) about all the
 ranks at once. The why comes from the straggler's own node (its quota, its throttling, the processes
-that shared its CPUs): a second judgement gives the rule that node's neighbours.
+that shared its CPUs, its faults, its GPU's clock): a second judgement gives the rule that node's
+neighbours. What was compared is said too (GroupRanks: the span of the windows, the nodes left out as
+stale), found or not, and after the end, when the documents are the job's last windows.
 
 A document comes from a shared directory: every field is checked before it becomes a RankView, and one
 that fails is left out whole."""
@@ -14,18 +16,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from jobwarden.model import Finding
-from jobwarden.rules.speed.evidence import Neighbour, RankView, SpeedEvidence
-from jobwarden.rules.speed.ranks import WHERE, straggler
+from jobwarden.rules.speed.evidence import GpuClock, Neighbour, RankView, SpeedEvidence
+from jobwarden.rules.speed.ranks import MIN_LOOKS, WHERE, straggler
 
 FORMAT_VERSION = 1
 MAX_RANKS = 64  # rank views read of one node's document (a shim writes at most rankwatch.MAX_RANKS)
 MAX_NEIGHBOURS = 3  # processes outside the job named of one node: the rule names the first
 CMDLINE_CHARS = 60  # as the rule shows a neighbour's command line
 DETAIL_CHARS = 200  # a frame or a system call
+MAX_GPUS = 1 << 10  # a GPU index a shim may write
+MAX_MHZ = 100_000  # a clock a GPU may report (today's run below 3 GHz)
 SAME_WINDOW_S = 30.0  # nodes whose documents are further apart than this do not speak of one window
 
 
@@ -80,7 +84,7 @@ def node_ranks(doc: Mapping[str, Any]) -> NodeRanks | None:
     """A node's document as the rule reads it; None when any field is not what a shim writes."""
     node, wall, window = doc.get("node"), doc.get("wall"), doc.get("window_s")
     ranks, neighbours = doc.get("ranks"), doc.get("neighbours", [])
-    if not isinstance(node, str) or not _number(wall) or not _number(window):
+    if not isinstance(node, str) or not _number(wall) or not _number(window) or float(window) < 0:  # type: ignore[arg-type]
         return None
     if not isinstance(ranks, list) or not isinstance(neighbours, list):
         return None
@@ -97,28 +101,57 @@ def node_ranks(doc: Mapping[str, Any]) -> NodeRanks | None:
     )
 
 
+@dataclass(frozen=True)
+class GroupRanks:
+    """What the nodes' last rank views say together: the span they cover, how many ranks the rule could
+    judge, the nodes left out as speaking of another time, and the straggler if there is one. After the
+    job's end these are its last windows: `explain --group` says so with their span."""
+
+    nodes: tuple[str, ...]  # the nodes whose ranks were compared
+    ranks: int  # the ranks compared
+    judged: int  # of them, those looked at often enough for the rule (rules.speed.ranks.MIN_LOOKS)
+    since: float  # wall clock: the start of the oldest compared window
+    until: float  # wall clock: the end of the newest
+    stale: tuple[tuple[str, float], ...] = ()  # (node, the end of its last window): left out, too old
+    straggler: GroupStraggler | None = None
+
+
 def group_straggler(nodes: Sequence[NodeRanks]) -> GroupStraggler | None:
+    found = group_ranks(nodes)
+    return found.straggler if found is not None else None
+
+
+def group_ranks(nodes: Sequence[NodeRanks]) -> GroupRanks | None:
     """The rule over the ranks of every node whose window is the newest's (a node that stopped
     publishing long ago speaks of another time); a rank seen by two nodes counts once, as the newer saw it."""
     if not nodes:
         return None
     newest = max(n.wall for n in nodes)
     recent = sorted((n for n in nodes if n.wall >= newest - SAME_WINDOW_S), key=lambda n: n.wall)
+    stale = tuple(sorted((n.node, n.wall) for n in nodes if n.wall < newest - SAME_WINDOW_S))
     where: dict[int, NodeRanks] = {}
     views: dict[int, RankView] = {}
     for n in recent:  # oldest first: the newer document's view of a rank wins
         for r in n.ranks:
             views[r.rank], where[r.rank] = r, n
+    compared = GroupRanks(
+        nodes=tuple(sorted({where[r].node for r in views})),
+        ranks=len(views),
+        judged=sum(1 for r in views.values() if r.looks >= MIN_LOOKS),
+        since=min(n.wall - n.window_s for n in recent),
+        until=newest,
+        stale=stale,
+    )
     ev = _evidence(list(views.values()), max(n.window_s for n in recent), ())
     found = straggler(ev)
     slow = found.rank if found is not None else None
     if found is None or slow is None or slow not in where:
-        return None
+        return compared
     home = where[slow]
     if home.neighbours:  # again, with what the straggler's own node saw of who shared its CPUs
         found = straggler(_evidence(list(views.values()), ev.window_s, home.neighbours)) or found
-    nodes_seen = len({where[r].node for r in views})
-    return GroupStraggler(found, home.node, views[slow].pid, home.wall, nodes_seen)
+    named = GroupStraggler(found, home.node, views[slow].pid, home.wall, len(compared.nodes))
+    return replace(compared, straggler=named)
 
 
 def _evidence(ranks: list[RankView], window_s: float, neighbours: tuple[Neighbour, ...]) -> SpeedEvidence:
@@ -156,10 +189,31 @@ def _view_of(raw: object) -> RankView | None:
             throttled_share=raw.get("throttled_share"),
             idle_detail=raw.get("idle_detail", ""),
             data_detail=raw.get("data_detail", ""),
+            gpu=_gpu_of(raw.get("gpu")),
+            majflt_per_s=raw.get("majflt_per_s", 0.0),
         )
     except (KeyError, TypeError, ValueError, IndexError):
         return None
     return view if _sound(view) else None
+
+
+def _gpu_of(raw: object) -> GpuClock | None:
+    """A rank's GPU as its shim read it from NVML: absent, or every field whole and in range (a clock in
+    MHz below MAX_MHZ, a utilisation in percent); anything else refuses the document."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise TypeError("gpu")
+    index, mhz, most, reasons, used = (
+        raw.get(k) for k in ("gpu_index", "sm_mhz", "sm_max_mhz", "reasons", "utilization")
+    )
+    if not (_natural(index) and _natural(mhz) and _natural(most) and _natural(reasons)):
+        raise TypeError("gpu")
+    if index >= MAX_GPUS or mhz >= MAX_MHZ or most >= MAX_MHZ:  # type: ignore[operator]
+        raise ValueError("gpu")
+    if used is not None and not (_number(used) and 0.0 <= used <= 100.0):
+        raise ValueError("gpu")
+    return GpuClock(index, mhz, most, reasons, None if used is None else float(used))  # type: ignore[arg-type]
 
 
 def _sound(v: RankView) -> bool:
@@ -177,6 +231,8 @@ def _sound(v: RankView) -> bool:
         and (v.throttled_share is None or (_number(v.throttled_share) and 0.0 <= v.throttled_share <= 1.0))
         and all(x is None or _number(x) for x in (v.rate, v.quota_cpus))
         and _number(v.cpu_used)
+        and _number(v.majflt_per_s)
+        and v.majflt_per_s >= 0.0
         and all(isinstance(t, str) and len(t) <= DETAIL_CHARS for t in texts)
     )
 

@@ -135,6 +135,8 @@ class RankView:
     throttled_share: float | None = None  # of that cgroup's periods in the window, the share throttled
     idle_detail: str = ""  # what its main thread slept in, where it slept (a frame, else the call)
     data_detail: str = ""  # the DataLoader frame it waited in, where a stack sample showed one
+    gpu: GpuClock | None = None  # the GPU its process computes on (NVML's process list), as last read
+    majflt_per_s: float = 0.0  # its major page faults a second: its memory read back from disk
 
     def share(self, where: str) -> float:
         return next((s for w, s in self.shares if w == where), 0.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from jobwarden.config import format_duration, format_size
 from jobwarden.model import Finding
-from jobwarden.rules.speed.evidence import SpeedEvidence
+from jobwarden.rules.speed.evidence import GpuClock, SpeedEvidence
 
 # A job loads its data and model before it touches the GPU; torch built for CUDA maps its CUDA libraries at
 # `import torch` (then this rule never fires), so the wait is for other frameworks. Short enough that the
@@ -53,15 +53,18 @@ def gpu_not_used(ev: SpeedEvidence) -> Finding | None:
     )
 
 
-def gpu_throttled(ev: SpeedEvidence) -> Finding | None:
-    slowed = [
-        c
-        for c in ev.gpu_clocks
-        if c.sm_max_mhz > 0
+def limited(c: GpuClock) -> bool:
+    """Its SM clock held below CLOCK_SHARE of its most by a limit, not by idleness."""
+    return (
+        c.sm_max_mhz > 0
         and c.sm_mhz < CLOCK_SHARE * c.sm_max_mhz
         and not c.reasons & GPU_IDLE
         and any(c.reasons & bit for bit in LIMITS)
-    ]
+    )
+
+
+def gpu_throttled(ev: SpeedEvidence) -> Finding | None:
+    slowed = [c for c in ev.gpu_clocks if limited(c)]
     if not slowed:
         return None
     worst = min(slowed, key=lambda c: c.sm_mhz / c.sm_max_mhz)

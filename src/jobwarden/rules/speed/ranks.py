@@ -19,7 +19,9 @@ from collections.abc import Sequence
 
 from jobwarden.model import Finding
 from jobwarden.rules.speed import averages
+from jobwarden.rules.speed import gpu as gpu_rules
 from jobwarden.rules.speed.evidence import RankView, SpeedEvidence, StackSample
+from jobwarden.rules.speed.storage import MAJFLT_PER_S
 
 WHERE = ("computing", "collective", "data", "io", "idle", "unknown")
 
@@ -55,6 +57,8 @@ MIN_LOOKS = 12  # looks at each rank in the window (one a tick): fewer are a bli
 WHY_SHARE = 0.20  # a share of a straggler's looks (sleeping, its data, I/O) worth naming as its why
 THROTTLED = 0.10  # of its own cgroup's periods throttled: its quota holds it back
 WAIT_SHARE = 0.25  # of its runnable time waiting for a CPU (as rules.speed.cpu)
+FAULTS_APART = 4.0  # its major faults a second at least this many times the others' (and 1/s)
+GPU_APART = 0.10  # its GPU's share of its clock this much below the others' median: its own why
 WARN_SHARE = 0.40  # the job's time lost above this: a warning; below, info
 MOST_TIMES = (
     20.0  # the others in their collectives 95 % of the looks or more: the factor is no longer measured
@@ -173,6 +177,16 @@ def _why(r: RankView, others: Sequence[RankView], ev: SpeedEvidence) -> list[str
                 f"/proc/PID/schedstat; the others {100 * usual_wait:.0f}%){who}",
             )
         )
+    usual_faults = averages.median(o.majflt_per_s for o in others) if others else 0.0
+    if r.majflt_per_s >= MAJFLT_PER_S and r.majflt_per_s >= FAULTS_APART * max(usual_faults, 1.0):
+        # its main thread waits for the pages in D: before "waited on storage", which it explains
+        found.append(
+            (
+                max(r.share("io"), WHY_SHARE) + 0.01,
+                f"its memory was read back from disk: {r.majflt_per_s:.0f} major page faults a second "
+                f"(/proc/PID/stat; the others {usual_faults:.0f}): swapped out or evicted",
+            )
+        )
     for where, what, detail in (
         ("idle", "slept", r.idle_detail),
         ("data", "waited on its DataLoader", r.data_detail),
@@ -184,9 +198,13 @@ def _why(r: RankView, others: Sequence[RankView], ev: SpeedEvidence) -> list[str
                 f" ({detail})" if detail else ""
             )
             found.append((share, text))
-    slow_gpus = [c for c in ev.gpu_clocks if c.reasons and c.sm_mhz < 0.9 * c.sm_max_mhz]
-    for c in slow_gpus[:1]:
-        found.append((0.0, f"GPU {c.gpu_index} of the job runs at {c.sm_mhz} of {c.sm_max_mhz} MHz"))
+    gpu = _gpu_why(r, others)
+    if gpu is not None:
+        found.append(gpu)
+    elif all(o.gpu is None for o in (r, *others)):  # no rank's own GPU known: the job's, as a hint
+        slow_gpus = [c for c in ev.gpu_clocks if c.reasons and c.sm_mhz < 0.9 * c.sm_max_mhz]
+        for c in slow_gpus[:1]:
+            found.append((0.0, f"GPU {c.gpu_index} of the job runs at {c.sm_mhz} of {c.sm_max_mhz} MHz"))
     if not found and r.share("computing") >= WHY_SHARE:
         found.append(
             (
@@ -198,8 +216,34 @@ def _why(r: RankView, others: Sequence[RankView], ev: SpeedEvidence) -> list[str
     return [text for _, text in sorted(found, key=lambda wt: -wt[0])]
 
 
+def _gpu_why(r: RankView, others: Sequence[RankView]) -> tuple[float, str] | None:
+    """Its own GPU held below its clock by a limit (temperature, power), where the others' GPUs are not
+    as slow: weighed by the share of its speed the clock takes away."""
+    c = r.gpu
+    if c is None or not gpu_rules.limited(c):
+        return None
+    share = c.sm_mhz / c.sm_max_mhz
+    theirs = [o.gpu for o in others if o.gpu is not None and o.gpu.sm_max_mhz > 0]
+    if theirs and averages.median(g.sm_mhz / g.sm_max_mhz for g in theirs) < share + GPU_APART:
+        return None  # every rank's GPU as slow: the machine room, not this rank
+    reasons = ", ".join(name for bit, name in gpu_rules.LIMITS.items() if c.reasons & bit)
+    used = f", utilisation {c.utilization:.0f}%" if c.utilization is not None else ""
+    usual = f"; the others' at {_ghz(round(averages.median(g.sm_mhz for g in theirs)))} GHz" if theirs else ""
+    return (
+        1.0 - share,
+        f"its GPU {c.gpu_index} ran at {_ghz(c.sm_mhz)} GHz of {_ghz(c.sm_max_mhz)} GHz: {reasons} "
+        f"(NVML clock event reasons 0x{c.reasons:x}){used}{usual}",
+    )
+
+
 def _remedy(r: RankView, why: list[str]) -> str:
     first = why[0] if why else ""
+    if first.startswith("its GPU"):
+        return (
+            f"Rank {r.rank}'s GPU is held below its clock: check its cooling and power on its node "
+            "(nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER), or ask the administrator to drain that "
+            "GPU and move the rank to another."
+        )
     if "quota" in first:
         return (
             f"Give rank {r.rank} the CPUs the others have: raise its cgroup's quota (cpu.max), or place "
@@ -212,6 +256,12 @@ def _remedy(r: RankView, why: list[str]) -> str:
         )
     if "slept" in first:
         return f"Find what rank {r.rank} waits for in its sleep (a rank-dependent branch, a retry loop)."
+    if "major page faults" in first:
+        return (
+            f"Give rank {r.rank} the memory it uses: its node swaps or evicts its pages (a memory limit "
+            "of its cgroup, other processes, swap); give it more, or need less (a smaller batch or cache, "
+            "fewer DataLoader workers)."
+        )
     if "DataLoader" in first:
         return f"Give rank {r.rank}'s DataLoader more workers or a faster source of data."
     return (
@@ -224,6 +274,10 @@ def _factor(times: float) -> str:
     """1.6, 2.4, then whole numbers: the title is rewritten when it changes (shim.findings), and 9.5 or
     9.8 say the same."""
     return f"{times:.1f}" if times < 3 else f"{times:.0f}"
+
+
+def _ghz(mhz: int) -> str:
+    return f"{mhz / 1000:.2f}".rstrip("0").rstrip(".")
 
 
 def _cpus(n: float) -> str:
