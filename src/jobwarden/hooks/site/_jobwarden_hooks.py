@@ -459,14 +459,15 @@ def _in_part(part: str, name: str) -> Callable[..., Any]:
 
 
 def __getattr__(name: str) -> Any:
-    """A name from a part not loaded yet (a test, a tool): every part is loaded, then asked."""
+    """A name from a part not loaded yet (a test, a tool): every part is loaded, then asked. Never
+    anything but AttributeError: the job's own code may ask (pickle looks a name up in every module)."""
     if name.startswith("__"):
         raise AttributeError(name)
-    for part in PARTS:
-        load_part(part)
     try:
+        for part in PARTS:
+            load_part(part)
         return globals()[name]
-    except KeyError:
+    except Exception:
         raise AttributeError(name) from None
 
 
