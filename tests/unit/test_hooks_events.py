@@ -370,3 +370,17 @@ def test_settling_waits_for_the_shim_to_read_what_was_announced(tmp_path: Path) 
         assert settle_adverts(tmp_path, timeout_s=0.05)
     finally:
         os.close(reader)
+
+
+def test_a_rank_announced_after_the_kernels_fork_event_is_kept() -> None:
+    """The kernel's fork event made the process a member before its exec gave it RANK; the hooks' `born`
+    line, which names the rank, comes after: the member takes the rank, if it is the same process."""
+    from jobwarden.model import ProcessId, Ranks
+    from jobwarden.shim.exits import ExitCollector
+
+    held = SimpleNamespace(ident=ProcessId(4242, 500), ranks=None)
+    collector = ExitCollector(SimpleNamespace(members={4242: held}))  # type: ignore[arg-type]
+    collector._on_birth(Birth(4242, 1, 999, Ranks(0), announced=True))  # a reused pid: another process
+    assert held.ranks is None
+    collector._on_birth(Birth(4242, 1, 500, Ranks(0), announced=True))
+    assert held.ranks == Ranks(0)

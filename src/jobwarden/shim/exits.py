@@ -129,7 +129,13 @@ class ExitCollector:
             self._news = self._news or birth.pid in self.tree.members
             self.tree.refresh(birth.pid)  # torchrun's rank is its child until exec gives it its RANK
             return
-        if not (birth.announced or self._ours(birth.ppid)) or birth.pid in self.tree.members:
+        known = self.tree.members.get(birth.pid)
+        if known is not None:  # held since the kernel's fork event: the hooks' line may name its rank
+            same = birth.start_time is None or known.ident.start_time == birth.start_time
+            if birth.announced and same and known.ranks is None and birth.ranks is not None:
+                known.ranks = birth.ranks
+            return
+        if not (birth.announced or self._ours(birth.ppid)):
             return
         self._news = True
         member = self.tree.add_pid(birth.pid, birth.start_time)
