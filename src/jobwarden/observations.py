@@ -349,6 +349,46 @@ class LockSite:
 
 
 @dataclass(frozen=True)
+class FeedStart:
+    """Where the source starts a thread or a process on a function that feeds a queue, an event or a
+    condition: `threading.Thread(target=load, name="loader")`."""
+
+    kind: str  # "thread" or "process"
+    line: int
+    name: str  # the `name=` it is given, "" when none (or not a plain string)
+    scope: str  # the function whose code starts it ("<module>" at module level)
+    first: int  # that function's lines: a live thread inside them may start another
+    last: int
+
+
+@dataclass(frozen=True)
+class Feeder:
+    """A function whose code feeds a queue, an event or a condition (`put`, `set`, `notify`)."""
+
+    function: str  # its bare name, as py-spy's frames end
+    first: int  # its lines: a live thread or process with a frame among them may still feed it
+    last: int
+    line: int  # its first line that feeds it
+    starts: tuple[FeedStart, ...] = ()  # where it is a thread's or a process's target
+    only_started: bool = False  # referenced nowhere else: it runs only in what those starts started
+
+
+@dataclass(frozen=True)
+class FeedSite:
+    """A line where a thread waits, without a timeout, on a queue, an event or a condition the source
+    names (probes.feeds): what it is, where it is made, and every function of the file that feeds it, or
+    None when the text does not show them all (the object is handed to code the file does not show)."""
+
+    file: str
+    line: int
+    name: str  # as the source names it: "results"
+    kind: str  # "queue", "event", "condition"
+    across: str  # "threads" (queue.Queue, threading.Event) or "processes" (multiprocessing's)
+    defined: int  # the line that makes it
+    feeders: tuple[Feeder, ...] | None
+
+
+@dataclass(frozen=True)
 class WaitParty:
     """A process a wait leads to, possibly outside the job: who it is, and whose."""
 

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from jobwarden.observations import Frame, HeldLock, LockSite, ProcessStack, ThreadStack
-from jobwarden.probes.withlocks import _source, lock_sites, sites_in
+from jobwarden.probes.pysource import source_of
+from jobwarden.probes.withlocks import lock_sites, sites_in
 from jobwarden.rules import RunEvidence, explain
 from jobwarden.rules.hang.lockcycle import lock_cycles
 
@@ -167,7 +168,7 @@ def test_a_file_the_jobs_user_could_not_read_is_not_read_for_it(tmp_path: Path) 
     path.write_bytes(SOURCE)
     path.chmod(0o600)
     nobody = 65534
-    assert _source(path, time.time(), {nobody}) is None  # the shim may read it; the job's user may not
-    assert _source(path, time.time(), {os.geteuid()}) == SOURCE
+    assert source_of(path, time.time(), {nobody}) is None  # the shim may read it; the job's user may not
+    assert source_of(path, time.time(), {os.geteuid()}) == SOURCE
     path.chmod(0o644)
-    assert _source(path, time.time(), {nobody}) == SOURCE
+    assert source_of(path, time.time(), {nobody}) == SOURCE

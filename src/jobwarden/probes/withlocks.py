@@ -17,22 +17,24 @@ bounded: MAX_FILES files of at most MAX_SOURCE_BYTES, within BUDGET_S.
 from __future__ import annotations
 
 import ast
-import os
-import stat
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.observations import HeldLock, LockSite, ProcessStack
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.osapi.sharedfiles import Trust, read_file
+from jobwarden.probes.pysource import (
+    locals_of,
+    own_nodes,
+    scope_of,
+    source_of,
+    started_at,
+    uid_of,
+)
 
 MAX_FILES = 8
-MAX_SOURCE_BYTES = 256 << 10  # parsing costs ~0.2 s a 256 KiB file on a loaded machine (measurements.md)
 BUDGET_S = 0.5
 _LOCK_CALLS = {"Lock", "RLock"}
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 
 def lock_sites(
@@ -49,8 +51,8 @@ def lock_sites(
         idle = [t for t in ps.threads if t.active is False]
         if len(idle) < 2:
             continue
-        start = _started_at(procfs, ps.pid)
-        uid = _uid(procfs, ps.pid)
+        start = started_at(procfs, ps.pid)
+        uid = uid_of(procfs, ps.pid)
         if start is None or uid is None:
             continue
         for thread in idle:
@@ -63,7 +65,7 @@ def lock_sites(
     for file in sorted(wanted)[:MAX_FILES]:
         if time.monotonic() > deadline:
             break
-        source = _source(Path(file), started[file], users[file])
+        source = source_of(Path(file), started[file], users[file])
         if source is not None:
             for site in sites_in(source, file, wanted[file]):
                 found[(file, site.line)] = site
@@ -86,8 +88,8 @@ def sites_in(source: bytes, file: str, lines: Iterable[int]) -> list[LockSite]:
     functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     found = []
     for line in sorted(set(lines)):
-        scope = _scope_of(tree, functions, line)
-        local = _locals(scope) if not isinstance(scope, ast.Module) else set()
+        scope = scope_of(tree, functions, line)
+        local = locals_of(scope) if not isinstance(scope, ast.Module) else set()
         takes, holds = _acquire_on(scope, line, locks, local), []
         for node in _own_withs(scope):
             named = [_lock(item.context_expr, locks, local) for item in node.items]
@@ -105,7 +107,7 @@ def sites_in(source: bytes, file: str, lines: Iterable[int]) -> list[LockSite]:
 def _acquire_on(scope: ast.AST, line: int, locks: dict[str, int], local: set[str]) -> HeldLock | None:
     """A statement `NAME.acquire()` (blocking, no timeout) alone on the line: a thread idle there waits
     to take that lock. (What it holds after is unknown: its `release()` may be anywhere.)"""
-    for node in _own_nodes(scope):
+    for node in own_nodes(scope):
         if isinstance(node, ast.Expr) and node.lineno == line and (node.end_lineno or line) == line:
             call = node.value
             if (
@@ -157,94 +159,11 @@ def _is_lock_call(value: ast.expr) -> bool:
     )
 
 
-def _scope_of(
-    tree: ast.Module, functions: list[ast.FunctionDef | ast.AsyncFunctionDef], line: int
-) -> ast.AST:
-    """The innermost function (or the module) whose text holds the line. `functions` are in ast.walk's
-    breadth-first order, and functions' lines nest, so the last one found is the innermost. (A lambda is
-    no frame's scope here: it holds no `with`, and one on the line would hide the function around it.)"""
-    scope: ast.AST = tree
-    for node in functions:
-        if node.lineno <= line <= (node.end_lineno or node.lineno):
-            scope = node
-    return scope
-
-
-def _own_nodes(scope: ast.AST) -> list[ast.AST]:
-    """The nodes of a scope, not those of the functions and classes defined in it."""
-    found: list[ast.AST] = []
-    todo = list(ast.iter_child_nodes(scope))
-    while todo:
-        node = todo.pop()
-        found.append(node)
-        if not isinstance(node, _SCOPES):
-            todo.extend(ast.iter_child_nodes(node))
-    return found
-
-
 def _own_withs(scope: ast.AST) -> list[ast.With]:
-    return [n for n in _own_nodes(scope) if isinstance(n, ast.With) and n.body]
-
-
-def _locals(scope: ast.AST) -> set[str]:
-    """The names a function binds for itself: its parameters and what it assigns (not `global` ones)."""
-    names: set[str] = set()
-    declared: set[str] = set()
-    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-        args = scope.args
-        names.update(a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs])
-        names.update(a.arg for a in (args.vararg, args.kwarg) if a is not None)
-    for node in _own_nodes(scope):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            declared.update(node.names)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-    return names - declared
+    return [n for n in own_nodes(scope) if isinstance(n, ast.With) and n.body]
 
 
 def _lock(expr: ast.expr, locks: dict[str, int], local: set[str]) -> str | None:
     if isinstance(expr, ast.Name) and expr.id in locks and expr.id not in local:
         return expr.id
     return None
-
-
-def _started_at(procfs: ProcFS, pid: int) -> float | None:
-    """When the process started, in seconds since the epoch."""
-    try:
-        return procfs.wall_time_of(procfs.stat(pid).start_time)
-    except (ProcessGone, AccessDenied, OSError, ValueError):
-        return None
-
-
-def _source(path: Path, started: float, users: set[int]) -> bytes | None:
-    """The file's text, when it passes the shared-file checks (a regular file of ours, root's or the
-    process's user's, not writable by others, within the cap), every process that runs it could read it
-    itself (the shim may be root: a job naming /etc/shadow in its stack learns nothing from it), and it
-    was not changed after the process started (a second of slack: the boot time is to the second)."""
-    try:
-        st = os.stat(path)
-        if st.st_mtime > started + 1.0 or not all(_may_read(st, uid) for uid in users):
-            return None
-        owners = frozenset({os.geteuid(), 0, *users})
-        return read_file(path, MAX_SOURCE_BYTES, Trust(owners), check_folder=False)
-    except OSError:
-        return None
-
-
-def _may_read(st: os.stat_result, uid: int) -> bool:
-    """Whether a process of `uid` may read the file, by its mode (groups aside: a group's file is read
-    only when others may read it too, the safe side)."""
-    if uid == 0:
-        return True
-    if st.st_uid == uid:
-        return bool(st.st_mode & stat.S_IRUSR)
-    return bool(st.st_mode & stat.S_IROTH)
-
-
-def _uid(procfs: ProcFS, pid: int) -> int | None:
-    try:
-        return procfs.uid(pid)
-    except (ProcessGone, AccessDenied):
-        return None

@@ -31,6 +31,7 @@ from jobwarden.store import JobRecord, Store
 if TYPE_CHECKING:  # the rules, the stack capture and the GPU watch load at the first judgement, or with a
     # GPU: an idle job never judged never pays for them (the shim's memory, issue 25)
     from jobwarden.observations import (
+        FeedSite,
         LockSite,
         OomEvidence,
         ProcessDeath,
@@ -262,6 +263,7 @@ class Diagnoser:
         stacks = capture_stacks(stack_pids, procfs=self.procfs, py_dir=self.py_dir, timeout_s=STACK_TIMEOUT_S)
         recorders = flightrec.collect(asked) if asked else []
         sites = self._lock_sites(stacks) if hung else {}
+        fed = self._feed_sites(stacks) if hung else {}
         if asked:  # the ranks' answers cost them CPU and a file write: not a sign the job moves again
             self.tracker.discount(now_mono + STACK_TIMEOUT_S + flightrec.WAIT_S + RECORDER_EFFORT_S)
         evidence = RunEvidence(
@@ -284,6 +286,7 @@ class Diagnoser:
             waits=tuple(waits),
             wait_parties=parties,
             lock_sites=sites,
+            feed_sites=fed,
             recorders=tuple(recorders),
             forks=tuple(read_forks(self.py_dir)),
             fork_requests=tuple(read_fork_requests(self.py_dir)),
@@ -320,6 +323,12 @@ class Diagnoser:
         from jobwarden.probes.withlocks import lock_sites
 
         return lock_sites(stacks, self.procfs)
+
+    def _feed_sites(self, stacks: Sequence[ProcessStack]) -> dict[tuple[str, int], FeedSite]:
+        """The queues, events and conditions the hung threads wait on (probes.feeds), read only when hung."""
+        from jobwarden.probes.feeds import feed_sites
+
+        return feed_sites(stacks, self.procfs)
 
     def _log_tail(self) -> tuple[str, ...]:
         from jobwarden.store.logfiles import tail_lines
