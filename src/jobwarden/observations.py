@@ -396,6 +396,8 @@ class WaitParty:
     cmdline: str
     user: str
     in_job: bool
+    job: int | None = None  # outside the job: another job of this user's that it belongs to (shim.whosejob)
+    job_name: str = ""
 
 
 @dataclass(frozen=True)

@@ -313,10 +313,12 @@ class Diagnoser:
     def _waits(self) -> tuple[list[Wait], dict[int, WaitParty]]:
         """What the job's blocked threads wait for (probes.waits), read only once the run is judged hung."""
         from jobwarden.probes.waits import blocked_waits
+        from jobwarden.shim.whosejob import with_jobs
 
         members = list(self.tree.members.values())
         parents = {m.pid: m.ppid for m in members}
-        return blocked_waits(parents, parents, self.procfs)
+        waits, parties = blocked_waits(parents, parents, self.procfs)
+        return waits, with_jobs(parties, self.store, self.procfs, self.job.id)
 
     def _lock_sites(self, stacks: Sequence[ProcessStack]) -> dict[tuple[str, int], LockSite]:
         """The `with` locks around the hung threads' lines (probes.withlocks), read only when hung."""

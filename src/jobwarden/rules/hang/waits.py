@@ -292,10 +292,13 @@ class _Names:
         return describe(pid, cmdline, width)
 
     def whose(self, pid: int) -> str:
-        """', user bob, outside this job' for a process that is not the job's."""
+        """', user bob, outside this job' for a process that is not the job's; ', of your job 12
+        "prep-data"' for one of this user's other jobs."""
         party = self.parties.get(pid)
         if party is None or party.in_job:
             return ""
+        if party.job is not None:
+            return f', of your job {party.job} "{party.job_name[:64]}"'
         return f", user {party.user}, outside this job"
 
 
