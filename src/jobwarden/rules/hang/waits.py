@@ -303,11 +303,30 @@ class _Names:
 
 
 def _title(chain: Chain, name: _Names) -> str:
-    waiting = {s.wait.pid for s in chain.steps}
-    if chain.cycle and len(waiting) > 1:
-        return f"Deadlock: {len(waiting)} processes wait for each other"
+    loop = _loop(chain)
+    if chain.cycle and len({s.wait.pid for s in loop}) > 1:
+        things = ", ".join(dict.fromkeys(_thing(s.wait) for s in loop))
+        return f"Deadlock: {len({s.wait.pid for s in loop})} processes wait for each other ({things})"
     last = chain.steps[-1]
     return _capitalised(_what(last, name, short=True))
+
+
+def _loop(chain: Chain) -> tuple[Step, ...]:
+    """A cycle's own steps: those from the process it closes on (a parent waiting for a child in it is
+    on the path, not in the cycle)."""
+    if not chain.cycle:
+        return ()
+    first = next(n for n, s in enumerate(chain.steps) if s.wait.pid == chain.end)
+    return chain.steps[first:]
+
+
+def _thing(wait: Wait) -> str:
+    """What a wait is on, in a few words: 'a file lock on /data/cache.lock', 'a pipe', 'child pid 812'."""
+    if wait.kind == "file-lock":
+        return f"a file lock on {wait.thing}"
+    if wait.kind in ("pipe-read", "pipe-write"):
+        return _pipe(wait, "a pipe", "the FIFO")
+    return wait.thing
 
 
 def _what(step: Step, name: _Names, short: bool = False) -> str:
