@@ -29,6 +29,7 @@ from jobwarden.probes.pysource import locals_of, own_nodes, source_of, started_a
 
 MAX_FILES = 8
 BUDGET_S = 0.5
+MAX_FEEDERS = 16  # functions feeding one object, past which they are not listed (each costs a walk)
 # where a thread waiting on one of these objects sits: the frames between the wait and the job's call
 WAITING_FILES = (
     "/threading.py",
@@ -146,11 +147,23 @@ class _Reader:
 
     def __init__(self, tree: ast.Module) -> None:
         self.tree = tree
-        self.parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-        self.functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        self.modules = _imports(tree)
-        self.stores = _stores(tree)
-        self.rebindable = {name for n in ast.walk(tree) if isinstance(n, ast.Global) for name in n.names}
+        # one walk of the file for every index below: a feeder looked up must not walk it again
+        self.nodes: list[ast.AST] = [tree]
+        self.parents: dict[ast.AST, ast.AST] = {}
+        for node in self.nodes:  # grows as it goes: breadth first
+            for child in ast.iter_child_nodes(node):
+                self.parents[child] = node
+                self.nodes.append(child)
+        self.functions = [n for n in self.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        self.modules = _imports(self.nodes)
+        self.stores = _stores(self.nodes)
+        self.rebindable = {name for n in self.nodes if isinstance(n, ast.Global) for name in n.names}
+        self.named: dict[str, list[ast.Name]] = {}  # every Name node by its id
+        for node in self.nodes:
+            if isinstance(node, ast.Name):
+                self.named.setdefault(node.id, []).append(node)
+        self.starts: dict[str, list[tuple[ast.Call, str]]] | None = None  # by the target's name
+        self.local_names: dict[ast.AST, set[str]] = {}
 
     # --- the waiting line -------------------------------------------------------------------------
 
@@ -170,7 +183,7 @@ class _Reader:
     def _calls_on(self, line: int) -> list[ast.Call]:
         return [
             n
-            for n in ast.walk(self.tree)
+            for n in self.nodes
             if isinstance(n, ast.Call)
             and isinstance(n.func, ast.Attribute)
             and isinstance(n.func.value, ast.Name)
@@ -182,7 +195,7 @@ class _Reader:
         """The object a name at `node` is: the first scope outward that binds the name decides (its own
         object, or a parameter a thread's or process's start hands it as)."""
         for scope in self._scopes_around(node):
-            if isinstance(scope, ast.Module) or name in locals_of(scope):
+            if isinstance(scope, ast.Module) or name in self._locals(scope):
                 obj = self._object(scope, name)
                 if obj is None and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and depth < 3:
                     return self._handed(scope, name, depth + 1)
@@ -257,6 +270,8 @@ class _Reader:
                     todo.append(how)
                 elif how > 0:
                     feeds[inner] = min(feeds.get(inner, how), how)
+        if len(feeds) > MAX_FEEDERS:
+            return None
         found = []
         for function, line in feeds.items():
             if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -308,15 +323,27 @@ class _Reader:
 
     def _uses(self, scope: ast.AST, name: str) -> Iterator[tuple[ast.Name, ast.AST]]:
         """Each load of `name` in `scope` and in the functions nested in it that do not bind it
-        themselves, with the innermost function it is in."""
-        for node in own_nodes(scope):
-            if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load):
-                yield node, scope
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                if name not in locals_of(node):
-                    yield from self._uses(node, name)
-            elif isinstance(node, ast.ClassDef):
-                yield from self._uses(node, name)
+        themselves, with the innermost function (or class) it is in."""
+        for node in self.named.get(name, ()):
+            if not isinstance(node.ctx, ast.Load):
+                continue
+            inner: ast.AST | None = None
+            at = self.parents.get(node)
+            while at is not None and at is not scope:
+                if isinstance(at, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                    if name in self._locals(at):
+                        break  # another variable of the same name
+                    inner = inner or at
+                elif isinstance(at, ast.ClassDef):
+                    inner = inner or at
+                at = self.parents.get(at)
+            if at is scope:
+                yield node, inner or scope
+
+    def _locals(self, scope: ast.AST) -> set[str]:
+        if scope not in self.local_names:
+            self.local_names[scope] = locals_of(scope)
+        return self.local_names[scope]
 
     def _names_in(self, scope: ast.AST, name: str) -> list[ast.Name]:
         return [n for n in own_nodes(scope) if isinstance(n, ast.Name) and n.id == name]
@@ -327,14 +354,15 @@ class _Reader:
     # --- starts -----------------------------------------------------------------------------------
 
     def _starts_of(self, function: str) -> list[tuple[ast.Call, str]]:
-        found = []
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.Call):
-                kind = self._starter(node)
-                target = next((k.value for k in node.keywords if k.arg == "target"), None)
-                if kind is not None and isinstance(target, ast.Name) and target.id == function:
-                    found.append((node, kind))
-        return found
+        if self.starts is None:
+            self.starts = {}
+            for node in self.nodes:
+                if isinstance(node, ast.Call):
+                    kind = self._starter(node)
+                    target = next((k.value for k in node.keywords if k.arg == "target"), None)
+                    if kind is not None and isinstance(target, ast.Name):
+                        self.starts.setdefault(target.id, []).append((node, kind))
+        return self.starts.get(function, [])
 
     def _starter(self, call: ast.Call) -> str | None:
         return _STARTERS.get(self._dotted(call.func) or "")
@@ -348,24 +376,23 @@ class _Reader:
         elif isinstance(scope, ast.Lambda):
             where = ("<lambda>", scope.lineno, scope.end_lineno or scope.lineno)
         else:
-            where = ("<module>", 1, max((getattr(n, "end_lineno", 0) or 0) for n in ast.walk(self.tree)))
+            where = ("<module>", 1, (self.tree.body[-1].end_lineno or 1) if self.tree.body else 1)
         return FeedStart(kind, call.lineno, label[:64], *where)
 
     def _only_started(self, function: str) -> bool:
         """The function is defined once and named nowhere but as a thread's or process's target."""
         if sum(1 for f in self.functions if f.name == function) != 1:
             return False
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.Name) and node.id == function:
-                keyword = self.parents.get(node)
-                start = self.parents.get(keyword) if isinstance(keyword, ast.keyword) else None
-                if not (
-                    isinstance(keyword, ast.keyword)
-                    and keyword.arg == "target"
-                    and isinstance(start, ast.Call)
-                    and self._starter(start) is not None
-                ):
-                    return False
+        for node in self.named.get(function, ()):
+            keyword = self.parents.get(node)
+            start = self.parents.get(keyword) if isinstance(keyword, ast.keyword) else None
+            if not (
+                isinstance(keyword, ast.keyword)
+                and keyword.arg == "target"
+                and isinstance(start, ast.Call)
+                and self._starter(start) is not None
+            ):
+                return False
         return True
 
     def _function(self, name: str) -> _Function | None:
@@ -405,10 +432,10 @@ class _Reader:
         return None
 
 
-def _imports(tree: ast.Module) -> dict[str, str]:
+def _imports(nodes: list[ast.AST]) -> dict[str, str]:
     """What each imported name is: {'mp': 'multiprocessing', 'Queue': 'queue.Queue'}."""
     found = {}
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:
@@ -422,10 +449,10 @@ def _imports(tree: ast.Module) -> dict[str, str]:
     return found
 
 
-def _stores(tree: ast.Module) -> dict[str, list[ast.AST | None]]:
+def _stores(nodes: list[ast.AST]) -> dict[str, list[ast.AST | None]]:
     """Every binding of each name in the file, anywhere: the value of a plain `name = value`, else None."""
     found: dict[str, list[ast.AST | None]] = {}
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             found.setdefault(node.id, []).append(None)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -433,7 +460,7 @@ def _stores(tree: ast.Module) -> dict[str, list[ast.AST | None]]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 found.setdefault((alias.asname or alias.name).split(".")[0], []).append(None)
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             values = found[node.targets[0].id]
             if len(values) == 1:
