@@ -3,24 +3,29 @@ and GPU evidence. Plain data, stdlib only; kept apart from `model` so that `run`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass(frozen=True)
 class Frame:
-    """One stack frame. `file`/`line` are empty for native frames without debug info."""
+    """One stack frame. `file`/`line` are empty for native frames without debug info. `owner`: the address
+    of the frame's `self`, where a hang's dump read it (py-spy --locals; its value is never kept): which
+    object a method runs on, so that two threads' `with self._lock:` can be told the same lock or not. Not
+    part of a frame's identity."""
 
     function: str
     file: str = ""
     line: int | None = None
     native: bool = False
+    owner: int | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line is not None else self.file
         return f"{self.function} ({where})" if where else self.function
 
     def to_json(self) -> dict[str, object]:
+        # no owner: an address means something only in the live process, to the rules judging it then
         return {"function": self.function, "file": self.file, "line": self.line, "native": self.native}
 
     @classmethod
@@ -328,11 +333,13 @@ class Wait:
 
 @dataclass(frozen=True)
 class HeldLock:
-    """A module-level `threading.Lock()` / `RLock()` of one source file, as a `with` statement names it."""
+    """A module-level `threading.Lock()` / `RLock()` of one source file, or one its class binds to an
+    attribute of `self` once, as a `with` statement names it."""
 
-    name: str  # the module-level name: "cache_lock"
+    name: str  # the module-level name: "cache_lock"; an instance's: "self._lock"
     defined: int  # the line that assigns it
     with_line: int  # the line of the `with` statement that takes it
+    attribute: bool = False  # an instance's lock: the same only on the same object (the frame's owner)
 
 
 @dataclass(frozen=True)

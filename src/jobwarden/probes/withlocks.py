@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ast
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from jobwarden.observations import HeldLock, LockSite, ProcessStack
@@ -35,6 +35,7 @@ from jobwarden.probes.pysource import (
 MAX_FILES = 8
 BUDGET_S = 0.5
 _LOCK_CALLS = {"Lock", "RLock"}
+_SETTERS = {"setattr", "delattr"}
 
 
 def lock_sites(
@@ -72,6 +73,28 @@ def lock_sites(
     return found
 
 
+def wanting_owners(stacks: Sequence[ProcessStack], sites: Mapping[tuple[str, int], LockSite]) -> list[int]:
+    """The processes where an idle thread waits to enter an instance's lock (`with self._lock:`) that
+    another idle thread's frames hold by the same name in the same file: whether it is the same lock
+    depends on the objects, which only a dump with each frame's `self` tells (its frames' owners unread)."""
+    found = []
+    for ps in stacks:
+        waits: set[tuple[int, str, str]] = set()  # (thread, file, lock name)
+        holds: set[tuple[int, str, str]] = set()
+        for n, thread in enumerate(t for t in ps.threads if t.active is False):
+            py = [f for f in thread.frames if not f.native and f.line]
+            inner = sites.get((py[0].file, py[0].line or 0)) if py else None
+            takes = inner.takes if inner is not None else None
+            if takes is not None and takes.attribute and py[0].owner is None:
+                waits.add((n, py[0].file, takes.name))
+            for frame in py[1:] if py else ():
+                site = sites.get((frame.file, frame.line or 0))
+                holds.update((n, frame.file, h.name) for h in (site.holds if site else ()) if h.attribute)
+        if any(w[1:] == h[1:] and w[0] != h[0] for w in waits for h in holds):
+            found.append(ps.pid)
+    return found
+
+
 def sites_in(source: bytes, file: str, lines: Iterable[int]) -> list[LockSite]:
     """The LockSite of each line of `source` (a file's text) that takes or is held by a module-level lock:
     taken by a `with` whose header is the line or by a lone `NAME.acquire()` on it, held by the `with`
@@ -82,8 +105,8 @@ def sites_in(source: bytes, file: str, lines: Iterable[int]) -> list[LockSite]:
         tree = ast.parse(source, file)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
-    locks = _module_locks(tree)
-    if not locks:
+    locks = _Locks(tree)
+    if not locks.module and not locks.attributes:
         return []
     functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     found = []
@@ -92,19 +115,89 @@ def sites_in(source: bytes, file: str, lines: Iterable[int]) -> list[LockSite]:
         local = locals_of(scope) if not isinstance(scope, ast.Module) else set()
         takes, holds = _acquire_on(scope, line, locks, local), []
         for node in _own_withs(scope):
-            named = [_lock(item.context_expr, locks, local) for item in node.items]
+            named = [locks.named(item.context_expr, scope, local, node.lineno) for item in node.items]
             if node.lineno <= line < node.body[0].lineno:  # the header: the statement that waits to enter
                 only = [n for n in named if n is not None]
                 if len(only) == 1 and len(named) == 1:  # `with a, b:` stopped here: which one waits?
-                    takes = HeldLock(only[0], locks[only[0]], node.lineno)
+                    takes = only[0]
             elif node.body[0].lineno <= line <= (node.end_lineno or node.lineno):
-                holds += [HeldLock(n, locks[n], node.lineno) for n in named if n is not None]
+                holds += [n for n in named if n is not None]
         if takes is not None or holds:
             found.append(LockSite(file, line, takes, tuple(sorted(holds, key=lambda h: h.with_line))))
     return found
 
 
-def _acquire_on(scope: ast.AST, line: int, locks: dict[str, int], local: set[str]) -> HeldLock | None:
+class _Locks:
+    """The locks of one file a `with` can be tied to: module-level names (`_module_locks`), and attributes
+    of `self` a class binds once (`_attribute_locks`), named in that class's own methods."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.module = _module_locks(tree)
+        self.attributes = _attribute_locks(tree)
+        self.methods = dict(_methods(tree))
+
+    def named(self, expr: ast.expr, scope: ast.AST, local: set[str], line: int) -> HeldLock | None:
+        if isinstance(expr, ast.Name) and expr.id in self.module and expr.id not in local:
+            return HeldLock(expr.id, self.module[expr.id], line)
+        if not (isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name)):
+            return None
+        made = self.attributes.get(expr.attr)
+        method = self.methods.get(scope)
+        if made is None or method is None or made[0] is not method[0] or expr.value.id != method[1]:
+            return None
+        if any(
+            isinstance(n, ast.Name) and n.id == method[1] and not isinstance(n.ctx, ast.Load)
+            for n in own_nodes(scope)
+        ):
+            return None  # `self` rebound in the method: which object?
+        return HeldLock(f"{method[1]}.{expr.attr}", made[1], line, attribute=True)
+
+
+def _methods(tree: ast.Module) -> list[tuple[ast.AST, tuple[ast.ClassDef, str]]]:
+    """Each plain method (no decorator: not a static or class method) of each class, with its class and
+    the name of its first parameter (`self`)."""
+    found: list[tuple[ast.AST, tuple[ast.ClassDef, str]]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and not item.decorator_list:
+                    params = [*item.args.posonlyargs, *item.args.args]
+                    if params:
+                        found.append((item, (node, params[0].arg)))
+    return found
+
+
+def _attribute_locks(tree: ast.Module) -> dict[str, tuple[ast.ClassDef, int]]:
+    """Attributes bound exactly once in the whole file, as `self.NAME = threading.Lock()` (or RLock) in
+    a plain method of a class, and never otherwise (no other `x.NAME = ...`, `del x.NAME`, or setattr
+    with that name; any setattr/delattr with a name the text does not show hides them all): name -> its
+    class and line."""
+    stores: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load):
+            stores[node.attr] = stores.get(node.attr, 0) + 1
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _SETTERS:
+            name = node.args[1] if len(node.args) > 1 else None
+            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                return {}
+            stores[name.value] = stores.get(name.value, 0) + 2
+    found = {}
+    for method, (cls, me) in _methods(tree):
+        for node in own_nodes(method):
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Attribute)
+                and isinstance(node.targets[0].value, ast.Name)
+                and node.targets[0].value.id == me
+                and _is_lock_call(node.value)
+                and stores.get(node.targets[0].attr) == 1
+            ):
+                found[node.targets[0].attr] = (cls, node.lineno)
+    return found
+
+
+def _acquire_on(scope: ast.AST, line: int, locks: _Locks, local: set[str]) -> HeldLock | None:
     """A statement `NAME.acquire()` (blocking, no timeout) alone on the line: a thread idle there waits
     to take that lock. (What it holds after is unknown: its `release()` may be anywhere.)"""
     for node in own_nodes(scope):
@@ -117,9 +210,7 @@ def _acquire_on(scope: ast.AST, line: int, locks: dict[str, int], local: set[str
                 and isinstance(call.func, ast.Attribute)
                 and call.func.attr == "acquire"
             ):
-                name = _lock(call.func.value, locks, local)
-                if name is not None:
-                    return HeldLock(name, locks[name], line)
+                return locks.named(call.func.value, scope, local, line)
     return None
 
 
@@ -161,9 +252,3 @@ def _is_lock_call(value: ast.expr) -> bool:
 
 def _own_withs(scope: ast.AST) -> list[ast.With]:
     return [n for n in own_nodes(scope) if isinstance(n, ast.With) and n.body]
-
-
-def _lock(expr: ast.expr, locks: dict[str, int], local: set[str]) -> str | None:
-    if isinstance(expr, ast.Name) and expr.id in locks and expr.id not in local:
-        return expr.id
-    return None
