@@ -4,11 +4,14 @@ around that line are looked at (`ast`, never run).
 
 A lock is recognised only when it is unambiguous from the text: a name the file assigns once, at module
 level, to `threading.Lock()` / `threading.RLock()` (or `Lock()` / `RLock()`), never rebound, and not a
-local of the function the frame is in. `with self._lock:` (whose object?), a lock passed as an argument,
-or one held after `acquire()` (until some later `release()`) are left out (a lone `NAME.acquire()` line
-does say which lock a thread idle there waits for): a cycle drawn from them
-could be wrong. A file changed after the process started is not read (its lines may no longer be the
-ones running), nor one that fails the shared-file checks (owner, type, size).
+local of the function the frame is in; or an attribute a class binds once to `self.NAME = Lock()`,
+named as `self.NAME` in that class's own plain methods (HeldLock.attribute: the same lock only on the
+same object, which the frames' `self` addresses tell: `wanting_owners` says which processes to dump again
+for them). A lock passed as an argument, another class's attribute, or one held after `acquire()` (until
+some later `release()`) are left out (a lone `NAME.acquire()` line does say which lock a thread idle
+there waits for): a cycle drawn from them could be wrong. A file changed after the process started is
+not read (its lines may no longer be the ones running), nor one that fails the shared-file checks
+(owner, type, size).
 
 Only asked when the run is judged hung, for the idle threads of processes with two or more of them, and
 bounded: MAX_FILES files of at most MAX_SOURCE_BYTES, within BUDGET_S.

@@ -4,8 +4,10 @@ py-spy shows where each thread stands, never which lock object it holds; probes.
 source around those lines (`LockSite`): the module-level lock a `with` on the thread's innermost line
 waits to enter, and the ones whose `with` blocks hold the lines of its frames. A thread idle at
 `with b:` inside `with a:`, while another idle thread stands at `with a:` inside `with b:`, is the
-classic ABBA deadlock; the same for longer cycles. A lock whose holder the source does not show (taken
-by `acquire()`, an instance's `self._lock`) draws no edge, so no cycle is ever guessed.
+classic ABBA deadlock; the same for longer cycles. An instance's `self._lock` is one lock per object: an
+edge only between frames whose `self` is the same object (Frame.owner, from the hang's dump). A lock
+whose holder the source does not show (taken by `acquire()`), or an instance's whose objects were not
+read, draws no edge, so no cycle is ever guessed.
 """
 
 from __future__ import annotations
