@@ -3,7 +3,9 @@ ends the chain (rules.hang.feeds): only where nothing can feed it any more, neve
 
 from __future__ import annotations
 
-from jobwarden.observations import Frame, ProcessDeath, ProcessStack, ThreadStack
+import dataclasses
+
+from jobwarden.observations import Frame, ProcessDeath, ProcessStack, ThreadStack, Wait
 from jobwarden.probes.feeds import sites_in, waiting_call
 from jobwarden.rules import RunEvidence, explain
 from jobwarden.rules.hang.feeds import FeedGraph
@@ -156,3 +158,20 @@ def test_a_dead_child_is_the_producer_of_a_multiprocessing_queue() -> None:
     )
     graph.stacks[200] = alive
     assert graph.follow(MAIN) is None  # a live producer, idle in a sleep: it may put yet
+
+
+def test_a_feeder_whose_own_wait_explains_nothing_leaves_the_kernels_chain_to_speak() -> None:
+    # thread 102 feeds the queue and waits for a child stuck on a futex (nothing said of it); thread 101
+    # waits for a lock another user holds: that chain is the finding, as it was before queues were read
+    feeder = ThreadStack(102, "loader", (Frame("load", F, 12),), "S", active=False)
+    locked = ThreadStack(101, "locker", (Frame("flock", "/usr/lib/python3.11/x.py", 1),), "S", active=False)
+    ev = dataclasses.replace(
+        hung(waiter(), locked, feeder),
+        waits=(
+            Wait(MAIN, 101, "file-lock", "flock", "/data/cache.lock", (777,)),
+            Wait(MAIN, 102, "child", "wait4", "child pid 200", (200,)),
+        ),
+    )
+    first = explain(ev)[0]
+    assert first.rule == "wait-chain" and first.pids[0] == 777
+    assert first.title == "Waits for a file lock on /data/cache.lock held by pid 777"

@@ -59,7 +59,10 @@ def wait_chain(ev: RunEvidence) -> Finding | None:
     graph = FeedGraph(ev.stacks, ev.feed_sites, ev.waits, ev.deaths, ev.processes)
     fed = _fed_at(chain, graph) if chain is not None else None
     if chain is not None and fed is not None:
-        return _fed(ev, chain.steps[: fed[0]], fed[1], name)
+        n, feeds_chain, queue_pipe = fed
+        found = _fed(ev, chain.steps[:n], feeds_chain, name)
+        if found is not None or queue_pipe:  # a queue's pipe is the queue: its words or none
+            return found
     if chain is None or not _explains(chain, ev.waits):
         prefix = chain.steps if chain is not None else ()
         end = chain.end if chain is not None else ev.pid
@@ -104,17 +107,17 @@ def _lock_cycle(ev: RunEvidence, chain: Chain | None, name: _Names) -> Finding |
     )
 
 
-def _fed_at(chain: Chain, graph: FeedGraph) -> tuple[int, FeedChain | None] | None:
+def _fed_at(chain: Chain, graph: FeedGraph) -> tuple[int, FeedChain | None, bool] | None:
     """The first step of the kernel's chain whose process waits on a queue, an event or a condition the
     source names, and the chain of feeders from there: the source says more than the kernel. A thread
-    reading the pipe of a multiprocessing queue is that queue's wait, said or not: a live producer that
-    only sleeps is no hang signature."""
+    reading the pipe of a multiprocessing queue is that queue's wait, said or not (the last of the three):
+    a live producer that only sleeps is no hang signature."""
     for n, step in enumerate(chain.steps):
         w = step.wait
         own_pipe = w.kind == "pipe-read" and bool(graph.waiting(w.pid, w.tid))
         fed = graph.follow(w.pid, w.tid if own_pipe else None)
         if fed is not None or own_pipe:
-            return n, fed
+            return n, fed, own_pipe
     return None
 
 
