@@ -175,3 +175,8 @@ def test_a_feeder_whose_own_wait_explains_nothing_leaves_the_kernels_chain_to_sp
     first = explain(ev)[0]
     assert first.rule == "wait-chain" and first.pids[0] == 777
     assert first.title == "Waits for a file lock on /data/cache.lock held by pid 777"
+
+
+def test_names_defined_by_each_others_calls_end_the_reading_without_an_error() -> None:
+    looped = b"import queue\na = b.get_context()\nb = a.make()\nq = a.Queue()\nq.get()\n"
+    assert sites_in(looped, F, [5]) == []

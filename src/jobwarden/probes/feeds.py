@@ -124,12 +124,15 @@ def sites_in(source: bytes, file: str, lines: Iterable[int]) -> list[FeedSite]:
         tree = ast.parse(source, file)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
-    reader = _Reader(tree)
     found = []
-    for line in sorted(set(lines)):
-        site = reader.site(file, line)
-        if site is not None:
-            found.append(site)
+    try:
+        reader = _Reader(tree)
+        for line in sorted(set(lines)):
+            site = reader.site(file, line)
+            if site is not None:
+                found.append(site)
+    except RecursionError:  # names bound to each other's calls in a loop the text never ends
+        return found
     return found
 
 
@@ -399,13 +402,13 @@ class _Reader:
         named = [f for f in self.functions if f.name == name]
         return named[0] if len(named) == 1 else None
 
-    def _dotted(self, expr: ast.expr) -> str | None:
+    def _dotted(self, expr: ast.expr, depth: int = 0) -> str | None:
         """'queue.Queue' for `queue.Queue`, `Queue` (from queue import Queue), `mp.Queue`, `ctx.Queue`
         (ctx = multiprocessing.get_context(...)), `torch.multiprocessing.Queue`."""
         if isinstance(expr, ast.Name):
             dotted = self.modules.get(expr.id)
         elif isinstance(expr, ast.Attribute):
-            base = self._base(expr.value)
+            base = self._base(expr.value, depth)
             dotted = f"{base}.{expr.attr}" if base else None
         else:
             return None
@@ -413,7 +416,9 @@ class _Reader:
             dotted = dotted[len("torch.") :]
         return dotted
 
-    def _base(self, expr: ast.expr) -> str | None:
+    def _base(self, expr: ast.expr, depth: int = 0) -> str | None:
+        if depth > 4:  # `a = b.get_context()`, `b = a.f()`: names defined by each other
+            return None
         if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
             outer = self.modules.get(expr.value.id)
             return f"{outer}.{expr.attr}" if outer else None
@@ -424,7 +429,7 @@ class _Reader:
         # a context: bound once in the file to multiprocessing.get_context(...)
         if len(self.stores.get(expr.id, ())) == 1:
             value = self.stores[expr.id][0]
-            if isinstance(value, ast.Call) and self._dotted(value.func) in (
+            if isinstance(value, ast.Call) and self._dotted(value.func, depth + 1) in (
                 "multiprocessing.get_context",
                 "torch.multiprocessing.get_context",
             ):
