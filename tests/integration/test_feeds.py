@@ -115,7 +115,7 @@ def test_an_event_whose_setter_reads_a_pipe_nobody_writes_names_the_pipes_writer
         assert python in f["pids"]
         at = f"{consumer}:{line_of(READER_FEEDS_THE_EVENT, 'ready.wait()')}"
         assert f["title"] == (
-            f'Thread "MainThread" of pid {python} waits on event ready ({at}), fed by thread'
+            f'Thread "MainThread" of pid {python} waits on event ready ({at}), set by thread'
             f' "header" of pid {python}, which reads a pipe whose write end pid {tail} still holds open'
         ), f
     finally:

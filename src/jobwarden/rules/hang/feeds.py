@@ -201,6 +201,11 @@ def thing(step: FeedStep) -> str:
     return f"{kind_words(step.site)} {step.site.name} ({frames.short_file(step.at.file)}:{step.at.line})"
 
 
+def fed_by(site: FeedSite) -> str:
+    """'fed by' a queue's feeder, 'set by' an event's, 'notified by' a condition's."""
+    return {"queue": "fed by", "event": "set by", "condition": "notified by"}[site.kind]
+
+
 def waits_on(step: FeedStep) -> str:
     return f"waits on {thing(step)}"
 

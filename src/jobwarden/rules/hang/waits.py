@@ -135,7 +135,10 @@ def _fed(ev: RunEvidence, prefix: Sequence[Step], fed: FeedChain | None, name: _
     first = fed.steps[0]
     parts = [f"{name.of(s.wait.pid)} {_what(s, name)}" for s in prefix]
     parts.append(f"{_thread(first.pid, first.thread)} {feeds.waits_on(first)}")
-    parts += [f"fed by {_thread(s.pid, s.thread)}, which {feeds.waits_on(s)}" for s in fed.steps[1:]]
+    parts += [
+        f"{feeds.fed_by(before.site)} {_thread(s.pid, s.thread)}, which {feeds.waits_on(s)}"
+        for before, s in zip(fed.steps, fed.steps[1:], strict=False)
+    ]
     said = _Said(
         f"{_capitalised(_thread(first.pid, first.thread))} {feeds.waits_on(first)}",
         _capitalised(", ".join(parts)),
@@ -175,7 +178,8 @@ def _fed_cycle(fed: FeedChain, said: _Said) -> list[int]:
     pids = sorted({s.pid for s in fed.steps})
     where = f" of pid {pids[0]}" if len(pids) == 1 else ""
     said.title = f"Deadlock: {len(fed.steps)} threads{where} wait for each other ({things})"
-    said.summary += f", fed by {_thread(first.pid, first.thread)}: a cycle, nobody can go on."
+    closes = f"{feeds.fed_by(fed.last.site)} {_thread(first.pid, first.thread)}"
+    said.summary += f", {closes}: a cycle, nobody can go on."
     said.remedy = _FEED_REMEDIES["cycle"]
     return [first.pid]
 
@@ -184,7 +188,7 @@ def _fed_onward(ev: RunEvidence, fed: FeedChain, onward: Chain, name: _Names, sa
     """The feeder waits on the kernel's side: the chain goes on through the kernel's steps."""
     assert fed.feeder is not None
     q, feeder = fed.feeder
-    by = f"fed by {_thread(q, feeder)}"
+    by = f"{feeds.fed_by(fed.last.site)} {_thread(q, feeder)}"
     then = ", ".join(f"which {_what(s, name)}" for s in onward.steps)
     said.title += f", {by}, which {_what(onward.steps[-1], name, short=True)}"
     ends = f"pid {onward.end} {_doing(onward.end, ev.waits)}: everything waits for it"
