@@ -3,24 +3,29 @@ and GPU evidence. Plain data, stdlib only; kept apart from `model` so that `run`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass(frozen=True)
 class Frame:
-    """One stack frame. `file`/`line` are empty for native frames without debug info."""
+    """One stack frame. `file`/`line` are empty for native frames without debug info. `owner`: the address
+    of the frame's `self`, where a hang's dump read it (py-spy --locals; its value is never kept): which
+    object a method runs on, so that two threads' `with self._lock:` can be told the same lock or not. Not
+    part of a frame's identity."""
 
     function: str
     file: str = ""
     line: int | None = None
     native: bool = False
+    owner: int | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line is not None else self.file
         return f"{self.function} ({where})" if where else self.function
 
     def to_json(self) -> dict[str, object]:
+        # no owner: an address means something only in the live process, to the rules judging it then
         return {"function": self.function, "file": self.file, "line": self.line, "native": self.native}
 
     @classmethod
@@ -328,11 +333,13 @@ class Wait:
 
 @dataclass(frozen=True)
 class HeldLock:
-    """A module-level `threading.Lock()` / `RLock()` of one source file, as a `with` statement names it."""
+    """A module-level `threading.Lock()` / `RLock()` of one source file, or one its class binds to an
+    attribute of `self` once, as a `with` statement names it."""
 
-    name: str  # the module-level name: "cache_lock"
+    name: str  # the module-level name: "cache_lock"; an instance's: "self._lock"
     defined: int  # the line that assigns it
     with_line: int  # the line of the `with` statement that takes it
+    attribute: bool = False  # an instance's lock: the same only on the same object (the frame's owner)
 
 
 @dataclass(frozen=True)
@@ -349,6 +356,46 @@ class LockSite:
 
 
 @dataclass(frozen=True)
+class FeedStart:
+    """Where the source starts a thread or a process on a function that feeds a queue, an event or a
+    condition: `threading.Thread(target=load, name="loader")`."""
+
+    kind: str  # "thread" or "process"
+    line: int
+    name: str  # the `name=` it is given, "" when none (or not a plain string)
+    scope: str  # the function whose code starts it ("<module>" at module level)
+    first: int  # that function's lines: a live thread inside them may start another
+    last: int
+
+
+@dataclass(frozen=True)
+class Feeder:
+    """A function whose code feeds a queue, an event or a condition (`put`, `set`, `notify`)."""
+
+    function: str  # its bare name, as py-spy's frames end
+    first: int  # its lines: a live thread or process with a frame among them may still feed it
+    last: int
+    line: int  # its first line that feeds it
+    starts: tuple[FeedStart, ...] = ()  # where it is a thread's or a process's target
+    only_started: bool = False  # referenced nowhere else: it runs only in what those starts started
+
+
+@dataclass(frozen=True)
+class FeedSite:
+    """A line where a thread waits, without a timeout, on a queue, an event or a condition the source
+    names (probes.feeds): what it is, where it is made, and every function of the file that feeds it, or
+    None when the text does not show them all (the object is handed to code the file does not show)."""
+
+    file: str
+    line: int
+    name: str  # as the source names it: "results"
+    kind: str  # "queue", "event", "condition"
+    across: str  # "threads" (queue.Queue, threading.Event) or "processes" (multiprocessing's)
+    defined: int  # the line that makes it
+    feeders: tuple[Feeder, ...] | None
+
+
+@dataclass(frozen=True)
 class WaitParty:
     """A process a wait leads to, possibly outside the job: who it is, and whose."""
 
@@ -356,6 +403,8 @@ class WaitParty:
     cmdline: str
     user: str
     in_job: bool
+    job: int | None = None  # outside the job: another job of this user's that it belongs to (shim.whosejob)
+    job_name: str = ""
 
 
 @dataclass(frozen=True)

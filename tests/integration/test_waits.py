@@ -187,7 +187,7 @@ def test_a_parent_waiting_for_a_child_that_fills_the_pipe_it_never_reads_is_a_de
         child = next(p["pid"] for p in jw.status(job)["processes"] if p["pid"] != main_pid)
         assert f["pids"][0] == main_pid, f
         assert sorted(f["pids"]) == sorted([main_pid, child])
-        assert f["title"] == "Deadlock: 2 processes wait for each other"
+        assert f["title"] == f"Deadlock: 2 processes wait for each other (child pid {child}, a pipe)"
         assert f"waits for its child pid {child} (" in f["summary"], f
         assert f"which writes into a full pipe that pid {main_pid} (" in f["summary"], f
         assert "a cycle, nobody can go on (a deadlock)" in f["summary"]

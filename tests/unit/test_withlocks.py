@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from jobwarden.observations import Frame, HeldLock, LockSite, ProcessStack, ThreadStack
-from jobwarden.probes.withlocks import _source, lock_sites, sites_in
+from jobwarden.probes.pysource import source_of
+from jobwarden.probes.withlocks import lock_sites, sites_in, wanting_owners
 from jobwarden.rules import RunEvidence, explain
 from jobwarden.rules.hang.lockcycle import lock_cycles
 
@@ -167,7 +168,71 @@ def test_a_file_the_jobs_user_could_not_read_is_not_read_for_it(tmp_path: Path) 
     path.write_bytes(SOURCE)
     path.chmod(0o600)
     nobody = 65534
-    assert _source(path, time.time(), {nobody}) is None  # the shim may read it; the job's user may not
-    assert _source(path, time.time(), {os.geteuid()}) == SOURCE
+    assert source_of(path, time.time(), {nobody}) is None  # the shim may read it; the job's user may not
+    assert source_of(path, time.time(), {os.geteuid()}) == SOURCE
     path.chmod(0o644)
-    assert _source(path, time.time(), {nobody}) == SOURCE
+    assert source_of(path, time.time(), {nobody}) == SOURCE
+
+
+INSTANCES = b"""\
+import threading
+
+
+class Cache:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.other = None
+
+    def fill(self):
+        with self._lock:
+            self.other.drain()
+
+    def drain(self):
+        with self._lock:
+            pass
+
+
+class Other:
+    def run(self):
+        with self._lock:
+            pass
+"""
+G = "/src/cache.py"
+A, B, C = 0x7F0000001000, 0x7F0000002000, 0x7F0000003000
+
+
+def test_an_attribute_lock_its_class_binds_once_is_named_in_that_class_alone() -> None:
+    takes = sites_in(INSTANCES, G, [14])[0].takes
+    assert takes == HeldLock("self._lock", 6, 14, attribute=True)
+    assert sites_in(INSTANCES, G, [11])[0].holds == (HeldLock("self._lock", 6, 10, attribute=True),)
+    assert sites_in(INSTANCES, G, [20]) == []  # Other's self._lock is not the one Cache makes
+    rebinds = INSTANCES + b"\n\ndef swap(cache):\n    cache._lock = threading.RLock()\n"
+    assert sites_in(rebinds, G, [14, 11]) == []  # which lock a `with self._lock:` takes depends on when
+
+
+def crossing(owner_a: int | None, owner_b: int | None) -> list[ProcessStack]:
+    """Two threads, each in drain() of one cache called from fill() of the other."""
+
+    def one(tid: int, waits_on: int | None, holds: int | None) -> ThreadStack:
+        frames = (Frame("Cache.drain", G, 14, owner=waits_on), Frame("Cache.fill", G, 11, owner=holds))
+        return ThreadStack(tid, f"T{tid}", frames, "S", False)
+
+    return [ProcessStack(100, "py-spy", (one(1, owner_b, owner_a), one(2, owner_a, owner_b)))]
+
+
+def test_threads_crossing_two_objects_locks_are_a_cycle_only_where_the_dump_read_each_self() -> None:
+    sites = {(G, line): s for s in sites_in(INSTANCES, G, [11, 14]) for line in [s.line]}
+    (cycle,) = lock_cycles(crossing(A, B), sites)
+    assert [(s.thread.tid, s.holder.tid) for s in cycle.steps] == [(1, 2), (2, 1)]
+    assert cycle.locks == [f"self._lock of object {B:#x}", f"self._lock of object {A:#x}"]
+    assert lock_cycles(crossing(None, None), sites) == []  # no `self` read: which object? no edge
+    other = [ProcessStack(100, "py-spy", (crossing(A, B)[0].threads[0], crossing(A, C)[0].threads[1]))]
+    assert lock_cycles(other, sites) == []  # thread 2 holds C's lock: not the B's thread 1 waits for
+
+
+def test_only_a_process_whose_threads_wait_for_and_hold_an_instance_lock_is_dumped_again() -> None:
+    sites = {(G, line): s for s in sites_in(INSTANCES, G, [11, 14]) for line in [s.line]}
+    assert wanting_owners(crossing(None, None), sites) == [100]
+    assert wanting_owners(crossing(A, B), sites) == []  # its owners read already
+    alone = [ProcessStack(100, "py-spy", (crossing(None, None)[0].threads[0],))]
+    assert wanting_owners(alone, sites) == []  # the one thread that holds one is the waiter itself

@@ -65,9 +65,10 @@ def _executable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
-def dump(binary: Path, pid: int, mode: Mode, timeout_s: float) -> list[dict[str, Any]]:
-    """py-spy's JSON for one process: a list of thread objects. Raises CaptureError."""
-    argv = [str(binary), "dump", "--pid", str(pid), "--json", *mode.flags]
+def dump(binary: Path, pid: int, mode: Mode, timeout_s: float, owners: bool = False) -> list[dict[str, Any]]:
+    """py-spy's JSON for one process: a list of thread objects. Raises CaptureError. `owners`: read each
+    frame's locals too (--locals), for the address of its `self` (parse_dump keeps nothing else)."""
+    argv = [str(binary), "dump", "--pid", str(pid), "--json", *mode.flags, *(("--locals",) if owners else ())]
     # No Rust backtrace in the error text; nothing inherited may make py-spy wait for input.
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "RUST_BACKTRACE": "0", "LANG": "C.UTF-8"}
     try:
@@ -141,4 +142,16 @@ def _frame(f: dict[str, Any]) -> Frame:
         file=str(f.get("filename") or ""),
         line=None if native and not line else line,
         native=native,
+        owner=_owner(f.get("locals")),
     )
+
+
+def _owner(local_vars: object) -> int | None:
+    """The address of the frame's first argument named `self` (--locals): its value is not kept."""
+    if not isinstance(local_vars, list):
+        return None
+    for var in local_vars:
+        if isinstance(var, dict) and var.get("name") == "self" and var.get("arg"):
+            addr = var.get("addr")
+            return addr if isinstance(addr, int) and not isinstance(addr, bool) and addr > 0 else None
+    return None

@@ -65,8 +65,10 @@ def capture_stacks(
     native: bool = True,
     timeout_s: float = 5.0,
     tools: Tools | None = None,
+    owners: bool = False,
 ) -> list[ProcessStack]:
-    """One ProcessStack per pid, in the order given, within about `timeout_s` in total.
+    """One ProcessStack per pid, in the order given, within about `timeout_s` in total. `owners`: py-spy
+    reads each frame's `self` address too (Frame.owner), in the same pause.
 
     Returns with every thread and tool it started ended: safe for a single-threaded caller that forks
     afterwards (the shim)."""
@@ -79,7 +81,7 @@ def capture_stacks(
     gdb_slots = threading.BoundedSemaphore(os.cpu_count() or 1)
 
     def one(pid: int) -> ProcessStack:
-        return _Capture(pid, procfs, py_dir, native, deadline, found, gdb_slots).run()
+        return _Capture(pid, procfs, py_dir, native, deadline, found, gdb_slots, owners).run()
 
     with ThreadPoolExecutor(max_workers=min(len(pids), MAX_PARALLEL), thread_name_prefix="stacks") as pool:
         return list(pool.map(one, pids))
@@ -96,6 +98,7 @@ class _Capture:
     deadline: Deadline
     tools: Tools
     gdb_slots: threading.BoundedSemaphore
+    owners: bool = False
     notes: list[str] = field(default_factory=list)
     cmdline: str = ""
     denied: bool = False
@@ -146,7 +149,7 @@ class _Capture:
             last = mode == pyspy.Mode.NONBLOCKING and not fallbacks and self.tools.gdb is None
             budget = self._budget(last)  # none left: this process ends here, uncaptured
             try:
-                data = pyspy.dump(binary, self.pid, mode, budget)
+                data = pyspy.dump(binary, self.pid, mode, budget, self.owners)
             except CaptureError as err:
                 if err.kind == Failure.GONE:
                     raise

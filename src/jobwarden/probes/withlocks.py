@@ -4,11 +4,14 @@ around that line are looked at (`ast`, never run).
 
 A lock is recognised only when it is unambiguous from the text: a name the file assigns once, at module
 level, to `threading.Lock()` / `threading.RLock()` (or `Lock()` / `RLock()`), never rebound, and not a
-local of the function the frame is in. `with self._lock:` (whose object?), a lock passed as an argument,
-or one held after `acquire()` (until some later `release()`) are left out (a lone `NAME.acquire()` line
-does say which lock a thread idle there waits for): a cycle drawn from them
-could be wrong. A file changed after the process started is not read (its lines may no longer be the
-ones running), nor one that fails the shared-file checks (owner, type, size).
+local of the function the frame is in; or an attribute a class binds once to `self.NAME = Lock()`,
+named as `self.NAME` in that class's own plain methods (HeldLock.attribute: the same lock only on the
+same object, which the frames' `self` addresses tell: `wanting_owners` says which processes to dump again
+for them). A lock passed as an argument, another class's attribute, or one held after `acquire()` (until
+some later `release()`) are left out (a lone `NAME.acquire()` line does say which lock a thread idle
+there waits for): a cycle drawn from them could be wrong. A file changed after the process started is
+not read (its lines may no longer be the ones running), nor one that fails the shared-file checks
+(owner, type, size).
 
 Only asked when the run is judged hung, for the idle threads of processes with two or more of them, and
 bounded: MAX_FILES files of at most MAX_SOURCE_BYTES, within BUDGET_S.
@@ -17,22 +20,25 @@ bounded: MAX_FILES files of at most MAX_SOURCE_BYTES, within BUDGET_S.
 from __future__ import annotations
 
 import ast
-import os
-import stat
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.observations import HeldLock, LockSite, ProcessStack
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.osapi.sharedfiles import Trust, read_file
+from jobwarden.probes.pysource import (
+    locals_of,
+    own_nodes,
+    scope_of,
+    source_of,
+    started_at,
+    uid_of,
+)
 
 MAX_FILES = 8
-MAX_SOURCE_BYTES = 256 << 10  # parsing costs ~0.2 s a 256 KiB file on a loaded machine (measurements.md)
 BUDGET_S = 0.5
 _LOCK_CALLS = {"Lock", "RLock"}
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+_SETTERS = {"setattr", "delattr"}
 
 
 def lock_sites(
@@ -49,8 +55,8 @@ def lock_sites(
         idle = [t for t in ps.threads if t.active is False]
         if len(idle) < 2:
             continue
-        start = _started_at(procfs, ps.pid)
-        uid = _uid(procfs, ps.pid)
+        start = started_at(procfs, ps.pid)
+        uid = uid_of(procfs, ps.pid)
         if start is None or uid is None:
             continue
         for thread in idle:
@@ -63,10 +69,32 @@ def lock_sites(
     for file in sorted(wanted)[:MAX_FILES]:
         if time.monotonic() > deadline:
             break
-        source = _source(Path(file), started[file], users[file])
+        source = source_of(Path(file), started[file], users[file])
         if source is not None:
             for site in sites_in(source, file, wanted[file]):
                 found[(file, site.line)] = site
+    return found
+
+
+def wanting_owners(stacks: Sequence[ProcessStack], sites: Mapping[tuple[str, int], LockSite]) -> list[int]:
+    """The processes where an idle thread waits to enter an instance's lock (`with self._lock:`) that
+    another idle thread's frames hold by the same name in the same file: whether it is the same lock
+    depends on the objects, which only a dump with each frame's `self` tells (its frames' owners unread)."""
+    found = []
+    for ps in stacks:
+        waits: set[tuple[int, str, str]] = set()  # (thread, file, lock name)
+        holds: set[tuple[int, str, str]] = set()
+        for n, thread in enumerate(t for t in ps.threads if t.active is False):
+            py = [f for f in thread.frames if not f.native and f.line]
+            inner = sites.get((py[0].file, py[0].line or 0)) if py else None
+            takes = inner.takes if inner is not None else None
+            if takes is not None and takes.attribute and py[0].owner is None:
+                waits.add((n, py[0].file, takes.name))
+            for frame in py[1:] if py else ():
+                site = sites.get((frame.file, frame.line or 0))
+                holds.update((n, frame.file, h.name) for h in (site.holds if site else ()) if h.attribute)
+        if any(w[1:] == h[1:] and w[0] != h[0] for w in waits for h in holds):
+            found.append(ps.pid)
     return found
 
 
@@ -80,32 +108,102 @@ def sites_in(source: bytes, file: str, lines: Iterable[int]) -> list[LockSite]:
         tree = ast.parse(source, file)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
-    locks = _module_locks(tree)
-    if not locks:
+    locks = _Locks(tree)
+    if not locks.module and not locks.attributes:
         return []
     functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     found = []
     for line in sorted(set(lines)):
-        scope = _scope_of(tree, functions, line)
-        local = _locals(scope) if not isinstance(scope, ast.Module) else set()
+        scope = scope_of(tree, functions, line)
+        local = locals_of(scope) if not isinstance(scope, ast.Module) else set()
         takes, holds = _acquire_on(scope, line, locks, local), []
         for node in _own_withs(scope):
-            named = [_lock(item.context_expr, locks, local) for item in node.items]
+            named = [locks.named(item.context_expr, scope, local, node.lineno) for item in node.items]
             if node.lineno <= line < node.body[0].lineno:  # the header: the statement that waits to enter
                 only = [n for n in named if n is not None]
                 if len(only) == 1 and len(named) == 1:  # `with a, b:` stopped here: which one waits?
-                    takes = HeldLock(only[0], locks[only[0]], node.lineno)
+                    takes = only[0]
             elif node.body[0].lineno <= line <= (node.end_lineno or node.lineno):
-                holds += [HeldLock(n, locks[n], node.lineno) for n in named if n is not None]
+                holds += [n for n in named if n is not None]
         if takes is not None or holds:
             found.append(LockSite(file, line, takes, tuple(sorted(holds, key=lambda h: h.with_line))))
     return found
 
 
-def _acquire_on(scope: ast.AST, line: int, locks: dict[str, int], local: set[str]) -> HeldLock | None:
+class _Locks:
+    """The locks of one file a `with` can be tied to: module-level names (`_module_locks`), and attributes
+    of `self` a class binds once (`_attribute_locks`), named in that class's own methods."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.module = _module_locks(tree)
+        self.attributes = _attribute_locks(tree)
+        self.methods = dict(_methods(tree))
+
+    def named(self, expr: ast.expr, scope: ast.AST, local: set[str], line: int) -> HeldLock | None:
+        if isinstance(expr, ast.Name) and expr.id in self.module and expr.id not in local:
+            return HeldLock(expr.id, self.module[expr.id], line)
+        if not (isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name)):
+            return None
+        made = self.attributes.get(expr.attr)
+        method = self.methods.get(scope)
+        if made is None or method is None or made[0] is not method[0] or expr.value.id != method[1]:
+            return None
+        if any(
+            isinstance(n, ast.Name) and n.id == method[1] and not isinstance(n.ctx, ast.Load)
+            for n in own_nodes(scope)
+        ):
+            return None  # `self` rebound in the method: which object?
+        return HeldLock(f"{method[1]}.{expr.attr}", made[1], line, attribute=True)
+
+
+def _methods(tree: ast.Module) -> list[tuple[ast.AST, tuple[ast.ClassDef, str]]]:
+    """Each plain method (no decorator: not a static or class method) of each class, with its class and
+    the name of its first parameter (`self`)."""
+    found: list[tuple[ast.AST, tuple[ast.ClassDef, str]]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and not item.decorator_list:
+                    params = [*item.args.posonlyargs, *item.args.args]
+                    if params:
+                        found.append((item, (node, params[0].arg)))
+    return found
+
+
+def _attribute_locks(tree: ast.Module) -> dict[str, tuple[ast.ClassDef, int]]:
+    """Attributes bound exactly once in the whole file, as `self.NAME = threading.Lock()` (or RLock) in
+    a plain method of a class, and never otherwise (no other `x.NAME = ...`, `del x.NAME`, or setattr
+    with that name; any setattr/delattr with a name the text does not show hides them all): name -> its
+    class and line."""
+    stores: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load):
+            stores[node.attr] = stores.get(node.attr, 0) + 1
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _SETTERS:
+            name = node.args[1] if len(node.args) > 1 else None
+            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                return {}
+            stores[name.value] = stores.get(name.value, 0) + 2
+    found = {}
+    for method, (cls, me) in _methods(tree):
+        for node in own_nodes(method):
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Attribute)
+                and isinstance(node.targets[0].value, ast.Name)
+                and node.targets[0].value.id == me
+                and _is_lock_call(node.value)
+                and stores.get(node.targets[0].attr) == 1
+            ):
+                found[node.targets[0].attr] = (cls, node.lineno)
+    return found
+
+
+def _acquire_on(scope: ast.AST, line: int, locks: _Locks, local: set[str]) -> HeldLock | None:
     """A statement `NAME.acquire()` (blocking, no timeout) alone on the line: a thread idle there waits
     to take that lock. (What it holds after is unknown: its `release()` may be anywhere.)"""
-    for node in _own_nodes(scope):
+    for node in own_nodes(scope):
         if isinstance(node, ast.Expr) and node.lineno == line and (node.end_lineno or line) == line:
             call = node.value
             if (
@@ -115,9 +213,7 @@ def _acquire_on(scope: ast.AST, line: int, locks: dict[str, int], local: set[str
                 and isinstance(call.func, ast.Attribute)
                 and call.func.attr == "acquire"
             ):
-                name = _lock(call.func.value, locks, local)
-                if name is not None:
-                    return HeldLock(name, locks[name], line)
+                return locks.named(call.func.value, scope, local, line)
     return None
 
 
@@ -157,94 +253,5 @@ def _is_lock_call(value: ast.expr) -> bool:
     )
 
 
-def _scope_of(
-    tree: ast.Module, functions: list[ast.FunctionDef | ast.AsyncFunctionDef], line: int
-) -> ast.AST:
-    """The innermost function (or the module) whose text holds the line. `functions` are in ast.walk's
-    breadth-first order, and functions' lines nest, so the last one found is the innermost. (A lambda is
-    no frame's scope here: it holds no `with`, and one on the line would hide the function around it.)"""
-    scope: ast.AST = tree
-    for node in functions:
-        if node.lineno <= line <= (node.end_lineno or node.lineno):
-            scope = node
-    return scope
-
-
-def _own_nodes(scope: ast.AST) -> list[ast.AST]:
-    """The nodes of a scope, not those of the functions and classes defined in it."""
-    found: list[ast.AST] = []
-    todo = list(ast.iter_child_nodes(scope))
-    while todo:
-        node = todo.pop()
-        found.append(node)
-        if not isinstance(node, _SCOPES):
-            todo.extend(ast.iter_child_nodes(node))
-    return found
-
-
 def _own_withs(scope: ast.AST) -> list[ast.With]:
-    return [n for n in _own_nodes(scope) if isinstance(n, ast.With) and n.body]
-
-
-def _locals(scope: ast.AST) -> set[str]:
-    """The names a function binds for itself: its parameters and what it assigns (not `global` ones)."""
-    names: set[str] = set()
-    declared: set[str] = set()
-    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-        args = scope.args
-        names.update(a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs])
-        names.update(a.arg for a in (args.vararg, args.kwarg) if a is not None)
-    for node in _own_nodes(scope):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            declared.update(node.names)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-    return names - declared
-
-
-def _lock(expr: ast.expr, locks: dict[str, int], local: set[str]) -> str | None:
-    if isinstance(expr, ast.Name) and expr.id in locks and expr.id not in local:
-        return expr.id
-    return None
-
-
-def _started_at(procfs: ProcFS, pid: int) -> float | None:
-    """When the process started, in seconds since the epoch."""
-    try:
-        return procfs.wall_time_of(procfs.stat(pid).start_time)
-    except (ProcessGone, AccessDenied, OSError, ValueError):
-        return None
-
-
-def _source(path: Path, started: float, users: set[int]) -> bytes | None:
-    """The file's text, when it passes the shared-file checks (a regular file of ours, root's or the
-    process's user's, not writable by others, within the cap), every process that runs it could read it
-    itself (the shim may be root: a job naming /etc/shadow in its stack learns nothing from it), and it
-    was not changed after the process started (a second of slack: the boot time is to the second)."""
-    try:
-        st = os.stat(path)
-        if st.st_mtime > started + 1.0 or not all(_may_read(st, uid) for uid in users):
-            return None
-        owners = frozenset({os.geteuid(), 0, *users})
-        return read_file(path, MAX_SOURCE_BYTES, Trust(owners), check_folder=False)
-    except OSError:
-        return None
-
-
-def _may_read(st: os.stat_result, uid: int) -> bool:
-    """Whether a process of `uid` may read the file, by its mode (groups aside: a group's file is read
-    only when others may read it too, the safe side)."""
-    if uid == 0:
-        return True
-    if st.st_uid == uid:
-        return bool(st.st_mode & stat.S_IRUSR)
-    return bool(st.st_mode & stat.S_IROTH)
-
-
-def _uid(procfs: ProcFS, pid: int) -> int | None:
-    try:
-        return procfs.uid(pid)
-    except (ProcessGone, AccessDenied):
-        return None
+    return [n for n in own_nodes(scope) if isinstance(n, ast.With) and n.body]

@@ -9,6 +9,7 @@ from typing import Any
 
 from jobwarden.model import ProcessEnd
 from jobwarden.observations import (
+    FeedSite,
     ForkRecord,
     ForkRequest,
     GpuDevice,
@@ -70,6 +71,8 @@ class RunEvidence:
     wait_parties: Mapping[int, WaitParty] = field(default_factory=dict)  # who those waits lead to
     # the `with` statements around the hung stacks' lines (probes.withlocks), by (file, line)
     lock_sites: Mapping[tuple[str, int], LockSite] = field(default_factory=dict)
+    # what each idle thread waits on (a queue, an event...) and who feeds it (probes.feeds), by (file, line)
+    feed_sites: Mapping[tuple[str, int], FeedSite] = field(default_factory=dict)
     recorders: Sequence[RankRecorder] = ()  # each rank's PyTorch flight recorder, read on a hang
     forks: Sequence[ForkRecord] = ()
     fork_requests: Sequence[ForkRequest] = ()  # explicit get_context("fork") / set_start_method("fork")

@@ -31,6 +31,7 @@ from jobwarden.store import JobRecord, Store
 if TYPE_CHECKING:  # the rules, the stack capture and the GPU watch load at the first judgement, or with a
     # GPU: an idle job never judged never pays for them (the shim's memory, issue 25)
     from jobwarden.observations import (
+        FeedSite,
         LockSite,
         OomEvidence,
         ProcessDeath,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:  # the rules, the stack capture and the GPU watch load at the 
     from jobwarden.shim.progresswatch import StepSign
 
 STACK_TIMEOUT_S = 5.0
+OWNERS_TIMEOUT_S = 2.0  # the second dump of a hung process whose instance locks need their objects
 # a rank symbolises its recorder's stacks in ~1.2 CPU-s the first time it is asked (1.9 s measured on a
 # loaded machine), possibly after the judgement stopped waiting for it
 RECORDER_EFFORT_S = 5.0
@@ -262,6 +264,9 @@ class Diagnoser:
         stacks = capture_stacks(stack_pids, procfs=self.procfs, py_dir=self.py_dir, timeout_s=STACK_TIMEOUT_S)
         recorders = flightrec.collect(asked) if asked else []
         sites = self._lock_sites(stacks) if hung else {}
+        if hung:
+            stacks, sites = self._with_owners(stacks, sites)
+        fed = self._feed_sites(stacks) if hung else {}
         if asked:  # the ranks' answers cost them CPU and a file write: not a sign the job moves again
             self.tracker.discount(now_mono + STACK_TIMEOUT_S + flightrec.WAIT_S + RECORDER_EFFORT_S)
         evidence = RunEvidence(
@@ -284,6 +289,7 @@ class Diagnoser:
             waits=tuple(waits),
             wait_parties=parties,
             lock_sites=sites,
+            feed_sites=fed,
             recorders=tuple(recorders),
             forks=tuple(read_forks(self.py_dir)),
             fork_requests=tuple(read_fork_requests(self.py_dir)),
@@ -310,16 +316,44 @@ class Diagnoser:
     def _waits(self) -> tuple[list[Wait], dict[int, WaitParty]]:
         """What the job's blocked threads wait for (probes.waits), read only once the run is judged hung."""
         from jobwarden.probes.waits import blocked_waits
+        from jobwarden.shim.whosejob import with_jobs
 
         members = list(self.tree.members.values())
         parents = {m.pid: m.ppid for m in members}
-        return blocked_waits(parents, parents, self.procfs)
+        waits, parties = blocked_waits(parents, parents, self.procfs)
+        return waits, with_jobs(parties, self.store, self.procfs, self.job.id)
 
     def _lock_sites(self, stacks: Sequence[ProcessStack]) -> dict[tuple[str, int], LockSite]:
         """The `with` locks around the hung threads' lines (probes.withlocks), read only when hung."""
         from jobwarden.probes.withlocks import lock_sites
 
         return lock_sites(stacks, self.procfs)
+
+    def _with_owners(
+        self, stacks: list[ProcessStack], sites: dict[tuple[str, int], LockSite]
+    ) -> tuple[list[ProcessStack], dict[tuple[str, int], LockSite]]:
+        """The stacks again, with each frame's `self` (py-spy --locals), of the processes whose idle
+        threads wait for and hold an instance's lock of one class (`with self._lock:`): only the objects
+        tell whether it is one lock. A second pause of those processes alone (--locals costs 10x a dump
+        of deep stacks with large locals: measurements.md), within OWNERS_TIMEOUT_S."""
+        from jobwarden.probes.stacks import capture_stacks
+        from jobwarden.probes.withlocks import wanting_owners
+
+        pids = wanting_owners(stacks, sites)
+        if not pids:
+            return stacks, sites
+        again = capture_stacks(
+            pids, procfs=self.procfs, py_dir=self.py_dir, timeout_s=OWNERS_TIMEOUT_S, owners=True
+        )
+        fresh = {ps.pid: ps for ps in again if ps.threads}
+        stacks = [fresh.get(ps.pid, ps) for ps in stacks]
+        return stacks, {**sites, **self._lock_sites([fresh[p] for p in fresh])} if fresh else sites
+
+    def _feed_sites(self, stacks: Sequence[ProcessStack]) -> dict[tuple[str, int], FeedSite]:
+        """The queues, events and conditions the hung threads wait on (probes.feeds), read only when hung."""
+        from jobwarden.probes.feeds import feed_sites
+
+        return feed_sites(stacks, self.procfs)
 
     def _log_tail(self) -> tuple[str, ...]:
         from jobwarden.store.logfiles import tail_lines

@@ -4,8 +4,10 @@ py-spy shows where each thread stands, never which lock object it holds; probes.
 source around those lines (`LockSite`): the module-level lock a `with` on the thread's innermost line
 waits to enter, and the ones whose `with` blocks hold the lines of its frames. A thread idle at
 `with b:` inside `with a:`, while another idle thread stands at `with a:` inside `with b:`, is the
-classic ABBA deadlock; the same for longer cycles. A lock whose holder the source does not show (taken
-by `acquire()`, an instance's `self._lock`) draws no edge, so no cycle is ever guessed.
+classic ABBA deadlock; the same for longer cycles. An instance's `self._lock` is one lock per object: an
+edge only between frames whose `self` is the same object (Frame.owner, from the hang's dump). A lock
+whose holder the source does not show (taken by `acquire()`), or an instance's whose objects were not
+read, draws no edge, so no cycle is ever guessed.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class LockCycle:
 
     @property
     def locks(self) -> list[str]:
-        return [s.lock.name for s in self.steps]
+        return [_lock_words(s.lock, s.at) for s in self.steps]
 
 
 def lock_cycles(stacks: Sequence[ProcessStack], sites: Mapping[tuple[str, int], LockSite]) -> list[LockCycle]:
@@ -48,22 +50,25 @@ def lock_cycles(stacks: Sequence[ProcessStack], sites: Mapping[tuple[str, int], 
 
 def _cycle(ps: ProcessStack, sites: Mapping[tuple[str, int], LockSite]) -> tuple[LockStep, ...]:
     idle = [t for t in ps.threads if t.active is False]
-    waiting: dict[int, tuple[Frame, HeldLock]] = {}
-    holding: dict[tuple[str, str], list[tuple[int, HeldLock]]] = {}
+    waiting: dict[int, tuple[Frame, HeldLock, _Key]] = {}
+    holding: dict[_Key, list[tuple[int, HeldLock]]] = {}
     for n, thread in enumerate(idle):
         py = [f for f in thread.frames if not f.native and f.line]
         if not py:
             continue
         inner = sites.get((py[0].file, py[0].line or 0))
-        if inner is not None and inner.takes is not None:
-            waiting[n] = (py[0], inner.takes)
+        wanted = _key(py[0], inner.takes) if inner is not None and inner.takes is not None else None
+        if inner is not None and inner.takes is not None and wanted is not None:
+            waiting[n] = (py[0], inner.takes, wanted)
         for frame in py:
             site = sites.get((frame.file, frame.line or 0))
             for held in site.holds if site else ():
-                holding.setdefault((frame.file, held.name), []).append((n, held))
+                key = _key(frame, held)
+                if key is not None:
+                    holding.setdefault(key, []).append((n, held))
     edges: dict[int, LockStep] = {}
-    for n, (at, lock) in waiting.items():
-        holders = {h for h in holding.get((at.file, lock.name), ()) if h[0] != n}
+    for n, (at, lock, key) in waiting.items():
+        holders = {h for h in holding.get(key, ()) if h[0] != n}
         if len({h[0] for h in holders}) == 1:  # a Lock has one holder: two would mean the text misleads
             holder, held = min(holders, key=lambda h: h[1].with_line)
             edges[n] = LockStep(idle[n], at, lock, idle[holder], held)
@@ -79,13 +84,29 @@ def _cycle(ps: ProcessStack, sites: Mapping[tuple[str, int], LockSite]) -> tuple
     return ()
 
 
+_Key = tuple[str, str, int | None]  # a lock's identity: its file, its name, the object of an instance's
+
+
+def _key(frame: Frame, lock: HeldLock) -> _Key | None:
+    """Which lock a frame's `with` takes: a module's by its name, an instance's by its name and the
+    object the method runs on (its `self`, where the dump read it; else no edge is drawn)."""
+    if not lock.attribute:
+        return frame.file, lock.name, None
+    return (frame.file, lock.name, frame.owner) if frame.owner is not None else None
+
+
+def _lock_words(lock: HeldLock, at: Frame) -> str:
+    """'a', or 'self._lock of object 0x7f3a...' for an instance's lock."""
+    return f"{lock.name} of object {at.owner:#x}" if lock.attribute and at.owner is not None else lock.name
+
+
 def thread_name(thread: ThreadStack) -> str:
     label = f"thread {thread.tid}" if thread.tid is not None else "a thread"
     return f'{label} "{thread.name}"' if thread.name else label
 
 
 def lock_name(step: LockStep) -> str:
-    return f"lock {step.lock.name} (made at line {step.lock.defined})"
+    return f"lock {_lock_words(step.lock, step.at)} (made at line {step.lock.defined})"
 
 
 def cycle_title(cycle: LockCycle) -> str:

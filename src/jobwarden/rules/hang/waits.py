@@ -16,24 +16,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from jobwarden.model import Finding
-from jobwarden.observations import Wait, WaitParty
+from jobwarden.observations import ThreadStack, Wait, WaitParty
+from jobwarden.rules import frames
 from jobwarden.rules.evidence import RunEvidence, job_ref
+from jobwarden.rules.hang import feeds
+from jobwarden.rules.hang.feeds import EDGES, FeedChain, FeedGraph
 from jobwarden.rules.hang.lockcycle import (
     cycle_evidence,
     cycle_remedy,
     cycle_summary,
     cycle_title,
     lock_cycles,
+    thread_name,
 )
 from jobwarden.rules.lookup import Lookup, describe
 
-_EDGES = (
-    "child",
-    "file-lock",
-    "pipe-read",
-    "pipe-write",
-    "socket-read",
-)  # a wait with another process on its far side
+_EDGES = EDGES  # a wait with another process on its far side
 MAX_STEPS = 16  # a chain longer than this is cut: its first steps say enough
 
 
@@ -58,8 +56,21 @@ def wait_chain(ev: RunEvidence) -> Finding | None:
         return None
     chain = follow(ev.pid, ev.waits)
     name = _Names(Lookup.of(ev), ev.wait_parties)
+    graph = FeedGraph(ev.stacks, ev.feed_sites, ev.waits, ev.deaths, ev.processes)
+    fed = _fed_at(chain, graph) if chain is not None else None
+    if chain is not None and fed is not None:
+        n, feeds_chain, queue_pipe = fed
+        found = _fed(ev, chain.steps[:n], feeds_chain, name)
+        if found is not None or queue_pipe:  # a queue's pipe is the queue: its words or none
+            return found
     if chain is None or not _explains(chain, ev.waits):
-        return _lock_cycle(ev, chain, name)
+        prefix = chain.steps if chain is not None else ()
+        end = chain.end if chain is not None else ev.pid
+        return (
+            _lock_cycle(ev, chain, name)
+            or _fed(ev, prefix, graph.follow(end), name)
+            or (_fed(ev, (), graph.follow(ev.pid), name) if end != ev.pid else None)
+        )
     return Finding(
         "wait-chain",
         _title(chain, name),
@@ -96,9 +107,145 @@ def _lock_cycle(ev: RunEvidence, chain: Chain | None, name: _Names) -> Finding |
     )
 
 
-def follow(start: int, waits: Sequence[Wait]) -> Chain | None:
-    """The path of waits from `start`'s to its end, or None when `start` waits on nothing with a far side."""
+def _fed_at(chain: Chain, graph: FeedGraph) -> tuple[int, FeedChain | None, bool] | None:
+    """The first step of the kernel's chain whose process waits on a queue, an event or a condition the
+    source names, and the chain of feeders from there: the source says more than the kernel. A thread
+    reading the pipe of a multiprocessing queue is that queue's wait, said or not (the last of the three):
+    a live producer that only sleeps is no hang signature."""
+    for n, step in enumerate(chain.steps):
+        w = step.wait
+        own_pipe = w.kind == "pipe-read" and bool(graph.waiting(w.pid, w.tid))
+        fed = graph.follow(w.pid, w.tid if own_pipe else None)
+        if fed is not None or own_pipe:
+            return n, fed, own_pipe
+    return None
+
+
+def _fed(ev: RunEvidence, prefix: Sequence[Step], fed: FeedChain | None, name: _Names) -> Finding | None:
+    """A thread waiting on a queue, an event or a condition (hang.feeds), after the kernel's steps that
+    lead to its process (`prefix`: a parent waiting for its child): who would feed it, and where that
+    ends. Said only where it ends: nothing feeds it any more, a cycle, or a kernel chain that explains."""
+    if fed is None:
+        return None
+    onward = None
+    if fed.end == "kernel" and fed.feeder is not None and fed.onward is not None:
+        onward = follow(fed.feeder[0], ev.waits, first=fed.onward)
+        if onward is None or not _explains(onward, ev.waits):
+            return None
+    first = fed.steps[0]
+    parts = [f"{name.of(s.wait.pid)} {_what(s, name)}" for s in prefix]
+    parts.append(f"{_thread(first.pid, first.thread)} {feeds.waits_on(first)}")
+    parts += [
+        f"{feeds.fed_by(before.site)} {_thread(s.pid, s.thread)}, which {feeds.waits_on(s)}"
+        for before, s in zip(fed.steps, fed.steps[1:], strict=False)
+    ]
+    said = _Said(
+        f"{_capitalised(_thread(first.pid, first.thread))} {feeds.waits_on(first)}",
+        _capitalised(", ".join(parts)),
+        [_feed_evidence(s) for s in fed.steps],
+    )
+    if fed.end == "cycle":
+        firsts = _fed_cycle(fed, said)
+    elif onward is not None:
+        firsts = _fed_onward(ev, fed, onward, name, said)
+    else:
+        firsts = _fed_gone(ev, fed, name, said)
+    waiters = [s.pid for s in fed.steps] + [s.wait.pid for s in prefix]
+    return Finding(
+        "wait-chain",
+        said.title,
+        said.summary,
+        "error",
+        tuple(said.evidence),
+        said.remedy.replace("{job}", job_ref(ev)),
+        tuple(dict.fromkeys([*firsts, *waiters])),
+    )
+
+
+@dataclass
+class _Said:
+    """A fed chain's finding as it is written: the first waiter's words, then how the chain ends."""
+
+    title: str
+    summary: str
+    evidence: list[str]
+    remedy: str = ""
+
+
+def _fed_cycle(fed: FeedChain, said: _Said) -> list[int]:
+    first = fed.steps[0]
+    things = ", ".join(f"{s.site.kind} {s.site.name}" for s in fed.steps)
+    pids = sorted({s.pid for s in fed.steps})
+    where = f" of pid {pids[0]}" if len(pids) == 1 else ""
+    said.title = f"Deadlock: {len(fed.steps)} threads{where} wait for each other ({things})"
+    closes = f"{feeds.fed_by(fed.last.site)} {_thread(first.pid, first.thread)}"
+    said.summary += f", {closes}: a cycle, nobody can go on."
+    said.remedy = _FEED_REMEDIES["cycle"]
+    return [first.pid]
+
+
+def _fed_onward(ev: RunEvidence, fed: FeedChain, onward: Chain, name: _Names, said: _Said) -> list[int]:
+    """The feeder waits on the kernel's side: the chain goes on through the kernel's steps."""
+    assert fed.feeder is not None
+    q, feeder = fed.feeder
+    by = f"{feeds.fed_by(fed.last.site)} {_thread(q, feeder)}"
+    then = ", ".join(f"which {_what(s, name)}" for s in onward.steps)
+    said.title += f", {by}, which {_what(onward.steps[-1], name, short=True)}"
+    ends = f"pid {onward.end} {_doing(onward.end, ev.waits)}: everything waits for it"
+    said.summary += f", {by}, {then}" + (": a cycle, nobody can go on." if onward.cycle else f"; {ends}.")
+    said.evidence += _evidence(onward, name, ev.waits)
+    said.remedy = _remedy(onward, name, "{job}")
+    return [onward.end, q, *(s.wait.pid for s in onward.steps)]
+
+
+def _fed_gone(ev: RunEvidence, fed: FeedChain, name: _Names, said: _Said) -> list[int]:
+    """Nothing feeds it any more: the thread that did ended, the process that did died, or none does."""
+    end = feeds.feeders_words(fed)
+    said.title += f"; {end}"
+    said.summary += f"; {end}."
+    said.evidence += [f"{describe(d.pid, d.cmdline, 80)} {feeds.death_words(d)}" for d in fed.dead]
+    output = feeds.ended_in_output(fed, ev.log_tail) if fed.end == "ended" else ""
+    said.evidence += [f"the output: {output}"] if output else []
+    said.remedy = _FEED_REMEDIES[fed.end]
+    return [fed.dead[0].pid if fed.dead else fed.last.pid]
+
+
+def _thread(pid: int, thread: ThreadStack) -> str:
+    return feeds.thread_words(pid, thread)
+
+
+def _feed_evidence(step: feeds.FeedStep) -> str:
+    site = step.site
+    feeders = feeds.feeder_source(site) or "none in the file"
+    return (
+        f"pid {step.pid} {thread_name(step.thread)} is idle at {frames.where(step.at)}, waiting on "
+        f"{feeds.kind_words(site)} {site.name} (made at line {site.defined}); the code that feeds it: "
+        f"{feeders}"
+    )
+
+
+_RESTART = " Restart the job to get it moving (`jobwarden stop {job}`, then `jobwarden resume {job}`)."
+_FEED_REMEDIES = {
+    "unfed": "Nothing in the file ever feeds what the thread waits on: put into it (or set it) where the"
+    " work is done, or wait with a timeout (`get(timeout=...)`, `wait(timeout)`) so a missing producer fails"
+    " the job instead of hanging it." + _RESTART,
+    "ended": "The thread that fed it ended (an exception it raised is in the output): catch errors in the"
+    " producer and hand them to the consumer through the queue (or set the event in a `finally:`), and give"
+    " the consumer a timeout so a lost producer fails the job instead of hanging it." + _RESTART,
+    "died": "The process that fed it is gone: a consumer of a multiprocessing queue should watch its"
+    " producers (`multiprocessing.connection.wait` on their `sentinel`s, `is_alive()`) or get with a"
+    " timeout, so a dead producer fails the job instead of hanging it." + _RESTART,
+    "cycle": "Each thread waits for what the next one feeds: feed before waiting, or wait with a timeout."
+    + _RESTART,
+}
+
+
+def follow(start: int, waits: Sequence[Wait], first: Wait | None = None) -> Chain | None:
+    """The path of waits from `start`'s (or from `first`, one of its threads' waits) to its end, or None
+    when `start` waits on nothing with a far side."""
     by_pid = _edge_of_each_process(waits)
+    if first is not None:
+        by_pid[start] = first
     steps: list[Step] = []
     seen = [start]
     pid = start
@@ -152,19 +299,41 @@ class _Names:
         return describe(pid, cmdline, width)
 
     def whose(self, pid: int) -> str:
-        """', user bob, outside this job' for a process that is not the job's."""
+        """', user bob, outside this job' for a process that is not the job's; ', of your job 12
+        "prep-data"' for one of this user's other jobs."""
         party = self.parties.get(pid)
         if party is None or party.in_job:
             return ""
+        if party.job is not None:
+            return f', of your job {party.job} "{party.job_name[:64]}"'
         return f", user {party.user}, outside this job"
 
 
 def _title(chain: Chain, name: _Names) -> str:
-    waiting = {s.wait.pid for s in chain.steps}
-    if chain.cycle and len(waiting) > 1:
-        return f"Deadlock: {len(waiting)} processes wait for each other"
+    loop = _loop(chain)
+    if chain.cycle and len({s.wait.pid for s in loop}) > 1:
+        things = ", ".join(dict.fromkeys(_thing(s.wait) for s in loop))
+        return f"Deadlock: {len({s.wait.pid for s in loop})} processes wait for each other ({things})"
     last = chain.steps[-1]
     return _capitalised(_what(last, name, short=True))
+
+
+def _loop(chain: Chain) -> tuple[Step, ...]:
+    """A cycle's own steps: those from the process it closes on (a parent waiting for a child in it is
+    on the path, not in the cycle)."""
+    if not chain.cycle:
+        return ()
+    first = next(n for n, s in enumerate(chain.steps) if s.wait.pid == chain.end)
+    return chain.steps[first:]
+
+
+def _thing(wait: Wait) -> str:
+    """What a wait is on, in a few words: 'a file lock on /data/cache.lock', 'a pipe', 'child pid 812'."""
+    if wait.kind == "file-lock":
+        return f"a file lock on {wait.thing}"
+    if wait.kind in ("pipe-read", "pipe-write"):
+        return _pipe(wait, "a pipe", "the FIFO")
+    return wait.thing
 
 
 def _what(step: Step, name: _Names, short: bool = False) -> str:
