@@ -955,3 +955,24 @@ def test_a_kill_after_a_helpers_exit_still_does_not_outrank_it() -> None:
     killed = rank_death(RANK1, 1, T + 2.05, None, "SIGKILL")
     ev = dataclasses.replace(ev, deaths=(ev.deaths[0], killed, *ev.deaths[2:]), exceptions=ev.exceptions[1:])
     assert root_incident(ev).pid == HELPER  # type: ignore[union-attr]
+
+
+def test_a_killed_rank_the_shim_saw_without_its_rank_is_named_by_torchruns_report() -> None:
+    """The shim held the rank from the kernel's fork event, as a copy of torchrun, and it was killed before
+    its exec was looked at: no rank, torchrun's command line. torchrun's report names its rank and pid."""
+    from .test_mltext import agent_pid_of_failure, log
+
+    lines = log("torchrun-rank-killed")
+    _, killed = agent_pid_of_failure(lines)
+    as_forked = "python torchrun --nproc_per_node 2 train.py"  # its command line before its exec
+    ev = failed(
+        log_tail=tuple(lines),
+        deaths=(
+            ProcessDeath(killed, MAIN, as_forked, T + 0.1, None, "SIGKILL"),
+            rank_death(RANK0, 0, T + 0.2, None, "SIGTERM"),
+            main_death(T + 0.4),
+        ),
+    )
+    first = explain(ev)[0]
+    assert (first.rule, first.pids[0], first.rank) == ("killed-externally", killed, 1)
+    assert first.title.startswith(f"Rank 1 (pid {killed})"), first.title

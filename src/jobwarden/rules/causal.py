@@ -292,7 +292,13 @@ class _Tree:
 
     def _ranks_from_reports(self) -> None:
         """ "process 1 terminated with exit code 3": the one failed process with that exit code is process
-        1 (torch.multiprocessing.spawn's index, the rank DDP code gives it)."""
+        1 (torch.multiprocessing.spawn's index, the rank DDP code gives it). torchrun's ChildFailedError
+        report names each failed rank with its pid: a rank the shim saw end without learning its rank
+        (held from its fork, ended before its exec was looked at) is named by it."""
+        report = mltext.child_failed(self.ev.log_tail)
+        for f in (report.root_cause, *report.other_failures) if report is not None else ():
+            if f.pid in self.deaths and f.pid not in self.ranks:
+                self.ranks[f.pid] = f.rank
         texts = [t for e in self.own.values() for t in (e.message, *(m for _, m in e.chain))]
         for index, code in relay.named_ends(texts):
             matching = [d for d in self.deaths.values() if d.exit_code == code and not d.is_main]
