@@ -221,6 +221,21 @@ def test_the_watch_groups_workers_into_batches_and_notes_when_each_ended(
     assert not watch._kids
 
 
+def test_an_epochs_workers_started_seconds_apart_on_a_loaded_machine_are_one_batch(
+    tmp_path: Path,
+    store: tuple[Store, int, int],  # noqa: F811
+) -> None:
+    """A spawned worker's start waits for the one before it to read its dataset: 1.5 s apart (150 ticks)."""
+    watch = watch_for(store, FakeProc(tmp_path / "proc"))
+    main = member(1000, "S")
+    main.cmdline = "python train.py"
+    first, second = worker(2000, 1000), worker(2001, 1150)
+    watch._note_workers(0.0, [main, first])
+    watch._note_workers(2.0, [main, first, second])
+    watch._note_workers(4.0, [main, worker(2002, 1400)])  # the next epoch's: the first batch has ended
+    assert [(b.count, b.born_at) for _, b in watch._batches] == [(2, 0.0), (1, 4.0)]
+
+
 def test_threads_are_read_only_for_a_busy_process_with_two_of_them(
     tmp_path: Path,
     store: tuple[Store, int, int],  # noqa: F811

@@ -65,10 +65,13 @@ CUDA_LIBS = (b"libcuda.so", b"libcudart", b"libtorch_cuda")
 THREADS_CPU = 50.0  # % of a core a process must use before its threads are read (gil-bound); not 90: on a
 # loaded machine a GIL-bound process gets less than its one core (measured 0.58 at load 6 on 2 cores)
 THREADS_PROCESSES = 4  # the busiest processes whose threads are read at one read, at most
-# Workers of one parent started this close together are one batch. By their start times, not when the
-# tree first saw them: a worker seen seconds late made an epoch's 2 workers read as batches of 1 and 4.
-# A DataLoader starts an epoch's workers back to back (milliseconds apart); epochs come >= 0.5 s apart.
-BATCH_S = 0.5
+# Workers of one parent started this close together, while a worker of the batch is still there, are
+# one batch. By their start times, not when the tree first saw them: a worker seen seconds late made an
+# epoch's 2 workers read as batches of 1 and 4. A DataLoader starts an epoch's workers back to back, but
+# a spawned worker's start waits until the worker before it has read its pickled dataset, which it does
+# as it imports: 1-2 s apart on a loaded machine (4 batches of 1 in a CI-like run at 0.5 s). The next
+# epoch's workers start once this epoch's have ended: never one batch with them, however soon.
+BATCH_S = 3.0
 BATCHES_KEPT = 64
 
 
