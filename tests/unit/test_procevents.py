@@ -123,6 +123,21 @@ def test_a_process_born_after_the_mark_is_followed_before_the_supervisor_knows_i
     assert ("exit", grandchildren[0].pid) in {(e.kind, e.pid) for e in seen}
 
 
+def test_a_child_born_after_the_mark_is_seen_exec_before_the_supervisor_follows_it() -> None:
+    """The shim may hold a child at its fork, as a copy of its parent, and the child exec before the filter
+    follows it: its exec passes as born after the mark, so its new command and RANK are read."""
+    require_kernel_process_events()
+    listener = ProcEventListener.open()
+    try:
+        assert listener.follow([os.getpid()], born_after=last_pid())
+        child = subprocess.Popen(["sh", "-c", "exit 0"])
+        child.wait(timeout=30)
+        seen = events_until_exit(listener, child.pid)
+    finally:
+        listener.close()
+    assert ("exec", child.pid) in {(e.kind, e.pid) for e in seen}
+
+
 def test_the_filter_fits_the_kernels_limit_and_follows_every_process_past_it() -> None:
     code = follow_filter(range(1, MAX_FOLLOWED + 1), born_after=100)
     assert len(code) <= 4096  # BPF_MAXINSNS
