@@ -126,6 +126,9 @@ def test_a_tqdm_bar_everywhere(jw: Jobwarden, tmp_path: Path, finish: list[Held]
         and "loss 0.00222" in text
         and "tqdm, read in-process" in text
     )
+    # held at 450 until a once-a-second sample has it: the checks above may take less than a second
+    at_450 = lambda: any(s["step"] == 450 for s in jw.json("metrics", str(job.id)))  # noqa: E731
+    eventually("a metrics sample at step 450", at_450, 30, every_s=0.2)
     job.go()
     assert jw("wait", str(job.id)).returncode == 0
     ended = jw.status(job.id)["progress"]
