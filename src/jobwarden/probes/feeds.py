@@ -21,11 +21,10 @@ import ast
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from jobwarden.observations import Feeder, FeedSite, FeedStart, Frame, ProcessStack
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.probes.pysource import locals_of, own_nodes, source_of, started_at, uid_of
+from jobwarden.probes.pysource import WantedLines, locals_of, own_nodes, started_at, uid_of
 
 MAX_FILES = 8
 BUDGET_S = 0.5
@@ -83,27 +82,15 @@ def feed_sites(
     """The queue, event or condition each idle thread waits on, by the (file, line) of the job's call."""
     procfs = procfs or ProcFS()
     deadline = time.monotonic() + BUDGET_S
-    wanted: dict[str, set[int]] = {}
-    started: dict[str, float] = {}  # each file's latest start among the processes that run it
-    users: dict[str, set[int]] = {}
+    wanted = WantedLines()
     for ps in stacks:
         calls = [c for c in (waiting_call(t.frames) for t in ps.threads if t.active is False) if c]
         start, uid = (started_at(procfs, ps.pid), uid_of(procfs, ps.pid)) if calls else (None, None)
         if start is None or uid is None:
             continue
         for call in calls:
-            wanted.setdefault(call.file, set()).add(call.line or 0)
-            started[call.file] = max(started.get(call.file, 0.0), start)
-            users.setdefault(call.file, set()).add(uid)
-    found: dict[tuple[str, int], FeedSite] = {}
-    for file in sorted(wanted)[:MAX_FILES]:
-        if time.monotonic() > deadline:
-            break
-        source = source_of(Path(file), started[file], users[file])
-        if source is not None:
-            for site in sites_in(source, file, wanted[file]):
-                found[(file, site.line)] = site
-    return found
+            wanted.add(call.file, call.line or 0, start, uid)
+    return wanted.sites(MAX_FILES, deadline, sites_in)
 
 
 def waiting_call(frames: Sequence[Frame]) -> Frame | None:

@@ -8,7 +8,10 @@ from __future__ import annotations
 import ast
 import os
 import stat
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.osapi.procfs import ProcFS
@@ -97,3 +100,41 @@ def uid_of(procfs: ProcFS, pid: int) -> int | None:
         return procfs.uid(pid)
     except (ProcessGone, AccessDenied):
         return None
+
+
+class _Site(Protocol):
+    @property
+    def line(self) -> int: ...
+
+
+S = TypeVar("S", bound=_Site)
+
+
+class WantedLines:
+    """The lines the probes want read of each source file, with what source_of needs to trust it: the
+    latest start of a process that runs it, and the users of those processes."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, set[int]] = {}
+        self.started: dict[str, float] = {}
+        self.users: dict[str, set[int]] = {}
+
+    def add(self, file: str, line: int, started: float, uid: int) -> None:
+        self.lines.setdefault(file, set()).add(line)
+        self.started[file] = max(self.started.get(file, 0.0), started)
+        self.users.setdefault(file, set()).add(uid)
+
+    def sites(
+        self, max_files: int, deadline: float, find: Callable[[bytes, str, set[int]], Iterable[S]]
+    ) -> dict[tuple[str, int], S]:
+        """What `find` says of each file's wanted lines, by (file, line): `max_files` files at most,
+        until the monotonic `deadline`."""
+        found: dict[tuple[str, int], S] = {}
+        for file in sorted(self.lines)[:max_files]:
+            if time.monotonic() > deadline:
+                break
+            source = source_of(Path(file), self.started[file], self.users[file])
+            if source is not None:
+                for site in find(source, file, self.lines[file]):
+                    found[(file, site.line)] = site
+        return found

@@ -22,15 +22,14 @@ from __future__ import annotations
 import ast
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 
 from jobwarden.observations import HeldLock, LockSite, ProcessStack
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.pysource import (
+    WantedLines,
     locals_of,
     own_nodes,
     scope_of,
-    source_of,
     started_at,
     uid_of,
 )
@@ -48,9 +47,7 @@ def lock_sites(
     idle threads (one thread alone cannot wait for another's lock)."""
     procfs = procfs or ProcFS()
     deadline = time.monotonic() + BUDGET_S
-    wanted: dict[str, set[int]] = {}
-    started: dict[str, float] = {}  # each file's latest start among the processes that run it
-    users: dict[str, set[int]] = {}  # the users of the processes that run it
+    wanted = WantedLines()
     for ps in stacks:
         idle = [t for t in ps.threads if t.active is False]
         if len(idle) < 2:
@@ -62,18 +59,8 @@ def lock_sites(
         for thread in idle:
             for frame in thread.frames:
                 if not frame.native and frame.line and frame.file.startswith("/"):
-                    wanted.setdefault(frame.file, set()).add(frame.line)
-                    started[frame.file] = max(started.get(frame.file, 0.0), start)
-                    users.setdefault(frame.file, set()).add(uid)
-    found: dict[tuple[str, int], LockSite] = {}
-    for file in sorted(wanted)[:MAX_FILES]:
-        if time.monotonic() > deadline:
-            break
-        source = source_of(Path(file), started[file], users[file])
-        if source is not None:
-            for site in sites_in(source, file, wanted[file]):
-                found[(file, site.line)] = site
-    return found
+                    wanted.add(frame.file, frame.line, start, uid)
+    return wanted.sites(MAX_FILES, deadline, sites_in)
 
 
 def wanting_owners(stacks: Sequence[ProcessStack], sites: Mapping[tuple[str, int], LockSite]) -> list[int]:
