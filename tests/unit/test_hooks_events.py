@@ -384,3 +384,30 @@ def test_a_rank_announced_after_the_kernels_fork_event_is_kept() -> None:
     assert held.ranks is None
     collector._on_birth(Birth(4242, 1, 500, Ranks(0), announced=True))
     assert held.ranks == Ranks(0)
+
+
+def test_a_child_held_at_its_fork_is_read_again_once_the_filter_follows_it() -> None:
+    """The kernel's filter passes the exec of followed processes only: a child held at its fork event that
+    execs before the filter follows it is refreshed right after (its new command and RANK)."""
+    from jobwarden.model import ProcessId
+    from jobwarden.shim.exits import ExitCollector
+
+    calls: list[tuple[str, int]] = []
+    members: dict[int, object] = {100: SimpleNamespace(ident=ProcessId(100, 1), ranks=None)}
+
+    def add_pid(pid: int, start_time: int | None = None) -> object:
+        calls.append(("add", pid))
+        members[pid] = SimpleNamespace(ident=ProcessId(pid, 2), ranks=None)
+        return members[pid]
+
+    tree = SimpleNamespace(
+        members=members, add_pid=add_pid, refresh=lambda pid: calls.append(("refresh", pid))
+    )
+    sightings = SimpleNamespace(follow=lambda pids, born_after: calls.append(("follow", len(pids))))
+    collector = ExitCollector(tree, sightings)  # type: ignore[arg-type]
+    collector._on_birth(Birth(4243, 100, None))  # the kernel's fork event: a child of a member
+    assert calls == [("add", 4243)]
+    collector.follow(born_after=7)
+    assert calls == [("add", 4243), ("follow", 2), ("refresh", 4243)]  # read again after, not before
+    collector.follow(born_after=8)
+    assert calls[-1] == ("follow", 2)  # once

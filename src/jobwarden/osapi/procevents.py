@@ -176,7 +176,7 @@ class ProcEventListener:
 # (Documentation/networking/filter.rst; SO_ATTACH_FILTER works on netlink sockets, as udev's monitors use
 # it) lets through only what concerns the job:
 #   fork  a process (not a thread) whose parent is followed, or was born after `born_after`;
-#   exec  of a process followed, or born after `born_after`;
+#   exec  of a process followed;
 #   exit  of a process (not a thread) followed, or whose parent is followed or born after `born_after`.
 # `born_after` is the host's last pid when the supervisor last drained its events: a member born since is
 # not followed yet, and its own children (a shell's, forked at once) must not be missed meanwhile.
@@ -204,9 +204,10 @@ def follow_filter(pids: Collection[int] | None, born_after: int | None) -> list[
     asm.label("exec")
     asm.same_fields(52, 56)
     asm.host_u32(56)
-    # born after the mark too: a child the shim held at its fork, as a copy of its parent, may exec before
-    # the filter follows it (its new command and RANK were lost: a rank named as its parent, no rank)
-    asm.followed(pids, born_after)
+    # not born after the mark: that let through the exec of every process the host started, waking every
+    # supervisor on a busy machine. A child held at its fork that execs before the filter follows it is
+    # read again once it is followed (shim.exits: ExitCollector.follow).
+    asm.followed(pids, None)
     asm.label("exit")
     asm.same_fields(52, 56)  # a thread's exit is no process's end
     asm.host_u32(56)

@@ -33,6 +33,7 @@ class ExitCollector:
         self.helper_cpu_s: dict[int, float] = {}  # CPU seconds of children reaped that were not members
         self._news = False  # a birth or death of the job's came by an event (take_news)
         self._followed: tuple[frozenset[int], int | None] | None = None  # what the kernel's filter lets by
+        self._held_at_fork: list[int] = []  # members added since the filter was last set: not followed yet
 
     def fds(self, kernel: bool = True) -> list[int]:
         """What to wait on for births and deaths; kernel=False: not the host's process events (muted)."""
@@ -115,6 +116,11 @@ class ExitCollector:
             born_after = self._followed[1]  # the window stays as wide as it was
         self._followed = (members, born_after)
         self.sightings.follow(members, born_after)
+        # an exec between a member's fork event and this moment reached no one: its new command and RANK
+        # are read now; a later one passes the filter
+        held, self._held_at_fork = self._held_at_fork, []
+        for pid in held:
+            self.tree.refresh(pid)
 
     def _ours(self, parent: int) -> bool:
         """A child of one of the job's processes. Not a child of the shim itself: those are its own helpers
@@ -140,6 +146,7 @@ class ExitCollector:
         self._news = True
         member = self.tree.add_pid(birth.pid, birth.start_time)
         if member is not None:
+            self._held_at_fork.append(birth.pid)
             if member.ranks is None and birth.ranks is not None:
                 member.ranks = birth.ranks
         elif birth.pid not in self._gone:
