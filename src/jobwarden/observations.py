@@ -8,6 +8,18 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class LocalRLock:
+    """A `threading.RLock` one of a frame's local names (a parameter, a variable) is bound to, as a hang's
+    dump saw it (py-spy --locals: the name, the object's address), and who owns it, as the process's memory
+    said right after (probes.rlocks). Like Frame.owner, an address that means something only live."""
+
+    name: str
+    address: int
+    owner: int | None = None  # the owning thread's ident (py-spy's thread_id); 0: free; None: not read
+    count: int = 0  # how many times the owner holds it (an RLock is reentrant)
+
+
+@dataclass(frozen=True)
 class Frame:
     """One stack frame. `file`/`line` are empty for native frames without debug info. `owner`: the address
     of the frame's `self`, where a hang's dump read it (py-spy --locals; its value is never kept): which
@@ -19,6 +31,8 @@ class Frame:
     line: int | None = None
     native: bool = False
     owner: int | None = field(default=None, compare=False)
+    # the RLocks its local names hold (py-spy --locals), with their owner as the memory read them
+    rlocks: tuple[LocalRLock, ...] = field(default=(), compare=False)
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line is not None else self.file
@@ -43,6 +57,9 @@ class ThreadStack:
     state: str | None = None  # kernel state of the thread (R S D T t Z) when known
     active: bool | None = None  # py-spy's view: running Python code (vs idle in a wait)
     owns_gil: bool | None = None  # py-spy's view: holds the GIL (stuck in C with it, it starves the rest)
+    # Python's own id of the thread (threading.get_ident(), py-spy's thread_id): what an RLock's owner
+    # names. Read live only, like Frame.owner.
+    ident: int | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -353,6 +370,9 @@ class LockSite:
     line: int
     takes: HeldLock | None
     holds: tuple[HeldLock, ...] = ()  # outermost first
+    # a local name (a parameter, a variable of the function) that a `with NAME:` or a lone
+    # `NAME.acquire()` on this line takes: which lock it is, only the dump's locals tell (Frame.rlocks)
+    takes_local: str = ""
 
 
 @dataclass(frozen=True)
