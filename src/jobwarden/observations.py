@@ -378,9 +378,10 @@ class LockSite:
 @dataclass(frozen=True)
 class FeedStart:
     """Where the source starts a thread or a process on a function that feeds a queue, an event or a
-    condition: `threading.Thread(target=load, name="loader")`."""
+    condition: `threading.Thread(target=load, name="loader")`, a `Thread` subclass made (it runs its
+    `run`), an executor's `pool.submit(load)` (a task)."""
 
-    kind: str  # "thread" or "process"
+    kind: str  # "thread", "process" or "task"
     line: int
     name: str  # the `name=` it is given, "" when none (or not a plain string)
     scope: str  # the function whose code starts it ("<module>" at module level)

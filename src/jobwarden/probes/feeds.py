@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from jobwarden.observations import Feeder, FeedSite, FeedStart, Frame, ProcessStack
 from jobwarden.osapi.procfs import ProcFS
+from jobwarden.probes.feedstarts import Starts
 from jobwarden.probes.pysource import WantedLines, locals_of, own_nodes, started_at, uid_of
 
 MAX_FILES = 8
@@ -51,7 +52,6 @@ _MAKERS = {
     "multiprocessing.Event": ("event", "processes"),
     "multiprocessing.Condition": ("condition", "processes"),
 }
-_STARTERS = {"threading.Thread": "thread", "multiprocessing.Process": "process"}
 _WAITS = {"queue": {"get"}, "event": {"wait"}, "condition": {"wait", "wait_for"}}
 _FEEDS = {"queue": {"put", "put_nowait"}, "event": {"set"}, "condition": {"notify", "notify_all"}}
 # methods that neither feed the object nor hand it to anyone
@@ -152,7 +152,11 @@ class _Reader:
         for node in self.nodes:
             if isinstance(node, ast.Name):
                 self.named.setdefault(node.id, []).append(node)
-        self.starts: dict[str, list[tuple[ast.Call, str]]] | None = None  # by the target's name
+        self.starts = Starts(self.nodes, self.parents, self.functions, self._dotted)
+        self.attributes: dict[str, list[ast.Attribute]] = {}  # every attribute node by its name
+        for node in self.nodes:
+            if isinstance(node, ast.Attribute):
+                self.attributes.setdefault(node.attr, []).append(node)
         self.local_names: dict[ast.AST, set[str]] = {}
 
     # --- the waiting line -------------------------------------------------------------------------
@@ -226,13 +230,14 @@ class _Reader:
         params = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
         if param not in params or self._rebinds(function, param):
             return None
-        index = params.index(param)
         handed = set()
-        for start, _ in self._starts_of(function.name):
-            args = next((k.value for k in start.keywords if k.arg == "args"), None)
-            if not isinstance(args, (ast.Tuple, ast.List)) or index >= len(args.elts):
+        for start, kind in self.starts.of(function):
+            run = self.starts.target(start, kind)
+            args = self.starts.handed(start, kind)
+            index = params.index(param) - (run[1] if run else 0)
+            if run is None or run[0] is not function or args is None or not 0 <= index < len(args):
                 return None
-            given = args.elts[index]
+            given = args[index]
             if not isinstance(given, ast.Name):
                 return None
             found = self._resolve(given.id, start, depth)
@@ -266,15 +271,13 @@ class _Reader:
         for function, line in feeds.items():
             if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 return None  # fed by module-level code or a lambda: which thread runs it is not said
-            starts = tuple(self._start(call, kind) for call, kind in self._starts_of(function.name))
+            starts = tuple(self._start(call, kind) for call, kind in self.starts.of(function))
+            only = self.starts.only_started(
+                function, self.named.get(function.name, []), self.attributes.get(function.name, [])
+            )
             found.append(
                 Feeder(
-                    function.name,
-                    function.lineno,
-                    function.end_lineno or function.lineno,
-                    line,
-                    starts,
-                    self._only_started(function.name),
+                    function.name, function.lineno, function.end_lineno or function.lineno, line, starts, only
                 )
             )
         return tuple(sorted(found, key=lambda f: f.first))
@@ -296,17 +299,23 @@ class _Reader:
             keyword = self.parents.get(parent)
             start = self.parents.get(keyword) if isinstance(keyword, ast.keyword) else None
             if isinstance(keyword, ast.keyword) and keyword.arg == "args" and isinstance(start, ast.Call):
-                return self._handed_to(start, parent.elts.index(use))
+                kind = self.starts.starter(start)
+                return self._handed_to(start, kind, parent.elts.index(use)) if kind else None
+        if isinstance(parent, ast.Call) and use in parent.args[1:] and self._submit(parent):
+            return self._handed_to(parent, "task", parent.args.index(use) - 1)
         return None
 
-    def _handed_to(self, start: ast.Call, index: int) -> tuple[ast.AST, str] | None:
-        if self._starter(start) is None:
+    @staticmethod
+    def _submit(call: ast.Call) -> bool:
+        return isinstance(call.func, ast.Attribute) and call.func.attr == "submit"
+
+    def _handed_to(self, start: ast.Call, kind: str, index: int) -> tuple[ast.AST, str] | None:
+        """The function and parameter a start hands its `index`th argument to."""
+        run = self.starts.target(start, kind)
+        if run is None:
             return None
-        target = next((k.value for k in start.keywords if k.arg == "target"), None)
-        function = self._function(target.id) if isinstance(target, ast.Name) else None
-        if function is None:
-            return None
-        params = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
+        function, skipped = run
+        params = [a.arg for a in [*function.args.posonlyargs, *function.args.args]][skipped:]
         if index >= len(params) or self._rebinds(function, params[index]):
             return None
         return function, params[index]
@@ -343,23 +352,8 @@ class _Reader:
 
     # --- starts -----------------------------------------------------------------------------------
 
-    def _starts_of(self, function: str) -> list[tuple[ast.Call, str]]:
-        if self.starts is None:
-            self.starts = {}
-            for node in self.nodes:
-                if isinstance(node, ast.Call):
-                    kind = self._starter(node)
-                    target = next((k.value for k in node.keywords if k.arg == "target"), None)
-                    if kind is not None and isinstance(target, ast.Name):
-                        self.starts.setdefault(target.id, []).append((node, kind))
-        return self.starts.get(function, [])
-
-    def _starter(self, call: ast.Call) -> str | None:
-        return _STARTERS.get(self._dotted(call.func) or "")
-
     def _start(self, call: ast.Call, kind: str) -> FeedStart:
-        name = next((k.value for k in call.keywords if k.arg == "name"), None)
-        label = name.value if isinstance(name, ast.Constant) and isinstance(name.value, str) else ""
+        label = self.starts.label(call)
         scope = next(self._scopes_around(call))
         if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
             where = (scope.name, scope.lineno, scope.end_lineno or scope.lineno)
@@ -368,26 +362,6 @@ class _Reader:
         else:
             where = ("<module>", 1, (self.tree.body[-1].end_lineno or 1) if self.tree.body else 1)
         return FeedStart(kind, call.lineno, label[:64], *where)
-
-    def _only_started(self, function: str) -> bool:
-        """The function is defined once and named nowhere but as a thread's or process's target."""
-        if sum(1 for f in self.functions if f.name == function) != 1:
-            return False
-        for node in self.named.get(function, ()):
-            keyword = self.parents.get(node)
-            start = self.parents.get(keyword) if isinstance(keyword, ast.keyword) else None
-            if not (
-                isinstance(keyword, ast.keyword)
-                and keyword.arg == "target"
-                and isinstance(start, ast.Call)
-                and self._starter(start) is not None
-            ):
-                return False
-        return True
-
-    def _function(self, name: str) -> _Function | None:
-        named = [f for f in self.functions if f.name == name]
-        return named[0] if len(named) == 1 else None
 
     def _dotted(self, expr: ast.expr, depth: int = 0) -> str | None:
         """'queue.Queue' for `queue.Queue`, `Queue` (from queue import Queue), `mp.Queue`, `ctx.Queue`

@@ -217,6 +217,11 @@ def feeders_words(chain: FeedChain) -> str:
     if chain.end == "unfed":
         return f"nothing in {frames.short_file(site.file)} {verb} it"
     starts = [s for d in site.feeders or () for s in d.starts]
+    if chain.end == "ended" and by_tasks(chain):
+        functions = ", ".join(sorted({d.function for d in site.feeders or ()}))
+        if len(starts) == 1:
+            return f"the only task that {verb} it ({functions}, submitted at line {starts[0].line}) ended"
+        return f"the tasks that {verb} it (running {functions}) ended"
     if chain.end == "ended":
         named = sorted({f'"{s.name}"' for s in starts if s.name})
         if len(starts) == 1:
@@ -234,6 +239,12 @@ def feeders_words(chain: FeedChain) -> str:
     return ""
 
 
+def by_tasks(chain: FeedChain) -> bool:
+    """The last object's feeders run only as an executor's tasks (`pool.submit(load)`)."""
+    starts = [s for d in chain.last.site.feeders or () for s in d.starts]
+    return bool(starts) and all(s.kind == "task" for s in starts)
+
+
 def death_words(death: ProcessDeath) -> str:
     if death.signal:
         return f"died (killed by {death.signal})"
@@ -246,8 +257,10 @@ def feeder_source(site: FeedSite) -> str:
     """'load (line 12), started at line 30': where the feeding code is."""
     parts = []
     for d in site.feeders or ():
-        started = ", ".join(f"line {s.line}" for s in d.starts)
-        parts.append(f"{d.function} (line {d.line})" + (f", started at {started}" if started else ""))
+        started = ", ".join(
+            f"{'submitted' if s.kind == 'task' else 'started'} at line {s.line}" for s in d.starts
+        )
+        parts.append(f"{d.function} (line {d.line})" + (f", {started}" if started else ""))
     return "; ".join(parts)
 
 

@@ -288,7 +288,7 @@ def _fed_gone(ev: RunEvidence, fed: FeedChain, name: _Names, said: _Said) -> lis
     said.evidence += [f"{describe(d.pid, d.cmdline, 80)} {feeds.death_words(d)}" for d in fed.dead]
     output = feeds.ended_in_output(fed, ev.log_tail) if fed.end == "ended" else ""
     said.evidence += [f"the output: {output}"] if output else []
-    said.remedy = _FEED_REMEDIES[fed.end]
+    said.remedy = _FEED_REMEDIES["task" if fed.end == "ended" and feeds.by_tasks(fed) else fed.end]
     return [fed.dead[0].pid if fed.dead else fed.last.pid]
 
 
@@ -317,6 +317,9 @@ _FEED_REMEDIES = {
     "died": "The process that fed it is gone: a consumer of a multiprocessing queue should watch its"
     " producers (`multiprocessing.connection.wait` on their `sentinel`s, `is_alive()`) or get with a"
     " timeout, so a dead producer fails the job instead of hanging it." + _RESTART,
+    "task": "The task that fed it ended: an exception it raised is kept in its Future, shown only when"
+    " `result()` is called: call it (or `concurrent.futures.wait` the futures) so a failed producer fails the"
+    " job, and give the consumer a timeout so a lost producer fails it instead of hanging it." + _RESTART,
     "cycle": "Each thread waits for what the next one feeds: feed before waiting, or wait with a timeout."
     + _RESTART,
 }
