@@ -399,6 +399,7 @@ class Feeder:
     line: int  # its first line that feeds it
     starts: tuple[FeedStart, ...] = ()  # where it is a thread's or a process's target
     only_started: bool = False  # referenced nowhere else: it runs only in what those starts started
+    file: str = ""  # the module it is in, when not the waiting line's (an imported object's module)
 
 
 @dataclass(frozen=True)
@@ -414,6 +415,7 @@ class FeedSite:
     across: str  # "threads" (queue.Queue, threading.Event) or "processes" (multiprocessing's)
     defined: int  # the line that makes it
     feeders: tuple[Feeder, ...] | None
+    made_in: str = ""  # the module that makes it, when not this file (imported: `from jobqueue import q`)
 
 
 @dataclass(frozen=True)

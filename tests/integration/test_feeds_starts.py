@@ -121,3 +121,99 @@ def test_an_executor_task_that_raised_is_named_as_the_ended_feeder(jw: Jobwarden
         assert "kept in its Future" in f["remedy"], f
     finally:
         jw("stop", str(job), check=True)
+
+
+ATTRIBUTE_QUEUE = """
+import queue, threading
+
+
+class ShardReader:
+    def __init__(self, paths):
+        self.paths = paths
+        self.ready = queue.Queue(maxsize=4)
+        self.worker = threading.Thread(target=self.prefetch, name="shard-prefetch", daemon=True)
+
+    def prefetch(self):
+        for path in self.paths:
+            with open(path, "rb") as f:
+                self.ready.put(f.read())
+
+    def __iter__(self):
+        self.worker.start()
+        for _ in self.paths:
+            yield self.ready.get()
+
+
+for shard in ShardReader(["/nonexistent/shard-0", "/nonexistent/shard-1"]):
+    print(len(shard))
+"""
+
+
+def test_a_queue_bound_to_self_in_init_names_the_method_thread_that_ended(
+    jw: Jobwarden, tmp_path: Path
+) -> None:
+    train = script(tmp_path, "shards.py", ATTRIBUTE_QUEUE)
+    job = jw.start(PY, str(train), options=HANG)["id"]
+    try:
+        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        main_pid = jw.status(job)["pid"]
+        assert f["pids"][0] == main_pid, f
+        at = f"{train}:{line_of(ATTRIBUTE_QUEUE, 'yield self.ready.get()')}"
+        assert f["title"] == (
+            f'Thread "MainThread" of pid {main_pid} waits on queue self.ready ({at}); the only thread that'
+            ' puts into it, "shard-prefetch", ended'
+        ), f
+        assert "Exception in thread shard-prefetch" in "\n".join(f["evidence"]), f
+    finally:
+        jw("stop", str(job), check=True)
+
+
+JOBQUEUE = """
+import queue, sys, threading
+
+work_queue = queue.Queue()
+
+
+def read_requests():
+    for line in sys.stdin:
+        work_queue.put(line.strip())
+
+
+def start_reader():
+    threading.Thread(target=read_requests, name="stdin-reader", daemon=True).start()
+"""
+SERVE = """
+from jobqueue import start_reader, work_queue
+
+start_reader()
+while True:
+    request = work_queue.get()
+    print("serving", request)
+"""
+
+
+def test_a_queue_imported_from_the_jobs_own_module_names_its_feeder_and_the_pipes_writer(
+    jw: Jobwarden, tmp_path: Path
+) -> None:
+    # launched by a shell pipeline: the feeder in jobqueue.py reads stdin, which `tail -f` never closes
+    script(tmp_path, "jobqueue.py", JOBQUEUE)
+    serve = script(tmp_path, "serve.py", SERVE)
+    pipeline = script(tmp_path, "serve.sh", f"cd {tmp_path}\ntail -f /dev/null | {PY} serve.py\n")
+    job = jw.start("bash", str(pipeline), options=HANG)["id"]
+    try:
+        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        processes = jw.status(job)["processes"]
+        tail = next(p["pid"] for p in processes if p["cmdline"].startswith("tail -f"))
+        python = next(p["pid"] for p in processes if "serve.py" in p["cmdline"])
+        assert f["pids"][0] == tail, f
+        assert python in f["pids"], f
+        at = f"{serve}:{line_of(SERVE, 'work_queue.get()')}"
+        assert f["title"] == (
+            f'Thread "MainThread" of pid {python} waits on queue work_queue ({at}), fed by thread'
+            f' "stdin-reader" of pid {python}, which reads a pipe whose write end pid {tail} still holds open'
+        ), f
+        evidence = "\n".join(f["evidence"])
+        assert f"made at {tmp_path}/jobqueue.py:{line_of(JOBQUEUE, 'work_queue = ')}" in evidence, f
+        assert f"read_requests ({tmp_path}/jobqueue.py:{line_of(JOBQUEUE, 'work_queue.put')})" in evidence, f
+    finally:
+        jw("stop", str(job), check=True)

@@ -152,7 +152,7 @@ class FeedGraph:
         for p in pids:
             for thread in self.stacks[p].threads if p in self.stacks else ():
                 if thread is not waiter and any(
-                    _in_scope(f, site.file, s.scope, s.first, s.last)
+                    _in_scope(f, d.file or site.file, s.scope, s.first, s.last)
                     for d in site.feeders
                     for s in d.starts
                     for f in thread.frames
@@ -170,7 +170,7 @@ class FeedGraph:
 
 
 def _inside(frame: Frame, site: FeedSite, feeder: Feeder) -> bool:
-    return _in_scope(frame, site.file, feeder.function, feeder.first, feeder.last)
+    return _in_scope(frame, feeder.file or site.file, feeder.function, feeder.first, feeder.last)
 
 
 def _in_scope(frame: Frame, file: str, function: str, first: int, last: int) -> bool:
@@ -215,7 +215,8 @@ def feeders_words(chain: FeedChain) -> str:
     site = chain.last.site
     verb = _VERBS[site.kind]
     if chain.end == "unfed":
-        return f"nothing in {frames.short_file(site.file)} {verb} it"
+        files = " or ".join(frames.short_file(f) for f in dict.fromkeys((site.file, site.made_in)) if f)
+        return f"nothing in {files} {verb} it"
     starts = [s for d in site.feeders or () for s in d.starts]
     if chain.end == "ended" and by_tasks(chain):
         functions = ", ".join(sorted({d.function for d in site.feeders or ()}))
@@ -260,7 +261,8 @@ def feeder_source(site: FeedSite) -> str:
         started = ", ".join(
             f"{'submitted' if s.kind == 'task' else 'started'} at line {s.line}" for s in d.starts
         )
-        parts.append(f"{d.function} (line {d.line})" + (f", {started}" if started else ""))
+        at = f"{frames.short_file(d.file)}:{d.line}" if d.file else f"line {d.line}"
+        parts.append(f"{d.function} ({at})" + (f", {started}" if started else ""))
     return "; ".join(parts)
 
 

@@ -299,9 +299,10 @@ def _thread(pid: int, thread: ThreadStack) -> str:
 def _feed_evidence(step: feeds.FeedStep) -> str:
     site = step.site
     feeders = feeds.feeder_source(site) or "none in the file"
+    made = f"{frames.short_file(site.made_in)}:{site.defined}" if site.made_in else f"line {site.defined}"
     return (
         f"pid {step.pid} {thread_name(step.thread)} is idle at {frames.where(step.at)}, waiting on "
-        f"{feeds.kind_words(site)} {site.name} (made at line {site.defined}); the code that feeds it: "
+        f"{feeds.kind_words(site)} {site.name} (made at {made}); the code that feeds it: "
         f"{feeders}"
     )
 
@@ -384,14 +385,18 @@ class _Names:
         return describe(pid, cmdline, width)
 
     def whose(self, pid: int) -> str:
-        """', user bob, outside this job' for a process that is not the job's; ', of your job 12
-        "prep-data"' for one of this user's other jobs."""
+        """', user bob, not a job of yours' for a process outside the job that is none of this user's
+        jobs; ', of your job 12 "prep-data"' for one of this user's other jobs."""
         party = self.parties.get(pid)
         if party is None or party.in_job:
             return ""
         if party.job is not None:
             return f', of your job {party.job} "{party.job_name[:64]}"'
-        return f", user {party.user}, outside this job"
+        return f", user {party.user}, not a job of yours"
+
+    def outside(self, pid: int) -> bool:
+        party = self.parties.get(pid)
+        return party is not None and not party.in_job
 
 
 def _title(chain: Chain, name: _Names) -> str:
@@ -424,7 +429,8 @@ def _thing(wait: Wait) -> str:
 def _what(step: Step, name: _Names, short: bool = False) -> str:
     """What one wait is, in words, naming the process on its far side."""
     w, to = step.wait, step.to
-    who = f"pid {to}" if short else name.of(to)
+    # a process outside the job is named with its command even in a title: the reader may not know it
+    who = name.of(to, 40) if not short or name.outside(to) else f"pid {to}"
     whose = name.whose(to)
     if w.kind == "file-lock":
         return f"waits for a file lock on {w.thing} held by {who}{whose}"
