@@ -3,6 +3,7 @@ chain of threads the owners draw (rules.hang.rlockchain, through wait-chain)."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 
 from jobwarden.observations import Frame, LocalRLock, LockSite, ProcessStack, ThreadStack, Wait
 from jobwarden.osapi.procmem import MAX_READ, ProcessMemory
-from jobwarden.probes import rlocks
+from jobwarden.probes import rlocks, withlocks
 from jobwarden.probes.withlocks import sites_in, wanting_owners
 from jobwarden.rules import RunEvidence, explain
 from jobwarden.rules.hang.rlockchain import rlock_chains
@@ -212,3 +213,19 @@ def test_the_chain_goes_on_through_the_owners_kernel_wait() -> None:
     assert first.title.endswith(
         'held by thread 12 "refresh", which reads a pipe whose write end pid 30 still holds open'
     )
+
+
+def test_a_file_that_takes_no_lock_by_a_plain_name_is_not_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # cheap: most files of a stack have `with open(...)`, not `with lock:`, and no `Lock(`
+    parsed: list[str] = []
+    real = ast.parse
+
+    def counted(source: bytes, file: str) -> ast.Module:
+        parsed.append(file)
+        return real(source, file)
+
+    monkeypatch.setattr(withlocks.ast, "parse", counted)
+    assert sites_in(b"with open(x) as f:\n    f.read()\n", "/job/io.py", [1]) == []
+    assert parsed == []
+    assert sites_in(b"def f(lock):\n    with lock:\n        pass\n", "/job/jobs.py", [2]) != []
+    assert parsed == ["/job/jobs.py"]

@@ -43,6 +43,8 @@ _LOCK_CALLS = {"Lock", "RLock"}
 _SETTERS = {"setattr", "delattr"}
 # the standard library's and installed packages' files: a lock they take in a local (Condition.wait's
 # waiter) is no reason to dump a process again
+# a line that may take a lock a local name holds: `with lock:`, `lock.acquire()`
+_TAKES_A_NAME = re.compile(rb"^[ \t]*(with[ \t]+[A-Za-z_]\w*[ \t]*:|[A-Za-z_]\w*\.acquire\(\))", re.M)
 _LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python\d+\.\d+t?/")
 
 
@@ -100,8 +102,8 @@ def sites_in(source: bytes, file: str, lines: Iterable[int]) -> list[LockSite]:
     """The LockSite of each line of `source` (a file's text) that takes or is held by a module-level lock:
     taken by a `with` whose header is the line or by a lone `NAME.acquire()` on it, held by the `with`
     blocks around it."""
-    # most files of a stack create no lock and take none: not parsed
-    if b"Lock(" not in source and b"with " not in source and b".acquire()" not in source:
+    # most files of a stack create no lock and take none by a plain name: not parsed
+    if b"Lock(" not in source and not _TAKES_A_NAME.search(source):
         return []
     try:
         tree = ast.parse(source, file)
