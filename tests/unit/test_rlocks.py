@@ -229,3 +229,12 @@ def test_a_file_that_takes_no_lock_by_a_plain_name_is_not_parsed(monkeypatch: py
     assert parsed == []
     assert sites_in(b"def f(lock):\n    with lock:\n        pass\n", "/job/jobs.py", [2]) != []
     assert parsed == ["/job/jobs.py"]
+
+
+def test_an_rlock_wait_off_the_kernels_chain_leaves_the_chain_to_speak() -> None:
+    waiter = idle(31, 111, "pay", Frame("pay", BANK, 11, rlocks=(LocalRLock("lock", A, 222, 1),)))
+    owner = idle(32, 222, "refresh", Frame("refresh", BANK, 20))
+    other = ProcessStack(30, "py-spy", (idle(30, 100, "MainThread"), waiter, owner))
+    ev = hung(other, waits=(Wait(10, 10, "file-lock", "flock", "/data/cache.lock", (40,)),))
+    first = explain(ev)[0]
+    assert first.title == "Waits for a file lock on /data/cache.lock held by pid 40" and first.pids[0] == 40

@@ -128,6 +128,8 @@ def _rlock_chain(ev: RunEvidence, chain: Chain | None, name: _Names) -> Finding 
         return None
     path = [ev.pid, *(s.to for s in chain.steps)] if chain is not None else [ev.pid]
     locks = min(found, key=lambda c: (path.index(c.pid) if c.pid in path else len(path), c.pid))
+    if locks.pid not in path and chain is not None and _explains(chain, ev.waits):
+        return None  # the kernel's chain explains the hang: threads of a process off it are another story
     prefix = []
     for step in chain.steps if chain is not None and locks.pid in path else ():
         if step.wait.pid == locks.pid:
