@@ -151,3 +151,51 @@ def test_a_thread_waiting_for_an_rlock_whose_owner_reads_a_silent_pipe_names_the
         assert f"; pid {sleep} " in f["summary"] and "everything waits for it" in f["summary"], f
     finally:
         jw("stop", str(job), check=True)
+
+
+SLEEPER = """
+import threading, time
+
+
+def checkpoint(state_lock, saved):
+    with state_lock:
+        saved.set()
+        time.sleep(600)  # "waits for the storage to settle", holding the lock
+
+
+def train(state_lock):
+    state_lock.acquire()
+    print("step")
+
+
+def main():
+    state_lock, saved = threading.RLock(), threading.Event()
+    threading.Thread(target=checkpoint, args=(state_lock, saved), name="checkpointer", daemon=True).start()
+    saved.wait()
+    train(state_lock)
+
+
+main()
+"""
+
+
+def test_the_main_thread_waiting_for_an_rlock_a_sleeping_thread_holds_names_the_sleeper(
+    jw: Jobwarden, tmp_path: Path
+) -> None:
+    code = tmp_path / "train.py"
+    code.write_text(SLEEPER)
+    code.chmod(0o644)
+    job = jw.start(PY, str(code), options=HANG)["id"]
+    try:
+        f = eventually("an RLock wait-chain", lambda: rlock_finding(jw, job), 90)
+        main_pid = jw.status(job)["pid"]
+        assert f["pids"][0] == main_pid, f
+        assert re.fullmatch(
+            rf'Thread {main_pid} "MainThread" of pid {main_pid} waits for RLock `state_lock` at 0x[0-9a-f]+'
+            r' held by thread \d+ "checkpointer", which sleeps',
+            f["title"],
+        ), f
+        sleep = next(n for n, line in enumerate(SLEEPER.splitlines(), 1) if "time.sleep(600)" in line)
+        assert f["summary"].endswith(f'"checkpointer", which sleeps at checkpoint ({code}:{sleep}).'), f
+    finally:
+        jw("stop", str(job), check=True)

@@ -238,3 +238,15 @@ def test_an_rlock_wait_off_the_kernels_chain_leaves_the_chain_to_speak() -> None
     ev = hung(other, waits=(Wait(10, 10, "file-lock", "flock", "/data/cache.lock", (40,)),))
     first = explain(ev)[0]
     assert first.title == "Waits for a file lock on /data/cache.lock held by pid 40" and first.pids[0] == 40
+
+
+def test_an_owner_that_sleeps_is_said_to_sleep_where_its_code_is() -> None:
+    waiter = idle(11, 111, "pay", Frame("pay", BANK, 11, rlocks=(LocalRLock("lock", A, 222, 1),)))
+    owner = idle(12, 222, "refresh", Frame("refresh", BANK, 20))
+    ev = hung(
+        ProcessStack(10, "py-spy", (idle(10, 100, "MainThread"), waiter, owner)),
+        waits=(Wait(10, 12, "sleep", "clock_nanosleep", "a sleep"),),
+    )
+    first = explain(ev)[0]
+    assert first.title.endswith('held by thread 12 "refresh", which sleeps'), first
+    assert first.summary.endswith('held by thread 12 "refresh", which sleeps at refresh (/job/bank.py:20).')

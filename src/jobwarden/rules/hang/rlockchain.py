@@ -150,10 +150,12 @@ def chain_evidence(chain: RLockChain) -> list[str]:
     return lines
 
 
-def doing(thread: ThreadStack) -> str:
-    """What a holder does, from its stack alone: 'is idle at f (x.py:3)', 'runs f (x.py:3)'."""
+def doing(thread: ThreadStack, sleeping: bool = False) -> str:
+    """What a holder does, from its stack (and the kernel's word that it sleeps): 'sleeps at f (x.py:3)',
+    'is idle at f (x.py:3)', 'runs f (x.py:3)'."""
     py = [f for f in thread.frames if not f.native and f.line]
     own = next((f for f in py if not frames.is_library(f)), None) or (py[0] if py else None)
+    verb = "sleeps at" if sleeping else "runs" if thread.active else "is idle at"
     if own is None:
-        return "shows no Python frame"
-    return f"{'runs' if thread.active else 'is idle at'} {frames.where(own)}"
+        return "sleeps" if sleeping else "shows no Python frame"
+    return f"{verb} {frames.where(own)}"

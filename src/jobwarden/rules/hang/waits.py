@@ -166,9 +166,7 @@ def _rlock_chain(ev: RunEvidence, chain: Chain | None, name: _Names) -> Finding 
         elif holder is not None:
             sleeping = any(w.kind == "sleep" for w in own)
             title += ", which sleeps" if sleeping else ""
-            summary = (
-                f"{_capitalised(', '.join(parts))}, which {'sleeps, ' if sleeping else ''}{doing(holder)}."
-            )
+            summary = f"{_capitalised(', '.join(parts))}, which {doing(holder, sleeping)}."
         else:
             summary = f"{_capitalised(', '.join(parts))}."
     return Finding(
