@@ -362,9 +362,9 @@ class HeldLock:
 @dataclass(frozen=True)
 class LockSite:
     """What the source says at one frame's line (probes.withlocks): the lock a `with` on this very line
-    takes (a thread stopped here waits to enter it), and the locks whose `with` blocks hold the line. Only
-    locks the file itself creates at module level, and only from a file not changed since the process
-    started."""
+    takes (a thread stopped here waits to enter it), and the locks whose `with` blocks hold the line: locks
+    the file itself creates (at module level, or bound once to `self`), and the local name a `with` or an
+    `acquire()` on the line takes; only from a file not changed since the process started."""
 
     file: str
     line: int
