@@ -8,6 +8,18 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class LocalRLock:
+    """A `threading.RLock` one of a frame's local names (a parameter, a variable) is bound to, as a hang's
+    dump saw it (py-spy --locals: the name, the object's address), and who owns it, as the process's memory
+    said right after (probes.rlocks). Like Frame.owner, an address that means something only live."""
+
+    name: str
+    address: int
+    owner: int | None = None  # the owning thread's ident (py-spy's thread_id); 0: free; None: not read
+    count: int = 0  # how many times the owner holds it (an RLock is reentrant)
+
+
+@dataclass(frozen=True)
 class Frame:
     """One stack frame. `file`/`line` are empty for native frames without debug info. `owner`: the address
     of the frame's `self`, where a hang's dump read it (py-spy --locals; its value is never kept): which
@@ -19,6 +31,8 @@ class Frame:
     line: int | None = None
     native: bool = False
     owner: int | None = field(default=None, compare=False)
+    # the RLocks its local names hold (py-spy --locals), with their owner as the memory read them
+    rlocks: tuple[LocalRLock, ...] = field(default=(), compare=False)
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line is not None else self.file
@@ -43,6 +57,9 @@ class ThreadStack:
     state: str | None = None  # kernel state of the thread (R S D T t Z) when known
     active: bool | None = None  # py-spy's view: running Python code (vs idle in a wait)
     owns_gil: bool | None = None  # py-spy's view: holds the GIL (stuck in C with it, it starves the rest)
+    # Python's own id of the thread (threading.get_ident(), py-spy's thread_id): what an RLock's owner
+    # names. Read live only, like Frame.owner.
+    ident: int | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -345,22 +362,26 @@ class HeldLock:
 @dataclass(frozen=True)
 class LockSite:
     """What the source says at one frame's line (probes.withlocks): the lock a `with` on this very line
-    takes (a thread stopped here waits to enter it), and the locks whose `with` blocks hold the line. Only
-    locks the file itself creates at module level, and only from a file not changed since the process
-    started."""
+    takes (a thread stopped here waits to enter it), and the locks whose `with` blocks hold the line: locks
+    the file itself creates (at module level, or bound once to `self`), and the local name a `with` or an
+    `acquire()` on the line takes; only from a file not changed since the process started."""
 
     file: str
     line: int
     takes: HeldLock | None
     holds: tuple[HeldLock, ...] = ()  # outermost first
+    # a local name (a parameter, a variable of the function) that a `with NAME:` or a lone
+    # `NAME.acquire()` on this line takes: which lock it is, only the dump's locals tell (Frame.rlocks)
+    takes_local: str = ""
 
 
 @dataclass(frozen=True)
 class FeedStart:
     """Where the source starts a thread or a process on a function that feeds a queue, an event or a
-    condition: `threading.Thread(target=load, name="loader")`."""
+    condition: `threading.Thread(target=load, name="loader")`, a `Thread` subclass made (it runs its
+    `run`), an executor's `pool.submit(load)` (a task)."""
 
-    kind: str  # "thread" or "process"
+    kind: str  # "thread", "process" or "task"
     line: int
     name: str  # the `name=` it is given, "" when none (or not a plain string)
     scope: str  # the function whose code starts it ("<module>" at module level)
@@ -378,6 +399,7 @@ class Feeder:
     line: int  # its first line that feeds it
     starts: tuple[FeedStart, ...] = ()  # where it is a thread's or a process's target
     only_started: bool = False  # referenced nowhere else: it runs only in what those starts started
+    file: str = ""  # the module it is in, when not the waiting line's (an imported object's module)
 
 
 @dataclass(frozen=True)
@@ -393,6 +415,7 @@ class FeedSite:
     across: str  # "threads" (queue.Queue, threading.Event) or "processes" (multiprocessing's)
     defined: int  # the line that makes it
     feeders: tuple[Feeder, ...] | None
+    made_in: str = ""  # the module that makes it, when not this file (imported: `from jobqueue import q`)
 
 
 @dataclass(frozen=True)

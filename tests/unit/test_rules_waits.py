@@ -56,7 +56,9 @@ def test_a_chain_through_a_child_ends_at_the_lock_holder_outside_the_job() -> No
     assert first.rule == "wait-chain"
     assert first.pids == (HOLDER, MAIN, CHILD)
     assert (
-        first.title == "Waits for a file lock on /data/cache.lock held by pid 777, user bob, outside this job"
+        first.title
+        == "Waits for a file lock on /data/cache.lock held by pid 777 (flock /data/cache.lock sleep 1d),"
+        " user bob, not a job of yours"
     )
     assert "pid 777 sleeps: everything waits for it" in first.summary
     assert "no-progress" not in [f.rule for f in explain(ev)]
@@ -119,11 +121,13 @@ def test_a_fifo_is_named_by_its_path_an_anonymous_pipe_is_not() -> None:
     outside = {HOLDER: WaitParty(HOLDER, "bash feeder.sh", "bob", in_job=False)}
     fifo = hung(Wait(MAIN, MAIN, "pipe-read", "read", "/data/feed.fifo", (HOLDER,)), parties=outside)
     assert explain(fifo)[0].title == (
-        "Reads the FIFO /data/feed.fifo whose write end pid 777, user bob, outside this job still holds open"
+        "Reads the FIFO /data/feed.fifo whose write end pid 777 (bash feeder.sh), user bob, not a job of"
+        " yours still holds open"
     )
     full = hung(Wait(MAIN, MAIN, "pipe-write", "write", "/data/out.fifo", (HOLDER,)), parties=outside)
     assert explain(full)[0].title == (
-        "Writes into the full FIFO /data/out.fifo that pid 777, user bob, outside this job does not read"
+        "Writes into the full FIFO /data/out.fifo that pid 777 (bash feeder.sh), user bob, not a job of yours"
+        " does not read"
     )
     pipe = hung(Wait(MAIN, MAIN, "pipe-write", "write", "pipe:[5]", (HOLDER,)), parties=outside)
     assert explain(pipe)[0].title.startswith("Writes into a full pipe that pid 777")

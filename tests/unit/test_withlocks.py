@@ -78,7 +78,8 @@ def test_a_with_line_takes_its_lock_and_lines_inside_hold_it() -> None:
 
 
 def test_only_module_level_locks_the_file_binds_once_are_named() -> None:
-    assert site(19) is None  # a parameter that shadows the module's lock
+    # a parameter that shadows the module's lock: not the module's, only named (the dump's locals tell)
+    assert site(19) == LockSite(F, 19, None, (), takes_local="shadowed")
     assert site(33) is None  # self._lock: whose? and `rebound` is assigned twice
     assert site(24) is None  # `with a, b:` stopped on its line: which of the two does it wait for?
     assert site(25) == LockSite(F, 25, None, (HeldLock("a", 4, 24), HeldLock("b", 5, 24)))

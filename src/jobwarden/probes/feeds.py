@@ -18,13 +18,17 @@ idle threads whose innermost Python frames are the standard library's waits.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from jobwarden.observations import Feeder, FeedSite, FeedStart, Frame, ProcessStack
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.probes.pysource import WantedLines, locals_of, own_nodes, started_at, uid_of
+from jobwarden.probes.feedimports import Load, module_file, named_elsewhere
+from jobwarden.probes.feedstarts import Starts
+from jobwarden.probes.pysource import WantedLines, locals_of, own_nodes, source_of, started_at, uid_of
 
 MAX_FILES = 8
 BUDGET_S = 0.5
@@ -51,7 +55,6 @@ _MAKERS = {
     "multiprocessing.Event": ("event", "processes"),
     "multiprocessing.Condition": ("condition", "processes"),
 }
-_STARTERS = {"threading.Thread": "thread", "multiprocessing.Process": "process"}
 _WAITS = {"queue": {"get"}, "event": {"wait"}, "condition": {"wait", "wait_for"}}
 _FEEDS = {"queue": {"put", "put_nowait"}, "event": {"set"}, "condition": {"notify", "notify_all"}}
 # methods that neither feed the object nor hand it to anyone
@@ -90,7 +93,14 @@ def feed_sites(
             continue
         for call in calls:
             wanted.add(call.file, call.line or 0, start, uid)
-    return wanted.sites(MAX_FILES, deadline, sites_in)
+
+    def find(source: bytes, file: str, lines: set[int]) -> list[FeedSite]:
+        # another module of the job, read as the processes that run this file could
+        return sites_in(
+            source, file, lines, lambda path: source_of(Path(path), wanted.started[file], wanted.users[file])
+        )
+
+    return wanted.sites(MAX_FILES, deadline, find)
 
 
 def waiting_call(frames: Sequence[Frame]) -> Frame | None:
@@ -103,9 +113,13 @@ def waiting_call(frames: Sequence[Frame]) -> Frame | None:
     return caller if caller is not None and caller.file.startswith("/") else None
 
 
-def sites_in(source: bytes, file: str, lines: Iterable[int]) -> list[FeedSite]:
-    """The FeedSite of each of `lines` that waits on an object the file makes and names."""
-    if not any(word in source for word in (b"Queue", b"Event", b"Condition")):
+def sites_in(source: bytes, file: str, lines: Iterable[int], load: Load | None = None) -> list[FeedSite]:
+    """The FeedSite of each of `lines` that waits on an object the file makes and names, or imports by
+    name from a module beside it (`load` reads that module, as the process could)."""
+    # a file that neither makes such an object nor imports names from a module of its own is not parsed
+    if not any(word in source for word in (b"Queue", b"Event", b"Condition")) and (
+        load is None or b"from " not in source
+    ):
         return []
     try:
         tree = ast.parse(source, file)
@@ -113,7 +127,7 @@ def sites_in(source: bytes, file: str, lines: Iterable[int]) -> list[FeedSite]:
         return []
     found = []
     try:
-        reader = _Reader(tree)
+        reader = _Reader(tree, file, load)
         for line in sorted(set(lines)):
             site = reader.site(file, line)
             if site is not None:
@@ -125,18 +139,21 @@ def sites_in(source: bytes, file: str, lines: Iterable[int]) -> list[FeedSite]:
 
 @dataclass(frozen=True)
 class _Object:
-    home: ast.AST  # the module, or the function that makes it
-    name: str
+    home: ast.AST  # the module, or the function that makes it; an attribute's: its class
+    name: str  # "results"; an attribute's as the waiting line names it: "self.q"
     kind: str
     across: str
     defined: int
+    attribute: str = ""  # "q" for `self.q`, bound once in its class's `__init__`
+    origin: _Reader | None = None  # the module that makes it, read for it (probes.feedimports)
+    local: str = ""  # then: the name the importing file gives it
 
 
 class _Reader:
     """One parsed file: its imports, the objects it makes, who feeds each."""
 
-    def __init__(self, tree: ast.Module) -> None:
-        self.tree = tree
+    def __init__(self, tree: ast.Module, file: str = "", load: Load | None = None) -> None:
+        self.tree, self.file, self.load = tree, file, load
         # one walk of the file for every index below: a feeder looked up must not walk it again
         self.nodes: list[ast.AST] = [tree]
         self.parents: dict[ast.AST, ast.AST] = {}
@@ -152,8 +169,17 @@ class _Reader:
         for node in self.nodes:
             if isinstance(node, ast.Name):
                 self.named.setdefault(node.id, []).append(node)
-        self.starts: dict[str, list[tuple[ast.Call, str]]] | None = None  # by the target's name
+        self.starts = Starts(self.nodes, self.parents, self.functions, self._dotted)
+        self.attributes: dict[str, list[ast.Attribute]] = {}  # every attribute node by its name
+        for node in self.nodes:
+            if isinstance(node, ast.Attribute):
+                self.attributes.setdefault(node.attr, []).append(node)
         self.local_names: dict[ast.AST, set[str]] = {}
+        # a setattr/delattr anywhere may bind any attribute: none is known to be bound once
+        self.setattrs = any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("setattr", "delattr")
+            for n in self.nodes
+        )
 
     # --- the waiting line -------------------------------------------------------------------------
 
@@ -162,13 +188,52 @@ class _Reader:
         if len(waits) != 1:  # none, or two on one line (which one waits?)
             return None
         call = waits[0]
-        assert isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name)
-        found = self._resolve(call.func.value.id, call)
+        assert isinstance(call.func, ast.Attribute)
+        found = self._resolve_expr(call.func.value, call)
         if found is None:
             return None
         if call.func.attr not in _WAITS[found.kind]:
             return None
+        if found.origin is not None:
+            feeders = self._imported_feeders(found, found.origin)
+            return FeedSite(
+                file, line, found.local, found.kind, found.across, found.defined, feeders, found.origin.file
+            )
         return FeedSite(file, line, found.name, found.kind, found.across, found.defined, self._feeders(found))
+
+    def _imported(self, name: str) -> _Object | None:
+        """The object a module-level `from jobqueue import work_queue` binds `name` to, where that module
+        is beside this file and makes it."""
+        if self.load is None or len(self.stores.get(name, ())) != 1 or name in self.rebindable:
+            return None
+        for stmt in self.tree.body:
+            if not isinstance(stmt, ast.ImportFrom):
+                continue
+            alias = next((a for a in stmt.names if (a.asname or a.name) == name), None)
+            if alias is None:
+                continue
+            found = module_file(self.file, stmt.module, stmt.level, self.load)
+            if found is None:
+                return None
+            try:
+                other = _Reader(ast.parse(found[1], found[0]), found[0])
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                return None
+            obj = other._object(other.tree, alias.name)
+            return dataclasses.replace(obj, origin=other, local=name) if obj is not None else None
+        return None
+
+    def _imported_feeders(self, obj: _Object, origin: _Reader) -> tuple[Feeder, ...] | None:
+        """The feeders in the module that makes it and in this file, unless a file beside them names it."""
+        assert self.load is not None
+        theirs = origin._feeders(dataclasses.replace(obj, origin=None, local=""))
+        ours = self._feeders(_Object(self.tree, obj.local, obj.kind, obj.across, obj.defined))
+        if theirs is None or ours is None or len(theirs) + len(ours) > MAX_FEEDERS:
+            return None
+        for name in {obj.name, obj.local}:
+            if named_elsewhere(name, (self.file, origin.file), self.load):
+                return None
+        return (*ours, *(dataclasses.replace(f, file=origin.file) for f in theirs))
 
     def _calls_on(self, line: int) -> list[ast.Call]:
         return [
@@ -176,10 +241,43 @@ class _Reader:
             for n in self.nodes
             if isinstance(n, ast.Call)
             and isinstance(n.func, ast.Attribute)
-            and isinstance(n.func.value, ast.Name)
+            and _named(n.func.value)
             and n.func.attr in {"get", "wait", "wait_for"}
             and n.lineno <= line <= (n.end_lineno or n.lineno)
         ]
+
+    def _resolve_expr(self, expr: ast.expr, node: ast.AST, depth: int = 0) -> _Object | None:
+        """The object a name (`results`) or an attribute of a method's `self` (`self.q`) is."""
+        if isinstance(expr, ast.Name):
+            return self._resolve(expr.id, node, depth)
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
+            return self._attribute(expr, node)
+        return None
+
+    def _attribute(self, expr: ast.Attribute, node: ast.AST) -> _Object | None:
+        """`self.q` in a plain method of a class whose `__init__` binds `self.q = queue.Queue()`, the
+        file's only binding of an attribute of that name (nor any setattr)."""
+        assert isinstance(expr.value, ast.Name)
+        cls = self.starts.class_of_self(expr.value, node)
+        stores = [a for a in self.attributes.get(expr.attr, ()) if not isinstance(a.ctx, ast.Load)]
+        if cls is None or len(stores) != 1 or self.setattrs:
+            return None
+        assign = self.parents.get(stores[0])
+        init = self.parents.get(assign) if isinstance(assign, ast.Assign) else None
+        if not (
+            isinstance(assign, ast.Assign)
+            and len(assign.targets) == 1
+            and isinstance(init, ast.FunctionDef)
+            and init.name == "__init__"
+            and isinstance(stores[0].value, ast.Name)
+            and self.starts.class_of_self(stores[0].value, assign) is cls
+            and isinstance(assign.value, ast.Call)
+        ):
+            return None
+        made = _MAKERS.get(self._dotted(assign.value.func) or "")
+        if made is None:
+            return None
+        return _Object(cls, f"{expr.value.id}.{expr.attr}", made[0], made[1], assign.lineno, expr.attr)
 
     def _resolve(self, name: str, node: ast.AST, depth: int = 0) -> _Object | None:
         """The object a name at `node` is: the first scope outward that binds the name decides (its own
@@ -187,6 +285,8 @@ class _Reader:
         for scope in self._scopes_around(node):
             if isinstance(scope, ast.Module) or name in self._locals(scope):
                 obj = self._object(scope, name)
+                if obj is None and isinstance(scope, ast.Module):
+                    return self._imported(name)
                 if obj is None and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and depth < 3:
                     return self._handed(scope, name, depth + 1)
                 return obj
@@ -226,16 +326,14 @@ class _Reader:
         params = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
         if param not in params or self._rebinds(function, param):
             return None
-        index = params.index(param)
         handed = set()
-        for start, _ in self._starts_of(function.name):
-            args = next((k.value for k in start.keywords if k.arg == "args"), None)
-            if not isinstance(args, (ast.Tuple, ast.List)) or index >= len(args.elts):
+        for start, kind in self.starts.of(function):
+            run = self.starts.target(start, kind)
+            args = self.starts.handed(start, kind)
+            index = params.index(param) - (run[1] if run else 0)
+            if run is None or run[0] is not function or args is None or not 0 <= index < len(args):
                 return None
-            given = args.elts[index]
-            if not isinstance(given, ast.Name):
-                return None
-            found = self._resolve(given.id, start, depth)
+            found = self._resolve_expr(args[index], start, depth)
             if found is None:
                 return None
             handed.add(found)
@@ -246,13 +344,12 @@ class _Reader:
     def _feeders(self, obj: _Object) -> tuple[Feeder, ...] | None:
         """Every function that feeds the object, or None when some use of it hides that."""
         feeds: dict[ast.AST, int] = {}  # the function (or the module) -> its first line that feeds
-        todo, done = [(obj.home, obj.name)], set()
-        while todo:
-            scope, name = todo.pop()
-            if (id(scope), name) in done:
-                continue
-            done.add((id(scope), name))
-            for use, inner in self._uses(scope, name):
+        # (scope, name) still to follow: the object's own name, or a parameter it is handed as
+        todo: list[tuple[ast.AST, str]] = [] if obj.attribute else [(obj.home, obj.name)]
+        uses = self._attribute_uses(obj) if obj.attribute else []
+        done: set[tuple[int, str]] = set()
+        while uses is not None:
+            for use, inner in uses:
                 how = self._use(use, obj)
                 if how is None:
                     return None
@@ -260,26 +357,49 @@ class _Reader:
                     todo.append(how)
                 elif how > 0:
                     feeds[inner] = min(feeds.get(inner, how), how)
+            todo = [t for t in todo if (id(t[0]), t[1]) not in done]
+            if not todo:
+                break
+            scope, name = todo.pop()
+            done.add((id(scope), name))
+            uses = list(self._uses(scope, name))
+        if uses is None:
+            return None
         if len(feeds) > MAX_FEEDERS:
             return None
         found = []
         for function, line in feeds.items():
             if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 return None  # fed by module-level code or a lambda: which thread runs it is not said
-            starts = tuple(self._start(call, kind) for call, kind in self._starts_of(function.name))
+            starts = tuple(self._start(call, kind) for call, kind in self.starts.of(function))
+            only = self.starts.only_started(
+                function, self.named.get(function.name, []), self.attributes.get(function.name, [])
+            )
             found.append(
                 Feeder(
-                    function.name,
-                    function.lineno,
-                    function.end_lineno or function.lineno,
-                    line,
-                    starts,
-                    self._only_started(function.name),
+                    function.name, function.lineno, function.end_lineno or function.lineno, line, starts, only
                 )
             )
         return tuple(sorted(found, key=lambda f: f.first))
 
-    def _use(self, use: ast.Name, obj: _Object) -> int | tuple[ast.AST, str] | None:
+    def _attribute_uses(self, obj: _Object) -> list[tuple[ast.expr, ast.AST]] | None:
+        """Each load of the attribute, with the method it is in: all on a method's `self` of its class,
+        else None (another object's `.q` may be this one)."""
+        found: list[tuple[ast.expr, ast.AST]] = []
+        for node in self.attributes.get(obj.attribute, ()):
+            if not isinstance(node.ctx, ast.Load):
+                continue
+            cls = self.starts.class_of_self(node.value, node) if isinstance(node.value, ast.Name) else None
+            if cls is not obj.home:
+                return None
+            method: ast.AST | None = node
+            while method is not None and not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                method = self.parents.get(method)
+            assert method is not None  # class_of_self found it
+            found.append((node, method))
+        return found
+
+    def _use(self, use: ast.expr, obj: _Object) -> int | tuple[ast.AST, str] | None:
         """One load of the object's name: the line it feeds it at, 0 for a harmless use, (function,
         parameter) where it is handed to a thread's or process's target, None where it escapes."""
         parent = self.parents.get(use)
@@ -296,22 +416,28 @@ class _Reader:
             keyword = self.parents.get(parent)
             start = self.parents.get(keyword) if isinstance(keyword, ast.keyword) else None
             if isinstance(keyword, ast.keyword) and keyword.arg == "args" and isinstance(start, ast.Call):
-                return self._handed_to(start, parent.elts.index(use))
+                kind = self.starts.starter(start)
+                return self._handed_to(start, kind, parent.elts.index(use)) if kind else None
+        if isinstance(parent, ast.Call) and use in parent.args[1:] and self._submit(parent):
+            return self._handed_to(parent, "task", parent.args.index(use) - 1)
         return None
 
-    def _handed_to(self, start: ast.Call, index: int) -> tuple[ast.AST, str] | None:
-        if self._starter(start) is None:
+    @staticmethod
+    def _submit(call: ast.Call) -> bool:
+        return isinstance(call.func, ast.Attribute) and call.func.attr == "submit"
+
+    def _handed_to(self, start: ast.Call, kind: str, index: int) -> tuple[ast.AST, str] | None:
+        """The function and parameter a start hands its `index`th argument to."""
+        run = self.starts.target(start, kind)
+        if run is None:
             return None
-        target = next((k.value for k in start.keywords if k.arg == "target"), None)
-        function = self._function(target.id) if isinstance(target, ast.Name) else None
-        if function is None:
-            return None
-        params = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
+        function, skipped = run
+        params = [a.arg for a in [*function.args.posonlyargs, *function.args.args]][skipped:]
         if index >= len(params) or self._rebinds(function, params[index]):
             return None
         return function, params[index]
 
-    def _uses(self, scope: ast.AST, name: str) -> Iterator[tuple[ast.Name, ast.AST]]:
+    def _uses(self, scope: ast.AST, name: str) -> Iterator[tuple[ast.expr, ast.AST]]:
         """Each load of `name` in `scope` and in the functions nested in it that do not bind it
         themselves, with the innermost function (or class) it is in."""
         for node in self.named.get(name, ()):
@@ -343,23 +469,8 @@ class _Reader:
 
     # --- starts -----------------------------------------------------------------------------------
 
-    def _starts_of(self, function: str) -> list[tuple[ast.Call, str]]:
-        if self.starts is None:
-            self.starts = {}
-            for node in self.nodes:
-                if isinstance(node, ast.Call):
-                    kind = self._starter(node)
-                    target = next((k.value for k in node.keywords if k.arg == "target"), None)
-                    if kind is not None and isinstance(target, ast.Name):
-                        self.starts.setdefault(target.id, []).append((node, kind))
-        return self.starts.get(function, [])
-
-    def _starter(self, call: ast.Call) -> str | None:
-        return _STARTERS.get(self._dotted(call.func) or "")
-
     def _start(self, call: ast.Call, kind: str) -> FeedStart:
-        name = next((k.value for k in call.keywords if k.arg == "name"), None)
-        label = name.value if isinstance(name, ast.Constant) and isinstance(name.value, str) else ""
+        label = self.starts.label(call)
         scope = next(self._scopes_around(call))
         if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
             where = (scope.name, scope.lineno, scope.end_lineno or scope.lineno)
@@ -368,26 +479,6 @@ class _Reader:
         else:
             where = ("<module>", 1, (self.tree.body[-1].end_lineno or 1) if self.tree.body else 1)
         return FeedStart(kind, call.lineno, label[:64], *where)
-
-    def _only_started(self, function: str) -> bool:
-        """The function is defined once and named nowhere but as a thread's or process's target."""
-        if sum(1 for f in self.functions if f.name == function) != 1:
-            return False
-        for node in self.named.get(function, ()):
-            keyword = self.parents.get(node)
-            start = self.parents.get(keyword) if isinstance(keyword, ast.keyword) else None
-            if not (
-                isinstance(keyword, ast.keyword)
-                and keyword.arg == "target"
-                and isinstance(start, ast.Call)
-                and self._starter(start) is not None
-            ):
-                return False
-        return True
-
-    def _function(self, name: str) -> _Function | None:
-        named = [f for f in self.functions if f.name == name]
-        return named[0] if len(named) == 1 else None
 
     def _dotted(self, expr: ast.expr, depth: int = 0) -> str | None:
         """'queue.Queue' for `queue.Queue`, `Queue` (from queue import Queue), `mp.Queue`, `ctx.Queue`
@@ -422,6 +513,13 @@ class _Reader:
             ):
                 return "multiprocessing"
         return None
+
+
+def _named(expr: ast.expr) -> bool:
+    """`results`, or `self.q`: what a wait's receiver may be for the object to be found."""
+    return isinstance(expr, ast.Name) or (
+        isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name)
+    )
 
 
 def _imports(nodes: list[ast.AST]) -> dict[str, str]:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from jobwarden.observations import Frame, ThreadStack
+from jobwarden.observations import Frame, LocalRLock, ThreadStack
 from jobwarden.osapi.process import which
 from jobwarden.osapi.tool import ToolUnavailable, run_tool
 from jobwarden.probes.stackbase import CaptureError, Failure
@@ -129,6 +129,7 @@ def parse_dump(
                 frames=frames,
                 state=states.get(tid) if tid is not None else None,
                 active=t.get("active"),
+                ident=_int(t.get("thread_id")),
             )
         )
     return tuple(threads)
@@ -143,6 +144,7 @@ def _frame(f: dict[str, Any]) -> Frame:
         line=None if native and not line else line,
         native=native,
         owner=_owner(f.get("locals")),
+        rlocks=_rlocks(f.get("locals")),
     )
 
 
@@ -155,3 +157,24 @@ def _owner(local_vars: object) -> int | None:
             addr = var.get("addr")
             return addr if isinstance(addr, int) and not isinstance(addr, bool) and addr > 0 else None
     return None
+
+
+_RLOCK_REPR = "<_thread.RLock at 0x"  # how py-spy writes an object of the C RLock type (it runs no repr)
+
+
+def _rlocks(local_vars: object) -> tuple[LocalRLock, ...]:
+    """The frame's locals bound to an RLock (--locals), by name and address; their owner is read later."""
+    if not isinstance(local_vars, list):
+        return ()
+    found = []
+    for var in local_vars:
+        if not isinstance(var, dict) or not str(var.get("repr") or "").startswith(_RLOCK_REPR):
+            continue
+        addr, name = _int(var.get("addr")), var.get("name")
+        if addr and isinstance(name, str):
+            found.append(LocalRLock(name[:64], addr))
+    return tuple(found)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

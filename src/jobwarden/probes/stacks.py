@@ -28,7 +28,7 @@ from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.observations import ProcessStack, ThreadStack
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.probes import faultdump, gdb, pyspy
+from jobwarden.probes import faultdump, gdb, pyspy, rlocks
 from jobwarden.probes.pyhooks import HookAdvert, read_advert
 from jobwarden.probes.stackbase import (
     CaptureError,
@@ -68,7 +68,8 @@ def capture_stacks(
     owners: bool = False,
 ) -> list[ProcessStack]:
     """One ProcessStack per pid, in the order given, within about `timeout_s` in total. `owners`: py-spy
-    reads each frame's `self` address too (Frame.owner), in the same pause.
+    reads each frame's `self` address too (Frame.owner), in the same pause, and the RLocks the frames'
+    locals name get their owner from the process's memory (Frame.rlocks, probes.rlocks).
 
     Returns with every thread and tool it started ended: safe for a single-threaded caller that forks
     afterwards (the shim)."""
@@ -165,6 +166,8 @@ class _Capture:
                 modes = self._after_failure(mode)
                 continue
             threads = pyspy.parse_dump(data, tasks.states)
+            if self.owners:  # the RLocks the locals name: their owners, from memory, right after the dump
+                threads = rlocks.with_owners(self.pid, threads, str(self.procfs.root))
             return self._done(mode.value, _with_kernel_threads(threads, tasks))
         return None
 

@@ -9,7 +9,9 @@ named as `self.NAME` in that class's own plain methods (HeldLock.attribute: the 
 same object, which the frames' `self` addresses tell: `wanting_owners` says which processes to dump again
 for them). A lock passed as an argument, another class's attribute, or one held after `acquire()` (until
 some later `release()`) are left out (a lone `NAME.acquire()` line does say which lock a thread idle
-there waits for): a cycle drawn from them could be wrong. A file changed after the process started is
+there waits for): a cycle drawn from them could be wrong. A lock a local name holds (a parameter, a
+variable) is only named (LockSite.takes_local): which object it is, the dump's locals say, and who holds
+it, the object's memory (probes.rlocks, for RLocks). A file changed after the process started is
 not read (its lines may no longer be the ones running), nor one that fails the shared-file checks
 (owner, type, size).
 
@@ -20,6 +22,7 @@ bounded: MAX_FILES files of at most MAX_SOURCE_BYTES, within BUDGET_S.
 from __future__ import annotations
 
 import ast
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -38,6 +41,11 @@ MAX_FILES = 8
 BUDGET_S = 0.5
 _LOCK_CALLS = {"Lock", "RLock"}
 _SETTERS = {"setattr", "delattr"}
+# the standard library's and installed packages' files: a lock they take in a local (Condition.wait's
+# waiter) is no reason to dump a process again
+# a line that may take a lock a local name holds: `with lock:`, `lock.acquire()`
+_TAKES_A_NAME = re.compile(rb"^[ \t]*(with[ \t]+[A-Za-z_]\w*[ \t]*:|[A-Za-z_]\w*\.acquire\(\))", re.M)
+_LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python\d+\.\d+t?/")
 
 
 def lock_sites(
@@ -66,21 +74,26 @@ def lock_sites(
 def wanting_owners(stacks: Sequence[ProcessStack], sites: Mapping[tuple[str, int], LockSite]) -> list[int]:
     """The processes where an idle thread waits to enter an instance's lock (`with self._lock:`) that
     another idle thread's frames hold by the same name in the same file: whether it is the same lock
-    depends on the objects, which only a dump with each frame's `self` tells (its frames' owners unread)."""
+    depends on the objects, which only a dump with each frame's `self` tells (its frames' owners unread);
+    and those where an idle thread of the job's own code waits at a `with NAME:` of a local name: which
+    lock that is, and its owner where it is an RLock, only a dump with the locals tells (probes.rlocks)."""
     found = []
     for ps in stacks:
         waits: set[tuple[int, str, str]] = set()  # (thread, file, lock name)
         holds: set[tuple[int, str, str]] = set()
+        locals_wanted = False
         for n, thread in enumerate(t for t in ps.threads if t.active is False):
             py = [f for f in thread.frames if not f.native and f.line]
             inner = sites.get((py[0].file, py[0].line or 0)) if py else None
             takes = inner.takes if inner is not None else None
             if takes is not None and takes.attribute and py[0].owner is None:
                 waits.add((n, py[0].file, takes.name))
+            if inner is not None and inner.takes_local and not _LIBRARY.search(py[0].file):
+                locals_wanted = True  # which lock, and its owner, only the locals and the memory tell
             for frame in py[1:] if py else ():
                 site = sites.get((frame.file, frame.line or 0))
                 holds.update((n, frame.file, h.name) for h in (site.holds if site else ()) if h.attribute)
-        if any(w[1:] == h[1:] and w[0] != h[0] for w in waits for h in holds):
+        if locals_wanted or any(w[1:] == h[1:] and w[0] != h[0] for w in waits for h in holds):
             found.append(ps.pid)
     return found
 
@@ -89,15 +102,14 @@ def sites_in(source: bytes, file: str, lines: Iterable[int]) -> list[LockSite]:
     """The LockSite of each line of `source` (a file's text) that takes or is held by a module-level lock:
     taken by a `with` whose header is the line or by a lone `NAME.acquire()` on it, held by the `with`
     blocks around it."""
-    if b"Lock(" not in source:  # most files of a stack create no lock: not parsed
+    # most files of a stack create no lock and take none by a plain name: not parsed
+    if b"Lock(" not in source and not _TAKES_A_NAME.search(source):
         return []
     try:
         tree = ast.parse(source, file)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     locks = _Locks(tree)
-    if not locks.module and not locks.attributes:
-        return []
     functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     found = []
     for line in sorted(set(lines)):
@@ -112,9 +124,36 @@ def sites_in(source: bytes, file: str, lines: Iterable[int]) -> list[LockSite]:
                     takes = only[0]
             elif node.body[0].lineno <= line <= (node.end_lineno or node.lineno):
                 holds += [n for n in named if n is not None]
-        if takes is not None or holds:
-            found.append(LockSite(file, line, takes, tuple(sorted(holds, key=lambda h: h.with_line))))
+        taken = _local_taken(scope, line, local) if takes is None else ""
+        if takes is not None or holds or taken:
+            held = tuple(sorted(holds, key=lambda h: h.with_line))
+            found.append(LockSite(file, line, takes, held, taken))
     return found
+
+
+def _local_taken(scope: ast.AST, line: int, local: set[str]) -> str:
+    """The local name (a parameter or a variable of the function) that a one-item `with NAME:` whose
+    header is the line, or a lone blocking `NAME.acquire()` on it, takes: "" when none."""
+    if not local:
+        return ""
+    for node in own_nodes(scope):
+        if isinstance(node, ast.With) and node.body and node.lineno <= line < node.body[0].lineno:
+            if len(node.items) == 1 and isinstance(node.items[0].context_expr, ast.Name):
+                name = node.items[0].context_expr.id
+                return name if name in local else ""
+        elif isinstance(node, ast.Expr) and node.lineno == line == (node.end_lineno or line):
+            call = node.value
+            if (
+                isinstance(call, ast.Call)
+                and not call.args
+                and not call.keywords
+                and isinstance(call.func, ast.Attribute)
+                and call.func.attr == "acquire"
+                and isinstance(call.func.value, ast.Name)
+                and call.func.value.id in local
+            ):
+                return call.func.value.id
+    return ""
 
 
 class _Locks:

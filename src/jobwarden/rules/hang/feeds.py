@@ -152,7 +152,7 @@ class FeedGraph:
         for p in pids:
             for thread in self.stacks[p].threads if p in self.stacks else ():
                 if thread is not waiter and any(
-                    _in_scope(f, site.file, s.scope, s.first, s.last)
+                    _in_scope(f, d.file or site.file, s.scope, s.first, s.last)
                     for d in site.feeders
                     for s in d.starts
                     for f in thread.frames
@@ -170,7 +170,7 @@ class FeedGraph:
 
 
 def _inside(frame: Frame, site: FeedSite, feeder: Feeder) -> bool:
-    return _in_scope(frame, site.file, feeder.function, feeder.first, feeder.last)
+    return _in_scope(frame, feeder.file or site.file, feeder.function, feeder.first, feeder.last)
 
 
 def _in_scope(frame: Frame, file: str, function: str, first: int, last: int) -> bool:
@@ -215,8 +215,14 @@ def feeders_words(chain: FeedChain) -> str:
     site = chain.last.site
     verb = _VERBS[site.kind]
     if chain.end == "unfed":
-        return f"nothing in {frames.short_file(site.file)} {verb} it"
+        files = " or ".join(frames.short_file(f) for f in dict.fromkeys((site.file, site.made_in)) if f)
+        return f"nothing in {files} {verb} it"
     starts = [s for d in site.feeders or () for s in d.starts]
+    if chain.end == "ended" and by_tasks(chain):
+        functions = ", ".join(sorted({d.function for d in site.feeders or ()}))
+        if len(starts) == 1:
+            return f"the only task that {verb} it ({functions}, submitted at line {starts[0].line}) ended"
+        return f"the tasks that {verb} it (running {functions}) ended"
     if chain.end == "ended":
         named = sorted({f'"{s.name}"' for s in starts if s.name})
         if len(starts) == 1:
@@ -234,6 +240,12 @@ def feeders_words(chain: FeedChain) -> str:
     return ""
 
 
+def by_tasks(chain: FeedChain) -> bool:
+    """The last object's feeders run only as an executor's tasks (`pool.submit(load)`)."""
+    starts = [s for d in chain.last.site.feeders or () for s in d.starts]
+    return bool(starts) and all(s.kind == "task" for s in starts)
+
+
 def death_words(death: ProcessDeath) -> str:
     if death.signal:
         return f"died (killed by {death.signal})"
@@ -246,8 +258,11 @@ def feeder_source(site: FeedSite) -> str:
     """'load (line 12), started at line 30': where the feeding code is."""
     parts = []
     for d in site.feeders or ():
-        started = ", ".join(f"line {s.line}" for s in d.starts)
-        parts.append(f"{d.function} (line {d.line})" + (f", started at {started}" if started else ""))
+        started = ", ".join(
+            f"{'submitted' if s.kind == 'task' else 'started'} at line {s.line}" for s in d.starts
+        )
+        at = f"{frames.short_file(d.file)}:{d.line}" if d.file else f"line {d.line}"
+        parts.append(f"{d.function} ({at})" + (f", {started}" if started else ""))
     return "; ".join(parts)
 
 

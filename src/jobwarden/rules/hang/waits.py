@@ -29,6 +29,14 @@ from jobwarden.rules.hang.lockcycle import (
     lock_cycles,
     thread_name,
 )
+from jobwarden.rules.hang.rlockchain import (
+    chain_evidence,
+    chain_words,
+    doing,
+    holder_words,
+    lock_words,
+    rlock_chains,
+)
 from jobwarden.rules.lookup import Lookup, describe
 
 _EDGES = EDGES  # a wait with another process on its far side
@@ -63,6 +71,9 @@ def wait_chain(ev: RunEvidence) -> Finding | None:
         found = _fed(ev, chain.steps[:n], feeds_chain, name)
         if found is not None or queue_pipe:  # a queue's pipe is the queue: its words or none
             return found
+    rlocked = _rlock_chain(ev, chain, name)
+    if rlocked is not None:
+        return rlocked
     if chain is None or not _explains(chain, ev.waits):
         prefix = chain.steps if chain is not None else ()
         end = chain.end if chain is not None else ev.pid
@@ -105,6 +116,77 @@ def _lock_cycle(ev: RunEvidence, chain: Chain | None, name: _Names) -> Finding |
         cycle_remedy(cycle, job_ref(ev)),
         tuple(dict.fromkeys(pids)),
     )
+
+
+def _rlock_chain(ev: RunEvidence, chain: Chain | None, name: _Names) -> Finding | None:
+    """Threads waiting for RLocks whose owners Python records (hang.rlockchain), in a process of the
+    kernel's chain (the earliest), else the main process, else another: who holds each, and on through
+    what the last holder waits for in the kernel (a pipe, a child, a file lock) to the process everything
+    waits for, which is the finding's first pid."""
+    found = rlock_chains(ev.stacks, ev.lock_sites) if ev.lock_sites else []
+    if not found:
+        return None
+    path = [ev.pid, *(s.to for s in chain.steps)] if chain is not None else [ev.pid]
+    locks = min(found, key=lambda c: (path.index(c.pid) if c.pid in path else len(path), c.pid))
+    if locks.pid not in path and chain is not None and _explains(chain, ev.waits):
+        return None  # the kernel's chain explains the hang: threads of a process off it are another story
+    prefix = []
+    for step in chain.steps if chain is not None and locks.pid in path else ():
+        if step.wait.pid == locks.pid:
+            break
+        prefix.append(step)
+    parts = [f"{name.of(s.wait.pid)} {_what(s, name)}" for s in prefix]
+    parts.append(
+        f"in which {chain_words(locks)}" if prefix else f"in {name.of(locks.pid)}, {chain_words(locks)}"
+    )
+    first = locks.steps[0]
+    title = f"{_capitalised(thread_name(first.thread))} of pid {locks.pid} waits for {lock_words(first)}"
+    evidence = chain_evidence(locks)
+    firsts = [locks.pid]
+    remedy = _RLOCK_REMEDY.replace("{job}", job_ref(ev))
+    if locks.cycle:
+        title = f"Deadlock: {len(locks.steps)} threads of pid {locks.pid} wait for each other's RLocks"
+        summary = f"{_capitalised(', '.join(parts))}: a cycle, nobody can go on (a deadlock)."
+    else:
+        holder = locks.holder
+        title += f" held by {holder_words(locks.steps[-1])}"
+        own = [w for w in ev.waits if holder is not None and w.pid == locks.pid and w.tid == holder.tid]
+        edge = next((w for w in own if w.kind in _EDGES and w.on), None)
+        onward = follow(locks.pid, ev.waits, first=edge) if edge is not None else None
+        if onward is not None and _explains(onward, ev.waits):
+            then = ", ".join(f"which {_what(s, name)}" for s in onward.steps)
+            title += f", which {_what(onward.steps[-1], name, short=True)}"
+            ends = f"pid {onward.end} {_doing(onward.end, ev.waits)}: everything waits for it"
+            summary = f"{_capitalised(', '.join(parts))}, {then}" + (
+                ": a cycle, nobody can go on." if onward.cycle else f"; {ends}."
+            )
+            evidence += _evidence(onward, name, ev.waits)
+            remedy = f"{_remedy(onward, name, job_ref(ev))} {_RLOCK_HELD}"
+            firsts = [onward.end, *(s.wait.pid for s in onward.steps)]
+        elif holder is not None:
+            sleeping = any(w.kind == "sleep" for w in own)
+            title += ", which sleeps" if sleeping else ""
+            summary = f"{_capitalised(', '.join(parts))}, which {doing(holder, sleeping)}."
+        else:
+            summary = f"{_capitalised(', '.join(parts))}."
+    return Finding(
+        "wait-chain",
+        title,
+        summary,
+        "error",
+        tuple(evidence),
+        remedy,
+        tuple(dict.fromkeys([*firsts, locks.pid, *(s.wait.pid for s in prefix)])),
+    )
+
+
+_RLOCK_HELD = "A thread holds an RLock while it waits for something else: release it before waiting."
+_RLOCK_REMEDY = (
+    f"{_RLOCK_HELD[:-1]} (or wait with a timeout), take several locks in one order everywhere, and take"
+    " a lock with a timeout"
+    " (`lock.acquire(timeout=...)`) so a held lock fails the job instead of hanging it. Restart the job to"
+    " get it moving (`jobwarden stop {job}`, then `jobwarden resume {job}`)."
+)
 
 
 def _fed_at(chain: Chain, graph: FeedGraph) -> tuple[int, FeedChain | None, bool] | None:
@@ -206,7 +288,7 @@ def _fed_gone(ev: RunEvidence, fed: FeedChain, name: _Names, said: _Said) -> lis
     said.evidence += [f"{describe(d.pid, d.cmdline, 80)} {feeds.death_words(d)}" for d in fed.dead]
     output = feeds.ended_in_output(fed, ev.log_tail) if fed.end == "ended" else ""
     said.evidence += [f"the output: {output}"] if output else []
-    said.remedy = _FEED_REMEDIES[fed.end]
+    said.remedy = _FEED_REMEDIES["task" if fed.end == "ended" and feeds.by_tasks(fed) else fed.end]
     return [fed.dead[0].pid if fed.dead else fed.last.pid]
 
 
@@ -217,9 +299,10 @@ def _thread(pid: int, thread: ThreadStack) -> str:
 def _feed_evidence(step: feeds.FeedStep) -> str:
     site = step.site
     feeders = feeds.feeder_source(site) or "none in the file"
+    made = f"{frames.short_file(site.made_in)}:{site.defined}" if site.made_in else f"line {site.defined}"
     return (
         f"pid {step.pid} {thread_name(step.thread)} is idle at {frames.where(step.at)}, waiting on "
-        f"{feeds.kind_words(site)} {site.name} (made at line {site.defined}); the code that feeds it: "
+        f"{feeds.kind_words(site)} {site.name} (made at {made}); the code that feeds it: "
         f"{feeders}"
     )
 
@@ -235,6 +318,9 @@ _FEED_REMEDIES = {
     "died": "The process that fed it is gone: a consumer of a multiprocessing queue should watch its"
     " producers (`multiprocessing.connection.wait` on their `sentinel`s, `is_alive()`) or get with a"
     " timeout, so a dead producer fails the job instead of hanging it." + _RESTART,
+    "task": "The task that fed it ended: an exception it raised is kept in its Future, shown only when"
+    " `result()` is called: call it (or `concurrent.futures.wait` the futures) so a failed producer fails the"
+    " job, and give the consumer a timeout so a lost producer fails it instead of hanging it." + _RESTART,
     "cycle": "Each thread waits for what the next one feeds: feed before waiting, or wait with a timeout."
     + _RESTART,
 }
@@ -299,14 +385,18 @@ class _Names:
         return describe(pid, cmdline, width)
 
     def whose(self, pid: int) -> str:
-        """', user bob, outside this job' for a process that is not the job's; ', of your job 12
-        "prep-data"' for one of this user's other jobs."""
+        """', user bob, not a job of yours' for a process outside the job that is none of this user's
+        jobs; ', of your job 12 "prep-data"' for one of this user's other jobs."""
         party = self.parties.get(pid)
         if party is None or party.in_job:
             return ""
         if party.job is not None:
             return f', of your job {party.job} "{party.job_name[:64]}"'
-        return f", user {party.user}, outside this job"
+        return f", user {party.user}, not a job of yours"
+
+    def outside(self, pid: int) -> bool:
+        party = self.parties.get(pid)
+        return party is not None and not party.in_job
 
 
 def _title(chain: Chain, name: _Names) -> str:
@@ -339,7 +429,8 @@ def _thing(wait: Wait) -> str:
 def _what(step: Step, name: _Names, short: bool = False) -> str:
     """What one wait is, in words, naming the process on its far side."""
     w, to = step.wait, step.to
-    who = f"pid {to}" if short else name.of(to)
+    # a process outside the job is named with its command even in a title: the reader may not know it
+    who = name.of(to, 40) if not short or name.outside(to) else f"pid {to}"
     whose = name.whose(to)
     if w.kind == "file-lock":
         return f"waits for a file lock on {w.thing} held by {who}{whose}"
