@@ -17,8 +17,8 @@ import pytest
 
 from jobwarden.model import Finding
 from jobwarden.probes import pyspy
-from jobwarden.shim.autoprofile import AutoProfiler
-from jobwarden.shim.findings import LiveFindings
+from jobwarden.shim.record.findings import LiveFindings
+from jobwarden.shim.watch.autoprofile import AutoProfiler
 from jobwarden.store import Store
 from jobwarden.store import profiles as stored
 from tests.conftest import Jobwarden, make_fifo, read_fifo
@@ -306,7 +306,7 @@ def test_the_job_page_draws_the_flame_graph(jw: Jobwarden, tmp_path: Path, brows
 def test_the_shim_wires_its_findings_to_the_automatic_profile(tmp_path: Path) -> None:
     """In the supervisor itself: a speed finding recorded by its diagnosis starts the profile's child,
     which the tree counts among the shim's helpers, never among the job's processes."""
-    from jobwarden.shim.diagnosis import Diagnoser
+    from jobwarden.shim.watch.diagnosis import Diagnoser
     from tests.unit.test_supervisor_loop import Rig
 
     rig = Rig(tmp_path)

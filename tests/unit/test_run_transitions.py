@@ -1,4 +1,5 @@
-"""Every state transition of a run, driven through the real supervisor (shim.supervisor, shim.attempts) and
+"""Every state transition of a run, driven through the real supervisor (shim.run.supervisor,
+shim.run.attempts) and
 the real commands' code (control.lifecycle, control.reboot) on the fake OS (tests/fakeos.py) and a fake
 clock, each test asserting what the store holds afterwards. No process is started; the whole file runs in
 seconds, so a change to a transition is checked at once. The real-process tests
@@ -25,9 +26,9 @@ from jobwarden.control.views import refresh
 from jobwarden.errors import JobwardenError
 from jobwarden.joboptions import JobOptions
 from jobwarden.model import EndReason, JobSpec, JobState
-from jobwarden.shim.attempts import supervise_job
-from jobwarden.shim.queueing import TURN_RETRY_S
-from jobwarden.shim.supervisor import ADMIT_RETRY_S
+from jobwarden.shim.admission.queueing import TURN_RETRY_S
+from jobwarden.shim.run.attempts import supervise_job
+from jobwarden.shim.run.supervisor import ADMIT_RETRY_S
 from jobwarden.store import RunRecord
 from tests.unit.looprig import BOOT_ID, Rig, refuse_processes
 
@@ -477,7 +478,7 @@ def test_a_stop_while_queued_ends_the_run_stopped_before_it_starts(make_rig: Cal
     assert rig.fake.spawned == [] and rig.fake.elapsed() == 5.0
 
 
-# --- waiting for a GPU (shim.resources) -----------------------------------------------------------------
+# --- waiting for a GPU (shim.admission.resources) ------------------------------------------------
 
 
 def test_a_run_queued_for_a_busy_gpu_claims_it_once_free_and_releases_it_at_its_end(

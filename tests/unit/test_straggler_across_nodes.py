@@ -153,7 +153,7 @@ def test_a_nodes_shim_publishes_its_ranks_at_most_every_few_seconds(tmp_path: Pa
     from jobwarden.joboptions import JobOptions
     from jobwarden.model import JobSpec
     from jobwarden.rules.speed.evidence import SpeedEvidence
-    from jobwarden.shim.groupsink import RANK_VIEWS_EVERY_S, GroupSink
+    from jobwarden.shim.record.groupsink import RANK_VIEWS_EVERY_S, GroupSink
     from jobwarden.store import Store
 
     root = tmp_path / "groups"

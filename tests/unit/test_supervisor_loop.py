@@ -13,8 +13,8 @@ import pytest
 
 from jobwarden.errors import StoreError
 from jobwarden.model import EndReason, JobState
-from jobwarden.shim.attempts import supervise_job
-from jobwarden.shim.diagnosis import Verdict
+from jobwarden.shim.run.attempts import supervise_job
+from jobwarden.shim.watch.diagnosis import Verdict
 from jobwarden.store import RunRecord
 from tests.unit.looprig import Rig, refuse_processes
 

@@ -1,5 +1,5 @@
 """What changed between two runs (`jobwarden diff`, the job's page, `explain`): their fingerprints, taken
-by the shim at each launch (shim.fingerprint), compared by rules.changes.
+by the shim at each launch (shim.record.fingerprint), compared by rules.changes.
 
 `diff A` compares A's run with the last run of the same command (the same argv in the same cwd) that
 succeeded before it started: "it worked yesterday, what is different?". `diff A B` compares the two. The

@@ -24,7 +24,7 @@ from jobwarden.errors import JobNotFound, StoreError
 from jobwarden.model import JobState
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import Layout
-from jobwarden.shim.watchdog import CPU_FLOOR_PERCENT
+from jobwarden.shim.watch.watchdog import CPU_FLOOR_PERCENT
 from jobwarden.store import RunRecord, Store
 
 OK, HUNG, FAILED, NO_JOB = "ok", "hung", "failed", "no-job"

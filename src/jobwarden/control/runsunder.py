@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from jobwarden import config
 from jobwarden.joboptions import JobOptions
-from jobwarden.shim.watchdog import DEFAULT_HANG_TIMEOUT_S
+from jobwarden.shim.watch.watchdog import DEFAULT_HANG_TIMEOUT_S
 from jobwarden.store import JobRecord, RunRecord
 
 

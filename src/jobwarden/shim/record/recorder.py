@@ -31,7 +31,7 @@ from jobwarden.store.reserve import SpaceReserve, reserve_path
 
 if TYPE_CHECKING:
     from jobwarden.rules.speed.evidence import SpeedEvidence
-    from jobwarden.shim.groupsink import GroupSink
+    from jobwarden.shim.record.groupsink import GroupSink
 
 END_RETRY_S = 5.0  # how often the end of a run is offered again to a store that refuses it
 WAIT_S = 0.05  # how long a write of the loop waits for another process's write lock before it is kept
@@ -59,7 +59,7 @@ class RunRecorder:
 
     def open_group(self, job: JobRecord) -> None:
         if job.options.group:
-            from jobwarden.shim.groupsink import GroupSink
+            from jobwarden.shim.record.groupsink import GroupSink
 
             self.group = GroupSink(self.store, job, self.run, self.clock, log)
 

@@ -21,7 +21,7 @@ from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.tool import Captured, captured_output, end_captured, start_captured
 from jobwarden.osapi.waiting import wait_readable
 from jobwarden.probes import fingerprint as probe
-from jobwarden.shim.gpuwatch import GpuWatch, gpus_expected
+from jobwarden.shim.watch.gpuwatch import GpuWatch, gpus_expected
 from jobwarden.store import JobRecord
 
 TIMEOUT_S = 10.0  # git status on a large repository with a cold cache takes seconds; past this, unknown

@@ -2,7 +2,7 @@
 nothing.
 
 `Supervisor` is made of three parts: starting and adopting (here), the loop and its state
-(shim/loop.py), ending the run (shim/stopping.py). State transitions are marked `# a -> b`. The shim
+(shim/run/loop.py), ending the run (shim/run/stopping.py). State transitions are marked `# a -> b`. The shim
 writes every state change to the store; the CLI only reads them, except to mark a run `lost` when this
 process is found dead.
 """
@@ -22,9 +22,9 @@ from jobwarden.hooks import heartbeat_env, hook_env
 from jobwarden.model import UNFINISHED_STATES, EndReason, JobState
 from jobwarden.osapi.process import SpawnError
 from jobwarden.paths import ensure_private_dir
-from jobwarden.shim.loop import StopRequest
-from jobwarden.shim.sightings import FIFO_NAME, Sightings, open_fifo
-from jobwarden.shim.stopping import TRACKER_GRACE_S, StoppingSupervisor
+from jobwarden.shim.run.loop import StopRequest
+from jobwarden.shim.run.stopping import TRACKER_GRACE_S, StoppingSupervisor
+from jobwarden.shim.tree.sightings import FIFO_NAME, Sightings, open_fifo
 
 ADMIT_RETRY_S = 2.0  # a queued run asks NVML and the store again this often
 __all__ = ["ADMIT_RETRY_S", "TRACKER_GRACE_S", "StopRequest", "Supervisor"]
@@ -219,8 +219,8 @@ class Supervisor(StoppingSupervisor):
         """queued -> starting once enough GPUs are free and claimed. The CLI is answered after the first
         try: `running` if it got them at once, else `queued`. Returns (admitted, answered the CLI): not
         admitted when it was stopped, or can never run here."""
-        from jobwarden.shim.gpus import GpuRequest
-        from jobwarden.shim.resources import GpuQueue
+        from jobwarden.shim.admission.gpus import GpuRequest
+        from jobwarden.shim.admission.resources import GpuQueue
 
         request = GpuRequest.from_options(self.job.options)
         assert request is not None
@@ -250,9 +250,10 @@ class Supervisor(StoppingSupervisor):
                 return False, reported
 
     def _wait_for_turn(self, report_fd: int) -> tuple[bool, bool]:
-        """queued until its dependencies succeeded and its queue has a place (shim.queueing). Returns
+        """queued until its dependencies succeeded and its queue has a place (shim.admission.queueing).
+        Returns
         (admitted, answered the CLI); not admitted when stopped, or cancelled by a failed dependency."""
-        from jobwarden.shim.queueing import TURN_RETRY_S, Turn, check_turn
+        from jobwarden.shim.admission.queueing import TURN_RETRY_S, Turn, check_turn
 
         reported, shown = False, None
         while True:
@@ -285,7 +286,7 @@ class Supervisor(StoppingSupervisor):
     def _cancel(self, why: str, remedy: str = "") -> None:
         """--after: a dependency failed, so this run never starts (its end is written by _end_unstarted)."""
         from jobwarden.model import Finding
-        from jobwarden.shim.queueing import DEPENDENCY_FAILED
+        from jobwarden.shim.admission.queueing import DEPENDENCY_FAILED
 
         self.stop = StopRequest(EndReason.DEPENDENCY_FAILED, 0)
         self.store.update_run(self.job.id, self.run, error=f"not started: {why}")
@@ -367,7 +368,7 @@ class Supervisor(StoppingSupervisor):
         if live is not None:
             live.listeners.append(self.autoprofile.on_findings)  # a speed finding: a profile
         if self.progress is not None:
-            from jobwarden.shim.progresswatch import StepSign
+            from jobwarden.shim.watch.progresswatch import StepSign
 
             self.diag.steps = StepSign(self.progress)  # a running step counter is the sign that counts
 
@@ -377,7 +378,7 @@ class Supervisor(StoppingSupervisor):
         # rank was then missed now and then (slurm/test_group_verdict.py's OOM rank, 2 runs in 6)
         if os.environ.get(config.PROGRESS_ENV, "on") == "off":
             return
-        from jobwarden.shim.progresswatch import ProgressWatch
+        from jobwarden.shim.watch.progresswatch import ProgressWatch
 
         self.progress = ProgressWatch(
             self.store, self.job, self.run, self.record, self.hang_window(), self.notifier

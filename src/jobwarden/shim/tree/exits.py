@@ -14,8 +14,8 @@ from typing import TypeVar
 from jobwarden.model import ProcessEnd
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.process import reap_any
-from jobwarden.shim.sightings import Birth, Death, Sightings
-from jobwarden.shim.tree import JobTree, Member
+from jobwarden.shim.tree.jobtree import JobTree, Member
+from jobwarden.shim.tree.sightings import Birth, Death, Sightings
 
 _REMEMBERED = 4096  # births and ends kept for a death report that comes later; oldest forgotten first
 V = TypeVar("V")

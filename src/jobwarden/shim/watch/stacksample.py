@@ -48,10 +48,10 @@ from jobwarden.probes.stackbase import CaptureError
 from jobwarden.rules.speed.evidence import StackSample
 from jobwarden.rules.speed.loading import LOADER_WORKER_COMM
 from jobwarden.rules.speed.threads import worker_kind
-from jobwarden.shim.recorder import log
+from jobwarden.shim.record.recorder import log
 
 if TYPE_CHECKING:
-    from jobwarden.shim.tree import Member
+    from jobwarden.shim.tree.jobtree import Member
 
 STACK_EVERY_ENV = "JOBWARDEN_SPEED_STACK_EVERY_S"
 STACK_EVERY_S = 10.0

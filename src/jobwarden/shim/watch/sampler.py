@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.model import ProcessId, ProcessSnapshot
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.shim.recorder import RunRecorder
+from jobwarden.shim.record.recorder import RunRecorder
 from jobwarden.store.rollup import PRUNE_EVERY_S, Bucket, GpuReading, Reading, Rollup
 
 if TYPE_CHECKING:  # the GPU watch is loaded only on machines with a GPU
     from jobwarden.progress.model import Progress
-    from jobwarden.shim.gpuwatch import GpuWatch
-    from jobwarden.shim.tree import Member
+    from jobwarden.shim.tree.jobtree import Member
+    from jobwarden.shim.watch.gpuwatch import GpuWatch
 
 
 class _Seen:

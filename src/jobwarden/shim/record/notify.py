@@ -129,7 +129,7 @@ def _summary(
     verb = {
         "failed": f"failed ({how})" if how else "failed",
         "hung": "looks hung",
-        "stalled": "has stalled",  # shim.progresswatch: the step counter stands still, the job is busy
+        "stalled": "has stalled",  # shim.watch.progresswatch: the step counter stands still, the job is busy
         "recovered": "is making progress again",
         "restarted": f"was restarted (now run {run})",
         "succeeded": "succeeded",

@@ -20,23 +20,23 @@ from jobwarden.osapi.cgroup import JobCgroup, cgroup_path, create_job_cgroup, fi
 from jobwarden.osapi.process import BLOCKED_UNTIL_HANDLED, spawn_job
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.osapi.waiting import wait_readable
-from jobwarden.shim.exits import ExitCollector
-from jobwarden.shim.recorder import log
-from jobwarden.shim.sightings import Sightings
-from jobwarden.shim.tree import JobTree, Member
+from jobwarden.shim.record.recorder import log
+from jobwarden.shim.tree.exits import ExitCollector
+from jobwarden.shim.tree.jobtree import JobTree, Member
+from jobwarden.shim.tree.sightings import Sightings
 
 if TYPE_CHECKING:  # loaded once the CLI has its answer: `run` waits for nothing it does not need
     from jobwarden.probes.oom import OomCounters
-    from jobwarden.shim.diagnosis import Diagnoser
-    from jobwarden.shim.fingerprint import FingerprintTask
-    from jobwarden.shim.resources import MemoryGuard
+    from jobwarden.shim.admission.resources import MemoryGuard
+    from jobwarden.shim.record.fingerprint import FingerprintTask
+    from jobwarden.shim.watch.diagnosis import Diagnoser
     from jobwarden.store import JobRecord, Store
 
 HANDLED_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 class JobOS(Protocol):
-    # HANDLED_SIGNALS (and an attached shim's `extra`, shim.enginestop) arrive as bytes on wake_fd
+    # HANDLED_SIGNALS (and an attached shim's `extra`, shim.run.enginestop) arrive as bytes on wake_fd
     def install_signals(self, wake_fd: int, extra: tuple[int, ...] = ()) -> None: ...
 
     def uninstall_signals(self, wake_fd: int) -> None: ...  # before wake_fd is closed
@@ -142,7 +142,7 @@ class SystemJobOS:
         return info.si_status  # killed (or dumped core) by this signal
 
     def memory_guard(self, cgroup: JobCgroup | None, limit_bytes: int | None, procfs: ProcFS) -> MemoryGuard:
-        from jobwarden.shim.resources import MemoryGuard
+        from jobwarden.shim.admission.resources import MemoryGuard
 
         return MemoryGuard(cgroup, limit_bytes, procfs, log)
 
@@ -162,8 +162,8 @@ class SystemJobOS:
         now_mono: float,
         claimed_gpus: bool,
     ) -> Diagnoser:
-        from jobwarden.shim.diagnosis import Diagnoser
-        from jobwarden.shim.gpuwatch import open_gpu_watch
+        from jobwarden.shim.watch.diagnosis import Diagnoser
+        from jobwarden.shim.watch.gpuwatch import open_gpu_watch
 
         diag = Diagnoser(store, job, run, procfs, tree, window_s, now_mono)
         diag.gpu = open_gpu_watch(claimed=claimed_gpus)
@@ -172,6 +172,6 @@ class SystemJobOS:
     def fingerprint(
         self, job: JobRecord, env: dict[str, str], monotonic: Callable[[], float]
     ) -> FingerprintTask | None:
-        from jobwarden.shim.fingerprint import FingerprintTask
+        from jobwarden.shim.record.fingerprint import FingerprintTask
 
         return FingerprintTask(job, env, monotonic)

@@ -39,11 +39,11 @@ from jobwarden.rules.speed.gpu import LIMITS
 from jobwarden.rules.speed.loading import LOADER_WORKER_COMM
 from jobwarden.rules.speed.ranks import WHERE, stack_where, where_of
 from jobwarden.rules.speed.stalls import own_frame
-from jobwarden.shim.stacksample import StackDump, stack_every_s
+from jobwarden.shim.watch.stacksample import StackDump, stack_every_s
 
 if TYPE_CHECKING:
     from jobwarden.observations import GpuProcess
-    from jobwarden.shim.tree import Member
+    from jobwarden.shim.tree.jobtree import Member
 
 MAX_RANKS = 16  # rank processes looked at each tick, lowest ranks first
 WINDOW_S = 20.0  # as the speed watch's window
@@ -51,7 +51,7 @@ CGROUP_EVERY_S = 10.0  # a rank's cpu cgroup looked up again (a rank may be move
 
 
 class RankHints(NamedTuple):
-    """What the progress sources say of the ranks (shim.progresswatch.rank_hints)."""
+    """What the progress sources say of the ranks (shim.watch.progresswatch.rank_hints)."""
 
     steps: Mapping[int, int] = {}  # pid: its own bar's step (the hooks' records)
     ranks: Mapping[int, int] = {}  # pid: the rank the hooks' records name

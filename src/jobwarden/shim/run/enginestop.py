@@ -25,8 +25,8 @@ from jobwarden.joboptions import JobOptions
 from jobwarden.osapi import pidfd as pidfds
 from jobwarden.osapi.process import ENGINE_SIGNALS, RELAYED_USR1, signal_name
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.shim.recorder import RunRecorder, log
-from jobwarden.shim.tree import Member
+from jobwarden.shim.record.recorder import RunRecorder, log
+from jobwarden.shim.tree.jobtree import Member
 from jobwarden.store import Store
 
 STACKS_CAP_S = 5.0

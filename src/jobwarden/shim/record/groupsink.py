@@ -20,7 +20,7 @@ from jobwarden import __version__
 from jobwarden.clock import Clock
 from jobwarden.model import JobState, ProcessEnd, ProcessSnapshot
 from jobwarden.osapi.process import WaitStatus
-from jobwarden.shim.groupfacts import (
+from jobwarden.shim.record.groupfacts import (
     ERROR_FILE_ENV,
     at_where,
     boot_id,
@@ -42,7 +42,7 @@ ALIVE_EVERY_S = 60.0
 RANK_VIEWS_EVERY_S = 5.0  # a node's rank views (the straggler across nodes) written at most this often
 TAIL_LINES = 20
 _TRACEBACK_LINES = 400  # a rank's traceback above torchrun's report
-# engine-state comes after `ended`: Slurm is asked once the end is safe (shim.stopping), so it has a line
+# engine-state comes after `ended`: Slurm is asked once the end is safe (shim.run.stopping), so it has a line
 _FORWARDED = ("finding", "hung", "engine-signal", "stopping", "engine-state")
 
 

@@ -16,7 +16,7 @@ from jobwarden.store import JobRecord, Store
 
 if TYPE_CHECKING:  # the GPU side loads with a GpuQueue only: a job that asked for no GPU never needs it
     from jobwarden.observations import OomEvidence
-    from jobwarden.shim.gpus import Admission, GpuRequest
+    from jobwarden.shim.admission.gpus import Admission, GpuRequest
 
 
 class MemoryGuard:
@@ -86,7 +86,7 @@ class GpuQueue:
         self._strays_named = False
 
     def try_claim(self) -> Admission:
-        from jobwarden.shim.gpus import try_admit
+        from jobwarden.shim.admission.gpus import try_admit
 
         return try_admit(
             self.store,
@@ -104,8 +104,8 @@ class GpuQueue:
         process of no live job (a leftover loop), with its remedy."""
         from jobwarden.observations import GpuProcess
         from jobwarden.rules.gpu import stray_gpu_findings
-        from jobwarden.shim.gpuholders import gpu_owners
-        from jobwarden.shim.gpus import describe_wait
+        from jobwarden.shim.admission.gpuholders import gpu_owners
+        from jobwarden.shim.admission.gpus import describe_wait
 
         now = self.clock.wall()
         try:

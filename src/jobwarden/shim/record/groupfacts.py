@@ -1,5 +1,5 @@
 """What a rank's group records say about it, read from this machine: its torchelastic error file, its
-exception, its place in Slurm, the boot it runs in (shim.groupsink writes them)."""
+exception, its place in Slurm, the boot it runs in (shim.record.groupsink writes them)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ first trim: most runs never need it."""
 
 from __future__ import annotations
 
-from jobwarden.shim.recorder import RunRecorder, log
+from jobwarden.shim.record.recorder import RunRecorder, log
 from jobwarden.store.logfiles import LogWatcher, Trim
 
 NOTE_EVERY_S = 60.0

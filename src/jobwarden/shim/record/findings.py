@@ -10,7 +10,7 @@ speed finding's figures move as the job goes on, and a stale "3.0x" would mislea
 Any rule that is judged again and again (the speed rules too) resolves its findings the same way:
 `resolve_where` with what is still true.
 
-Every write goes through the shim's writer (shim.recorder), which keeps them, in order and with their
+Every write goes through the shim's writer (shim.record.recorder), which keeps them, in order and with their
 own moments, while another process holds the store's lock: a resolution or an update names its finding
 by the finding itself (its moment and body), not by a row id that a deferred insert does not have yet.
 """

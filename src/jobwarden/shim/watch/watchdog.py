@@ -8,7 +8,7 @@ not look like work.
 
 Blind spot, said plainly: NCCL busy-waits, so a collective hang burns CPU and GPU at 100% and is not
 "quiet"; only a heartbeat (or output) that stops reveals it, or a step counter: while the job shows one
-that runs (shim.progresswatch), its movement is the only sign that counts.
+that runs (shim.watch.progresswatch), its movement is the only sign that counts.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class Progress(NamedTuple):
     cpu_percent: float | None = None  # summed over the tree, since the previous observation
     io_bytes: int | None = None  # cumulative rchar + wchar of the live members
     gpu_util_percent: float | None = None
-    step_active: bool = False  # a step counter runs (shim.progresswatch): only its movement is progress
+    step_active: bool = False  # a step counter runs (shim.watch.progresswatch): only its movement is progress
     step_moved: bool = False
 
 

@@ -5,7 +5,7 @@ for ever inside the shim's end, so the run's end was never recorded and `stop` h
 cannot be interrupted by a thread (it holds the GIL), but its matcher checks for signals every few
 thousand steps (CPython Modules/_sre/sre_lib.h, `sigcount`), and a Python signal handler that raises
 ends the match there. The timer is ITIMER_PROF (the shim's own CPU time, SIGPROF): SIGALRM is relayed to
-the job by an attached shim (shim.enginestop), and a throttled quota slows a CPU budget by its share only.
+the job by an attached shim (shim.run.enginestop), and a throttled quota slows a CPU budget by its share only.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ from jobwarden.model import UNFINISHED_STATES, EndReason, JobState, Survivor
 from jobwarden.osapi.cgroup import remove_dead_shims_cgroups
 from jobwarden.osapi.procfs import why_still_alive
 from jobwarden.osapi.terminate import KillPlan, terminate
-from jobwarden.shim.loop import StopRequest, SupervisorLoop
-from jobwarden.shim.recorder import end_fields, log
-from jobwarden.shim.tree import Member
+from jobwarden.shim.record.recorder import end_fields, log
+from jobwarden.shim.run.loop import StopRequest, SupervisorLoop
+from jobwarden.shim.tree.jobtree import Member
 
 # Helpers that exit on their own when their last user does ("from multiprocessing.resource_tracker import
 # main; main(5)"), and how long they get to do so before they count as orphans.
@@ -83,7 +83,7 @@ class StoppingSupervisor(SupervisorLoop):
         for member in self.tree.members.values():
             with contextlib.suppress(ProcessGone, AccessDenied):
                 member.cmdline = self.procfs.cmdline(member.pid)
-        from jobwarden.shim.keeping import choose
+        from jobwarden.shim.run.keeping import choose
 
         # each search bounded: a pattern that backtracks for ever must not keep the end from being recorded
         matched = choose(patterns, {pid: m.cmdline for pid, m in self.tree.members.items()})

@@ -6,7 +6,7 @@ Two sources, combined where the machine allows (`doctor` says which are in use):
 - the Python hooks' announcements on a FIFO in the run's py dir: `born` as each Python process starts and
   right after each fork(), and `reaped` with the wait status of every child a Python parent reaps (a Pool
   worker reaped by its parent before the shim ever saw it). The same FIFO carries each process's advert
-  (`advert {JSON}`), which `on_advert` (shim.pyfiles) writes to its file.
+  (`advert {JSON}`), which `on_advert` (shim.tree.pyfiles) writes to its file.
 
 A birth lets the shim open a pidfd at once (the pidfd is what later yields the exit status); a death of a
 process it never held is recorded from the event alone. Either source alone is enough for a Python job.

@@ -12,15 +12,15 @@ from jobwarden.clock import Clock, iso
 from jobwarden.errors import StoreError
 from jobwarden.model import EndReason, JobState
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.shim.jobos import JobOS
-from jobwarden.shim.recorder import log
-from jobwarden.shim.supervisor import Supervisor
+from jobwarden.shim.record.recorder import log
+from jobwarden.shim.run.jobos import JobOS
+from jobwarden.shim.run.supervisor import Supervisor
 from jobwarden.store import JobRecord, RunRecord, Store
 from jobwarden.store.logfiles import tail_lines
 
 if TYPE_CHECKING:  # loaded once the first attempt runs: `run` waits for nothing it does not need
     from jobwarden.rules.retry import AttemptOutcome, RestartDecision, RestartPolicy
-    from jobwarden.shim.notify import Notifier
+    from jobwarden.shim.record.notify import Notifier
 
 NOTIFY_DRAIN_S = 10.0  # how long the shim waits at exit for notifications still in flight
 
@@ -65,7 +65,7 @@ def supervise_job(
         code = sup.launch(-1)
     if notifier:
         notifier.close(NOTIFY_DRAIN_S)
-        from jobwarden.shim.notify import record_outcomes
+        from jobwarden.shim.record.notify import record_outcomes
 
         record_outcomes(store, job.id, notifier, log)  # the last event's delivery, said in `status`
     return code
@@ -93,7 +93,7 @@ def _earlier_outcomes(store: Store, job: JobRecord, run: int) -> list[AttemptOut
 def _notifier(job: JobRecord) -> Notifier | None:
     if not (job.options.notify or job.options.on_event):
         return None
-    from jobwarden.shim.notify import Notifier
+    from jobwarden.shim.record.notify import Notifier
 
     return Notifier.from_options(job.options, log)
 
@@ -149,7 +149,7 @@ def _payload(
 ) -> dict[str, object]:
     """The notification of `record`'s end (`run_n`: the run the event names, when another)."""
     from jobwarden.shim.explainer import findings_for  # the rules, only when someone listens
-    from jobwarden.shim.notify import event_payload, job_page
+    from jobwarden.shim.record.notify import event_payload, job_page
 
     cause = None
     if event != "succeeded":

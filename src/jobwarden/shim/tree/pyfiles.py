@@ -41,7 +41,7 @@ class PyFiles:
         self.py_dir, self.procfs = py_dir, procfs
 
     def store_advert(self, payload: bytes) -> None:
-        """Write an advert the hooks announced on the FIFO (shim.sightings) to `<pid>.json`, where every
+        """Write an advert the hooks announced on the FIFO (shim.tree.sightings) to `<pid>.json`, where every
         reader looks, in the order announced: a later one (the fault signal withdrawn) replaces an earlier.
         The hooks announce instead of writing the file themselves: creating it costs ext4 an inode and a
         rename, 0.2 ms of every forked child. A withdrawal the process wrote itself (it does, at once,

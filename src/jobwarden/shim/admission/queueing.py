@@ -8,7 +8,8 @@
   a success any more: it counts as failed, rather than this run waiting for ever.
 - `--queue NAME`: until one of the queue's places is free and it is this run's turn (store.queues).
 
-Both come before the GPU wait (shim.resources.GpuQueue): a run holds no GPU while it waits for its turn.
+Both come before the GPU wait (shim.admission.resources.GpuQueue): a run holds no GPU while it waits for its
+turn.
 """
 
 from __future__ import annotations

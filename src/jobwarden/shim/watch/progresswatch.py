@@ -39,12 +39,12 @@ from jobwarden.progress.sources import (
     output_candidate,
 )
 from jobwarden.progress.stepclock import StepClock
-from jobwarden.shim.rankwatch import RankHints
-from jobwarden.shim.recorder import RunRecorder, log
+from jobwarden.shim.record.recorder import RunRecorder, log
+from jobwarden.shim.watch.rankwatch import RankHints
 from jobwarden.store import JobRecord, Store
 
 if TYPE_CHECKING:
-    from jobwarden.shim.notify import Notifier
+    from jobwarden.shim.record.notify import Notifier
 
 TAIL_BYTES = 64 << 10  # per tick: a few hundred frames, enough for every bar of every rank
 STALL_MIN_S = 120.0  # standing still shorter than this is a pause (a checkpoint, an evaluation without a bar)
@@ -156,7 +156,7 @@ class ProgressWatch:
         return found
 
     def rank_hints(self) -> RankHints:
-        """What the progress sources say of each rank (shim.rankwatch): each process's own step
+        """What the progress sources say of each rank (shim.watch.rankwatch): each process's own step
         counter where the hooks saw a bar in it, the rank their records name (a rank started with no
         launcher's variable: mp.spawn), and each rank's step where its output lines carry a prefix."""
         ranks = {pid: r.rank for pid, r in self.records.items() if r.rank is not None}
@@ -314,7 +314,7 @@ class ProgressWatch:
             text = f"{where} again after {format_duration(seconds)} without a step"
         log(f"progress {kind}: {text}")
         if self.notifier is not None:
-            from jobwarden.shim.notify import event_payload
+            from jobwarden.shim.record.notify import event_payload
 
             self.notifier.deliver(
                 event_payload(kind, self.job.id, self.job.name, self.run, "running", finding=text)

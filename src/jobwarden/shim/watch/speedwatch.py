@@ -44,14 +44,14 @@ from jobwarden.rules.speed.evidence import (
 from jobwarden.rules.speed.loading import LOADER_WORKER_COMM, worth_sampling
 from jobwarden.rules.speed.stalls import STALL_MIN_S, stall_after, usual_gap
 from jobwarden.rules.speed.threads import STARTUP_S, command_key, worker_kind
-from jobwarden.shim.findings import Key, LiveFindings, key_of
-from jobwarden.shim.rankwatch import RankHints, RankWatch, ranks_on_gpus
-from jobwarden.shim.stacksample import StackSampler
-from jobwarden.shim.stepsegments import Segments
+from jobwarden.shim.record.findings import Key, LiveFindings, key_of
+from jobwarden.shim.watch.rankwatch import RankHints, RankWatch, ranks_on_gpus
+from jobwarden.shim.watch.stacksample import StackSampler
+from jobwarden.shim.watch.stepsegments import Segments
 
 if TYPE_CHECKING:
-    from jobwarden.shim.gpuwatch import GpuWatch
-    from jobwarden.shim.tree import Member
+    from jobwarden.shim.tree.jobtree import Member
+    from jobwarden.shim.watch.gpuwatch import GpuWatch
 
 SPEED_ENV = "JOBWARDEN_SPEED"
 READ_EVERY_S = 2.0

@@ -17,7 +17,7 @@ from jobwarden.joboptions import JobOptions
 from jobwarden.observations import GpuDevice, GpuProcess
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.gpu import GpuProbe, GpuProbeError, GpuUnavailable
-from jobwarden.shim.gpuholders import (
+from jobwarden.shim.admission.gpuholders import (
     GpuHolder,
     format_gpu_bytes,
     gpu_holders,

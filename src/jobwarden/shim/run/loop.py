@@ -2,8 +2,8 @@
 notice when the run must end (a stop request, --timeout, --mem-limit, a hang with --on-hang stop|restart).
 
 The supervisor is built in three parts, one module each: this loop and the state it keeps
-(`SupervisorLoop`), ending the run (shim/stopping.py) and starting or adopting the job
-(shim/supervisor.py, whose `Supervisor` is the whole). State transitions are marked `# a -> b`.
+(`SupervisorLoop`), ending the run (shim/run/stopping.py) and starting or adopting the job
+(shim/run/supervisor.py, whose `Supervisor` is the whole). State transitions are marked `# a -> b`.
 """
 
 from __future__ import annotations
@@ -21,27 +21,27 @@ from jobwarden.model import EndReason, ProcessEnd, ProcessSnapshot
 from jobwarden.osapi.cgroup import JobCgroup
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, STORE_ENV
-from jobwarden.shim.enginestop import EngineLink, engine_signals
-from jobwarden.shim.jobos import JobOS, SystemJobOS
-from jobwarden.shim.pacing import KernelPace, Pace, idle_cap
-from jobwarden.shim.pyfiles import PyFiles
-from jobwarden.shim.recorder import RunRecorder, log
-from jobwarden.shim.sampler import Sampler
-from jobwarden.shim.tree import Member
-from jobwarden.shim.watchdog import CPU_FLOOR_PERCENT, DEFAULT_HANG_TIMEOUT_S
+from jobwarden.shim.record.recorder import RunRecorder, log
+from jobwarden.shim.run.enginestop import EngineLink, engine_signals
+from jobwarden.shim.run.jobos import JobOS, SystemJobOS
+from jobwarden.shim.run.pacing import KernelPace, Pace, idle_cap
+from jobwarden.shim.tree.jobtree import Member
+from jobwarden.shim.tree.pyfiles import PyFiles
+from jobwarden.shim.watch.sampler import Sampler
+from jobwarden.shim.watch.watchdog import CPU_FLOOR_PERCENT, DEFAULT_HANG_TIMEOUT_S
 from jobwarden.store import JobRecord, Store
 from jobwarden.store.logfiles import LogWatcher
 
 if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it loads the diagnosis
     from jobwarden.observations import OomEvidence
     from jobwarden.probes.oom import OomCounters
-    from jobwarden.shim.diagnosis import Diagnoser, Verdict
-    from jobwarden.shim.fingerprint import FingerprintTask
-    from jobwarden.shim.logcap import TrimNotes
-    from jobwarden.shim.notify import Notifier
-    from jobwarden.shim.progresswatch import ProgressWatch
-    from jobwarden.shim.resources import MemoryGuard
-    from jobwarden.shim.speedwatch import SpeedWatch
+    from jobwarden.shim.admission.resources import MemoryGuard
+    from jobwarden.shim.record.fingerprint import FingerprintTask
+    from jobwarden.shim.record.logcap import TrimNotes
+    from jobwarden.shim.record.notify import Notifier
+    from jobwarden.shim.watch.diagnosis import Diagnoser, Verdict
+    from jobwarden.shim.watch.progresswatch import ProgressWatch
+    from jobwarden.shim.watch.speedwatch import SpeedWatch
 
 
 LOG_CAP_CHECK_S = 0.1  # while a log grows by an eighth of its cap a tick, its cap is looked at this often
@@ -106,15 +106,15 @@ class SupervisorLoop:
         self.sampler = Sampler(procfs, self.record)
         self.pyfiles = PyFiles(self.layout.py_dir(job.id, run), procfs)
         self.diag: Diagnoser | None = None
-        self.progress: ProgressWatch | None = None  # the run's step counter (shim.progresswatch)
-        self.speed: SpeedWatch | None = None  # why it is slow (shim.speedwatch), once the job works
+        self.progress: ProgressWatch | None = None  # the run's step counter (shim.watch.progresswatch)
+        self.speed: SpeedWatch | None = None  # why it is slow (shim.watch.speedwatch), once the job works
         self.speed_off = False  # JOBWARDEN_SPEED=off
         self._ranks_at = -RANKS_WRITE_S
         self._ranks_shown = False  # the ranks file holds rows (written empty once they are gone)
         self.fingerprint: FingerprintTask | None = None  # what the run was started with, being taken
         self.restart_after_hang = False
         self.notifier = notifier
-        from jobwarden.shim.autoprofile import AutoProfiler
+        from jobwarden.shim.watch.autoprofile import AutoProfiler
 
         self.autoprofile = AutoProfiler(
             self.layout.home, job.id, run, clock.monotonic, log, note=self._note_profile
@@ -126,7 +126,7 @@ class SupervisorLoop:
         self.gpu_env: dict[str, str] = {}
         self.spawn_failed = False
         self.refused = False  # a GPU request this machine cannot meet, refused before `run` returned
-        # attached inside an engine (Slurm, Ray): its signals come relayed by the CLI (shim.enginestop)
+        # attached inside an engine (Slurm, Ray): its signals come relayed by the CLI (shim.run.enginestop)
         self.engine = EngineLink(job.options, self.record, clock.monotonic) if job.options.engine else None
 
     def _note_profile(self, kind: str, **fields: Any) -> None:
@@ -304,7 +304,7 @@ class SupervisorLoop:
             self.prune_py_files()
         self._watch_memory(snaps, now)
         if self.notifier is not None:  # a webhook that fails is said in `status`, not only in shim.log
-            from jobwarden.shim.notify import record_outcomes
+            from jobwarden.shim.record.notify import record_outcomes
 
             record_outcomes(self.store, self.job.id, self.notifier, log)
         if self.speed is None:
@@ -318,7 +318,8 @@ class SupervisorLoop:
         return snaps
 
     def start_fingerprint(self, env: dict[str, str]) -> None:
-        """Its helpers started, once `run` has its answer (shim.fingerprint); never at the job's cost."""
+        """Its helpers started, once `run` has its answer (shim.record.fingerprint); never at the job's
+        cost."""
         if os.environ.get(config.FINGERPRINT_ENV, "on") == "off":
             return
         try:
@@ -335,7 +336,7 @@ class SupervisorLoop:
         self.fingerprint = None
         try:
             if final:
-                from jobwarden.shim.fingerprint import FINISH_WAIT_S
+                from jobwarden.shim.record.fingerprint import FINISH_WAIT_S
 
                 engine_stop = self.stop is not None and self.stop.reason == EndReason.ENGINE_STOP
                 task.wait(0.0 if engine_stop else FINISH_WAIT_S)
@@ -362,17 +363,17 @@ class SupervisorLoop:
         self._log_due = self.clock.monotonic() + LOG_CAP_CHECK_S
 
     def note_trims(self, now: float, final: bool = False) -> None:
-        """What --log-max dropped, as events (shim.logcap, loaded at the first trim)."""
+        """What --log-max dropped, as events (shim.record.logcap, loaded at the first trim)."""
         if self.logs.trim is None:
             return
         if self._trims is None:
-            from jobwarden.shim.logcap import TrimNotes
+            from jobwarden.shim.record.logcap import TrimNotes
 
             self._trims = TrimNotes(self.logs, self.record)
         self._trims.note(now, self.clock.monotonic(), final)
 
     def _start_speed_if_working(self, snaps: list[ProcessSnapshot], progress: Any) -> None:
-        """The speed findings (shim.speedwatch), recorded beside the diagnosis's own live findings, once
+        """The speed findings (shim.watch.speedwatch), recorded beside the diagnosis's own live findings, once
         the job works: it uses a CPU, waits on a disk, holds a GPU or was given one (one it never uses is
         a finding), or has printed anything. A job that only waits in silence (a server between requests,
         a `sleep`) has no speed to judge: its supervisor keeps no counters and takes no stack samples."""
@@ -384,7 +385,7 @@ class SupervisorLoop:
         working = _cpu_busy(snaps) or waits_on_disk or bool(self.gpu_env or (usage and usage.gpus))
         if not (working or progress is not None or self.logs.size > 0):  # the log: indexed this tick
             return
-        from jobwarden.shim.speedwatch import SpeedWatch, claimed_gpus, speed_enabled
+        from jobwarden.shim.watch.speedwatch import SpeedWatch, claimed_gpus, speed_enabled
 
         if not speed_enabled():
             self.speed_off = True
@@ -400,7 +401,7 @@ class SupervisorLoop:
         counts them."""
         if self.progress is None:
             return None
-        from jobwarden.shim.watchdog import GPU_FLOOR_PERCENT
+        from jobwarden.shim.watch.watchdog import GPU_FLOOR_PERCENT
 
         usage = self.diag.gpu.usage if self.diag and self.diag.gpu else None
         gpu_util = usage.max_utilization if usage else None
@@ -440,11 +441,11 @@ class SupervisorLoop:
             self.speed.judged = None
         if not new and not resolved:
             return
-        from jobwarden.shim.diagnosis import Verdict
+        from jobwarden.shim.watch.diagnosis import Verdict
 
         self._act_on(Verdict("speed", tuple(new), tuple(resolved)))
         if new and self.notifier:
-            from jobwarden.shim.notify import event_payload, job_page
+            from jobwarden.shim.record.notify import event_payload, job_page
 
             page = job_page(self.job.options.web_url, self.job.id)
             self.notifier.deliver(
@@ -508,7 +509,7 @@ class SupervisorLoop:
         rules = [f.rule for f in verdict.findings]
         self.record.event("hung", now, rules=rules, action=action)
         if self.notifier:
-            from jobwarden.shim.notify import event_payload, job_page
+            from jobwarden.shim.record.notify import event_payload, job_page
 
             top = verdict.findings[0] if verdict.findings else None
             page = job_page(self.job.options.web_url, self.job.id)
@@ -540,7 +541,7 @@ class SupervisorLoop:
         hang = next(f for f in verdict.resolved if f.rule in _hang_rules())
         self.record.event("recovered", now, rules=[f.rule for f in verdict.resolved], since=hang.at)
         if self.notifier:
-            from jobwarden.shim.notify import event_payload, recovered_text
+            from jobwarden.shim.record.notify import event_payload, recovered_text
 
             text = recovered_text(hang.title, hang.at, now)
             self.notifier.deliver(

@@ -6,7 +6,8 @@ Events do not wait for the hang window: a pool worker killed while its parent wa
 its death is collected, a stopped process at the next tick. Only `no-progress` and the hang families that
 need a quiet window wait for it.
 
-A finding that stops being true is resolved, with the moment (shim.findings): a stopped process that was
+A finding that stops being true is resolved, with the moment (shim.record.findings): a stopped process that
+was
 continued, a hang once the run shows progress again, an idle GPU that computes again.
 """
 
@@ -23,9 +24,9 @@ from jobwarden.errors import AccessDenied, ProcessGone, StoreError
 from jobwarden.model import Finding, ProcessEnd, ProcessSnapshot
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.pyhooks import read_heartbeat
-from jobwarden.shim.findings import LiveFindings
-from jobwarden.shim.tree import JobTree, Member
-from jobwarden.shim.watchdog import Progress, ProgressTracker
+from jobwarden.shim.record.findings import LiveFindings
+from jobwarden.shim.tree.jobtree import JobTree, Member
+from jobwarden.shim.watch.watchdog import Progress, ProgressTracker
 from jobwarden.store import JobRecord, Store
 
 if TYPE_CHECKING:  # the rules, the stack capture and the GPU watch load at the first judgement, or with a
@@ -40,8 +41,8 @@ if TYPE_CHECKING:  # the rules, the stack capture and the GPU watch load at the 
         Wait,
         WaitParty,
     )
-    from jobwarden.shim.gpuwatch import GpuWatch
-    from jobwarden.shim.progresswatch import StepSign
+    from jobwarden.shim.watch.gpuwatch import GpuWatch
+    from jobwarden.shim.watch.progresswatch import StepSign
 
 STACK_TIMEOUT_S = 5.0
 OWNERS_TIMEOUT_S = 2.0  # the second dump of a hung process whose instance locks need their objects
@@ -89,7 +90,8 @@ class Diagnoser:
     ) -> None:
         self.store, self.job, self.run, self.procfs, self.tree = store, job, run, procfs, tree
         self.layout = store.layout
-        # a Store method's write for this run (shim.recorder's, set by the loop: never held up by a lock)
+        # a Store method's write for this run (shim.record.recorder's, set by the loop: never held up by a
+        # lock)
         self.write: Callable[..., bool] = self._write_now
         self.py_dir = self.layout.py_dir(job.id, run)
         self.tracker = ProgressTracker(window_s, now_mono)
@@ -316,7 +318,7 @@ class Diagnoser:
     def _waits(self) -> tuple[list[Wait], dict[int, WaitParty]]:
         """What the job's blocked threads wait for (probes.waits), read only once the run is judged hung."""
         from jobwarden.probes.waits import blocked_waits
-        from jobwarden.shim.whosejob import with_jobs
+        from jobwarden.shim.tree.whosejob import with_jobs
 
         members = list(self.tree.members.values())
         parents = {m.pid: m.ppid for m in members}
