@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jobwarden.shim.watch.watchdog import CPU_FLOOR_PERCENT, Progress, ProgressTracker
+from jobwarden.shim.watch.watchdog import Progress, ProgressTracker
+from jobwarden.verdict.signs import CPU_FLOOR_PERCENT
 
 
 def test_a_quiet_run_is_due_once_the_window_passes() -> None:

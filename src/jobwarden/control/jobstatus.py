@@ -15,9 +15,9 @@ from jobwarden.control.views import live_processes, refresh
 from jobwarden.model import Finding, JobState, ProcessSnapshot, Ranks
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.progress.model import Progress
-from jobwarden.shim.explainer import findings_for
 from jobwarden.store import JobRecord, RunRecord, Store
 from jobwarden.store.records import Event
+from jobwarden.verdict.explainer import findings_for
 
 _NO_RANKS = Ranks(None)
 

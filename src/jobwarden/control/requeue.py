@@ -28,7 +28,7 @@ def requeue_code(home: Path, run: RunRecord) -> int | None:
         if options.max_requeues is not None and options.attempt >= options.max_requeues:
             return None
         from jobwarden.rules.group import RETRYABLE_RULES
-        from jobwarden.shim.explainer import findings_for
+        from jobwarden.verdict.explainer import findings_for
 
         rules = [f.rule for f in findings_for(store, job, run)]
     if not rules or rules[0] not in RETRYABLE_RULES or any(r in _NEVER for r in rules):

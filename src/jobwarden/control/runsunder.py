@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 
 from jobwarden import config
 from jobwarden.joboptions import JobOptions
-from jobwarden.shim.watch.watchdog import DEFAULT_HANG_TIMEOUT_S
 from jobwarden.store import JobRecord, RunRecord
+from jobwarden.verdict.signs import DEFAULT_HANG_TIMEOUT_S
 
 
 def notify_host(url: str | None) -> str | None:

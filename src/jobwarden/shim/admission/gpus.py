@@ -11,9 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from jobwarden.config import counted
-from jobwarden.errors import UsageError
-from jobwarden.joboptions import JobOptions
+from jobwarden.joboptions import GpuRequest, cuda_visible_devices, impossible_request
 from jobwarden.observations import GpuDevice, GpuProcess
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.gpu import GpuProbe, GpuProbeError, GpuUnavailable
@@ -62,10 +60,6 @@ CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
 
 
-def cuda_visible_devices(indexes: Sequence[int]) -> str:
-    return ",".join(str(i) for i in indexes)
-
-
 def gpu_env(indexes: Sequence[int]) -> dict[str, str]:
     """The variables a job started on `indexes` gets (they replace any the caller had)."""
     return {CUDA_DEVICE_ORDER: "PCI_BUS_ID", CUDA_VISIBLE_DEVICES: cuda_visible_devices(indexes)}
@@ -93,38 +87,6 @@ def live_claims(store: Store) -> dict[int, tuple[int, int]]:
 
 
 # --- admission ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GpuRequest:
-    """`--gpus N` (any N free GPUs) or `--gpu-ids I,J` (exactly those)."""
-
-    count: int
-    ids: tuple[int, ...] | None = None
-
-    @classmethod
-    def of(cls, count: int | None = None, ids: Sequence[int] | None = None) -> GpuRequest:
-        if (count is None) == (ids is None):
-            raise UsageError("ask for GPUs by count or by ids, not both (or neither)")
-        if ids is not None:
-            if not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids):
-                raise UsageError(f"bad GPU ids {list(ids)}", "give distinct GPU indexes >= 0, e.g. 0,3")
-            return cls(len(ids), tuple(ids))
-        if count is None or count < 1:
-            raise UsageError(f"bad GPU count {count}", "ask for at least 1 GPU")
-        return cls(count)
-
-    @classmethod
-    def from_options(cls, options: JobOptions) -> GpuRequest | None:
-        """The request a job asked for (--gpus, --gpu-ids), None for a job without GPUs."""
-        if options.gpu_ids:
-            return cls.of(ids=list(options.gpu_ids))
-        return cls.of(count=options.gpus) if options.gpus else None
-
-    def describe(self) -> str:
-        if self.ids is not None:
-            return f"GPU{'s' if len(self.ids) > 1 else ''} {cuda_visible_devices(self.ids)}"
-        return f"{self.count} free GPU{'s' if self.count > 1 else ''}"
 
 
 @dataclass(frozen=True)
@@ -225,20 +187,6 @@ def try_admit(
         store, procfs or ProcFS(), sorted(wanted - set(free)), devices, processes, unreadable, claims
     )
     return Admission(request, free=tuple(free), busy=busy)
-
-
-def impossible_request(request: GpuRequest, total: int) -> str | None:
-    """Why a machine with `total` GPUs can never meet `request`; None when it can."""
-    if request.ids is not None:
-        missing = [i for i in request.ids if i >= total]
-        if missing:
-            return (
-                f"no GPU {cuda_visible_devices(missing)} here: this machine has {counted(total, 'GPU')}"
-                + (f" (0-{total - 1})" if total else "")
-            )
-    elif request.count > total:
-        return f"asks for {request.count} GPUs, this machine has {total}"
-    return None
 
 
 def _take_over_earlier_claims(store: Store, job_id: int, run: int) -> None:

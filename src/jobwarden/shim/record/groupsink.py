@@ -333,7 +333,7 @@ class GroupSink:
 
     def _final_findings(self, at: float) -> None:
         """The run's verdict, as `explain` gives it, for the ranks whose end is the run's own."""
-        from jobwarden.shim.explainer import findings_for
+        from jobwarden.verdict.explainer import findings_for
 
         if self.fixed_rank is None and self.ranks:
             return  # a launcher's node: each rank's own end speaks for it

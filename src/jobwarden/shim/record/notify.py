@@ -18,13 +18,12 @@ import os
 import socket
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from jobwarden.config import counted
 from jobwarden.errors import JobwardenError
-from jobwarden.joboptions import JobOptions
+from jobwarden.joboptions import JobOptions, redact
 from jobwarden.model import Finding
 from jobwarden.osapi.shell import run_shell
 from jobwarden.store import Store
@@ -144,14 +143,6 @@ def recovered_text(title: str, since: float | None, until: float) -> str:
     from jobwarden.clock import shown_span
 
     return f"{title} (hung {shown_span(since, until)})"
-
-
-def redact(url: str) -> str:
-    """scheme://host/… : a webhook's path is its secret (Slack, Discord, Teams), never log it."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or "?"
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{host}{port}/…"
 
 
 class Outcome(NamedTuple):

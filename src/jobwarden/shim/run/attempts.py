@@ -148,8 +148,8 @@ def _payload(
     event: str, job: JobRecord, record: RunRecord, store: Store, run_n: int | None = None
 ) -> dict[str, object]:
     """The notification of `record`'s end (`run_n`: the run the event names, when another)."""
-    from jobwarden.shim.explainer import findings_for  # the rules, only when someone listens
     from jobwarden.shim.record.notify import event_payload, job_page
+    from jobwarden.verdict.explainer import findings_for  # the rules, only when someone listens
 
     cause = None
     if event != "succeeded":

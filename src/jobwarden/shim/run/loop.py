@@ -28,9 +28,9 @@ from jobwarden.shim.run.pacing import KernelPace, Pace, idle_cap
 from jobwarden.shim.tree.jobtree import Member
 from jobwarden.shim.tree.pyfiles import PyFiles
 from jobwarden.shim.watch.sampler import Sampler
-from jobwarden.shim.watch.watchdog import CPU_FLOOR_PERCENT, DEFAULT_HANG_TIMEOUT_S
 from jobwarden.store import JobRecord, Store
 from jobwarden.store.logfiles import LogWatcher
+from jobwarden.verdict.signs import CPU_FLOOR_PERCENT, DEFAULT_HANG_TIMEOUT_S
 
 if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it loads the diagnosis
     from jobwarden.observations import OomEvidence
@@ -401,7 +401,7 @@ class SupervisorLoop:
         counts them."""
         if self.progress is None:
             return None
-        from jobwarden.shim.watch.watchdog import GPU_FLOOR_PERCENT
+        from jobwarden.verdict.signs import GPU_FLOOR_PERCENT
 
         usage = self.diag.gpu.usage if self.diag and self.diag.gpu else None
         gpu_util = usage.max_utilization if usage else None

@@ -119,7 +119,7 @@ class StoppingSupervisor(SupervisorLoop):
                 f.current for _, f in self.store.findings(self.job.id, self.run)
             ):
                 return  # nothing to judge: no rules loaded (a short attached step waits for none)
-            from jobwarden.shim.explainer import store_verdict
+            from jobwarden.verdict.explainer import store_verdict
 
             store_verdict(self.store, self.job, self.run, self.clock.wall)
         except Exception as err:  # a full disk, a locked store: the lists judge it themselves then

@@ -15,15 +15,9 @@ from __future__ import annotations
 
 from typing import NamedTuple, TypeVar
 
-_T = TypeVar("_T", int, float)
+from jobwarden.verdict.signs import CPU_FLOOR_PERCENT, GPU_FLOOR_PERCENT, IO_FLOOR_BYTES
 
-# 10 minutes: longer than a checkpoint write, an evaluation pass or a data-loader warm-up that prints
-# nothing, yet short against the hours a stuck job otherwise burns. On hang the default action only dumps
-# stacks (the job is kept), so a false alarm costs nothing but a finding.
-DEFAULT_HANG_TIMEOUT_S = 600.0
-CPU_FLOOR_PERCENT = 5.0  # of one core, summed over the tree
-IO_FLOOR_BYTES = 4096  # per observation (rchar + wchar: storage, pipes and sockets alike)
-GPU_FLOOR_PERCENT = 5.0
+_T = TypeVar("_T", int, float)
 
 
 class Progress(NamedTuple):
