@@ -234,7 +234,7 @@ def test_above_the_shim_only_its_launcher_imports_it() -> None:
         violations("jobwarden.control.shimproc", "from jobwarden.shim.run.attempts import supervise_job\n")
         == []
     )
-    assert violations("jobwarden.shim.run.loop", "from jobwarden.shim.watch.sampler import Sampler\n") == []
+    assert violations("jobwarden.shim.run.watching", "from jobwarden.shim.tree.jobtree import Member\n") == []
 
 
 def test_a_frontend_never_reaches_the_store() -> None:

@@ -28,7 +28,7 @@ from jobwarden.joboptions import JobOptions
 from jobwarden.model import EndReason, JobSpec, JobState
 from jobwarden.shim.admission.queueing import TURN_RETRY_S
 from jobwarden.shim.run.attempts import supervise_job
-from jobwarden.shim.run.supervisor import ADMIT_RETRY_S
+from jobwarden.shim.run.starting import ADMIT_RETRY_S
 from jobwarden.store import RunRecord
 from tests.unit.looprig import BOOT_ID, Rig, refuse_processes
 

@@ -127,9 +127,8 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None, again:
 
 
 def request_stop(store: Store, job_id: int, n: int, grace_s: float, now: float) -> bool:
-    """The stop request the shim reads when SIGUSR1 wakes it (shim.run.loop): on a run not over yet. False
-    when
-    the run had ended meanwhile."""
+    """The stop request the shim reads when SIGUSR1 wakes it (shim.run.signals): on a run not over yet.
+    False when the run had ended meanwhile."""
     return store.update_run(
         job_id,
         n,

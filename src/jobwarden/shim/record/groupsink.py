@@ -42,7 +42,7 @@ ALIVE_EVERY_S = 60.0
 RANK_VIEWS_EVERY_S = 5.0  # a node's rank views (the straggler across nodes) written at most this often
 TAIL_LINES = 20
 _TRACEBACK_LINES = 400  # a rank's traceback above torchrun's report
-# engine-state comes after `ended`: Slurm is asked once the end is safe (shim.run.stopping), so it has a line
+# engine-state comes after `ended`: Slurm is asked once the end is safe (shim.run.ending), so it has a line
 _FORWARDED = ("finding", "hung", "engine-signal", "stopping", "engine-state")
 
 

@@ -40,7 +40,7 @@ def supervise_job(
     code = _begin(sup, mode, report_fd)
     # `run` refused the start and removes the job, or an adopt found nothing to take over (the command
     # was told why): nothing of it is this shim's to record, nor to restart
-    if sup.refused or (mode != "launch" and code != 0):
+    if sup.state.refused or (mode != "launch" and code != 0):
         sup.close()
         return code
     from jobwarden.rules.retry import RestartPolicy, decide
@@ -50,8 +50,8 @@ def supervise_job(
     # twice judge the job's whole history, as its first shim would have
     history = _earlier_outcomes(store, job, run) if mode == "restart" else []
     while True:
-        record = store.run(job.id, sup.run)
-        history.append(outcome_of(store, job, record, sup.restart_after_hang))
+        record = store.run(job.id, sup.state.run)
+        history.append(outcome_of(store, job, record, sup.state.restart_after_hang))
         decision = decide(policy, history)
         if not decision.restart:
             sup.close()
@@ -112,7 +112,7 @@ def _next_attempt(
     # failed -> (a new run) restarting: the shim stays, the next attempt waits out its backoff
     n = store.new_run(job.id, JobState.RESTARTING, now)
     sup = Supervisor(store, job, n, clock, procfs, notifier, jobos)
-    store.update_run(job.id, n, shim_pid=sup.pid, shim_start=procfs.stat(sup.pid).start_time)
+    store.update_run(job.id, n, shim_pid=sup.state.pid, shim_start=procfs.stat(sup.state.pid).start_time)
     store.add_event(
         job.id, n, "restarting", now, after_run=ended.n, delay_s=decision.delay_s, reason=decision.reason
     )

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from jobwarden.model import Ranks
 
-if TYPE_CHECKING:  # loaded only once the CLI has its answer (see Supervisor._start_watches)
+if TYPE_CHECKING:  # loaded only once the CLI has its answer (see Starting._start_watches)
     from jobwarden.osapi.procevents import ProcEventListener
 
 FIFO_NAME = "events.fifo"  # the hooks derive the same path from JOBWARDEN_PY_DIR
