@@ -1,6 +1,5 @@
 """The fingerprint's reading (probes.fingerprint), its taking by the shim's helpers (shim.record.fingerprint)
-and
-its storage (store.fingerprints): the interpreter a command runs, the packages where it imports from, the
+and its storage (store.fingerprints): the interpreter a command runs, the packages where it imports from, the
 git state of its directory, the GPUs it can see."""
 
 from __future__ import annotations

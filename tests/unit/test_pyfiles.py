@@ -1,6 +1,5 @@
 """shim.tree.pyfiles: the hooks' files of ended processes go, by identity; exceptions and fork records stay,
-up
-to a cap (a /proc captured in a folder: which processes run)."""
+up to a cap (a /proc captured in a folder: which processes run)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """`--after A` while A's supervisor is dead (shim.admission.queueing), on an injected /proc and a real store:
-the
-waiting run waits while a process of A still runs, and is cancelled once nothing of A can succeed."""
+the waiting run waits while a process of A still runs, and is cancelled once nothing of A can succeed."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """Every state transition of a run, driven through the real supervisor (shim.run.supervisor,
-shim.run.attempts) and
-the real commands' code (control.lifecycle, control.reboot) on the fake OS (tests/fakeos.py) and a fake
-clock, each test asserting what the store holds afterwards. No process is started; the whole file runs in
-seconds, so a change to a transition is checked at once. The real-process tests
-(tests/integration/test_lifecycle.py, test_supervisor_loss.py, test_reboot.py...) stay the proof that the
-OS behaves as the fake says.
+shim.run.attempts) and the real commands' code (control.lifecycle, control.reboot) on the fake OS
+(tests/fakeos.py) and a fake clock, each test asserting what the store holds afterwards. No process is
+started; the whole file runs in seconds, so a change to a transition is checked at once. The real-process
+tests (tests/integration/test_lifecycle.py, test_supervisor_loss.py, test_reboot.py...) stay the proof that
+the OS behaves as the fake says.
 
 Times are seconds since the job started, as the fake clock counts them."""
 

@@ -158,8 +158,7 @@ def test_the_rules_take_any_stacks(
             assert 50 <= share <= 100
 
 
-# --- the shim's sampler (shim.watch.stacksample): which process, when it dumps, what it keeps
-# -----------------
+# --- the shim's sampler (shim.watch.stacksample): which process, when it dumps, what it keeps ---------
 
 PID = 4242  # the training loop (torch loaded)
 DASH = 4240  # a wrapper shell above it: `jobwarden run -- sh -c "python train.py; ..."`

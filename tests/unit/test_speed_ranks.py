@@ -1,6 +1,5 @@
 """Ranks of a distributed job (rules.speed.ranks, shim.watch.rankwatch): where a rank's main thread is from
-its
-state and system call, `straggler` on built evidence — the rank the others wait for, how much slower, the
+its state and system call, `straggler` on built evidence — the rank the others wait for, how much slower, the
 share of the job's time lost and that rank's own why — and silent where it must be: balanced ranks, ranks
 that hardly wait, a blip, half the job slow, a CPU wait every rank shares. Then the rank watch over a /proc
 of files: which processes are ranks, the shares it keeps, the rows of `status`."""

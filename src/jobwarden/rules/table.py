@@ -26,9 +26,8 @@ class Rule(NamedTuple):
     explains_a_hang: bool = False  # a hang it explains needs no `no-progress` on top
     if_unexplained: bool = False  # judged only when no rule that explains a hang fired
     # How a live finding stops being true (shim.record.findings): "event" never (a death, a kill: it
-    # happened),
-    # "hang" when the run shows progress again, "state" when what it saw is gone (the process resumed,
-    # the GPU computes again)
+    # happened), "hang" when the run shows progress again, "state" when what it saw is gone (the process
+    # resumed, the GPU computes again)
     lasts: str = "event"
 
 

@@ -1,8 +1,7 @@
 """The data-loading speed rules, judged on the main thread's Python stack sampled now and then (a
 non-blocking py-spy dump every few seconds, shim.watch.stacksample) of the job's loop process (the one with
-torch
-loaded that is no DataLoader worker, nearest the root: a wrapper shell is not it): where the training loop
-spends its time.
+torch loaded that is no DataLoader worker, nearest the root: a wrapper shell is not it): where the training
+loop spends its time.
 
 - `input-bound`: the loop waits on its DataLoader's workers. Its main thread sits under
   `_MultiProcessingDataLoaderIter._next_data → _get_data → _try_get_data → Queue.get` while the

@@ -45,9 +45,8 @@ class Ending:
             )
             survivors = self.terminate_tree(self._stop_grace(self.state.stop))
         else:
-            if (
-                self.state.diag
-            ):  # the main process ended by itself: a hang that it printed its way out of is over
+            # the main process ended by itself: a hang that it printed its way out of is over
+            if self.state.diag:
                 self.watching.act_on(
                     self.state.diag.on_end(self.state.clock.wall(), self.state.clock.monotonic())
                 )

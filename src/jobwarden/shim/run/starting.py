@@ -40,9 +40,8 @@ class Starting:
         if self.state.job.options.own_cgroup and os.environ.get(config.CGROUP_ENV, "auto") != "off":
             self.state.cgroup = self.state.jobos.create_cgroup(f"jobwarden-{self.state.pid}")
         self.state.tree.cgroup = self.state.cgroup
-        if (
-            self.state.job.options.mem_limit_bytes
-        ):  # before the job starts: the limit must hold from its start
+        # before the job starts: the limit must hold from its start
+        if self.state.job.options.mem_limit_bytes:
             self._guard_memory()
         shim_fields: dict[str, Any] = {
             "shim_pid": self.state.pid,
@@ -253,8 +252,8 @@ class Starting:
 
     def _wait_for_turn(self, report_fd: int) -> tuple[bool, bool]:
         """queued until its dependencies succeeded and its queue has a place (shim.admission.queueing).
-        Returns
-        (admitted, answered the CLI); not admitted when stopped, or cancelled by a failed dependency."""
+        Returns (admitted, answered the CLI); not admitted when stopped, or cancelled by a failed
+        dependency."""
         from jobwarden.shim.admission.queueing import TURN_RETRY_S, Turn, check_turn
 
         reported, shown = False, None

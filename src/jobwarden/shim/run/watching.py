@@ -145,9 +145,8 @@ class Watching:
     def _sample_and_judge(self, full: bool) -> list[ProcessSnapshot]:
         if not self.state.record.reserve.kept:  # an adopted run's, or one the start had no room for
             self.state.record.reserve.keep()
-        if (
-            self.state.store.reopen_if_wal_replaced()
-        ):  # someone deleted jobwarden.db-wal: its records come back
+        # someone deleted jobwarden.db-wal: its records come back
+        if self.state.store.reopen_if_wal_replaced():
             log("the database's write-ahead log was deleted or replaced: reopened the database")
             self.state.record.event(
                 "store-reopened", self.state.clock.wall(), reason="write-ahead log deleted"
@@ -294,9 +293,8 @@ class Watching:
             now, self.state.clock.monotonic(), self.state.tree.members.values(), snaps, step, unit, gpu, hints
         )
         self._write_ranks(now)
-        if (
-            self.state.speed.judged is not None and self.state.record.group is not None
-        ):  # the straggler across nodes
+        # the straggler across nodes
+        if self.state.speed.judged is not None and self.state.record.group is not None:
             self.state.record.rank_views(now, self.state.speed.judged)
             self.state.speed.judged = None
         if not new and not resolved:

@@ -7,8 +7,7 @@ its death is collected, a stopped process at the next tick. Only `no-progress` a
 need a quiet window wait for it.
 
 A finding that stops being true is resolved, with the moment (shim.record.findings): a stopped process that
-was
-continued, a hang once the run shows progress again, an idle GPU that computes again.
+was continued, a hang once the run shows progress again, an idle GPU that computes again.
 """
 
 from __future__ import annotations
