@@ -1,5 +1,5 @@
 """Every state transition of a run, driven through the real supervisor (shim.run.supervisor,
-shim.run.attempts) and the real commands' code (control.lifecycle, control.reboot) on the fake OS
+shim.run.attempts) and the real commands' code (control.lifecycle, control.boot.reboot) on the fake OS
 (tests/fakeos.py) and a fake clock, each test asserting what the store holds afterwards. No process is
 started; the whole file runs in seconds, so a change to a transition is checked at once. The real-process
 tests (tests/integration/test_lifecycle.py, test_supervisor_loss.py, test_reboot.py...) stay the proof that
@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from jobwarden.control import lifecycle, reboot
-from jobwarden.control.views import refresh
+from jobwarden.control import lifecycle
+from jobwarden.control.boot import reboot
+from jobwarden.control.views.joblist import refresh
 from jobwarden.errors import JobwardenError
 from jobwarden.joboptions import JobOptions
 from jobwarden.model import EndReason, JobSpec, JobState
@@ -354,7 +355,7 @@ def ran_under_an_earlier_boot(rig: Rig, stopping: bool = False) -> None:
 
 
 class ShimHere:
-    """control.reboot's new shim, supervising in this process on the fake OS: `start` answers with the
+    """control.boot.reboot's new shim, supervising in this process on the fake OS: `start` answers with the
     first word the shim writes on its pipe (the pid), once the job has run to its end."""
 
     def __init__(self, rig: Rig) -> None:

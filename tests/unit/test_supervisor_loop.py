@@ -207,7 +207,7 @@ def test_an_engine_stop_gives_the_group_record_slurms_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The shim asks Slurm why only after the end is recorded: the group's records still carry it."""
-    from jobwarden.control.groupview import group_view
+    from jobwarden.control.views.group import group_view
     from jobwarden.probes import slurm
     from jobwarden.text.group import verdict_line
 

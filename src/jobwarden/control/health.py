@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from jobwarden.clock import iso, shown_time
-from jobwarden.control.views import refresh
+from jobwarden.control.views.joblist import refresh
 from jobwarden.errors import JobNotFound, StoreError
 from jobwarden.model import JobState
 from jobwarden.osapi.procfs import ProcFS

@@ -10,9 +10,9 @@ from typing import Any, NamedTuple
 
 from jobwarden import config, trace
 from jobwarden.clock import SystemClock
-from jobwarden.control.reboot import ended_by_reboot
+from jobwarden.control.boot.reboot import ended_by_reboot
 from jobwarden.control.shimproc import fork_shim, shim_alive
-from jobwarden.control.views import live_processes, refresh
+from jobwarden.control.views.joblist import live_processes, refresh
 from jobwarden.errors import AccessDenied, JobStillRunning, JobwardenError, ProcessGone
 from jobwarden.model import EndReason, JobState, ProcessId, Survivor
 from jobwarden.osapi import asking

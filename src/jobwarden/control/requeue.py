@@ -44,7 +44,7 @@ def _group_agrees(home: Path, group: str, group_dir: str | None, attempt: int, r
     """With the group's records at hand: only when the group's root cause is retryable too, and this rank
     is not collateral damage of another rank's failure. No records (not shared, not written): this run's
     own verdict stands."""
-    from jobwarden.control.groupview import group_view
+    from jobwarden.control.views.group import group_view
 
     try:
         view = group_view(home, group, attempt, group_dir)

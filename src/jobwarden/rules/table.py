@@ -51,7 +51,7 @@ RULES: tuple[Rule, ...] = (
     # how the run ended: one exit-status finding (rules.death), often the consequence of the above
     Rule("stopped-by-user"),
     Rule("cancelled-by-engine"),
-    Rule("machine-rebooted"),  # recorded by control.reboot when a run of an earlier boot is looked at
+    Rule("machine-rebooted"),  # recorded by control.boot.reboot when a run of an earlier boot is looked at
     Rule("dependency-failed"),  # recorded by the shim: a job it was to run after (--after) did not succeed
     Rule("timeout"),
     Rule("python-exception"),

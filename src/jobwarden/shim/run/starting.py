@@ -47,7 +47,7 @@ class Starting:
             "shim_pid": self.state.pid,
             "shim_start": shim_start,
             "containment": self._containment(),
-            # a reboot ends the run: a new boot id says so (control.reboot)
+            # a reboot ends the run: a new boot id says so (control.boot.reboot)
             "boot_id": self.state.procfs.boot_id(),
         }
         options = self.state.job.options

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from jobwarden.control.jobstatus import JobStatus, job_status
-from jobwarden.control.metrics import Sample, job_samples
-from jobwarden.control.views import JobView, job_views
+from jobwarden.control.views.joblist import JobView, job_views
+from jobwarden.control.views.jobstatus import JobStatus, job_status
+from jobwarden.control.views.metrics import Sample, job_samples
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.store import Store
 

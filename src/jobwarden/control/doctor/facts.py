@@ -1,6 +1,6 @@
 """The facts `jobwarden doctor` judges and the verdict of one check: plain data, shared by the checks
-(control.doctor, control.containerchecks) and by what gathers the facts (control.hostfacts), so that
-none of them imports another for its types."""
+(control.doctor.checks, control.doctor.container) and by what gathers the facts (control.doctor.hostfacts), so
+that none of them imports another for its types."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ class HostFacts:
     database_fs: str | None = None  # the home's file system type
     database_moved: bool = False  # the home is on a network file system: the database is on local disk
     config: ConfigFacts | None = None
-    # in a container (control.containerchecks): what says so; empty on a host
+    # in a container (control.doctor.container): what says so; empty on a host
     container: tuple[str, ...] = ()
     pid1: str | None = None  # the command of PID 1 of our pid namespace
     pid_namespace: bool = False  # not the host's pid namespace (no kernel process events there)

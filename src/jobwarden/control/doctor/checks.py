@@ -1,5 +1,5 @@
 """`jobwarden doctor`: what jobwarden can do on this machine, each check one line with ok/warn/fail and
-the fix. The checks are pure functions of the facts `control.hostfacts` gathers, so each is tested
+the fix. The checks are pure functions of the facts `control.doctor.hostfacts` gathers, so each is tested
 with facts written by hand: a Yama scope of 2, a 3.9 interpreter, a corrupt store.
 """
 
@@ -8,31 +8,31 @@ from __future__ import annotations
 from pathlib import Path
 
 from jobwarden.config import format_size
-from jobwarden.control.doctorfacts import (
+from jobwarden.control.doctor.facts import (
     FAIL as FAIL,
 )
-from jobwarden.control.doctorfacts import (
+from jobwarden.control.doctor.facts import (
     OK as OK,
 )
-from jobwarden.control.doctorfacts import (
+from jobwarden.control.doctor.facts import (
     WARN as WARN,
 )
-from jobwarden.control.doctorfacts import (
+from jobwarden.control.doctor.facts import (
     Check as Check,
 )
-from jobwarden.control.doctorfacts import (
+from jobwarden.control.doctor.facts import (
     ConfigFacts as ConfigFacts,
 )
-from jobwarden.control.doctorfacts import (
+from jobwarden.control.doctor.facts import (
     HostFacts as HostFacts,
 )
-from jobwarden.control.doctorfacts import (
+from jobwarden.control.doctor.facts import (
     Interpreter as Interpreter,
 )
-from jobwarden.control.doctorfacts import (
+from jobwarden.control.doctor.facts import (
     StoreFacts as StoreFacts,
 )
-from jobwarden.control.doctorfacts import (
+from jobwarden.control.doctor.facts import (
     Tool as Tool,
 )
 
@@ -158,7 +158,7 @@ def check_containment(
             f"jobs get a {kind} cgroup under {Path(path).parent}: whole-tree containment, memory limits",
         )
     if enclosing is not None:
-        from jobwarden.control.containerchecks import enclosing_counts
+        from jobwarden.control.doctor.container import enclosing_counts
 
         message = (
             "no writable cgroup: jobs are contained by subreaper + /proc scanning (setsid and double forks "
@@ -379,7 +379,7 @@ def check_config(config: ConfigFacts) -> Check:
 def run_checks(facts: HostFacts) -> list[Check]:
     """Every check, in a stable order; the container's only inside one, the config file's where it was
     looked for (`doctor` does; facts written by hand in tests may not)."""
-    from jobwarden.control.containerchecks import check_container
+    from jobwarden.control.doctor.container import check_container
 
     inside = [check_container(facts)] if facts.container else []
     config = [] if facts.config is None else [check_config(facts.config)]

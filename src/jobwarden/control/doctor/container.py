@@ -1,5 +1,5 @@
 """`jobwarden doctor` inside a container: what jobwarden can and cannot see there, said plainly
-(DESIGN "In a container"). Pure functions of the facts control.hostfacts gathers, as the other checks.
+(DESIGN "In a container"). Pure functions of the facts control.doctor.hostfacts gathers, as the other checks.
 
 Inside a container the memory cgroup is the container's own, mounted read-only: jobwarden makes none of its
 own, but the container's OOM counter (v1 memory.oom_control, v2 memory.events) is readable, and it is what
@@ -11,7 +11,7 @@ namespace other than the host's (cn_proc refuses them), so short-lived processes
 from __future__ import annotations
 
 from jobwarden.config import format_size
-from jobwarden.control.doctorfacts import OK, Check, HostFacts
+from jobwarden.control.doctor.facts import OK, Check, HostFacts
 
 
 def enclosing_counts(enclosing: tuple[str, int | None]) -> str:

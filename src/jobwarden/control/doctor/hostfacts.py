@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from jobwarden import config
-from jobwarden.control.doctorfacts import ConfigFacts, HostFacts, Interpreter, StoreFacts, Tool
+from jobwarden.control.doctor.facts import ConfigFacts, HostFacts, Interpreter, StoreFacts, Tool
 from jobwarden.osapi import capabilities as caps
 from jobwarden.osapi.cgroup import create_job_cgroup, enclosing_cgroup
 from jobwarden.osapi.shell import python_version, version_of

@@ -1,6 +1,6 @@
 """Read-side views of jobs: the job list (`ps`, the web's list, `top`), the live processes of a run, and
 the one write a reader may make: marking a run `lost` when its shim is found dead. One job's whole view is
-`control.jobstatus`."""
+`control.views.jobstatus`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from jobwarden import config
 from jobwarden.clock import SystemClock, iso
-from jobwarden.control.reboot import ended_by_reboot, mark_rebooted
+from jobwarden.control.boot.reboot import ended_by_reboot, mark_rebooted
 from jobwarden.control.shimproc import shim_alive
 from jobwarden.errors import AccessDenied, ProcessGone, StoreError
 from jobwarden.model import (
@@ -33,7 +33,7 @@ _WATCHED = ACTIVE_STATES  # a shim should be alive for these
 
 def refresh(store: Store, procfs: ProcFS, job: JobRecord | JobSummary, run: RunRecord) -> RunRecord:
     """The run as it really is: a watched run whose shim is dead becomes `lost` (recorded once); one
-    supervised under another boot was ended by the reboot (control.reboot)."""
+    supervised under another boot was ended by the reboot (control.boot.reboot)."""
     if run.boot_id is not None and ended_by_reboot(procfs, run):
         return mark_rebooted(store, procfs, job, run)
     if run.state == JobState.LOST:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from jobwarden.clock import SystemClock, iso, shown_span
-from jobwarden.control.views import live_processes, refresh
+from jobwarden.control.views.joblist import live_processes, refresh
 from jobwarden.model import Finding, JobState, ProcessSnapshot, Ranks
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.progress.model import Progress
@@ -72,8 +72,8 @@ class JobStatus(NamedTuple):
 
     @property
     def runs_under(self) -> dict[str, Any]:
-        """Its limits and policies as in force, secrets left out (control.runsunder)."""
-        from jobwarden.control.runsunder import runs_under
+        """Its limits and policies as in force, secrets left out (control.views.runsunder)."""
+        from jobwarden.control.views.runsunder import runs_under
 
         return runs_under(self.job, self.run, self.restarts)
 
@@ -233,7 +233,7 @@ _WHAT = {
 
 
 def _elapsed(run: RunRecord) -> float | None:
-    from jobwarden.control.runsunder import elapsed_s
+    from jobwarden.control.views.runsunder import elapsed_s
 
     value = elapsed_s(run, SystemClock().wall())
     return None if value is None else round(value, 3)
