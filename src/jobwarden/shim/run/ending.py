@@ -55,9 +55,8 @@ class Ending:
             kept = self._keep_running()  # released first: kept processes are neither orphans nor ended
             orphans = [{"pid": m.pid, "cmdline": m.cmdline} for m in self.state.tree.members.values()]
             survivors = self.terminate_tree(self.state.job.options.grace_s)
-        self.state.logs.index(
-            self.state.clock.wall(), cap=False
-        )  # the end is recorded first, the log capped after
+        # the end is recorded first, the log capped after
+        self.state.logs.index(self.state.clock.wall(), cap=False)
         with contextlib.suppress(OSError):  # a kill in the last moments (the main process itself) counts too
             self.watching.poll_oom(self.state.clock.wall())
         self.state.sampler.finish(self.state.clock.wall())
@@ -76,9 +75,8 @@ class Ending:
         self.state.logs.cap_now()  # freeing a gigabyte takes a moment: not before the end it would delay
         self.watching.note_trims(self.state.clock.wall(), final=True)
         if self.state.engine and self.state.stop and self.state.stop.reason == EndReason.ENGINE_STOP:
-            self.state.engine.record_engine_state(
-                os.environ, self.state.clock.wall()
-            )  # inside the engine's budget
+            # inside the engine's budget
+            self.state.engine.record_engine_state(os.environ, self.state.clock.wall())
         self.state.record.write(self.state.store.release_gpus)
         self.remove_cgroup()
         self._store_verdict()  # last: the end, Slurm's word and the GPUs first

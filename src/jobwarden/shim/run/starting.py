@@ -359,18 +359,16 @@ class Starting:
             claimed,
         )
         self.state.diag.main_pid = main_pid
-        self.state.diag.write = (
-            self.state.record.write
-        )  # kept for later while another process locks the store
+        # kept for later while another process locks the store
+        self.state.diag.write = self.state.record.write
         live = getattr(self.state.diag, "live", None)  # the unit tests' fake diagnoser records none
         if live is not None:
             live.listeners.append(self.state.autoprofile.on_findings)  # a speed finding: a profile
         if self.state.progress is not None:
             from jobwarden.shim.watch.progresswatch import StepSign
 
-            self.state.diag.steps = StepSign(
-                self.state.progress
-            )  # a running step counter is the sign that counts
+            # a running step counter is the sign that counts
+            self.state.diag.steps = StepSign(self.state.progress)
 
     def _start_progress(self) -> None:
         # At once, not at the run's first output: a watch started later imports the progress parsers (and

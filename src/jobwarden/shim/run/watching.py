@@ -100,9 +100,8 @@ class Watching:
 
             log(f"tick failed:\n{traceback.format_exc()}")
         self.state.exits.follow()  # members the scan found: the kernel sends their children's births
-        due = (
-            self.state.diag.tracker.due_at() if self.state.diag else None
-        )  # a hang judged when its window ends
+        # a hang judged when its window ends
+        due = self.state.diag.tracker.due_at() if self.state.diag else None
         window = self.state.diag.tracker.window_s if self.state.diag else None
         pace.after_tick(self.state.clock.monotonic(), moved, idle_cap(window), due, full)
 
@@ -118,9 +117,8 @@ class Watching:
             self.state.record.write(self.state.store.record_tree, self.state.clock.wall(), [], ends)
         if ends and self.state.diag and not self.state.stop:
             if any(end.status != 0 for end in ends):
-                self.poll_oom(
-                    self.state.clock.wall()
-                )  # a worker's death may be the OOM killer's: know it first
+                # a worker's death may be the OOM killer's: know it first
+                self.poll_oom(self.state.clock.wall())
             self.act_on(
                 self.state.diag.on_exits(
                     ends, self.state.clock.wall(), self.state.clock.monotonic(), self.state.main
