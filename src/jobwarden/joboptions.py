@@ -7,13 +7,10 @@ the same: a missing key takes its default, an unknown one is ignored.
 
 from __future__ import annotations
 
-import urllib.parse
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from jobwarden.config import DEFAULT_GRACE_S, DEFAULT_LOG_MAX_BYTES, DEFAULT_MAX_RESTARTS, counted
-from jobwarden.errors import UsageError
+from jobwarden.config import DEFAULT_GRACE_S, DEFAULT_LOG_MAX_BYTES, DEFAULT_MAX_RESTARTS
 
 VERSION = 1
 
@@ -85,61 +82,13 @@ class JobOptions(NamedTuple):
         return cls(**known)
 
 
-# --- the GPUs asked for (--gpus, --gpu-ids), and a --notify URL as it may be shown ----------------
-
-
-@dataclass(frozen=True)
-class GpuRequest:
-    """`--gpus N` (any N free GPUs) or `--gpu-ids I,J` (exactly those)."""
-
-    count: int
-    ids: tuple[int, ...] | None = None
-
-    @classmethod
-    def of(cls, count: int | None = None, ids: Sequence[int] | None = None) -> GpuRequest:
-        if (count is None) == (ids is None):
-            raise UsageError("ask for GPUs by count or by ids, not both (or neither)")
-        if ids is not None:
-            if not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids):
-                raise UsageError(f"bad GPU ids {list(ids)}", "give distinct GPU indexes >= 0, e.g. 0,3")
-            return cls(len(ids), tuple(ids))
-        if count is None or count < 1:
-            raise UsageError(f"bad GPU count {count}", "ask for at least 1 GPU")
-        return cls(count)
-
-    @classmethod
-    def from_options(cls, options: JobOptions) -> GpuRequest | None:
-        """The request a job asked for (--gpus, --gpu-ids), None for a job without GPUs."""
-        if options.gpu_ids:
-            return cls.of(ids=list(options.gpu_ids))
-        return cls.of(count=options.gpus) if options.gpus else None
-
-    def describe(self) -> str:
-        if self.ids is not None:
-            return f"GPU{'s' if len(self.ids) > 1 else ''} {cuda_visible_devices(self.ids)}"
-        return f"{self.count} free GPU{'s' if self.count > 1 else ''}"
-
-
-def impossible_request(request: GpuRequest, total: int) -> str | None:
-    """Why a machine with `total` GPUs can never meet `request`; None when it can."""
-    if request.ids is not None:
-        missing = [i for i in request.ids if i >= total]
-        if missing:
-            return (
-                f"no GPU {cuda_visible_devices(missing)} here: this machine has {counted(total, 'GPU')}"
-                + (f" (0-{total - 1})" if total else "")
-            )
-    elif request.count > total:
-        return f"asks for {request.count} GPUs, this machine has {total}"
-    return None
-
-
-def cuda_visible_devices(indexes: Sequence[int]) -> str:
-    return ",".join(str(i) for i in indexes)
+# --- a --notify URL as it may be shown ---------------------------------------------------------------
 
 
 def redact(url: str) -> str:
     """scheme://host/… : a webhook's path is its secret (Slack, Discord, Teams), never log it."""
+    import urllib.parse  # only where a webhook is shown: never on `run`'s path
+
     parts = urllib.parse.urlsplit(url)
     host = parts.hostname or "?"
     port = f":{parts.port}" if parts.port else ""

@@ -10,8 +10,8 @@ from jobwarden.joboptions import JobOptions
 
 def refuse_impossible_gpus(options: JobOptions) -> None:
     """Raise a usage error naming the flag when there are no GPUs here, or fewer than asked for."""
-    from jobwarden.joboptions import GpuRequest, impossible_request
     from jobwarden.probes.gpu import GpuProbe, GpuProbeError, try_open_gpu_probe  # NVML: only with --gpus
+    from jobwarden.rules.gpurequest import GpuRequest, impossible_request
 
     request = GpuRequest.from_options(options)
     if request is None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from jobwarden.joboptions import GpuRequest, cuda_visible_devices, impossible_request
 from jobwarden.observations import GpuDevice, GpuProcess
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.gpu import GpuProbe, GpuProbeError, GpuUnavailable
+from jobwarden.rules.gpurequest import GpuRequest, cuda_visible_devices, impossible_request
 from jobwarden.shim.admission.gpuholders import (
     GpuHolder,
     format_gpu_bytes,

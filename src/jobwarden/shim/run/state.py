@@ -9,7 +9,6 @@ The parts that act on it (shim/run/starting.py, watching.py, ending.py, signals.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from jobwarden.clock import Clock
@@ -34,7 +33,6 @@ if TYPE_CHECKING:  # imported where used: the shim must answer `run` before it l
     from jobwarden.shim.admission.resources import MemoryGuard
     from jobwarden.shim.record.fingerprint import FingerprintTask
     from jobwarden.shim.record.notify import Notifier
-    from jobwarden.shim.watch.autoprofile import AutoProfiler
     from jobwarden.shim.watch.diagnosis import Diagnoser
     from jobwarden.shim.watch.progresswatch import ProgressWatch
     from jobwarden.shim.watch.speedwatch import SpeedWatch
@@ -45,53 +43,12 @@ class StopRequest(NamedTuple):
     grace_s: float
 
 
-@dataclass
 class RunState:
-    # what the run is
-    store: Store
-    job: JobRecord
-    run: int
-    clock: Clock
-    procfs: ProcFS
-    jobos: JobOS
-    layout: Layout
-    pid: int  # the shim's own
-    markers: dict[str, str]  # the JOBWARDEN_* variables that find the job's processes
-    # the handles on the job
-    tree: JobTree
-    exits: ExitCollector
-    logs: LogWatcher
-    record: RunRecorder
-    sampler: Sampler
-    pyfiles: PyFiles
-    autoprofile: AutoProfiler
-    notifier: Notifier | None = None
-    cgroup: JobCgroup | None = None
-    main: Member | None = None
-    main_status: int | None = None
-    fifo: int | None = None  # the hooks' announcements: opened before the job starts
-    oom_before: OomCounters | None = None  # the OOM kill counters before the job started
-    denied: dict[int, str] = field(default_factory=dict)  # pid -> why we may not signal it
-    # attached inside an engine (Slurm, Ray): its signals come relayed by the CLI (shim.run.enginestop)
-    engine: EngineLink | None = None
-    # the watches, started once `run` has its answer
-    diag: Diagnoser | None = None
-    progress: ProgressWatch | None = None  # the run's step counter (shim.watch.progresswatch)
-    speed: SpeedWatch | None = None  # why it is slow (shim.watch.speedwatch), once the job works
-    fingerprint: FingerprintTask | None = None  # what the run was started with, being taken
-    memory: MemoryGuard | None = None
-    oom: OomEvidence | None = None
-    gpu_env: dict[str, str] = field(default_factory=dict)
-    # what was decided
-    stop: StopRequest | None = None
-    timeout_at: float | None = None
-    restart_after_hang: bool = False
-    spawn_failed: bool = False
-    refused: bool = False  # a GPU request this machine cannot meet, refused before `run` returned
+    """A plain class, not a @dataclass: `run` loads the shim before it forks (control.shimproc), and
+    `dataclasses` would cost every `run` its import (tests/integration/test_joblist_cli.py)."""
 
-    @classmethod
-    def open(
-        cls,
+    def __init__(
+        self,
         store: Store,
         job: JobRecord,
         run: int,
@@ -99,51 +56,64 @@ class RunState:
         procfs: ProcFS,
         notifier: Notifier | None = None,
         jobos: JobOS | None = None,
-    ) -> RunState:
+    ) -> None:
         """The state of a run about to be started or adopted: its handles made, nothing started."""
         from jobwarden.shim.watch.autoprofile import AutoProfiler
 
-        layout = store.layout
-        jobos = jobos or SystemJobOS()
-        pid = os.getpid()
-        home = str(layout.home)
-        markers = {JOB_ID_ENV: str(job.id), RUN_ENV: str(run), HOME_ENV: home, STORE_ENV: store.store_id}
-        tree = jobos.tree(procfs, pid, markers)
-        logs = LogWatcher(
-            layout.output_log(job.id, run), layout.output_index(job.id, run), job.options.log_cap_bytes
+        # what the run is
+        self.store, self.job, self.run, self.clock, self.procfs = store, job, run, clock, procfs
+        self.layout: Layout = store.layout
+        self.jobos: JobOS = jobos or SystemJobOS()
+        self.pid = os.getpid()  # the shim's own
+        home = str(self.layout.home)
+        # the JOBWARDEN_* variables that find the job's processes
+        self.markers = {JOB_ID_ENV: str(job.id), RUN_ENV: str(run), HOME_ENV: home, STORE_ENV: store.store_id}
+        # the handles on the job
+        self.tree: JobTree = self.jobos.tree(procfs, self.pid, self.markers)
+        self.exits: ExitCollector = self.jobos.exits(self.tree)
+        self.logs = LogWatcher(
+            self.layout.output_log(job.id, run),
+            self.layout.output_index(job.id, run),
+            job.options.log_cap_bytes,
         )
-        record = RunRecorder(store, job.id, run, logs, clock)
-        record.open_group(job)
-        exits = jobos.exits(tree)
-
-        def note_profile(kind: str, **fields: Any) -> None:
-            """What the automatic profile did (taken, with its cost; or why not), an event of the run."""
-            record.event(kind, clock.wall(), **fields)
-
-        autoprofile = AutoProfiler(layout.home, job.id, run, clock.monotonic, log, note=note_profile)
-        autoprofile.cpu_of = lambda pid: exits.helper_cpu_s.pop(pid, None)  # reaped in the loop
-        state = cls(
-            store=store,
-            job=job,
-            run=run,
-            clock=clock,
-            procfs=procfs,
-            jobos=jobos,
-            layout=layout,
-            pid=pid,
-            markers=markers,
-            tree=tree,
-            exits=exits,
-            logs=logs,
-            record=record,
-            sampler=Sampler(procfs, record),
-            pyfiles=PyFiles(layout.py_dir(job.id, run), procfs),
-            autoprofile=autoprofile,
-            notifier=notifier,
-            engine=EngineLink(job.options, record, clock.monotonic) if job.options.engine else None,
+        self.record = RunRecorder(store, job.id, run, self.logs, clock)
+        self.record.open_group(job)
+        self.sampler = Sampler(procfs, self.record)
+        self.pyfiles = PyFiles(self.layout.py_dir(job.id, run), procfs)
+        self.notifier = notifier
+        self.autoprofile = AutoProfiler(
+            self.layout.home, job.id, run, clock.monotonic, log, note=self._note_profile
         )
-        tree.helpers = state.helper_pids
-        return state
+        self.autoprofile.cpu_of = lambda pid: self.exits.helper_cpu_s.pop(pid, None)  # reaped in the loop
+        self.tree.helpers = self.helper_pids
+        self.cgroup: JobCgroup | None = None
+        self.main: Member | None = None
+        self.main_status: int | None = None
+        self.fifo: int | None = None  # the hooks' announcements: opened before the job starts
+        self.oom_before: OomCounters | None = None  # the OOM kill counters before the job started
+        self.denied: dict[int, str] = {}  # pid -> why we may not signal it
+        # attached inside an engine (Slurm, Ray): its signals come relayed by the CLI (shim.run.enginestop)
+        self.engine: EngineLink | None = (
+            EngineLink(job.options, self.record, clock.monotonic) if job.options.engine else None
+        )
+        # the watches, started once `run` has its answer
+        self.diag: Diagnoser | None = None
+        self.progress: ProgressWatch | None = None  # the run's step counter (shim.watch.progresswatch)
+        self.speed: SpeedWatch | None = None  # why it is slow (shim.watch.speedwatch), once the job works
+        self.fingerprint: FingerprintTask | None = None  # what the run was started with, being taken
+        self.memory: MemoryGuard | None = None
+        self.oom: OomEvidence | None = None
+        self.gpu_env: dict[str, str] = {}
+        # what was decided
+        self.stop: StopRequest | None = None
+        self.timeout_at: float | None = None
+        self.restart_after_hang = False
+        self.spawn_failed = False
+        self.refused = False  # a GPU request this machine cannot meet, refused before `run` returned
+
+    def _note_profile(self, kind: str, **fields: Any) -> None:
+        """What the automatic profile did (taken, with its cost; or why not), an event of the run."""
+        self.record.event(kind, self.clock.wall(), **fields)
 
     def helper_pids(self) -> set[int]:
         """The shim's own children, never the job's: --on-event hooks, the automatic profile, the

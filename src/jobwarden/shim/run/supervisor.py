@@ -37,7 +37,7 @@ class Supervisor:
         notifier: Notifier | None = None,
         jobos: JobOS | None = None,
     ) -> None:
-        self.state = RunState.open(store, job, run, clock, procfs, notifier, jobos)
+        self.state = RunState(store, job, run, clock, procfs, notifier, jobos)
         self.signals = Signals(self.state)
         self.watching = Watching(self.state, self.signals)
         self.ending = Ending(self.state, self.watching)
