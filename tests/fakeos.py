@@ -1,4 +1,4 @@
-"""A stand-in for the operating system under the supervisor (jobwarden.shim.jobos.JobOS): the loop's
+"""A stand-in for the operating system under the supervisor (jobwarden.shim.run.jobos.JobOS): the loop's
 decisions tested without starting a process, on a fake clock. A test's tool: it lives with the tests, out of
 the shipped package.
 
@@ -27,13 +27,13 @@ from jobwarden.osapi.cgroup import JobCgroup
 from jobwarden.osapi.process import SpawnError
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes.oom import OomCounters
-from jobwarden.shim.diagnosis import Diagnoser, Verdict
-from jobwarden.shim.exits import ExitCollector
-from jobwarden.shim.fingerprint import FingerprintTask
-from jobwarden.shim.resources import MemoryGuard
-from jobwarden.shim.sightings import Sightings
-from jobwarden.shim.tree import JobTree, Member
-from jobwarden.shim.watchdog import ProgressTracker
+from jobwarden.shim.admission.resources import MemoryGuard
+from jobwarden.shim.record.fingerprint import FingerprintTask
+from jobwarden.shim.tree.exits import ExitCollector
+from jobwarden.shim.tree.jobtree import JobTree, Member
+from jobwarden.shim.tree.sightings import Sightings
+from jobwarden.shim.watch.diagnosis import Diagnoser, Verdict
+from jobwarden.shim.watch.watchdog import ProgressTracker
 from jobwarden.store import JobRecord, Store
 
 _NEVER_S = 30 * 86400.0  # a loop that never ends fails its test instead

@@ -22,8 +22,8 @@ PROC_EVENTS_ENV = "JOBWARDEN_PROC_EVENTS"
 # JOBWARDEN_PROGRESS=off: the shim reads no progress (neither the log, nor the hooks' records, nor the
 # heartbeat's step): scripts/bench's baseline for what watching progress costs
 PROGRESS_ENV = "JOBWARDEN_PROGRESS"
-# JOBWARDEN_AUTO_PROFILE: the 5 s profile taken when a speed finding appears (shim.autoprofile). "on" (the
-# default): not while a CPU quota the supervisor shares with the job throttles; "always"; "off"
+# JOBWARDEN_AUTO_PROFILE: the 5 s profile taken when a speed finding appears (shim.watch.autoprofile). "on"
+# (the default): not while a CPU quota the supervisor shares with the job throttles; "always"; "off"
 AUTO_PROFILE_ENV = "JOBWARDEN_AUTO_PROFILE"
 # JOBWARDEN_FINGERPRINT=off: no fingerprint is taken at a launch (no git, no interpreter asked): where a
 # repository is too large for `git status` to be worth it, and the baseline of what taking one costs

@@ -80,3 +80,16 @@ class JobOptions(NamedTuple):
         if not known.get("grace_s"):  # 0 was never stored for "no grace": it meant the default
             known.pop("grace_s", None)
         return cls(**known)
+
+
+# --- a --notify URL as it may be shown ---------------------------------------------------------------
+
+
+def redact(url: str) -> str:
+    """scheme://host/… : a webhook's path is its secret (Slack, Discord, Teams), never log it."""
+    import urllib.parse  # only where a webhook is shown: never on `run`'s path
+
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or "?"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}/…"

@@ -83,8 +83,8 @@ class Ranks(NamedTuple):
         return {"rank": self.rank, "local_rank": self.local_rank, "group_rank": self.group_rank}
 
 
-# Every launcher's way of telling a process its rank (shim.tree reads these from /proc/PID/environ, the
-# hooks from os.environ): torchrun, torch's env:// and most trainers (RANK); Lightning and torchrun
+# Every launcher's way of telling a process its rank (shim.tree.jobtree reads these from /proc/PID/environ,
+# the hooks from os.environ): torchrun, torch's env:// and most trainers (RANK); Lightning and torchrun
 # (LOCAL_RANK with NODE_RANK / GROUP_RANK and LOCAL_WORLD_SIZE); Open MPI, MPICH / Intel MPI, PMIx;
 # Slurm's srun (SLURM_PROCID: the task's rank, inherited by everything the task starts).
 GLOBAL_RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")

@@ -426,7 +426,8 @@ class WaitParty:
     cmdline: str
     user: str
     in_job: bool
-    job: int | None = None  # outside the job: another job of this user's that it belongs to (shim.whosejob)
+    # outside the job: another job of this user's that it belongs to (shim.tree.whosejob)
+    job: int | None = None
     job_name: str = ""
 
 

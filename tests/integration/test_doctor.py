@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.control.hostfacts import find_interpreters, probe_containment, store_facts
+from jobwarden.control.doctor.hostfacts import find_interpreters, probe_containment, store_facts
 from jobwarden.osapi import capabilities as caps
 from jobwarden.store import Store
 from jobwarden.store.schema import LATEST

@@ -25,7 +25,7 @@ RACERS = 6
 # for its GPUs once and prints the answer.
 RACER = """
 import json, os, sys
-from jobwarden.shim.gpus import describe_wait, try_admit
+from jobwarden.shim.admission.gpus import describe_wait, try_admit
 from jobwarden.probes.gpu import open_gpu_probe
 from jobwarden.store import Store
 from pathlib import Path

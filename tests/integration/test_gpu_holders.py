@@ -19,7 +19,7 @@ from jobwarden.model import JobSpec, JobState, ProcessSnapshot
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes import fakenvml
 from jobwarden.probes.gpu import GpuProbe, open_gpu_probe
-from jobwarden.shim.gpus import describe_wait, gpu_holders, try_admit
+from jobwarden.shim.admission.gpus import describe_wait, gpu_holders, try_admit
 from jobwarden.store import Store
 from tests.conftest import Jobwarden, make_fifo, read_fifo, start_time, wait_pid_gone, write_fifo
 

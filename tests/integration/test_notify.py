@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.shim.notify import Notifier, event_payload
+from jobwarden.shim.record.notify import Notifier, event_payload
 from tests.conftest import Jobwarden, make_fifo, read_fifo, wait_pid_gone, write_fifo
 from tests.integration.webhook import Server
 from tests.support import eventually

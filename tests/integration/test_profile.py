@@ -17,8 +17,8 @@ import pytest
 
 from jobwarden.model import Finding
 from jobwarden.probes import pyspy
-from jobwarden.shim.autoprofile import AutoProfiler
-from jobwarden.shim.findings import LiveFindings
+from jobwarden.shim.record.findings import LiveFindings
+from jobwarden.shim.watch.autoprofile import AutoProfiler
 from jobwarden.store import Store
 from jobwarden.store import profiles as stored
 from tests.conftest import Jobwarden, make_fifo, read_fifo
@@ -306,7 +306,7 @@ def test_the_job_page_draws_the_flame_graph(jw: Jobwarden, tmp_path: Path, brows
 def test_the_shim_wires_its_findings_to_the_automatic_profile(tmp_path: Path) -> None:
     """In the supervisor itself: a speed finding recorded by its diagnosis starts the profile's child,
     which the tree counts among the shim's helpers, never among the job's processes."""
-    from jobwarden.shim.diagnosis import Diagnoser
+    from jobwarden.shim.watch.diagnosis import Diagnoser
     from tests.unit.test_supervisor_loop import Rig
 
     rig = Rig(tmp_path)
@@ -314,14 +314,16 @@ def test_the_shim_wires_its_findings_to_the_automatic_profile(tmp_path: Path) ->
         store, job, run, procfs, tree, window, now
     )
     try:
-        rig.sup._start_diagnosis(None)
-        rig.sup.diag.live.record([Finding("io-bound", "waits on storage", "D state", "warning")], time.time())
-        auto = rig.sup.autoprofile
+        rig.sup.starting._start_diagnosis(None)
+        rig.sup.state.diag.live.record(
+            [Finding("io-bound", "waits on storage", "D state", "warning")], time.time()
+        )
+        auto = rig.sup.state.autoprofile
         assert auto.taken == 1 and auto.child is not None
-        assert auto.child[0] in rig.sup.tree.helpers()
+        assert auto.child[0] in rig.sup.state.tree.helpers()
         # no process of the job runs (a fake OS): the child says so and ends by itself
         os.waitid(os.P_PIDFD, auto.child[1], os.WEXITED | os.WNOWAIT)
     finally:
         rig.sup.close()
         rig.store.close()
-    assert rig.sup.autoprofile.child is None
+    assert rig.sup.state.autoprofile.child is None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.shim.autoprofile import AutoProfiler
+from jobwarden.shim.watch.autoprofile import AutoProfiler
 from jobwarden.store import Store
 from jobwarden.store import profiles as stored
 from tests.conftest import Jobwarden

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.control.views import lost_at_start
+from jobwarden.control.views.joblist import lost_at_start
 from jobwarden.model import JobSpec, JobState
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV

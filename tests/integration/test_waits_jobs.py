@@ -1,5 +1,5 @@
 """`wait-chain` names the job a process outside the hung job belongs to, when it is another job of this
-user's (shim.whosejob): the holder of the lock the job waits for is a process that job's run recorded."""
+user's (shim.tree.whosejob): the holder of the lock the job waits for is a process that job's run recorded."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from jobwarden.control.lifecycle import request_stop
 from jobwarden.joboptions import JobOptions
 from jobwarden.model import JobSpec
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.shim.attempts import supervise_job
-from jobwarden.shim.supervisor import Supervisor
+from jobwarden.shim.run.attempts import supervise_job
+from jobwarden.shim.run.supervisor import Supervisor
 from jobwarden.store import RunRecord, Store
 from tests.fakeos import FakeJobOS
 from tests.unit.test_procfs import CAPTURED_PROC_STAT, add_process, stat_line
@@ -67,7 +67,7 @@ class Rig:
         return self.store.run(self.job_id, self.run_n)
 
     def supervise(self, mode: str = "launch", n: int | None = None, report_fd: int = -1) -> int:
-        """The shim's whole life (shim.attempts): every attempt and the restarts between them."""
+        """The shim's whole life (shim.run.attempts): every attempt and the restarts between them."""
         self.sup.close()  # supervise_job makes its own, one per attempt
         job = self.store.job(self.job_id)
         n = self.run_n if n is None else n

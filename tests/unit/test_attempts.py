@@ -1,11 +1,11 @@
-"""How an ended attempt looks to the restart policy (shim.attempts.outcome_of), read from a real store."""
+"""How an ended attempt looks to the restart policy (shim.run.attempts.outcome_of), read from a real store."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from jobwarden.model import EndReason, JobSpec, JobState
-from jobwarden.shim.attempts import outcome_of
+from jobwarden.shim.run.attempts import outcome_of
 from jobwarden.store import Store
 
 NOW = 1_700_000_000.0

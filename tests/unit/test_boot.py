@@ -1,6 +1,6 @@
-"""`jobwarden boot` (control.boot): the method chosen, the systemd unit's quoting, and the crontab edit. The
-crontab is the user's own file, read and written through the `crontab` command: here an in-memory stand-in
-of that command takes its place (a test must never edit a real user's crontab)."""
+"""`jobwarden boot` (control.boot.startup): the method chosen, the systemd unit's quoting, and the crontab
+edit. The crontab is the user's own file, read and written through the `crontab` command: here an in-memory
+stand-in of that command takes its place (a test must never edit a real user's crontab)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobwarden.control.boot import (
+from jobwarden.control.boot.startup import (
     CRON_MARK,
     BootCommand,
     Crontab,

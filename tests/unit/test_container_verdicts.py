@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jobwarden.control.doctor import OK, WARN, check_containment, run_checks
+from jobwarden.control.doctor.checks import OK, WARN, check_containment, run_checks
 from jobwarden.observations import OomEvidence
 from jobwarden.rules import explain
 from jobwarden.rules.evidence import RunEvidence

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.control import doctor
-from jobwarden.control.doctor import (
+from jobwarden.control.doctor import checks as doctor
+from jobwarden.control.doctor.checks import (
     FAIL,
     OK,
     WARN,

@@ -18,7 +18,7 @@ from jobwarden.osapi.process import BLOCKED_UNTIL_HANDLED, RELAYED_USR1, fork_at
 from jobwarden.probes.slurm import config_kill_wait, kill_wait_s, parse_job_state, parse_kill_wait
 from jobwarden.rules import RunEvidence, explain
 from jobwarden.rules.retry import AttemptOutcome, RestartPolicy, decide
-from jobwarden.shim.enginestop import grace_within, margin_s, stacks_cap_s
+from jobwarden.shim.run.enginestop import grace_within, margin_s, stacks_cap_s
 
 
 @pytest.mark.parametrize(

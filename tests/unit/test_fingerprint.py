@@ -1,5 +1,5 @@
-"""The fingerprint's reading (probes.fingerprint), its taking by the shim's helpers (shim.fingerprint) and
-its storage (store.fingerprints): the interpreter a command runs, the packages where it imports from, the
+"""The fingerprint's reading (probes.fingerprint), its taking by the shim's helpers (shim.record.fingerprint)
+and its storage (store.fingerprints): the interpreter a command runs, the packages where it imports from, the
 git state of its directory, the GPUs it can see."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from jobwarden.observations import Fingerprint, GitState, GpuDevice
 from jobwarden.probes import fakenvml
 from jobwarden.probes import fingerprint as probe
 from jobwarden.probes.gpu import open_gpu_probe
-from jobwarden.shim import fingerprint as shimfp
-from jobwarden.shim.fingerprint import FingerprintTask
-from jobwarden.shim.gpuwatch import GpuWatch
+from jobwarden.shim.record import fingerprint as shimfp
+from jobwarden.shim.record.fingerprint import FingerprintTask
+from jobwarden.shim.watch.gpuwatch import GpuWatch
 from jobwarden.store import JobRecord, Store
 from tests.support import eventually
 

@@ -16,8 +16,8 @@ from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes import fakenvml
 from jobwarden.probes.gpu import GpuProbe, GpuUnavailable, open_gpu_probe
 from jobwarden.rules.gpu import stray_gpu_findings
-from jobwarden.shim.gpuholders import gpu_owners
-from jobwarden.shim.gpus import (
+from jobwarden.shim.admission.gpuholders import gpu_owners
+from jobwarden.shim.admission.gpus import (
     Admission,
     BusyGpu,
     GpuHolder,

@@ -226,7 +226,8 @@ def test_the_real_binding_without_a_driver_says_there_are_no_gpus() -> None:
 def test_pynvml_is_imported_only_when_a_probe_is_opened(state: Path) -> None:
     code = (
         "import sys, os\n"
-        "import jobwarden.cli.main, jobwarden.control.launch, jobwarden.shim.gpus, jobwarden.probes.gpu\n"
+        "import jobwarden.cli.main, jobwarden.control.launch\n"
+        "import jobwarden.shim.admission.gpus, jobwarden.probes.gpu\n"
         "assert 'pynvml' not in sys.modules, 'imported at module level'\n"
         "from jobwarden.probes.gpu import open_gpu_probe\n"
         f"open_gpu_probe({{'JOBWARDEN_FAKE_NVML': {str(state)!r}}}).close()\n"

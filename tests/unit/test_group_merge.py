@@ -1,4 +1,4 @@
-"""The group verdict (rules.group, control.groupview, text.group) on recorded group directories
+"""The group verdict (rules.group, control.views.group, text.group) on recorded group directories
 (tests/fixtures/groups, built by make_groups.py): causal class first, clocks only inside a class."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from jobwarden.control.groupview import GroupView, group_view
+from jobwarden.control.views.group import GroupView, group_view
 from jobwarden.errors import UsageError
 from jobwarden.rules.group import RankStory, classify, expand_nodelist, merge
 from jobwarden.store.groupdir import read_rank_log

@@ -12,7 +12,7 @@ from jobwarden.store import groupdir
 
 
 def rank_file(attempt_root: Path, rank: int | None, node: str) -> Path:
-    """A rank's records file as the shim names it (shim/groupsink.py): by rank, else by node."""
+    """A rank's records file as the shim names it (shim/record/groupsink.py): by rank, else by node."""
     return groupdir.records_file(attempt_root, f"rank-{rank}" if rank is not None else f"node-{node}")
 
 

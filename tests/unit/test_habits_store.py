@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.control.reboot import RULE, current_boot_id, ended_by_reboot, mark_rebooted
+from jobwarden.control.boot.reboot import RULE, current_boot_id, ended_by_reboot, mark_rebooted
 from jobwarden.errors import JobNotFound
 from jobwarden.joboptions import JobOptions
 from jobwarden.model import EndReason, JobSpec, JobState

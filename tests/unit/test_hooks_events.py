@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from jobwarden.hooks.site import _jobwarden_hooks as injected
 from jobwarden.probes.pyhooks import read_exceptions
-from jobwarden.shim.sightings import Birth, Death, open_fifo, parse_announcement
+from jobwarden.shim.tree.sightings import Birth, Death, open_fifo, parse_announcement
 
 from .test_hooks import job_at
 
@@ -318,7 +318,7 @@ def test_an_advert_is_announced_and_the_shim_writes_it_in_order(tmp_path: Path) 
     """The hooks announce their advert rather than creating a file (0.2 ms of every forked child); the
     shim writes what it reads. A withdrawal is announced, then written at once by the process itself."""
     from jobwarden.osapi.procfs import ProcFS
-    from jobwarden.shim.pyfiles import PyFiles
+    from jobwarden.shim.tree.pyfiles import PyFiles
 
     reader = open_fifo(tmp_path / injected.EVENTS_FIFO)
     assert reader is not None
@@ -376,7 +376,7 @@ def test_a_rank_announced_after_the_kernels_fork_event_is_kept() -> None:
     """The kernel's fork event made the process a member before its exec gave it RANK; the hooks' `born`
     line, which names the rank, comes after: the member takes the rank, if it is the same process."""
     from jobwarden.model import ProcessId, Ranks
-    from jobwarden.shim.exits import ExitCollector
+    from jobwarden.shim.tree.exits import ExitCollector
 
     held = SimpleNamespace(ident=ProcessId(4242, 500), ranks=None)
     collector = ExitCollector(SimpleNamespace(members={4242: held}))  # type: ignore[arg-type]
@@ -390,7 +390,7 @@ def test_a_child_held_at_its_fork_is_read_again_once_the_filter_follows_it() -> 
     """The kernel's filter passes the exec of followed processes only: a child held at its fork event that
     execs before the filter follows it is refreshed right after (its new command and RANK)."""
     from jobwarden.model import ProcessId
-    from jobwarden.shim.exits import ExitCollector
+    from jobwarden.shim.tree.exits import ExitCollector
 
     calls: list[tuple[str, int]] = []
     members: dict[int, object] = {100: SimpleNamespace(ident=ProcessId(100, 1), ranks=None)}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.control.views import job_views
+from jobwarden.control.views.joblist import job_views
 from jobwarden.model import Finding, JobSpec, JobState
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.store import Store

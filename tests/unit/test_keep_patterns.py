@@ -7,7 +7,7 @@ import pytest
 
 from jobwarden.control.options import habit_options
 from jobwarden.errors import UsageError
-from jobwarden.shim.keeping import choose
+from jobwarden.shim.run.keeping import choose
 
 BAIT = "python -c server " + "a" * 34 + "!"  # 2**34 ways for (a|a)+$ to fail on it
 

@@ -5,7 +5,8 @@ below it; two packages of one layer never import each other.
     tui | web | ray          the other frontends (`top`, `web`, the Ray warden actors): act through control
     text                     text of the views that every frontend shares (tables, reports)
     control                  what a user asks for: views of jobs, run, stop, adopt, dump, orphans
-    shim                     the per-job supervising loop and its services (notify, GPUs, the verdict)
+    shim                     the per-job supervising loop and its services (notify, GPUs, the watchers)
+    verdict                  a run's verdict read back from its records; the hang watchdog's signs
     probes | store | rules | hooks   observe | persist | judge | the code injected into jobs
     osapi                    the only code that forks, execs, signals, waits
     joboptions | progress    the typed options of a job; progress parsed from output and hooks (pure)
@@ -14,7 +15,9 @@ below it; two packages of one layer never import each other.
 
 Every import counts, including the lazy ones inside functions and those under `if TYPE_CHECKING:`.
 Beyond the layers, the frontends (cli, tui, web, ray) never reach the store: they act through control,
-which opens it, reads or writes, and closes it before handing back plain records.
+which opens it, reads or writes, and closes it before handing back plain records. Nothing above the
+shim imports it but the one module that launches it (control.shimproc): what the views read of a run
+(its verdict, the watchdog's signs, a GPU request) lies below both.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ LAYERS: list[set[str]] = [
     {"joboptions", "progress"},
     {"osapi"},
     {"probes", "store", "rules", "hooks"},
+    {"verdict"},
     {"shim"},
     {"control"},
     {"text"},
@@ -48,6 +52,7 @@ EXEMPT = {"jobwarden", "jobwarden.__main__"}  # the package root and the `python
 FRONTENDS = {"cli", "tui", "web", "ray"}
 BEHIND_CONTROL = {"store"}  # what a frontend reaches only through control, though it lies below
 STDLIB_ONLY = {"jobwarden.model", "jobwarden.observations", "jobwarden.errors"}
+SHIM_LAUNCHERS = {"jobwarden.control.shimproc"}  # forks the shim: the only module above it to import it
 
 
 def module_name(path: Path) -> str:
@@ -116,6 +121,10 @@ def violations(module: str, source: str, is_package: bool = False) -> list[str]:
         elif component(module) in FRONTENDS and there in BEHIND_CONTROL:
             found.append(
                 f"{module}:{line} imports {target}: a frontend acts through control, never the {there}"
+            )
+        elif there == "shim" and here is not None and here > RANK["shim"] and module not in SHIM_LAUNCHERS:
+            found.append(
+                f"{module}:{line} imports {target}: only {', '.join(sorted(SHIM_LAUNCHERS))} reaches the shim"
             )
     return found
 
@@ -191,9 +200,12 @@ def test_the_checker_resolves_relative_imports() -> None:
 
 
 def test_the_checker_allows_its_own_package_and_below() -> None:
-    source = "from jobwarden.shim.tree import JobTree\nfrom jobwarden.store import Store\nimport os\n"
-    assert violations("jobwarden.control.views", source) == []
-    assert violations("jobwarden.control.views", "from jobwarden.control.jobstatus import job_status\n") == []
+    source = (
+        "from jobwarden.verdict.explainer import findings_for\nfrom jobwarden.store import Store\nimport os\n"
+    )
+    assert violations("jobwarden.control.views.joblist", source) == []
+    sibling = "from jobwarden.control.views.jobstatus import job_status\n"
+    assert violations("jobwarden.control.views.joblist", sibling) == []
 
 
 def test_the_checker_catches_a_peer_of_the_same_layer() -> None:
@@ -205,7 +217,26 @@ def test_the_checker_catches_a_peer_of_the_same_layer() -> None:
 
 
 def test_the_shim_never_imports_control() -> None:
-    assert len(violations("jobwarden.shim.attempts", "from jobwarden.control.views import refresh\n")) == 1
+    source = "from jobwarden.control.views.joblist import refresh\n"
+    assert len(violations("jobwarden.shim.run.attempts", source)) == 1
+
+
+def test_above_the_shim_only_its_launcher_imports_it() -> None:
+    """control reads a run's verdict, the watchdog's signs and a GPU request from below the shim; only
+    control.shimproc, which forks the shim and calls its entry point, imports it."""
+    source = "from jobwarden.shim.run.attempts import log\n"
+    assert violations("jobwarden.control.views.jobstatus", source) == [
+        "jobwarden.control.views.jobstatus:1 imports jobwarden.shim.run.attempts:"
+        " only jobwarden.control.shimproc reaches the shim"
+    ]
+    lazy = "def f():\n    from jobwarden.shim.watch.watchdog import ProgressTracker\n"
+    assert len(violations("jobwarden.control.health", lazy)) == 1
+    assert len(violations("jobwarden.web.api", "import jobwarden.shim.record.notify\n")) == 1
+    assert (
+        violations("jobwarden.control.shimproc", "from jobwarden.shim.run.attempts import supervise_job\n")
+        == []
+    )
+    assert violations("jobwarden.shim.run.watching", "from jobwarden.shim.tree.jobtree import Member\n") == []
 
 
 def test_a_frontend_never_reaches_the_store() -> None:

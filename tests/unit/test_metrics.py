@@ -1,4 +1,4 @@
-"""The read API of a run's metric history (control.metrics) over a real SQLite store: samples and tiers
+"""The read API of a run's metric history (control.views.metrics) over a real SQLite store: samples and tiers
 written as the shim writes them on a fake clock, read back stitched and thinned; sparklines; and a
 schema-4 database read after migration 5."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from jobwarden.clock import FakeClock, iso
-from jobwarden.control.metrics import GpuSample, Sample, job_samples, per_second, sparkline
+from jobwarden.control.views.metrics import GpuSample, Sample, job_samples, per_second, sparkline
 from jobwarden.model import JobSpec, JobState
 from jobwarden.store import Store
 from jobwarden.store.rollup import PRUNE_EVERY_S, GpuReading, Reading, Rollup

@@ -8,7 +8,7 @@ import io
 import pytest
 
 from jobwarden.cli.metricsview import metric_lines, metrics_report, status_sparklines
-from jobwarden.control.metrics import GpuSample, Sample
+from jobwarden.control.views.metrics import GpuSample, Sample
 
 T0 = 1_700_000_400.0
 MIB = 1 << 20

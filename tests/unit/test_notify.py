@@ -11,8 +11,8 @@ import pytest
 
 from jobwarden.control.options import notify_options, run_options
 from jobwarden.errors import UsageError
-from jobwarden.joboptions import JobOptions
-from jobwarden.shim.notify import EVENTS, Notifier, describe_error, event_payload, redact
+from jobwarden.joboptions import JobOptions, redact
+from jobwarden.shim.record.notify import EVENTS, Notifier, describe_error, event_payload
 
 
 def test_the_payload_has_a_slack_text_and_the_structured_fields() -> None:

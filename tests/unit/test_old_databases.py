@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from jobwarden.control.changes import explained
-from jobwarden.control.jobstatus import status_of
-from jobwarden.control.metrics import run_samples
-from jobwarden.control.views import views_of
+from jobwarden.control.views.joblist import views_of
+from jobwarden.control.views.jobstatus import status_of
+from jobwarden.control.views.metrics import run_samples
 from jobwarden.model import JobState
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.store import Store

@@ -1,8 +1,8 @@
-"""The loop's pace (shim.pacing): slower while nothing moves, back at once when something does."""
+"""The loop's pace (shim.run.pacing): slower while nothing moves, back at once when something does."""
 
 from __future__ import annotations
 
-from jobwarden.shim.pacing import (
+from jobwarden.shim.run.pacing import (
     IDLE_TICK_MAX_S,
     KERNEL_MUTE_S,
     QUIET_BEFORE_SLOWING_S,

@@ -141,7 +141,6 @@ def test_the_exec_of_a_process_born_after_the_mark_is_not_followed() -> None:
     assert ("fork", child.pid) in {(e.kind, e.pid) for e in seen}
 
 
-
 def test_the_filter_fits_the_kernels_limit_and_follows_every_process_past_it() -> None:
     code = follow_filter(range(1, MAX_FOLLOWED + 1), born_after=100)
     assert len(code) <= 4096  # BPF_MAXINSNS

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.control.metrics import job_samples
+from jobwarden.control.views.metrics import job_samples
 from jobwarden.model import JobSpec, JobState
 from jobwarden.progress.model import Progress
 from jobwarden.store import Store

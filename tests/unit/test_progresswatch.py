@@ -15,9 +15,9 @@ import pytest
 from jobwarden.clock import FakeClock
 from jobwarden.joboptions import JobOptions
 from jobwarden.model import JobSpec, JobState
-from jobwarden.shim.progresswatch import TAIL_BYTES, OutputTail, ProgressWatch, StepSign
-from jobwarden.shim.recorder import RunRecorder
-from jobwarden.shim.watchdog import Progress, ProgressTracker
+from jobwarden.shim.record.recorder import RunRecorder
+from jobwarden.shim.watch.progresswatch import TAIL_BYTES, OutputTail, ProgressWatch, StepSign
+from jobwarden.shim.watch.watchdog import Progress, ProgressTracker
 from jobwarden.store import JobRecord, Store
 from jobwarden.store.logfiles import LogWatcher
 

@@ -1,5 +1,5 @@
-"""shim.pyfiles: the hooks' files of ended processes go, by identity; exceptions and fork records stay, up
-to a cap (a /proc captured in a folder: which processes run)."""
+"""shim.tree.pyfiles: the hooks' files of ended processes go, by identity; exceptions and fork records stay,
+up to a cap (a /proc captured in a folder: which processes run)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.shim.pyfiles import MAX_KEPT, PyFiles
+from jobwarden.shim.tree.pyfiles import MAX_KEPT, PyFiles
 from tests.unit.test_procfs import add_process, stat_line
 
 

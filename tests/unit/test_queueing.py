@@ -1,5 +1,5 @@
-"""`--after A` while A's supervisor is dead (shim.queueing), on an injected /proc and a real store: the
-waiting run waits while a process of A still runs, and is cancelled once nothing of A can succeed."""
+"""`--after A` while A's supervisor is dead (shim.admission.queueing), on an injected /proc and a real store:
+the waiting run waits while a process of A still runs, and is cancelled once nothing of A can succeed."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from jobwarden.joboptions import JobOptions
 from jobwarden.model import JobSpec, JobState
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import HOME_ENV, JOB_ID_ENV, RUN_ENV, STORE_ENV
-from jobwarden.shim.queueing import check_turn
+from jobwarden.shim.admission.queueing import check_turn
 from jobwarden.store import Store
 from tests.unit.test_procfs import CAPTURED_PROC_STAT, add_process, stat_line
 

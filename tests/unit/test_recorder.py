@@ -15,7 +15,7 @@ import pytest
 from jobwarden.clock import FakeClock
 from jobwarden.errors import StoreError
 from jobwarden.model import EndReason, JobSpec, JobState, Survivor
-from jobwarden.shim.recorder import RunRecorder, end_fields
+from jobwarden.shim.record.recorder import RunRecorder, end_fields
 from jobwarden.store import Store
 from jobwarden.store.logfiles import LogWatcher
 

@@ -1,9 +1,9 @@
-"""Every state transition of a run, driven through the real supervisor (shim.supervisor, shim.attempts) and
-the real commands' code (control.lifecycle, control.reboot) on the fake OS (tests/fakeos.py) and a fake
-clock, each test asserting what the store holds afterwards. No process is started; the whole file runs in
-seconds, so a change to a transition is checked at once. The real-process tests
-(tests/integration/test_lifecycle.py, test_supervisor_loss.py, test_reboot.py...) stay the proof that the
-OS behaves as the fake says.
+"""Every state transition of a run, driven through the real supervisor (shim.run.supervisor,
+shim.run.attempts) and the real commands' code (control.lifecycle, control.boot.reboot) on the fake OS
+(tests/fakeos.py) and a fake clock, each test asserting what the store holds afterwards. No process is
+started; the whole file runs in seconds, so a change to a transition is checked at once. The real-process
+tests (tests/integration/test_lifecycle.py, test_supervisor_loss.py, test_reboot.py...) stay the proof that
+the OS behaves as the fake says.
 
 Times are seconds since the job started, as the fake clock counts them."""
 
@@ -20,14 +20,15 @@ from typing import Any
 
 import pytest
 
-from jobwarden.control import lifecycle, reboot
-from jobwarden.control.views import refresh
+from jobwarden.control import lifecycle
+from jobwarden.control.boot import reboot
+from jobwarden.control.views.joblist import refresh
 from jobwarden.errors import JobwardenError
 from jobwarden.joboptions import JobOptions
 from jobwarden.model import EndReason, JobSpec, JobState
-from jobwarden.shim.attempts import supervise_job
-from jobwarden.shim.queueing import TURN_RETRY_S
-from jobwarden.shim.supervisor import ADMIT_RETRY_S
+from jobwarden.shim.admission.queueing import TURN_RETRY_S
+from jobwarden.shim.run.attempts import supervise_job
+from jobwarden.shim.run.starting import ADMIT_RETRY_S
 from jobwarden.store import RunRecord
 from tests.unit.looprig import BOOT_ID, Rig, refuse_processes
 
@@ -354,7 +355,7 @@ def ran_under_an_earlier_boot(rig: Rig, stopping: bool = False) -> None:
 
 
 class ShimHere:
-    """control.reboot's new shim, supervising in this process on the fake OS: `start` answers with the
+    """control.boot.reboot's new shim, supervising in this process on the fake OS: `start` answers with the
     first word the shim writes on its pipe (the pid), once the job has run to its end."""
 
     def __init__(self, rig: Rig) -> None:
@@ -477,7 +478,7 @@ def test_a_stop_while_queued_ends_the_run_stopped_before_it_starts(make_rig: Cal
     assert rig.fake.spawned == [] and rig.fake.elapsed() == 5.0
 
 
-# --- waiting for a GPU (shim.resources) -----------------------------------------------------------------
+# --- waiting for a GPU (shim.admission.resources) ------------------------------------------------
 
 
 def test_a_run_queued_for_a_busy_gpu_claims_it_once_free_and_releases_it_at_its_end(

@@ -13,10 +13,10 @@ from jobwarden.model import JobSpec, ProcessId, ProcessSnapshot
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes import fakenvml
 from jobwarden.probes.gpu import open_gpu_probe
-from jobwarden.shim.gpuwatch import GpuWatch
-from jobwarden.shim.recorder import RunRecorder
-from jobwarden.shim.sampler import Sampler
-from jobwarden.shim.tree import Member
+from jobwarden.shim.record.recorder import RunRecorder
+from jobwarden.shim.tree.jobtree import Member
+from jobwarden.shim.watch.gpuwatch import GpuWatch
+from jobwarden.shim.watch.sampler import Sampler
 from jobwarden.store import Store
 from jobwarden.store.logfiles import LogWatcher
 from jobwarden.store.rollup import GpuReading

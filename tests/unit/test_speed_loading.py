@@ -20,8 +20,14 @@ from jobwarden.osapi.procfs import ProcFS
 from jobwarden.rules.speed import judge
 from jobwarden.rules.speed.evidence import Segment, SpeedEvidence, StackSample
 from jobwarden.rules.speed.loading import loads_in_main, waits_on_workers, worth_sampling
-from jobwarden.shim.stacksample import BURST_DUMPS, BURST_S, STACK_EVERY_S, StackSampler, loop_candidates
-from jobwarden.shim.tree import Member
+from jobwarden.shim.tree.jobtree import Member
+from jobwarden.shim.watch.stacksample import (
+    BURST_DUMPS,
+    BURST_S,
+    STACK_EVERY_S,
+    StackSampler,
+    loop_candidates,
+)
 
 from .test_speed_rules import HEALTHY, one, rules
 
@@ -152,7 +158,7 @@ def test_the_rules_take_any_stacks(
             assert 50 <= share <= 100
 
 
-# --- the shim's sampler (shim.stacksample): which process, when it dumps, what it keeps -----------------
+# --- the shim's sampler (shim.watch.stacksample): which process, when it dumps, what it keeps ---------
 
 PID = 4242  # the training loop (torch loaded)
 DASH = 4240  # a wrapper shell above it: `jobwarden run -- sh -c "python train.py; ..."`

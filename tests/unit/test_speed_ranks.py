@@ -1,5 +1,5 @@
-"""Ranks of a distributed job (rules.speed.ranks, shim.rankwatch): where a rank's main thread is from its
-state and system call, `straggler` on built evidence — the rank the others wait for, how much slower, the
+"""Ranks of a distributed job (rules.speed.ranks, shim.watch.rankwatch): where a rank's main thread is from
+its state and system call, `straggler` on built evidence — the rank the others wait for, how much slower, the
 share of the job's time lost and that rank's own why — and silent where it must be: balanced ranks, ranks
 that hardly wait, a blip, half the job slow, a CPU wait every rank shares. Then the rank watch over a /proc
 of files: which processes are ranks, the shares it keeps, the rows of `status`."""
@@ -15,8 +15,8 @@ from jobwarden.osapi.syscalls import NAMES as SYSCALL_NAMES
 from jobwarden.rules.speed import judge
 from jobwarden.rules.speed.evidence import Neighbour, RankView, SpeedEvidence, StackSample
 from jobwarden.rules.speed.ranks import stack_where, straggler, where_of
-from jobwarden.shim.rankwatch import WINDOW_S, RankHints, RankWatch, rank_processes
-from jobwarden.shim.tree import Member
+from jobwarden.shim.tree.jobtree import Member
+from jobwarden.shim.watch.rankwatch import WINDOW_S, RankHints, RankWatch, rank_processes
 
 from .test_rules import assert_well_formed
 

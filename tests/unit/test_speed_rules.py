@@ -21,7 +21,7 @@ from jobwarden.rules.speed import JUDGED, SPEED_RULES, judge
 from jobwarden.rules.speed.evidence import GpuClock, GpuShare, Neighbour, Segment, SpeedEvidence, StepMove
 from jobwarden.rules.speed.gpu import UNUSED_AFTER_S
 from jobwarden.rules.speed.steps import slowdown
-from jobwarden.shim.speedwatch import Segments, claimed_gpus
+from jobwarden.shim.watch.speedwatch import Segments, claimed_gpus
 
 from .test_rules import assert_well_formed
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from jobwarden.rules.speed import judge
 from jobwarden.rules.speed.evidence import SpeedEvidence, StackSample, StepMove
 from jobwarden.rules.speed.stalls import own_frame, stalls
-from jobwarden.shim.stepsegments import Segments
+from jobwarden.shim.watch.stepsegments import Segments
 
 from .test_speed_rules import HEALTHY, T0, moves_with_stalls, one
 

@@ -19,8 +19,8 @@ from jobwarden.osapi.procfs import ProcFS, parse_schedstat, parse_voluntary_swit
 from jobwarden.rules.speed import judge
 from jobwarden.rules.speed.evidence import StepMove, ThreadsRead, ThreadUse, WorkerBatch
 from jobwarden.rules.speed.threads import command_key, gil_bound, worker_kind, worker_respawn
-from jobwarden.shim.speedwatch import READ_EVERY_S
-from jobwarden.shim.tree import Member
+from jobwarden.shim.tree.jobtree import Member
+from jobwarden.shim.watch.speedwatch import READ_EVERY_S
 from jobwarden.store import Store
 
 from .test_rules import assert_well_formed

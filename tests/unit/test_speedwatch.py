@@ -11,9 +11,9 @@ import pytest
 
 from jobwarden.model import Finding, JobSpec, JobState, ProcessId, ProcessSnapshot
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.shim.findings import REFRESH_EVERY_S, LiveFindings
-from jobwarden.shim.speedwatch import JUDGE_EVERY_S, READ_EVERY_S, SpeedWatch
-from jobwarden.shim.tree import Member
+from jobwarden.shim.record.findings import REFRESH_EVERY_S, LiveFindings
+from jobwarden.shim.tree.jobtree import Member
+from jobwarden.shim.watch.speedwatch import JUDGE_EVERY_S, READ_EVERY_S, SpeedWatch
 from jobwarden.store import Store
 
 T0 = 1_700_000_000.0
@@ -228,7 +228,7 @@ def test_under_a_wrapper_the_cuda_libraries_are_looked_for_in_the_loop_not_the_s
     from jobwarden.probes import fakenvml
     from jobwarden.probes.gpu import open_gpu_probe
     from jobwarden.rules.speed.evidence import SpeedEvidence
-    from jobwarden.shim.gpuwatch import GpuWatch
+    from jobwarden.shim.watch.gpuwatch import GpuWatch
 
     proc = FakeProc(tmp_path / "proc")
     for pid, maps in (
@@ -293,7 +293,7 @@ def test_a_job_given_a_gpu_it_never_uses_is_told_within_45s_of_computing_on_the_
     that computes on the CPU (no CUDA library mapped, no GPU memory held) from its start."""
     from jobwarden.probes import fakenvml
     from jobwarden.probes.gpu import open_gpu_probe
-    from jobwarden.shim.gpuwatch import GpuWatch
+    from jobwarden.shim.watch.gpuwatch import GpuWatch
 
     monkeypatch.setenv("JOBWARDEN_PY_SPY", str(tmp_path / "absent"))
     proc = FakeProc(tmp_path / "proc")

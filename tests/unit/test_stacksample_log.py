@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.shim import stacksample
+from jobwarden.shim.watch import stacksample
 
 
 def test_a_py_spy_whose_output_is_unreadable_is_said_once_in_the_log(

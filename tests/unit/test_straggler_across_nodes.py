@@ -1,6 +1,6 @@
 """`straggler` across the nodes of a group (rules.speed.acrossnodes): each node's published rank views,
 merged and judged by the single-node rule; read from the group directory as untrusted documents
-(store.groupdir), shown by `explain --group` (control.groupview, text.group)."""
+(store.groupdir), shown by `explain --group` (control.views.group, text.group)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from jobwarden.clock import iso
-from jobwarden.control.groupview import group_view
+from jobwarden.control.views.group import group_view
 from jobwarden.rules.speed.acrossnodes import group_straggler, node_document, node_ranks
 from jobwarden.rules.speed.evidence import Neighbour, RankView
 from jobwarden.rules.speed.ranks import straggler
@@ -153,7 +153,7 @@ def test_a_nodes_shim_publishes_its_ranks_at_most_every_few_seconds(tmp_path: Pa
     from jobwarden.joboptions import JobOptions
     from jobwarden.model import JobSpec
     from jobwarden.rules.speed.evidence import SpeedEvidence
-    from jobwarden.shim.groupsink import RANK_VIEWS_EVERY_S, GroupSink
+    from jobwarden.shim.record.groupsink import RANK_VIEWS_EVERY_S, GroupSink
     from jobwarden.store import Store
 
     root = tmp_path / "groups"

@@ -18,10 +18,10 @@ from jobwarden.probes.gpu import open_gpu_probe
 from jobwarden.rules.speed.acrossnodes import group_straggler, node_document, node_ranks
 from jobwarden.rules.speed.evidence import GpuClock, RankView, SpeedEvidence
 from jobwarden.rules.speed.ranks import straggler
-from jobwarden.shim.findings import LiveFindings
-from jobwarden.shim.gpuwatch import GpuWatch
-from jobwarden.shim.rankwatch import RankWatch, ranks_on_gpus
-from jobwarden.shim.speedwatch import SpeedWatch
+from jobwarden.shim.record.findings import LiveFindings
+from jobwarden.shim.watch.gpuwatch import GpuWatch
+from jobwarden.shim.watch.rankwatch import RankWatch, ranks_on_gpus
+from jobwarden.shim.watch.speedwatch import SpeedWatch
 from jobwarden.store import Store
 
 from .test_speed_ranks import rank, rank_member, ranks, syscall

@@ -13,8 +13,8 @@ import pytest
 
 from jobwarden.errors import StoreError
 from jobwarden.model import EndReason, JobState
-from jobwarden.shim.attempts import supervise_job
-from jobwarden.shim.diagnosis import Verdict
+from jobwarden.shim.run.attempts import supervise_job
+from jobwarden.shim.watch.diagnosis import Verdict
 from jobwarden.store import RunRecord
 from tests.unit.looprig import Rig, refuse_processes
 
@@ -94,7 +94,7 @@ def test_a_hang_ends_the_run_and_asks_for_a_restart_only_with_on_hang_restart(
     run = rig.launch()
     [(at, name)] = rig.fake.signals_to(rig.main)
     assert name == "SIGTERM" and 20.0 <= at < 21.5  # judged at the first tick past its moment
-    assert (run.state, run.end_reason, rig.sup.restart_after_hang) == (
+    assert (run.state, run.end_reason, rig.sup.state.restart_after_hang) == (
         JobState.FAILED,
         EndReason.HUNG,
         restart,
@@ -195,7 +195,7 @@ def test_on_hang_restart_starts_a_new_attempt_that_runs_to_its_end(tmp_path: Pat
         rig.fake.at(t, second_attempt_succeeds)
     rig.sup.close()  # supervise_job makes its own, one per attempt
     job = rig.store.job(rig.job_id)
-    supervise_job(rig.store, job, rig.run_n, rig.clock, rig.sup.procfs, -1, "launch", rig.fake)
+    supervise_job(rig.store, job, rig.run_n, rig.clock, rig.sup.state.procfs, -1, "launch", rig.fake)
     first, second = rig.store.run(rig.job_id, 1), rig.store.run(rig.job_id, 2)
     assert (first.state, first.end_reason) == (JobState.FAILED, EndReason.HUNG)
     assert (second.state, second.exit_code) == (JobState.SUCCEEDED, 0)
@@ -207,7 +207,7 @@ def test_an_engine_stop_gives_the_group_record_slurms_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The shim asks Slurm why only after the end is recorded: the group's records still carry it."""
-    from jobwarden.control.groupview import group_view
+    from jobwarden.control.views.group import group_view
     from jobwarden.probes import slurm
     from jobwarden.text.group import verdict_line
 
@@ -241,7 +241,14 @@ def test_an_engine_stop_as_an_attempt_ends_is_not_lost_to_the_restart(
     monkeypatch.setattr(retry, "decide", engine_stop_meanwhile)
     rig.sup.close()
     supervise_job(
-        rig.store, rig.store.job(rig.job_id), rig.run_n, rig.clock, rig.sup.procfs, -1, "launch", rig.fake
+        rig.store,
+        rig.store.job(rig.job_id),
+        rig.run_n,
+        rig.clock,
+        rig.sup.state.procfs,
+        -1,
+        "launch",
+        rig.fake,
     )
     first, second = rig.store.run(rig.job_id, 1), rig.store.run(rig.job_id, 2)
     assert (first.state, second.state, second.end_reason) == (
@@ -271,7 +278,7 @@ def test_adopt_makes_the_restart_a_lost_shim_was_waiting_for_counting_the_attemp
     n = _lost_in_backoff(rig)
     rig.fake.at(3, lambda: rig.fake.exit(rig.main, 4))
     job = rig.store.job(rig.job_id)
-    code = supervise_job(rig.store, job, n, rig.clock, rig.sup.procfs, -1, "restart", rig.fake)
+    code = supervise_job(rig.store, job, n, rig.clock, rig.sup.state.procfs, -1, "restart", rig.fake)
     run = rig.store.run(rig.job_id, n)
     # lost -> starting -> running -> failed, at once (no hour of backoff): and no run 3, as
     # --max-restarts 1 was spent on this run
@@ -287,6 +294,6 @@ def test_a_restart_taken_over_by_another_shim_is_not_made_twice(tmp_path: Path) 
     n = _lost_in_backoff(rig)
     rig.store.update_run(rig.job_id, n, state=JobState.RUNNING)  # another adopt came first
     job = rig.store.job(rig.job_id)
-    assert supervise_job(rig.store, job, n, rig.clock, rig.sup.procfs, -1, "restart", rig.fake) == 1
+    assert supervise_job(rig.store, job, n, rig.clock, rig.sup.state.procfs, -1, "restart", rig.fake) == 1
     assert rig.fake.spawned == [] and [r.n for r in rig.store.runs(rig.job_id)] == [1, 2]
     rig.store.close()

@@ -9,7 +9,7 @@ import pytest
 
 from jobwarden.model import ProcessSnapshot
 from jobwarden.osapi.procfs import ProcFS, parse_stat
-from jobwarden.shim.tree import RECORD_AT_LEAST_EVERY_S, JobTree
+from jobwarden.shim.tree.jobtree import RECORD_AT_LEAST_EVERY_S, JobTree
 
 MARKERS = {"JOBWARDEN_JOB_ID": "7", "JOBWARDEN_RUN": "1"}
 NOW = 1_700_000_000.0

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jobwarden.shim.watchdog import CPU_FLOOR_PERCENT, Progress, ProgressTracker
+from jobwarden.shim.watch.watchdog import Progress, ProgressTracker
+from jobwarden.verdict.signs import CPU_FLOOR_PERCENT
 
 
 def test_a_quiet_run_is_due_once_the_window_passes() -> None:
@@ -112,7 +113,7 @@ def test_the_diagnosis_notices_a_ranks_answer_to_any_recorder_request(tmp_path: 
     import os
     import types
 
-    from jobwarden.shim.diagnosis import Diagnoser
+    from jobwarden.shim.watch.diagnosis import Diagnoser
 
     me = types.SimpleNamespace(tree=types.SimpleNamespace(members={7: 1, 8: 1}), py_dir=tmp_path)
     me._recorder_answers = {}

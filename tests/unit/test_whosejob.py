@@ -1,4 +1,4 @@
-"""Which of the user's other jobs a process outside the hung job belongs to (shim.whosejob): the store's
+"""Which of the user's other jobs a process outside the hung job belongs to (shim.tree.whosejob): the store's
 records of a live run, or the job's marker with descent from a recorded process; a copied marker alone,
 or another home's, names nothing."""
 
@@ -12,7 +12,7 @@ import pytest
 from jobwarden.model import JobSpec, JobState, ProcessSnapshot
 from jobwarden.observations import WaitParty
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.shim.whosejob import with_jobs
+from jobwarden.shim.tree.whosejob import with_jobs
 from jobwarden.store import Store
 
 NOW = 1_800_000_000.0

@@ -137,7 +137,7 @@ class LaterRuns:
 def follow_runs(source: Source, start: int, procfs: Any, later: LaterRuns, out: JobOutput) -> None:
     """`source`'s output from `start` as it comes, then each later run's, until the last run's supervisor
     is gone and everything it wrote is out (`logs -f`, `run -f`)."""
-    from jobwarden.control.joblog import follow
+    from jobwarden.control.views.joblog import follow
 
     while True:
 
@@ -166,7 +166,7 @@ def say_newest(command: str, job_id: int, name: str) -> None:
 
 def source_of(home: Path, ref: str, run_n: int | None) -> Source:
     """Run `run_n` of the job `ref` names (its latest by default), to be read."""
-    from jobwarden.control.joblog import run_log
+    from jobwarden.control.views.joblog import run_log
 
     found = run_log(home, ref, run_n)
     return Source(found.job_id, found.name, found.run, found.path, found.index_file)

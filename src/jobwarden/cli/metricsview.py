@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from jobwarden.clock import shown_time
 from jobwarden.config import format_duration, format_size
-from jobwarden.control.metrics import Sample, per_second, sparkline
+from jobwarden.control.views.metrics import Sample, per_second, sparkline
 from jobwarden.progress.model import loss_name
 from jobwarden.text.sanitize import one_line
 from jobwarden.text.term import colour_wanted

@@ -3,7 +3,7 @@
 The engine signals its task, and with Slurm's proctrack/cgroup only its task: a CLI that died of the
 signal would let slurmstepd SIGKILL the shim and the job a few milliseconds later, with no grace, no
 stacks and no end recorded (docs/cluster.md). So the CLI catches the engine's signals and relays them to
-its child, the shim (shim.enginestop says what the shim makes of each), copies the job's output to its
+its child, the shim (shim.run.enginestop says what the shim makes of each), copies the job's output to its
 own stdout (the job itself still writes only to its log, never into a pipe), and exits once the shim has,
 with the job's status.
 

@@ -1,5 +1,5 @@
 """What changed between two runs (`jobwarden diff`, the job's page, `explain`): their fingerprints, taken
-by the shim at each launch (shim.fingerprint), compared by rules.changes.
+by the shim at each launch (shim.record.fingerprint), compared by rules.changes.
 
 `diff A` compares A's run with the last run of the same command (the same argv in the same cwd) that
 succeeded before it started: "it worked yesterday, what is different?". `diff A B` compares the two. The
@@ -20,7 +20,7 @@ from jobwarden.store import JobRecord, RunRecord, Store
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from jobwarden.control.jobstatus import JobStatus
+    from jobwarden.control.views.jobstatus import JobStatus
     from jobwarden.osapi.procfs import ProcFS
 
 SHOWN_IN_EXPLAIN = 6  # changes named on explain's line; `jobwarden diff` lists them all
@@ -139,7 +139,7 @@ def _last_success(store: Store, a: Side) -> Side:
 def explained(home: Path, procfs: ProcFS, job_ref: str | int, run_n: int | None = None) -> JobStatus:
     """The job's view as `explain` shows it (the CLI, the web's explain, `top`'s explain key): a
     failure's root cause citing what changed since its command last succeeded."""
-    from jobwarden.control.jobstatus import job_status
+    from jobwarden.control.views.jobstatus import job_status
 
     with Store(home) as store:
         return cite_changes(store, job_status(store, procfs, job_ref, run_n))

@@ -275,7 +275,7 @@ def _web_url(text: str, path: Path, url: object) -> str:
 
 def _redacted(key: str, value: object) -> str:
     if key == "notify" and isinstance(value, str):
-        from jobwarden.shim.notify import redact
+        from jobwarden.joboptions import redact
 
         return redact(value)
     return repr(value) if not isinstance(value, str) else value

@@ -49,7 +49,7 @@ def dump_job(
     home: Path, procfs: ProcFS, job_ref: str, *, native: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> DumpResult:
     """Capture and store the stacks of the job's live processes; for an ended job, the last stored."""
-    from jobwarden.control.views import refresh  # views pulls in cgroup code: only when dumping
+    from jobwarden.control.views.joblist import refresh  # views pulls in cgroup code: only when dumping
 
     with Store(home) as store:
         job = store.job(job_ref)
@@ -90,7 +90,7 @@ def _divergence(recorders: tuple[RankRecorder, ...], stacks: list[ProcessStack])
 def _live_pids(store: Store, procfs: ProcFS, job: JobRecord, run: RunRecord) -> list[int]:
     """The run's processes alive now, main process first, then in order of start. The shim's records are
     joined by a marker scan: a child forked since the shim's last tick is not recorded yet."""
-    from jobwarden.control.views import live_processes
+    from jobwarden.control.views.joblist import live_processes
 
     if run.state.is_ended:
         return []

@@ -1,6 +1,6 @@
 """`run --gpus N` / `--gpu-ids I,J` that this machine can never meet, refused at once: before the job is
 recorded, so a refused start is never a failed job in the lists. A request that can be met later (the
-GPUs are busy) waits `queued` in the shim (shim.resources.GpuQueue)."""
+GPUs are busy) waits `queued` in the shim (shim.admission.resources.GpuQueue)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from jobwarden.joboptions import JobOptions
 def refuse_impossible_gpus(options: JobOptions) -> None:
     """Raise a usage error naming the flag when there are no GPUs here, or fewer than asked for."""
     from jobwarden.probes.gpu import GpuProbe, GpuProbeError, try_open_gpu_probe  # NVML: only with --gpus
-    from jobwarden.shim.gpus import GpuRequest, impossible_request
+    from jobwarden.rules.gpurequest import GpuRequest, impossible_request
 
     request = GpuRequest.from_options(options)
     if request is None:

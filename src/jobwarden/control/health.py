@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from jobwarden.clock import iso, shown_time
-from jobwarden.control.views import refresh
+from jobwarden.control.views.joblist import refresh
 from jobwarden.errors import JobNotFound, StoreError
 from jobwarden.model import JobState
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.paths import Layout
-from jobwarden.shim.watchdog import CPU_FLOOR_PERCENT
 from jobwarden.store import RunRecord, Store
+from jobwarden.verdict.signs import CPU_FLOOR_PERCENT
 
 OK, HUNG, FAILED, NO_JOB = "ok", "hung", "failed", "no-job"
 EXIT_CODES = {OK: 0, HUNG: 1, FAILED: 1, NO_JOB: 2}

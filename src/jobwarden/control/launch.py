@@ -149,7 +149,7 @@ def _record_unstarted(store: Store, job_id: int, run: int, state: JobState, erro
 def _shim_died(store: Store, job_id: int, run: int, shim_pid: int) -> None:
     """The shim ended without a word. If the job runs anyway (it killed its shim as it started), that
     is what is recorded and said: never "not started" over a live job."""
-    from jobwarden.control.views import lost_at_start
+    from jobwarden.control.views.joblist import lost_at_start
     from jobwarden.osapi.procfs import ProcFS
 
     pid = lost_at_start(store, ProcFS(), store.job(job_id), run)

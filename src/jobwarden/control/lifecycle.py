@@ -10,9 +10,9 @@ from typing import Any, NamedTuple
 
 from jobwarden import config, trace
 from jobwarden.clock import SystemClock
-from jobwarden.control.reboot import ended_by_reboot
+from jobwarden.control.boot.reboot import ended_by_reboot
 from jobwarden.control.shimproc import fork_shim, shim_alive
-from jobwarden.control.views import live_processes, refresh
+from jobwarden.control.views.joblist import live_processes, refresh
 from jobwarden.errors import AccessDenied, JobStillRunning, JobwardenError, ProcessGone
 from jobwarden.model import EndReason, JobState, ProcessId, Survivor
 from jobwarden.osapi import asking
@@ -127,8 +127,8 @@ def stop(home: Path, procfs: ProcFS, job_ref: str, grace_s: float | None, again:
 
 
 def request_stop(store: Store, job_id: int, n: int, grace_s: float, now: float) -> bool:
-    """The stop request the shim reads when SIGUSR1 wakes it (shim.loop): on a run not over yet. False when
-    the run had ended meanwhile."""
+    """The stop request the shim reads when SIGUSR1 wakes it (shim.run.signals): on a run not over yet.
+    False when the run had ended meanwhile."""
     return store.update_run(
         job_id,
         n,

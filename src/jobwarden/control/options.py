@@ -160,7 +160,7 @@ def _star_height(items: Any) -> int:
     """How deeply unbounded repeats nest in a parsed pattern: 2 and more can backtrack exponentially
     (`(a+)+$` against 34 a's and a `!` ran for ever). Atomic groups and possessive repeats never
     backtrack into what they matched, so they add nothing. A heuristic: `(a|aa)+$` passes it, and the
-    shim bounds every search anyway (shim.keeping)."""
+    shim bounds every search anyway (shim.run.keeping)."""
     height = 0
     for op, av in items:
         name = str(op)

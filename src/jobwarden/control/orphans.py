@@ -21,7 +21,7 @@ from pathlib import Path
 
 from jobwarden.clock import iso
 from jobwarden.config import format_duration, format_size
-from jobwarden.control.views import refresh
+from jobwarden.control.views.joblist import refresh
 from jobwarden.errors import AccessDenied, JobNotFound, JobwardenError, ProcessGone
 from jobwarden.model import JobState
 from jobwarden.observations import GpuProcess

@@ -127,7 +127,7 @@ def profile_job(
     trigger: str = "cli",
 ) -> ProfileResult:
     from jobwarden.control.dump import _live_pids
-    from jobwarden.control.views import refresh
+    from jobwarden.control.views.joblist import refresh
 
     with Store(home) as store:
         job = store.job(job_ref)

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from jobwarden.control.promtext import Family, render
-from jobwarden.control.views import refresh
+from jobwarden.control.views.joblist import refresh
 from jobwarden.errors import StoreError
 from jobwarden.model import ACTIVE_STATES, ENDED_STATES, JobState
 from jobwarden.osapi.procfs import ProcFS

@@ -28,7 +28,7 @@ def requeue_code(home: Path, run: RunRecord) -> int | None:
         if options.max_requeues is not None and options.attempt >= options.max_requeues:
             return None
         from jobwarden.rules.group import RETRYABLE_RULES
-        from jobwarden.shim.explainer import findings_for
+        from jobwarden.verdict.explainer import findings_for
 
         rules = [f.rule for f in findings_for(store, job, run)]
     if not rules or rules[0] not in RETRYABLE_RULES or any(r in _NEVER for r in rules):
@@ -44,7 +44,7 @@ def _group_agrees(home: Path, group: str, group_dir: str | None, attempt: int, r
     """With the group's records at hand: only when the group's root cause is retryable too, and this rank
     is not collateral damage of another rank's failure. No records (not shared, not written): this run's
     own verdict stands."""
-    from jobwarden.control.groupview import group_view
+    from jobwarden.control.views.group import group_view
 
     try:
         view = group_view(home, group, attempt, group_dir)

@@ -46,7 +46,7 @@ class ForkedShim:
     def __init__(self, home: Path, mode: str, attached: bool = False) -> None:
         # Loaded before the fork, not after: a forked child copies every page it writes, and importing
         # writes to many, so the same imports take the child about twice as long.
-        import jobwarden.shim.attempts
+        import jobwarden.shim.run.attempts
 
         if attached:  # its CLI waits for the run's end, and the end of every attempt decides a restart
             import jobwarden.rules.retry  # noqa: F401
@@ -126,7 +126,7 @@ def _close_inherited(keep: tuple[int, ...]) -> None:
 
 
 def _shim_main(home: Path, mode: str, job_fd: int, report_fd: int) -> int:
-    from jobwarden.shim.attempts import supervise_job
+    from jobwarden.shim.run.attempts import supervise_job
 
     # The CLI's arguments (`--env TOKEN=...`) must not stay readable in /proc for the job's whole life.
     replace_command_line(f"jobwarden shim ({mode})")

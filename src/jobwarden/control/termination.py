@@ -32,7 +32,7 @@ def run_verdict(
         record = store.run(job.id, run)
         if record.state == JobState.SUCCEEDED:
             return job, record, []
-        from jobwarden.shim.explainer import findings_for
+        from jobwarden.verdict.explainer import findings_for
 
         return job, record, findings_for(store, job, record)
 

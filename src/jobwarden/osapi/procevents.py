@@ -206,7 +206,7 @@ def follow_filter(pids: Collection[int] | None, born_after: int | None) -> list[
     asm.host_u32(56)
     # not born after the mark: that let through the exec of every process the host started, waking every
     # supervisor on a busy machine. A child held at its fork that execs before the filter follows it is
-    # read again once it is followed (shim.exits: ExitCollector.follow).
+    # read again once it is followed (shim.tree.exits: ExitCollector.follow).
     asm.followed(pids, None)
     asm.label("exit")
     asm.same_fields(52, 56)  # a thread's exit is no process's end

@@ -1,5 +1,5 @@
 """System calls by number, per architecture (the kernel's unistd.h): what `/proc/PID/task/TID/syscall`
-names, for the calls jobwarden reads a wait from (shim.rankwatch: where a rank is; probes.waits: what a
+names, for the calls jobwarden reads a wait from (shim.watch.rankwatch: where a rank is; probes.waits: what a
 hung thread waits for). Another architecture: none are named, and nothing is concluded from a call."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The one way jobwarden ends a set of processes: SIGTERM, a grace period during which newcomers are
 ended too, then SIGKILL (the cgroup's kill first, where there is one) until nothing is left, and the
-survivors. The shim ends its job's tree with it (shim/stopping.py); `orphans --kill` ends strays with it
+survivors. The shim ends its job's tree with it (shim/run/ending.py); `orphans --kill` ends strays with it
 (control/killer.py).
 
 What "the set" is differs: the shim holds the members of its job's tree and finds newcomers by

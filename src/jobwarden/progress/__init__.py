@@ -1,7 +1,7 @@
 """How far a job has got: its progress, read from what it prints or reports, with no change to its code.
 
 Pure functions and small stateful parsers over text and plain records: no I/O, no clock reads (the shim
-reads the files and passes the time in; see shim/progresswatch.py). Kept low in the layers so that the
+reads the files and passes the time in; see shim/watch/progresswatch.py). Kept low in the layers so that the
 store, the rules and every frontend share one `Progress`.
 
 - `model`: `Reading` (one report: a bar's frame, a log line, an in-process bar, a heartbeat), `Bar` (a

@@ -212,8 +212,8 @@ def _death(story: RankStory, ended: dict[str, Any], at: float | None, mono: floa
 
 
 def _stops(record: dict[str, Any]) -> bool:
-    """An engine signal that ends the job (shim.enginestop: action "stop"); a forwarded SIGUSR1 (a checkpoint
-    before the time limit) does not."""
+    """An engine signal that ends the job (shim.run.enginestop: action "stop"); a forwarded SIGUSR1 (a
+    checkpoint before the time limit) does not."""
     return record.get("action") == "stop"
 
 

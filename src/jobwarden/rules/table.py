@@ -22,12 +22,12 @@ Judge = Callable[[RunEvidence], Finding | None]
 class Rule(NamedTuple):
     id: str
     judge: Judge | None = None  # None: found by rules.death when the run has ended
-    live: bool = False  # the shim may conclude it while the run is live (shim.diagnosis)
+    live: bool = False  # the shim may conclude it while the run is live (shim.watch.diagnosis)
     explains_a_hang: bool = False  # a hang it explains needs no `no-progress` on top
     if_unexplained: bool = False  # judged only when no rule that explains a hang fired
-    # How a live finding stops being true (shim.findings): "event" never (a death, a kill: it happened),
-    # "hang" when the run shows progress again, "state" when what it saw is gone (the process resumed,
-    # the GPU computes again)
+    # How a live finding stops being true (shim.record.findings): "event" never (a death, a kill: it
+    # happened), "hang" when the run shows progress again, "state" when what it saw is gone (the process
+    # resumed, the GPU computes again)
     lasts: str = "event"
 
 
@@ -51,7 +51,7 @@ RULES: tuple[Rule, ...] = (
     # how the run ended: one exit-status finding (rules.death), often the consequence of the above
     Rule("stopped-by-user"),
     Rule("cancelled-by-engine"),
-    Rule("machine-rebooted"),  # recorded by control.reboot when a run of an earlier boot is looked at
+    Rule("machine-rebooted"),  # recorded by control.boot.reboot when a run of an earlier boot is looked at
     Rule("dependency-failed"),  # recorded by the shim: a job it was to run after (--after) did not succeed
     Rule("timeout"),
     Rule("python-exception"),

@@ -52,7 +52,7 @@ def _optional(check: Check) -> Check:
     return lambda value: value is None or check(value)
 
 
-# field -> its check, for every field that rules.group and control.groupview read
+# field -> its check, for every field that rules.group and control.views.group read
 RECORD: dict[str, Check] = {
     "v": _int,
     "kind": _str,

@@ -10,7 +10,7 @@ from jobwarden.config import counted, format_duration
 from jobwarden.text.sanitize import one_line
 
 if TYPE_CHECKING:
-    from jobwarden.control.groupview import GroupView
+    from jobwarden.control.views.group import GroupView
     from jobwarden.rules.group import RankVerdict
 
 

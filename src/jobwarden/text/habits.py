@@ -10,7 +10,7 @@ from jobwarden.config import format_size
 from jobwarden.text.sanitize import one_line
 
 if TYPE_CHECKING:
-    from jobwarden.control.jobstatus import JobStatus
+    from jobwarden.control.views.jobstatus import JobStatus
 
 
 def habit_lines(status: JobStatus) -> Iterator[str]:

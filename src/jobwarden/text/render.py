@@ -19,9 +19,9 @@ from jobwarden.text.term import colour_wanted, table
 
 if TYPE_CHECKING:  # kept off the import paths of `run` and `ps`, which a user waits for
     from jobwarden.control.dump import DumpResult
-    from jobwarden.control.jobstatus import JobStatus
     from jobwarden.control.lifecycle import StopResult
-    from jobwarden.control.views import JobView
+    from jobwarden.control.views.joblist import JobView
+    from jobwarden.control.views.jobstatus import JobStatus
     from jobwarden.model import Finding, ProcessSnapshot
     from jobwarden.observations import Frame, ProcessStack, ThreadStack
     from jobwarden.store import RunRecord

@@ -1,5 +1,5 @@
 """`status`'s lines of what a job runs under (its limits and policies) and of how its run went in numbers,
-from `JobStatus.runs_under` (control.runsunder), which has already left every secret out."""
+from `JobStatus.runs_under` (control.views.runsunder), which has already left every secret out."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from jobwarden.config import DEFAULT_LOG_MAX_BYTES, counted, format_duration, fo
 from jobwarden.text.sanitize import one_line
 
 if TYPE_CHECKING:
-    from jobwarden.control.jobstatus import JobStatus
+    from jobwarden.control.views.jobstatus import JobStatus
 
 
 def summary_line(status: JobStatus, now: float) -> str | None:

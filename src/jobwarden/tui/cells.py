@@ -14,7 +14,7 @@ from typing import Any
 from rich.text import Text
 
 from jobwarden.config import format_duration, format_size
-from jobwarden.control.views import JobView
+from jobwarden.control.views.joblist import JobView
 from jobwarden.model import Finding, JobState, ProcessSnapshot
 from jobwarden.progress.model import Progress
 from jobwarden.text.progress import progress_cell, progress_line, whole_percent

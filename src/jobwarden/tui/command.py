@@ -54,7 +54,7 @@ def top(home: Path, interval_text: str, include_ended: bool, read_only: bool) ->
 
 def _print_list_once(home: Path, include_ended: bool) -> None:
     from jobwarden.clock import SystemClock
-    from jobwarden.control.views import views_of
+    from jobwarden.control.views.joblist import views_of
     from jobwarden.osapi.procfs import ProcFS
     from jobwarden.text.render import ps_table
     from jobwarden.text.term import for_terminal

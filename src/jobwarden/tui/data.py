@@ -1,7 +1,7 @@
 """What `top` shows, read in one pass: the job list and the selected job's whole view.
 
 The app calls these from a worker thread, so a slow disk or a busy store never freezes the screen. Each
-reads through control (control.topview reads the store in one pass and closes it before returning plain
+reads through control (control.views.top reads the store in one pass and closes it before returning plain
 data: no cursor or transaction outlives a refresh)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from jobwarden.clock import SystemClock
-from jobwarden.control.joblog import output_log, tail_lines
-from jobwarden.control.jobstatus import JobStatus
-from jobwarden.control.metrics import Sample
-from jobwarden.control.metrics import sparkline as metrics_sparkline
-from jobwarden.control.topview import top_read
-from jobwarden.control.views import JobView
+from jobwarden.control.views.joblist import JobView
+from jobwarden.control.views.joblog import output_log, tail_lines
+from jobwarden.control.views.jobstatus import JobStatus
+from jobwarden.control.views.metrics import Sample
+from jobwarden.control.views.metrics import sparkline as metrics_sparkline
+from jobwarden.control.views.top import top_read
 from jobwarden.osapi.procfs import ProcFS
 from jobwarden.text.sanitize import last_frame, terminal_text
 

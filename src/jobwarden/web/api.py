@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 
 from jobwarden import __version__, config
 from jobwarden.clock import SystemClock, iso
-from jobwarden.control.metrics import run_samples
 from jobwarden.control.prometheus import home_exposition
+from jobwarden.control.views.metrics import run_samples
 from jobwarden.joboptions import JobOptions
 from jobwarden.model import ACTIVE_STATES
 from jobwarden.web.app import App
@@ -53,7 +53,7 @@ def jobs(app: App, req: Request) -> Response:
     whose name contains `name` or whose id it is; the number of jobs that match in X-Total-Count and each
     state's count over all jobs in X-State-Counts (JSON). A page of 100 out of 10,000 jobs is 70 KB where
     the whole list is 6.6 MB: the page asks every 5 s."""
-    from jobwarden.control.views import list_page, views_of
+    from jobwarden.control.views.joblist import list_page, views_of
 
     paged = any(req.param(k) is not None for k in ("limit", "offset", "state", "name"))
     limit = req.int_param("limit", minimum=1, maximum=LIST_PAGE_MAX) or (LIST_PAGE_MAX if paged else None)
@@ -85,7 +85,7 @@ _LIST_STATES: dict[str, frozenset[str] | None] = {
 
 
 def _status(app: App, req: Request, ref: str) -> Any:
-    from jobwarden.control.jobstatus import status_of
+    from jobwarden.control.views.jobstatus import status_of
 
     return status_of(app.home, app.procfs, ref, req.int_param("run", minimum=1))
 

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from jobwarden.control.joblog import iter_output, output_length
+from jobwarden.control.views.joblog import iter_output, output_length
 from jobwarden.errors import JobNotFound, JobwardenError, StoreError, UsageError
 from jobwarden.web import gate
 from jobwarden.web.app import App

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from jobwarden.control.joblog import read_from, read_piece, run_log, tail_lines
+from jobwarden.control.views.joblog import read_from, read_piece, run_log, tail_lines
 from jobwarden.web import params
 from jobwarden.web.app import App
 from jobwarden.web.messages import HTTPProblem, Request, Response, json_response, text_response
@@ -130,7 +130,7 @@ class RunEnd:
         if now - self.checked_at < STATE_CHECK_S:
             return False
         self.checked_at = now
-        from jobwarden.control.views import current_run
+        from jobwarden.control.views.joblist import current_run
         from jobwarden.model import JobState
 
         run = current_run(self.app.home, self.app.procfs, self.found.job_id, self.found.run)

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from jobwarden.model import Finding
-from jobwarden.shim.explainer import findings_for
 from jobwarden.store import RunRecord, Store
 from jobwarden.store.records import Event
+from jobwarden.verdict.explainer import findings_for
 
 JOBS = Path(__file__).parent / "jobs"
 COMMON_JOBS = Path(__file__).parents[1] / "jobs"

@@ -21,7 +21,7 @@ def add_arguments(boot: argparse.ArgumentParser) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from jobwarden.control.boot import boot
+    from jobwarden.control.boot.startup import boot
     from jobwarden.paths import home_dir
 
     plan = boot(args.action, args.method, home_dir())

@@ -14,8 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from jobwarden.control.doctor import report_json, run_checks
-    from jobwarden.control.hostfacts import gather
+    from jobwarden.control.doctor.checks import report_json, run_checks
+    from jobwarden.control.doctor.hostfacts import gather
     from jobwarden.paths import home_dir
     from jobwarden.text import render
 

@@ -77,8 +77,8 @@ _GROUP_ONLY = {  # explain's flags of a group's verdict, as the user types them:
 
 
 def _explain_group(args: argparse.Namespace) -> int:
-    from jobwarden.control.groupview import SETTLE_S, group_view
     from jobwarden.control.options import group_directory, group_id
+    from jobwarden.control.views.group import SETTLE_S, group_view
     from jobwarden.paths import home_dir
     from jobwarden.text.group import group_report
 

@@ -107,7 +107,7 @@ def _sources(home: Path, refs: list[str], run_n: int | None) -> list[Source]:
 
 
 def _start(source: Source, since: float | None) -> int:
-    from jobwarden.control.joblog import line_start, since_offset
+    from jobwarden.control.views.joblog import line_start, since_offset
 
     return line_start(source.path, since_offset(source.index, since)) if since is not None else 0
 
@@ -129,7 +129,7 @@ def _one(
     raw: bool,
 ) -> int:
     from jobwarden.cli.joboutput import JobOutput, follow_runs
-    from jobwarden.control.joblog import stream_from, tail_lines
+    from jobwarden.control.views.joblog import stream_from, tail_lines
 
     out = JobOutput(raw)
     start = _start(source, since)
@@ -162,7 +162,7 @@ def _several(
     later: LaterRuns,
     raw: bool,
 ) -> int:
-    from jobwarden.control.joblog import read_new, stream_from, tail_lines
+    from jobwarden.control.views.joblog import read_new, stream_from, tail_lines
     from jobwarden.text.sanitize import one_line
     from jobwarden.text.term import colour_wanted
 

@@ -34,7 +34,7 @@ def handle(args: argparse.Namespace) -> int:
 def metrics(home: Path, args: argparse.Namespace) -> int:
     from jobwarden.cli.metricsview import metrics_report, spark_width
     from jobwarden.clock import SystemClock
-    from jobwarden.control.metrics import run_samples
+    from jobwarden.control.views.metrics import run_samples
     from jobwarden.text.sanitize import terminal_text
     from jobwarden.text.term import for_terminal, terminal_width
 

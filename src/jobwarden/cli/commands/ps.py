@@ -49,7 +49,7 @@ def handle(args: argparse.Namespace) -> int:
     # A list of 10,000 jobs is some 100,000 small objects made at once, which the cycle collector would
     # walk again and again (~15 % of `ps --all`); this process makes no cycles worth collecting, and exits.
     gc.disable()
-    from jobwarden.control.views import home_disk_full, views_of
+    from jobwarden.control.views.joblist import home_disk_full, views_of
 
     last = None if args.last is None else config.parse_count(args.last, "--last")
     if last == 0:
@@ -69,7 +69,7 @@ def handle(args: argparse.Namespace) -> int:
     )
     full = home_disk_full(home_dir())
     if filtered or (since is not None and include_ended):
-        from jobwarden.control.views import filtered_views
+        from jobwarden.control.views.joblist import filtered_views
 
         ended_since = None if since is None else SystemClock().wall() - since
         views = filtered_views(views, states, args.name, ended_since)

@@ -14,7 +14,7 @@ def add_arguments(resume: argparse.ArgumentParser) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from jobwarden.control.reboot import resume
+    from jobwarden.control.boot.reboot import resume
     from jobwarden.paths import home_dir
     from jobwarden.text.sanitize import one_line
 

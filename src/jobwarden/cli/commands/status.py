@@ -11,7 +11,7 @@ from jobwarden.cli.common import open_procfs, print_json, print_lines, say_malfo
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from jobwarden.control.jobstatus import JobStatus
+    from jobwarden.control.views.jobstatus import JobStatus
 
 HELP = "how a job is doing, or how it ended"
 
@@ -44,7 +44,7 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _job_status(job_ref: str, run_n: int | None) -> JobStatus:
-    from jobwarden.control.jobstatus import status_of
+    from jobwarden.control.views.jobstatus import status_of
     from jobwarden.paths import home_dir
 
     return status_of(home_dir(), open_procfs(), job_ref, run_n)
@@ -58,7 +58,7 @@ def status_sparklines(home: Path, status: JobStatus) -> list[str]:
     from jobwarden.cli.metricsview import spark_width
     from jobwarden.cli.metricsview import status_sparklines as lines
     from jobwarden.clock import SystemClock
-    from jobwarden.control.metrics import run_samples
+    from jobwarden.control.views.metrics import run_samples
     from jobwarden.text.term import terminal_width
 
     now, width = SystemClock().wall(), terminal_width()

@@ -41,7 +41,7 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _running_jobs_hint() -> str:
-    from jobwarden.control.views import views_of
+    from jobwarden.control.views.joblist import views_of
     from jobwarden.paths import home_dir
     from jobwarden.text.sanitize import terminal_text
 

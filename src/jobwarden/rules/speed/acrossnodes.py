@@ -1,8 +1,8 @@
 """`straggler` across the nodes of a distributed job (docs/cluster.md, "Stragglers across nodes").
 
-Each node's shim watches only its own ranks (shim.rankwatch); under Slurm a node's ranks may be all of one
-side of the comparison, or a single rank. So each shim publishes its ranks' views of the last window
-(`node_document`, written to the group directory by shim.groupsink), and `explain --group` merges the
+Each node's shim watches only its own ranks (shim.watch.rankwatch); under Slurm a node's ranks may be all of
+one side of the comparison, or a single rank. So each shim publishes its ranks' views of the last window
+(`node_document`, written to the group directory by shim.record.groupsink), and `explain --group` merges the
 nodes' documents and asks the very rule a single shim asks (rules.speed.ranks.straggler) about all the
 ranks at once. The why comes from the straggler's own node (its quota, its throttling, the processes
 that shared its CPUs, its faults, its GPU's clock): a second judgement gives the rule that node's

@@ -1,7 +1,7 @@
 """The data-loading speed rules, judged on the main thread's Python stack sampled now and then (a
-non-blocking py-spy dump every few seconds, shim.stacksample) of the job's loop process (the one with torch
-loaded that is no DataLoader worker, nearest the root: a wrapper shell is not it): where the training loop
-spends its time.
+non-blocking py-spy dump every few seconds, shim.watch.stacksample) of the job's loop process (the one with
+torch loaded that is no DataLoader worker, nearest the root: a wrapper shell is not it): where the training
+loop spends its time.
 
 - `input-bound`: the loop waits on its DataLoader's workers. Its main thread sits under
   `_MultiProcessingDataLoaderIter._next_data → _get_data → _try_get_data → Queue.get` while the
@@ -73,7 +73,7 @@ def worth_sampling(ev: SpeedEvidence) -> bool:
     """The counters alone say a rule read from the loop's stack may hold: its DataLoader workers work hard
     (half of what input-bound asks), or it has none and one busy loop leaves CPUs idle (the shape of
     data-loading-in-main), or its step rate just fell. The shim then samples the stack sooner for a while
-    (shim.stacksample's burst): the stacks decide, these never do."""
+    (shim.watch.stacksample's burst): the stacks decide, these never do."""
     if ev.loader_workers > 0:
         if ev.loader_worker_cpu / ev.loader_workers >= WORKER_BUSY / 2:
             return True

@@ -271,7 +271,7 @@ def _remedy(r: RankView, why: list[str]) -> str:
 
 
 def _factor(times: float) -> str:
-    """1.6, 2.4, then whole numbers: the title is rewritten when it changes (shim.findings), and 9.5 or
+    """1.6, 2.4, then whole numbers: the title is rewritten when it changes (shim.record.findings), and 9.5 or
     9.8 say the same."""
     return f"{times:.1f}" if times < 3 else f"{times:.0f}"
 

@@ -12,7 +12,7 @@ for a large share of the time. From the step counter's moves as the shim saw the
   a second see part of it (a pause between two looks is missed): the share said is a floor.
 
 Which function stalls: the shim dumps the loop process's main thread once during each stall (when the
-counter has stood still for as long as a stall here, shim.stacksample), and the finding names the frame
+counter has stood still for as long as a stall here, shim.watch.stacksample), and the finding names the frame
 most of those dumps show: the innermost frame of the job's own code (not the standard library, an installed
 package, torch or jobwarden), where the job called into whatever took the time (research 5.7: a
 `torch.save` stall shows `save`/`_save` of torch/serialization.py under the job's own function). Dumps
