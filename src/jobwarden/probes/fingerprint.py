@@ -1,7 +1,7 @@
 """What a run is started with, read from outside the job (observations.Fingerprint): the interpreter its
 command runs, the packages installed where that interpreter imports from, the git state of its directory,
-its GPUs and the host. The shim gathers it after the job has started (shim.fingerprint); this module says
-what to run and how to read the answers.
+its GPUs and the host. The shim gathers it after the job has started (shim.record.fingerprint); this
+module says what to run and how to read the answers.
 
 Two short helpers do the reading that needs another program, each in a session of its own with a deadline:
 

@@ -156,13 +156,13 @@ def writes_to_its_file(advert: HookAdvert, procfs: ProcFS) -> bool:
 
 
 ANNOUNCED_WITHIN_S = 1.0  # the shim reads the FIFO as it wakes: milliseconds, unless it is busy starting
-EVENTS_FIFO = "events.fifo"  # shim.sightings.FIFO_NAME: the hooks derive the same path from their py dir
+EVENTS_FIFO = "events.fifo"  # shim.tree.sightings.FIFO_NAME: the hooks derive the same path from their py dir
 
 
 def settle_adverts(py_dir: Path, timeout_s: float = ANNOUNCED_WITHIN_S) -> bool:
     """Wait, at most `timeout_s`, until the run's shim has read what the hooks announced on their FIFO: a
     process born this instant announces its advert there and the shim writes the file
-    (shim.pyfiles.store_advert). Bytes unread in the FIFO are in flight; once they are read, the shim
+    (shim.tree.pyfiles.store_advert). Bytes unread in the FIFO are in flight; once they are read, the shim
     writes the files at once, so a moment is left for that too. False when they stay unread (no shim)."""
     fd = _open_fifo(py_dir / EVENTS_FIFO)
     if fd is None:

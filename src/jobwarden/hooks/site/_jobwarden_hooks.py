@@ -603,7 +603,7 @@ def write_advert(
         advert["forked"] = forked
     job.advert = advert
     text = dumps(advert)
-    # The shim writes the file from the announcement (shim.pyfiles.store_advert): a file created here
+    # The shim writes the file from the announcement (shim.tree.pyfiles.store_advert): a file created here
     # costs ext4 an inode and a rename, 0.2 ms of every forked child measured. Written here only where
     # there is no shim to tell, or its FIFO is full.
     if not _announce(job, f"{born}advert {text}\n") and not (born and _announce(job, born)):

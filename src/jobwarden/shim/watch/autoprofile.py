@@ -63,7 +63,7 @@ class AutoProfiler:
         self.cpu_of: Callable[[int], float | None] = lambda pid: None  # a child the shim's reaper took
 
     def on_findings(self, findings: Sequence[Finding]) -> None:
-        """Told of every finding recorded as new (shim.findings.LiveFindings)."""
+        """Told of every finding recorded as new (shim.record.findings.LiveFindings)."""
         speed = [f.rule for f in findings if f.rule in SPEED_RULES]
         if speed:
             self.start(speed[0])

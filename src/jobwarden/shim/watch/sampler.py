@@ -116,7 +116,7 @@ class Sampler:
         gpu: GpuWatch | None,
         progress: Progress | None = None,
     ) -> Reading:
-        """The run now, its progress with it (shim.progresswatch); fed to the tiers at once."""
+        """The run now, its progress with it (shim.watch.progresswatch); fed to the tiers at once."""
         cpu_time_s, read, write = self.counters.update(members)
         gpu_util, gpu_memory, gpus = gpu_reading(gpu)
         reading = Reading(
