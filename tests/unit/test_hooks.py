@@ -334,3 +334,21 @@ def test_heartbeat_writes_what_json_cannot(
     monkeypatch.setenv("JOBWARDEN_HEARTBEAT_FILE", str(target))
     beat_module.heartbeat(loss=Scalar(), where=Path("/data"))
     assert json.loads(target.read_text())["info"] == {"loss": 0.25, "where": "/data"}
+
+
+def test_the_chained_sitecustomize_is_looked_for_by_name_not_by_listing(tmp_path: Path) -> None:
+    """Issue 25: asking the import system about each folder after the hooks' lists it, 0.1 ms of every
+    start; a few access() calls say where a sitecustomize could be, and only those are asked."""
+    from jobwarden.hooks.site._jobwarden_hooks import _may_hold_sitecustomize
+
+    empty, module, package, extension = (tmp_path / n for n in ("empty", "module", "package", "extension"))
+    for folder in (empty, module, package, extension):
+        folder.mkdir()
+    (module / "sitecustomize.py").write_text("")
+    (package / "sitecustomize").mkdir()  # a package, or a namespace package
+    (extension / "sitecustomize.so").write_bytes(b"")
+    (tmp_path / "stdlib.zip").write_bytes(b"")
+    assert not _may_hold_sitecustomize(str(empty))
+    assert all(_may_hold_sitecustomize(str(f)) for f in (module, package, extension))
+    assert _may_hold_sitecustomize(str(tmp_path / "stdlib.zip"))  # a zip file: the import system says
+    assert not _may_hold_sitecustomize(str(tmp_path / "absent.zip"))

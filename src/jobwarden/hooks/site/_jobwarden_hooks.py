@@ -1022,11 +1022,26 @@ def chain(sitecustomize_file: str) -> None:
         if os.path.abspath(entry or ".") == here:
             start = i + 1
     for entry in entries[start:]:
+        if not _may_hold_sitecustomize(entry):
+            continue
         spec = _path_finder().find_spec("sitecustomize", [entry])
         if spec is None or spec.loader is None or not spec.origin or os.path.abspath(spec.origin) == ours:
             continue
         _run_chained(spec)
         return
+
+
+def _may_hold_sitecustomize(entry: str) -> bool:
+    """Whether the import system could find a sitecustomize in `entry`, from a few stat() calls: asking it
+    lists each folder (the standard library's, site-packages) into a cache, 0.1 ms of every start of every
+    process of the job. A zip file or anything but a folder is left to the import system."""
+    folder = entry or "."
+    if not os.path.isdir(folder):
+        return os.access(folder, os.F_OK)
+    imp = sys.modules.get("_imp")
+    suffixes = ["", ".py", ".pyc", *(imp.extension_suffixes() if imp is not None else [".so"])]
+    stem = os.path.join(folder, "sitecustomize")  # os.access: no exception raised for each name absent
+    return any(os.access(stem + suffix, os.F_OK) for suffix in suffixes)
 
 
 def _path_finder() -> type[PathFinder]:
