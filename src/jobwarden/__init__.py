@@ -12,6 +12,9 @@ __all__ = ["__version__", "heartbeat"]
 
 _HEARTBEAT_FILE_ENV = "JOBWARDEN_HEARTBEAT_FILE"
 _MIN_INTERVAL_S = 0.5
+_RANK_SUFFIX = ".rank"  # JOBWARDEN_HEARTBEAT_FILE + ".rank" + RANK: where a rank's own beat goes
+# the launchers' global rank, the first one set (as jobwarden.model.ranks_from reads it)
+_RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
 
 
 def heartbeat(**info: object) -> None:
@@ -58,8 +61,11 @@ class _Beats:
         path = os.environ.get(_HEARTBEAT_FILE_ENV)
         if pending is None or not path:
             return
-        try:  # noqa: SIM105
+        try:
             _write_heartbeat(path, *pending)
+            rank = next((os.environ[v] for v in _RANK_VARIABLES if os.environ.get(v)), "")
+            if rank.isdigit():  # a rank of a distributed job: its own step too, beside the job's
+                _write_heartbeat(f"{path}{_RANK_SUFFIX}{rank}", *pending)
         except Exception:
             pass
 

@@ -290,6 +290,25 @@ def test_heartbeat_writes_json_atomically(
     assert target.stat().st_mode & 0o777 == 0o600
 
 
+def test_a_ranks_heartbeat_is_also_written_to_its_own_file(
+    beat_module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26: the job's file keeps whichever rank beat last; each rank's own file gives its step."""
+    target = tmp_path / "heartbeat"
+    monkeypatch.setenv("JOBWARDEN_HEARTBEAT_FILE", str(target))
+    monkeypatch.setenv("RANK", "3")
+    beat_module.heartbeat(step=7)
+    assert json.loads((tmp_path / "heartbeat.rank3").read_text())["info"] == {"step": 7}
+    assert json.loads(target.read_text())["info"] == {"step": 7}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["heartbeat", "heartbeat.rank3"]
+
+
+def test_the_heartbeat_reads_the_rank_as_the_supervisor_does() -> None:
+    from jobwarden.model import GLOBAL_RANK_VARIABLES
+
+    assert jobwarden._RANK_VARIABLES == GLOBAL_RANK_VARIABLES  # type: ignore[attr-defined]
+
+
 def test_heartbeat_is_rate_limited_but_the_last_info_wins(
     beat_module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -235,3 +235,20 @@ def test_a_job_without_progress_has_none(store: Store) -> None:
     w.watch.finish(w.clock.wall(), w.clock.monotonic())
     assert store.progress(w.job.id, 1) is None
     assert not os.path.exists(store.layout.py_dir(w.job.id, 1) / "0.progress")
+
+
+def test_each_ranks_own_heartbeat_gives_that_ranks_step(store: Store) -> None:
+    """Issue 26: per-rank steps from each rank's heartbeat. The job's file keeps whichever rank beat last;
+    `<heartbeat>.rank<N>` is each rank's own, read again only when it changed."""
+    w = watched(store)
+    beat = store.layout.heartbeat_file(w.job.id, 1)
+    beat.parent.mkdir(parents=True, exist_ok=True)
+    for rank, step in ((0, 120), (1, 40)):
+        beat.with_name(f"heartbeat.rank{rank}").write_text(json.dumps({"at": 1.0, "info": {"step": step}}))
+    beat.with_name("heartbeat.rank2").write_text(json.dumps({"at": 1.0, "info": {"loss": 0.5}}))  # no step
+    beat.with_name("heartbeat.rankx").write_text("{}")  # not a rank
+    assert w.watch.rank_hints().beat_steps == {0: 120, 1: 40}
+    rank1 = beat.with_name("heartbeat.rank1")
+    rank1.write_text(json.dumps({"at": 2.0, "info": {"step": 41}}))
+    os.utime(rank1, (5.0, 5.0))  # a new mtime: read again
+    assert w.watch.rank_hints().beat_steps == {0: 120, 1: 41}

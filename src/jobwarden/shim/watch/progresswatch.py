@@ -50,6 +50,8 @@ TAIL_BYTES = 64 << 10  # per tick: a few hundred frames, enough for every bar of
 STALL_MIN_S = 120.0  # standing still shorter than this is a pause (a checkpoint, an evaluation without a bar)
 STALL_PACES = 20  # ... and shorter than this many of its usual intervals
 HANG_PACES = 3  # the watchdog trusts a counter only when its hang window holds this many intervals
+RANK_BEAT_SUFFIX = ".rank"  # jobwarden.heartbeat's: a rank's own beat beside the job's heartbeat file
+MAX_RANK_BEATS = 64
 REWRITE_S = 10.0  # an unchanged progress is rewritten this often (its rate moves)
 
 
@@ -116,6 +118,7 @@ class ProgressWatch:
         self.records: dict[int, HookProgress] = {}
         self._mtimes: dict[int, int] = {}
         self._heartbeat: tuple[float, Reading | None] | None = None  # (mtime, what it said)
+        self._rank_beats: dict[int, tuple[float, int | None]] = {}  # rank: (mtime, its beat's step)
         self.clock = StepClock()
         self.current: Progress | None = None
         self._reading: Reading | None = None
@@ -160,7 +163,33 @@ class ProgressWatch:
         counter where the hooks saw a bar in it, the rank their records name (a rank started with no
         launcher's variable: mp.spawn), and each rank's step where its output lines carry a prefix."""
         ranks = {pid: r.rank for pid, r in self.records.items() if r.rank is not None}
-        return RankHints(self.steps_by_pid(), ranks, self.output.steps_by_rank())
+        return RankHints(self.steps_by_pid(), ranks, self.output.steps_by_rank(), self._rank_beat_steps())
+
+    def _rank_beat_steps(self) -> dict[int, int]:
+        """Each rank's step from its own heartbeat: `jobwarden.heartbeat(step=...)` in a process with RANK
+        also writes `<heartbeat>.rank<N>` (the job's file keeps whichever rank beat last). A file is read
+        again only when it changed; at most MAX_RANK_BEATS ranks."""
+        prefix = self.heartbeat_path.name + RANK_BEAT_SUFFIX
+        try:
+            names = [n for n in os.listdir(self.heartbeat_path.parent) if n.startswith(prefix)]
+        except OSError:
+            return {}
+        ranks = sorted(int(n[len(prefix) :]) for n in names if n[len(prefix) :].isdigit())[:MAX_RANK_BEATS]
+        steps = {}
+        for rank in ranks:
+            path = self.heartbeat_path.with_name(f"{prefix}{rank}")
+            try:
+                mtime = path.stat().st_mtime
+            except OSError:
+                continue
+            known = self._rank_beats.get(rank)
+            if known is None or known[0] != mtime:
+                beat = read_heartbeat(path)
+                reading = heartbeat_reading(beat.info) if beat else None
+                known = self._rank_beats[rank] = (mtime, reading.step if reading else None)
+            if known[1] is not None:
+                steps[rank] = known[1]
+        return steps
 
     def finish(self, now: float, now_mono: float) -> None:
         """The run ended: a last look at every source (the records of processes that ended too), stored."""

@@ -56,6 +56,7 @@ class RankHints(NamedTuple):
     steps: Mapping[int, int] = {}  # pid: its own bar's step (the hooks' records)
     ranks: Mapping[int, int] = {}  # pid: the rank the hooks' records name
     rank_steps: Mapping[int, int] = {}  # rank: its step in the output (`[rankN]:` lines)
+    beat_steps: Mapping[int, int] = {}  # rank: its step in its own heartbeat (jobwarden.heartbeat)
 
 
 class _Rank:
@@ -118,7 +119,7 @@ class RankWatch:
                     syscall = _call_name(number, self.syscalls)
             kept.syscall = syscall
             kept.looks.append((mono, *self._where_now(kept, state, syscall, m.pid in loaders)))
-            step = hints.steps.get(m.pid, hints.rank_steps.get(rank))
+            step = hints.steps.get(m.pid, hints.beat_steps.get(rank, hints.rank_steps.get(rank)))
             if step is not None and (not kept.steps or kept.steps[-1][1] != step):
                 if kept.steps and step < kept.steps[-1][1]:
                     kept.steps.clear()  # a new bar
