@@ -5,38 +5,15 @@ real with a short window; the healthy jobs wait on purpose and get no more than 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.conftest import Jobwarden
+from tests.integration.hangcases import HANG, PY, finding, hang_findings, line_of, script, wait_chain
 from tests.support import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-PY = sys.executable
-HANG = ("--hang-timeout", "2s", "--on-hang", "dump")
-
-
-def finding(jw: Jobwarden, job: int, rule: str) -> dict[str, Any] | None:
-    return next((f for f in jw.status(job)["findings"] if f["rule"] == rule), None)
-
-
-def hang_findings(jw: Jobwarden, job: int) -> list[dict[str, Any]] | None:
-    found = [f for f in jw.status(job)["findings"] if f["rule"] in ("wait-chain", "no-progress")]
-    return found or None
-
-
-def line_of(code: str, text: str) -> int:
-    return next(n for n, line in enumerate(code.splitlines(), 1) if text in line)
-
-
-def script(tmp_path: Path, name: str, code: str) -> Path:
-    path = tmp_path / name
-    path.write_text(code)
-    path.chmod(0o644)
-    return path
 
 
 LOADER_RAISES = """
@@ -63,7 +40,7 @@ def test_a_consumer_whose_only_producer_thread_ended_names_the_queue_and_the_thr
     train = script(tmp_path, "train.py", LOADER_RAISES)
     job = jw.start(PY, str(train), options=HANG)["id"]
     try:
-        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        f = wait_chain(jw, job)
         main_pid = jw.status(job)["pid"]
         assert f["pids"][0] == main_pid, f
         at = f"{train}:{line_of(LOADER_RAISES, 'results.get()')}"
@@ -107,7 +84,7 @@ def test_an_event_whose_setter_reads_a_pipe_nobody_writes_names_the_pipes_writer
     pipeline = script(tmp_path, "pipeline.sh", f"tail -f /dev/null | {PY} {consumer}\n")
     job = jw.start("bash", str(pipeline), options=HANG)["id"]
     try:
-        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        f = wait_chain(jw, job)
         processes = jw.status(job)["processes"]
         tail = next(p["pid"] for p in processes if p["cmdline"].startswith("tail -f"))
         python = next(p["pid"] for p in processes if str(consumer) in p["cmdline"])
@@ -148,7 +125,7 @@ def test_a_multiprocessing_queue_whose_producer_process_died_names_the_dead_prod
     train = script(tmp_path, "train.py", PRODUCER_PROCESS_DIES)
     job = jw.start(PY, str(train), options=HANG)["id"]
     try:
-        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        f = wait_chain(jw, job)
         main_pid = jw.status(job)["pid"]
         assert len(f["pids"]) >= 2 and f["pids"][1] == main_pid, f
         dead = f["pids"][0]
@@ -196,7 +173,7 @@ def test_two_threads_each_waiting_for_what_the_other_feeds_are_a_deadlock(
     code = script(tmp_path, "pingpong.py", TWO_QUEUES)
     job = jw.start(PY, "-X", "dev", str(code), options=HANG)["id"]
     try:
-        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        f = wait_chain(jw, job)
         main_pid = jw.status(job)["pid"]
         assert f["pids"][0] == main_pid, f
         assert f["title"] in (

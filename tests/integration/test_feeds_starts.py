@@ -5,33 +5,14 @@ imported from another module of the job. Each job hangs for real with a short wi
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.conftest import Jobwarden
-from tests.support import eventually
+from tests.integration.hangcases import HANG, PY, line_of, script, wait_chain
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-PY = sys.executable
-HANG = ("--hang-timeout", "2s", "--on-hang", "dump")
-
-
-def finding(jw: Jobwarden, job: int, rule: str) -> dict[str, Any] | None:
-    return next((f for f in jw.status(job)["findings"] if f["rule"] == rule), None)
-
-
-def line_of(code: str, text: str) -> int:
-    return next(n for n, line in enumerate(code.splitlines(), 1) if text in line)
-
-
-def script(tmp_path: Path, name: str, code: str) -> Path:
-    path = tmp_path / name
-    path.write_text(code)
-    path.chmod(0o644)
-    return path
 
 
 SUBCLASS_RAISES = """
@@ -61,7 +42,7 @@ def test_a_thread_subclass_whose_run_raised_is_named_as_the_ended_feeder(
     train = script(tmp_path, "train.py", SUBCLASS_RAISES)
     job = jw.start(PY, str(train), options=HANG)["id"]
     try:
-        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        f = wait_chain(jw, job)
         main_pid = jw.status(job)["pid"]
         assert f["pids"][0] == main_pid, f
         at = f"{train}:{line_of(SUBCLASS_RAISES, 'batches.get()')}"
@@ -106,7 +87,7 @@ def test_an_executor_task_that_raised_is_named_as_the_ended_feeder(jw: Jobwarden
     train = script(tmp_path, "warm.py", TASK_RAISES)
     job = jw.start(PY, str(train), options=HANG)["id"]
     try:
-        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        f = wait_chain(jw, job)
         main_pid = jw.status(job)["pid"]
         assert f["pids"][0] == main_pid, f
         at = f"{train}:{line_of(TASK_RAISES, 'ready.wait()')}"
@@ -155,7 +136,7 @@ def test_a_queue_bound_to_self_in_init_names_the_method_thread_that_ended(
     train = script(tmp_path, "shards.py", ATTRIBUTE_QUEUE)
     job = jw.start(PY, str(train), options=HANG)["id"]
     try:
-        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        f = wait_chain(jw, job)
         main_pid = jw.status(job)["pid"]
         assert f["pids"][0] == main_pid, f
         at = f"{train}:{line_of(ATTRIBUTE_QUEUE, 'yield self.ready.get()')}"
@@ -201,7 +182,7 @@ def test_a_queue_imported_from_the_jobs_own_module_names_its_feeder_and_the_pipe
     pipeline = script(tmp_path, "serve.sh", f"cd {tmp_path}\ntail -f /dev/null | {PY} serve.py\n")
     job = jw.start("bash", str(pipeline), options=HANG)["id"]
     try:
-        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        f = wait_chain(jw, job)
         processes = jw.status(job)["processes"]
         tail = next(p["pid"] for p in processes if p["cmdline"].startswith("tail -f"))
         python = next(p["pid"] for p in processes if "serve.py" in p["cmdline"])

@@ -7,29 +7,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.conftest import Jobwarden
+from tests.integration.hangcases import HANG, PY, finding, hang_findings, wait_chain
 from tests.support import eventually, unavailable
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-PY = sys.executable
-HANG = ("--hang-timeout", "2s", "--on-hang", "dump")
-
-
-def finding(jw: Jobwarden, job: int, rule: str) -> dict[str, Any] | None:
-    return next((f for f in jw.status(job)["findings"] if f["rule"] == rule), None)
-
-
-def hang_findings(jw: Jobwarden, job: int) -> list[dict[str, Any]] | None:
-    found = [f for f in jw.status(job)["findings"] if f["rule"] in ("wait-chain", "no-progress")]
-    return found or None
 
 
 @pytest.fixture
@@ -75,7 +63,7 @@ def test_a_child_waiting_for_another_users_lock_names_the_holder(
     main = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {locker!r}, sys.argv[1]])"
     job = jw.start(PY, "-c", main, str(lock), options=HANG)["id"]
     try:
-        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        f = wait_chain(jw, job)
         assert f["pids"][0] == proc.pid, f
         # another user's process: its command, its user, and that it is none of this user's jobs
         assert f["title"].startswith(f"Waits for a file lock on {lock} held by pid {proc.pid} ({PY[:30]}"), f
@@ -94,7 +82,7 @@ def test_a_reader_of_a_pipe_whose_writer_never_writes_names_the_writer(jw: Jobwa
     script.write_text(f"tail -f /dev/null | {PY} -c 'import sys; sys.stdin.read()'\n")
     job = jw.start("bash", str(script), options=HANG)["id"]
     try:
-        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        f = wait_chain(jw, job)
         tail = next(p["pid"] for p in jw.status(job)["processes"] if p["cmdline"].startswith("tail -f"))
         assert f["pids"][0] == tail, f
         assert f["title"] == f"Reads a pipe whose write end pid {tail} still holds open"
@@ -135,7 +123,7 @@ def test_a_client_waiting_for_a_local_server_that_never_answers_names_the_server
         )
         job = jw.start(PY, "-c", client, str(port), options=HANG)["id"]
         try:
-            f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+            f = wait_chain(jw, job)
             assert f["pids"][0] == server.pid, f
             assert f["title"].startswith(
                 f"Waits for a reply on a TCP connection to 127.0.0.1:{port} from pid {server.pid} ({PY[:30]}"
@@ -159,7 +147,7 @@ def test_a_shell_scripts_flock_command_behind_another_users_lock_names_the_holde
     script.write_text('flock --exclusive "$1" echo updating the cache\necho done\n')
     job = jw.start("bash", str(script), str(lock), options=HANG)["id"]
     try:
-        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        f = wait_chain(jw, job)
         assert f["pids"][0] == proc.pid, f
         assert f["title"].startswith(f"Waits for a file lock on {lock} held by pid {proc.pid} ({PY[:30]}"), f
         assert f["title"].endswith("), user nobody, not a job of yours"), f
@@ -180,7 +168,7 @@ def test_a_parent_waiting_for_a_child_that_fills_the_pipe_it_never_reads_is_a_de
     )
     job = jw.start(PY, "-c", main, options=HANG)["id"]
     try:
-        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        f = wait_chain(jw, job)
         main_pid = jw.status(job)["pid"]
         child = next(p["pid"] for p in jw.status(job)["processes"] if p["pid"] != main_pid)
         assert f["pids"][0] == main_pid, f
@@ -225,7 +213,7 @@ def test_a_multiprocessing_join_on_a_child_reading_a_fifo_names_the_fifos_writer
         script.write_text(CONSUMER)
         job = jw.start(PY, str(script), str(fifo), options=HANG)["id"]
         try:
-            f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+            f = wait_chain(jw, job)
             assert f["pids"][0] == writer.pid, f
             assert f["title"].startswith(
                 f"Reads the FIFO {fifo} whose write end pid {writer.pid} (bash -c "
@@ -286,7 +274,7 @@ def test_a_client_waiting_on_a_unix_socket_names_the_silent_server(
     )
     job = jw.start(PY, "-c", client, str(path), options=HANG)["id"]
     try:
-        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        f = wait_chain(jw, job)
         assert f["pids"][0] == server.pid, f
         assert f["title"].startswith(
             f"Waits for a reply on a Unix socket connected to {path} from pid {server.pid} ({PY[:30]}"
@@ -352,7 +340,7 @@ def test_two_threads_taking_two_locks_in_opposite_orders_are_a_deadlock_naming_b
     script.chmod(0o644)
     job = jw.start(PY, str(script), options=HANG)["id"]
     try:
-        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        f = wait_chain(jw, job)
         main_pid = jw.status(job)["pid"]
         assert f["pids"] == [main_pid], f
         assert f["title"] == f"Deadlock: 2 threads of pid {main_pid} wait for each other's locks (a, b)", f

@@ -4,18 +4,15 @@ lock), every process and thing of it named, the process it closes on first; and 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.conftest import Jobwarden
+from tests.integration.hangcases import HANG, PY, finding, hang_findings, wait_chain
 from tests.support import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-PY = sys.executable
-HANG = ("--hang-timeout", "2s", "--on-hang", "dump")
 REFRESH = """
 import fcntl, subprocess, sys
 
@@ -24,15 +21,6 @@ fcntl.flock(cache, fcntl.LOCK_EX)  # held while the helper refreshes it...
 # ...but the helper takes the same lock first (flock(1)), and this process reads its output meanwhile
 fresh = subprocess.run(["flock", sys.argv[1], "echo", "fresh"], stdout=subprocess.PIPE).stdout
 """
-
-
-def finding(jw: Jobwarden, job: int, rule: str) -> dict[str, Any] | None:
-    return next((f for f in jw.status(job)["findings"] if f["rule"] == rule), None)
-
-
-def hang_findings(jw: Jobwarden, job: int) -> list[dict[str, Any]] | None:
-    found = [f for f in jw.status(job)["findings"] if f["rule"] in ("wait-chain", "no-progress")]
-    return found or None
 
 
 @pytest.mark.parametrize("launcher", ["python", "shell"])
@@ -50,7 +38,7 @@ def test_a_reader_of_a_helpers_pipe_holding_the_lock_the_helper_waits_for_is_a_d
         script.write_text(f'{PY} {code} "$1"\necho done\n')
         job = jw.start("bash", str(script), str(lock), options=HANG)["id"]
     try:
-        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        f = wait_chain(jw, job)
         processes = jw.status(job)["processes"]
         reader = next(p["pid"] for p in processes if str(code) in p["cmdline"])
         helper = next(p["pid"] for p in processes if p["cmdline"].startswith("flock "))
@@ -104,7 +92,7 @@ def test_two_objects_whose_methods_take_each_others_self_lock_are_a_deadlock(
     code.chmod(0o644)
     job = jw.start(PY, str(code), options=HANG)["id"]
     try:
-        f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+        f = wait_chain(jw, job)
         main_pid = jw.status(job)["pid"]
         assert f["pids"] == [main_pid], f
         assert f["title"].startswith(

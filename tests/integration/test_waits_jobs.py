@@ -6,18 +6,15 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.conftest import Jobwarden
+from tests.integration.hangcases import HANG, PY, wait_chain
 from tests.support import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-PY = sys.executable
-HANG = ("--hang-timeout", "2s", "--on-hang", "dump")
 HOLD = """
 import fcntl, sys, time
 held = open(sys.argv[1], "a")
@@ -25,10 +22,6 @@ fcntl.flock(held, fcntl.LOCK_EX)
 print("held", flush=True)
 time.sleep(600)  # a long preparation step that keeps the cache locked
 """
-
-
-def finding(jw: Jobwarden, job: int, rule: str) -> dict[str, Any] | None:
-    return next((f for f in jw.status(job)["findings"] if f["rule"] == rule), None)
 
 
 def printed(jw: Jobwarden, job: int, text: str) -> bool:
@@ -47,7 +40,7 @@ def test_a_lock_held_by_another_job_of_this_user_names_that_job(jw: Jobwarden, t
         # a shell script's flock(1), as a cron job or a CI step serialises on a shared cache
         job = jw.start("bash", "-c", 'flock "$0" echo updating', str(lock), options=HANG)["id"]
         try:
-            f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+            f = wait_chain(jw, job)
             assert f["pids"][0] == holder, f
             assert f["title"].startswith(
                 f"Waits for a file lock on {lock} held by pid {holder} ({PY[:30]}"
@@ -74,7 +67,7 @@ def test_a_holder_that_only_copies_a_jobs_marker_is_not_named_as_that_job(
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         job = jw.start("bash", "-c", 'flock "$0" echo updating', str(lock), options=HANG)["id"]
         try:
-            f = eventually("wait-chain", lambda: finding(jw, job, "wait-chain"), 90)
+            f = wait_chain(jw, job)
             assert f["pids"][0] == holder.pid, f
             me = pwd.getpwuid(os.geteuid()).pw_name
             assert f"held by pid {holder.pid} ({PY[:30]}" in f["title"], f

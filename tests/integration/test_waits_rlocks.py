@@ -5,18 +5,16 @@ finding names the owning thread by the ident py-spy reports, and what that threa
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import Jobwarden
+from tests.integration.hangcases import HANG, PY, finding
 from tests.support import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-PY = sys.executable
-HANG = ("--hang-timeout", "2s", "--on-hang", "dump")
 
 TRANSFERS = """
 import sys, threading
@@ -52,10 +50,6 @@ def run(ids_file):
 
 run(sys.argv[1])
 """
-
-
-def finding(jw: Jobwarden, job: int, rule: str) -> dict[str, Any] | None:
-    return next((f for f in jw.status(job)["findings"] if f["rule"] == rule), None)
 
 
 def rlock_finding(jw: Jobwarden, job: int) -> dict[str, Any] | None:
