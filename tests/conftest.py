@@ -230,7 +230,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for group in _ONE_WORKER_GROUPS:
             if item.get_closest_marker(group) is not None:
                 item.add_marker(pytest.mark.xdist_group(group))
-        if item.path.name in _ALONE_MODULES:
+        # the real jobs only: the unit tests of the same names compute on fakes, whatever the load
+        if item.path.name in _ALONE_MODULES and "unit" not in item.path.parts:
             item.add_marker(pytest.mark.alone)
 
 
