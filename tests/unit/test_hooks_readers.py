@@ -19,6 +19,7 @@ from jobwarden.probes.pyhooks import (
     read_adverts,
     read_forks,
     read_heartbeat,
+    read_progress,
 )
 from tests.faultcheck import may_signal
 
@@ -324,3 +325,18 @@ def test_odd_json_heartbeats_fall_back_to_the_mtime(tmp_path: Path, payload: dic
     path.write_text(json.dumps(payload))
     set_mtime(path, 1000.0)
     assert read_heartbeat(path) == Heartbeat(1000.0, {})
+
+
+@pytest.mark.parametrize("planted", ["fifo", "symlink"])
+def test_what_the_job_plants_in_place_of_its_records_is_not_read(tmp_path: Path, planted: str) -> None:
+    """The job writes its heartbeat and its bars' records: a FIFO there would block the supervisor in
+    open() for good, a symlink lead it to another file. Neither is read; the call returns at once."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text(json.dumps({"at": 1.0, "info": {"step": 3}, "pid": 42, "bars": []}))
+    for path in (tmp_path / "heartbeat", tmp_path / "42.progress"):
+        if planted == "fifo":
+            os.mkfifo(path)
+        else:
+            path.symlink_to(elsewhere)
+    assert read_heartbeat(tmp_path / "heartbeat") is None
+    assert read_progress(tmp_path, 42) is None

@@ -7,6 +7,7 @@ cannot parse (a partial line, a corrupt advert) instead of failing the diagnosis
 from __future__ import annotations
 
 import array
+import errno
 import json
 import os
 import stat
@@ -405,8 +406,8 @@ def read_progress(py_dir: Path, pid: int) -> HookProgress | None:
     """The bars process `pid` last recorded (`<pid>.progress`), or None: none, unreadable, not the shape
     the hooks write. The job writes the file: every field is checked, none is trusted as a type."""
     try:
-        with open(py_dir / f"{pid}{PROGRESS_SUFFIX}", "rb") as fh:
-            data = json.loads(fh.read(MAX_PROGRESS_BYTES).decode("utf-8", "replace"))
+        raw = read_regular(py_dir / f"{pid}{PROGRESS_SUFFIX}", MAX_PROGRESS_BYTES)
+        data = json.loads(raw.decode("utf-8", "replace"))
         if not isinstance(data, dict) or data.get("pid") != pid:
             return None
         at = data["at"]
@@ -475,8 +476,25 @@ def _files(py_dir: Path, suffix: str) -> Iterator[Path]:
 
 
 def _read(path: Path) -> str:
-    with open(path, "rb") as fh:
-        return fh.read(MAX_RECORD_BYTES).decode("utf-8", "replace")
+    return read_regular(path, MAX_RECORD_BYTES).decode("utf-8", "replace")
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The first `limit` bytes of the regular file at `path`. The job writes these files and may put
+    anything there: a FIFO would block the supervisor in open() for good, a symlink lead it elsewhere.
+    Raises OSError for either, as for a file that is not there."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"not a regular file: {path}")
+        chunks: list[bytes] = []
+        left = limit
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 16))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _json_lines(path: Path) -> Iterator[dict[str, Any]]:
