@@ -29,11 +29,13 @@ from pathlib import Path
 
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.osapi.procfs import ProcFS
+from jobwarden.probes.pyhooks import read_regular
 
 ADVERT, STACKS, EXCEPTION, FORKS = ".json", ".stacks", ".exc.json", ".forks.jsonl"
 RECORDER_FILES = (".fr.req", ".fr.json")  # a rank's flight-recorder FIFO and answer: they serve it live
 MAX_KEPT = 1000  # exception records, and fork records of processes that ended, kept at most
 _ADVERT_MAX_BYTES = 1 << 16
+_FORKS_MAX_BYTES = 4 << 20  # the hooks keep a process's fork records under 1 MB
 
 
 class PyFiles:
@@ -142,8 +144,8 @@ class PyFiles:
         return found
 
     def _children(self, parent: int) -> Iterable[int]:
-        with contextlib.suppress(OSError), open(self.py_dir / f"{parent}{FORKS}", "rb") as fh:
-            for line in fh:
+        with contextlib.suppress(OSError):
+            for line in read_regular(self.py_dir / f"{parent}{FORKS}", _FORKS_MAX_BYTES).splitlines():
                 try:
                     entry = json.loads(line)
                 except (ValueError, RecursionError):
@@ -159,8 +161,7 @@ class PyFiles:
 
     def _read_advert(self, pid: int) -> dict[str, object] | None:
         try:
-            with open(self.py_dir / f"{pid}{ADVERT}", "rb") as fh:
-                advert = json.loads(fh.read(_ADVERT_MAX_BYTES))
+            advert = json.loads(read_regular(self.py_dir / f"{pid}{ADVERT}", _ADVERT_MAX_BYTES))
         except (OSError, ValueError, RecursionError):
             return None
         return advert if isinstance(advert, dict) else None
