@@ -29,7 +29,7 @@ class Interrupted(JobwardenError):
 
 class JobNotFound(JobwardenError):
     def __init__(self, ref: str) -> None:
-        if ref == "@last":  # store.repo.LAST_JOB: asked for the newest job of a home that has none
+        if ref == "@last":  # store.jobs.LAST_JOB: asked for the newest job of a home that has none
             super().__init__("no job yet in this jobwarden home", "start one: jobwarden run -- COMMAND")
         else:
             super().__init__(f"no job {ref!r}", "list jobs with `jobwarden ps --all`")

@@ -284,7 +284,7 @@ def test_a_fingerprint_reads_back_and_one_environment_is_stored_once(store: Stor
     fp = store.fingerprint(second, 1)
     assert fp is not None and fp.packages == packages and fp.command == ("python", "a.py")
     assert store.fingerprint(second, 2) is None
-    assert store._conn.execute("SELECT COUNT(*) FROM package_sets").fetchone()[0] == 1
+    assert store._db.conn.execute("SELECT COUNT(*) FROM package_sets").fetchone()[0] == 1
 
 
 def test_the_last_success_of_the_same_command(store: Store) -> None:
@@ -304,7 +304,7 @@ def test_removing_jobs_forgets_the_package_lists_no_run_names(store: Store) -> N
     kept = stored(store, ("python", "a.py"), (("a", "1"),))
     gone = stored(store, ("python", "a.py"), (("b", "1"),))
     store.delete_job(gone)
-    assert [r[0] for r in store._conn.execute("SELECT list FROM package_sets")] == ['[["a","1"]]']
+    assert [r[0] for r in store._db.conn.execute("SELECT list FROM package_sets")] == ['[["a","1"]]']
     assert store.fingerprint(gone, 1) is None and store.fingerprint(kept, 1) is not None
 
 

@@ -109,13 +109,13 @@ def test_unfinished_and_recent_runs_are_found_by_index(store: Store) -> None:
 
 def _plan(store: Store, **kwargs: object) -> str:
     traced: list[str] = []
-    store._conn.set_trace_callback(traced.append)
+    store._db.conn.set_trace_callback(traced.append)
     try:
         store.job_list(**kwargs)  # type: ignore[arg-type]
     finally:
-        store._conn.set_trace_callback(None)
+        store._db.conn.set_trace_callback(None)
     [sql] = [s for s in traced if s.startswith("SELECT")]
-    return " | ".join(row["detail"] for row in store._conn.execute(f"EXPLAIN QUERY PLAN {sql}"))
+    return " | ".join(row["detail"] for row in store._db.conn.execute(f"EXPLAIN QUERY PLAN {sql}"))
 
 
 def test_current_findings_of_many_runs_in_one_read(store: Store) -> None:

@@ -29,7 +29,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 def fill_ended(store: Store, count: int, ended_at: float) -> None:
     """`count` ended jobs, inserted in one transaction (the Store's API would take a commit each)."""
-    conn = store._conn
+    conn = store._db.conn
     first = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM jobs").fetchone()[0]) + 1
     ids = range(first, first + count)
     with write(conn):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from jobwarden.store import JobRecord, RunRecord, Store
-from jobwarden.store.repo import LAST_JOB
+from jobwarden.store.jobs import LAST_JOB
 
 __all__ = [
     "LAST_JOB",

@@ -1,4 +1,5 @@
-"""Opening the database: WAL, a busy timeout, migrations, and errors a user can act on."""
+"""Opening the database: WAL, a busy timeout, migrations, and errors a user can act on; and `Database`,
+the one owner of a store's connection, through which every noun module of the store reads and writes."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ import os
 import sqlite3
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from jobwarden.errors import StoreBusy, StoreCorrupt, StoreError, StoreFull
+from jobwarden.paths import Layout
 from jobwarden.store.schema import LATEST, MIGRATIONS
+
+T = TypeVar("T")
 
 # Writers wait up to this long for each other. 100 simultaneous `run`s each hold the write lock for about
 # a millisecond, so even a loaded 2-core machine stays far below it.
@@ -67,7 +72,7 @@ def connect(path: Path) -> sqlite3.Connection:
     A write-ahead log deleted while supervisors run is still theirs (an open file): they read and write
     it, and the last of them to close writes it back into the database. Until then every new connection
     fails (SQLITE_IOERR_SHORT_READ: the index names frames the new, empty log lacks). Each supervisor
-    notices within a tick and reopens (Store.reopen_if_wal_replaced), so that is waited out here, up to
+    notices within a tick and reopens (Database.reopen_if_wal_replaced), so that is waited out here, up to
     WAL_LOST_WAIT_S, and then said as what it is."""
     deadline = time.monotonic() + WAL_LOST_WAIT_S
     while _wal_lost(path):
@@ -228,3 +233,77 @@ def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
         raise
+
+
+class Database:
+    """A store's connection and what belongs to it: the files it is open on, its errors translated for a
+    user, the sample rows its readers skipped. The store's noun modules (store/jobs.py, samples.py,
+    listing.py, ...) are functions over one; `Store` owns it and delegates to them."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.conn = connect(layout.database)
+        self._store_id: str | None = None
+        self._wal = wal_identity(layout.database)  # the log this connection writes to
+        self._file = _file_identity(layout.database)  # and the database file itself
+        self.malformed: set[tuple[Any, ...]] = set()  # the sample rows the readers skipped since it opened
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def exec(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        try:
+            return self.conn.execute(sql, params)
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
+
+    def translated(self, query: Callable[[], T]) -> T:
+        try:
+            return query()
+        except sqlite3.Error as err:
+            raise translate(err, self.layout.database) from err
+
+    def reopen_if_wal_replaced(self) -> bool:
+        """For a long-lived connection (a shim's): True when the write-ahead log it writes to is no longer
+        the one on disk (deleted, or deleted and made again): its writes would reach no other process,
+        and no new connection can open the database while it holds the deleted one. It is closed (the
+        last holder to close writes the log back into the database) and opened again."""
+        now = wal_identity(self.layout.database)
+        if now == self._wal:
+            return False
+        if _file_identity(self.layout.database) != self._file:
+            # the database itself was moved aside (or replaced): a new one there is another store, whose
+            # job ids start over; this connection stays with its own (moved) file, never writes there
+            return False
+        self.conn.close()
+        self.conn = connect(self.layout.database)
+        self._wal = wal_identity(self.layout.database)
+        return True
+
+    @property
+    def store_id(self) -> str:
+        """This database's identity (store_id above), read once."""
+        if self._store_id is None:
+            try:
+                self._store_id = store_id(self.conn)
+            except sqlite3.Error as err:
+                raise translate(err, self.layout.database) from err
+        return self._store_id
+
+    @contextlib.contextmanager
+    def waiting_at_most(self, seconds: float) -> Iterator[None]:
+        """Writes inside wait this long for another process's write lock, then raise StoreBusy (the
+        shim's loop must go on watching: what it cannot write now, it writes later, with its own time)."""
+        self.conn.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
+        try:
+            yield
+        finally:
+            self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino

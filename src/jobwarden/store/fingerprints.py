@@ -12,8 +12,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from jobwarden.paths import Layout
-from jobwarden.store.db import translate, write
+from jobwarden.store.db import Database, translate, write
 
 if TYPE_CHECKING:  # the store is on the path of `run`, which reads no fingerprint
     from jobwarden.observations import Fingerprint
@@ -50,66 +49,60 @@ def _sha256_hex(data: bytes) -> str:
     return str(module.sha256(data).hexdigest())
 
 
-class FingerprintMethods:
-    """`Store`'s methods for fingerprints (a base class of it, kept here beside their SQL)."""
-
-    _conn: sqlite3.Connection
-    layout: Layout
-
-    def _exec(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
-        raise NotImplementedError
-
-    def set_fingerprint(self, job_id: int, run: int, at: float, fingerprint: Fingerprint) -> None:
-        packages = fingerprint.packages
-        digest = packages_hash(packages) if packages is not None else None
-        body = json.dumps(fingerprint.to_json(packages=False), separators=_COMPACT)
-        try:
-            with write(self._conn):
-                if packages is not None:
-                    self._conn.execute(
-                        "INSERT OR IGNORE INTO package_sets (hash, list) VALUES (?, ?)",
-                        (digest, json.dumps([list(p) for p in packages], separators=_COMPACT)),
-                    )
-                self._conn.execute(
-                    "INSERT OR REPLACE INTO fingerprints (job_id, run, at, same, body, packages) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
-                    (job_id, run, at, same_command(fingerprint.command, fingerprint.cwd), body, digest),
+def set_fingerprint(db: Database, job_id: int, run: int, at: float, fingerprint: Fingerprint) -> None:
+    packages = fingerprint.packages
+    digest = packages_hash(packages) if packages is not None else None
+    body = json.dumps(fingerprint.to_json(packages=False), separators=_COMPACT)
+    try:
+        with write(db.conn):
+            if packages is not None:
+                db.conn.execute(
+                    "INSERT OR IGNORE INTO package_sets (hash, list) VALUES (?, ?)",
+                    (digest, json.dumps([list(p) for p in packages], separators=_COMPACT)),
                 )
-        except sqlite3.Error as err:
-            raise translate(err, self.layout.database) from err
+            db.conn.execute(
+                "INSERT OR REPLACE INTO fingerprints (job_id, run, at, same, body, packages) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (job_id, run, at, same_command(fingerprint.command, fingerprint.cwd), body, digest),
+            )
+    except sqlite3.Error as err:
+        raise translate(err, db.layout.database) from err
 
-    def fingerprint(self, job_id: int, run: int) -> Fingerprint | None:
-        """The run's fingerprint, its packages included; None when it has none (a run started before
-        fingerprints were taken, or one that never started)."""
-        row = self._exec(
-            "SELECT f.body, p.list FROM fingerprints f LEFT JOIN package_sets p ON p.hash = f.packages "
-            "WHERE f.job_id = ? AND f.run = ?",
-            (job_id, run),
-        ).fetchone()
-        if row is None:
-            return None
-        from jobwarden.observations import Fingerprint
 
-        packages = tuple((str(n), str(v)) for n, v in json.loads(row[1])) if row[1] is not None else None
-        return Fingerprint.from_json(json.loads(row[0]), packages)
+def fingerprint(db: Database, job_id: int, run: int) -> Fingerprint | None:
+    """The run's fingerprint, its packages included; None when it has none (a run started before
+    fingerprints were taken, or one that never started)."""
+    row = db.exec(
+        "SELECT f.body, p.list FROM fingerprints f LEFT JOIN package_sets p ON p.hash = f.packages "
+        "WHERE f.job_id = ? AND f.run = ?",
+        (job_id, run),
+    ).fetchone()
+    if row is None:
+        return None
+    from jobwarden.observations import Fingerprint
 
-    def last_success(
-        self, command: Sequence[str], cwd: str, before: float, besides: tuple[int, int]
-    ) -> tuple[int, int] | None:
-        """(job id, run) of the newest run with a fingerprint of this command in this cwd that succeeded
-        and started before `before`, `besides` excepted; None when there is none."""
-        row = self._exec(
-            "SELECT f.job_id, f.run FROM fingerprints f "
-            "JOIN runs r ON r.job_id = f.job_id AND r.n = f.run "
-            "WHERE f.same = ? AND r.state = 'succeeded' AND r.started_at < ? "
-            "AND NOT (f.job_id = ? AND f.run = ?) ORDER BY r.started_at DESC LIMIT 1",
-            (same_command(command, cwd), before, *besides),
-        ).fetchone()
-        return None if row is None else (int(row[0]), int(row[1]))
+    packages = tuple((str(n), str(v)) for n, v in json.loads(row[1])) if row[1] is not None else None
+    return Fingerprint.from_json(json.loads(row[0]), packages)
 
-    def forget_unused_package_sets(self) -> None:
-        """Package lists no fingerprint names any more (their jobs were removed); in the caller's write."""
-        self._conn.execute(
-            "DELETE FROM package_sets WHERE hash NOT IN "
-            "(SELECT packages FROM fingerprints WHERE packages IS NOT NULL)"
-        )
+
+def last_success(
+    db: Database, command: Sequence[str], cwd: str, before: float, besides: tuple[int, int]
+) -> tuple[int, int] | None:
+    """(job id, run) of the newest run with a fingerprint of this command in this cwd that succeeded
+    and started before `before`, `besides` excepted; None when there is none."""
+    row = db.exec(
+        "SELECT f.job_id, f.run FROM fingerprints f "
+        "JOIN runs r ON r.job_id = f.job_id AND r.n = f.run "
+        "WHERE f.same = ? AND r.state = 'succeeded' AND r.started_at < ? "
+        "AND NOT (f.job_id = ? AND f.run = ?) ORDER BY r.started_at DESC LIMIT 1",
+        (same_command(command, cwd), before, *besides),
+    ).fetchone()
+    return None if row is None else (int(row[0]), int(row[1]))
+
+
+def forget_unused_package_sets(conn: sqlite3.Connection) -> None:
+    """Package lists no fingerprint names any more (their jobs were removed); in the caller's write."""
+    conn.execute(
+        "DELETE FROM package_sets WHERE hash NOT IN "
+        "(SELECT packages FROM fingerprints WHERE packages IS NOT NULL)"
+    )

@@ -36,7 +36,7 @@ class JobRecord(NamedTuple):
             id=row["id"],
             name=row["name"],
             command=tuple(json.loads(row["command"])),
-            cwd=os.fsdecode(row["cwd"]),  # bytes where it is not UTF-8 (store.repo._path_value)
+            cwd=os.fsdecode(row["cwd"]),  # bytes where it is not UTF-8 (store.jobs._path_value)
             created_at=row["created_at"],
             options=JobOptions.from_json(json.loads(row["options"])),
             env=json.loads(row["env"]),

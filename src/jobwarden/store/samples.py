@@ -1,7 +1,8 @@
 """The SQL of samples: raw readings in `samples`, downsampled points in `samples_rollup` (store/rollup.py).
 
-Functions over a connection (`Store.record_tree` calls them inside its transaction), and the methods of
-`Store` that read and write samples alone."""
+Functions over a connection (store/processes.py's `record_tree` calls them inside its transaction), and
+those over the store's `Database` (store/db.py) that read and write samples alone, which `Store` delegates
+to."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from jobwarden.clock import plausible
-from jobwarden.paths import Layout
-from jobwarden.store.db import translate, write
+from jobwarden.store.db import Database, translate, write
 from jobwarden.store.progress import stored_metrics
 from jobwarden.store.rollup import RAW, Bucket, Gauge, GpuReading, Reading, expiry
 
@@ -21,59 +21,58 @@ MIB = 1 << 20
 T = TypeVar("T")
 
 
-class SampleMethods:
-    """`Store`'s methods for samples (a base class of it, kept here beside their SQL)."""
+def add_samples(
+    db: Database,
+    job_id: int,
+    run: int,
+    readings: Sequence[Reading] = (),
+    rollups: Sequence[Bucket] = (),
+    prune_at: float | None = None,
+) -> None:
+    """Raw samples and downsampled points that closed, in one transaction; with `prune_at` (the
+    time now), also drop what each tier keeps no longer (store/rollup.py)."""
+    try:
+        with write(db.conn):
+            insert_readings(db.conn, job_id, run, readings)
+            insert_buckets(db.conn, job_id, run, rollups)
+            if prune_at is not None:
+                prune(db.conn, job_id, run, prune_at)
+    except sqlite3.Error as err:
+        raise translate(err, db.layout.database) from err
 
-    _conn: sqlite3.Connection
-    layout: Layout
-    _malformed: set[tuple[Any, ...]]  # the rows the readers skipped since this Store was opened
 
-    @property
-    def malformed_samples(self) -> int:
-        return len(self._malformed)
+def readings(
+    db: Database, job_id: int, run: int, since: float = -math.inf, until: float = math.inf
+) -> list[Reading]:
+    """The run's raw samples taken from `since` to `until`, oldest first (malformed rows skipped and
+    counted in `db.malformed`)."""
+    found, bad = db.translated(lambda: read_raw(db.conn, job_id, run, since, until))
+    db.malformed |= bad
+    return found
 
-    def add_samples(
-        self,
-        job_id: int,
-        run: int,
-        readings: Sequence[Reading] = (),
-        rollups: Sequence[Bucket] = (),
-        prune_at: float | None = None,
-    ) -> None:
-        """Raw samples and downsampled points that closed, in one transaction; with `prune_at` (the
-        time now), also drop what each tier keeps no longer (store/rollup.py)."""
+
+def rollups(
+    db: Database, job_id: int, run: int, tier: int, since: float = -math.inf, until: float = math.inf
+) -> list[Bucket]:
+    """The run's points of one tier (store/rollup.py) starting from `since` and ended by `until`,
+    oldest first."""
+    found, bad = db.translated(lambda: read_tier(db.conn, job_id, run, tier, since, until))
+    db.malformed |= bad
+    return found
+
+
+def latest_sample(db: Database, job_id: int, run: int) -> sqlite3.Row | None:
+    """The newest well-formed raw sample (a malformed one is skipped and counted, the one before it
+    read instead: a few at most)."""
+    rows = db.exec(
+        "SELECT * FROM samples WHERE job_id = ? AND run = ? ORDER BY at DESC LIMIT 8", (job_id, run)
+    )
+    for row in rows:
         try:
-            with write(self._conn):
-                insert_readings(self._conn, job_id, run, readings)
-                insert_buckets(self._conn, job_id, run, rollups)
-                if prune_at is not None:
-                    prune(self._conn, job_id, run, prune_at)
-        except sqlite3.Error as err:
-            raise translate(err, self.layout.database) from err
-
-    def readings(
-        self, job_id: int, run: int, since: float = -math.inf, until: float = math.inf
-    ) -> list[Reading]:
-        """The run's raw samples taken from `since` to `until`, oldest first (malformed rows skipped and
-        counted in `malformed_samples`)."""
-        try:
-            found, bad = read_raw(self._conn, job_id, run, since, until)
-        except sqlite3.Error as err:
-            raise translate(err, self.layout.database) from err
-        self._malformed |= bad
-        return found
-
-    def rollups(
-        self, job_id: int, run: int, tier: int, since: float = -math.inf, until: float = math.inf
-    ) -> list[Bucket]:
-        """The run's points of one tier (store/rollup.py) starting from `since` and ended by `until`,
-        oldest first."""
-        try:
-            found, bad = read_tier(self._conn, job_id, run, tier, since, until)
-        except sqlite3.Error as err:
-            raise translate(err, self.layout.database) from err
-        self._malformed |= bad
-        return found
+            return checked_sample(row)
+        except Malformed:
+            db.malformed.add(row_key(row))
+    return None
 
 
 _RAW_INSERT = (
