@@ -103,6 +103,27 @@ def test_a_pool_worker_killed_is_named_within_seconds(jw: Jobwarden, tmp_path: P
     jw("stop", str(job["id"]), check=True)
 
 
+def test_a_lost_pool_worker_is_said_as_the_wait_for_graphs_chain(jw: Jobwarden, tmp_path: Path) -> None:
+    # pool-worker-lost is an edge of the wait-for graph: the parent's result wait, whose only feeder died
+    fifo = make_fifo(tmp_path / "worker")
+    job = jw.start(PY, str(JOBS / "pool_lost_worker.py"), str(fifo), "kill", options=("--grace", "1s"))
+    worker = int(read_fifo(fifo))
+    wait_until_watched(jw, job["id"], worker)
+    os.kill(worker, signal.SIGKILL)
+    finding = wait_for_finding(jw, job["id"], "pool-worker-lost")
+    parent = jw.status(job["id"])["pid"]
+    (chain,) = [e for e in finding["evidence"] if e.startswith("wait-for graph: ")]
+    assert chain.startswith(f"wait-for graph: pid {parent} (")
+    assert re.search(
+        rf"waits in Pool\.map \(multiprocessing/pool\.py:\d+\) for a result of pid {worker}; ", chain
+    )
+    assert chain.endswith(
+        f"pid {worker} was killed by SIGKILL: the result never comes, everything waits for it"
+    )
+    assert finding["pids"][:2] == [worker, parent]  # the dead feeder first: everything waits for it
+    jw("stop", str(job["id"]), check=True)
+
+
 def test_a_pool_worker_oom_killed_under_a_memory_limit(jw: Jobwarden, tmp_path: Path) -> None:
     if not Path("/sys/fs/cgroup/memory").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
         unavailable("no memory cgroup on this machine")
