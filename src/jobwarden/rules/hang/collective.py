@@ -113,7 +113,7 @@ def from_edges(ev: RunEvidence, edges: Sequence[Edge]) -> Finding | None:
         tuple(evidence),
         _remedy(look, leads, job_ref(ev)),
         # the rank that is elsewhere, or in another collective, first: the finding is about it
-        tuple(dict.fromkeys([*leads, *(c.stack.pid for c in in_it), *(s.wait.pid for s in steps)])),
+        tuple(dict.fromkeys([*leads, *(c.stack.pid for c in in_it)])),
     )
 
 

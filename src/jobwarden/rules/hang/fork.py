@@ -202,7 +202,7 @@ def _finding(ev: RunEvidence, look: Lookup, found: list[tuple[Stuck, Edge]]) -> 
         "critical",
         tuple(evidence),
         _remedy(ev, origin, first.wait),
-        tuple(dict.fromkeys([*(s.stack.pid for s in stuck), *(s.wait.pid for s in steps)])),
+        tuple(s.stack.pid for s in stuck),
     )
 
 

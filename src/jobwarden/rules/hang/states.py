@@ -179,7 +179,7 @@ def from_edges(ev: RunEvidence, edges: Sequence[Edge]) -> Finding | None:
         "error",
         tuple(evidence),
         remedy + ".",
-        tuple(dict.fromkeys([*stuck, *(s.wait.pid for s in steps)])),
+        tuple(stuck),
     )
 
 

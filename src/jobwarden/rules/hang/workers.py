@@ -127,7 +127,7 @@ def lost_from(ev: RunEvidence, edges: Sequence[Edge]) -> Finding | None:
         "critical",
         tuple(evidence),
         _pool_remedy(any(x.death.pid in oom for x in lost), executor, ev.mem_limit_bytes is not None),
-        tuple(dict.fromkeys([*(x.death.pid for x in lost), parent.pid, *(s.wait.pid for s in steps)])),
+        tuple(dict.fromkeys([*(x.death.pid for x in lost), parent.pid])),
     )
 
 
