@@ -122,6 +122,11 @@ def test_collective_hang_is_ranks_waiting_for_a_peer_not_in_it() -> None:
         "30094, which is not in it; pid 30094 is elsewhere, at run (/srv/collective_hang.py:12): "
         "everything waits for it"
     )
+    both = collective.from_edges(ev, [Edge(30093, 30093, "collective", "all_reduce", (30094, 30095))])
+    assert (
+        both is not None
+        and "waits in all_reduce for pids 30094, 30095, which are not in it" in both.evidence[-1]
+    )
     # no edge to a peer: the ranks wait for one off this machine
     alone = collective.from_edges(ev, [Edge(30093, 30093, "collective", "all_reduce", ())])
     assert alone is not None and alone.title == "Hung in all_reduce" and alone.pids == (30093,)

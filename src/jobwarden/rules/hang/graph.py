@@ -173,14 +173,15 @@ def pipe(edge: Edge | Wait, anonymous: str, named: str) -> str:
 
 def signature_words(edge: Edge) -> str:
     """What a signature's edge is, in words: 'waits in Pool.map (...) for a result of pid 812'."""
-    to = f"pid {edge.on[0]}" if edge.on else ""
+    to = f"pid{'s' if len(edge.on) > 1 else ''} {', '.join(str(p) for p in edge.on)}" if edge.on else ""
     if edge.kind == "pool-result":
         return f"waits in {edge.thing} for a result of {to}"
     if edge.kind == "lock":
         holder = f"a thread that stayed in {to} at the fork" if edge.far == "absent" and to else "a thread"
         return f"waits for a lock at {edge.thing} held by {holder}"
     if edge.kind == "collective":
-        return f"waits in {edge.thing} for {to or 'a peer on another machine'}, which is not in it"
+        verb = "are" if len(edge.on) > 1 else "is"
+        return f"waits in {edge.thing} for {to or 'a peer on another machine'}, which {verb} not in it"
     return f"waits in the kernel ({edge.thing}) for no process"
 
 
