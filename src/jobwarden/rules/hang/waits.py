@@ -7,7 +7,8 @@ nothing), or back to a process already on the path (a deadlock). That last proce
 first pid. A main process the kernel shows waiting on nothing it can name (a futex, a socket, a sleep)
 leaves the run to the other hang rules and to `no-progress`, unless threads of the process that chain
 ends at (or of another) wait for each other's Python locks, as their stacks and source show
-(hang.lockcycle): a deadlock, that process first.
+(hang.lockcycle): a deadlock, that process first. The edges and their walk are hang.graph's, shared
+with the hang signatures, which are said by their own ids first: this rule says the rest.
 """
 
 from __future__ import annotations
