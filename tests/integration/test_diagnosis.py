@@ -65,6 +65,26 @@ def test_fork_while_a_thread_holds_a_lock_is_named_fork_deadlock(
         assert "--mp-start forkserver`" not in finding["remedy"]
 
 
+def test_a_fork_deadlock_is_said_as_the_wait_for_graphs_chain(jw: Jobwarden, tmp_path: Path) -> None:
+    # the parent waits for its child in waitpid (the kernel's edge), the child for a lock whose holder
+    # thread stayed in the parent at the fork (the signature's edge)
+    fifo = make_fifo(tmp_path / "child")
+    opts = ("--hang-timeout", "2s", "--on-hang", "stop", "--grace", "1s")
+    job = jw.start(PY, str(JOBS / "fork_deadlock.py"), str(fifo), "os", options=opts)
+    child = int(read_fifo(fifo))
+    jw("wait", str(job["id"]), "--timeout", "60s")
+    finding = jw.json("explain", str(job["id"]))["findings"][0]
+    assert finding["rule"] == "fork-deadlock" and finding["pids"] == [child], finding
+    parent = jw.status(job["id"])["pid"]
+    (chain,) = [e for e in finding["evidence"] if e.startswith("wait-for graph: ")]
+    assert chain.startswith(f"wait-for graph: pid {parent} (")
+    assert f"waits for its child pid {child}, which waits for a lock at child_work (" in chain
+    assert chain.endswith(
+        f"held by a thread that stayed in pid {parent} at the fork; that thread does not exist in pid "
+        f"{child}: nobody will ever release the lock"
+    )
+
+
 def test_a_fork_deadlock_under_mp_start_is_never_told_to_use_mp_start(jw: Jobwarden, tmp_path: Path) -> None:
     # the demo's own deadlock, run again with the advice of its first run: get_context("fork") wins
     opts = ("--hang-timeout", "2s", "--on-hang", "stop", "--grace", "1s", "--mp-start", "forkserver")
@@ -100,6 +120,27 @@ def test_a_pool_worker_killed_is_named_within_seconds(jw: Jobwarden, tmp_path: P
     assert worker in finding["pids"]
     assert "SIGKILL" in "\n".join(finding["evidence"])
     assert "oom-kill" not in rules_of(jw.status(job["id"]))
+    jw("stop", str(job["id"]), check=True)
+
+
+def test_a_lost_pool_worker_is_said_as_the_wait_for_graphs_chain(jw: Jobwarden, tmp_path: Path) -> None:
+    # pool-worker-lost is an edge of the wait-for graph: the parent's result wait, whose only feeder died
+    fifo = make_fifo(tmp_path / "worker")
+    job = jw.start(PY, str(JOBS / "pool_lost_worker.py"), str(fifo), "kill", options=("--grace", "1s"))
+    worker = int(read_fifo(fifo))
+    wait_until_watched(jw, job["id"], worker)
+    os.kill(worker, signal.SIGKILL)
+    finding = wait_for_finding(jw, job["id"], "pool-worker-lost")
+    parent = jw.status(job["id"])["pid"]
+    (chain,) = [e for e in finding["evidence"] if e.startswith("wait-for graph: ")]
+    assert chain.startswith(f"wait-for graph: pid {parent} (")
+    assert re.search(
+        rf"waits in (Pool\.)?map \(multiprocessing/pool\.py:\d+\) for a result of pid {worker}; ", chain
+    )
+    assert chain.endswith(
+        f"pid {worker} was killed by SIGKILL: the result never comes, everything waits for it"
+    )
+    assert finding["pids"][:2] == [worker, parent]  # the dead feeder first: everything waits for it
     jw("stop", str(job["id"]), check=True)
 
 

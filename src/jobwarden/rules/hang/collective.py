@@ -6,10 +6,11 @@ for, and the call it made instead (rules.hang.desync).
 
 Without it, the stacks: the signature is that the ranks disagree (docs/measurements.md, "Collective hang"):
 some sit in torch.distributed / c10d / NCCL / gloo frames, at least one is elsewhere, or in another
-collective than the others. That one is the lead: its stack shows what it does instead.
-Either way it fires only when the watchdog judged the run hung (a collective is also where healthy ranks
-spend their time). PyTorch's own NCCL watchdog messages in the output fire it at any time: they are that
-watchdog's verdict that a collective timed out.
+collective than the others. That one is the lead: its stack shows what it does instead. Each waiting
+rank is an edge of the wait-for graph (rules.hang.graph): it waits in the collective for the peers that
+are not in that call. Either way it fires only when the watchdog judged the run hung (a collective is
+also where healthy ranks spend their time). PyTorch's own NCCL watchdog messages in the output fire it
+at any time: they are that watchdog's verdict that a collective timed out.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from jobwarden.model import Finding
 from jobwarden.observations import Frame, ProcessStack, ThreadStack
 from jobwarden.rules import frames
 from jobwarden.rules.evidence import RunEvidence, job_ref
-from jobwarden.rules.hang import recorded
+from jobwarden.rules.hang import graph, recorded
+from jobwarden.rules.hang.graph import Edge
 from jobwarden.rules.lookup import Lookup, count, describe
 
 _PY_COLLECTIVE = "torch/distributed/distributed_c10d.py"
@@ -43,6 +45,37 @@ class InCollective:
 
 
 def collective_hang(ev: RunEvidence) -> Finding | None:
+    return from_edges(ev, collective_edges(ev))
+
+
+def collective_edges(ev: RunEvidence) -> list[Edge]:
+    """The wait-for graph's edges of this signature: each rank that waits in a collective, to the peers
+    not in that call: its siblings elsewhere and the ranks in another collective; a rank in another
+    collective than the most, to the ranks in the most."""
+    if ev.hang_window_s is None:
+        return []
+    look = Lookup.of(ev)
+    waiting = [c for s in look.live_stacks() if (c := _in_collective(s)) is not None]
+    expected = _expected_op(look, waiting)
+    strays = [c.stack.pid for c in waiting if frames.name(c.op) != expected]
+    in_it = [c.stack.pid for c in waiting if frames.name(c.op) == expected]
+    leads = [*(s.pid for s in _elsewhere(look, waiting)), *strays]
+    return [
+        Edge(
+            c.stack.pid,
+            c.thread.tid,
+            "collective",
+            frames.name(c.op),
+            tuple(in_it if c.stack.pid in strays else leads),
+            at=c.op,
+        )
+        for c in waiting
+    ]
+
+
+def from_edges(ev: RunEvidence, edges: Sequence[Edge]) -> Finding | None:
+    """`collective-hang` from the graph's edges (ranks waiting in a collective for peers not in it), or
+    from the ranks' flight recorders where they show where the ranks part, or from PyTorch's watchdog."""
     look = Lookup.of(ev)
     watchdog = [line.strip() for line in ev.log_tail if any(w in line for w in _WATCHDOG_LINES)]
     waiting = []
@@ -50,18 +83,28 @@ def collective_hang(ev: RunEvidence) -> Finding | None:
         found = recorded.finding(ev, look, _remedy_tail(job_ref(ev)))
         if found is not None:
             return found
-        waiting = [c for s in look.live_stacks() if (c := _in_collective(s)) is not None]
+        waiting = [c for e in edges if e.kind == "collective" and (c := _waiting(look, e)) is not None]
     if not waiting and not watchdog:
         return None
     expected = _expected_op(look, waiting)
     strays = [c for c in waiting if frames.name(c.op) != expected]
     in_it = [c for c in waiting if frames.name(c.op) == expected]
-    elsewhere = _elsewhere(look, waiting)
+    waiters = {c.stack.pid for c in waiting}
+    peers = dict.fromkeys(p for e in edges for p in e.on if p not in waiters)
+    elsewhere = [look.stacks[pid] for pid in peers if pid in look.stacks]
     evidence = [_waiting_line(look, c) for c in [*strays, *in_it][:8]]
     evidence += [f"{describe(s.pid, look.cmdline(s.pid))} is elsewhere: {_at(s)}" for s in elsewhere]
     evidence += [f"output: {line}" for line in watchdog[-3:]]
     op = expected or "a collective"
     leads = [*(s.pid for s in elsewhere), *(c.stack.pid for c in strays)]
+    steps: tuple[graph.Step, ...] = ()
+    if waiting:
+        edge = next((e for e in edges if e.pid == in_it[0].stack.pid), None) if in_it else None
+        edge = edge or next(e for e in edges if e.pid == waiting[0].stack.pid)
+        steps = graph.lead_in(ev.pid, ev.waits, edge.pid)
+        if leads or steps:
+            ends = _ends(look, elsewhere, strays)
+            evidence.append(graph.chain_line(steps, edge, lambda p: _named(look, p), ends))
     return Finding(
         "collective-hang",
         _title(look, op, in_it, strays, bool(elsewhere)),
@@ -74,6 +117,29 @@ def collective_hang(ev: RunEvidence) -> Finding | None:
     )
 
 
+def _waiting(look: Lookup, edge: Edge) -> InCollective | None:
+    stack = look.stacks.get(edge.pid)
+    thread = next((t for t in stack.threads if t.tid == edge.tid), None) if stack is not None else None
+    op = (edge.at or _op(thread)) if thread is not None else None
+    return InCollective(stack, thread, op) if stack is not None and thread is not None and op else None
+
+
+def _named(look: Lookup, pid: int) -> str:
+    rank = look.processes[pid].rank if pid in look.processes else None
+    return describe(pid, look.cmdline(pid), 40) + (f" (rank {rank})" if rank is not None else "")
+
+
+def _ends(look: Lookup, elsewhere: Sequence[ProcessStack], strays: Sequence[InCollective]) -> str:
+    """How the chain ends: at the peer everything waits for, or off this machine."""
+    if elsewhere:
+        lead = _lead(look, elsewhere[0].pid)
+        return f"{lead} is elsewhere, at {_at(elsewhere[0])}: everything waits for it"
+    if strays:
+        lead = _lead(look, strays[0].stack.pid)
+        return f"{lead} waits in {frames.name(strays[0].op)} instead: everything waits for it"
+    return "no local rank is elsewhere: the chain leaves this machine"
+
+
 def collective_of(stacks: Sequence[ProcessStack]) -> str | None:
     """The collective the first waiting process sits in ("all_reduce"), for a rank's group record."""
     waiting = next((c for s in stacks if (c := _in_collective(s)) is not None), None)
@@ -82,12 +148,16 @@ def collective_of(stacks: Sequence[ProcessStack]) -> str | None:
 
 def _in_collective(stack: ProcessStack) -> InCollective | None:
     for thread in stack.threads:
-        py = next((f for f in thread.frames if not f.native and frames.is_in(f, _PY_COLLECTIVE)), None)
-        native = next((f for f in thread.frames if f.native and _native_collective(f)), None)
-        op = py if py is not None else native
+        op = _op(thread)
         if op is not None:
             return InCollective(stack, thread, op)
     return None
+
+
+def _op(thread: ThreadStack) -> Frame | None:
+    py = next((f for f in thread.frames if not f.native and frames.is_in(f, _PY_COLLECTIVE)), None)
+    native = next((f for f in thread.frames if f.native and _native_collective(f)), None)
+    return py if py is not None else native
 
 
 def _native_collective(frame: Frame) -> bool:

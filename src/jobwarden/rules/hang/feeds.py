@@ -29,8 +29,9 @@ from jobwarden.observations import (
     Wait,
 )
 from jobwarden.rules import frames
+from jobwarden.rules.hang.graph import KERNEL_KINDS
 
-EDGES = ("child", "file-lock", "pipe-read", "pipe-write", "socket-read")  # a kernel wait with a far side
+EDGES = KERNEL_KINDS  # a kernel wait with a far side
 _VERBS = {"queue": "puts into", "event": "sets", "condition": "notifies"}
 # where a thread waiting on such an object sits, between the wait and the job's own call (probes.feeds)
 _WAIT_LIBRARY = (

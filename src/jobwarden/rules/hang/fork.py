@@ -7,6 +7,8 @@ for the interpreter's own locks, gh-112275 for HEAD_LOCK). The finding needs bot
 - it was forked while other threads ran: a ForkRecord from the fork hook (the threads alive at the fork),
   or, without one, its own stack shows the fork (multiprocessing's `Popen._launch` in popen_fork.py, or the
   interpreter's after-fork code) and its parent runs other threads now.
+In the wait-for graph (rules.hang.graph) that is one edge: a thread waits for a lock whose holder is a
+thread this process does not have (it stayed in the parent at the fork), so nobody will release it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from jobwarden.model import Finding
 from jobwarden.observations import ForkRecord, Frame, ProcessFacts, ProcessStack, ThreadStack
 from jobwarden.rules import frames
 from jobwarden.rules.evidence import RunEvidence
+from jobwarden.rules.hang import graph
+from jobwarden.rules.hang.graph import Edge
 from jobwarden.rules.hang.locks import LockWait, lock_wait
 from jobwarden.rules.lookup import Lookup, describe
 
@@ -45,18 +49,49 @@ class Stuck:
 
 
 def fork_deadlock(ev: RunEvidence) -> Finding | None:
+    return from_edges(ev, fork_edges(ev))
+
+
+def fork_edges(ev: RunEvidence) -> list[Edge]:
+    """The wait-for graph's edges of this signature: a thread that waits on a lock in a process forked
+    while other threads ran, whose holder is one of those threads, absent from the child."""
+    if ev.hang_window_s is None:
+        return []
+    look = Lookup.of(ev)
+    edges = []
+    for stack in look.live_stacks():
+        stuck = _stuck(ev, look, stack)
+        if stuck is not None:
+            parent = stuck.origin.parent_pid
+            on = (parent,) if parent is not None else ()
+            at = stuck.wait.at
+            thing = frames.where(at) if at else "native code"
+            edges.append(Edge(stack.pid, stuck.wait.thread.tid, "lock", thing, on, "absent", at=at))
+    return edges
+
+
+def from_edges(ev: RunEvidence, edges: Sequence[Edge]) -> Finding | None:
+    """`fork-deadlock` from the graph's edges: a lock wait whose holder is absent from the process."""
     if ev.hang_window_s is None:
         return None
     look = Lookup.of(ev)
-    stuck = [s for stack in look.live_stacks() if (s := _stuck(ev, look, stack)) is not None]
+    stuck = []
+    for edge in edges:
+        stack = look.stacks.get(edge.pid)
+        if edge.kind != "lock" or edge.far != "absent" or stack is None:
+            continue
+        found = _stuck(ev, look, stack, edge.tid)
+        if found is not None:
+            stuck.append((found, edge))
     if not stuck:
         return None
     return _finding(ev, look, stuck)
 
 
-def _stuck(ev: RunEvidence, look: Lookup, stack: ProcessStack) -> Stuck | None:
+def _stuck(ev: RunEvidence, look: Lookup, stack: ProcessStack, tid: int | None = None) -> Stuck | None:
     facts = look.processes.get(stack.pid)
-    waits = [w for t in stack.threads if (w := lock_wait(t, facts, len(stack.threads))) is not None]
+    threads = [t for t in stack.threads if tid is None or t.tid == tid]
+    waits = [w for t in threads if (w := lock_wait(t, facts, len(stack.threads))) is not None]
     if not waits:
         return None
     origin = _origin(ev, look, stack, facts, waits[0])
@@ -127,8 +162,9 @@ def _below_fork(thread: ThreadStack) -> tuple[Frame, ...]:
 # --- the finding ------------------------------------------------------------------------------------
 
 
-def _finding(ev: RunEvidence, look: Lookup, stuck: list[Stuck]) -> Finding:
-    first = stuck[0]
+def _finding(ev: RunEvidence, look: Lookup, found: list[tuple[Stuck, Edge]]) -> Finding:
+    stuck = [s for s, _ in found]
+    first, edge = found[0]
     pid = first.stack.pid
     origin = first.origin
     parent = f"pid {origin.parent_pid}" if origin.parent_pid is not None else "its parent"
@@ -146,6 +182,9 @@ def _finding(ev: RunEvidence, look: Lookup, stuck: list[Stuck]) -> Finding:
     if len(stuck) > 1:
         others = ", ".join(str(s.stack.pid) for s in stuck[1:])
         evidence.append(f"{len(stuck) - 1} more process(es) stuck the same way: pid {others}")
+    steps = graph.lead_in(ev.pid, ev.waits, pid)
+    end = f"that thread does not exist in pid {pid}: nobody will ever release the lock"
+    evidence.append(graph.chain_line(steps, edge, lambda p: describe(p, look.cmdline(p), 40), end))
     if first.wait.after_fork:
         summary = (
             f"pid {pid} hangs inside CPython's own after-fork code, waiting on an interpreter lock that "

@@ -3,18 +3,22 @@
 
 `process-stopped` fires at once: a stopped process stays stopped until someone sends SIGCONT.
 `uninterruptible-io` fires only when the watchdog judged the run hung, and never on a D state known to be
-brief: healthy I/O passes through D all the time.
+brief: healthy I/O passes through D all the time. In the wait-for graph (rules.hang.graph) a D state is
+an edge into the kernel itself: no process holds what it waits for, so the chain ends there.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from jobwarden.config import format_duration
 from jobwarden.model import Finding
 from jobwarden.observations import ProcessFacts, ProcessStack
 from jobwarden.rules import frames
 from jobwarden.rules.evidence import RunEvidence
+from jobwarden.rules.hang import graph
+from jobwarden.rules.hang.graph import Edge
 from jobwarden.rules.lookup import Lookup, describe
 
 # py-spy 0.4's blocking dump of a group-stopped process fails and names the stop signal
@@ -130,29 +134,52 @@ _WAITS = (
 
 
 def uninterruptible_io(ev: RunEvidence) -> Finding | None:
+    return from_edges(ev, d_state_edges(ev))
+
+
+def d_state_edges(ev: RunEvidence) -> list[Edge]:
+    """The wait-for graph's edges of this signature: each thread stuck in D, waiting in the kernel (its
+    wait channel) for no process."""
     if ev.hang_window_s is None:
+        return []
+    return [
+        Edge(p.pid, tid, "kernel", chan, (), "none")
+        for p in ev.processes
+        if _stuck_in_d(p)
+        for tid, chan in _d_wchans(p)
+    ]
+
+
+def from_edges(ev: RunEvidence, edges: Sequence[Edge]) -> Finding | None:
+    """`uninterruptible-io` from the graph's edges: kernel waits with no process on the far side."""
+    kernel = [e for e in edges if e.kind == "kernel" and e.far == "none"]
+    if ev.hang_window_s is None or not kernel:
         return None
     look = Lookup.of(ev)
-    stuck = [p for p in ev.processes if _stuck_in_d(p)]
-    if not stuck:
-        return None
-    first = stuck[0]
-    wchan = _d_wchans(first)[0][1]
+    stuck = list(dict.fromkeys(e.pid for e in kernel))
+    first, wchan = kernel[0].pid, kernel[0].thing
     what, remedy = _classify(wchan)
     evidence = []
-    for p in stuck[:10]:
-        for tid, chan in _d_wchans(p):
-            evidence.append(f"{describe(p.pid, p.cmdline)}: thread {tid} in D, wchan {chan}{_since(p)}")
-            evidence.extend(_python_line(look.stacks.get(p.pid), tid))
+    for e in (e for e in kernel if e.pid in stuck[:10]):
+        facts = look.processes.get(e.pid)
+        since = _since(facts) if facts is not None else ""
+        evidence.append(
+            f"{describe(e.pid, look.cmdline(e.pid))}: thread {e.tid} in D, wchan {e.thing}{since}"
+        )
+        evidence.extend(_python_line(look.stacks.get(e.pid), e.tid))
+    steps = graph.lead_in(ev.pid, ev.waits, first)
+    if steps:  # others wait for it: the chain that ends in the kernel
+        end = f"the kernel call has no process on its far side: {what}"
+        evidence.append(graph.chain_line(steps, kernel[0], lambda p: describe(p, look.cmdline(p), 40), end))
     return Finding(
         "uninterruptible-io",
         f"Stuck in the kernel (D state) waiting on {wchan}",
-        f"pid {first.pid} sits in uninterruptible sleep (D) in {wchan}: it waits for {what}. Signals wait "
+        f"pid {first} sits in uninterruptible sleep (D) in {wchan}: it waits for {what}. Signals wait "
         "until the kernel call returns (SIGKILL alone gets through, and only where the wait is killable).",
         "error",
         tuple(evidence),
         remedy + ".",
-        tuple(p.pid for p in stuck),
+        tuple(stuck),
     )
 
 
@@ -189,7 +216,7 @@ def _since(p: ProcessFacts) -> str:
     return f" for {format_duration(p.state_for_s)}" if p.state_for_s is not None else ""
 
 
-def _python_line(stack: ProcessStack | None, tid: int) -> list[str]:
+def _python_line(stack: ProcessStack | None, tid: int | None) -> list[str]:
     if stack is None:
         return []
     for thread in stack.threads:

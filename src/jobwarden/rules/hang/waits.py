@@ -7,20 +7,22 @@ nothing), or back to a process already on the path (a deadlock). That last proce
 first pid. A main process the kernel shows waiting on nothing it can name (a futex, a socket, a sleep)
 leaves the run to the other hang rules and to `no-progress`, unless threads of the process that chain
 ends at (or of another) wait for each other's Python locks, as their stacks and source show
-(hang.lockcycle): a deadlock, that process first.
+(hang.lockcycle): a deadlock, that process first. The edges and their walk are hang.graph's, shared
+with the hang signatures, which are said by their own ids first: this rule says the rest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from jobwarden.model import Finding
-from jobwarden.observations import ThreadStack, Wait, WaitParty
+from jobwarden.observations import ThreadStack, Wait
 from jobwarden.rules import frames
 from jobwarden.rules.evidence import RunEvidence, job_ref
 from jobwarden.rules.hang import feeds
 from jobwarden.rules.hang.feeds import EDGES, FeedChain, FeedGraph
+from jobwarden.rules.hang.graph import Chain, Edge, Names, Step, follow, pipe, what
 from jobwarden.rules.hang.lockcycle import (
     cycle_evidence,
     cycle_remedy,
@@ -40,30 +42,13 @@ from jobwarden.rules.hang.rlockchain import (
 from jobwarden.rules.lookup import Lookup, describe
 
 _EDGES = EDGES  # a wait with another process on its far side
-MAX_STEPS = 16  # a chain longer than this is cut: its first steps say enough
-
-
-@dataclass(frozen=True)
-class Step:
-    wait: Wait
-    to: int  # the process on the other side
-
-
-@dataclass(frozen=True)
-class Chain:
-    steps: tuple[Step, ...]
-    cycle: bool  # the last step leads back to a process already on the path
-
-    @property
-    def end(self) -> int:
-        return self.steps[-1].to
 
 
 def wait_chain(ev: RunEvidence) -> Finding | None:
     if ev.hang_window_s is None or ev.pid is None:
         return None
     chain = follow(ev.pid, ev.waits)
-    name = _Names(Lookup.of(ev), ev.wait_parties)
+    name = Names(Lookup.of(ev), ev.wait_parties)
     graph = FeedGraph(ev.stacks, ev.feed_sites, ev.waits, ev.deaths, ev.processes)
     fed = _fed_at(chain, graph) if chain is not None else None
     if chain is not None and fed is not None:
@@ -93,7 +78,7 @@ def wait_chain(ev: RunEvidence) -> Finding | None:
     )
 
 
-def _lock_cycle(ev: RunEvidence, chain: Chain | None, name: _Names) -> Finding | None:
+def _lock_cycle(ev: RunEvidence, chain: Chain | None, name: Names) -> Finding | None:
     """Threads waiting for each other's Python locks (hang.lockcycle), in the process the main one's
     chain of children ends at, else the main process, else another: that process first."""
     cycles = lock_cycles(ev.stacks, ev.lock_sites) if ev.lock_sites else []
@@ -104,7 +89,7 @@ def _lock_cycle(ev: RunEvidence, chain: Chain | None, name: _Names) -> Finding |
     summary = f"In {name.of(cycle.pid)}, " + cycle_summary(cycle) + "."
     pids = [cycle.pid]
     if chain is not None and chain.end == cycle.pid:
-        steps = ", ".join(f"{name.of(s.wait.pid)} {_what(s, name)}" for s in chain.steps)
+        steps = ", ".join(f"{name.of(s.wait.pid)} {what(s, name)}" for s in chain.steps)
         summary = f"{_capitalised(steps)}. {summary}"
         pids += [s.wait.pid for s in chain.steps]
     return Finding(
@@ -118,7 +103,7 @@ def _lock_cycle(ev: RunEvidence, chain: Chain | None, name: _Names) -> Finding |
     )
 
 
-def _rlock_chain(ev: RunEvidence, chain: Chain | None, name: _Names) -> Finding | None:
+def _rlock_chain(ev: RunEvidence, chain: Chain | None, name: Names) -> Finding | None:
     """Threads waiting for RLocks whose owners Python records (hang.rlockchain), in a process of the
     kernel's chain (the earliest), else the main process, else another: who holds each, and on through
     what the last holder waits for in the kernel (a pipe, a child, a file lock) to the process everything
@@ -135,7 +120,7 @@ def _rlock_chain(ev: RunEvidence, chain: Chain | None, name: _Names) -> Finding 
         if step.wait.pid == locks.pid:
             break
         prefix.append(step)
-    parts = [f"{name.of(s.wait.pid)} {_what(s, name)}" for s in prefix]
+    parts = [f"{name.of(s.wait.pid)} {what(s, name)}" for s in prefix]
     parts.append(
         f"in which {chain_words(locks)}" if prefix else f"in {name.of(locks.pid)}, {chain_words(locks)}"
     )
@@ -154,8 +139,8 @@ def _rlock_chain(ev: RunEvidence, chain: Chain | None, name: _Names) -> Finding 
         edge = next((w for w in own if w.kind in _EDGES and w.on), None)
         onward = follow(locks.pid, ev.waits, first=edge) if edge is not None else None
         if onward is not None and _explains(onward, ev.waits):
-            then = ", ".join(f"which {_what(s, name)}" for s in onward.steps)
-            title += f", which {_what(onward.steps[-1], name, short=True)}"
+            then = ", ".join(f"which {what(s, name)}" for s in onward.steps)
+            title += f", which {what(onward.steps[-1], name, short=True)}"
             ends = f"pid {onward.end} {_doing(onward.end, ev.waits)}: everything waits for it"
             summary = f"{_capitalised(', '.join(parts))}, {then}" + (
                 ": a cycle, nobody can go on." if onward.cycle else f"; {ends}."
@@ -203,7 +188,7 @@ def _fed_at(chain: Chain, graph: FeedGraph) -> tuple[int, FeedChain | None, bool
     return None
 
 
-def _fed(ev: RunEvidence, prefix: Sequence[Step], fed: FeedChain | None, name: _Names) -> Finding | None:
+def _fed(ev: RunEvidence, prefix: Sequence[Step], fed: FeedChain | None, name: Names) -> Finding | None:
     """A thread waiting on a queue, an event or a condition (hang.feeds), after the kernel's steps that
     lead to its process (`prefix`: a parent waiting for its child): who would feed it, and where that
     ends. Said only where it ends: nothing feeds it any more, a cycle, or a kernel chain that explains."""
@@ -215,7 +200,7 @@ def _fed(ev: RunEvidence, prefix: Sequence[Step], fed: FeedChain | None, name: _
         if onward is None or not _explains(onward, ev.waits):
             return None
     first = fed.steps[0]
-    parts = [f"{name.of(s.wait.pid)} {_what(s, name)}" for s in prefix]
+    parts = [f"{name.of(s.wait.pid)} {what(s, name)}" for s in prefix]
     parts.append(f"{_thread(first.pid, first.thread)} {feeds.waits_on(first)}")
     parts += [
         f"{feeds.fed_by(before.site)} {_thread(s.pid, s.thread)}, which {feeds.waits_on(s)}"
@@ -266,13 +251,13 @@ def _fed_cycle(fed: FeedChain, said: _Said) -> list[int]:
     return [first.pid]
 
 
-def _fed_onward(ev: RunEvidence, fed: FeedChain, onward: Chain, name: _Names, said: _Said) -> list[int]:
+def _fed_onward(ev: RunEvidence, fed: FeedChain, onward: Chain, name: Names, said: _Said) -> list[int]:
     """The feeder waits on the kernel's side: the chain goes on through the kernel's steps."""
     assert fed.feeder is not None
     q, feeder = fed.feeder
     by = f"{feeds.fed_by(fed.last.site)} {_thread(q, feeder)}"
-    then = ", ".join(f"which {_what(s, name)}" for s in onward.steps)
-    said.title += f", {by}, which {_what(onward.steps[-1], name, short=True)}"
+    then = ", ".join(f"which {what(s, name)}" for s in onward.steps)
+    said.title += f", {by}, which {what(onward.steps[-1], name, short=True)}"
     ends = f"pid {onward.end} {_doing(onward.end, ev.waits)}: everything waits for it"
     said.summary += f", {by}, {then}" + (": a cycle, nobody can go on." if onward.cycle else f"; {ends}.")
     said.evidence += _evidence(onward, name, ev.waits)
@@ -280,7 +265,7 @@ def _fed_onward(ev: RunEvidence, fed: FeedChain, onward: Chain, name: _Names, sa
     return [onward.end, q, *(s.wait.pid for s in onward.steps)]
 
 
-def _fed_gone(ev: RunEvidence, fed: FeedChain, name: _Names, said: _Said) -> list[int]:
+def _fed_gone(ev: RunEvidence, fed: FeedChain, name: Names, said: _Said) -> list[int]:
     """Nothing feeds it any more: the thread that did ended, the process that did died, or none does."""
     end = feeds.feeders_words(fed)
     said.title += f"; {end}"
@@ -326,28 +311,6 @@ _FEED_REMEDIES = {
 }
 
 
-def follow(start: int, waits: Sequence[Wait], first: Wait | None = None) -> Chain | None:
-    """The path of waits from `start`'s (or from `first`, one of its threads' waits) to its end, or None
-    when `start` waits on nothing with a far side."""
-    by_pid = _edge_of_each_process(waits)
-    if first is not None:
-        by_pid[start] = first
-    steps: list[Step] = []
-    seen = [start]
-    pid = start
-    while pid in by_pid and len(steps) < MAX_STEPS:
-        wait = by_pid[pid]
-        if not wait.on:  # a lock whose holder, a pipe whose other end, the kernel did not show
-            break
-        to = _next(wait, seen, by_pid)
-        steps.append(Step(wait, to))
-        if to in seen:
-            return Chain(tuple(steps), cycle=True)
-        seen.append(to)
-        pid = to
-    return Chain(tuple(steps), cycle=False) if steps else None
-
-
 def _explains(chain: Chain, waits: Sequence[Wait]) -> bool:
     """The chain says more than "a wrapper waits for its child": it goes through a lock, a pipe or a
     connection, back to itself, or ends at a process that sleeps. A chain of children ending in a
@@ -358,54 +321,13 @@ def _explains(chain: Chain, waits: Sequence[Wait]) -> bool:
     return any(w.pid == chain.end and w.kind == "sleep" for w in waits)
 
 
-def _edge_of_each_process(waits: Sequence[Wait]) -> dict[int, Wait]:
-    """Each process's wait that leads somewhere: its main thread's first (that is the one the run waits
-    on), else another thread's."""
-    found: dict[int, Wait] = {}
-    for w in sorted(waits, key=lambda w: (w.pid, w.tid != w.pid, w.tid)):
-        if w.kind in _EDGES and w.on and w.pid not in found:
-            found[w.pid] = w
-    return found
-
-
-def _next(wait: Wait, seen: Sequence[int], by_pid: Mapping[int, Wait]) -> int:
-    """Which of the processes on the far side to follow: one that itself waits on another first (the
-    chain goes on through it), then one already on the path (a cycle), then the lowest pid."""
-    others = [p for p in wait.on if p != wait.pid] or list(wait.on)
-    return min(others, key=lambda p: (p not in by_pid or p in seen, p not in seen, p))
-
-
-class _Names:
-    def __init__(self, look: Lookup, parties: Mapping[int, WaitParty]) -> None:
-        self.look, self.parties = look, parties
-
-    def of(self, pid: int, width: int = 60) -> str:
-        party = self.parties.get(pid)
-        cmdline = self.look.cmdline(pid) if pid in self.look.processes else party.cmdline if party else ""
-        return describe(pid, cmdline, width)
-
-    def whose(self, pid: int) -> str:
-        """', user bob, not a job of yours' for a process outside the job that is none of this user's
-        jobs; ', of your job 12 "prep-data"' for one of this user's other jobs."""
-        party = self.parties.get(pid)
-        if party is None or party.in_job:
-            return ""
-        if party.job is not None:
-            return f', of your job {party.job} "{party.job_name[:64]}"'
-        return f", user {party.user}, not a job of yours"
-
-    def outside(self, pid: int) -> bool:
-        party = self.parties.get(pid)
-        return party is not None and not party.in_job
-
-
-def _title(chain: Chain, name: _Names) -> str:
+def _title(chain: Chain, name: Names) -> str:
     loop = _loop(chain)
     if chain.cycle and len({s.wait.pid for s in loop}) > 1:
         things = ", ".join(dict.fromkeys(_thing(s.wait) for s in loop))
         return f"Deadlock: {len({s.wait.pid for s in loop})} processes wait for each other ({things})"
     last = chain.steps[-1]
-    return _capitalised(_what(last, name, short=True))
+    return _capitalised(what(last, name, short=True))
 
 
 def _loop(chain: Chain) -> tuple[Step, ...]:
@@ -417,43 +339,19 @@ def _loop(chain: Chain) -> tuple[Step, ...]:
     return chain.steps[first:]
 
 
-def _thing(wait: Wait) -> str:
+def _thing(wait: Edge) -> str:
     """What a wait is on, in a few words: 'a file lock on /data/cache.lock', 'a pipe', 'child pid 812'."""
     if wait.kind == "file-lock":
         return f"a file lock on {wait.thing}"
     if wait.kind in ("pipe-read", "pipe-write"):
-        return _pipe(wait, "a pipe", "the FIFO")
+        return pipe(wait, "a pipe", "the FIFO")
     return wait.thing
 
 
-def _what(step: Step, name: _Names, short: bool = False) -> str:
-    """What one wait is, in words, naming the process on its far side."""
-    w, to = step.wait, step.to
-    # a process outside the job is named with its command even in a title: the reader may not know it
-    who = name.of(to, 40) if not short or name.outside(to) else f"pid {to}"
-    whose = name.whose(to)
-    if w.kind == "file-lock":
-        return f"waits for a file lock on {w.thing} held by {who}{whose}"
-    if w.kind == "pipe-read":
-        if to == w.pid:
-            return f"reads a pipe ({w.thing}) whose write end it holds open itself"
-        return f"reads {_pipe(w, 'a pipe', 'the FIFO')} whose write end {who}{whose} still holds open"
-    if w.kind == "pipe-write":
-        return f"writes into {_pipe(w, 'a full pipe', 'the full FIFO')} that {who}{whose} does not read"
-    if w.kind == "socket-read":
-        return f"waits for a reply on {w.thing} from {who}{whose}"
-    return f"waits for its child {who}"
-
-
-def _pipe(wait: Wait, anonymous: str, named: str) -> str:
-    """A pipe in words: a FIFO by its path, an anonymous pipe as such (its inode says nothing)."""
-    return anonymous if wait.thing.startswith("pipe:[") else f"{named} {wait.thing}"
-
-
-def _summary(chain: Chain, name: _Names, waits: Sequence[Wait]) -> str:
+def _summary(chain: Chain, name: Names, waits: Sequence[Wait]) -> str:
     first = chain.steps[0]
-    parts = [f"{name.of(first.wait.pid)} {_what(first, name)}"]
-    parts += [f"which {_what(s, name)}" for s in chain.steps[1:]]
+    parts = [f"{name.of(first.wait.pid)} {what(first, name)}"]
+    parts += [f"which {what(s, name)}" for s in chain.steps[1:]]
     text = ", ".join(parts)
     if chain.cycle:
         return f"{_capitalised(text)}: a cycle, nobody can go on (a deadlock)."
@@ -472,7 +370,7 @@ def _doing(pid: int, waits: Sequence[Wait]) -> str:
     return "is not waiting on any of these"
 
 
-def _evidence(chain: Chain, name: _Names, waits: Sequence[Wait]) -> list[str]:
+def _evidence(chain: Chain, name: Names, waits: Sequence[Wait]) -> list[str]:
     lines = []
     for s in chain.steps:
         w = s.wait
@@ -494,7 +392,7 @@ def _end_state(pid: int, waits: Sequence[Wait]) -> str:
     return f"is blocked in {own.call}() on {own.thing}"
 
 
-def _remedy(chain: Chain, name: _Names, job: str) -> str:
+def _remedy(chain: Chain, name: Names, job: str) -> str:
     end, last = chain.end, chain.steps[-1]
     if chain.cycle:
         return (

@@ -2,6 +2,9 @@
 never fails the lost task: bpo-22393, still true on 3.13) and `dataloader-worker-killed` (PyTorch, which
 raises, or hangs when its SIGCHLD handler misses the death).
 
+`pool-worker-lost` is an edge of the wait-for graph (rules.hang.graph): a thread waits in the pool's
+result wait for the worker running the task, its only feeder, and that worker died.
+
 Both fire on the evidence as soon as it exists, with no hang window: a death and a parent waiting in the
 pool's result wait are already proof, and the watchdog judges on every death.
 """
@@ -15,6 +18,8 @@ from jobwarden.model import Finding
 from jobwarden.observations import Frame, ProcessDeath, ProcessStack, ThreadStack
 from jobwarden.rules import frames, mltext
 from jobwarden.rules.evidence import RunEvidence
+from jobwarden.rules.hang import graph
+from jobwarden.rules.hang.graph import Edge
 from jobwarden.rules.lookup import Lookup, describe
 from jobwarden.rules.memory import oom_killed
 
@@ -41,6 +46,7 @@ class Lost:
     parent: ProcessStack
     waiting: ThreadStack
     at: Frame  # the pool wait frame in the parent
+    edge: Edge  # the same, as the wait-for graph's edge
 
 
 def _is_bad(death: ProcessDeath) -> bool:
@@ -59,8 +65,29 @@ def _how(death: ProcessDeath, oom: Sequence[int]) -> str:
 
 
 def pool_worker_lost(ev: RunEvidence) -> Finding | None:
+    return lost_from(ev, pool_edges(ev))
+
+
+def pool_edges(ev: RunEvidence) -> list[Edge]:
+    """The wait-for graph's edges of this signature: a thread of a live parent waiting in a pool's result
+    wait for the worker that died (abnormally) running the task, its only feeder."""
     look = Lookup.of(ev)
-    lost = [x for d in ev.deaths if _is_bad(d) and (x := _lost_in_pool(look, d)) is not None]
+    edges = []
+    for death in ev.deaths:
+        found = _waiting_in_pool(look, death) if _is_bad(death) else None
+        if found is not None:
+            parent, thread, frame = found
+            api = frames.where(_outward_from(thread, frame)[0])
+            edges.append(Edge(parent.pid, thread.tid, "pool-result", api, (death.pid,), "died", at=frame))
+    return edges
+
+
+def lost_from(ev: RunEvidence, edges: Sequence[Edge]) -> Finding | None:
+    """`pool-worker-lost` from the graph's edges: a pool's result wait whose feeder died."""
+    look = Lookup.of(ev)
+    lost = [
+        x for e in edges if e.kind == "pool-result" and e.far == "died" and (x := _lost(look, e)) is not None
+    ]
     if not lost:
         return None
     oom = oom_killed(ev)
@@ -78,6 +105,9 @@ def pool_worker_lost(ev: RunEvidence) -> Finding | None:
         f"{frames.path_of(_outward_from(first.waiting, first.at), 3)}{called_from}"
     )
     evidence.extend(_replacements(look, parent.pid))
+    steps = graph.lead_in(ev.pid, ev.waits, parent.pid)
+    end = f"pid {death.pid} {_how(death, oom)}: the result never comes, everything waits for it"
+    evidence.append(graph.chain_line(steps, first.edge, lambda p: describe(p, look.cmdline(p), 40), end))
     executor = frames.is_in(first.at, "concurrent/futures/_base.py")
     if executor:
         summary = (
@@ -101,7 +131,18 @@ def pool_worker_lost(ev: RunEvidence) -> Finding | None:
     )
 
 
-def _lost_in_pool(look: Lookup, death: ProcessDeath) -> Lost | None:
+def _lost(look: Lookup, edge: Edge) -> Lost | None:
+    """The edge's dead feeder and its waiting thread, as the evidence has them."""
+    death = look.deaths.get(edge.on[0]) if edge.on else None
+    parent = look.stacks.get(edge.pid)
+    thread = next((t for t in parent.threads if t.tid == edge.tid), None) if parent is not None else None
+    if death is None or parent is None or thread is None:
+        return None
+    at = edge.at or next((f for s, n in _POOL_WAITS if (f := frames.find_frame(thread, s, n))), None)
+    return Lost(death, parent, thread, at, edge) if at is not None else None
+
+
+def _waiting_in_pool(look: Lookup, death: ProcessDeath) -> tuple[ProcessStack, ThreadStack, Frame] | None:
     if death.ppid is None or (look.processes and death.ppid not in look.processes):
         return None  # the parent is gone too: nobody is left waiting
     parent = look.stacks.get(death.ppid)
@@ -111,7 +152,7 @@ def _lost_in_pool(look: Lookup, death: ProcessDeath) -> Lost | None:
         for suffix, names in _POOL_WAITS:
             frame = frames.find_frame(thread, suffix, names)
             if frame is not None and _owns_pool(parent, suffix):
-                return Lost(death, parent, thread, frame)
+                return parent, thread, frame
     return None
 
 
