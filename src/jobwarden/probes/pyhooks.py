@@ -7,7 +7,6 @@ cannot parse (a partial line, a corrupt advert) instead of failing the diagnosis
 from __future__ import annotations
 
 import array
-import errno
 import json
 import os
 import stat
@@ -20,6 +19,7 @@ from typing import Any
 from jobwarden.model import ProcessId
 from jobwarden.observations import ForkRecord, ForkRequest, Frame, ThreadStack, UncaughtException
 from jobwarden.osapi.procfs import ProcFS
+from jobwarden.osapi.regularfile import read_regular
 from jobwarden.progress.model import MAX_COUNT, MAX_LABEL, Bar, HookProgress, finite_metrics
 
 MAX_RECORD_BYTES = 64 << 20  # a runaway file must not exhaust the shim's memory
@@ -477,24 +477,6 @@ def _files(py_dir: Path, suffix: str) -> Iterator[Path]:
 
 def _read(path: Path) -> str:
     return read_regular(path, MAX_RECORD_BYTES).decode("utf-8", "replace")
-
-
-def read_regular(path: Path, limit: int) -> bytes:
-    """The first `limit` bytes of the regular file at `path`. The job writes these files and may put
-    anything there: a FIFO would block the supervisor in open() for good, a symlink lead it elsewhere.
-    Raises OSError for either, as for a file that is not there."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, f"not a regular file: {path}")
-        chunks: list[bytes] = []
-        left = limit
-        while left > 0 and (chunk := os.read(fd, min(left, 1 << 16))):
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def _json_lines(path: Path) -> Iterator[dict[str, Any]]:

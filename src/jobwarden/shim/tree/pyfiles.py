@@ -29,7 +29,7 @@ from pathlib import Path
 
 from jobwarden.errors import AccessDenied, ProcessGone
 from jobwarden.osapi.procfs import ProcFS
-from jobwarden.probes.pyhooks import read_regular
+from jobwarden.osapi.regularfile import read_regular
 
 ADVERT, STACKS, EXCEPTION, FORKS = ".json", ".stacks", ".exc.json", ".forks.jsonl"
 RECORDER_FILES = (".fr.req", ".fr.json")  # a rank's flight-recorder FIFO and answer: they serve it live
