@@ -17,11 +17,18 @@ def read_regular(path: Path, limit: int) -> bytes:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, f"not a regular file: {path}")
-        chunks: list[bytes] = []
-        left = limit
-        while left > 0 and (chunk := os.read(fd, min(left, 1 << 16))):
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
+        return read_at_most(fd, limit)
     finally:
         os.close(fd)
+
+
+def read_at_most(fd: int, limit: int) -> bytes:
+    """Up to `limit` bytes from `fd`, read until its end (a regular file may answer in parts)."""
+    chunks, left = [], limit
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)

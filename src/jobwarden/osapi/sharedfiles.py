@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
+from jobwarden.osapi.regularfile import read_at_most
+
 MAX_ENTRIES = 100_000  # names listed from one directory: more is a flood, not a job's records
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -189,7 +191,7 @@ def _read_checked(fd: int, path: Path, max_bytes: int, trust: Trust) -> bytes:
             raise Refused(path, f"others may {who} it (mode {stat.S_IMODE(st.st_mode):04o})")
         if st.st_size > max_bytes:
             raise Refused(path, f"{st.st_size} bytes, over the {max_bytes} a file here may have")
-        data = _read_at_most(fd, max_bytes + 1)
+        data = read_at_most(fd, max_bytes + 1)
     finally:
         os.close(fd)
     if len(data) > max_bytes:
@@ -223,17 +225,6 @@ def _kind(mode: int) -> str:
         if test(mode):
             return what
     return f"mode {mode:o}"
-
-
-def _read_at_most(fd: int, limit: int) -> bytes:
-    chunks, left = [], limit
-    while left > 0:
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
 
 
 def write_private(path: Path, data: bytes) -> None:

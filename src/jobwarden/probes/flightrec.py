@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from jobwarden.observations import CollectiveCall, Frame, RankRecorder
+from jobwarden.osapi.regularfile import read_regular
 
 REQUEST = ".fr.req"
 DUMP = ".fr.json"
@@ -111,17 +112,9 @@ def _version(path: Path) -> tuple[int, int, int] | None:
 def read_dump(path: Path) -> tuple[RankRecorder, bool] | None:
     """`<pid>.fr.json` and whether it carries the stacks; None for anything but the hooks' shape."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        raw = read_regular(path, MAX_DUMP_BYTES + 1)  # the job writes it: a FIFO or a symlink is refused
     except OSError:
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        raw = os.read(fd, MAX_DUMP_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     if len(raw) > MAX_DUMP_BYTES:
         return None
     try:
