@@ -451,6 +451,17 @@ class CollectiveCall:
 
 
 @dataclass(frozen=True)
+class Arrival:
+    """When a rank called one collective, from its flight recorder's poll (rules.speed.arrivals)."""
+
+    group: str  # as CollectiveCall's
+    seq: int
+    op: str
+    created_ns: int  # torch's time_created_ns: the node's wall clock when the rank called it
+    duration_ms: float | None = None  # how long it ran on the device, where torch timed it (NCCL)
+
+
+@dataclass(frozen=True)
 class RankRecorder:
     """A rank's flight recorder, as its hooks dumped it on the shim's request during a hang."""
 

@@ -2,7 +2,8 @@
 `ranks` rows, the text table and each rank's step rate in `/metrics`, and `straggler` on the rank the
 others wait for — a rank that sleeps in each step (named with the sleep as its why, within 60 s at the
 default settings, and resolved once it catches up), a rank moved into a 0.1-CPU cgroup (named with its
-quota) — and no straggler for balanced ranks beside a CPU hog outside the job.
+quota), a rank whose main thread waits on a thread of its own (named from the ranks' flight recorders) —
+and no straggler for balanced ranks beside a CPU hog outside the job.
 
 Handshakes: rank 0 says "ready" once the ranks step together; a finding is polled for with a deadline.
 Every process started here is reaped (the hog by the test, the jobs by `jobwarden stop`, the fixture
@@ -115,6 +116,31 @@ def test_a_rank_under_a_tenth_of_a_cpu_is_the_straggler_named_with_its_quota(
             pytest.fail(f"no straggler naming the quota; last seen (finding, ranks): {seen}")
         assert f["rank"] == 1 and f["pids"][0] == slow, f
         assert "Why: its cpu cgroup's quota of 0.1 CPUs" in f["summary"] and "quota" in f["remedy"]
+    finally:
+        stop(jw, job)
+
+
+def test_a_rank_that_waits_on_its_own_device_is_named_from_the_flight_recorders(jw: Jobwarden) -> None:
+    """Rank 1's main thread waits each step for work it handed to a thread of its own (as a rank waits
+    for its GPU's stream): blocked in a futex like rank 0 in its all_reduce, so the looks at the main
+    threads cannot tell them apart. When each rank called its collectives can."""
+    job = start_ranks(jw, "device", "1")
+    try:
+        ready(jw, job)
+        onset = time.monotonic()
+        slow = rank_pid(jw, job, 1)
+        f = eventually("straggler on rank 1", lambda: finding(jw, job, "straggler"), SPEED_S)
+        MEASURED.setdefault("straggler", {})["a rank waiting on its device named after ready (s)"] = (
+            time.monotonic() - onset
+        )
+        assert f["rank"] == 1 and f["pids"][0] == slow, f
+        assert "(their flight recorders)" in f["summary"], f["summary"]
+        recorded = [e for e in f["evidence"] if "its flight recorder (when it called its collectives)" in e]
+        assert [e.split(" (pid")[0] for e in recorded] == ["rank 0", "rank 1"], f["evidence"]
+        assert "the one waited for in 0 of " in recorded[0], recorded
+        assert "waited for a later rank 0% of the time" in recorded[1], recorded
+        assert "not waiting for the other ranks: it waits on work of its own" in f["summary"], f["summary"]
+        assert f"py-spy dump --native --pid {slow}" in f["remedy"], f["remedy"]
     finally:
         stop(jw, job)
 

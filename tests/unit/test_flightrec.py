@@ -259,7 +259,7 @@ def test_collect_ignores_a_dump_left_from_an_earlier_request(tmp_path: Path) -> 
     write_dump(tmp_path, 7)
     asked = [
         flightrec.Asked(
-            7, tmp_path / f"7{flightrec.DUMP}", flightrec._version(tmp_path / f"7{flightrec.DUMP}")
+            7, tmp_path / f"7{flightrec.DUMP}", flightrec.version(tmp_path / f"7{flightrec.DUMP}")
         )
     ]
     assert flightrec.collect(asked, wait_s=0.0) == []

@@ -36,8 +36,8 @@ def test_hook_env_sets_every_variable() -> None:
         "JOBWARDEN_SHIM_PID": "4242",
         "JOBWARDEN_HEARTBEAT_FILE": "/run/heartbeat",
         "JOBWARDEN_MP_START": "forkserver",
-        "TORCH_FR_BUFFER_SIZE": "2000",
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_FR_BUFFER_SIZE": "256",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "256",
     }
 
 

@@ -11,6 +11,7 @@ hooks record under the py dir:
     <pid>.fr.req        a FIFO a torch.distributed rank reads on a thread of the hooks: each byte the shim
                         writes there asks for PyTorch's flight recorder
     <pid>.fr.json       the recorder's last entries, as that thread last wrote them (probes.flightrec)
+    <pid>.fr.poll.json  when the rank called its last collectives, as it answered the shim's last poll
 """
 
 from __future__ import annotations
@@ -41,10 +42,13 @@ FAULT_SIGNAL = int(signal.SIGRTMIN) + 6
 
 # PyTorch's flight recorder keeps the last N collectives of each rank (gloo and NCCL alike since 2026: the
 # first name; the second is what older releases read, NCCL only). jobwarden reads it on a hang to name the
-# rank the others wait for (rules.hang.desync). Measured cost on a gloo all_reduce loop: docs/measurements.md,
-# "Flight recorder". A user's own value, either name, wins: they may have sized it, or turned it off (0).
+# rank the others wait for (rules.hang.desync), and polls it for when each rank called its collectives (the
+# straggler: rules.speed.arrivals). Measured cost on a gloo all_reduce loop: docs/measurements.md, "Flight
+# recorder". A user's own value, either name, wins: they may have sized it, or turned it off (0). 256: a
+# hang's comparison reads the last 64, a poll the whole buffer, whose dump costs the rank 1.1 ms of CPU at
+# 256 entries and 11 ms at 2,000.
 FLIGHT_RECORDER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
-FLIGHT_RECORDER_ENTRIES = "2000"
+FLIGHT_RECORDER_ENTRIES = "256"
 
 
 def hook_env(

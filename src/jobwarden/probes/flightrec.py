@@ -3,8 +3,10 @@
 A rank whose hooks serve the recorder has a FIFO `<pid>.fr.req` in the py dir; a thread of the hooks sleeps
 in read() on it. The shim writes one byte there (O_NONBLOCK: never waits on a full or readerless FIFO;
 ENXIO says no process has it open any more) and the rank answers by replacing `<pid>.fr.json`, at once
-without the calls' stacks and again with them. The files are the job's: nothing in them is trusted (size,
-types and counts are checked, and a file that is not the expected shape is left out).
+without the calls' stacks and again with them. A poll (the byte POLL) is answered in `<pid>.fr.poll.json`
+with when the rank called each collective its recorder holds (`read_arrivals`). The files are the job's:
+nothing in them is trusted (size, types and counts are checked, and a file that is not the expected shape
+is left out).
 """
 
 from __future__ import annotations
@@ -19,11 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobwarden.observations import CollectiveCall, Frame, RankRecorder
+from jobwarden.observations import Arrival, CollectiveCall, Frame, RankRecorder
 from jobwarden.osapi.regularfile import read_regular
 
 REQUEST = ".fr.req"
 DUMP = ".fr.json"
+ARRIVALS = ".fr.poll.json"
+HANG, POLL = b"?", b"p"  # the hooks' POLL_REQUEST
+MAX_ARRIVALS_BYTES = 1 << 17  # 256 rows of 5 short fields: ~20 KB
+MAX_ARRIVALS = 512
 MAX_DUMP_BYTES = 1 << 20  # the hooks keep theirs below this
 MAX_CALLS = 256
 MAX_FRAMES = 16
@@ -46,13 +52,18 @@ def request(py_dir: Path, pids: Iterable[int]) -> list[Asked]:
     asked = []
     for pid in pids:
         dump = py_dir / f"{pid}{DUMP}"
-        before = _version(dump)
+        before = version(dump)
         if _write_request(py_dir / f"{pid}{REQUEST}"):
             asked.append(Asked(pid, dump, before))
     return asked
 
 
-def _write_request(fifo: Path) -> bool:
+def poll(py_dir: Path, pid: int) -> bool:
+    """Ask `pid` for its arrivals (answered in `<pid>.fr.poll.json`); False where it serves no recorder."""
+    return _write_request(py_dir / f"{pid}{REQUEST}", POLL)
+
+
+def _write_request(fifo: Path, byte: bytes = HANG) -> bool:
     try:
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:  # ENOENT: not a rank; ENXIO: no reader (the rank ended); ELOOP: a symlink, not ours
@@ -60,7 +71,7 @@ def _write_request(fifo: Path) -> bool:
     try:
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
             return False
-        os.write(fd, b"?")
+        os.write(fd, byte)
     except OSError as err:
         return err.errno == errno.EAGAIN  # requests already waiting: this one is answered with them
     finally:
@@ -82,10 +93,10 @@ def collect(
     seen = {a.pid: a.before for a in asked}  # the version of each file last read (or found before asking)
     while True:
         for a in asked:
-            version = _version(a.path)
-            if a.pid in complete or version == seen[a.pid]:
+            now = version(a.path)
+            if a.pid in complete or now == seen[a.pid]:
                 continue
-            seen[a.pid] = version
+            seen[a.pid] = now
             read = read_dump(a.path)
             if read is not None:
                 recorder, with_stacks = read
@@ -98,7 +109,7 @@ def collect(
         sleep(min(POLL_S, left))
 
 
-def _version(path: Path) -> tuple[int, int, int] | None:
+def version(path: Path) -> tuple[int, int, int] | None:
     """What tells one answer from the next: each is a new file renamed over the last, but its inode number
     may be the one just freed and its mtime the same coarse tick (the answer with stacks follows the one
     without within 0.1 ms once torch has symbolised them); the stacks make it longer."""
@@ -125,6 +136,36 @@ def read_dump(path: Path) -> tuple[RankRecorder, bool] | None:
         return parse(d), d.get("stacks") is True
     except (ValueError, TypeError, KeyError):
         return None
+
+
+def read_arrivals(path: Path, pid: int) -> tuple[Arrival, ...] | None:
+    """`<pid>.fr.poll.json`, checked: None for anything but the hooks' shape, or another process's."""
+    try:
+        raw = read_regular(path, MAX_ARRIVALS_BYTES + 1)  # the job writes it: a FIFO or a symlink is refused
+    except OSError:
+        return None
+    if len(raw) > MAX_ARRIVALS_BYTES:
+        return None
+    try:
+        d = json.loads(raw)
+        if not isinstance(d, dict) or d.get("pid") != pid or not isinstance(d.get("arrivals"), list):
+            return None
+        return tuple(_arrival(row) for row in d["arrivals"][-MAX_ARRIVALS:])
+    except (ValueError, TypeError):
+        return None
+
+
+def _arrival(row: object) -> Arrival:
+    if not isinstance(row, list) or len(row) != 5:
+        raise ValueError("arrival")
+    group, seq, op, created, duration = row
+    if not isinstance(group, str) or not isinstance(op, str):
+        raise ValueError("group, op")
+    if duration is not None and (not isinstance(duration, (int, float)) or isinstance(duration, bool)):
+        raise ValueError("duration")
+    if duration is not None and not 0 <= duration < 1e9:
+        raise ValueError("duration")
+    return Arrival(group[:100], _int(seq), op.rpartition(":")[2][:100], _int(created), duration)
 
 
 def parse(d: dict[str, Any]) -> RankRecorder:

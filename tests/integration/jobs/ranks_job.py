@@ -9,6 +9,9 @@ count in a tqdm bar of its own (the hooks read it per process).
                                    SLEEP_S in each step (a straggler that appears mid-run)
   ranks_job.py quota RANK DIR      RANK puts itself into the cpu cgroup DIR (root; its quota) before its
                                    first step, and each step's work is larger (the quota must bite)
+  ranks_job.py device RANK         RANK's step waits for work it hands to a thread of its own that takes
+                                   SLEEP_S longer (as a rank waits for its GPU's stream): its main
+                                   thread is blocked in a futex, as the others' are in their all_reduce
 
 Rank 0 writes "ready" once every rank has done READY_STEPS steps in its mode. Runs until stopped."""
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import torch
@@ -39,7 +43,10 @@ def main(argv: list[str]) -> int:
     size = 160 if mode == "quota" else 96
     x = torch.randn(size, size)
     total = torch.zeros(1)
+    device = ThreadPoolExecutor(1, "device") if mode == "device" and rank == slow else None
     for step in tqdm(range(10**9), mininterval=0.5, desc=f"rank {rank}"):
+        if device is not None:
+            y = device.submit(_slow_device, x).result()  # the main thread waits (futex) for its "device"
         for _ in range(4):
             y = x @ x
         if rank == slow and _sleeps(mode, argv):
@@ -49,6 +56,11 @@ def main(argv: list[str]) -> int:
         if step == READY_STEPS and rank == 0:
             print("ready", flush=True)
     return 0
+
+
+def _slow_device(x: torch.Tensor) -> torch.Tensor:
+    time.sleep(SLEEP_S)
+    return x @ x
 
 
 def _sleeps(mode: str, argv: list[str]) -> bool:

@@ -38,6 +38,9 @@ if TYPE_CHECKING:  # mypy only: at run time these are the hooks' own globals, th
 
 RECORDER_REQUEST = ".fr.req"
 RECORDER_DUMP = ".fr.json"
+RECORDER_ARRIVALS = ".fr.poll.json"
+POLL_REQUEST = b"p"  # a request of these bytes only: when the last collectives were called (no hang's dump)
+POLL_ENTRIES = 256  # hooks.FLIGHT_RECORDER_ENTRIES: the whole buffer, with the shim asking every few seconds
 RECORDER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # hooks.FLIGHT_RECORDER_ENV
 RECORDER_ENTRIES = 64  # the last ones: ranks diverge at the collectives they wait in, the newest
 RECORDER_FRAMES = 16
@@ -130,20 +133,47 @@ def _recorder_dump() -> Callable[[bool], dict[str, Any]] | None:
 def _recorder_loop(job: _Job, pid: int, fd: int, dump: Callable[[bool], dict[str, Any]]) -> None:
     """The recorder's thread: asleep in read() until the shim writes a request. It ends when the FIFO is
     no longer its own (the job closed every descriptor and reused the number: its data must not be read).
-    Each request is answered twice: at once without the stacks, then with them: a shim that cannot wait
-    for the slow first symbolisation still has the sequence to compare."""
+    A hang's request is answered twice: at once without the stacks, then with them: a shim that cannot
+    wait for the slow first symbolisation still has the sequence to compare. A poll (POLL_REQUEST) is
+    answered with the arrivals alone, in a file of their own: a hang's answer is never overwritten."""
     while file_id(fd) == job.recorder_fd_id:
         try:
-            if not os.read(fd, 64):
-                return
+            request = os.read(fd, 64)
         except OSError:
             return
+        if not request:
+            return
         try:
-            for stacks in (False, True):
-                text = recorder_text(dump(stacks), pid, _record_rank(), time.time(), stacks)
-                _write_atomic(job.path(pid, RECORDER_DUMP), text)
+            if POLL_REQUEST in request:
+                text = arrivals_text(dump(False), pid, _record_rank(), time.time())
+                _write_atomic(job.path(pid, RECORDER_ARRIVALS), text)
+            if request.strip(POLL_REQUEST):  # any other byte: a hang's request
+                for stacks in (False, True):
+                    text = recorder_text(dump(stacks), pid, _record_rank(), time.time(), stacks)
+                    _write_atomic(job.path(pid, RECORDER_DUMP), text)
         except Exception as err:
             _report(job, "flight recorder dump", err)
+
+
+def arrivals_text(raw: Mapping[str, Any], pid: int, rank: int | None, at: float) -> str:
+    """`<pid>.fr.poll.json`: when this rank called each of its last collectives, and how long each ran
+    where torch timed it: [group, seq, op, time_created_ns, duration_ms] (probes.flightrec.read_arrivals).
+    1.1 ms of this thread's CPU with 256 entries in the buffer (docs/measurements.md)."""
+    rows = []
+    for e in list(raw.get("entries") or ())[-POLL_ENTRIES:]:
+        if e.get("is_p2p"):
+            continue  # send/recv pair two ranks, not the group: no step of its own
+        group = e.get("process_group")
+        rows.append(
+            [
+                group[0] if isinstance(group, (list, tuple)) and group else None,
+                e.get("collective_seq_id"),
+                e.get("profiling_name"),
+                e.get("time_created_ns"),
+                e.get("duration_ms"),
+            ]
+        )
+    return dumps({"pid": pid, "rank": rank, "at": at, "arrivals": rows})
 
 
 def recorder_text(raw: Mapping[str, Any], pid: int, rank: int | None, at: float, stacks: bool) -> str:

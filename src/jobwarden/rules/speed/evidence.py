@@ -113,6 +113,19 @@ class StackSample:
 
 
 @dataclass(frozen=True)
+class RecorderWaits:
+    """What a rank's flight recorder says of its collectives over the window, against the other ranks'
+    on this node (rules.speed.arrivals)."""
+
+    share: float  # of the time between its consecutive collectives, the share it waited for a later rank
+    halves: tuple[float, float]  # the same over the older, the newer half of those intervals
+    late_ms: float  # on average, how much later than the rank that waited longest it got there
+    last: int  # collectives where it was the one the others waited for
+    compared: int  # collectives every rank called in the window, one signature each
+    timed: bool  # from the device's timings of each collective (NCCL), not from when each was called
+
+
+@dataclass(frozen=True)
 class RankView:
     """One rank process of a distributed job over the window: where its main thread was each time the
     shim looked (rules.speed.ranks.WHERE), as shares of those looks, and its own counters, for the
@@ -137,6 +150,7 @@ class RankView:
     data_detail: str = ""  # the DataLoader frame it waited in, where a stack sample showed one
     gpu: GpuClock | None = None  # the GPU its process computes on (NVML's process list), as last read
     majflt_per_s: float = 0.0  # its major page faults a second: its memory read back from disk
+    recorder: RecorderWaits | None = None  # its collectives' waits, where every rank's recorder answered
 
     def share(self, where: str) -> float:
         return next((s for w, s in self.shares if w == where), 0.0)

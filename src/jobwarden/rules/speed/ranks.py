@@ -11,16 +11,20 @@ Where a main thread is comes from what the shim reads each tick, cheapest first:
 D: I/O) and the system call it is blocked in (a sleep: idle; a futex or poll wait: in a rank with no
 DataLoader workers, its collective: gloo's main thread waits on its work's condition variable, measured
 here at 100 % of the looks of a rank waiting for a slower peer); a stack sample of that rank, where one was
-taken, names the frame (torch.distributed's collectives, the DataLoader)."""
+taken, names the frame (torch.distributed's collectives, the DataLoader).
+
+Where every rank's flight recorder told when it called its collectives (rules.speed.arrivals), the share of
+its time each rank waited in them is measured, not looked at, and that decides: a straggler whose main
+thread waits on work of its own (its GPU's stream, a thread of its own) looks blocked like the others."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from jobwarden.model import Finding
 from jobwarden.rules.speed import averages
 from jobwarden.rules.speed import gpu as gpu_rules
-from jobwarden.rules.speed.evidence import RankView, SpeedEvidence, StackSample
+from jobwarden.rules.speed.evidence import RankView, RecorderWaits, SpeedEvidence, StackSample
 from jobwarden.rules.speed.storage import MAJFLT_PER_S
 
 WHERE = ("computing", "collective", "data", "io", "idle", "unknown")
@@ -96,20 +100,23 @@ def straggler(ev: SpeedEvidence) -> Finding | None:
     ranks = [r for r in ev.ranks if r.looks >= MIN_LOOKS]
     if len(ranks) < 2:
         return None
-    suspects = [r for r in ranks if _lags(r, [o for o in ranks if o is not r])]
+    recorded = all(r.recorder is not None for r in ranks)
+    waited = _recorded_wait if recorded else _looked_wait
+    suspects = [r for r in ranks if _lags(r, [o for o in ranks if o is not r], waited)]
     if not suspects or (len(ranks) > 2 and 2 * len(suspects) >= len(ranks)):  # a few, not half the job
         return None
     others = [r for r in ranks if r not in suspects]
-    waiting = averages.median(r.share("collective") for r in others)
+    waiting = averages.median(waited(r)[0] for r in others)
     slower = 1 / max(1 - waiting, 1 / MOST_TIMES)
     times = f"more than {MOST_TIMES:.0f}×" if slower >= MOST_TIMES else f"about {_factor(slower)}×"
     if slower < SLOWER:
         return None
-    slow = min(suspects, key=lambda r: r.share("collective"))
+    slow = min(suspects, key=lambda r: waited(r)[0])
     why = _why(slow, others, ev)
     names = ", ".join(str(r.rank) for r in sorted(suspects, key=lambda r: r.rank) if r is not slow)
     also = f" (and rank{'s' if len(suspects) > 2 else ''} {names})" if len(suspects) > 1 else ""
     evidence = [
+        *(_recorder_line(r, r.recorder) for r in sorted(ranks, key=lambda r: r.rank) if r.recorder),
         *(_share_line(r) for r in sorted(ranks, key=lambda r: r.rank)),
         *why,
     ]
@@ -117,8 +124,9 @@ def straggler(ev: SpeedEvidence) -> Finding | None:
         "straggler",
         f"Rank {slow.rank} is a straggler: {times} slower per step than the others{also}",
         f"The other ranks spend {100 * waiting:.0f}% of their time in their collectives waiting for rank "
-        f"{slow.rank}, which spends {100 * slow.share('collective'):.0f}% there: its step takes "
-        f"{times} theirs, and the job loses about {100 * waiting:.0f}% of its time to it."
+        f"{slow.rank}, which spends {100 * waited(slow)[0]:.0f}% there"
+        + (" (their flight recorders)" if recorded else "")
+        + f": its step takes {times} theirs, and the job loses about {100 * waiting:.0f}% of its time to it."
         + (f" Why: {why[0]}." if why else ""),
         "warning" if waiting >= WARN_SHARE else "info",
         tuple(evidence),
@@ -128,20 +136,44 @@ def straggler(ev: SpeedEvidence) -> Finding | None:
     )
 
 
-def _lags(rank: RankView, others: Sequence[RankView]) -> bool:
+Waited = Callable[[RankView], tuple[float, tuple[float, float] | None]]
+
+
+def _looked_wait(r: RankView) -> tuple[float, tuple[float, float] | None]:
+    """Its share of the looks in a collective, over the window and its halves."""
+    return r.share("collective"), r.halves
+
+
+def _recorded_wait(r: RankView) -> tuple[float, tuple[float, float] | None]:
+    """Its share of the time waiting in its collectives, as the recorders tell it."""
+    assert r.recorder is not None
+    return r.recorder.share, r.recorder.halves
+
+
+def _lags(rank: RankView, others: Sequence[RankView], waited: Waited) -> bool:
     """Far less in its collectives than the others are, over the window and in each half of it (where
     the shim split it): a start-up where one rank waits for another to import torch is a blip."""
-    if not _lags_in(rank.share("collective"), [o.share("collective") for o in others]):
+    share, mine = waited(rank)
+    if not _lags_in(share, [waited(o)[0] for o in others]):
         return False
-    halves = [o.halves for o in others if o.halves is not None]
-    if rank.halves is None or len(halves) < len(others):
+    halves = [h for o in others if (h := waited(o)[1]) is not None]
+    if mine is None or len(halves) < len(others):
         return True  # not split: the window alone
-    return all(_lags_in(rank.halves[i], [h[i] for h in halves]) for i in (0, 1))
+    return all(_lags_in(mine[i], [h[i] for h in halves]) for i in (0, 1))
 
 
 def _lags_in(share: float, others: Sequence[float]) -> bool:
     median = averages.median(others)
     return median >= COLLECTIVE_SHARE and share <= SUSPECT_OF * median
+
+
+def _recorder_line(r: RankView, w: RecorderWaits) -> str:
+    how = "the device's timings of its collectives" if w.timed else "when it called its collectives"
+    return (
+        f"rank {r.rank} (pid {r.pid}), its flight recorder ({how}): waited for a later rank "
+        f"{100 * w.share:.0f}% of the time; the one waited for in {w.last} of {w.compared} collectives, "
+        f"{w.late_ms:.1f} ms after the earliest on average"
+    )
 
 
 def _share_line(r: RankView) -> str:
@@ -205,6 +237,17 @@ def _why(r: RankView, others: Sequence[RankView], ev: SpeedEvidence) -> list[str
         slow_gpus = [c for c in ev.gpu_clocks if c.reasons and c.sm_mhz < 0.9 * c.sm_max_mhz]
         for c in slow_gpus[:1]:
             found.append((0.0, f"GPU {c.gpu_index} of the job runs at {c.sm_mhz} of {c.sm_max_mhz} MHz"))
+    if not found and r.recorder is not None and r.share("collective") >= WHY_SHARE:
+        # blocked like a rank in its collective, yet the recorder says the others waited for it
+        call = f" ({r.where_detail})" if r.where == "collective" and r.where_detail else ""
+        found.append(
+            (
+                r.share("collective"),
+                f"its main thread was blocked{call} in {100 * r.share('collective'):.0f}% of the looks, "
+                "not waiting for the other ranks: it waits on work of its own before each collective "
+                "(its GPU's stream, a thread or process of its own)",
+            )
+        )
     if not found and r.share("computing") >= WHY_SHARE:
         found.append(
             (
@@ -261,6 +304,12 @@ def _remedy(r: RankView, why: list[str]) -> str:
             f"Give rank {r.rank} the memory it uses: its node swaps or evicts its pages (a memory limit "
             "of its cgroup, other processes, swap); give it more, or need less (a smaller batch or cache, "
             "fewer DataLoader workers)."
+        )
+    if "work of its own" in first:
+        return (
+            f"Find what rank {r.rank}'s main thread waits for before its collectives (`jobwarden dump`, or "
+            f"py-spy dump --native --pid {r.pid}): its own GPU being slower or shared, or a thread or "
+            "process of its own doing more than the others'."
         )
     if "DataLoader" in first:
         return f"Give rank {r.rank}'s DataLoader more workers or a faster source of data."

@@ -246,7 +246,11 @@ class Watching:
             self.speed_off = True
             return
         self.state.speed = SpeedWatch(
-            self.state.procfs, live, claimed_gpus(self.state.gpu_env), memory_cgroup=self.state.cgroup
+            self.state.procfs,
+            live,
+            claimed_gpus(self.state.gpu_env),
+            memory_cgroup=self.state.cgroup,
+            py_dir=self.state.pyfiles.py_dir,
         )
 
     def _watch_progress(self, snaps: list[ProcessSnapshot], now: float) -> Any:

@@ -9,8 +9,8 @@ it is written, and a fatal signal's dump goes to stderr, the output log): the sh
 process they belong to has ended. It knows that
 by identity, (pid, start time) from the advert, never by pid alone: a reused pid's new advert stays.
 
-A rank's flight-recorder FIFO and last answer (`<pid>.fr.req`, `<pid>.fr.json`) go with its advert: they
-serve a live rank only.
+A rank's flight-recorder FIFO and last answers (`<pid>.fr.req`, `.fr.json`, `.fr.poll.json`) go with its
+advert: they serve a live rank only.
 
 What the diagnosis needs stays: uncaught exceptions (`<pid>.exc.json`) and fork records
 (`<pid>.forks.jsonl`, each bounded by the hooks: a few records per fork site and a count), up to a cap of
@@ -32,7 +32,7 @@ from jobwarden.osapi.procfs import ProcFS
 from jobwarden.osapi.regularfile import read_regular
 
 ADVERT, STACKS, EXCEPTION, FORKS = ".json", ".stacks", ".exc.json", ".forks.jsonl"
-RECORDER_FILES = (".fr.req", ".fr.json")  # a rank's flight-recorder FIFO and answer: they serve it live
+RECORDER_FILES = (".fr.req", ".fr.json", ".fr.poll.json")  # a rank's recorder FIFO and answers: served live
 MAX_KEPT = 1000  # exception records, and fork records of processes that ended, kept at most
 _ADVERT_MAX_BYTES = 1 << 16
 _FORKS_MAX_BYTES = 4 << 20  # the hooks keep a process's fork records under 1 MB

@@ -16,12 +16,17 @@ The looks of the last WINDOW_S are kept per rank: their shares are where its tim
 evidence), and the last one is where it is now (`status`'s `ranks`). A rank is the topmost process that
 carries it (its DataLoader workers and other children inherit RANK from it and are no rank of their own).
 
+Every POLL_EVERY_S each rank that serves its flight recorder (the hooks' thread, probes.flightrec) is asked
+when it called its last collectives; the answers of the window say which rank the others wait for, whatever
+its main thread looks like (rules.speed.arrivals). The poll costs each rank a dump of its recorder.
+
 Measured cost (scripts/bench-ranks): see docs/measurements.md."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -30,11 +35,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from jobwarden.errors import ProcessGone
 from jobwarden.model import ProcessId
+from jobwarden.observations import Arrival
 from jobwarden.osapi.cpuquota import CpuCgroup, CpuStat, cpu_cgroup_of
 from jobwarden.osapi.procfs import RUNNING, ProcFS
 from jobwarden.osapi.syscalls import NAMES as SYSCALL_NAMES
+from jobwarden.probes import flightrec
 from jobwarden.probes.pyspy import find_py_spy
-from jobwarden.rules.speed.evidence import GpuClock, RankView, StackSample
+from jobwarden.rules.speed.arrivals import waits
+from jobwarden.rules.speed.evidence import GpuClock, RankView, RecorderWaits, StackSample
 from jobwarden.rules.speed.gpu import LIMITS
 from jobwarden.rules.speed.loading import LOADER_WORKER_COMM
 from jobwarden.rules.speed.ranks import WHERE, stack_where, where_of
@@ -48,6 +56,9 @@ if TYPE_CHECKING:
 MAX_RANKS = 16  # rank processes looked at each tick, lowest ranks first
 WINDOW_S = 20.0  # as the speed watch's window
 CGROUP_EVERY_S = 10.0  # a rank's cpu cgroup looked up again (a rank may be moved into one of its own)
+POLL_EVERY_S = 5.0  # each rank's flight recorder asked for its arrivals: 1.1 ms of its CPU a poll
+ANSWER_WITHIN_S = 2.0  # a rank's answer looked for this long after each poll
+ARRIVALS_KEPT = 512  # a rank's arrivals kept at most, the newest (two polls' answers; those of the window)
 
 
 class RankHints(NamedTuple):
@@ -75,17 +86,36 @@ class _Rank:
         self.syscall: str | None = None  # at the last look
         self.learned: dict[str | None, tuple[str, str]] = {}  # call: (where, frame), from its stack samples
         self.sleeps_in = ""  # the job's own frame its main thread slept in, as a sample showed
+        self.arrivals: dict[tuple[str, int], Arrival] = {}  # (group, seq): when it called that collective
+        self.asked_at: float | None = None  # when its recorder was last polled, until its answer came
+        self.answer: tuple[int, int, int] | None = None  # the version of its answer last read
 
     def trim(self, mono: float) -> None:
         for kept in (self.looks, self.steps, self.cpu):
             while len(kept) > 1 and kept[0][0] < mono - WINDOW_S:
                 kept.popleft()
 
+    def note_arrivals(self, found: Iterable[Arrival], now_ns: int) -> None:
+        """A poll's answer: its arrivals added to those kept, the window's kept (`now_ns`: the wall clock,
+        which the recorder on this node reads too)."""
+        self.arrivals.update(((a.group, a.seq), a) for a in found)
+        since = now_ns - int(WINDOW_S * 1e9)
+        kept = sorted((a for a in self.arrivals.values() if a.created_ns >= since), key=_called_at)
+        self.arrivals = {(a.group, a.seq): a for a in kept[-ARRIVALS_KEPT:]}
+
 
 class RankWatch:
-    def __init__(self, procfs: ProcFS, machine: str | None = None, dumps: bool = True) -> None:
-        """`dumps`: take stack samples of the ranks (py-spy), where py-spy is there."""
+    def __init__(
+        self, procfs: ProcFS, machine: str | None = None, dumps: bool = True, py_dir: Path | None = None
+    ) -> None:
+        """`dumps`: take stack samples of the ranks (py-spy), where py-spy is there; `py_dir`: where the
+        ranks' hooks serve their flight recorders (None: no polls)."""
         self.procfs = procfs
+        self.py_dir = py_dir
+        self._next_poll = 0.0
+        self._waits: dict[int, RecorderWaits] = {}  # rank: its waits, as the answers last read say
+        self._waits_at = 0.0
+        self.now_ns = time.time_ns  # the wall clock the recorders' call times are read against
         self.syscalls = SYSCALL_NAMES.get(machine or os.uname().machine, {})
         self._ranks: dict[ProcessId, _Rank] = {}
         self.stack_every_s = stack_every_s()
@@ -126,6 +156,7 @@ class RankWatch:
                 kept.steps.append((mono, step))
             kept.trim(mono)
         self._sample_stacks(mono)
+        self._poll_recorders(mono)
 
     def _where_now(self, kept: _Rank, state: str, syscall: str | None, has_loader: bool) -> tuple[str, str]:
         where, detail = where_of(state, syscall, has_loader)
@@ -135,6 +166,44 @@ class RankWatch:
         elif where == "idle" and kept.sleeps_in:
             detail = f"{syscall} in {kept.sleeps_in}"
         return where, detail
+
+    # --- the ranks' flight recorders ----------------------------------------------------------------
+
+    def _poll_recorders(self, mono: float) -> None:
+        """Read the answers that came since the last poll (one stat a rank a tick, while one is awaited);
+        poll again when due. A rank that serves no recorder (no FIFO, or no reader on it) is not asked
+        again until the next poll."""
+        if self.py_dir is None or len(self._ranks) < 2:
+            self._waits = {}
+            return
+        answered = False
+        for kept in self._ranks.values():
+            if kept.asked_at is None:
+                continue
+            path = self.py_dir / f"{kept.pid}{flightrec.ARRIVALS}"
+            now = flightrec.version(path)
+            if now is not None and now != kept.answer:
+                kept.answer, kept.asked_at = now, None
+                found = flightrec.read_arrivals(path, kept.pid)
+                if found is not None:
+                    kept.note_arrivals(found, self.now_ns())
+                    answered = True
+            elif mono - kept.asked_at >= ANSWER_WITHIN_S:
+                kept.asked_at = None
+        if answered and all(k.asked_at is None for k in self._ranks.values()):  # once a round
+            ranks = self._ranks.values()
+            found_waits = waits({k.rank: tuple(k.arrivals.values()) for k in ranks if k.arrivals})
+            # a rank that answered nothing may be the one the others wait for: all or none
+            self._waits = found_waits if len(found_waits) == len(self._ranks) else {}
+            self._waits_at = mono
+        if mono < self._next_poll:
+            return
+        self._next_poll = mono + POLL_EVERY_S
+        if mono - self._waits_at > WINDOW_S:
+            self._waits = {}  # no round answered by every rank of late
+        for kept in self._ranks.values():
+            if flightrec.poll(self.py_dir, kept.pid):
+                kept.asked_at = mono
 
     # --- stack samples of the ranks -------------------------------------------------------------------
 
@@ -219,6 +288,7 @@ class RankWatch:
                     majflt_per_s=max(f1 - f0, 0) / window_s if window_s > 0 and ident in first else 0.0,
                     **self._quota(kept),
                     gpu=self._gpus.get(kept.pid),
+                    recorder=self._waits.get(kept.rank),
                 )
             )
         return tuple(found)
@@ -339,6 +409,10 @@ def _gpu_row(c: GpuClock | None) -> dict[str, Any] | None:
         "utilization": c.utilization,
         "limits": limits,  # what holds its clock back (NVML's clock event reasons that are limits)
     }
+
+
+def _called_at(a: Arrival) -> int:
+    return a.created_ns
 
 
 def _call_name(number: int | None, names: dict[int, str]) -> str | None:

@@ -20,6 +20,7 @@ import os
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from jobwarden.errors import AccessDenied, ProcessGone
@@ -98,7 +99,9 @@ class SpeedWatch:
         gpus_claimed: Sequence[int] = (),
         shim_pid: int | None = None,
         memory_cgroup: JobCgroup | None = None,
+        py_dir: Path | None = None,
     ) -> None:
+        """`py_dir`: where the job's Python hooks serve each rank's flight recorder (RankWatch)."""
         self.procfs, self.live = procfs, live
         self.memory_cgroup = memory_cgroup  # the job's own (jobwarden's): its refaults are the job's
         self.gpus_claimed = tuple(gpus_claimed)
@@ -130,7 +133,8 @@ class SpeedWatch:
         self._batch_no = 0
         self._not_workers: set[ProcessId] = set()
         self.stacks = StackSampler(procfs)  # the loop's stack now and then, and in each stall
-        self.ranks = RankWatch(procfs)  # where each rank's main thread is (straggler, `status`'s ranks)
+        # where each rank's main thread is, and its recorder's waits (straggler, `status`'s ranks)
+        self.ranks = RankWatch(procfs, py_dir=py_dir)
         self._usual: tuple[StepMove, float | None] | None = None  # (the last move, the usual gap then)
         self.judged: SpeedEvidence | None = None  # the last judgement's evidence, until taken
 

@@ -1,0 +1,77 @@
+"""Who the other ranks wait for, from when each rank called its collectives: its flight recorder, polled by
+the rank watch (shim.watch.rankwatch; the hooks answer with `time_created_ns` of each entry, and
+`duration_ms` where torch times the collective on the device).
+
+A rank that calls collective s later than the others makes each of them wait from its own call until its:
+their wait at s is the latest call less their own. The ranks compared share a node, so they share the wall
+clock torch reads. Between its calls of s and s+1 a rank computes, then waits: the share of those intervals
+it spent waiting is what the looks at its main thread estimate (rules.speed.ranks), measured instead of
+sampled, and whatever its main thread does meanwhile. A rank whose main thread waits on work of its own
+(another thread, its GPU's stream) looks blocked like the others, yet the others wait for it.
+
+Where torch times each collective on the device (NCCL with TORCH_NCCL_ENABLE_TIMING=1), its duration on a
+rank is that rank's wait plus the transfer that all share: the rank's wait is its duration less the
+shortest. That sees a rank whose GPU is slow: it may call its collectives as early as the others (its CPU
+runs ahead of its GPU), and its GPU reaches them last."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from jobwarden.observations import Arrival
+from jobwarden.rules.speed.evidence import RecorderWaits
+
+MIN_INTERVALS = 8  # intervals between consecutive collectives, per rank: fewer say nothing
+
+Key = tuple[str, int]  # (group, seq)
+
+
+def waits(calls: Mapping[int, Sequence[Arrival]]) -> dict[int, RecorderWaits]:
+    """Each rank's waits over the collectives that every rank in `calls` (rank: its arrivals) called with
+    one signature; {} for fewer than two ranks or MIN_INTERVALS intervals each. A collective whose op
+    differs between ranks is left out: that is the hang rules' (rules.hang.desync), not a step."""
+    if len(calls) < 2:
+        return {}
+    by_rank = {rank: {(a.group, a.seq): a for a in found} for rank, found in calls.items()}
+    keys = sorted(set.intersection(*(set(d) for d in by_rank.values())))
+    keys = [k for k in keys if len({d[k].op for d in by_rank.values()}) == 1]
+    timed = bool(keys) and all(d[k].duration_ms is not None for d in by_rank.values() for k in keys)
+    waited = {k: _waited_at(k, by_rank, timed) for k in keys}
+    found = {}
+    for rank, mine in by_rank.items():
+        # (when it called s, its wait at s, until it called s+1): the interval it computed and waited in
+        intervals = [
+            (mine[k].created_ns, waited[k][rank], mine[(k[0], k[1] + 1)].created_ns - mine[k].created_ns)
+            for k in keys
+            if (k[0], k[1] + 1) in waited
+        ]
+        intervals = [i for i in intervals if i[2] > 0]
+        if len(intervals) < MIN_INTERVALS:
+            return {}
+        intervals.sort()
+        half = len(intervals) // 2
+        found[rank] = RecorderWaits(
+            share=_share(intervals),
+            halves=(_share(intervals[:half]), _share(intervals[half:])),
+            late_ms=sum(max(waited[k].values()) - waited[k][rank] for k in keys) / len(keys) / 1e6,
+            last=sum(waited[k][rank] == min(waited[k].values()) for k in keys),
+            compared=len(keys),
+            timed=timed,
+        )
+    return found
+
+
+def _waited_at(key: Key, by_rank: Mapping[int, Mapping[Key, Arrival]], timed: bool) -> dict[int, float]:
+    """Each rank's wait at one collective, in nanoseconds."""
+    if timed:
+        durations = {rank: float(d[key].duration_ms or 0.0) * 1e6 for rank, d in by_rank.items()}
+        shortest = min(durations.values())
+        return {rank: ns - shortest for rank, ns in durations.items()}
+    called = {rank: d[key].created_ns for rank, d in by_rank.items()}
+    latest = max(called.values())
+    return {rank: float(latest - ns) for rank, ns in called.items()}
+
+
+def _share(intervals: Sequence[tuple[int, float, int]]) -> float:
+    total = sum(length for _, _, length in intervals)
+    return min(sum(min(wait, length) for _, wait, length in intervals) / total, 1.0) if total else 0.0

@@ -1,0 +1,241 @@
+"""The straggler from when each rank called its collectives, as its recorder says (rules.speed.arrivals):
+who the others wait for and how long, by the call times or by the device's durations; mismatched or
+partial collectives left out — `straggler` deciding on them where the looks cannot, and not where a rank
+did not answer; then the path of an answer: the hooks' thread answering a poll (never overwriting a hang's
+answer), the probe reading it back without trusting it, and the rank watch polling real FIFOs."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from jobwarden.observations import Arrival
+from jobwarden.osapi.procfs import ProcFS
+from jobwarden.probes import flightrec
+from jobwarden.rules.speed.arrivals import MIN_INTERVALS, waits
+from jobwarden.rules.speed.evidence import RecorderWaits
+from jobwarden.rules.speed.ranks import straggler
+from jobwarden.shim.watch.rankwatch import RankWatch
+from tests.support import eventually
+
+from .test_rules import assert_well_formed
+from .test_speed_ranks import rank, rank_member, ranks, syscall
+
+MS = 1_000_000
+T0 = 1_795_000_000 * 1_000_000_000  # a wall clock in ns, as torch's time_created_ns
+
+
+def called(step_ms: float, late_ms: float = 0.0, n: int = 40, op: str = "all_reduce") -> list[Arrival]:
+    """A rank's collectives, one a step: each called `late_ms` after the step began."""
+    return [Arrival("0", s, op, T0 + int((s * step_ms + late_ms) * MS)) for s in range(1, n + 1)]
+
+
+# --- who waits, from when each rank called ---------------------------------------------------------------
+
+
+def test_the_rank_that_calls_late_is_the_one_waited_for() -> None:
+    # steps of 40 ms; rank 1 calls 30 ms into each, ranks 0 and 2 at once: they wait 30 of every 40 ms
+    found = waits({0: called(40), 1: called(40, late_ms=30), 2: called(40, late_ms=1)})
+    assert set(found) == {0, 1, 2}
+    assert found[0].share == pytest.approx(0.75) and found[2].share == pytest.approx(29 / 40)
+    assert found[1].share == 0.0 and found[1].halves == (0.0, 0.0)
+    assert found[0].halves == pytest.approx((0.75, 0.75))
+    assert (found[1].last, found[1].compared, found[0].last) == (40, 40, 0)
+    assert found[1].late_ms == pytest.approx(30.0) and found[0].late_ms == 0.0
+    assert not found[0].timed
+
+
+def test_by_the_devices_durations_where_torch_timed_them() -> None:
+    """NCCL with timing: the ranks call alike (their CPUs run ahead), rank 1's GPU gets there 20 ms late:
+    the others' collectives last 20 ms longer on theirs."""
+    timed = {
+        r: [replace(a, duration_ms=21.0 if r != 1 else 1.0) for a in called(40, late_ms=r * 0.1)]
+        for r in (0, 1, 2)
+    }
+    found = waits(timed)
+    assert all(w.timed for w in found.values())
+    assert found[1].share == 0.0 and found[0].share == pytest.approx(0.5) and found[1].last == 40
+    # one rank untimed: the call times decide, and they show nobody waiting long
+    timed[2] = called(40, late_ms=0.2)
+    assert not any(w.timed for w in waits(timed).values())
+
+
+def test_only_collectives_every_rank_called_alike_are_compared() -> None:
+    r0, r1 = called(40), called(40, late_ms=30)
+    r1[10] = replace(r1[10], op="broadcast")  # a mismatch: the hang rules' matter, not a step
+    found = waits({0: [*r0, Arrival("0", 41, "all_reduce", T0 + 41 * 40 * MS)], 1: r1})
+    assert found[0].compared == 39  # #11 differs, #41 only rank 0 has called yet
+    # one rank with too few intervals: nothing at all (it may be the one the others wait for)
+    assert waits({0: called(40), 1: called(40, n=MIN_INTERVALS)}) == {}
+    assert waits({0: called(40)}) == {}
+    # polls with a gap between them: only consecutive collectives make an interval
+    gapped = [a for a in called(40) if not 15 <= a.seq <= 30]
+    late = [a for a in called(40, late_ms=30) if not 15 <= a.seq <= 30]
+    assert waits({0: gapped, 1: late})[0].share == pytest.approx(0.75)
+
+
+# --- straggler, decided by the recorders -------------------------------------------------------------------
+
+
+def recorded(share: float, last: int = 0) -> RecorderWaits:
+    return RecorderWaits(share, (share, share), 30.0 if last else 0.0, last, 40, False)
+
+
+def test_the_recorders_name_a_rank_the_looks_cannot() -> None:
+    """Every main thread blocked alike (futexes): the looks say nobody lags; the recorders say rank 1."""
+    looks = ranks(rank(0, 0.85), rank(1, 0.85))
+    assert straggler(looks) is None
+    ev = ranks(rank(0, 0.85, recorder=recorded(0.75)), rank(1, 0.85, recorder=recorded(0.0, last=40)))
+    f = straggler(ev)
+    assert f is not None and f.rank == 1 and f.pids[0] == 201
+    assert f.title == "Rank 1 is a straggler: about 4× slower per step than the others"
+    assert "spends 0% there (their flight recorders)" in f.summary
+    assert "Why: its main thread was blocked" in f.summary and "work of its own" in f.summary
+    assert (
+        "rank 1 (pid 201), its flight recorder (when it called its collectives): waited for a later rank "
+        in (f.evidence[1])
+    )
+    assert "the one waited for in 40 of 40 collectives, 30.0 ms after the earliest" in f.evidence[1]
+    assert "py-spy dump --native --pid 201" in f.remedy
+    assert_well_formed([f])
+
+
+def test_the_looks_decide_where_a_rank_has_no_recorder() -> None:
+    """A rank without the recorder's answer (no torch.distributed group of its own, or late): the looks
+    at every rank decide, and here they say nobody lags."""
+    ev = ranks(rank(0, 0.85, recorder=recorded(0.75)), rank(1, 0.85))
+    assert straggler(ev) is None
+    # the recorders agree with the looks: balanced ranks wait alike
+    balanced = ranks(rank(0, 0.4, recorder=recorded(0.3)), rank(1, 0.4, recorder=recorded(0.32)))
+    assert straggler(balanced) is None
+
+
+def test_a_blip_in_the_recorders_is_no_straggler() -> None:
+    """Rank 1 was late in the older half of the intervals only (a start-up, a checkpoint)."""
+    blip = RecorderWaits(0.1, (0.0, 0.6), 10.0, 20, 40, False)
+    ev = ranks(rank(0, 0.8, recorder=recorded(0.6)), rank(1, 0.8, recorder=blip))
+    assert straggler(ev) is None
+
+
+# --- the answer's path: the hooks' thread, the probe, the rank watch ---------------------------------------
+
+
+def torch_entries(rank_no: int, n: int = 12) -> dict[str, object]:
+    """What torch's _dump_fr_trace gives, as far as the poll reads it."""
+    entries: list[dict[str, object]] = [
+        {
+            "process_group": ("0", "default_pg"),
+            "collective_seq_id": s,
+            "p2p_seq_id": 0,
+            "is_p2p": False,
+            "profiling_name": "gloo:all_reduce",
+            "time_created_ns": T0 + (s * 40 + (30 if rank_no == 1 else 0)) * MS,
+            "duration_ms": None,
+        }
+        for s in range(1, n + 1)
+    ]
+    entries.append({**entries[0], "is_p2p": True, "collective_seq_id": 0, "profiling_name": "gloo:send"})
+    return {"version": "2.10", "entries": entries}
+
+
+def test_the_hooks_answer_a_poll_in_a_file_of_its_own() -> None:
+    from jobwarden.hooks.site import _jobwarden_hooks as hooks
+
+    text = hooks.arrivals_text(torch_entries(1), 7, 1, 0.0)
+    d = json.loads(text)
+    assert (d["pid"], d["rank"]) == (7, 1) and len(d["arrivals"]) == 12  # the send left out
+    assert d["arrivals"][0] == ["0", 1, "gloo:all_reduce", T0 + 70 * MS, None]
+    many = {"entries": [torch_entries(0)["entries"][0]] * 1000}  # type: ignore[index]
+    assert len(json.loads(hooks.arrivals_text(many, 7, 0, 0.0))["arrivals"]) == hooks.POLL_ENTRIES
+
+
+def write_answer(path: Path, body: object) -> Path:
+    path.write_text(json.dumps(body))
+    return path
+
+
+def test_the_probe_trusts_nothing_in_an_answer(tmp_path: Path) -> None:
+    good = {"pid": 7, "rank": 0, "at": 1.0, "arrivals": [["0", 3, "gloo:all_reduce", T0, 2.5]]}
+    path = write_answer(tmp_path / f"7{flightrec.ARRIVALS}", good)
+    assert flightrec.read_arrivals(path, 7) == (Arrival("0", 3, "all_reduce", T0, 2.5),)
+    assert flightrec.read_arrivals(path, 8) is None  # another process's
+    for bad in (
+        ["0", 3, "all_reduce", T0],  # a field short
+        ["0", -3, "all_reduce", T0, None],
+        [0, 3, "all_reduce", T0, None],
+        ["0", 3, "all_reduce", "then", None],
+        ["0", 3, "all_reduce", T0, True],
+        ["0", 3, "all_reduce", T0, -1.0],
+    ):
+        write_answer(path, {**good, "arrivals": [bad]})
+        assert flightrec.read_arrivals(path, 7) is None, bad
+    path.write_bytes(b"{" + b" " * flightrec.MAX_ARRIVALS_BYTES + b"}")
+    assert flightrec.read_arrivals(path, 7) is None  # too large to be the hooks'
+    path.unlink()
+    path.symlink_to(tmp_path / "elsewhere.json")
+    write_answer(tmp_path / "elsewhere.json", good)
+    assert flightrec.read_arrivals(path, 7) is None  # a planted symlink is never followed
+
+
+@pytest.fixture
+def serving_ranks(tmp_path: Path) -> Iterator[tuple[Path, dict[int, threading.Thread]]]:
+    """Pids 11 and 12 serving their recorders as the hooks do (a thread asleep in read() on a FIFO), their
+    dumps made up (rank 1 calls 30 ms late); each answer counted. The threads end with the test."""
+    from jobwarden.hooks.site import _jobwarden_hooks as hooks
+
+    py_dir = tmp_path / "py"
+    py_dir.mkdir()
+    served: dict[int, threading.Thread] = {}
+    fds: list[tuple[hooks._Job, int]] = []
+    for pid, rank_no in ((11, 0), (12, 1)):
+        job = hooks._Job(str(py_dir), pid, 0, None)
+        fifo = py_dir / f"{pid}{flightrec.REQUEST}"
+        os.mkfifo(fifo, 0o600)
+        fd = os.open(fifo, os.O_RDWR | os.O_CLOEXEC)
+        job.recorder_fd, job.recorder_fd_id = fd, hooks.file_id(fd)
+        entries = torch_entries(rank_no)
+        served[pid] = threading.Thread(
+            target=hooks._recorder_loop, args=(job, pid, fd, lambda stacks, e=entries: e), daemon=True
+        )
+        served[pid].start()
+        fds.append((job, fd))
+    try:
+        yield py_dir, served
+    finally:
+        for job, fd in fds:
+            job.recorder_fd_id = None  # no longer its own: the thread ends at its next wake
+            os.write(fd, b"x")
+        for thread in served.values():
+            thread.join(30)
+        for _, fd in fds:
+            os.close(fd)
+    assert not any(t.is_alive() for t in served.values())
+
+
+def test_the_rank_watch_polls_each_ranks_recorder(
+    tmp_path: Path, serving_ranks: tuple[Path, dict[int, threading.Thread]]
+) -> None:
+    py_dir, _ = serving_ranks
+    root = tmp_path / "proc"
+    for pid in (11, 12):
+        syscall(root, pid, "202 0x7f 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f\n")  # both blocked in a futex
+    watch = RankWatch(ProcFS(root), machine="x86_64", dumps=False, py_dir=py_dir)
+    watch.now_ns = lambda: T0 + 600 * MS  # the made-up collectives are "now": none older than the window
+    members = [rank_member(11, 0, "S"), rank_member(12, 1, "S")]
+    watch.tick(0.0, members)  # asks both
+    assert {p.name for p in py_dir.iterdir()} >= {"11.fr.req", "12.fr.req"}
+    answers = [py_dir / f"{pid}{flightrec.ARRIVALS}" for pid in (11, 12)]
+    eventually("both answers", lambda: all(p.exists() for p in answers), 30)
+    watch.tick(0.5, members)  # reads both answers
+    v0, v1 = watch.views({}, {}, 10.0)
+    assert v0.recorder is not None and v1.recorder is not None
+    assert v0.recorder.share == pytest.approx(0.75) and v1.recorder.last == 12
+    assert not (py_dir / f"11{flightrec.DUMP}").exists()  # a poll never writes a hang's answer
+    f = straggler(ranks(*(replace(v, looks=20, shares=(("collective", 1.0),)) for v in (v0, v1))))
+    assert f is not None and f.rank == 1
