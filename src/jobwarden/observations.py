@@ -4,7 +4,7 @@ and GPU evidence. Plain data, stdlib only; kept apart from `model` so that `run`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -450,9 +450,9 @@ class CollectiveCall:
         return self.op, self.sizes
 
 
-@dataclass(frozen=True)
-class Arrival:
-    """When a rank called one collective, from its flight recorder's poll (rules.speed.arrivals)."""
+class Arrival(NamedTuple):
+    """When a rank called one collective, from its flight recorder's poll (rules.speed.arrivals). A tuple:
+    the rank watch keeps hundreds a rank, made anew each poll."""
 
     group: str  # as CollectiveCall's
     seq: int

@@ -55,7 +55,7 @@ def test_by_the_devices_durations_where_torch_timed_them() -> None:
     """NCCL with timing: the ranks call alike (their CPUs run ahead), rank 1's GPU gets there 20 ms late:
     the others' collectives last 20 ms longer on theirs."""
     timed = {
-        r: [replace(a, duration_ms=21.0 if r != 1 else 1.0) for a in called(40, late_ms=r * 0.1)]
+        r: [a._replace(duration_ms=21.0 if r != 1 else 1.0) for a in called(40, late_ms=r * 0.1)]
         for r in (0, 1, 2)
     }
     found = waits(timed)
@@ -68,7 +68,7 @@ def test_by_the_devices_durations_where_torch_timed_them() -> None:
 
 def test_only_collectives_every_rank_called_alike_are_compared() -> None:
     r0, r1 = called(40), called(40, late_ms=30)
-    r1[10] = replace(r1[10], op="broadcast")  # a mismatch: the hang rules' matter, not a step
+    r1[10] = r1[10]._replace(op="broadcast")  # a mismatch: the hang rules' matter, not a step
     found = waits({0: [*r0, Arrival("0", 41, "all_reduce", T0 + 41 * 40 * MS)], 1: r1})
     assert found[0].compared == 39  # #11 differs, #41 only rank 0 has called yet
     # one rank with too few intervals: nothing at all (it may be the one the others wait for)
@@ -194,7 +194,7 @@ def serving_ranks(tmp_path: Path) -> Iterator[tuple[Path, dict[int, threading.Th
     served: dict[int, threading.Thread] = {}
     fds: list[tuple[hooks._Job, int]] = []
     for pid, rank_no in ((11, 0), (12, 1)):
-        job = hooks._Job(str(py_dir), pid, 0, None)
+        job = hooks._Job(str(py_dir), 0, 0, None)
         fifo = py_dir / f"{pid}{flightrec.REQUEST}"
         os.mkfifo(fifo, 0o600)
         fd = os.open(fifo, os.O_RDWR | os.O_CLOEXEC)

@@ -37,15 +37,17 @@ def waits(calls: Mapping[int, Sequence[Arrival]]) -> dict[int, RecorderWaits]:
     keys = [k for k in keys if len({d[k].op for d in by_rank.values()}) == 1]
     timed = bool(keys) and all(d[k].duration_ms is not None for d in by_rank.values() for k in keys)
     waited = {k: _waited_at(k, by_rank, timed) for k in keys}
+    longest = {k: max(w.values()) for k, w in waited.items()}
+    shortest = {k: min(w.values()) for k, w in waited.items()}
     found = {}
     for rank, mine in by_rank.items():
         # (when it called s, its wait at s, until it called s+1): the interval it computed and waited in
-        intervals = [
-            (mine[k].created_ns, waited[k][rank], mine[(k[0], k[1] + 1)].created_ns - mine[k].created_ns)
-            for k in keys
-            if (k[0], k[1] + 1) in waited
-        ]
-        intervals = [i for i in intervals if i[2] > 0]
+        intervals = []
+        for k in keys:
+            after = mine.get((k[0], k[1] + 1))
+            if after is not None and (k[0], k[1] + 1) in waited and after.created_ns > mine[k].created_ns:
+                start = mine[k].created_ns
+                intervals.append((start, waited[k][rank], after.created_ns - start))
         if len(intervals) < MIN_INTERVALS:
             return {}
         intervals.sort()
@@ -53,8 +55,8 @@ def waits(calls: Mapping[int, Sequence[Arrival]]) -> dict[int, RecorderWaits]:
         found[rank] = RecorderWaits(
             share=_share(intervals),
             halves=(_share(intervals[:half]), _share(intervals[half:])),
-            late_ms=sum(max(waited[k].values()) - waited[k][rank] for k in keys) / len(keys) / 1e6,
-            last=sum(waited[k][rank] == min(waited[k].values()) for k in keys),
+            late_ms=sum(longest[k] - waited[k][rank] for k in keys) / len(keys) / 1e6,
+            last=sum(waited[k][rank] == shortest[k] for k in keys),
             compared=len(keys),
             timed=timed,
         )

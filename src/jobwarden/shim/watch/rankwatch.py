@@ -56,9 +56,9 @@ if TYPE_CHECKING:
 MAX_RANKS = 16  # rank processes looked at each tick, lowest ranks first
 WINDOW_S = 20.0  # as the speed watch's window
 CGROUP_EVERY_S = 10.0  # a rank's cpu cgroup looked up again (a rank may be moved into one of its own)
-POLL_EVERY_S = 5.0  # each rank's flight recorder asked for its arrivals: 1.1 ms of its CPU a poll
+POLL_EVERY_S = 10.0  # each rank's flight recorder asked for its arrivals: ~1 ms of its CPU a poll
 ANSWER_WITHIN_S = 2.0  # a rank's answer looked for this long after each poll
-ARRIVALS_KEPT = 512  # a rank's arrivals kept at most, the newest (two polls' answers; those of the window)
+ARRIVALS_KEPT = 512  # a rank's arrivals kept at most, the newest: two answers, the window's
 
 
 class RankHints(NamedTuple):
