@@ -82,7 +82,8 @@ def test_a_rank_that_sleeps_is_the_straggler_until_it_catches_up(jw: Jobwarden, 
         assert all(r["where"] in WHERE and r["local_rank"] == r["rank"] for r in rows)
         assert {r["node"] for r in rows} == {socket.gethostname().split(".")[0]}
         text = jw("status", str(job), check=True).stdout
-        assert "  RANK      PID     STEP      RATE  WHERE" in text and "[straggler] Rank 1" in text
+        assert "  RANK      PID     STEP      RATE  COLLECTIVE              WHERE" in text, text
+        assert "[straggler] Rank 1" in text and " all_reduce " in text
         metrics = jw("metrics", str(job), "--prometheus", check=True).stdout
         assert f'jobwarden_rank_step_rate{{job_id="{job}",job_name=' in metrics and ',rank="1"}' in metrics
         promtool_check(metrics)  # the per-rank series as Prometheus reads them
@@ -141,6 +142,9 @@ def test_a_rank_that_waits_on_its_own_device_is_named_from_the_flight_recorders(
         assert "waited for a later rank 0% of the time" in recorded[1], recorded
         assert "not waiting for the other ranks: it waits on work of its own" in f["summary"], f["summary"]
         assert f"py-spy dump --native --pid {slow}" in f["remedy"], f["remedy"]
+        # each rank's newest collective, as its recorder named it: the ranks keep step
+        calls = [r["collective"] for r in ranks_of(jw, job)]
+        assert all(c and (c["op"], c["group"]) == ("all_reduce", "0") and c["rate"] > 0 for c in calls), calls
     finally:
         stop(jw, job)
 

@@ -5,6 +5,7 @@ origin cannot stop anything."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import threading
@@ -470,5 +471,13 @@ def test_the_job_page_shows_one_row_per_rank(jw: Jobwarden, browser: Any) -> Non
             pids = {int(row.find_elements(By.TAG_NAME, "td")[1].text) for row in shown}
             assert pids == {r["pid"] for r in rows}
             assert browser.find_element(By.CSS_SELECTOR, "#ranks").is_displayed()
+
+            # each rank's newest collective, once its flight recorder answered a poll (every 10 s)
+            def calls(d: Any) -> list[str] | None:
+                found = [c.text for c in d.find_elements(By.CSS_SELECTOR, "#rank-rows tbody td.collective")]
+                named = len(found) == 2 and all(re.fullmatch(r"#\d+ all_reduce", c) for c in found)
+                return found if named else None
+
+            wait_until(browser, calls, "each rank's newest collective")
     finally:
         jw("stop", str(job_id), check=True)

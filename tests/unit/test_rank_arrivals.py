@@ -237,5 +237,7 @@ def test_the_rank_watch_polls_each_ranks_recorder(
     assert v0.recorder is not None and v1.recorder is not None
     assert v0.recorder.share == pytest.approx(0.75) and v1.recorder.last == 12
     assert not (py_dir / f"11{flightrec.DUMP}").exists()  # a poll never writes a hang's answer
+    row = watch.rows()[1]["collective"]
+    assert row == {"group": "0", "seq": 12, "op": "all_reduce", "at": 1_795_000_000.51, "rate": 25.0}
     f = straggler(ranks(*(replace(v, looks=20, shares=(("collective", 1.0),)) for v in (v0, v1))))
     assert f is not None and f.rank == 1

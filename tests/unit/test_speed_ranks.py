@@ -210,6 +210,7 @@ def test_the_watch_keeps_where_each_rank_was(tmp_path: Path) -> None:
         "where_detail": "clock_nanosleep",
         "shares": {"idle": 0.8, "computing": 0.2},
         "gpu": None,  # no GPU read (test_straggler_gpu.py)
+        "collective": None,  # no flight recorder polled (test_rank_arrivals.py)
     }
     # the window slides: looks older than WINDOW_S go; a rank that exited is forgotten
     for t in range(10, 10 + int(WINDOW_S) + 2):
@@ -277,6 +278,13 @@ def test_status_shows_a_table_of_the_ranks() -> None:
         "  RANK      PID     STEP      RATE  WHERE",
         "     0       11      120    3.00/s  collective (futex wait)",
         "     1       12        -         -  idle",
+    ]
+    # where a rank's flight recorder named its newest collective: a column of them (a rank behind in a hang)
+    called = {"group": "0", "seq": 1205, "op": "all_reduce", "at": 1.0, "rate": 31.2}
+    assert list(_rank_table([{**ROWS[0], "collective": called}, ROWS[1]]))[1:] == [
+        "  RANK      PID     STEP      RATE  COLLECTIVE              WHERE",
+        "     0       11      120    3.00/s  #1205 all_reduce        collective (futex wait)",
+        "     1       12        -         -  -                       idle",
     ]
 
 

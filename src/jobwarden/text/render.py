@@ -228,18 +228,33 @@ def _process_table(processes: list[ProcessSnapshot]) -> Iterator[str]:
 
 
 def _rank_table(ranks: list[dict[str, Any]]) -> Iterator[str]:
-    """Each rank of a running distributed job: its step, its rate, where its main thread is."""
+    """Each rank of a running distributed job: its step, its rate, the newest collective its flight
+    recorder named (where any rank's did: a rank one call behind the others in a hang shows here), where
+    its main thread is."""
     if not ranks:
         return
+    calls = any(isinstance(r.get("collective"), dict) for r in ranks)
     yield ""
-    yield f"  {'RANK':>4}  {'PID':>7}  {'STEP':>7}  {'RATE':>8}  WHERE"
+    yield (
+        f"  {'RANK':>4}  {'PID':>7}  {'STEP':>7}  {'RATE':>8}  "
+        + (f"{'COLLECTIVE':<22}  " if calls else "")
+        + "WHERE"
+    )
     for r in ranks:
         rate = f"{r['rate']:.2f}/s" if isinstance(r.get("rate"), int | float) else "-"
         detail = f" ({one_line(str(r['where_detail']))[:50]})" if r.get("where_detail") else ""
+        call = f"{_call_cell(r.get('collective')):<22}  " if calls else ""
         yield (
             f"  {_or_dash(r.get('rank')):>4}  {_or_dash(r.get('pid')):>7}  {_or_dash(r.get('step')):>7}  "
-            f"{rate:>8}  {one_line(str(r.get('where') or 'unknown'))}{detail}"
+            f"{rate:>8}  {call}{one_line(str(r.get('where') or 'unknown'))}{detail}"
         )
+
+
+def _call_cell(call: object) -> str:
+    """`#1205 all_reduce`: the newest collective's number in its group and its op."""
+    if not isinstance(call, dict):
+        return "-"
+    return one_line(f"#{call.get('seq')} {call.get('op')}")[:22]
 
 
 def _or_dash(value: object) -> str:

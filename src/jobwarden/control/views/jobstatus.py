@@ -256,7 +256,18 @@ def _process_json(p: ProcessSnapshot) -> dict[str, Any]:
     }
 
 
-_RANK_KEYS = ("rank", "local_rank", "node", "pid", "step", "rate", "where", "where_detail")
+_RANK_KEYS = (
+    "rank",
+    "local_rank",
+    "node",
+    "pid",
+    "step",
+    "rate",
+    "where",
+    "where_detail",
+    "gpu",
+    "collective",
+)
 
 
 def _rank_json(row: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from jobwarden.observations import Arrival
+
 
 @dataclass(frozen=True)
 class Neighbour:
@@ -151,6 +153,8 @@ class RankView:
     gpu: GpuClock | None = None  # the GPU its process computes on (NVML's process list), as last read
     majflt_per_s: float = 0.0  # its major page faults a second: its memory read back from disk
     recorder: RecorderWaits | None = None  # its collectives' waits, where every rank's recorder answered
+    last_call: Arrival | None = None  # the newest collective its recorder named (kept through a hang)
+    call_rate: float | None = None  # its collectives a second in that one's group over the window
 
     def share(self, where: str) -> float:
         return next((s for w, s in self.shares if w == where), 0.0)

@@ -87,8 +87,21 @@ class _Rank:
         self.learned: dict[str | None, tuple[str, str]] = {}  # call: (where, frame), from its stack samples
         self.sleeps_in = ""  # the job's own frame its main thread slept in, as a sample showed
         self.arrivals: dict[tuple[str, int], Arrival] = {}  # (group, seq): when it called that collective
+        self.last_call: Arrival | None = None  # the newest of them all, kept when the window empties
         self.asked_at: float | None = None  # when its recorder was last polled, until its answer came
         self.answer: tuple[int, int, int] | None = None  # the version of its answer last read
+
+    def call_rate(self) -> float | None:
+        """Its collectives a second over the window, in its newest call's group (torch numbers each
+        group's calls: the numbers say how many were made, those the answers left out too)."""
+        if self.last_call is None:
+            return None
+        mine = [a for a in self.arrivals.values() if a.group == self.last_call.group]
+        if len(mine) < 2:
+            return None
+        first, last = min(mine, key=_called_at), max(mine, key=_called_at)
+        span = last.created_ns - first.created_ns
+        return (last.seq - first.seq) / span * 1e9 if span > 0 else None
 
     def trim(self, mono: float) -> None:
         for kept in (self.looks, self.steps, self.cpu):
@@ -99,6 +112,9 @@ class _Rank:
         """A poll's answer: its arrivals added to those kept, the window's kept (`now_ns`: the wall clock,
         which the recorder on this node reads too)."""
         self.arrivals.update(((a.group, a.seq), a) for a in found)
+        newest = max(found, key=_called_at, default=None)
+        if newest is not None and (self.last_call is None or newest.created_ns >= self.last_call.created_ns):
+            self.last_call = newest
         since = now_ns - int(WINDOW_S * 1e9)
         kept = sorted((a for a in self.arrivals.values() if a.created_ns >= since), key=_called_at)
         self.arrivals = {(a.group, a.seq): a for a in kept[-ARRIVALS_KEPT:]}
@@ -289,6 +305,8 @@ class RankWatch:
                     **self._quota(kept),
                     gpu=self._gpus.get(kept.pid),
                     recorder=self._waits.get(kept.rank),
+                    last_call=kept.last_call,
+                    call_rate=kept.call_rate(),
                 )
             )
         return tuple(found)
@@ -314,6 +332,7 @@ class RankWatch:
                 "where_detail": v.where_detail,
                 "shares": {w: round(s, 2) for w, s in v.shares},
                 "gpu": _gpu_row(v.gpu),
+                "collective": _call_row(v),
             }
             for v in self.views({}, {}, 0.0)
         ]
@@ -413,6 +432,16 @@ def _gpu_row(c: GpuClock | None) -> dict[str, Any] | None:
 
 def _called_at(a: Arrival) -> int:
     return a.created_ns
+
+
+def _call_row(v: RankView) -> dict[str, Any] | None:
+    """The newest collective the rank's recorder named: its number in its group, its op, when it was
+    called, and the rank's collectives a second (Ray's hang detector shows the counts alike)."""
+    c = v.last_call
+    if c is None:
+        return None
+    rate = None if v.call_rate is None else round(v.call_rate, 2)
+    return {"group": c.group, "seq": c.seq, "op": c.op, "at": round(c.created_ns / 1e9, 3), "rate": rate}
 
 
 def _call_name(number: int | None, names: dict[int, str]) -> str | None:

@@ -190,14 +190,17 @@ function renderProcesses(procs, mainPid) {
 }
 
 function renderRanks(ranks) {
-  // each rank of a running distributed job: its own step and rate, where its main thread is
+  // each rank of a running distributed job: its own step and rate, the newest collective its flight
+  // recorder named (a rank one call behind the others in a hang shows here), where its main thread is
   const rows = ranks || [];
   document.getElementById("ranks").hidden = rows.length === 0;
+  const call = (c) => (c ? `#${c.seq} ${c.op}` : "");
   document.querySelector("#rank-rows tbody").replaceChildren(...rows.map((r) =>
     jw.el("tr", { "data-rank": r.rank },
       jw.el("td", { class: "num" }, r.rank), jw.el("td", { class: "num" }, r.pid),
       jw.el("td", { class: "num" }, r.step ?? ""),
       jw.el("td", { class: "num" }, r.rate === null || r.rate === undefined ? "" : `${r.rate.toFixed(2)}/s`),
+      jw.el("td", { class: "collective" }, call(r.collective)),
       jw.el("td", {}, r.where || ""), jw.el("td", {}, r.where_detail || ""))));
 }
 
