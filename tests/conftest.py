@@ -89,15 +89,17 @@ def make_fifo(path: Path) -> Path:
     return path
 
 
-def read_fifo(path: Path, timeout_s: float = 60) -> str:
-    """Block until a job writes one newline-terminated message to the FIFO (a handshake with a deadline).
+def read_fifo(path: Path, timeout_s: float = 60, lines: int = 1) -> str:
+    """Block until jobs write `lines` newline-terminated messages to the FIFO (a handshake with a
+    deadline), all read through one opening: a line written between a read and the close would be lost
+    with the pipe's buffer once no reader holds it (three ranks announcing at once lost two that way).
 
     Opened O_RDWR so the open itself never blocks and a writer's close is not mistaken for the end."""
     fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
     data = b""
     deadline = time.monotonic() + timeout_s
     try:
-        while not data.endswith(b"\n"):
+        while not (data.endswith(b"\n") and data.count(b"\n") >= lines):
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
                 raise TimeoutError(f"no message on {path} within {timeout_s}s (got {data!r})")

@@ -304,11 +304,12 @@ def rank_hangs() -> int:
 
 
 def steps(skip: int | None = None) -> None:
-    """4 more all_reduces (#2-#5 after joined_group's #1), of the same shape; rank 1 skips the `skip`th."""
+    """--steps more all_reduces (4: #2-#5 after joined_group's #1), of the same shape; rank 1 skips the
+    `skip`th."""
     import torch
     import torch.distributed as dist
 
-    for i in range(4):
+    for i in range(opts().steps):
         if i != skip or dist.get_rank() != 1:
             dist.all_reduce(torch.ones(4))
 
@@ -471,6 +472,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--iterations", type=int, default=20, help="fsync-checkpoint: checkpoints to write")
     parser.add_argument("--cap-mb", type=int, default=4096, help="dl-oom: give up (exit 3) past this")
     parser.add_argument("--record", action="store_true", help="rank scenarios: wrap in elastic's @record")
+    parser.add_argument("--steps", type=int, default=4, help="rank scenarios: all_reduces before they part")
     return parser.parse_args(argv)
 
 

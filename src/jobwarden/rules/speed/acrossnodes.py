@@ -72,7 +72,10 @@ def node_document(
 
 
 def _view_json(r: RankView) -> dict[str, Any]:
-    view = asdict(r)
+    # not its flight recorder's waits: they compare the ranks of one node, by that node's clock
+    view = asdict(replace(r, recorder=None, last_call=None, call_rate=None))
+    for name in ("recorder", "last_call", "call_rate"):
+        del view[name]
     view["shares"] = [[w, s] for w, s in r.shares]
     view["halves"] = list(r.halves) if r.halves is not None else None
     for name in ("where_detail", "idle_detail", "data_detail"):
