@@ -241,3 +241,33 @@ def test_the_rank_watch_polls_each_ranks_recorder(
     assert row == {"group": "0", "seq": 12, "op": "all_reduce", "at": 1_795_000_000.51, "rate": 25.0}
     f = straggler(ranks(*(replace(v, looks=20, shares=(("collective", 1.0),)) for v in (v0, v1))))
     assert f is not None and f.rank == 1
+
+
+def test_a_users_large_recorder_is_not_polled(tmp_path: Path) -> None:
+    """A dump costs 4-6 us an entry: with a user's 20,000 (a tenth of a second, the GIL held) every 10 s
+    the poll would slow the job. Its polls go unanswered; a hang's request is still answered."""
+    from jobwarden.hooks.site import _jobwarden_hooks as hooks
+
+    assert hooks.recorder_entries({"TORCH_FR_BUFFER_SIZE": "20000"}) == 20000
+    assert hooks.recorder_entries({"TORCH_NCCL_TRACE_BUFFER_SIZE": "256"}) == 256
+    assert hooks.recorder_entries({"TORCH_FR_BUFFER_SIZE": "-5"}) == 0
+    job = hooks._Job(str(tmp_path), 0, 0, None)
+    fifo = tmp_path / f"{job.pid}{flightrec.REQUEST}"
+    os.mkfifo(fifo, 0o600)
+    fd = os.open(fifo, os.O_RDWR | os.O_CLOEXEC)
+    job.recorder_fd, job.recorder_fd_id = fd, hooks.file_id(fd)
+    entries = torch_entries(0)
+    args = (job, job.pid, fd, lambda stacks: entries, False)
+    thread = threading.Thread(target=hooks._recorder_loop, args=args, daemon=True)
+    thread.start()
+    try:
+        assert flightrec.poll(tmp_path, job.pid)
+        assert flightrec.request(tmp_path, [job.pid])  # after the poll: answered after it was ignored
+        eventually("the hang's answer", lambda: (tmp_path / f"{job.pid}{flightrec.DUMP}").exists(), 30)
+        assert not (tmp_path / f"{job.pid}{flightrec.ARRIVALS}").exists()
+    finally:
+        job.recorder_fd_id = None
+        os.write(fd, b"x")
+        thread.join(30)
+        os.close(fd)
+    assert not thread.is_alive()

@@ -41,6 +41,7 @@ RECORDER_DUMP = ".fr.json"
 RECORDER_ARRIVALS = ".fr.poll.json"
 POLL_REQUEST = b"p"  # a request of these bytes only: when the last collectives were called (no hang's dump)
 POLL_ENTRIES = 256  # hooks.FLIGHT_RECORDER_ENTRIES: the whole buffer, with the shim asking every few seconds
+POLL_MAX_ENTRIES = 1024  # a user's larger buffer: polls go unanswered (a dump costs 4-6 us an entry)
 RECORDER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # hooks.FLIGHT_RECORDER_ENV
 RECORDER_ENTRIES = 64  # the last ones: ranks diverge at the collectives they wait in, the newest
 RECORDER_FRAMES = 16
@@ -81,10 +82,15 @@ def hook_torch_distributed(module: ModuleType) -> None:
 
 def recorder_on(environ: Mapping[str, str]) -> bool:
     """torch reads the first name, then the second: a size of 0 (or none) records nothing."""
+    return recorder_entries(environ) > 0
+
+
+def recorder_entries(environ: Mapping[str, str]) -> int:
+    """The recorder's size, as torch reads it: the first name set, then the second; 0 for none."""
     for name in RECORDER_ENV:
         if name in environ:
-            return _int(environ.get(name)) > 0
-    return False
+            return max(_int(environ.get(name)), 0)
+    return 0
 
 
 def serve_recorder(job: _Job, environ: Mapping[str, str]) -> bool:
@@ -103,7 +109,8 @@ def serve_recorder(job: _Job, environ: Mapping[str, str]) -> bool:
     # O_RDWR: this process is a writer too, so read() never sees end-of-file between the shim's requests
     fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
     job.recorder_fd, job.recorder_fd_id = fd, file_id(fd)
-    job.recorder_thread = _thread.start_new_thread(_recorder_loop, (job, job.pid, fd, dump))
+    polls = recorder_entries(environ) <= POLL_MAX_ENTRIES
+    job.recorder_thread = _thread.start_new_thread(_recorder_loop, (job, job.pid, fd, dump, polls))
     return True
 
 
@@ -130,12 +137,15 @@ def _recorder_dump() -> Callable[[bool], dict[str, Any]] | None:
     return dump
 
 
-def _recorder_loop(job: _Job, pid: int, fd: int, dump: Callable[[bool], dict[str, Any]]) -> None:
+def _recorder_loop(
+    job: _Job, pid: int, fd: int, dump: Callable[[bool], dict[str, Any]], polls: bool = True
+) -> None:
     """The recorder's thread: asleep in read() until the shim writes a request. It ends when the FIFO is
     no longer its own (the job closed every descriptor and reused the number: its data must not be read).
     A hang's request is answered twice: at once without the stacks, then with them: a shim that cannot
     wait for the slow first symbolisation still has the sequence to compare. A poll (POLL_REQUEST) is
-    answered with the arrivals alone, in a file of their own: a hang's answer is never overwritten."""
+    answered with the arrivals alone, in a file of their own: a hang's answer is never overwritten.
+    `polls`: False where the user's recorder is too large for a dump every few seconds."""
     while file_id(fd) == job.recorder_fd_id:
         try:
             request = os.read(fd, 64)
@@ -144,7 +154,7 @@ def _recorder_loop(job: _Job, pid: int, fd: int, dump: Callable[[bool], dict[str
         if not request:
             return
         try:
-            if POLL_REQUEST in request:
+            if polls and POLL_REQUEST in request:
                 text = arrivals_text(dump(False), pid, _record_rank(), time.time())
                 _write_atomic(job.path(pid, RECORDER_ARRIVALS), text)
             if request.strip(POLL_REQUEST):  # any other byte: a hang's request
