@@ -106,6 +106,29 @@ def test_the_recorders_name_a_rank_the_looks_cannot() -> None:
     assert_well_formed([f])
 
 
+def test_calls_that_do_not_block_are_no_measure_of_the_wait() -> None:
+    """DDP's 25 buckets a step are asynchronous all_reduces: rank 1's backward 5 % slower calls each
+    bucket a little later than the last, and the call times add that up to more than half of rank 0's
+    time; its main thread, computing, was blocked in 5 % of the looks: no 2× straggler."""
+
+    def buckets(rank_no: int, steps: int = 4) -> list[Arrival]:
+        found = []
+        for step in range(steps):
+            for k in range(25):
+                at = step * 105.0 + k * (4.2 if rank_no == 1 else 4.0)
+                found.append(Arrival("0", 1 + step * 25 + k, "all_reduce", T0 + int(at * MS)))
+        return found
+
+    measured = waits({0: buckets(0), 1: buckets(1)})
+    assert measured[0].share > 0.5 and measured[1].last == 100  # rank 1 is late, by the call times
+    ev = ranks(rank(0, 0.05, recorder=measured[0]), rank(1, 0.05, recorder=measured[1]))
+    assert straggler(ev) is None
+    # blocked as long as the recorders say, it is one: the looks bound the wait, never make it
+    blocked = ranks(rank(0, 0.9, recorder=measured[0]), rank(1, 0.9, recorder=measured[1]))
+    f = straggler(blocked)
+    assert f is not None and f.rank == 1 and "about 2.3× slower" in f.title, f
+
+
 def test_the_looks_decide_where_a_rank_has_no_recorder() -> None:
     """A rank without the recorder's answer (no torch.distributed group of its own, or late): the looks
     at every rank decide, and here they say nobody lags."""

@@ -13,9 +13,10 @@ DataLoader workers, its collective: gloo's main thread waits on its work's condi
 here at 100 % of the looks of a rank waiting for a slower peer); a stack sample of that rank, where one was
 taken, names the frame (torch.distributed's collectives, the DataLoader).
 
-Where every rank's flight recorder told when it called its collectives (rules.speed.arrivals), the share of
-its time each rank waited in them is measured, not looked at, and that decides: a straggler whose main
-thread waits on work of its own (its GPU's stream, a thread of its own) looks blocked like the others."""
+Where every rank's flight recorder told when it called its collectives (rules.speed.arrivals), that says
+who the others wait for: a straggler whose main thread waits on work of its own (its GPU's stream, a thread
+of its own) looks blocked like the others. How long they wait is the recorder's measure too, but never
+more than the looks found them blocked (`_recorded_wait`: a call that does not block its caller)."""
 
 from __future__ import annotations
 
@@ -145,9 +146,18 @@ def _looked_wait(r: RankView) -> tuple[float, tuple[float, float] | None]:
 
 
 def _recorded_wait(r: RankView) -> tuple[float, tuple[float, float] | None]:
-    """Its share of the time waiting in its collectives, as the recorders tell it."""
-    assert r.recorder is not None
-    return r.recorder.share, r.recorder.halves
+    """Its share of the time waiting in its collectives, as the recorders tell it: from the call times, at
+    most the share of looks that found its main thread blocked in a wait. A wait measured from the call
+    times assumes that each call blocks its caller until the last rank calls; an asynchronous one does not
+    (DDP's buckets, NCCL's every collective): a rank a millisecond later at each of 25 buckets of a step
+    is not 25 ms of the others' time waiting. The device's timings measure the device's own waits."""
+    w = r.recorder
+    assert w is not None
+    if w.timed:
+        return w.share, w.halves
+    blocked = r.share("collective")
+    looked = r.halves or (blocked, blocked)
+    return min(w.share, blocked), (min(w.halves[0], looked[0]), min(w.halves[1], looked[1]))
 
 
 def _lags(rank: RankView, others: Sequence[RankView], waited: Waited) -> bool:
