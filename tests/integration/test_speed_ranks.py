@@ -96,6 +96,30 @@ def test_a_rank_that_sleeps_is_the_straggler_until_it_catches_up(jw: Jobwarden, 
     assert jw.status(job)["ranks"] == []  # an ended run's ranks are nowhere
 
 
+def test_a_rank_half_as_slow_again_is_named_within_a_minute_of_its_onset(
+    jw: Jobwarden, tmp_path: Path
+) -> None:
+    """DESIGN's goal: a 1.5x straggler named within 60 s of its onset. Rank 1 turns to 6 matrix products a
+    step where rank 0 does 4 (and both their all_reduce): the others wait a third of their time."""
+    switch = tmp_path / "heavier"
+    job = start_ranks(jw, "heavier-after", "1", str(switch))
+    try:
+        ready(jw, job)
+        assert finding(jw, job, "straggler") is None
+        switch.touch()
+        onset = time.monotonic()
+        f = eventually("straggler on rank 1", lambda: finding(jw, job, "straggler"), SPEED_S)
+        named_after = time.monotonic() - onset
+        MEASURED.setdefault("straggler", {})["a 1.5x rank named after its onset (s)"] = named_after
+        assert named_after <= NAMED_WITHIN_S, named_after
+        assert f["rank"] == 1, f
+        factor = float(f["title"].split("about ")[1].split("×")[0])
+        MEASURED["straggler"]["the 1.5x rank's factor as named"] = factor
+        assert 1.3 <= factor <= 2.5, f["title"]  # 1.6-1.7 measured here; more on a loaded machine
+    finally:
+        stop(jw, job)
+
+
 def test_a_rank_under_a_tenth_of_a_cpu_is_the_straggler_named_with_its_quota(
     jw: Jobwarden, tenth_cpu_cgroup: Path
 ) -> None:

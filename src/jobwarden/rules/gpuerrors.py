@@ -22,7 +22,7 @@ _REMEDIES = {
     "with CUDA_LAUNCH_BLOCKING=1 and compute-sanitizer to find the op; check custom kernels and extensions",
     "nccl-timeout": "a collective timed out: the rank that reports it is often a victim of a peer that "
     "never joined; compare every rank's stacks (`jobwarden dump`) and the flight recorder "
-    "(TORCH_NCCL_TRACE_BUFFER_SIZE=2000, TORCH_NCCL_DUMP_ON_TIMEOUT=1)",
+    "(on in jobwarden's Python jobs; TORCH_NCCL_DUMP_ON_TIMEOUT=1 dumps it at the timeout)",
     "gpu-ecc": "the GPU reported an uncorrectable memory (ECC) error: a hardware fault; drain the node, "
     "reset the GPU (`nvidia-smi -r`) or have it replaced, and resume from the last checkpoint elsewhere",
     "gpu-off-bus": "the GPU fell off the bus (Xid 79): power, thermal or hardware trouble; the node needs "

@@ -9,6 +9,8 @@ count in a tqdm bar of its own (the hooks read it per process).
                                    SLEEP_S in each step (a straggler that appears mid-run)
   ranks_job.py quota RANK DIR      RANK puts itself into the cpu cgroup DIR (root; its quota) before its
                                    first step, and each step's work is larger (the quota must bite)
+  ranks_job.py heavier-after RANK FROM  every rank alike until the file FROM exists; then RANK does half
+                                   as much work again in each step (a 1.5x straggler that appears mid-run)
   ranks_job.py device RANK         RANK's step waits for work it hands to a thread of its own that takes
                                    SLEEP_S longer (as a rank waits for its GPU's stream): its main
                                    thread is blocked in a futex, as the others' are in their all_reduce
@@ -40,14 +42,15 @@ def main(argv: list[str]) -> int:
     if mode == "quota" and rank == slow:
         with open(f"{argv[2]}/cgroup.procs", "w") as fh:
             fh.write("0")  # this process (the writer's own thread group)
-    size = 160 if mode == "quota" else 96
+    size = {"quota": 160, "heavier-after": 256}.get(mode, 96)
     x = torch.randn(size, size)
     total = torch.zeros(1)
     device = ThreadPoolExecutor(1, "device") if mode == "device" and rank == slow else None
     for step in tqdm(range(10**9), mininterval=0.5, desc=f"rank {rank}"):
         if device is not None:
             y = device.submit(_slow_device, x).result()  # the main thread waits (futex) for its "device"
-        for _ in range(4):
+        heavier = mode == "heavier-after" and rank == slow and os.path.exists(argv[2])
+        for _ in range(6 if heavier else 4):
             y = x @ x
         if rank == slow and _sleeps(mode, argv):
             time.sleep(SLEEP_S)  # the straggler's extra time: the others wait for it in all_reduce
