@@ -295,6 +295,10 @@ def test_top_shows_a_line_a_rank() -> None:
         "  rank 0  pid 11  step 120  3.00/s  collective (futex wait)",
         "  rank 1  pid 12  step -  -  idle",
     ]
+    called = {"group": "0", "seq": 1205, "op": "all_reduce", "at": 1.0, "rate": 31.2}
+    assert _ranks_text([{**ROWS[0], "collective": called}], 100).plain.splitlines() == [
+        "  rank 0  pid 11  step 120  3.00/s  #1205 all_reduce  collective (futex wait)"
+    ]
 
 
 def test_each_ranks_step_from_its_prefixed_output() -> None:

@@ -145,14 +145,17 @@ def detail_text(detail: Detail | None, width: int) -> Text:
 
 
 def _ranks_text(ranks: list[dict[str, Any]], width: int) -> Text:
-    """Each rank of a running distributed job, a line each: its step, its rate, where it is."""
+    """Each rank of a running distributed job, a line each: its step, its rate, the newest collective its
+    flight recorder named, where it is."""
     text = Text()
     for r in ranks:
         rate = f"{r['rate']:.2f}/s" if isinstance(r.get("rate"), int | float) else "-"
         where = one_line(str(r.get("where") or "unknown"))
         detail = f" ({one_line(str(r['where_detail']))})" if r.get("where_detail") else ""
         step = r.get("step") if r.get("step") is not None else "-"
-        line = f"  rank {r.get('rank')}  pid {r.get('pid')}  step {step}  {rate}  "
+        call = r.get("collective")
+        called = one_line(f"#{call.get('seq')} {call.get('op')}  ")[:32] if isinstance(call, dict) else ""
+        line = f"  rank {r.get('rank')}  pid {r.get('pid')}  step {step}  {rate}  {called}"
         text.append(line, style="dim")
         text.append(
             f"{where}{detail}"[: max(10, width - len(line) - 2)] + "\n", style=_WHERE_STYLES.get(where, "")
