@@ -21,6 +21,7 @@ from jobwarden.probes import flightrec
 from jobwarden.rules.speed.arrivals import MIN_INTERVALS, waits
 from jobwarden.rules.speed.evidence import RecorderWaits
 from jobwarden.rules.speed.ranks import straggler
+from jobwarden.shim.watch import rankwatch
 from jobwarden.shim.watch.rankwatch import RankWatch
 from tests.support import eventually
 
@@ -294,3 +295,72 @@ def test_a_users_large_recorder_is_not_polled(tmp_path: Path) -> None:
         thread.join(30)
         os.close(fd)
     assert not thread.is_alive()
+
+
+def test_a_polls_answer_is_no_io_of_the_rank(tmp_path: Path) -> None:
+    """The shim takes a rank's read() and write() bytes (/proc/PID/io's rchar and wchar) as a sign of
+    progress: an answer of ~20 KB every 10 s written with write() made a hung job look busy. The hooks
+    store it through a mapping: the answering thread's own counters barely move."""
+    from jobwarden.hooks.site import _jobwarden_hooks as hooks
+
+    job = hooks._Job(str(tmp_path), 0, 0, None)
+    fifo = tmp_path / f"{job.pid}{flightrec.REQUEST}"
+    os.mkfifo(fifo, 0o600)
+    fd = os.open(fifo, os.O_RDWR | os.O_CLOEXEC)
+    job.recorder_fd, job.recorder_fd_id = fd, hooks.file_id(fd)
+    entries = torch_entries(1, n=256)
+    thread = threading.Thread(
+        target=hooks._recorder_loop, args=(job, job.pid, fd, lambda s: entries), daemon=True
+    )
+    thread.start()
+    answer = tmp_path / f"{job.pid}{flightrec.ARRIVALS}"
+
+    def io_of_thread() -> int:
+        fields = dict(
+            line.split(": ")
+            for line in Path(f"/proc/self/task/{thread.native_id}/io").read_text().splitlines()
+        )
+        return int(fields["rchar"]) + int(fields["wchar"])
+
+    try:
+        before = io_of_thread()
+        assert flightrec.poll(tmp_path, job.pid)
+        eventually("the poll's answer", answer.exists, 30)
+        arrivals = flightrec.read_arrivals(answer, job.pid)
+        assert arrivals is not None and len(arrivals) == 255  # the last 256 entries, less the send
+        assert answer.stat().st_size > 12_000 and oct(answer.stat().st_mode & 0o777) == "0o600"
+        assert io_of_thread() - before < 64  # the request's byte read from the FIFO, nothing written
+    finally:
+        job.recorder_fd_id = None
+        os.write(fd, b"x")
+        thread.join(30)
+        os.close(fd)
+    assert not thread.is_alive()
+
+
+def test_the_devices_timings_decide_where_the_newest_have_none() -> None:
+    """torch gives a collective its duration once it has ended: the newest, still running on the slow
+    rank's GPU, have none. The ended ones are enough to say who the others wait for."""
+    timed = {
+        r: [a._replace(duration_ms=21.0 if r != 1 else 1.0) for a in called(40, late_ms=r * 0.1)]
+        for r in (0, 1)
+    }
+    for r in (0, 1):
+        timed[r][-2:] = [a._replace(duration_ms=None) for a in timed[r][-2:]]
+    found = waits(timed)
+    assert found[0].timed and found[1].share == 0.0 and found[0].share == pytest.approx(0.5)
+    assert found[0].compared == 38
+
+
+def test_answers_nested_deep_or_dated_ahead_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / f"7{flightrec.ARRIVALS}"
+    path.write_text('{"pid": 7, "arrivals": ' + "[" * 50_000 + "]" * 50_000 + "}")  # under the size cap
+    assert flightrec.read_arrivals(path, 7) is None  # json's RecursionError, not the shim's tick
+    dump = tmp_path / f"7{flightrec.DUMP}"
+    dump.write_text("[" * 50_000 + "]" * 50_000)
+    assert flightrec.read_dump(dump) is None
+    # a call time ahead of the clock would never leave the window, nor the `collective` column
+    kept = rankwatch._Rank(rank_member(11, 0, "S"), 0)
+    ahead = Arrival("0", 99, "all_reduce", T0 + 3600 * 1_000_000_000)
+    kept.note_arrivals([*called(40), ahead], T0 + 2000 * MS)
+    assert (99 not in {seq for _, seq in kept.arrivals}) and kept.last_call == called(40)[-1]

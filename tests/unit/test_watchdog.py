@@ -124,7 +124,7 @@ def test_the_diagnosis_notices_a_ranks_answer_to_any_recorder_request(tmp_path: 
     assert not answered()  # the same answer, seen already
     os.utime(tmp_path / "7.fr.json", ns=(1, 1))
     assert answered()
-    # the rank watch's poll, every 10 s: its answer (20 KB written) must not make a hung job look busy
+    # the rank watch's poll, every 10 s: its answer costs no I/O (test_rank_arrivals.py), and a discount
+    # every 10 s would leave a job whose only progress is I/O looking hung
     (tmp_path / "8.fr.poll.json").write_text("{}")
-    assert answered()
     assert not answered()

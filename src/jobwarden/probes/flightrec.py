@@ -29,7 +29,7 @@ DUMP = ".fr.json"
 ARRIVALS = ".fr.poll.json"
 HANG, POLL = b"?", b"p"  # the hooks' POLL_REQUEST
 MAX_ARRIVALS_BYTES = 1 << 17  # 256 rows of 5 short fields: ~20 KB
-MAX_ARRIVALS = 512
+MAX_ARRIVALS = 512  # rows read at most (the hooks write their POLL_ENTRIES, 256)
 MAX_DUMP_BYTES = 1 << 20  # the hooks keep theirs below this
 MAX_CALLS = 256
 MAX_FRAMES = 16
@@ -134,7 +134,7 @@ def read_dump(path: Path) -> tuple[RankRecorder, bool] | None:
         if not isinstance(d, dict) or str(d.get("pid")) != pid:
             return None
         return parse(d), d.get("stacks") is True
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):  # RecursionError: JSON nested thousands deep
         return None
 
 
@@ -151,7 +151,7 @@ def read_arrivals(path: Path, pid: int) -> tuple[Arrival, ...] | None:
         if not isinstance(d, dict) or d.get("pid") != pid or not isinstance(d.get("arrivals"), list):
             return None
         return tuple(_arrival(row) for row in d["arrivals"][-MAX_ARRIVALS:])
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # RecursionError: JSON nested thousands deep
         return None
 
 

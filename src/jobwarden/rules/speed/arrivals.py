@@ -4,10 +4,13 @@ the rank watch (shim.watch.rankwatch; the hooks answer with `time_created_ns` of
 
 A rank that calls collective s later than the others makes each of them wait from its own call until its:
 their wait at s is the latest call less their own. The ranks compared share a node, so they share the wall
-clock torch reads. Between its calls of s and s+1 a rank computes, then waits: the share of those intervals
-it spent waiting is what the looks at its main thread estimate (rules.speed.ranks), measured instead of
-sampled, and whatever its main thread does meanwhile. A rank whose main thread waits on work of its own
-(another thread, its GPU's stream) looks blocked like the others, yet the others wait for it.
+clock torch reads. From its call of s to its call of s+1 a rank waits in s, then computes: the share of
+those intervals it spent waiting is what the looks at its main thread estimate (rules.speed.ranks),
+measured instead of sampled, and whatever its main thread does meanwhile. A rank whose main thread waits on
+work of its own (another thread, its GPU's stream) looks blocked like the others, yet the others wait for
+it. That holds for calls that block their caller until every rank has called; an asynchronous one (DDP's
+buckets) does not wait there, so the rule takes these waits as who is waited for, and their length at most
+as the looks found the rank blocked (rules.speed.ranks._recorded_wait).
 
 Where torch times each collective on the device (NCCL with TORCH_NCCL_ENABLE_TIMING=1), its duration on a
 rank is that rank's wait plus the transfer that all share: the rank's wait is its duration less the
@@ -35,7 +38,21 @@ def waits(calls: Mapping[int, Sequence[Arrival]]) -> dict[int, RecorderWaits]:
     by_rank = {rank: {(a.group, a.seq): a for a in found} for rank, found in calls.items()}
     keys = sorted(set.intersection(*(set(d) for d in by_rank.values())))
     keys = [k for k in keys if len({d[k].op for d in by_rank.values()}) == 1]
-    timed = bool(keys) and all(d[k].duration_ms is not None for d in by_rank.values() for k in keys)
+    # torch gives a duration once a collective has ended: the newest, still running on the slow rank, have
+    # none. The timed ones decide where they are enough; else when each was called.
+    timed = [k for k in keys if all(d[k].duration_ms is not None for d in by_rank.values())]
+    if len(timed) > MIN_INTERVALS:
+        found = _compare(by_rank, timed, True)
+        if found:
+            return found
+    return _compare(by_rank, keys, False)
+
+
+def _compare(
+    by_rank: Mapping[int, Mapping[Key, Arrival]], keys: list[Key], timed: bool
+) -> dict[int, RecorderWaits]:
+    """The waits over `keys`, by the device's durations or by when each was called; {} where a rank has
+    fewer than MIN_INTERVALS intervals."""
     waited = {k: _waited_at(k, by_rank, timed) for k in keys}
     longest = {k: max(w.values()) for k, w in waited.items()}
     shortest = {k: min(w.values()) for k, w in waited.items()}

@@ -104,8 +104,7 @@ class Diagnoser:
         self._stopped_seen: set[tuple[int, int]] = set()
         self._oom_judged = 0  # OOM kills counted when the rules last looked
         self._io_at = -IO_EVERY_S
-        # (rank pid, answer file) -> mtime_ns of its last recorder answer (a hang's, a poll's)
-        self._recorder_answers: dict[tuple[int, str], int] = {}
+        self._recorder_answers: dict[int, int] = {}  # rank pid -> mtime_ns of its last recorder answer
         self._boot = procfs.boot_time()
         self.steps: StepSign | None = None  # the run's step counter, when it shows one
 
@@ -216,20 +215,20 @@ class Diagnoser:
         return seen
 
     def _recorder_answered(self) -> bool:
-        """Some member's `<pid>.fr.json` (a hang's answer) or `<pid>.fr.poll.json` (the rank watch's poll,
-        every 10 s: 20 KB written, more than the I/O that counts as progress) changed since the last look
-        (two stats per member, only while the run is quiet)."""
-        from jobwarden.probes.flightrec import ARRIVALS, DUMP
+        """Some member's `<pid>.fr.json` changed since the last look (one stat per member, only while the
+        run is quiet). The rank watch's polls need no discount: their answers cost a rank 1.8 ms of CPU
+        every 10 s, far below the CPU that counts, and no I/O (the hooks' _write_mapped); discounting
+        them every 10 s would leave a job whose only progress is I/O looking hung."""
+        from jobwarden.probes.flightrec import DUMP
 
         answered = False
         for pid in list(self.tree.members):
-            for suffix in (DUMP, ARRIVALS):
-                try:
-                    mtime = os.stat(self.py_dir / f"{pid}{suffix}").st_mtime_ns
-                except OSError:
-                    continue
-                answered |= self._recorder_answers.get((pid, suffix)) != mtime
-                self._recorder_answers[(pid, suffix)] = mtime
+            try:
+                mtime = os.stat(self.py_dir / f"{pid}{DUMP}", follow_symlinks=False).st_mtime_ns
+            except OSError:
+                continue
+            answered |= self._recorder_answers.get(pid) != mtime
+            self._recorder_answers[pid] = mtime
         return answered
 
     def _io_bytes(self) -> int:

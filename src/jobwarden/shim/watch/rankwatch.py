@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 MAX_RANKS = 16  # rank processes looked at each tick, lowest ranks first
 WINDOW_S = 20.0  # as the speed watch's window
 CGROUP_EVERY_S = 10.0  # a rank's cpu cgroup looked up again (a rank may be moved into one of its own)
-POLL_EVERY_S = 10.0  # each rank's flight recorder asked for its arrivals: ~1 ms of its CPU a poll
+POLL_EVERY_S = 10.0  # each rank's flight recorder asked for its arrivals: 1.8 ms of its CPU a poll
 ANSWER_WITHIN_S = 2.0  # a rank's answer looked for this long after each poll
 ARRIVALS_KEPT = 512  # a rank's arrivals kept at most, the newest: two answers, the window's
 
@@ -90,7 +90,7 @@ class _Rank:
         self.arrivals: dict[tuple[str, int], Arrival] = {}  # (group, seq): when it called that collective
         self.last_call: Arrival | None = None  # the newest of them all, kept when the window empties
         self.asked_at: float | None = None  # when its recorder was last polled, until its answer came
-        self.answer: tuple[int, int, int] | None = None  # the version of its answer last read
+        self.answer_version: tuple[int, int, int] | None = None  # of its answer last read (flightrec.version)
 
     def call_rate(self) -> float | None:
         """Its collectives a second over the window, in its newest call's group (torch numbers each
@@ -112,6 +112,8 @@ class _Rank:
     def note_arrivals(self, found: Sequence[Arrival], now_ns: int) -> None:
         """A poll's answer: its arrivals added to those kept, the window's kept (`now_ns`: the wall clock,
         which the recorder on this node reads too)."""
+        # a call time ahead of the clock (a clock stepped back, a hostile job) would never leave the window
+        found = [a for a in found if a.created_ns <= now_ns + int(WINDOW_S * 1e9)]
         self.arrivals.update(((a.group, a.seq), a) for a in found)
         newest = max(found, key=_called_at, default=None)
         if newest is not None and (self.last_call is None or newest.created_ns >= self.last_call.created_ns):
@@ -149,6 +151,8 @@ class RankWatch:
         hints = hints or RankHints()
         ranked = _ranked(members, hints.ranks)
         present = {m.ident for m, _ in ranked}
+        if present != set(self._ranks):
+            self._waits = {}  # of other processes (a restart's ranks may have the same numbers)
         for ident in [i for i in self._ranks if i not in present]:
             del self._ranks[ident]
         if not ranked:
@@ -198,9 +202,9 @@ class RankWatch:
             if kept.asked_at is None:
                 continue
             path = self.py_dir / f"{kept.pid}{flightrec.ARRIVALS}"
-            now = flightrec.version(path)
-            if now is not None and now != kept.answer:
-                kept.answer, kept.asked_at = now, None
+            answer_version = flightrec.version(path)
+            if answer_version is not None and answer_version != kept.answer_version:
+                kept.answer_version, kept.asked_at = answer_version, None
                 found = flightrec.read_arrivals(path, kept.pid)
                 if found is not None:
                     kept.note_arrivals(found, self.now_ns())
