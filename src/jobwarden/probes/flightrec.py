@@ -122,36 +122,38 @@ def version(path: Path) -> tuple[int, int, int] | None:
 
 def read_dump(path: Path) -> tuple[RankRecorder, bool] | None:
     """`<pid>.fr.json` and whether it carries the stacks; None for anything but the hooks' shape."""
-    try:
-        raw = read_regular(path, MAX_DUMP_BYTES + 1)  # the job writes it: a FIFO or a symlink is refused
-    except OSError:
-        return None
-    if len(raw) > MAX_DUMP_BYTES:
+    d = _job_json(path, MAX_DUMP_BYTES)
+    if not isinstance(d, dict) or str(d.get("pid")) != path.name.removesuffix(DUMP):
         return None
     try:
-        d = json.loads(raw)
-        pid = path.name.removesuffix(DUMP)
-        if not isinstance(d, dict) or str(d.get("pid")) != pid:
-            return None
         return parse(d), d.get("stacks") is True
-    except (ValueError, TypeError, KeyError, RecursionError):  # RecursionError: JSON nested thousands deep
+    except (ValueError, TypeError, KeyError):
         return None
 
 
 def read_arrivals(path: Path, pid: int) -> tuple[Arrival, ...] | None:
     """`<pid>.fr.poll.json`, checked: None for anything but the hooks' shape, or another process's."""
+    d = _job_json(path, MAX_ARRIVALS_BYTES)
+    if not isinstance(d, dict) or d.get("pid") != pid or not isinstance(d.get("arrivals"), list):
+        return None
     try:
-        raw = read_regular(path, MAX_ARRIVALS_BYTES + 1)  # the job writes it: a FIFO or a symlink is refused
+        return tuple(_arrival(row) for row in d["arrivals"][-MAX_ARRIVALS:])
+    except (ValueError, TypeError):
+        return None
+
+
+def _job_json(path: Path, max_bytes: int) -> object:
+    """A JSON file the job wrote, parsed; None where it is larger than `max_bytes`, not a regular file
+    (a FIFO, a symlink), or not JSON (RecursionError: nested thousands deep)."""
+    try:
+        raw = read_regular(path, max_bytes + 1)
     except OSError:
         return None
-    if len(raw) > MAX_ARRIVALS_BYTES:
+    if len(raw) > max_bytes:
         return None
     try:
-        d = json.loads(raw)
-        if not isinstance(d, dict) or d.get("pid") != pid or not isinstance(d.get("arrivals"), list):
-            return None
-        return tuple(_arrival(row) for row in d["arrivals"][-MAX_ARRIVALS:])
-    except (ValueError, TypeError, RecursionError):  # RecursionError: JSON nested thousands deep
+        return json.loads(raw)
+    except (ValueError, RecursionError):
         return None
 
 
