@@ -10,6 +10,8 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -269,9 +271,6 @@ def test_collect_ignores_a_dump_left_from_an_earlier_request(tmp_path: Path) -> 
 
 
 def test_the_hooks_serve_the_recorder_from_a_thread_that_sleeps_in_read(tmp_path: Path) -> None:
-    from jobwarden.hooks.site import _jobwarden_hooks as hooks
-
-    job = hooks._Job(str(tmp_path), 0, 0, None)
     raw = json.loads((FIXTURES / "rank-wrong-op" / "rank0.fr.json").read_text())
     answered = threading.Event()
     torch_like = {"version": "2.10", "entries": [_as_torch(e) for e in raw["entries"]]}
@@ -281,24 +280,37 @@ def test_the_hooks_serve_the_recorder_from_a_thread_that_sleeps_in_read(tmp_path
             answered.set()
         return torch_like
 
-    fifo = tmp_path / f"{job.pid}{flightrec.REQUEST}"
-    os.mkfifo(fifo, 0o600)
-    fd = os.open(fifo, os.O_RDWR | os.O_CLOEXEC)
-    job.recorder_fd, job.recorder_fd_id = fd, hooks.file_id(fd)
-    thread = threading.Thread(target=hooks._recorder_loop, args=(job, job.pid, fd, dump), daemon=True)
-    thread.start()
-    try:
-        found = flightrec.collect(flightrec.request(tmp_path, [job.pid]), wait_s=30)
+    with serving(tmp_path, 7, dump):
+        found = flightrec.collect(flightrec.request(tmp_path, [7]), wait_s=30)
         assert answered.wait(30)
         assert [len(r.calls) for r in found] == [6]
         assert found[0].calls[-1].frames[2].function == "rank_wrong_op"
+    assert oct(os.stat(tmp_path / f"7{flightrec.DUMP}").st_mode & 0o777) == "0o600"
+
+
+@contextmanager
+def serving(
+    py_dir: Path, pid: int, dump: Callable[[bool], object], polls: bool = True
+) -> Iterator[threading.Thread]:
+    """`pid` serving its recorder as the hooks do: a thread asleep in read() on its FIFO, answering with
+    `dump`. The thread ends, and is joined, on leaving."""
+    from jobwarden.hooks.site import _jobwarden_hooks as hooks
+
+    job = hooks._Job(str(py_dir), 0, 0, None)
+    fifo = py_dir / f"{pid}{flightrec.REQUEST}"
+    os.mkfifo(fifo, 0o600)
+    fd = os.open(fifo, os.O_RDWR | os.O_CLOEXEC)
+    job.recorder_fd, job.recorder_fd_id = fd, hooks.file_id(fd)
+    thread = threading.Thread(target=hooks._recorder_loop, args=(job, pid, fd, dump, polls), daemon=True)
+    thread.start()
+    try:
+        yield thread
     finally:
-        job.recorder_fd_id = None  # the thread's FIFO is no longer its own: it ends at its next wake
+        job.recorder_fd_id = None  # no longer its own: the thread ends at its next wake
         os.write(fd, b"x")
         thread.join(30)
         os.close(fd)
     assert not thread.is_alive()
-    assert oct(os.stat(tmp_path / f"{job.pid}{flightrec.DUMP}").st_mode & 0o777) == "0o600"
 
 
 def _as_torch(e: dict[str, object]) -> dict[str, object]:

@@ -7,9 +7,8 @@ answer), the probe reading it back without trusting it, and the rank watch polli
 from __future__ import annotations
 
 import json
-import os
-import threading
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from jobwarden.shim.watch import rankwatch
 from jobwarden.shim.watch.rankwatch import RankWatch
 from tests.support import eventually
 
+from .test_flightrec import serving
 from .test_rules import assert_well_formed
 from .test_speed_ranks import rank, rank_member, ranks, syscall
 
@@ -208,44 +208,19 @@ def test_the_probe_trusts_nothing_in_an_answer(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def serving_ranks(tmp_path: Path) -> Iterator[tuple[Path, dict[int, threading.Thread]]]:
-    """Pids 11 and 12 serving their recorders as the hooks do (a thread asleep in read() on a FIFO), their
-    dumps made up (rank 1 calls 30 ms late); each answer counted. The threads end with the test."""
-    from jobwarden.hooks.site import _jobwarden_hooks as hooks
-
+def serving_ranks(tmp_path: Path) -> Iterator[Path]:
+    """Pids 11 and 12 serving their recorders, their dumps made up (rank 1 calls 30 ms late): the py dir."""
     py_dir = tmp_path / "py"
     py_dir.mkdir()
-    served: dict[int, threading.Thread] = {}
-    fds: list[tuple[hooks._Job, int]] = []
-    for pid, rank_no in ((11, 0), (12, 1)):
-        job = hooks._Job(str(py_dir), 0, 0, None)
-        fifo = py_dir / f"{pid}{flightrec.REQUEST}"
-        os.mkfifo(fifo, 0o600)
-        fd = os.open(fifo, os.O_RDWR | os.O_CLOEXEC)
-        job.recorder_fd, job.recorder_fd_id = fd, hooks.file_id(fd)
-        entries = torch_entries(rank_no)
-        served[pid] = threading.Thread(
-            target=hooks._recorder_loop, args=(job, pid, fd, lambda stacks, e=entries: e), daemon=True
-        )
-        served[pid].start()
-        fds.append((job, fd))
-    try:
-        yield py_dir, served
-    finally:
-        for job, fd in fds:
-            job.recorder_fd_id = None  # no longer its own: the thread ends at its next wake
-            os.write(fd, b"x")
-        for thread in served.values():
-            thread.join(30)
-        for _, fd in fds:
-            os.close(fd)
-    assert not any(t.is_alive() for t in served.values())
+    with ExitStack() as stack:
+        for pid, rank_no in ((11, 0), (12, 1)):
+            entries = torch_entries(rank_no)
+            stack.enter_context(serving(py_dir, pid, lambda stacks, e=entries: e))
+        yield py_dir
 
 
-def test_the_rank_watch_polls_each_ranks_recorder(
-    tmp_path: Path, serving_ranks: tuple[Path, dict[int, threading.Thread]]
-) -> None:
-    py_dir, _ = serving_ranks
+def test_the_rank_watch_polls_each_ranks_recorder(tmp_path: Path, serving_ranks: Path) -> None:
+    py_dir = serving_ranks
     root = tmp_path / "proc"
     for pid in (11, 12):
         syscall(root, pid, "202 0x7f 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f\n")  # both blocked in a futex
@@ -275,67 +250,34 @@ def test_a_users_large_recorder_is_not_polled(tmp_path: Path) -> None:
     assert hooks.recorder_entries({"TORCH_FR_BUFFER_SIZE": "20000"}) == 20000
     assert hooks.recorder_entries({"TORCH_NCCL_TRACE_BUFFER_SIZE": "256"}) == 256
     assert hooks.recorder_entries({"TORCH_FR_BUFFER_SIZE": "-5"}) == 0
-    job = hooks._Job(str(tmp_path), 0, 0, None)
-    fifo = tmp_path / f"{job.pid}{flightrec.REQUEST}"
-    os.mkfifo(fifo, 0o600)
-    fd = os.open(fifo, os.O_RDWR | os.O_CLOEXEC)
-    job.recorder_fd, job.recorder_fd_id = fd, hooks.file_id(fd)
     entries = torch_entries(0)
-    args = (job, job.pid, fd, lambda stacks: entries, False)
-    thread = threading.Thread(target=hooks._recorder_loop, args=args, daemon=True)
-    thread.start()
-    try:
-        assert flightrec.poll(tmp_path, job.pid)
-        assert flightrec.request(tmp_path, [job.pid])  # after the poll: answered after it was ignored
-        eventually("the hang's answer", lambda: (tmp_path / f"{job.pid}{flightrec.DUMP}").exists(), 30)
-        assert not (tmp_path / f"{job.pid}{flightrec.ARRIVALS}").exists()
-    finally:
-        job.recorder_fd_id = None
-        os.write(fd, b"x")
-        thread.join(30)
-        os.close(fd)
-    assert not thread.is_alive()
+    with serving(tmp_path, 7, lambda stacks: entries, polls=False):
+        assert flightrec.poll(tmp_path, 7)
+        assert flightrec.request(tmp_path, [7])  # after the poll: answered after it was ignored
+        eventually("the hang's answer", lambda: (tmp_path / f"7{flightrec.DUMP}").exists(), 30)
+        assert not (tmp_path / f"7{flightrec.ARRIVALS}").exists()
 
 
 def test_a_polls_answer_is_no_io_of_the_rank(tmp_path: Path) -> None:
     """The shim takes a rank's read() and write() bytes (/proc/PID/io's rchar and wchar) as a sign of
     progress: an answer of ~20 KB every 10 s written with write() made a hung job look busy. The hooks
     store it through a mapping: the answering thread's own counters barely move."""
-    from jobwarden.hooks.site import _jobwarden_hooks as hooks
-
-    job = hooks._Job(str(tmp_path), 0, 0, None)
-    fifo = tmp_path / f"{job.pid}{flightrec.REQUEST}"
-    os.mkfifo(fifo, 0o600)
-    fd = os.open(fifo, os.O_RDWR | os.O_CLOEXEC)
-    job.recorder_fd, job.recorder_fd_id = fd, hooks.file_id(fd)
     entries = torch_entries(1, n=256)
-    thread = threading.Thread(
-        target=hooks._recorder_loop, args=(job, job.pid, fd, lambda s: entries), daemon=True
-    )
-    thread.start()
-    answer = tmp_path / f"{job.pid}{flightrec.ARRIVALS}"
+    answer = tmp_path / f"7{flightrec.ARRIVALS}"
+    with serving(tmp_path, 7, lambda stacks: entries) as thread:
 
-    def io_of_thread() -> int:
-        fields = dict(
-            line.split(": ")
-            for line in Path(f"/proc/self/task/{thread.native_id}/io").read_text().splitlines()
-        )
-        return int(fields["rchar"]) + int(fields["wchar"])
+        def io_of_thread() -> int:
+            text = Path(f"/proc/self/task/{thread.native_id}/io").read_text()
+            fields = dict(line.split(": ") for line in text.splitlines())
+            return int(fields["rchar"]) + int(fields["wchar"])
 
-    try:
         before = io_of_thread()
-        assert flightrec.poll(tmp_path, job.pid)
+        assert flightrec.poll(tmp_path, 7)
         eventually("the poll's answer", answer.exists, 30)
-        arrivals = flightrec.read_arrivals(answer, job.pid)
+        arrivals = flightrec.read_arrivals(answer, 7)
         assert arrivals is not None and len(arrivals) == 255  # the last 256 entries, less the send
         assert answer.stat().st_size > 12_000 and oct(answer.stat().st_mode & 0o777) == "0o600"
         assert io_of_thread() - before < 64  # the request's byte read from the FIFO, nothing written
-    finally:
-        job.recorder_fd_id = None
-        os.write(fd, b"x")
-        thread.join(30)
-        os.close(fd)
-    assert not thread.is_alive()
 
 
 def test_the_devices_timings_decide_where_the_newest_have_none() -> None:
