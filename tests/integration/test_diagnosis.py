@@ -108,13 +108,18 @@ def wait_until_watched(jw: Jobwarden, job: int, pid: int, timeout_s: float = 60)
     )
 
 
-def test_a_pool_worker_killed_is_named_within_seconds(jw: Jobwarden, tmp_path: Path) -> None:
+def kill_a_pool_worker(jw: Jobwarden, tmp_path: Path) -> tuple[dict[str, Any], int, float]:
+    """A pool whose worker jobwarden holds, then SIGKILLed: (the job, the worker, when it was killed)."""
     fifo = make_fifo(tmp_path / "worker")
     job = jw.start(PY, str(JOBS / "pool_lost_worker.py"), str(fifo), "kill", options=("--grace", "1s"))
     worker = int(read_fifo(fifo))
     wait_until_watched(jw, job["id"], worker)
     os.kill(worker, signal.SIGKILL)
-    killed_at = time.monotonic()
+    return job, worker, time.monotonic()
+
+
+def test_a_pool_worker_killed_is_named_within_seconds(jw: Jobwarden, tmp_path: Path) -> None:
+    job, worker, killed_at = kill_a_pool_worker(jw, tmp_path)
     finding = wait_for_finding(jw, job["id"], "pool-worker-lost")
     assert time.monotonic() - killed_at < 10  # the default hang window is 10 minutes: this was an event
     assert worker in finding["pids"]
@@ -125,11 +130,7 @@ def test_a_pool_worker_killed_is_named_within_seconds(jw: Jobwarden, tmp_path: P
 
 def test_a_lost_pool_worker_is_said_as_the_wait_for_graphs_chain(jw: Jobwarden, tmp_path: Path) -> None:
     # pool-worker-lost is an edge of the wait-for graph: the parent's result wait, whose only feeder died
-    fifo = make_fifo(tmp_path / "worker")
-    job = jw.start(PY, str(JOBS / "pool_lost_worker.py"), str(fifo), "kill", options=("--grace", "1s"))
-    worker = int(read_fifo(fifo))
-    wait_until_watched(jw, job["id"], worker)
-    os.kill(worker, signal.SIGKILL)
+    job, worker, _ = kill_a_pool_worker(jw, tmp_path)
     finding = wait_for_finding(jw, job["id"], "pool-worker-lost")
     parent = jw.status(job["id"])["pid"]
     (chain,) = [e for e in finding["evidence"] if e.startswith("wait-for graph: ")]
