@@ -7,7 +7,7 @@ answer), the probe reading it back without trusting it, and the rank watch polli
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +19,7 @@ from jobwarden.osapi.procfs import ProcFS
 from jobwarden.probes import flightrec
 from jobwarden.rules.speed.arrivals import MIN_INTERVALS, waits
 from jobwarden.rules.speed.evidence import RecorderWaits
-from jobwarden.rules.speed.ranks import straggler
+from jobwarden.rules.speed.ranks import MIN_COVERED_S, straggler
 from jobwarden.shim.watch import rankwatch
 from jobwarden.shim.watch.rankwatch import RankWatch
 from tests.support import eventually
@@ -81,32 +81,50 @@ def test_only_collectives_every_rank_called_alike_are_compared() -> None:
     assert waits({0: gapped, 1: late})[0].share == pytest.approx(0.75)
 
 
-def test_a_glimpse_of_fast_collectives_is_no_measure() -> None:
-    """Steps of half a millisecond: a poll's 256 collectives span an eighth of a second. Rank 1,
-    descheduled for 12 ms four times in that glimpse (a CPU hog on its core), made rank 0 wait 27 % of
-    it: too short a time to say who the others wait for. In steps of 8 ms the same four are 2 % of rank 0's
-    time, and measured."""
+def two_ranks(step_ms: float, late: Callable[[int, int], float], n: int = 256) -> dict[int, list[Arrival]]:
+    """Two ranks computing `step_ms` a step; rank r starts late(r, s) ms late (descheduled, or more work)
+    before it calls collective s, which ends when the later rank calls it: a poll's 256 collectives."""
+    calls: dict[int, list[Arrival]] = {0: [], 1: []}
+    ended = 0.0
+    for s in range(1, n + 1):
+        at = {r: ended + step_ms + late(r, s) for r in (0, 1)}
+        for r in (0, 1):
+            calls[r].append(Arrival("0", s, "all_reduce", T0 + int(at[r] * MS)))
+        ended = max(at.values())
+    return calls
 
-    def glimpse(step_ms: float, hogged: set[int], late: bool) -> list[Arrival]:
-        """The late rank calls s 12 ms late after each time it was descheduled, the other calls s+1 late
-        after its wait in s."""
-        behind = [sum(12 for h in hogged if h < s or (late and h == s)) for s in range(1, 257)]
-        return [
-            Arrival("0", s, "all_reduce", T0 + int((s * step_ms + behind[s - 1]) * MS)) for s in range(1, 257)
-        ]
 
+def test_a_rank_descheduled_in_a_glimpse_is_no_straggler() -> None:
+    """Seen in the project's CI: balanced ranks beside a CPU hog, steps of half a millisecond, so that a
+    poll's 256 collectives span an eighth of a second. Rank 1, descheduled for 12 ms four times in that
+    glimpse, made rank 0 wait 29 % of it, in both halves: "about 1.4×". Nothing over the window says why:
+    no straggler. A why of its own (here its looks computing) names it; so do 2 s of collectives."""
     hogged = {40, 90, 150, 200}
-    assert waits({0: glimpse(0.5, hogged, False), 1: glimpse(0.5, hogged, True)}) == {}
-    slow = waits({0: glimpse(8.0, hogged, False), 1: glimpse(8.0, hogged, True)})
-    assert slow[0].share == pytest.approx(48 / (255 * 8 + 48))  # measured, and small
-    assert slow[1].last == 256 and slow[0].last == 252  # four times the one waited for
+
+    def descheduled(r: int, s: int) -> float:
+        return 12.0 if r == 1 and s in hogged else 0.05 * ((s + r) % 2)  # and a little jitter
+
+    found = waits(two_ranks(0.5, descheduled))
+    assert found[0].share == pytest.approx(0.29, abs=0.01) and min(found[0].halves) > 0.25
+    assert found[0].covered_s == pytest.approx(0.19, abs=0.01)
+    blocked = (rank(0, 0.9, recorder=found[0]), rank(1, 0.9, recorder=found[1]))
+    assert straggler(ranks(*blocked)) is None
+    computing = (rank(0, 0.9, recorder=found[0]), rank(1, 0.7, recorder=found[1]))
+    f = straggler(ranks(*computing))
+    assert f is not None and f.rank == 1 and "Why: its main thread computed in 30%" in f.summary, f
+    longer = waits(two_ranks(8.0, descheduled, n=400))  # 3.2 s of 8 ms steps: four deschedulings are 1.5 %
+    assert longer[0].covered_s > MIN_COVERED_S and longer[0].share < 0.02
+    steady = waits(two_ranks(8.0, lambda r, s: 4.0 if r == 1 else 0.0))  # 2 s: late at each one
+    assert steady[0].covered_s > MIN_COVERED_S and steady[0].share == pytest.approx(1 / 3, abs=0.01)
+    f = straggler(ranks(rank(0, 0.9, recorder=steady[0]), rank(1, 0.9, recorder=steady[1])))
+    assert f is not None and f.rank == 1 and "about 1.5× slower" in f.title and "work of its own" in f.summary
 
 
 # --- straggler, decided by the recorders -------------------------------------------------------------------
 
 
 def recorded(share: float, last: int = 0) -> RecorderWaits:
-    return RecorderWaits(share, (share, share), 30.0 if last else 0.0, last, 40, False)
+    return RecorderWaits(share, (share, share), 30.0 if last else 0.0, last, 40, False, 12.0)
 
 
 def test_the_recorders_name_a_rank_the_looks_cannot() -> None:
@@ -163,7 +181,7 @@ def test_the_looks_decide_where_a_rank_has_no_recorder() -> None:
 
 def test_a_blip_in_the_recorders_is_no_straggler() -> None:
     """Rank 1 was late in the older half of the intervals only (a start-up, a checkpoint)."""
-    blip = RecorderWaits(0.1, (0.0, 0.6), 10.0, 20, 40, False)
+    blip = RecorderWaits(0.1, (0.0, 0.6), 10.0, 20, 40, False, 12.0)
     ev = ranks(rank(0, 0.8, recorder=recorded(0.6)), rank(1, 0.8, recorder=blip))
     assert straggler(ev) is None
 

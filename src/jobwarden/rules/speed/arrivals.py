@@ -6,7 +6,9 @@ A rank that calls collective s later than the others makes each of them wait fro
 their wait at s is the latest call less their own. The ranks compared share a node, so they share the wall
 clock torch reads. From its call of s to its call of s+1 a rank waits in s, then computes: the share of
 those intervals it spent waiting is what the looks at its main thread estimate (rules.speed.ranks),
-measured instead of sampled, and whatever its main thread does meanwhile. A rank whose main thread waits on
+measured instead of sampled, and whatever its main thread does meanwhile. Only over the time those
+intervals span, though (`covered_s`): a poll's answer holds the recorder's last 256 collectives, an eighth
+of a second where a step takes half a millisecond. A rank whose main thread waits on
 work of its own (another thread, its GPU's stream) looks blocked like the others, yet the others wait for
 it. That holds for calls that block their caller until every rank has called; an asynchronous one (DDP's
 buckets) does not wait there, so the rule takes these waits as who is waited for, and their length at most
@@ -25,19 +27,14 @@ from jobwarden.observations import Arrival
 from jobwarden.rules.speed.evidence import RecorderWaits
 
 MIN_INTERVALS = 8  # intervals between consecutive collectives, per rank: fewer say nothing
-# the time those intervals span, per rank: a poll's answer holds the recorder's last 256 collectives, a
-# tenth of a second where a step takes half a millisecond. A rank descheduled for a few time slices in
-# such a glimpse (another process on its core) is late in it, though not over the window
-MIN_COVERED_S = 2.0
 
 Key = tuple[str, int]  # (group, seq)
 
 
 def waits(calls: Mapping[int, Sequence[Arrival]]) -> dict[int, RecorderWaits]:
     """Each rank's waits over the collectives that every rank in `calls` (rank: its arrivals) called with
-    one signature; {} for fewer than two ranks, or too few intervals each (MIN_INTERVALS, MIN_COVERED_S). A
-    collective whose op differs between ranks is left out: that is the hang rules' (rules.hang.desync), not
-    a step."""
+    one signature; {} for fewer than two ranks or MIN_INTERVALS intervals each. A collective whose op
+    differs between ranks is left out: that is the hang rules' (rules.hang.desync), not a step."""
     if len(calls) < 2:
         return {}
     by_rank = {rank: {(a.group, a.seq): a for a in found} for rank, found in calls.items()}
@@ -57,7 +54,7 @@ def _compare(
     by_rank: Mapping[int, Mapping[Key, Arrival]], keys: list[Key], timed: bool
 ) -> dict[int, RecorderWaits]:
     """The waits over `keys`, by the device's durations or by when each was called; {} where a rank has
-    fewer than MIN_INTERVALS intervals, or intervals that span less than MIN_COVERED_S."""
+    fewer than MIN_INTERVALS intervals."""
     waited = {k: _waited_at(k, by_rank, timed) for k in keys}
     longest = {k: max(w.values()) for k, w in waited.items()}
     shortest = {k: min(w.values()) for k, w in waited.items()}
@@ -70,8 +67,8 @@ def _compare(
             if after is not None and (k[0], k[1] + 1) in waited and after.created_ns > mine[k].created_ns:
                 start = mine[k].created_ns
                 intervals.append((start, waited[k][rank], after.created_ns - start))
-        if len(intervals) < MIN_INTERVALS or sum(length for *_, length in intervals) < MIN_COVERED_S * 1e9:
-            return {}  # too few, or a glimpse
+        if len(intervals) < MIN_INTERVALS:
+            return {}
         intervals.sort()
         half = len(intervals) // 2
         found[rank] = RecorderWaits(
@@ -81,6 +78,7 @@ def _compare(
             last=sum(waited[k][rank] == shortest[k] for k in keys),
             compared=len(keys),
             timed=timed,
+            covered_s=sum(length for *_, length in intervals) / 1e9,
         )
     return found
 

@@ -125,6 +125,7 @@ class RecorderWaits:
     last: int  # collectives where it was the one the others waited for
     compared: int  # collectives every rank called in the window, one signature each
     timed: bool  # from the device's timings of each collective (NCCL), not from when each was called
+    covered_s: float  # the time its intervals span: the polls' glimpses, not the whole window
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,12 @@ taken, names the frame (torch.distributed's collectives, the DataLoader).
 Where every rank's flight recorder told when it called its collectives (rules.speed.arrivals), that says
 who the others wait for: a straggler whose main thread waits on work of its own (its GPU's stream, a thread
 of its own) looks blocked like the others. How long they wait is the recorder's measure too, but never
-more than the looks found them blocked (`_recorded_wait`: a call that does not block its caller)."""
+more than the looks found them blocked (`_recorded_wait`: a call that does not block its caller). Where
+the polls' answers span too short a time (MIN_COVERED_S), a rank late in them needs a why from the window.
+
+Where the looks alone decide, a rank found computing more is one only if its main thread also ran longer
+than the others' (schedstat, RAN_APART): a look says "computing" of a thread runnable and waiting for a CPU too, and with
+steps of a millisecond where a look falls in a step is noise."""
 
 from __future__ import annotations
 
@@ -64,6 +69,15 @@ THROTTLED = 0.10  # of its own cgroup's periods throttled: its quota holds it ba
 WAIT_SHARE = 0.25  # of its runnable time waiting for a CPU (as rules.speed.cpu)
 FAULTS_APART = 4.0  # its major faults a second at least this many times the others' (and 1/s)
 GPU_APART = 0.10  # its GPU's share of its clock this much below the others' median: its own why
+# a rank the looks find computing ran its main thread at least this many times the others' median
+# (schedstat): a 1.3x straggler that computes runs ~1.3x theirs
+RAN_APART = 1.15
+# the time a straggler's recorder intervals must span for them alone to name it: with steps of half a
+# millisecond a poll's 256 collectives span an eighth of a second, and in such a glimpse a rank descheduled
+# a few time slices (another process on its core) made the others wait a third of it. Shorter, it needs a
+# why from the whole window (its quota, a CPU wait, its looks computing, ...)
+MIN_COVERED_S = 2.0
+WORK_OF_ITS_OWN = "waits on work of its own"  # the why the recorders alone give
 WARN_SHARE = 0.40  # the job's time lost above this: a warning; below, info
 MOST_TIMES = (
     20.0  # the others in their collectives 95 % of the looks or more: the factor is no longer measured
@@ -114,6 +128,12 @@ def straggler(ev: SpeedEvidence) -> Finding | None:
         return None
     slow = min(suspects, key=lambda r: waited(r)[0])
     why = _why(slow, others, ev)
+    if not recorded and not why and slow.share("computing") >= WHY_SHARE:
+        # found computing, yet its main thread ran no longer than theirs: the looks caught it runnable
+        # (a loaded machine), or their own noise (steps of a millisecond), not doing more work
+        return None
+    if recorded and _glimpsed(slow) and (not why or WORK_OF_ITS_OWN in why[0]):
+        return None  # late in the polls' glimpses, and nothing over the window says why
     names = ", ".join(str(r.rank) for r in sorted(suspects, key=lambda r: r.rank) if r is not slow)
     also = f" (and rank{'s' if len(suspects) > 2 else ''} {names})" if len(suspects) > 1 else ""
     evidence = [
@@ -247,18 +267,7 @@ def _why(r: RankView, others: Sequence[RankView], ev: SpeedEvidence) -> list[str
         slow_gpus = [c for c in ev.gpu_clocks if c.reasons and c.sm_mhz < 0.9 * c.sm_max_mhz]
         for c in slow_gpus[:1]:
             found.append((0.0, f"GPU {c.gpu_index} of the job runs at {c.sm_mhz} of {c.sm_max_mhz} MHz"))
-    if not found and r.recorder is not None and r.share("collective") >= WHY_SHARE:
-        # blocked like a rank in its collective, yet the recorder says the others waited for it
-        call = f" ({r.where_detail})" if r.where == "collective" and r.where_detail else ""
-        found.append(
-            (
-                r.share("collective"),
-                f"its main thread was blocked{call} in {100 * r.share('collective'):.0f}% of the looks, "
-                "not waiting for the other ranks: it waits on work of its own before each collective "
-                "(its GPU's stream, a thread or process of its own)",
-            )
-        )
-    if not found and r.share("computing") >= WHY_SHARE:
+    if not found and r.share("computing") >= WHY_SHARE and _ran_more(r, others):
         found.append(
             (
                 r.share("computing"),
@@ -266,7 +275,28 @@ def _why(r: RankView, others: Sequence[RankView], ev: SpeedEvidence) -> list[str
                 "a slower CPU, than the others",
             )
         )
+    if not found and r.recorder is not None and r.share("collective") >= WHY_SHARE:
+        # blocked like a rank in its collective, yet the recorder says the others waited for it
+        call = f" ({r.where_detail})" if r.where == "collective" and r.where_detail else ""
+        found.append(
+            (
+                r.share("collective"),
+                f"its main thread was blocked{call} in {100 * r.share('collective'):.0f}% of the looks, "
+                f"not waiting for the other ranks: it {WORK_OF_ITS_OWN} before each collective "
+                "(its GPU's stream, a thread or process of its own)",
+            )
+        )
     return [text for _, text in sorted(found, key=lambda wt: -wt[0])]
+
+
+def _glimpsed(r: RankView) -> bool:
+    return r.recorder is not None and r.recorder.covered_s < MIN_COVERED_S
+
+
+def _ran_more(r: RankView, others: Sequence[RankView]) -> bool:
+    """Its main thread ran longer than the others' (schedstat's run time), where that was measured."""
+    usual = averages.median(o.cpu_used for o in others) if others else 0.0
+    return usual <= 0.0 or r.cpu_used >= RAN_APART * usual
 
 
 def _gpu_why(r: RankView, others: Sequence[RankView]) -> tuple[float, str] | None:
@@ -315,7 +345,7 @@ def _remedy(r: RankView, why: list[str]) -> str:
             "of its cgroup, other processes, swap); give it more, or need less (a smaller batch or cache, "
             "fewer DataLoader workers)."
         )
-    if "work of its own" in first:
+    if WORK_OF_ITS_OWN in first:
         return (
             f"Find what rank {r.rank}'s main thread waits for before its collectives (`jobwarden dump`, or "
             f"py-spy dump --native --pid {r.pid}): its own GPU being slower or shared, or a thread or "

@@ -13,7 +13,8 @@ next looks in the same call are said to be there, with the frame; a sleep is tol
 it sleeps in (ranks_job.py:52).
 
 The looks of the last WINDOW_S are kept per rank: their shares are where its time went (the straggler's
-evidence), and the last one is where it is now (`status`'s `ranks`). A rank is the topmost process that
+evidence), and the last one is where it is now (`status`'s `ranks`). A rank whose own progress shows its
+steps is looked at from its first step: the looks before saw its start-up. A rank is the topmost process that
 carries it (its DataLoader workers and other children inherit RANK from it and are no rank of their own).
 
 Every POLL_EVERY_S each rank that serves its flight recorder (the hooks' thread, probes.flightrec) is asked
@@ -81,6 +82,7 @@ class _Rank:
         self.pid = member.pid
         self.looks: deque[tuple[float, str, str]] = deque()  # (mono, where, detail)
         self.steps: deque[tuple[float, int]] = deque()  # (mono, step) where its own bar moved
+        self.stepped = False  # its own progress showed a step: its looks count from the first
         self.cgroup: CpuCgroup | None = None
         self.cgroup_at = -CGROUP_EVERY_S
         self.cpu: deque[tuple[float, CpuStat]] = deque()
@@ -174,6 +176,13 @@ class RankWatch:
             if step is not None and (not kept.steps or kept.steps[-1][1] != step):
                 if kept.steps and step < kept.steps[-1][1]:
                     kept.steps.clear()  # a new bar
+                if not kept.stepped:
+                    # the looks before its first step saw its start-up (torch's import, the rendezvous),
+                    # which ranks pass at their own pace: one still importing while the others wait is
+                    # no straggler, and over a short window both halves may see it
+                    kept.stepped = True
+                    while len(kept.looks) > 1:
+                        kept.looks.popleft()
                 kept.steps.append((mono, step))
             kept.trim(mono)
         self._sample_stacks(mono)
