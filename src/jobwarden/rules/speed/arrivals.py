@@ -8,11 +8,11 @@ clock torch reads. From its call of s to its call of s+1 a rank waits in s, then
 those intervals it spent waiting is what the looks at its main thread estimate (rules.speed.ranks),
 measured instead of sampled, and whatever its main thread does meanwhile. Only over the time those
 intervals span, though (`covered_s`): a poll's answer holds the recorder's last 256 collectives, an eighth
-of a second where a step takes half a millisecond. A rank whose main thread waits on
-work of its own (another thread, its GPU's stream) looks blocked like the others, yet the others wait for
-it. That holds for calls that block their caller until every rank has called; an asynchronous one (DDP's
-buckets) does not wait there, so the rule takes these waits as who is waited for, and their length at most
-as the looks found the rank blocked (rules.speed.ranks._recorded_wait).
+of a second where a step takes half a millisecond. A rank whose main thread waits on work of its own
+(another thread, its GPU's stream) looks blocked like the others, yet the others wait for it. That holds
+for calls that block their caller until every rank has called; an asynchronous one (DDP's buckets) does
+not wait there, so the rule takes these waits as who is waited for, and their length at most as the looks
+found the rank blocked (rules.speed.ranks._recorded_wait).
 
 Where torch times each collective on the device (NCCL with TORCH_NCCL_ENABLE_TIMING=1), its duration on a
 rank is that rank's wait plus the transfer that all share: the rank's wait is its duration less the

@@ -20,8 +20,8 @@ more than the looks found them blocked (`_recorded_wait`: a call that does not b
 the polls' answers span too short a time (MIN_COVERED_S), a rank late in them needs a why from the window.
 
 Where the looks alone decide, a rank found computing more is one only if its main thread also ran longer
-than the others' (schedstat, RAN_APART): a look says "computing" of a thread runnable and waiting for a CPU too, and with
-steps of a millisecond where a look falls in a step is noise."""
+than the others' (schedstat, RAN_APART): a look says "computing" of a thread runnable and waiting for a CPU
+too, and with steps of a millisecond where a look falls in a step is noise."""
 
 from __future__ import annotations
 
@@ -290,6 +290,7 @@ def _why(r: RankView, others: Sequence[RankView], ev: SpeedEvidence) -> list[str
 
 
 def _glimpsed(r: RankView) -> bool:
+    """Its recorder's intervals span too short a time to stand for the window."""
     return r.recorder is not None and r.recorder.covered_s < MIN_COVERED_S
 
 

@@ -14,8 +14,9 @@ it sleeps in (ranks_job.py:52).
 
 The looks of the last WINDOW_S are kept per rank: their shares are where its time went (the straggler's
 evidence), and the last one is where it is now (`status`'s `ranks`). A rank whose own progress shows its
-steps is looked at from its first step: the looks before saw its start-up. A rank is the topmost process that
-carries it (its DataLoader workers and other children inherit RANK from it and are no rank of their own).
+steps is looked at from its first step: the looks before saw its start-up. A rank is the topmost process
+that carries it (its DataLoader workers and other children inherit RANK from it and are no rank of their
+own).
 
 Every POLL_EVERY_S each rank that serves its flight recorder (the hooks' thread, probes.flightrec) is asked
 when it called its last collectives; the answers of the window say which rank the others wait for, whatever
