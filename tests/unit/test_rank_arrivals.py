@@ -169,6 +169,19 @@ def test_calls_that_do_not_block_are_no_measure_of_the_wait() -> None:
     assert f is not None and f.rank == 1 and "about 2.3× slower" in f.title, f
 
 
+def test_the_looks_name_a_rank_slow_inside_its_collectives() -> None:
+    """Measured beside a CPU hog: rank 1 in a 0.1-CPU cgroup calls its all_reduce late, and its own part
+    of the exchange is throttled as well, so rank 0 waits after rank 1 called. The call times say 17 %;
+    rank 0 was blocked in 95 % of the looks. Where the recorders name nobody, the looks do."""
+    r0 = rank(0, 0.95, wait_share=0.44, recorder=RecorderWaits(0.17, (0.21, 0.12), 0.4, 178, 512, False, 3.5))
+    quota = {"quota_cpus": 0.1, "throttled_share": 1.0, "wait_share": 0.91}
+    r1 = rank(1, 0.3, **quota, recorder=RecorderWaits(0.02, (0.02, 0.02), 1.1, 334, 512, False, 3.5))
+    f = straggler(ranks(r0, r1))
+    assert f is not None and f.rank == 1 and "(their flight recorders)" not in f.summary
+    assert "Why: its cpu cgroup's quota of 0.1 CPUs" in f.summary
+    assert any("its flight recorder" in e for e in f.evidence)  # what they said is shown all the same
+
+
 def test_the_looks_decide_where_a_rank_has_no_recorder() -> None:
     """A rank without the recorder's answer (no torch.distributed group of its own, or late): the looks
     at every rank decide, and here they say nobody lags."""

@@ -18,8 +18,10 @@ who the others wait for: a straggler whose main thread waits on work of its own 
 of its own) looks blocked like the others. How long they wait is the recorder's measure too, but never
 more than the looks found them blocked (`_recorded_wait`: a call that does not block its caller). Where
 the polls' answers span too short a time (MIN_COVERED_S), a rank late in them needs a why from the window.
+Where the recorders name nobody, the looks may: a call time says nothing of a rank slow inside the
+collective itself (its own part of the exchange starved by its quota: measured beside a CPU hog).
 
-Where the looks alone decide, a rank found computing more is one only if its main thread also ran longer
+Where the looks decide, a rank found computing more is one only if its main thread also ran longer
 than the others' (schedstat, RAN_APART): a look says "computing" of a thread runnable and waiting for a CPU
 too, and with steps of a millisecond where a look falls in a step is noise."""
 
@@ -115,7 +117,15 @@ def straggler(ev: SpeedEvidence) -> Finding | None:
     ranks = [r for r in ev.ranks if r.looks >= MIN_LOOKS]
     if len(ranks) < 2:
         return None
-    recorded = all(r.recorder is not None for r in ranks)
+    if all(r.recorder is not None for r in ranks):
+        found = _judged(ranks, ev, recorded=True)
+        if found is not None:
+            return found
+    return _judged(ranks, ev, recorded=False)
+
+
+def _judged(ranks: Sequence[RankView], ev: SpeedEvidence, recorded: bool) -> Finding | None:
+    """The straggler by the recorders' waits, or by the looks'."""
     waited = _recorded_wait if recorded else _looked_wait
     suspects = [r for r in ranks if _lags(r, [o for o in ranks if o is not r], waited)]
     if not suspects or (len(ranks) > 2 and 2 * len(suspects) >= len(ranks)):  # a few, not half the job
