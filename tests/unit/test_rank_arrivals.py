@@ -182,6 +182,17 @@ def test_the_looks_name_a_rank_slow_inside_its_collectives() -> None:
     assert any("its flight recorder" in e for e in f.evidence)  # what they said is shown all the same
 
 
+def test_where_the_looks_decide_a_blocked_rank_waits_on_nothing_of_its_own() -> None:
+    """The recorders say rank 0 hardly waits; the looks find rank 1 less in its collectives, computing
+    in 60 % of them, yet its main thread ran no longer than rank 0's. "Work of its own" is the recorders'
+    why: the looks alone have none, and name nobody."""
+    r0 = rank(0, 0.9, cpu_used=0.5, recorder=recorded(0.1))
+    r1 = rank(1, 0.4, cpu_used=0.5, recorder=recorded(0.05, last=40))
+    assert straggler(ranks(r0, r1)) is None
+    f = straggler(ranks(r0, replace(r1, cpu_used=0.8)))  # it did run longer: it computes more
+    assert f is not None and f.rank == 1 and "Why: its main thread computed in 60%" in f.summary
+
+
 def test_the_looks_decide_where_a_rank_has_no_recorder() -> None:
     """A rank without the recorder's answer (no torch.distributed group of its own, or late): the looks
     at every rank decide, and here they say nobody lags."""

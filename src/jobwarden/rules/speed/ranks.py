@@ -137,7 +137,7 @@ def _judged(ranks: Sequence[RankView], ev: SpeedEvidence, recorded: bool) -> Fin
     if slower < SLOWER:
         return None
     slow = min(suspects, key=lambda r: waited(r)[0])
-    why = _why(slow, others, ev)
+    why = _why(slow, others, ev, recorded)
     if not recorded and not why and slow.share("computing") >= WHY_SHARE:
         # found computing, yet its main thread ran no longer than theirs: the looks caught it runnable
         # (a loaded machine), or their own noise (steps of a millisecond), not doing more work
@@ -224,10 +224,11 @@ def _share_line(r: RankView) -> str:
     )
 
 
-def _why(r: RankView, others: Sequence[RankView], ev: SpeedEvidence) -> list[str]:
+def _why(r: RankView, others: Sequence[RankView], ev: SpeedEvidence, recorded: bool) -> list[str]:
     """What that rank's own counters show holds it back, strongest first: its own quota, then by the
     share of its time each took. Only what sets it apart: a wait for a CPU that every rank shares (a
-    loaded machine) is not its why."""
+    loaded machine) is not its why. `recorded`: the recorders named it, so a main thread blocked like the
+    others' waits on work of its own."""
     found: list[tuple[float, str]] = []
     if r.quota_cpus is not None and (r.throttled_share or 0.0) >= THROTTLED:
         found.append(
@@ -285,8 +286,8 @@ def _why(r: RankView, others: Sequence[RankView], ev: SpeedEvidence) -> list[str
                 "a slower CPU, than the others",
             )
         )
-    if not found and r.recorder is not None and r.share("collective") >= WHY_SHARE:
-        # blocked like a rank in its collective, yet the recorder says the others waited for it
+    if not found and recorded and r.share("collective") >= WHY_SHARE:
+        # blocked like a rank in its collective, yet the recorders say the others waited for it
         call = f" ({r.where_detail})" if r.where == "collective" and r.where_detail else ""
         found.append(
             (
