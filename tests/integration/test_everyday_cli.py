@@ -461,4 +461,7 @@ def test_status_peak_memory_is_the_oom_kills_not_the_last_sample(jw: Jobwarden) 
     assert "oom-kill" in [f["rule"] for f in record["findings"]], record["findings"]
     assert record["peak_rss_bytes"] >= 48 << 20  # the cgroup's peak at the kill, not a sample's 10M
     line = next(line for line in jw("status", "1").stdout.splitlines() if line.startswith("  elapsed"))
-    assert " peak memory 6" in line  # 6x.xM: what explain says the job reached
+    shown = line.split(" peak memory ")[1].split()[0]
+    # the cgroup's 64M at the kill, or a sample of the processes' RSS just before it, which also counts
+    # the interpreter's shared pages charged to another cgroup (70.0M once in a CI-like run)
+    assert shown.endswith("M") and 48 <= float(shown[:-1]) <= 128, line
